@@ -1,0 +1,508 @@
+"""Choosing the per-user contribution bound C: error-bound scores V(C) and bounded-domain rules.
+
+Paper 002 (Liu, Suresh, Zhu, Kairouz, Gruteser, ICML 2023):
+
+* Unbounded domains, Section 5, Algorithm 4: for every candidate C compute the error
+  bound (Thm 5.2 upper bound with Jensen, Sec. 5 before Alg. 4)
+
+      V(C) = 2 * sum_i max(w_i - C, 0) + sum_{j: N_j > 0} cost_C(h_j(C)),
+      h_j(C) = sum_i N_ij * C / max(C, w_i),
+
+  and draw C with the exponential mechanism on the score -V(C)
+  (``accounting.selection``). For the paper's l1 model with Laplace release, w_i is
+  the user's record count m_i, N_ij its record count of key j and
+  cost_C(h) = min(h, t(C)), t(C) = C + (C/epsilon) ln(C/(2 delta)) (Alg. 3). thresher
+  caps w_i at C_m = ``max_bound`` in the first sum (so the sensitivity is finite) and
+  adds analogues for the l0 model (w_i = the user's number of distinct keys, N_ij in
+  {0, 1}) with Laplace, Gaussian (GSHM, paper 004) and sample-and-threshold (papers
+  000/003) releases: each replaces t(C) by the release's own per-key cost cap. Every
+  score has sensitivity Delta = 2 C_m - min(candidates) under add/remove-one-user
+  neighbours (proof in docs/contribution_bound.md; the paper states 5 C_m / 2 for its
+  replace-one neighbours), and is monotone: adding a user never decreases V(C).
+
+* Bounded domains (public key list of size d), Section 4: Lemma 4.2 (Laplace, l1
+  clipping: C* = the ceil(d/epsilon)-th largest m_i is a 2-approximation), Thm 4.3
+  (Gaussian, l2 clipping: the smallest C with
+  sum_{i: ||N_i||_2 > C} ||N_i||_1 / ||N_i||_2 <= M, M = d sigma sqrt(2/pi)), each with a
+  private version by the exponential mechanism on a rank-type score, and Algorithm 5
+  (debiasing a clipped sum under a Poisson model).
+
+Pure numpy/scipy; no Beam, no I/O. The Beam stage is ``transforms.choose_contribution_bound``.
+"""
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import numpy as np
+from scipy import stats
+
+from accounting import search, selection
+
+# Which contribution model each score kind belongs to.
+SCORE_MODELS = {
+    "laplace_l1": "l1",            # paper 002 Alg. 3/4: rand-clip records, Laplace, t(C)
+    "laplace_l0": "l0",            # l0/l_inf model, Laplace noise + threshold
+    "gaussian": "l0",              # GSHM (paper 004 Alg. 1)
+    "sample_and_threshold": "l0",  # papers 000/003
+}
+MODELS = ("l0", "l1")
+
+# Default C_m: see docs/contribution_bound.md ("Default grid and C_m").
+DEFAULT_MAX_BOUND = 128
+# Default share of the total epsilon spent on choosing C (paper 002 Sec. 7.2 uses
+# epsilon' = 0.1 beside epsilon = 1).
+DEFAULT_SELECTION_FRACTION = 0.1
+
+
+def default_candidates(max_bound=DEFAULT_MAX_BOUND, ratio=math.sqrt(2.0)):
+    """Geometric candidate grid 1, 2, 3, 4, 6, 8, 11, 16, ... (round(ratio**k)), ending at
+    ``max_bound`` itself: a tuple of strictly increasing ints in [1, max_bound].
+
+    With ratio sqrt(2) and max_bound 128 that is 14 candidates; the best grid point is
+    within a factor 2**(1/4) of any C in [1, 128]."""
+    max_bound = _positive_int(max_bound, "max_bound")
+    if not (math.isfinite(ratio) and ratio > 1):
+        raise ValueError(f"ratio must be > 1, got {ratio}")
+    grid, k = set(), 0
+    while True:
+        c = int(round(ratio ** k))
+        if c >= max_bound:
+            break
+        grid.add(c)
+        k += 1
+    grid.add(max_bound)
+    return tuple(sorted(grid))
+
+
+def score_sensitivity(candidates, max_bound):
+    """Delta of every V(C) score here: max over C of 2 C_m - C = 2 C_m - min(candidates).
+
+    For one candidate C, adding or removing one user changes V(C) by at most
+    max(2 (C_m - C) + C, C) = 2 C_m - C (docs/contribution_bound.md, Prop. 1)."""
+    candidates = _candidate_array(candidates, max_bound)
+    return float(2 * max_bound - candidates[0])
+
+
+# --------------------------------------------------------------------------------------
+# Scores for unbounded domains (paper 002 Alg. 4 and thresher's l0 analogues)
+# --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class BoundScore:
+    """The score V(C) for every candidate C of one release configuration.
+
+    Fields (all per-candidate tuples are aligned with ``candidates``):
+      kind: one of SCORE_MODELS.
+      candidates: strictly increasing ints in [1, max_bound].
+      max_bound: C_m; user weights are capped at C_m in the dropped term.
+      thresholds: the release's threshold for each C, in the units of the released
+        counts (records for laplace_l1, users for laplace_l0/gaussian, *sampled* users
+        for sample_and_threshold).
+      noise_scales: optional mean absolute noise of a released count for each C
+        (Laplace: b; Gaussian: sigma * sqrt(2/pi)); the per-key cap is
+        max(threshold, noise_scale).
+      sampling_rates: sample_and_threshold only: the sampling probability p for each C.
+    """
+
+    kind: str
+    candidates: tuple
+    max_bound: int
+    thresholds: tuple
+    noise_scales: tuple = None
+    sampling_rates: tuple = None
+
+    def __post_init__(self):
+        if self.kind not in SCORE_MODELS:
+            raise ValueError(f"score must be one of {sorted(SCORE_MODELS)}, got {self.kind!r}")
+        candidates = _candidate_array(self.candidates, self.max_bound)
+        k = len(candidates)
+        thresholds = _per_candidate(self.thresholds, k, "score_params.thresholds")
+        if not np.all(thresholds > 0):
+            raise ValueError("score_params.thresholds must all be > 0, got "
+                             f"{thresholds.tolist()}")
+        if self.noise_scales is not None:
+            scales = _per_candidate(self.noise_scales, k, "score_params.noise_scales")
+            if not np.all(scales >= 0):
+                raise ValueError("score_params.noise_scales must all be >= 0")
+        if self.kind == "sample_and_threshold":
+            if self.sampling_rates is None:
+                raise ValueError("score_params.sampling_rates is required for "
+                                 "score 'sample_and_threshold'")
+            rates = _per_candidate(self.sampling_rates, k, "score_params.sampling_rates")
+            if not np.all((rates > 0) & (rates <= 1)):
+                raise ValueError("score_params.sampling_rates must all be in (0, 1], got "
+                                 f"{rates.tolist()}")
+            if not np.all(thresholds >= 1):
+                # The 1-Lipschitz proof of the cost needs (1 - p) <= 4 * threshold.
+                raise ValueError("score_params.thresholds must all be >= 1 (sampled users) "
+                                 "for score 'sample_and_threshold'")
+        elif self.sampling_rates is not None:
+            raise ValueError(f"score_params.sampling_rates only applies to "
+                             f"'sample_and_threshold', not {self.kind!r}")
+
+    @property
+    def model(self):
+        return SCORE_MODELS[self.kind]
+
+    @property
+    def sensitivity(self):
+        return score_sensitivity(self.candidates, self.max_bound)
+
+    @property
+    def candidate_array(self):
+        return np.asarray(self.candidates, dtype=np.int64)
+
+    def caps(self):
+        """Per-key cost cap T(C) for each candidate, in population units (float64)."""
+        caps = np.asarray(self.thresholds, dtype=np.float64)
+        if self.kind == "sample_and_threshold":
+            caps = caps / np.asarray(self.sampling_rates, dtype=np.float64)
+        if self.noise_scales is not None:
+            caps = np.maximum(caps, np.asarray(self.noise_scales, dtype=np.float64))
+        return caps
+
+    def key_cost(self, expected_counts):
+        """cost_C(h) for an array of expected bounded counts h, shape (keys, candidates).
+
+        Laplace / Gaussian: min(h, T(C)) -- a suppressed key costs its count, a released
+        one at most T(C) (paper 002 Cor. B.4). Sample-and-threshold:
+        min(h, T + sqrt((1 - p)/p * max(h, T))), T = threshold / p, adding the standard
+        deviation of a released estimate (sampled count / p). Both are 0 at h = 0,
+        non-decreasing and 1-Lipschitz in h."""
+        h = np.asarray(expected_counts, dtype=np.float64)
+        caps = self.caps()
+        if self.kind != "sample_and_threshold":
+            return np.minimum(h, caps)
+        rates = np.asarray(self.sampling_rates, dtype=np.float64)
+        sampling_sd = np.sqrt((1.0 - rates) / rates * np.maximum(h, caps))
+        return np.minimum(h, caps + sampling_sd)
+
+    def values(self, dropped, key_cost_sums):
+        """V(C) = 2 * dropped(C) + sum over keys of cost_C(h_j(C))."""
+        return 2.0 * np.asarray(dropped, dtype=np.float64) + np.asarray(
+            key_cost_sums, dtype=np.float64)
+
+
+def make_score(kind, candidates, max_bound, score_params):
+    """Build a :class:`BoundScore` from a ``score_params`` dict.
+
+    score_params keys (per-candidate values are a sequence aligned with ``candidates``
+    or a mapping {C: value}):
+      laplace_l1: ``epsilon`` and ``delta`` of the release (t(C) = C + (C/epsilon)
+        ln(C/(2 delta)), paper 002 Alg. 3, noise scale C/epsilon), or ``thresholds``.
+      laplace_l0: ``epsilon`` and ``delta`` (t(C) = 1 + (C/epsilon) ln(C/(2 delta)):
+        Laplace(C/epsilon) per key, delta/C per key), or ``thresholds``.
+      gaussian: ``thresholds`` (GSHM tau* per C), optional ``sigmas``.
+      sample_and_threshold: ``thresholds`` (tau per C, sampled users) and
+        ``sampling_rates`` (p per C).
+    Explicit ``thresholds`` (e.g. from each kind's calibrate()) win over formulas.
+    """
+    if kind not in SCORE_MODELS:
+        raise ValueError(f"score must be one of {sorted(SCORE_MODELS)}, got {kind!r}")
+    allowed = {"epsilon", "delta", "thresholds", "sigmas", "noise_scales", "sampling_rates"}
+    params = dict(score_params or {})
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise ValueError(f"score_params.{unknown[0]} is not a known field; allowed: "
+                         f"{sorted(allowed)}")
+    cands = _candidate_array(candidates, max_bound)
+    c = cands.astype(np.float64)
+
+    thresholds = params.get("thresholds")
+    noise_scales = params.get("noise_scales")
+    if kind in ("laplace_l1", "laplace_l0") and ("epsilon" in params or "delta" in params):
+        epsilon, delta = _release_budget(params)
+        scale = c / epsilon
+        if thresholds is None:
+            shift = c if kind == "laplace_l1" else 1.0
+            thresholds = shift + scale * np.log(c / (2.0 * delta))
+        if noise_scales is None:
+            noise_scales = scale
+    misplaced = [f for f in ("epsilon", "delta") if f in params and not kind.startswith("laplace")]
+    misplaced += [f for f in ("sigmas",) if f in params and kind != "gaussian"]
+    if misplaced:
+        raise ValueError(f"score_params.{misplaced[0]} does not apply to score {kind!r}")
+    if kind == "gaussian" and params.get("sigmas") is not None:
+        sigmas = _per_candidate(_aligned(params["sigmas"], cands, "score_params.sigmas"),
+                                len(cands), "score_params.sigmas")
+        noise_scales = sigmas * math.sqrt(2.0 / math.pi)
+    if thresholds is None:
+        need = ("'epsilon' and 'delta', or 'thresholds'" if kind.startswith("laplace")
+                else "'thresholds'")
+        raise ValueError(f"score_params needs {need} for score {kind!r}")
+    thresholds = _aligned(thresholds, cands, "score_params.thresholds")
+    if noise_scales is not None:
+        noise_scales = _aligned(noise_scales, cands, "score_params.noise_scales")
+    rates = params.get("sampling_rates")
+    if rates is not None:
+        rates = _aligned(rates, cands, "score_params.sampling_rates")
+    return BoundScore(
+        kind=kind, candidates=tuple(int(x) for x in cands), max_bound=int(max_bound),
+        thresholds=tuple(float(x) for x in thresholds),
+        noise_scales=None if noise_scales is None else tuple(float(x) for x in noise_scales),
+        sampling_rates=None if rates is None else tuple(float(x) for x in rates))
+
+
+def pairs_from_records(user_codes, key_codes):
+    """(user, key) pairs with record counts N_ij from per-record integer codes.
+
+    Sort-based (no np.unique on pairs). Returns (pair_users, pair_keys, pair_counts),
+    int64 arrays sorted by (user, key)."""
+    users = np.asarray(user_codes, dtype=np.int64)
+    keys = np.asarray(key_codes, dtype=np.int64)
+    if users.shape != keys.shape:
+        raise ValueError("user_codes and key_codes must have the same length")
+    if users.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    order = np.lexsort((keys, users))
+    su, sk = users[order], keys[order]
+    new = np.empty(len(su), dtype=bool)
+    new[0] = True
+    new[1:] = (su[1:] != su[:-1]) | (sk[1:] != sk[:-1])
+    starts = np.flatnonzero(new)
+    counts = np.diff(np.append(starts, len(su)))
+    return su[starts], sk[starts], counts.astype(np.int64)
+
+
+def user_weights(pair_users, pair_counts, model, num_users=None):
+    """w_i per user code: records m_i (l1) or distinct keys k_i (l0), from (user, key) pairs."""
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    pair_users = np.asarray(pair_users, dtype=np.int64)
+    weights = None if model == "l0" else np.asarray(pair_counts, dtype=np.int64)
+    out = np.bincount(pair_users, weights=weights, minlength=num_users or 0)
+    return np.rint(out).astype(np.int64)
+
+
+def dropped_contributions(weights, candidates, max_bound):
+    """sum_i max(min(w_i, C_m) - C, 0) for every candidate C (int64 array).
+
+    The contributions rand-clip / l0 bounding to C drops, with each user's weight capped
+    at C_m = max_bound (paper 002 Sec. 5: C_m bounds ||N_i||_1)."""
+    cands = _candidate_array(candidates, max_bound)
+    w = np.sort(np.minimum(np.asarray(weights, dtype=np.int64), int(max_bound)))
+    above_sum = np.concatenate([np.cumsum(w[::-1])[::-1], [0]])
+    first_above = np.searchsorted(w, cands, side="right")   # w[first_above:] > C
+    n_above = len(w) - first_above
+    return above_sum[first_above] - cands * n_above
+
+
+def expected_bounded_counts(pair_counts, pair_weights, candidates):
+    """E[contribution of a (user, key) pair after bounding to C] = N_ij * min(1, C / w_i).
+
+    Rand-clip keeps min(m_i, C) of m_i records uniformly (paper 002 Sec. 5, before
+    Alg. 4); l0 bounding keeps min(k_i, C) of k_i keys uniformly (N_ij = 1). Returns an
+    array of shape (pairs, candidates)."""
+    n = np.asarray(pair_counts, dtype=np.float64)[:, None]
+    w = np.asarray(pair_weights, dtype=np.float64)[:, None]
+    c = np.asarray(candidates, dtype=np.float64)[None, :]
+    return n * np.minimum(1.0, c / np.maximum(w, 1.0))
+
+
+def score_values(pair_users, pair_keys, pair_counts, score):
+    """V(C) for every candidate of ``score``, from (user, key, N_ij) pairs in one process.
+
+    The reference computation: the Beam stage computes the same sums split across
+    user shards and key shards. For score.model == "l0" the pairs must be distinct
+    (pair_counts are then ignored: N_ij = 1). Returns (values, dropped, key_cost_sums)."""
+    pair_users = np.asarray(pair_users, dtype=np.int64)
+    pair_keys = np.asarray(pair_keys, dtype=np.int64)
+    counts = np.asarray(pair_counts, dtype=np.int64)
+    if score.model == "l0":
+        counts = np.ones_like(pair_users)
+    weights = user_weights(pair_users, counts, score.model)
+    dropped = dropped_contributions(weights, score.candidates, score.max_bound)
+    contributions = expected_bounded_counts(counts, weights[pair_users], score.candidates)
+    if len(pair_keys):
+        _, key_index = np.unique(pair_keys, return_inverse=True)
+        h = np.zeros((key_index.max() + 1, len(score.candidates)))
+        np.add.at(h, key_index, contributions)
+    else:
+        h = np.zeros((0, len(score.candidates)))
+    key_cost_sums = score.key_cost(h).sum(axis=0)
+    return score.values(dropped, key_cost_sums), dropped, key_cost_sums
+
+
+def choose_bound(values, candidates, epsilon, sensitivity, rng, *, monotone=False):
+    """Alg. 4, step 4: draw C from the exponential mechanism on the scores -V(C).
+
+    Returns (C, probabilities); the probabilities are not private (operator log only)."""
+    scores = -np.asarray(values, dtype=np.float64)
+    probabilities = selection.exponential_mechanism_probabilities(
+        scores, epsilon, sensitivity, monotone=monotone)
+    index = selection.exponential_mechanism(scores, epsilon, sensitivity, rng,
+                                            monotone=monotone)
+    return int(candidates[index]), probabilities
+
+
+# --------------------------------------------------------------------------------------
+# Bounded domains (paper 002 Section 4 and Section 6)
+# --------------------------------------------------------------------------------------
+
+def laplace_best_bound(record_counts, domain_size, epsilon):
+    """Lemma 4.2: C* = the ceil(d/epsilon)-th largest m_i (1 if there are fewer users).
+
+    For Algorithm 1 with l1 clipping and Laplace(C/epsilon) noise on each of d keys,
+    the expected l1 error is sum_i max(m_i - C, 0) + d C / epsilon, and this C* is within
+    a factor 2 of its minimum over C > 0."""
+    m = np.asarray(record_counts, dtype=np.int64)
+    k = _rank(domain_size, epsilon)
+    if k > len(m):
+        return 1
+    return max(1, int(np.partition(m, len(m) - k)[len(m) - k]))
+
+
+def laplace_bound_scores(record_counts, domain_size, epsilon, candidates):
+    """Rank score of a private Lemma 4.2 quantile: -| #{i: m_i >= C} - ceil(d/epsilon) |.
+
+    Sensitivity 1 under add/remove-one-user (the count changes by at most 1)."""
+    m = np.sort(np.asarray(record_counts, dtype=np.int64))
+    cands = np.asarray(candidates, dtype=np.int64)
+    at_least = len(m) - np.searchsorted(m, cands, side="left")
+    return -np.abs(at_least - _rank(domain_size, epsilon)).astype(np.float64)
+
+
+def private_laplace_bound(record_counts, domain_size, epsilon, epsilon_select,
+                          candidates, rng):
+    """Lemma 4.2's C* found privately: exponential mechanism (epsilon_select-DP,
+    sensitivity 1) over ``candidates`` (e.g. range(1, C_m + 1)) on
+    :func:`laplace_bound_scores`. ``epsilon`` is the release's, which sets the rank."""
+    cands = np.asarray(candidates, dtype=np.int64)
+    scores = laplace_bound_scores(record_counts, domain_size, epsilon, cands)
+    return int(cands[selection.exponential_mechanism(scores, epsilon_select, 1.0, rng)])
+
+
+def gaussian_tail_sum(user_l1, user_l2, candidates, sparsity=None):
+    """S(C) = sum_{i: ||N_i||_2 > C} ||N_i||_1 / ||N_i||_2 for each candidate C (Thm 4.3).
+
+    With ``sparsity`` s, each ratio is clipped to sqrt(s) (paper 002 Sec. 7.1), which
+    makes the sensitivity sqrt(s) (Cauchy-Schwarz: the ratio is <= sqrt(||N_i||_0))."""
+    l1 = np.asarray(user_l1, dtype=np.float64)
+    l2 = np.asarray(user_l2, dtype=np.float64)
+    positive = l2 > 0
+    ratio = np.zeros_like(l1)
+    ratio[positive] = l1[positive] / l2[positive]
+    if sparsity is not None:
+        ratio = np.minimum(ratio, math.sqrt(_positive_int(sparsity, "sparsity")))
+    order = np.argsort(l2)
+    sorted_l2 = l2[order]
+    tail = np.concatenate([np.cumsum(ratio[order][::-1])[::-1], [0.0]])
+    first_above = np.searchsorted(sorted_l2, np.asarray(candidates, dtype=np.float64),
+                                  side="right")
+    return tail[first_above]
+
+
+def gaussian_best_bound(user_l1, user_l2, domain_size, sigma):
+    """Theorem 4.3: C* = min{C >= 0 : S(C) <= M}, M = d sigma sqrt(2/pi), where the noise
+    of Algorithm 1 is N(0, C^2 sigma^2) per key; a 2-approximation of the best l2 clip.
+
+    S is a non-increasing step function that jumps at the users' l2 norms, so C* is 0
+    or one of those norms."""
+    m_target = _positive_int(domain_size, "domain_size") * float(sigma) * math.sqrt(2 / math.pi)
+    l2 = np.asarray(user_l2, dtype=np.float64)
+    points = np.concatenate([[0.0], np.unique(l2[l2 > 0])])
+    ok = gaussian_tail_sum(user_l1, user_l2, points) <= m_target
+    return float(points[np.argmax(ok)])   # S(max l2) = 0 <= M, so some point qualifies
+
+
+def private_gaussian_bound(user_l1, user_l2, domain_size, sigma, sparsity,
+                           epsilon_select, candidates, rng):
+    """Thm 4.3's C* found privately: exponential mechanism over ``candidates`` on the
+    score -|S_s(C) - M| (S with ratios clipped to sqrt(s)), sensitivity sqrt(s)."""
+    cands = np.asarray(candidates, dtype=np.float64)
+    m_target = _positive_int(domain_size, "domain_size") * float(sigma) * math.sqrt(2 / math.pi)
+    scores = -np.abs(gaussian_tail_sum(user_l1, user_l2, cands, sparsity) - m_target)
+    index = selection.exponential_mechanism(scores, epsilon_select, math.sqrt(sparsity), rng)
+    return float(cands[index])
+
+
+def poisson_clipped_mean(rate, bound):
+    """h(lambda) = E[min(X, C)], X ~ Poisson(lambda) (Algorithm 5, line 2).
+
+    = C - sum_{j < C} (C - j) Pr[X = j] (Appendix C.1); increasing in lambda, from 0 at
+    lambda = 0 to C as lambda -> infinity."""
+    bound = _positive_int(bound, "bound")
+    rate = np.asarray(rate, dtype=np.float64)
+    j = np.arange(bound, dtype=np.float64)
+    pmf = stats.poisson.pmf(j, rate[..., None])
+    return bound - np.sum((bound - j) * pmf, axis=-1)
+
+
+def poisson_debias(noisy_clipped_sum, num_users, bound, *, max_rate=math.inf):
+    """Algorithm 5: N_hat = n * h^{-1}(y / n) for y = sum_i min(N_i, C) + noise.
+
+    Post-processing only (no privacy cost). y/n <= 0 gives 0; y/n >= C has no finite
+    inverse and gives n * max_rate. The inverse is found by the shared monotone search
+    (accounting.search.smallest_real) to relative tolerance 1e-10."""
+    bound = _positive_int(bound, "bound")
+    n = _positive_int(num_users, "num_users")
+    target = float(noisy_clipped_sum) / n
+    if target <= 0:
+        return 0.0
+    if target >= bound:
+        return n * max_rate
+    rate = search.smallest_real(
+        lambda lam: float(poisson_clipped_mean(lam, bound)) >= target, 0.0, math.inf,
+        rel_tol=1e-10)
+    return n * min(rate, max_rate)
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------
+
+def _positive_int(value, name):
+    if isinstance(value, bool) or int(value) != value or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _candidate_array(candidates, max_bound):
+    max_bound = _positive_int(max_bound, "max_bound")
+    cands = np.asarray(candidates)
+    if cands.ndim != 1 or cands.size == 0:
+        raise ValueError("candidates must be a non-empty list of integers")
+    if not np.all(np.equal(np.mod(cands, 1), 0)):
+        raise ValueError(f"candidates must be integers, got {cands.tolist()}")
+    cands = cands.astype(np.int64)
+    if np.any(np.diff(cands) <= 0):
+        raise ValueError(f"candidates must be strictly increasing, got {cands.tolist()}")
+    if cands[0] < 1 or cands[-1] > max_bound:
+        raise ValueError(f"candidates must lie in [1, max_bound={max_bound}], got "
+                         f"{cands.tolist()}")
+    return cands
+
+
+def _per_candidate(values, k, name):
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.shape != (k,):
+        raise ValueError(f"{name} must have one value per candidate ({k}), got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite, got {arr.tolist()}")
+    return arr
+
+
+def _aligned(values, candidates, name):
+    if isinstance(values, Mapping):
+        missing = [int(c) for c in candidates if int(c) not in values]
+        if missing:
+            raise ValueError(f"{name} has no value for candidates {missing}")
+        return np.asarray([values[int(c)] for c in candidates], dtype=np.float64)
+    return _per_candidate(values, len(candidates), name)
+
+
+def _release_budget(params):
+    epsilon, delta = params.get("epsilon"), params.get("delta")
+    if epsilon is None or not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"score_params.epsilon must be > 0, got {epsilon!r}")
+    if delta is None or not (0 < delta < 1):
+        raise ValueError(f"score_params.delta must be in (0, 1), got {delta!r}")
+    return float(epsilon), float(delta)
+
+
+def _rank(domain_size, epsilon):
+    d = _positive_int(domain_size, "domain_size")
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    return int(math.ceil(d / epsilon))

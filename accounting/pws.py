@@ -1,0 +1,758 @@
+"""Private weighted sampling (PWS): optimal end-to-end reporting probabilities.
+
+Cohen, Geri, Sarlos & Stemmer, "Differentially Private Weighted Sampling", AISTATS 2021
+(``/work/shared/papers/001_57785b851e794451.txt``; "PWS" below). A key of frequency i is
+sampled with a non-decreasing probability q_i (§3.1) and then sanitized; PWS chooses the
+*end-to-end* probabilities so that neighbouring frequencies i, i-1 give (epsilon, delta)-
+indistinguishable outputs:
+
+- sanitized keys (Alg. 3, Lemma 4.1): pi_0 = 0,
+  pi_i = min(q_i, e^eps pi_{i-1} + delta, 1 + e^-eps (pi_{i-1} + delta - 1)),
+  the largest possible reporting probability of a key of frequency i;
+- sanitized frequencies (Alg. 4, proof of Thm 5.1 in Appendix B): a row pi_{i,.} per
+  frequency, token j = 1..i reported with probability pi_{i,j}, sum_j pi_{i,j} = pi_i;
+- estimators of a linear statistic g(w) from the tokens: MLE (eq. 11) and the
+  biased-down estimator (Appendix E, eq. 41);
+- the stability-based histogram baseline (SbH, Appendix G: Laplace noise, threshold
+  T = 1 + ln(1/delta)/eps, then sampling).
+
+thresher additions, each documented in docs/weighted_sampling.md and docs/accounting.md:
+
+- the per-key budget of a user touching <= C keys (:func:`per_key_budget`): basic
+  composition (eps/C, delta/C) or the exact optimal composition of C (eps0, delta0)-DP
+  mechanisms (Kairouz, Oh & Viswanath 2015, Thm 3.3), evaluated as the hockey-stick
+  divergence of the C-fold product of the dominating pair (:func:`composed_delta`);
+- counts above the table size M are treated as M (a 1-Lipschitz map of the count, so the
+  release stays DP); M defaults to the *saturation* frequency where pi reaches 1, so keys
+  lose nothing. With frequencies, once the rows have become shift-stationary the token of a
+  count c > M is the token of row M plus c - M (``beyond_table="shift"``);
+- the privacy of the distribution actually sampled (uniforms on a 2^-53 grid compared
+  with float cumulative sums) is verified exactly by :func:`realized_delta`.
+
+Pure numpy/scipy; no Beam, no I/O.
+"""
+import dataclasses
+import functools
+import math
+
+import numpy as np
+import scipy.sparse
+import scipy.stats
+
+from accounting import search
+
+SAMPLING_SCHEMES = ("none", "ppswor", "priority")
+REPORTS = ("keys", "keys_and_frequencies")
+ESTIMATORS = ("mle", "biased_down")
+COMPOSITIONS = ("optimal", "basic")
+
+# Largest table the automatic choice of max_frequency builds: keep probabilities (one
+# float per frequency) and banded frequency tables (stored entries).
+MAX_KEEP_LENGTH = 1 << 24
+MAX_TABLE_ENTRIES = 1 << 24
+
+_GRID = float(1 << 53)  # samplers' uniforms are k / 2**53, k = 0 .. 2**53 - 1
+
+
+# --------------------------------------------------------------------------- validation
+
+def _check_privacy(epsilon, delta):
+    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+
+
+def _check_sampling(sampling, sampling_threshold):
+    if sampling not in SAMPLING_SCHEMES:
+        raise ValueError(f"sampling must be one of {', '.join(SAMPLING_SCHEMES)}, got {sampling!r}")
+    if sampling == "none":
+        if sampling_threshold is not None:
+            raise ValueError("sampling_threshold must be omitted when sampling is 'none', "
+                             f"got {sampling_threshold!r}")
+    elif not (isinstance(sampling_threshold, (int, float)) and math.isfinite(sampling_threshold)
+              and sampling_threshold > 0):
+        raise ValueError(f"sampling_threshold must be a finite number > 0 for {sampling} sampling, "
+                         f"got {sampling_threshold!r}")
+
+
+def _check_max_frequency(max_frequency):
+    if isinstance(max_frequency, bool) or not isinstance(max_frequency, (int, np.integer)) \
+            or max_frequency < 1:
+        raise ValueError(f"max_frequency must be an integer >= 1, got {max_frequency!r}")
+
+
+# --------------------------------------------------------------------------- sampling q_i
+
+def sampling_probabilities_at(frequencies, *, sampling="none", sampling_threshold=None, weight=None):
+    """q at the given frequencies (PWS §3.1, eq. 2): the probability that the non-private
+    threshold sampling scheme includes a key of that frequency.
+
+    ``none``: q = 1 (no sampling: a private histogram); ``ppswor``: q = 1 - exp(-f(w) t);
+    ``priority`` (Poisson PPS): q = min(1, f(w) t); with f = ``weight`` (default f(w) = w,
+    a vectorised non-decreasing callable) and t = ``sampling_threshold``. q = 0 at w = 0.
+    """
+    _check_sampling(sampling, sampling_threshold)
+    w = np.asarray(frequencies)
+    if sampling == "none":
+        q = np.ones(w.shape, dtype=np.float64)
+    else:
+        f = np.asarray(weight(w) if weight is not None else w, dtype=np.float64)
+        if np.any(~np.isfinite(f)) or np.any(f < 0):
+            raise ValueError("weight(frequency) must be finite and >= 0")
+        if sampling == "ppswor":
+            q = -np.expm1(-f * float(sampling_threshold))
+        else:
+            q = np.minimum(1.0, f * float(sampling_threshold))
+    return np.where(w <= 0, 0.0, q)
+
+
+def sampling_probabilities(max_frequency, *, sampling="none", sampling_threshold=None, weight=None):
+    """q_0 .. q_max (q_0 = 0) of the sampling scheme; see :func:`sampling_probabilities_at`.
+    Raises ValueError if the resulting q is not non-decreasing (PWS requires it, §3.1)."""
+    _check_max_frequency(max_frequency)
+    q = sampling_probabilities_at(np.arange(int(max_frequency) + 1), sampling=sampling,
+                                  sampling_threshold=sampling_threshold, weight=weight)
+    if np.any(np.diff(q) < 0):
+        raise ValueError("weight must be non-decreasing: the sampling probabilities q_i must not "
+                         "decrease with the frequency i (PWS §3.1)")
+    return q
+
+
+# --------------------------------------------------------------------------- Alg. 3
+
+def _alg3(q, epsilon, delta):
+    """PWS Alg. 3 on a given q_0..q_M (q_0 = 0): pi_i = min(q_i, (16), (17)).
+
+    Positions where pi_i = q_i and the next q stays within both DP constraints are filled
+    in vectorised chunks; the floating-point expressions are the same as in the scalar
+    step, so the result is identical to the plain recursion."""
+    n = len(q)
+    pi = np.zeros(n)
+    up_factor, down_factor = math.exp(epsilon), math.exp(-epsilon)
+    i, chunk = 1, 256
+    while i < n:
+        p = pi[i - 1]
+        value = min(q[i], up_factor * p + delta, 1.0 + down_factor * (p + delta - 1.0))
+        pi[i] = value
+        i += 1
+        if value == q[i - 1] and i < n:
+            end = min(n, i + chunk)
+            qa, qb = q[i - 1:end - 1], q[i:end]
+            ok = (qb <= up_factor * qa + delta) & (qb <= 1.0 + down_factor * (qa + delta - 1.0))
+            k = int(np.argmin(ok)) if not ok.all() else len(ok)
+            pi[i:i + k] = qb[:k]
+            i += k
+            chunk = min(chunk * 2, 1 << 20) if k == len(ok) else 256
+    return pi
+
+
+def keep_probabilities(epsilon, delta, max_frequency, *, sampling="none", sampling_threshold=None,
+                       weight=None):
+    """End-to-end reporting probabilities pi_0 .. pi_max of sanitized keys (PWS Alg. 3).
+
+    pi_i is the probability that a key of frequency i is sampled *and* reported; it is the
+    largest value allowed by element-level (epsilon, delta)-DP between frequencies i and
+    i - 1 (Lemma 4.1), and pi_i <= q_i. A sampled key of frequency i is kept with
+    probability pi_i / q_i. With ``sampling="none"`` this is the optimal ("truncated
+    geometric") partition selection, closed form in Lemma 4.2.
+
+    Returns a float array of length max_frequency + 1 with pi_0 = 0.
+    """
+    _check_privacy(epsilon, delta)
+    q = sampling_probabilities(max_frequency, sampling=sampling,
+                               sampling_threshold=sampling_threshold, weight=weight)
+    return _alg3(q, float(epsilon), float(delta))
+
+
+def saturation_frequency(epsilon, delta, *, sampling="none", sampling_threshold=None, weight=None,
+                         limit=MAX_KEEP_LENGTH):
+    """Smallest frequency i with pi_i = 1 (in floating point), or None if it exceeds ``limit``.
+
+    From there on every key is reported: pi stays 1 because q stays 1 and both DP
+    constraints of Alg. 3 allow 1. For ``none`` it is 2L + 2 (Lemma 4.2); for ppswor it is
+    where q_i rounds to 1.0 (f(i) t > ~37) or later."""
+    _check_privacy(epsilon, delta)
+    m = 1024
+    while True:
+        m = min(m, limit)
+        pi = keep_probabilities(epsilon, delta, m, sampling=sampling,
+                                sampling_threshold=sampling_threshold, weight=weight)
+        hit = np.flatnonzero(pi == 1.0)
+        if len(hit):
+            return int(hit[0])
+        if m >= limit:
+            return None
+        m *= 4
+
+
+def pws_L(epsilon, delta):
+    """L(eps, delta) of PWS eq. (4): with no sampling pi* grows geometrically up to L + 1
+    and reaches 1 at 2L + 2 (Lemma 4.2). ~ (1/eps) ln(eps / (2 delta))."""
+    return math.log((math.expm1(epsilon) + 2 * delta) / (delta * (math.exp(epsilon) + 1))) / epsilon
+
+
+# --------------------------------------------------------------------------- Alg. 4
+
+@dataclasses.dataclass(frozen=True)
+class _Band:
+    """Rows pi_{i,lo_i..i} of the frequency table, concatenated (token columns only)."""
+
+    keep: np.ndarray     # pi_0 .. pi_M
+    lo: np.ndarray       # first stored token column of each row (row 0 has none)
+    indptr: np.ndarray   # row i is values[indptr[i]:indptr[i+1]]
+    values: np.ndarray
+    stationary: bool     # last row is the previous one shifted by one (rel. 1e-12), pi = 1
+
+    @property
+    def max_frequency(self):
+        return len(self.keep) - 1
+
+    def row(self, i):
+        return self.values[self.indptr[i]:self.indptr[i + 1]]
+
+
+def _next_row(prev, lo, pi_prev, pi_i, i, up_factor, down_factor, delta):
+    """Row i of Alg. 4 from row i-1 (``prev`` = pi_{i-1, lo..i-1}); Appendix B.
+
+    Upward pass: the least prefix masses that satisfy the lower DP constraint (30) for the
+    prefixes {0..j} and {1..j}; their running maximum is the cumulative lower bound since
+    the bound is non-decreasing in j. Downward pass: from j = i down, raise each entry to
+    the upper constraint (28) on the suffix {j..i} (e^eps pi_{i-1,j}; delta at j = i) until
+    the remaining mass R = pi_i - sum(D) is spent. Returns (new_lo, row)."""
+    slack = max(0.0, down_factor * (1.0 - pi_prev) - (1.0 - pi_i))
+    cum_lower = np.maximum(0.0, down_factor * (np.cumsum(prev) - delta) + slack)
+    lower = np.empty(len(prev) + 1)
+    lower[:-1] = np.diff(cum_lower, prepend=0.0)
+    lower[-1] = 0.0
+    remaining = pi_i - (cum_lower[-1] if len(cum_lower) else 0.0)
+    upper = np.empty(len(prev) + 1)
+    upper[:-1] = up_factor * prev
+    upper[-1] = delta
+    raise_by = np.maximum(upper - lower, 0.0)
+    suffix = np.cumsum(raise_by[::-1])[::-1]          # suffix[k] = sum_{j >= k} raise_by[j]
+    row = lower
+    top = suffix <= remaining
+    row[top] = upper[top]
+    partial = np.flatnonzero(~top)
+    if len(partial):
+        b = partial[-1]
+        spent_above = suffix[b + 1] if b + 1 < len(suffix) else 0.0
+        row[b] = lower[b] + (remaining - spent_above)
+    nonzero = np.flatnonzero(row)
+    first = nonzero[0] if len(nonzero) else len(row) - 1
+    return lo + int(first), row[first:]
+
+
+def _build_band(q, epsilon, delta, *, stop_when_stationary=False, max_entries=None):
+    """Alg. 4 rows for the given q_0..q_M. With ``stop_when_stationary`` the build stops
+    at the first row i with pi_{i-1} = pi_i = 1 whose row equals row i-1 shifted by one
+    to a relative 1e-12. Returns None if ``max_entries`` would be exceeded."""
+    pi = _alg3(q, epsilon, delta)
+    up_factor, down_factor = math.exp(epsilon), math.exp(-epsilon)
+    m = len(q) - 1
+    los = np.zeros(m + 1, dtype=np.int64)
+    rows = [np.zeros(0)]
+    lo, prev, total, stationary = 1, np.zeros(0), 0, False
+    for i in range(1, m + 1):
+        lo, row = _next_row(prev, lo, pi[i - 1], pi[i], i, up_factor, down_factor, delta)
+        los[i] = lo
+        rows.append(row)
+        total += len(row)
+        if max_entries is not None and total > max_entries:
+            return None
+        if (stop_when_stationary and pi[i] == 1.0 and pi[i - 1] == 1.0 and len(row) == len(prev)
+                and los[i] == los[i - 1] + 1
+                and np.all(np.abs(row - prev) <= 1e-12 * np.abs(prev))):
+            m = i
+            stationary = True
+            break
+        prev = row
+    indptr = np.zeros(m + 2, dtype=np.int64)
+    indptr[1:] = np.cumsum([len(r) for r in rows])
+    return _Band(keep=pi[:m + 1], lo=los[:m + 1], indptr=indptr, values=np.concatenate(rows),
+                 stationary=stationary)
+
+
+def _band_to_csr(band):
+    m = band.max_frequency
+    lengths = np.diff(band.indptr)
+    indptr = np.zeros(m + 2, dtype=np.int64)
+    indptr[1:] = np.cumsum(lengths + 1)
+    nnz = int(indptr[-1])
+    data = np.empty(nnz)
+    indices = np.empty(nnz, dtype=np.int64)
+    starts = indptr[:-1]
+    data[starts] = 1.0 - band.keep
+    indices[starts] = 0
+    token_pos = np.setdiff1d(np.arange(nnz), starts, assume_unique=True)
+    data[token_pos] = band.values
+    row_of = np.repeat(np.arange(m + 1), lengths)
+    offset = np.arange(len(band.values)) - np.repeat(band.indptr[:-1], lengths)
+    indices[token_pos] = band.lo[row_of] + offset
+    return scipy.sparse.csr_array((data, indices, indptr), shape=(m + 1, m + 1))
+
+
+def frequency_table(epsilon, delta, max_frequency, *, sampling="none", sampling_threshold=None,
+                    weight=None):
+    """Sanitized frequencies of PWS Alg. 4 as a sparse (M+1) x (M+1) array T.
+
+    T[i, j] = pi_{i,j}: the end-to-end probability that a key of frequency i is sampled and
+    reported with token j (1 <= j <= i); T[i, 0] = 1 - pi_i (not reported); row 0 is
+    (1, 0, ...). Every row is (epsilon, delta)-indistinguishable from the previous one on
+    every set of outcomes, rows sum to 1, and the token distribution of frequency i
+    stochastically dominates that of i - 1 (§5). Rows are banded (at most ~2L + 1 non-zero
+    tokens below the diagonal), so the table is a ``scipy.sparse.csr_array``; ``.toarray()``
+    gives the dense matrix.
+    """
+    _check_privacy(epsilon, delta)
+    q = sampling_probabilities(max_frequency, sampling=sampling,
+                               sampling_threshold=sampling_threshold, weight=weight)
+    return _band_to_csr(_build_band(q, float(epsilon), float(delta)))
+
+
+def _token_part(table):
+    """CSR of the token columns 1..M (rows 0..M) of a frequency table (sparse or dense)."""
+    t = scipy.sparse.csr_array(table)
+    return t[:, 1:].tocsr()
+
+
+def _statistic_values(statistic, n):
+    i = np.arange(n)
+    g = np.asarray(statistic(i) if statistic is not None else i, dtype=np.float64)
+    g[0] = 0.0
+    return g
+
+
+def _table_keep(tokens):
+    return np.asarray(tokens.sum(axis=1)).ravel()
+
+
+def mle_estimates(frequency_table, keep_probabilities=None, *, statistic=None):
+    """Maximum-likelihood estimator of g(w) from a token (PWS §7.1, eq. 11).
+
+    a_j = g(i*) / pi_{i*} with i* = argmax_i pi_{i,j} (the smallest such i on ties);
+    a_0 = 0 (key not reported). ``statistic`` is g (vectorised, default g(w) = w).
+    ``keep_probabilities`` defaults to the row sums of the table.
+    Returns a_0 .. a_M.
+    """
+    tokens = _token_part(frequency_table)
+    n = tokens.shape[0]
+    keep = _table_keep(tokens) if keep_probabilities is None else np.asarray(keep_probabilities)
+    g = _statistic_values(statistic, n)
+    csc = tokens.tocsc()
+    csc.sort_indices()
+    a = np.zeros(n)
+    counts = np.diff(csc.indptr)
+    cols = np.flatnonzero(counts)
+    if len(cols) == 0:
+        return a
+    starts = csc.indptr[cols]
+    col_max = np.maximum.reduceat(csc.data, starts)
+    is_max = csc.data == np.repeat(col_max, counts[cols])
+    big = np.iinfo(np.int64).max
+    best_row = np.minimum.reduceat(np.where(is_max, csc.indices, big), starts)
+    a[cols + 1] = g[best_row] / keep[best_row]
+    return a
+
+
+def biased_down_estimates(frequency_table, keep_probabilities=None, *, statistic=None):
+    """The biased-down estimator of PWS Appendix E (eq. 41), for tokens j = 1 .. M.
+
+    a_j = min over i with pi_{i,j} > 0 of
+          (g(i) - sum_{h<j} a_h pi_{i,h}) / (pi_i - sum_{h<j} pi_{i,h}),
+    non-decreasing in j and never biased up (Lemma E.1). The denominator is the suffix sum
+    sum_{h>=j} pi_{i,h}, computed directly to avoid cancellation. Returns a_0 .. a_M (a_0 = 0).
+    """
+    tokens = _token_part(frequency_table)
+    tokens.sort_indices()
+    n = tokens.shape[0]
+    g = _statistic_values(statistic, n)
+    del keep_probabilities  # the suffix sums of the rows carry pi_i
+    lengths = np.diff(tokens.indptr)
+    # per stored entry (i, j): the suffix sum of row i from column j, row by row
+    suffix_data = np.empty_like(tokens.data)
+    for i in np.flatnonzero(lengths):
+        s, e = tokens.indptr[i], tokens.indptr[i + 1]
+        suffix_data[s:e] = np.cumsum(tokens.data[s:e][::-1])[::-1]
+    csc_prob = tokens.tocsc()
+    csc_prob.sort_indices()
+    csc_suffix = scipy.sparse.csr_array((suffix_data, tokens.indices, tokens.indptr),
+                                        shape=tokens.shape).tocsc()
+    csc_suffix.sort_indices()
+    numer = g.copy()  # g(i) - sum_{h<j} a_h pi_{i,h}, per row i
+    a = np.zeros(n)
+    for col in range(tokens.shape[1]):
+        s, e = csc_prob.indptr[col], csc_prob.indptr[col + 1]
+        if s == e:
+            continue
+        rows = csc_prob.indices[s:e]
+        probs = csc_prob.data[s:e]
+        positive = probs > 0
+        if not positive.any():
+            continue
+        ratios = numer[rows[positive]] / csc_suffix.data[s:e][positive]
+        a_j = float(np.min(ratios))
+        a[col + 1] = a_j
+        numer[rows] -= a_j * probs
+    return a
+
+
+def estimator_moments(frequency_table, estimates, *, statistic=None):
+    """Per-frequency expectation, bias, variance and MSE of a token estimator (PWS §7.1).
+
+    E_i = sum_j pi_{i,j} a_j; Bias_i = E_i - g(i);
+    MSE_i = (1 - pi_i) g(i)^2 + sum_j pi_{i,j} (a_j - g(i))^2; Var_i = MSE_i - Bias_i^2.
+    ``estimates`` is a_0 .. a_M. Returns a dict of arrays indexed by frequency 0 .. M.
+    """
+    tokens = _token_part(frequency_table)
+    n = tokens.shape[0]
+    a = np.asarray(estimates, dtype=np.float64)[1:n]
+    g = _statistic_values(statistic, n)
+    keep = _table_keep(tokens)
+    first = tokens @ a
+    second = tokens @ (a * a)
+    mse = (1.0 - keep) * g * g + second - 2.0 * g * first + g * g * keep
+    bias = first - g
+    return {"expected": first, "bias": bias, "mse": mse, "variance": mse - bias * bias,
+            "keep": keep}
+
+
+# --------------------------------------------------------------------------- SbH baseline
+
+def sbh_threshold(epsilon, delta):
+    """Threshold T = 1 + ln(1/delta)/eps of the stability-based histogram (PWS §8.1,
+    Appendix G): Laplace(1/eps) noise, report if the noisy count is >= T."""
+    _check_privacy(epsilon, delta)
+    return 1.0 + math.log(1.0 / delta) / epsilon
+
+
+def sbh_keep_probabilities(epsilon, delta, frequencies, *, sampling="none", sampling_threshold=None):
+    """Reporting probability phi_i of sampled-SbH (PWS Appendix G), f(w) = w.
+
+    SbH adds Laplace(1/eps) noise to each count, keeps noisy counts j >= T and then samples
+    with q_j at the *noisy* count: phi_i = int_T^inf q_j (eps/2) e^{-eps |j - i|} dj.
+    Closed forms: no sampling (G.2, eq. 49), ppswor (G.3, eq. 51), priority (G.3, three
+    cases). ``frequencies`` is an array of i >= 0; phi_0 is that of a key of count 0.
+    """
+    _check_sampling(sampling, sampling_threshold)
+    e = float(epsilon)
+    T = sbh_threshold(epsilon, delta)
+    i = np.asarray(frequencies, dtype=np.float64)
+    below = i <= T
+    if sampling == "none":
+        return np.where(below, 0.5 * np.exp(-e * (T - np.minimum(i, T))),
+                        1.0 - 0.5 * np.exp(-e * (np.maximum(i, T) - T)))
+    t = float(sampling_threshold)
+    if sampling == "ppswor":
+        lo = 0.5 * np.exp(-e * (T - np.minimum(i, T))) * (1.0 - e / (e + t) * math.exp(-T * t))
+        ih = np.maximum(i, T)
+        hi = 1.0 - 0.5 * np.exp(-e * (ih - T)) - e / (2 * (e + t)) * np.exp(-ih * t)
+        if abs(e - t) > 1e-12 * e:
+            hi = hi + e / (2 * (e - t)) * (np.exp(-e * (ih - T) - t * T) - np.exp(-t * ih))
+        else:
+            hi = hi - 0.5 * e * (ih - T) * np.exp(-e * ih)
+        return np.where(below, lo, hi)
+    # priority: q_j = min(1, t j)
+    u = 1.0 / t
+    if T >= u:
+        return sbh_keep_probabilities(epsilon, delta, frequencies)
+    c1 = 0.5 * t * ((T + 1 / e) * np.exp((i - T) * e) - (1 / e) * np.exp((i - u) * e))
+    c2 = t * (i - 0.5 / e * np.exp(e * (i - u)) - 0.5 * (T - 1 / e) * np.exp(e * (T - i)))
+    c3 = 1.0 - 0.5 * t / e * np.exp(e * (u - i)) - 0.5 * t * (T - 1 / e) * np.exp(e * (T - i))
+    with np.errstate(over="ignore"):
+        return np.where(i < T, c1, np.where(i < u, c2, c3))
+
+
+# --------------------------------------------------------------------------- composition
+
+def composed_delta(key_epsilon, key_delta, max_keys_per_user, epsilon):
+    """Exact delta(epsilon) of the C-fold composition of (eps0, delta0)-DP mechanisms.
+
+    Every (eps0, delta0)-DP mechanism is dominated by the pair P = (delta0,
+    (1-delta0) e^eps0/(1+e^eps0), (1-delta0)/(1+e^eps0), 0), Q = P reversed (Kairouz, Oh &
+    Viswanath 2015, Thm 2.?/3.3); the hockey-stick divergence of the C-fold product is
+    1 - (1-delta0)^C + (1-delta0)^C sum_l Binom(C, l; p) max(0, 1 - e^{eps - (C-2l) eps0}),
+    p = 1/(1+e^eps0). A user with <= C keys changes <= C independent per-key mechanisms.
+    """
+    c = int(max_keys_per_user)
+    l = np.arange(c + 1)
+    p_flip = 1.0 / (1.0 + math.exp(key_epsilon))
+    weights = scipy.stats.binom.pmf(l, c, p_flip)
+    loss = (c - 2 * l) * key_epsilon
+    rr = float(np.sum(weights * np.maximum(0.0, -np.expm1(epsilon - loss))))
+    none_lost = math.exp(c * math.log1p(-key_delta))
+    return (1.0 - none_lost) + none_lost * rr
+
+
+@dataclasses.dataclass(frozen=True)
+class PerKeyBudget:
+    """(epsilon, delta) each key's sanitizer runs at, and how it composes to the release's."""
+
+    key_epsilon: float
+    key_delta: float
+    composition: str
+    max_keys_per_user: int
+
+
+def per_key_budget(epsilon, delta, max_keys_per_user, *, composition="optimal"):
+    """Per-key (eps0, delta0) for a release at (epsilon, delta) where a user touches <= C keys.
+
+    ``basic``: (eps/C, delta/C) (Dwork & Roth Thm 3.16). ``optimal``: for delta0 = f delta/C
+    over a grid of f in (0, 1], the largest eps0 whose exact C-fold composition
+    (:func:`composed_delta`) is <= delta at epsilon; the pair with the smallest PWS
+    saturation length L(eps0, delta0) (eq. 4) wins. f = 1 reproduces at least basic
+    composition's eps/C, so ``optimal`` is never worse. C = 1 gives (epsilon, delta).
+    """
+    _check_privacy(epsilon, delta)
+    if isinstance(max_keys_per_user, bool) or not isinstance(max_keys_per_user, (int, np.integer)) \
+            or max_keys_per_user < 1:
+        raise ValueError(f"max_keys_per_user must be an integer >= 1, got {max_keys_per_user!r}")
+    if composition not in COMPOSITIONS:
+        raise ValueError(f"composition must be one of {', '.join(COMPOSITIONS)}, got {composition!r}")
+    c = int(max_keys_per_user)
+    basic = PerKeyBudget(epsilon / c, delta / c, "basic", c)
+    if composition == "basic" or c == 1:
+        return PerKeyBudget(float(epsilon) / c, float(delta) / c,
+                            "basic" if c > 1 else "single key", c)
+    best, best_len = basic, pws_L(basic.key_epsilon, basic.key_delta)
+    for f in (1.0, 0.7, 0.5, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01):
+        d0 = f * delta / c
+        if composed_delta(0.0, d0, c, epsilon) > delta:
+            continue
+        # largest eps0 with composed delta <= delta: search the monotone 1/eps0
+        inv = search.smallest_real(
+            lambda x: composed_delta(1.0 / x, d0, c, epsilon) <= delta,
+            1.0 / epsilon, c / epsilon, rel_tol=1e-10)
+        if inv is None:
+            continue
+        e0 = 1.0 / inv
+        length = pws_L(e0, d0)
+        if e0 >= basic.key_epsilon * (1 - 1e-12) and length < best_len:
+            best, best_len = PerKeyBudget(e0, d0, "optimal", c), length
+    return best
+
+
+# --------------------------------------------------------------------------- realized privacy
+
+def _quantized(p):
+    """P[u < p] for u uniform on {k 2^-53}: ceil(p 2^53) / 2^53 (p clipped to [0, 1])."""
+    return np.ceil(np.clip(p, 0.0, 1.0) * _GRID) / _GRID
+
+
+def row_cdf(frequency_table, i):
+    """(token columns, cumulative probabilities) of row i, exactly as the sanitizer uses them."""
+    t = frequency_table
+    s, e = t.indptr[i], t.indptr[i + 1]
+    cols, vals = t.indices[s:e], t.data[s:e]
+    tok = cols > 0
+    return cols[tok], np.cumsum(vals[tok])
+
+
+def _realized_row(frequency_table, i, q_i=None):
+    cols, cum = row_cdf(frequency_table, i)
+    if q_i is None:
+        grid = _quantized(cum)
+        scale = 1.0
+    else:
+        grid = _quantized(cum / q_i)
+        scale = q_i
+    probs = scale * np.diff(grid, prepend=0.0)
+    reported = scale * (grid[-1] if len(grid) else 0.0)
+    return cols, probs, 1.0 - reported
+
+
+def _pair_delta(cols_a, probs_a, none_a, cols_b, probs_b, none_b, e_eps):
+    """max over both directions of sum_outcomes max(0, P - e^eps Q) for two rows."""
+    lo = min(cols_a[0] if len(cols_a) else 1, cols_b[0] if len(cols_b) else 1)
+    hi = max(cols_a[-1] if len(cols_a) else 1, cols_b[-1] if len(cols_b) else 1)
+    pa = np.zeros(hi - lo + 2)
+    pb = np.zeros(hi - lo + 2)
+    pa[0], pb[0] = none_a, none_b
+    np.add.at(pa, cols_a - lo + 1, probs_a)
+    np.add.at(pb, cols_b - lo + 1, probs_b)
+    return max(float(np.sum(np.maximum(0.0, pa - e_eps * pb))),
+               float(np.sum(np.maximum(0.0, pb - e_eps * pa))))
+
+
+def realized_delta(epsilon, keep_probabilities, frequency_table=None, *, sampling_probabilities=None,
+                   beyond_table="clip"):
+    """Exact delta at ``epsilon`` of the per-key distributions the sanitizer actually samples.
+
+    The sanitizer compares a uniform u on the grid {k 2^-53} with float cumulative sums
+    (keys: u < pi_i, or u < pi_i / q_i for a pre-sampled key; tokens: the first column whose
+    cumulative sum exceeds u), so outcome probabilities are differences of
+    ceil(2^53 cum) / 2^53. This computes them and returns the largest hockey-stick
+    divergence, in both directions, between frequencies i and i - 1 for i = 1 .. M (all sets
+    of outcomes at once: sum of positive parts), plus, with ``beyond_table="shift"``, the
+    pair (row M shifted by one, row M) that every larger count reuses. Frequencies above M
+    under ``"clip"`` have identical distributions (divergence 0).
+
+    ``sampling_probabilities`` (q_0..q_M) gives the post-processing path's end-to-end
+    distributions q_i x realized(pi_{i,.} / q_i).
+    """
+    e_eps = math.exp(epsilon)
+    keep = np.asarray(keep_probabilities, dtype=np.float64)
+    q = None if sampling_probabilities is None else np.asarray(sampling_probabilities, np.float64)
+    if frequency_table is None:
+        if q is None:
+            rep = _quantized(keep)
+        else:
+            rep = np.zeros_like(keep)
+            pos = q > 0
+            rep[pos] = q[pos] * _quantized(keep[pos] / q[pos])
+        a, b = rep[1:], rep[:-1]
+        up = np.maximum(0.0, a - e_eps * b) + np.maximum(0.0, (1 - a) - e_eps * (1 - b))
+        down = np.maximum(0.0, b - e_eps * a) + np.maximum(0.0, (1 - b) - e_eps * (1 - a))
+        return float(max(up.max(initial=0.0), down.max(initial=0.0)))
+    t = scipy.sparse.csr_array(frequency_table)
+    t.sort_indices()
+    m = t.shape[0] - 1
+    worst = 0.0
+    prev = (np.zeros(0, dtype=np.int64), np.zeros(0), 1.0)
+    for i in range(1, m + 1):
+        cur = _realized_row(t, i, None if q is None else q[i])
+        worst = max(worst, _pair_delta(*cur, *prev, e_eps))
+        prev = cur
+    if beyond_table == "shift":
+        cols, probs, none = prev
+        worst = max(worst, _pair_delta(cols + 1, probs, none, cols, probs, none, e_eps))
+    return worst
+
+
+# --------------------------------------------------------------------------- calibration
+
+@dataclasses.dataclass(frozen=True)
+class PWSParameters:
+    """Calibrated parameters of one PWS release (hashable: tables are rebuilt from it).
+
+    ``key_epsilon``/``key_delta`` are what each key's sanitizer is built for;
+    ``key_delta_realized`` is :func:`realized_delta` of the sampled distributions (<=
+    ``key_delta``); ``table_delta`` is the delta the tables were built with (a hair below
+    ``key_delta`` so that sampling granularity stays within it). Counts above
+    ``max_frequency`` are handled per ``beyond_table``: "clip" (treated as max_frequency)
+    or "shift" (row max_frequency, token + (count - max_frequency))."""
+
+    epsilon: float
+    delta: float
+    max_keys_per_user: int
+    sampling: str
+    sampling_threshold: float | None
+    report: str
+    estimator: str
+    composition: str
+    key_epsilon: float
+    key_delta: float
+    table_delta: float
+    key_delta_realized: float
+    delta_realized: float
+    max_frequency: int
+    saturation_frequency: int | None
+    beyond_table: str
+    presampled: bool = False
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _choose_table(q_fn, key_epsilon, table_delta, report, max_frequency):
+    """(keep, band or None, saturation, max_frequency, beyond) for the given q builder."""
+    if report == "keys":
+        if max_frequency is None:
+            m = 1024
+            while True:
+                pi = _alg3(q_fn(m), key_epsilon, table_delta)
+                hit = np.flatnonzero(pi == 1.0)
+                if len(hit) or m >= MAX_KEEP_LENGTH:
+                    break
+                m = min(4 * m, MAX_KEEP_LENGTH)
+            sat = int(hit[0]) if len(hit) else None
+            m_final = sat if sat is not None else m
+            return pi[:m_final + 1], None, sat, m_final, "clip"
+        pi = _alg3(q_fn(max_frequency), key_epsilon, table_delta)
+        hit = np.flatnonzero(pi == 1.0)
+        return pi, None, (int(hit[0]) if len(hit) else None), max_frequency, "clip"
+    if max_frequency is None:
+        m = 1024
+        while True:
+            band = _build_band(q_fn(m), key_epsilon, table_delta, stop_when_stationary=True,
+                               max_entries=MAX_TABLE_ENTRIES)
+            if band is None or band.stationary:
+                break
+            m *= 4
+        if band is None:
+            # Too large to reach stationarity: the largest table within the entry budget.
+            lo_m, hi_m = 1, m
+            while hi_m - lo_m > 1:
+                mid = (lo_m + hi_m) // 2
+                if _build_band(q_fn(mid), key_epsilon, table_delta,
+                               max_entries=MAX_TABLE_ENTRIES) is None:
+                    hi_m = mid
+                else:
+                    lo_m = mid
+            band = _build_band(q_fn(lo_m), key_epsilon, table_delta)
+    else:
+        band = _build_band(q_fn(max_frequency), key_epsilon, table_delta)
+    hit = np.flatnonzero(band.keep == 1.0)
+    sat = int(hit[0]) if len(hit) else None
+    beyond = "shift" if band.stationary else "clip"
+    return band.keep, band, sat, band.max_frequency, beyond
+
+
+def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_threshold=None,
+              report="keys_and_frequencies", estimator="mle", composition="optimal",
+              max_frequency=None, presampled=False):
+    """Parameters of a PWS release at (epsilon, delta) with <= C keys per user.
+
+    1. Per-key budget (:func:`per_key_budget`). 2. Tables: ``max_frequency=None`` picks the
+    saturation frequency (keys: pi = 1 from there on) or, with frequencies, the first row
+    that is pi = 1 and shift-stationary, within MAX_KEEP_LENGTH / MAX_TABLE_ENTRIES (else the
+    largest table that fits, counts above it clipped). 3. The tables are built with
+    table_delta = key_delta (1 - margin) and :func:`realized_delta` must be <= key_delta;
+    the margin doubles until it is (floating-point granularity costs ~1e-16 per token).
+    ``presampled`` is the post-processing path (the input is a sample drawn with q).
+    Raises ValueError on invalid arguments and RuntimeError if verification cannot pass.
+    """
+    _check_privacy(epsilon, delta)
+    _check_sampling(sampling, sampling_threshold)
+    if report not in REPORTS:
+        raise ValueError(f"report must be one of {', '.join(REPORTS)}, got {report!r}")
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
+    if max_frequency is not None:
+        _check_max_frequency(max_frequency)
+    budget = per_key_budget(epsilon, delta, max_keys_per_user, composition=composition)
+
+    def q_fn(m):
+        return sampling_probabilities(m, sampling=sampling, sampling_threshold=sampling_threshold)
+
+    margin = 1e-9
+    for _ in range(12):
+        table_delta = budget.key_delta * (1.0 - margin)
+        keep, band, sat, m, beyond = _choose_table(q_fn, budget.key_epsilon, table_delta, report,
+                                                   max_frequency)
+        q = q_fn(m) if presampled else None
+        table = _band_to_csr(band) if band is not None else None
+        realized = realized_delta(budget.key_epsilon, keep, table, sampling_probabilities=q,
+                                  beyond_table=beyond)
+        if realized <= budget.key_delta:
+            break
+        margin = max(2 * margin, 4 * (realized - table_delta) / budget.key_delta)
+    else:
+        raise RuntimeError("PWS tables could not be verified within the per-key delta "
+                           f"{budget.key_delta:g} (realized {realized:g})")
+    total_delta = composed_delta(budget.key_epsilon, realized, budget.max_keys_per_user, epsilon) \
+        if budget.composition == "optimal" else realized * budget.max_keys_per_user
+    return PWSParameters(
+        epsilon=float(epsilon), delta=float(delta), max_keys_per_user=int(max_keys_per_user),
+        sampling=sampling,
+        sampling_threshold=None if sampling_threshold is None else float(sampling_threshold),
+        report=report, estimator=estimator, composition=budget.composition,
+        key_epsilon=budget.key_epsilon, key_delta=budget.key_delta, table_delta=table_delta,
+        key_delta_realized=realized, delta_realized=min(total_delta, 1.0), max_frequency=int(m),
+        saturation_frequency=sat, beyond_table=beyond, presampled=bool(presampled))

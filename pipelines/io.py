@@ -1,0 +1,322 @@
+"""Reading a release's input as Arrow batches, and writing its output atomically.
+
+Input rows become ``pyarrow.Table`` batches with ``__user`` (uint64 hash of the user
+id), ``__key`` (uint64 hash of the key columns) and the key columns; the user id itself
+goes no further. Rows that cannot be attributed are dropped and counted (Beam metrics
+and the operator log, labelled not private), as documented in the README:
+
+- a null or empty-string user id (the record belongs to no identifiable user);
+- a null key value, or NaN in a floating-point key column.
+
+CSV and JSONL key columns are read as text (so ``02139`` stays ``02139``); Parquet keeps
+its column types (dictionary-encoded columns are decoded).
+"""
+import json
+import math
+import os
+import shutil
+import uuid
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipelines.errors import InputError, SpecError
+from transforms.hashing import hash_array, hash_columns
+from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+
+NOT_PRIVATE = "thresher_not_private"
+BATCH_ROWS = 1 << 18
+ROWS_PER_SHARD = 1_000_000
+MIN_SHARDS = 4
+MAX_SHARDS = 4096
+
+
+# ---- schema checks, before any row is read ----------------------------------------------
+
+def _is_local(path):
+    return "://" not in path
+
+
+def read_schema(path, fmt):
+    """The Arrow schema of one input file (Parquet footer, or the first CSV/JSONL block)."""
+    try:
+        if fmt == "parquet":
+            if _is_local(path):
+                return pq.read_schema(path)
+            from apache_beam.io.filesystems import FileSystems
+            with FileSystems.open(path) as handle:
+                return pq.read_schema(pa.PythonFile(handle))
+        with _open(path) as handle:
+            if fmt == "csv":
+                import pyarrow.csv as pcsv
+                return pcsv.open_csv(handle).schema
+            import pyarrow.json as pjson
+            return pjson.read_json(handle, read_options=pjson.ReadOptions(block_size=1 << 20)).schema
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as exc:
+        raise InputError(f"input.path: cannot read {path!r} as {fmt}: {_first_line(exc)}") from None
+
+
+def _first_line(exc):
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _open(path):
+    if _is_local(path):
+        return open(path, "rb")
+    from apache_beam.io.filesystems import FileSystems
+    return FileSystems.open(path)
+
+
+def check_input(input_spec, files):
+    """Check every file's schema has the user and key columns; estimate the row count.
+
+    Reads Parquet footers (metadata only) and CSV/JSONL headers; returns the estimated
+    number of rows (exact for Parquet), used to size the shuffles."""
+    needed = [input_spec.user, *input_spec.keys]
+    est_rows = 0
+    first_types = None
+    for path in files:
+        schema = read_schema(path, input_spec.format)
+        for i, col in enumerate(needed):
+            if col not in schema.names:
+                field = "input.user" if i == 0 else f"input.keys[{i - 1}]"
+                raise SpecError(field, f"column {col!r} is not in {path!r}; its columns are: "
+                                f"{', '.join(schema.names)}")
+        if input_spec.format == "parquet":
+            types = {c: _value_type(schema.field(c).type) for c in input_spec.keys}
+            if first_types is None:
+                first_types = types
+            else:
+                for c, t in types.items():
+                    if not _compatible(t, first_types[c]):
+                        raise InputError(f"input.path: key column {c!r} is {t} in {path!r} but "
+                                         f"{first_types[c]} in {files[0]!r}; all files must agree")
+            est_rows += _parquet_rows(path)
+        else:
+            est_rows += _estimate_text_rows(path)
+    return est_rows
+
+
+def _value_type(t):
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def _compatible(a, b):
+    strings = (pa.string(), pa.large_string())
+    if a in strings and b in strings:
+        return True
+    return a == b or (pa.types.is_integer(a) and pa.types.is_integer(b))
+
+
+def _parquet_rows(path):
+    try:
+        if _is_local(path):
+            return pq.ParquetFile(path).metadata.num_rows
+        with _open(path) as handle:
+            return pq.ParquetFile(pa.PythonFile(handle)).metadata.num_rows
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"input.path: cannot read {path!r} as parquet: {_first_line(exc)}") from None
+
+
+def _estimate_text_rows(path):
+    try:
+        size = os.path.getsize(path) if _is_local(path) else 0
+    except OSError:
+        size = 0
+    return max(1, size // 40)
+
+
+def num_shards_for(rows):
+    """Shards grow with the data so that one shard (all records of its users) stays near
+    ROWS_PER_SHARD rows and fits any worker's memory."""
+    return int(min(MAX_SHARDS, max(MIN_SHARDS, math.ceil(rows / ROWS_PER_SHARD))))
+
+
+# ---- reading ------------------------------------------------------------------------------
+
+def _normalise_keys(table, key_columns, as_text):
+    cols = {}
+    for name in key_columns:
+        col = table.column(name)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        if as_text and not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            col = pc.cast(col, pa.string())
+        if pa.types.is_large_string(col.type):
+            col = col.cast(pa.string())
+        cols[name] = col
+    return cols
+
+
+def prepare_batch(table, user_column, key_columns, as_text=False):
+    """Drop unattributable rows and hash users and keys.
+
+    Returns (prepared table: __user, __key, key columns; dict of drop counts)."""
+    drops = {}
+    user = table.column(user_column)
+    if pa.types.is_dictionary(user.type):
+        user = user.cast(user.type.value_type)
+    valid = pc.is_valid(user)
+    if pa.types.is_string(user.type) or pa.types.is_large_string(user.type) \
+            or pa.types.is_binary(user.type) or pa.types.is_large_binary(user.type):
+        valid = pc.and_(valid, pc.greater(pc.binary_length(user), 0))
+    drops["rows_dropped_null_or_empty_user"] = table.num_rows - pc.sum(valid).as_py() if table.num_rows else 0
+    keys = _normalise_keys(table, key_columns, as_text)
+    key_valid = None
+    for col in keys.values():
+        ok = pc.is_valid(col)
+        if pa.types.is_floating(col.type):
+            ok = pc.and_(ok, pc.invert(pc.is_nan(col)))
+        key_valid = ok if key_valid is None else pc.and_(key_valid, ok)
+    both = pc.and_(valid, key_valid)
+    n_ok = pc.sum(both).as_py() or 0
+    drops["rows_dropped_null_key"] = (pc.sum(valid).as_py() or 0) - n_ok
+    if n_ok < table.num_rows:
+        user = pc.filter(user, both)
+        keys = {k: pc.filter(v, both) for k, v in keys.items()}
+    keyed = pa.table(keys)
+    prepared = pa.table({USER_COLUMN: pa.array(hash_array(user), type=pa.uint64()),
+                         KEY_HASH_COLUMN: pa.array(hash_columns(keyed, key_columns), type=pa.uint64()),
+                         **{k: keyed.column(k) for k in key_columns}})
+    return prepared, drops
+
+
+class _PrepareBatches(beam.DoFn):
+    def __init__(self, user_column, key_columns, as_text):
+        self._user = user_column
+        self._keys = tuple(key_columns)
+        self._as_text = as_text
+
+    def process(self, table):
+        beam.metrics.Metrics.counter(NOT_PRIVATE, "rows_read").inc(table.num_rows)
+        prepared, drops = prepare_batch(table, self._user, self._keys, self._as_text)
+        for name, value in drops.items():
+            if value:
+                beam.metrics.Metrics.counter(NOT_PRIVATE, name).inc(value)
+        if prepared.num_rows:
+            yield prepared
+
+
+class _ReadTextFile(beam.DoFn):
+    """Read one CSV or JSONL file into Arrow batches of at most BATCH_ROWS rows."""
+
+    def __init__(self, fmt, columns):
+        self._fmt = fmt
+        self._columns = tuple(columns)
+
+    def process(self, path):
+        import pyarrow.csv as pcsv
+        import pyarrow.json as pjson
+        try:
+            with _open(path) as handle:
+                if self._fmt == "csv":
+                    convert = pcsv.ConvertOptions(
+                        include_columns=list(self._columns),
+                        column_types={c: pa.string() for c in self._columns})
+                    reader = pcsv.open_csv(handle, convert_options=convert,
+                                           read_options=pcsv.ReadOptions(block_size=8 << 20))
+                    for batch in reader:
+                        yield pa.Table.from_batches([batch])
+                else:
+                    table = pjson.read_json(handle).select(list(self._columns))
+                    for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+                        yield pa.Table.from_batches([batch])
+        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+            raise InputError(f"input.path: cannot read {path!r} as {self._fmt}: "
+                             f"{_first_line(exc)}") from None
+
+
+class ReadRecords(beam.PTransform):
+    """Files -> PCollection[pyarrow.Table] of prepared record batches (see prepare_batch)."""
+
+    def __init__(self, input_spec, files, label=None):
+        super().__init__(label)
+        self._spec = input_spec
+        self._files = list(files)
+
+    def expand(self, pbegin):
+        columns = [self._spec.user, *self._spec.keys]
+        files = pbegin | "InputFiles" >> beam.Create(self._files)
+        if self._spec.format == "parquet":
+            raw = files | "ReadParquet" >> beam.io.ReadAllFromParquetBatched(columns=columns)
+        else:
+            raw = files | "ReadText" >> beam.ParDo(_ReadTextFile(self._spec.format, columns))
+        return raw | "PrepareBatches" >> beam.ParDo(
+            _PrepareBatches(self._spec.user, self._spec.keys, self._spec.format != "parquet"))
+
+
+# ---- output ---------------------------------------------------------------------------------
+
+REPORT_FILE = "release_report.json"
+RELEASED_PREFIX = "released"
+
+
+def output_holds_release(path):
+    return os.path.exists(os.path.join(path, REPORT_FILE)) or (
+        os.path.isdir(path) and any(f.startswith(RELEASED_PREFIX) for f in os.listdir(path)))
+
+
+def check_output(path, overwrite):
+    """Refuse to replace an earlier release unless asked; refuse a path that is a file."""
+    if not _is_local(path):
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise SpecError("output.path", f"{path!r} is a file; it must be a folder (or not exist)")
+    if os.path.isdir(path) and output_holds_release(path) and not overwrite:
+        raise SpecError("output.path", f"{path!r} already holds a release; pass --overwrite to "
+                        f"replace it, or choose another output.path")
+    if os.path.isdir(path) and os.listdir(path) and not output_holds_release(path):
+        raise SpecError("output.path", f"{path!r} is a non-empty folder that holds no release; "
+                        f"thresher will not write into it")
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise SpecError("output.path", f"{parent!r} is a file, not a folder")
+
+
+def staging_path(path):
+    """A sibling folder the release is written to before it is moved into place (its
+    parent folders are created)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return f"{path.rstrip('/')}.tmp-{uuid.uuid4().hex[:12]}"
+
+
+def promote(staging, final):
+    """Move a finished release into place (replacing an earlier one) as one rename."""
+    if os.path.isdir(final):
+        trash = f"{final.rstrip('/')}.old-{uuid.uuid4().hex[:12]}"
+        os.replace(final, trash)
+        os.replace(staging, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(staging, final)
+
+
+def discard(staging):
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def released_files(folder):
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder)
+                  if f.startswith(RELEASED_PREFIX) and f.endswith(".parquet"))
+
+
+def count_released(files):
+    return int(sum(pq.ParquetFile(f).metadata.num_rows for f in files))
+
+
+def write_json(path, document):
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=2, sort_keys=False, default=_json_default)
+        handle.write("\n")
+
+
+def _json_default(value):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

@@ -1,0 +1,1 @@
+"""One module per release mechanism kind; see pipelines/kinds/README in docs/spec.md."""

@@ -1,0 +1,56 @@
+"""``mechanism.kind: gaussian`` — the Gaussian sparse histogram mechanism (paper 004).
+
+Per key with user count c (after l0/l_inf bounding): dropped if c < pre_threshold;
+otherwise c + v with v discrete Gaussian(sigma) is released when it reaches
+``threshold`` (tau*). sigma and tau* are calibrated by ``accounting.gshm.calibrate`` with
+the exact accounting of Thm 5.4 for the discrete Gaussian actually drawn.
+"""
+import pyarrow as pa
+
+from accounting import gshm
+from pipelines.errors import SpecError
+from pipelines.kinds._common import calibration, optional_number, pre_threshold
+from transforms.noisy_threshold import NoisyThreshold
+
+FIELDS = {
+    "pre_threshold": "tau: keys with fewer users are never released (integer >= 1, default 1)",
+    "sigma": "noise standard deviation in users (optional; calibrated if absent)",
+    "threshold": "tau*: noisy counts below it are suppressed (optional; calibrated if absent)",
+}
+OUTPUT_COLUMNS = {"count": pa.int64()}
+
+
+def parse(section):
+    tau = pre_threshold(section)
+    sigma = optional_number(section, "sigma", low=0, low_open=True)
+    threshold = optional_number(section, "threshold")
+    if threshold is not None and threshold < tau:
+        raise SpecError("mechanism.threshold", f"must be >= pre_threshold ({tau}), got {threshold:g}")
+    return {"pre_threshold": tau, "sigma": sigma, "threshold": threshold}
+
+
+def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
+    if model != "l0":
+        raise SpecError("bounding.model", "the gaussian mechanism needs bounding.model: l0 "
+                        "(each user counted at most once per key)")
+    params = calibration(
+        lambda: gshm.calibrate(epsilon, delta, max_keys_per_user,
+                               pre_threshold=mech["pre_threshold"], sigma=mech.get("sigma"),
+                               threshold=mech.get("threshold"), noise="discrete_gaussian"),
+        f"gaussian release at epsilon={epsilon:g}, delta={delta:g}, "
+        f"max_keys_per_user={max_keys_per_user}")
+    out = {"kind": "gaussian", "pre_threshold": int(params.pre_threshold),
+           "sigma": float(params.sigma), "threshold": _int_if_whole(params.threshold),
+           "noise": "discrete_gaussian",
+           "accounting": "exact Gaussian sparse histogram accounting (paper 004 Thm 5.4) "
+                         "for discrete Gaussian noise",
+           "delta_achieved": float(params.delta)}
+    return out
+
+
+def _int_if_whole(x):
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def release(counts, params, key_columns):
+    return counts | "NoisyThreshold" >> NoisyThreshold(params)

@@ -1,0 +1,181 @@
+"""Build and run the Beam pipeline of one release.
+
+    read batches ─► ShardByUser ─► PerUserBound / RandClip ─► SumCountsPerKey ─► mechanism ─► Parquet
+                         │                 ▲ side input: C
+                         └─► ChooseContributionBound (only with max_keys_per_user: auto)
+
+The release is written to a staging folder beside ``output.path`` and moved into place
+only after the pipeline succeeded and the report is written, so a failed run never
+leaves an output that looks complete.
+"""
+import json
+import logging
+import os
+import time
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+from pipelines import io
+from pipelines.errors import InputError, ThresherError
+from pipelines.spec import input_files, kind_module
+from transforms.aggregate import SumCountsPerKey
+from transforms.per_user_bound import PerUserBound
+from transforms.user_shards import ShardByUser
+
+log = logging.getLogger("thresher")
+
+CHOSEN_BOUND_FILE = "chosen_bound"
+
+
+def pipeline_options(beam_args):
+    """Beam options from the flags after ``--``; the default runner is the in-process
+    FnApiRunner (what DirectRunner uses for batch Python pipelines, without DirectRunner's
+    attempt to download the Prism runner first)."""
+    options = PipelineOptions(list(beam_args))
+    runner = options.view_as(StandardOptions).runner
+    return options, runner
+
+
+def _make_runner(runner_name):
+    if runner_name:
+        return runner_name
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    return FnApiRunner()
+
+
+def output_schema(spec, files):
+    """Schema of the released Parquet: the key columns (as read) and the kind's columns."""
+    schema = io.read_schema(files[0], spec.input.format)
+    fields = []
+    for name in spec.input.keys:
+        t = schema.field(name).type
+        if pa.types.is_dictionary(t):
+            t = t.value_type
+        if spec.input.format != "parquet" or pa.types.is_large_string(t):
+            t = pa.string() if (spec.input.format != "parquet" or pa.types.is_large_string(t)) else t
+        fields.append(pa.field(name, t))
+    for name, t in kind_module(spec.kind).OUTPUT_COLUMNS.items():
+        fields.append(pa.field(name, t))
+    return pa.schema(fields)
+
+
+def _conform(table, schema):
+    return table.select(schema.names).cast(schema)
+
+
+def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
+    """Add the release's stages to ``pipeline``; returns nothing (the sinks are the output)."""
+    spec = plan.spec
+    keys = list(spec.input.keys)
+    num_shards = io.num_shards_for(est_rows)
+    module = kind_module(spec.kind)
+    schema = output_schema(spec, files)
+
+    records = pipeline | "Read" >> io.ReadRecords(spec.input, files)       # Table(__user, __key, keys)
+    users = records | "ShardByUser" >> ShardByUser(num_shards)             # Table of whole users
+
+    if spec.auto_bound:
+        from transforms.choose_contribution_bound import ChooseContributionBound
+        chosen = users | "ChooseContributionBound" >> ChooseContributionBound(
+            keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
+            model=spec.bounding.model, score=_score_name(spec),
+            score_params=_score_params(plan), max_bound=spec.bounding.auto.max_bound,
+            rng_factory=rng_factory)                                         # one int
+        bound = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
+        table = dict(plan.params_by_bound)
+        params = chosen | "ParamsForBound" >> beam.Map(lambda c, t: t[int(c)], t=table)
+        (chosen
+         | "FormatBound" >> beam.Map(lambda c: json.dumps({"max_keys_per_user": int(c)}))
+         | "WriteBound" >> beam.io.WriteToText(os.path.join(staging, CHOSEN_BOUND_FILE),
+                                               num_shards=1, shard_name_template=""))
+    else:
+        bound = spec.bounding.max_keys_per_user
+        params = pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
+
+    if spec.bounding.model == "l1":
+        from transforms.rand_clip import RandClip
+        partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
+    else:
+        partial = users | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory)
+    counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
+    released = module.release(counts, beam.pvalue.AsSingleton(params), keys)
+    (released
+     | "Conform" >> beam.Map(_conform, schema=schema)
+     | "WriteReleased" >> beam.io.WriteToParquetBatched(
+         os.path.join(staging, io.RELEASED_PREFIX), schema=schema,
+         file_name_suffix=".parquet", num_shards=1, shard_name_template=""))
+
+
+def _score_name(spec):
+    if spec.kind == "laplace":
+        return "laplace_l1" if spec.bounding.model == "l1" else "laplace_l0"
+    return spec.kind
+
+
+def _score_params(plan):
+    stage = plan.release_stage
+    return {"epsilon": stage.epsilon, "delta": stage.delta,
+            "params_by_bound": dict(plan.params_by_bound)}
+
+
+def _metrics(result):
+    try:
+        counters = result.metrics().query(
+            beam.metrics.MetricsFilter().with_namespace(io.NOT_PRIVATE))["counters"]
+    except Exception:  # noqa: BLE001 - some runners do not report metrics
+        return {}
+    out = {}
+    for c in counters:
+        out[c.key.metric.name] = out.get(c.key.metric.name, 0) + (c.committed or c.attempted or 0)
+    return out
+
+
+def run(plan, beam_args=(), overwrite=False, rng_factory=None):
+    """Run the release; returns the report written beside the output."""
+    spec = plan.spec
+    files = input_files(spec.input)
+    est_rows = io.check_input(spec.input, files)
+    final = spec.output.path
+    io.check_output(final, overwrite)
+    options, runner_name = pipeline_options(beam_args)
+    staging = io.staging_path(final)
+    os.makedirs(staging)
+    started = time.time()
+    try:
+        pipeline = beam.Pipeline(runner=_make_runner(runner_name), options=options)
+        build(pipeline, plan, files, est_rows, staging, rng_factory=rng_factory)
+        result = pipeline.run()
+        result.wait_until_finish()
+        chosen = None
+        if spec.auto_bound:
+            chosen = _read_chosen_bound(staging)
+        report = plan.report(chosen_bound=chosen)
+        outputs = io.released_files(staging)
+        if not outputs:
+            raise InputError("the pipeline finished but wrote no released file; nothing was published")
+        report["released_keys"] = io.count_released(outputs)
+        report["outputs"] = [os.path.join(os.path.abspath(final), os.path.basename(f)) for f in outputs]
+        io.write_json(os.path.join(staging, io.REPORT_FILE), report)
+        io.promote(staging, final)
+    except BaseException:
+        io.discard(staging)
+        raise
+    diagnostics = _metrics(result)
+    log.info("operator diagnostics (NOT differentially private, do not publish): %s; "
+             "wall time %.2f s", json.dumps(diagnostics, sort_keys=True), time.time() - started)
+    return report
+
+
+def _read_chosen_bound(staging):
+    path = os.path.join(staging, CHOSEN_BOUND_FILE)
+    if not os.path.exists(path):
+        raise ThresherError("the contribution-bound stage produced no bound; nothing was published")
+    with open(path, encoding="utf-8") as handle:
+        lines = [line for line in handle.read().splitlines() if line.strip()]
+    os.remove(path)
+    if len(lines) != 1:
+        raise ThresherError(f"the contribution-bound stage produced {len(lines)} bounds, "
+                            f"expected exactly one; nothing was published")
+    return int(json.loads(lines[0])["max_keys_per_user"])

@@ -1,0 +1,381 @@
+"""The release spec: a YAML file describing one differentially private release.
+
+The spec is data. It is read with a safe YAML loader (``!!python/...`` tags are refused,
+duplicate keys are refused), checked field by field, and nothing in it is evaluated as
+code. Every error names the field and what is allowed; the CLI exits with code 2 on
+them. Validation reads no data (only, in ``check_input``, file names and the schema in
+file metadata).
+"""
+import dataclasses
+import glob
+import math
+import os
+
+import yaml
+
+from pipelines.errors import SpecError
+
+FORMATS = ("parquet", "csv", "jsonl")
+MODELS = ("l0", "l1")
+KINDS = ("gaussian", "laplace", "sample_and_threshold", "weighted_sampling")
+_EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv",
+               ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+# Output columns the release adds; a key column may not share their names.
+RESERVED_COLUMNS = ("count", "estimate", "token")
+
+DEFAULT_AUTO_EPSILON_FRACTION = 0.1
+DEFAULT_AUTO_MAX_BOUND = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    path: str
+    format: str
+    user: str
+    keys: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacySpec:
+    epsilon: float
+    delta: float
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoBoundSpec:
+    epsilon: float          # the selection stage's epsilon, taken from privacy.epsilon
+    candidates: tuple       # candidate bounds C, increasing
+    max_bound: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundingSpec:
+    max_keys_per_user: object   # int, or "auto"
+    model: str
+    auto: object                # AutoBoundSpec or None
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSpec:
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseSpec:
+    name: str
+    description: str
+    input: InputSpec
+    privacy: PrivacySpec
+    bounding: BoundingSpec
+    mechanism: dict          # kind plus the kind's validated fields
+    output: OutputSpec
+    source_text: str         # the YAML as read, for the report's config_sha256
+
+    @property
+    def kind(self):
+        return self.mechanism["kind"]
+
+    @property
+    def auto_bound(self):
+        return self.bounding.max_keys_per_user == "auto"
+
+
+class _StrictSafeLoader(yaml.SafeLoader):
+    """SafeLoader that also refuses duplicate mapping keys (a silent overwrite otherwise)."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    loader.flatten_mapping(node)
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise SpecError("", f"line {key_node.start_mark.line + 1}: duplicate key {key!r}")
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_StrictSafeLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml(text, source="spec"):
+    """Parse YAML text safely; errors become SpecError with the line number."""
+    try:
+        data = yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
+    except SpecError:
+        raise
+    except yaml.constructor.ConstructorError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise SpecError("", f"{source}: {where}{exc.problem} (only plain YAML data is "
+                            f"allowed; tags such as !!python/... are refused)") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError("", f"{source}: malformed YAML: {where}{problem}") from None
+    return data
+
+
+# ---- field checkers -------------------------------------------------------------
+
+def _mapping(value, field):
+    if not isinstance(value, dict):
+        raise SpecError(field, f"must be a mapping, got {_describe(value)}")
+    return value
+
+
+def _describe(value):
+    if value is None:
+        return "nothing (null)"
+    return f"{type(value).__name__} {value!r}"
+
+
+def check_fields(section, field, allowed, required=()):
+    """Refuse unknown and missing fields of one mapping."""
+    for key in section:
+        if key not in allowed:
+            raise SpecError(f"{field}.{key}" if field else str(key),
+                            f"unknown field; allowed fields of {field or 'the spec'}: "
+                            f"{', '.join(allowed)}")
+    for key in required:
+        if key not in section or section[key] is None:
+            raise SpecError(f"{field}.{key}" if field else key, "is required")
+
+
+def string(value, field):
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(field, f"must be a non-empty string, got {_describe(value)}")
+    return value
+
+
+def number(value, field, *, low=None, high=None, low_open=False, high_open=False):
+    """A finite real number within [low, high] (open ends where asked)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(field, f"must be a number, got {_describe(value)}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise SpecError(field, f"must be finite, got {value}")
+    ok = True
+    if low is not None:
+        ok &= value > low if low_open else value >= low
+    if high is not None:
+        ok &= value < high if high_open else value <= high
+    if not ok:
+        lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
+        hi = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
+        rng = " and ".join(p for p in (lo, hi) if p)
+        raise SpecError(field, f"must be {rng}, got {value:g}")
+    return value
+
+
+def integer(value, field, *, low=None, high=None):
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise SpecError(field, f"must be an integer, got {_describe(value)}")
+    if low is not None and value < low:
+        raise SpecError(field, f"must be an integer >= {low}, got {value}")
+    if high is not None and value > high:
+        raise SpecError(field, f"must be an integer <= {high}, got {value}")
+    return value
+
+
+def choice(value, field, allowed):
+    if value not in allowed:
+        raise SpecError(field, f"must be one of {', '.join(allowed)}, got {_describe(value)}")
+    return value
+
+
+# ---- sections ----------------------------------------------------------------------
+
+def _parse_input(section):
+    field = "input"
+    _mapping(section, field)
+    check_fields(section, field, ("path", "format", "user", "keys"), ("path", "user", "keys"))
+    path = string(section["path"], "input.path")
+    fmt = section.get("format")
+    if fmt is None:
+        ext = os.path.splitext(path.replace("*", ""))[1].lower()
+        if ext not in _EXTENSIONS:
+            raise SpecError("input.format", f"cannot tell the format from the extension of "
+                            f"{path!r}; set input.format to one of {', '.join(FORMATS)}")
+        fmt = _EXTENSIONS[ext]
+    choice(fmt, "input.format", FORMATS)
+    user = string(section["user"], "input.user")
+    keys = section["keys"]
+    if isinstance(keys, str):
+        keys = [keys]
+    if not isinstance(keys, list) or not keys:
+        raise SpecError("input.keys", f"must be a non-empty list of column names, got {_describe(keys)}")
+    keys = tuple(string(k, f"input.keys[{i}]") for i, k in enumerate(keys))
+    if len(set(keys)) != len(keys):
+        raise SpecError("input.keys", f"lists a column twice: {list(keys)}")
+    if user in keys:
+        raise SpecError("input.keys", f"must not contain the user column {user!r}")
+    for i, k in enumerate(keys):
+        if k in RESERVED_COLUMNS or k.startswith("__"):
+            raise SpecError(f"input.keys[{i}]", f"{k!r} is a name thresher uses for its output "
+                            f"columns ({', '.join(RESERVED_COLUMNS)}) or internally (__*); "
+                            f"rename the column")
+    return InputSpec(path=path, format=fmt, user=user, keys=keys)
+
+
+def _parse_privacy(section):
+    _mapping(section, "privacy")
+    check_fields(section, "privacy", ("epsilon", "delta"), ("epsilon", "delta"))
+    epsilon = number(section["epsilon"], "privacy.epsilon", low=0, low_open=True)
+    delta = number(section["delta"], "privacy.delta", low=0, high=1, low_open=True, high_open=True)
+    return PrivacySpec(epsilon=epsilon, delta=delta)
+
+
+def _parse_bounding(section, privacy):
+    _mapping(section, "bounding")
+    check_fields(section, "bounding", ("max_keys_per_user", "model", "auto"), ("max_keys_per_user",))
+    bound = section["max_keys_per_user"]
+    if bound != "auto":
+        if isinstance(bound, str):
+            raise SpecError("bounding.max_keys_per_user",
+                            f"must be a positive integer or \"auto\", got {bound!r}")
+        bound = integer(bound, "bounding.max_keys_per_user", low=1, high=10**7)
+    model = choice(section.get("model", "l0"), "bounding.model", MODELS)
+    auto_section = section.get("auto")
+    auto = None
+    if bound == "auto":
+        auto = _parse_auto(auto_section or {}, privacy)
+    elif auto_section is not None:
+        raise SpecError("bounding.auto", "is only allowed with max_keys_per_user: auto")
+    return BoundingSpec(max_keys_per_user=bound, model=model, auto=auto)
+
+
+def _parse_auto(section, privacy):
+    field = "bounding.auto"
+    _mapping(section, field)
+    check_fields(section, field, ("epsilon", "candidates", "max_bound"))
+    if "epsilon" in section:
+        eps = number(section["epsilon"], f"{field}.epsilon", low=0, low_open=True)
+    else:
+        eps = DEFAULT_AUTO_EPSILON_FRACTION * privacy.epsilon
+    if eps >= privacy.epsilon:
+        raise SpecError(f"{field}.epsilon", f"is taken from privacy.epsilon and must be smaller "
+                        f"than it ({privacy.epsilon:g}), got {eps:g}")
+    max_bound = integer(section.get("max_bound", DEFAULT_AUTO_MAX_BOUND), f"{field}.max_bound",
+                        low=1, high=10**6)
+    if "candidates" in section:
+        cands = section["candidates"]
+        if not isinstance(cands, list) or not cands:
+            raise SpecError(f"{field}.candidates", f"must be a non-empty list of positive "
+                            f"integers, got {_describe(cands)}")
+        cands = [integer(c, f"{field}.candidates[{i}]", low=1, high=max_bound)
+                 for i, c in enumerate(cands)]
+        if len(set(cands)) != len(cands):
+            raise SpecError(f"{field}.candidates", f"lists a value twice: {cands}")
+        cands = tuple(sorted(cands))
+    else:
+        cands = default_candidates(max_bound)
+    return AutoBoundSpec(epsilon=eps, candidates=cands, max_bound=max_bound)
+
+
+def default_candidates(max_bound):
+    """Powers of two up to max_bound, with max_bound itself (paper 002 uses a grid too)."""
+    cands, c = [], 1
+    while c < max_bound:
+        cands.append(c)
+        c *= 2
+    cands.append(max_bound)
+    return tuple(cands)
+
+
+def _parse_mechanism(section):
+    from pipelines import kinds as kinds_pkg  # noqa: F401 - package import for the registry
+    _mapping(section, "mechanism")
+    if "kind" not in section:
+        raise SpecError("mechanism.kind", f"is required; one of {', '.join(KINDS)}")
+    kind = choice(section["kind"], "mechanism.kind", KINDS)
+    module = kind_module(kind)
+    fields = dict(section)
+    del fields["kind"]
+    check_fields(fields, "mechanism", tuple(module.FIELDS))
+    parsed = module.parse(fields)
+    return {"kind": kind, **parsed}
+
+
+def kind_module(kind):
+    import importlib
+    return importlib.import_module(f"pipelines.kinds.{kind}")
+
+
+def _parse_output(section):
+    _mapping(section, "output")
+    check_fields(section, "output", ("path",), ("path",))
+    return OutputSpec(path=string(section["path"], "output.path"))
+
+
+TOP_FIELDS = ("name", "description", "input", "privacy", "bounding", "mechanism", "output")
+
+
+def parse(data, source_text=""):
+    """Validate a parsed YAML document into a ReleaseSpec; raises SpecError."""
+    if not isinstance(data, dict):
+        raise SpecError("", f"the spec must be a YAML mapping with fields "
+                            f"{', '.join(TOP_FIELDS)}; got {_describe(data)}")
+    check_fields(data, "", TOP_FIELDS,
+                 ("name", "input", "privacy", "bounding", "mechanism", "output"))
+    name = string(data["name"], "name")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise SpecError("description", f"must be a string, got {_describe(description)}")
+    privacy = _parse_privacy(data["privacy"])
+    return ReleaseSpec(
+        name=name,
+        description=description,
+        input=_parse_input(data["input"]),
+        privacy=privacy,
+        bounding=_parse_bounding(data["bounding"], privacy),
+        mechanism=_parse_mechanism(data["mechanism"]),
+        output=_parse_output(data["output"]),
+        source_text=source_text,
+    )
+
+
+def load(path):
+    """Read and validate a spec file."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        raise SpecError("", f"spec file {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise SpecError("", f"spec file {path!r} is a directory") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError("", f"spec file {path!r} is not UTF-8 text (byte {exc.start})") from None
+    return parse(load_yaml(text, source=path), source_text=text)
+
+
+def input_files(input_spec):
+    """The files an input path names (a file, a glob, or a folder of files); SpecError if none.
+
+    Remote paths (gs://, s3://, ...) are matched through Beam's FileSystems."""
+    path = input_spec.path
+    if "://" in path:
+        from apache_beam.io.filesystems import FileSystems
+        try:
+            matches = FileSystems.match([path])[0].metadata_list
+        except Exception as exc:  # noqa: BLE001 - any filesystem failure is reported as such
+            raise SpecError("input.path", f"cannot list {path!r}: {exc}") from None
+        files = sorted(m.path for m in matches)
+    elif os.path.isdir(path):
+        files = sorted(os.path.join(path, f) for f in os.listdir(path)
+                       if not f.startswith((".", "_")) and os.path.isfile(os.path.join(path, f)))
+    elif glob.has_magic(path):
+        files = sorted(f for f in glob.glob(path) if os.path.isfile(f))
+    else:
+        files = [path] if os.path.isfile(path) else []
+    if not files:
+        what = "matches no files" if glob.has_magic(path) else "does not exist"
+        raise SpecError("input.path", f"{path!r} {what}")
+    return files

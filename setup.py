@@ -1,0 +1,33 @@
+"""thresher: differentially private histograms over open-ended key spaces, on Apache Beam."""
+from setuptools import setup
+
+VERSION = "0.1.0"
+
+setup(
+    name="thresher",
+    version=VERSION,
+    description=(
+        "Differentially private histograms (counts per key over open-ended key spaces) "
+        "with user-level privacy and exact accounting, as Apache Beam pipelines."
+    ),
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=["accounting", "transforms", "pipelines"],
+    install_requires=[
+        "apache-beam>=2.60",
+        "numpy>=1.26",
+        "scipy>=1.11",
+        "pyarrow>=14",
+        "PyYAML>=6",
+    ],
+    extras_require={
+        # Test-only oracles: peer libraries are used to cross-check numbers, never at run time.
+        "dev": ["pytest>=8", "hypothesis>=6.100", "dp-accounting>=0.4", "python-dp>=1.1"],
+        "bench": ["pipeline-dp>=0.2"],
+        "yaml": ["apache-beam[yaml]>=2.60"],
+    },
+    entry_points={"console_scripts": ["thresher=pipelines.cli:main"]},
+    include_package_data=True,
+)

@@ -1,0 +1,94 @@
+"""PerUserBound keeps at most C distinct keys per user, once each, chosen uniformly at
+random; with the shuffle and aggregation around it, counts equal a brute-force count."""
+import collections
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+from scipy import stats
+
+from pipelines.io import prepare_batch
+from transforms.aggregate import SumCountsPerKey
+from transforms.per_user_bound import PerUserBound, bound_l0
+from transforms.user_shards import ShardByUser
+
+
+def _random_records(rng, n, users, keys):
+    return (rng.integers(0, users, n).astype(np.uint64), rng.integers(0, keys, n).astype(np.uint64))
+
+
+@pytest.mark.parametrize("bound", [1, 2, 5, 50])
+def test_kernel_keeps_at_most_bound_distinct_keys_per_user(bound):
+    rng = np.random.default_rng(7)
+    users, keys = _random_records(rng, 20_000, 500, 40)
+    kept = bound_l0(users, keys, bound, rng)
+    pairs = list(zip(users[kept].tolist(), keys[kept].tolist()))
+    assert len(pairs) == len(set(pairs)), "a (user, key) pair survived twice"
+    per_user = collections.Counter(u for u, _ in pairs)
+    distinct = collections.defaultdict(set)
+    for u, k in zip(users.tolist(), keys.tolist()):
+        distinct[u].add(k)
+    for u, ks in distinct.items():
+        assert per_user[u] == min(len(ks), bound)
+    assert set(pairs) <= {(u, k) for u, ks in distinct.items() for k in ks}
+
+
+def test_kernel_choice_is_uniform():
+    """One user with 6 distinct keys (some duplicated), C = 2: each key must be kept with
+    probability 1/3. Chi-square over 6,000 draws; false-failure probability 1e-4."""
+    rng = np.random.default_rng(11)
+    users = np.zeros(10, dtype=np.uint64)
+    keys = np.array([0, 0, 0, 1, 2, 3, 3, 4, 5, 5], dtype=np.uint64)
+    counts = np.zeros(6)
+    trials = 6000
+    for _ in range(trials):
+        kept = bound_l0(users, keys, 2, rng)
+        counts[keys[kept].astype(int)] += 1
+    expected = np.full(6, trials * 2 / 6)
+    assert stats.chisquare(counts, expected).pvalue > 1e-4
+
+
+def test_kernel_empty_input():
+    assert len(bound_l0(np.zeros(0, np.uint64), np.zeros(0, np.uint64), 3, np.random.default_rng(0))) == 0
+
+
+def _table(users, words):
+    raw = pa.table({"user": pa.array(users), "word": pa.array(words)})
+    prepared, _ = prepare_batch(raw, "user", ["word"])
+    return prepared
+
+
+def test_pipeline_counts_equal_brute_force_when_bound_is_not_binding():
+    rng = np.random.default_rng(5)
+    users = [f"u{i}" for i in rng.integers(0, 300, 3000)]
+    words = [f"w{j}" for j in rng.integers(0, 30, 3000)]
+    expected = collections.Counter(w for (u, w) in set(zip(users, words)))
+    batches = [_table(users[i:i + 700], words[i:i + 700]) for i in range(0, 3000, 700)]
+    with TestPipeline() as p:
+        counts = (p
+                  | beam.Create(batches)
+                  | ShardByUser(5)
+                  | PerUserBound(["word"], 30, rng_factory=lambda: np.random.default_rng(1))
+                  | SumCountsPerKey(["word"], 3)
+                  | beam.FlatMap(lambda t: zip(t.column("word").to_pylist(), t.column("count").to_pylist())))
+        assert_that(counts, equal_to(list(expected.items())))
+
+
+def test_pipeline_bound_as_side_input_limits_each_user():
+    # 40 users, each with the same 10 keys: with C = 3 from a side input every key count
+    # is at most 40 and the counts add up to exactly 40 * 3.
+    users = [f"u{i}" for i in range(40) for _ in range(10)]
+    words = [f"w{j}" for _ in range(40) for j in range(10)]
+    with TestPipeline() as p:
+        bound = p | "Bound" >> beam.Create([3])
+        totals = (p
+                  | beam.Create([_table(users, words)])
+                  | ShardByUser(4)
+                  | PerUserBound(["word"], beam.pvalue.AsSingleton(bound))
+                  | SumCountsPerKey(["word"], 2)
+                  | beam.Map(lambda t: int(np.sum(t.column("count").to_numpy())))
+                  | beam.CombineGlobally(sum))
+        assert_that(totals, equal_to([120]))

@@ -1,0 +1,1 @@
+"""Composite Beam PTransforms of thresher, each beside its pure numpy kernel."""

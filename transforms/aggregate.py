@@ -1,0 +1,45 @@
+"""SumCountsPerKey: merge partial per-key counts from every user shard into one count per key.
+
+Input: PCollection[pyarrow.Table] of partial counts (key columns, ``__key`` uint64 hash
+of the key, int64 ``count``), possibly several rows per key across elements. Output:
+PCollection[pyarrow.Table] with the key columns and ``count``, each key exactly once in
+the whole collection; keys are sharded by their hash, so an element is a batch of keys
+ready for a vectorised release kernel.
+"""
+import apache_beam as beam
+import numpy as np
+
+from transforms.user_shards import KEY_HASH_COLUMN, concat, split_by_shard
+
+
+class _SplitByKey(beam.DoFn):
+    def __init__(self, num_shards):
+        self._num_shards = num_shards
+
+    def process(self, table):
+        shard = (table.column(KEY_HASH_COLUMN).to_numpy() % np.uint64(self._num_shards)).astype(np.int64)
+        yield from split_by_shard(table, shard, self._num_shards)
+
+
+def _sum_shard(shard_and_tables, key_columns):
+    _, tables = shard_and_tables
+    table = concat(list(tables))
+    if table is None:
+        return
+    keys = list(key_columns) + [KEY_HASH_COLUMN]
+    summed = table.group_by(keys, use_threads=False).aggregate([("count", "sum")])
+    summed = summed.rename_columns(keys + ["count"])
+    yield summed.select(list(key_columns) + ["count"])
+
+
+class SumCountsPerKey(beam.PTransform):
+    def __init__(self, key_columns, num_shards, label=None):
+        super().__init__(label)
+        self._key_columns = tuple(key_columns)
+        self._num_shards = int(num_shards)
+
+    def expand(self, partial_counts):
+        return (partial_counts
+                | "SplitByKeyHash" >> beam.ParDo(_SplitByKey(self._num_shards))  # (shard, Table)
+                | "GroupKeyShards" >> beam.GroupByKey()                          # (shard, [Table])
+                | "SumPerKey" >> beam.FlatMap(_sum_shard, key_columns=self._key_columns))

@@ -1,0 +1,114 @@
+"""PerUserBound: the l0/l_inf contribution bound of the sparse-histogram papers.
+
+Each user counts at most once per key (l_inf = 1) and in at most C keys (l0 <= C),
+chosen uniformly at random among the user's distinct keys (paper 004 Sec. 2 "each user
+contributes to at most C_u keys, at most once each"; paper 002 Sec. 3; mechanisms.md
+"Contribution bounding"). Which keys survive depends only on the user's own records and
+fresh CSPRNG randomness, so neighbouring datasets differ in one user's kept contributions
+only.
+
+Kernel: :func:`bound_l0`, sort-based on uint64 hashes (no ``np.unique``): one lexsort
+orders a shard's rows by (user, random rank of the key); duplicates of a (user, key)
+are then adjacent and the first C distinct keys of each user are a uniform random subset.
+The random rank of key k for user u is mix64(key_hash(k) XOR s_u), where s_u is a fresh
+64-bit CSPRNG word per user: a pseudorandom permutation of the user's keys that is equal
+for equal keys (so de-duplication happens in the same sort) and independent across users.
+"""
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from transforms import samplers
+from transforms.hashing import mix64
+from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+
+
+def _runs(sorted_values):
+    """Boolean mask: True where a new run of equal values starts."""
+    starts = np.empty(len(sorted_values), dtype=bool)
+    if len(sorted_values):
+        starts[0] = True
+        np.not_equal(sorted_values[1:], sorted_values[:-1], out=starts[1:])
+    return starts
+
+
+def bound_l0(user_hash, key_hash, max_keys_per_user, rng):
+    """Indices of the rows kept: one row per kept distinct (user, key), at most
+    ``max_keys_per_user`` distinct keys per user, chosen uniformly at random.
+
+    Args:
+      user_hash, key_hash: uint64 arrays (one entry per record).
+      max_keys_per_user: C >= 1.
+      rng: ``transforms.samplers.SecureRandom`` or a seeded numpy Generator (tests).
+    """
+    user_hash = np.asarray(user_hash, dtype=np.uint64)
+    key_hash = np.asarray(key_hash, dtype=np.uint64)
+    n = len(user_hash)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    # Per-user salt: one CSPRNG word per distinct user, looked up through a sort by user.
+    by_user = np.argsort(user_hash, kind="stable")
+    user_sorted = user_hash[by_user]
+    user_start = _runs(user_sorted)
+    salts = samplers.uniform_priorities(rng, int(user_start.sum()))
+    salt_sorted = salts[np.cumsum(user_start) - 1]
+    rank_key = np.empty(n, dtype=np.uint64)
+    rank_key[by_user] = mix64(key_hash[by_user] ^ salt_sorted)
+    order = np.lexsort((rank_key, user_hash))
+    u = user_hash[order]
+    r = rank_key[order]
+    new_user = _runs(u)
+    distinct = new_user.copy()
+    distinct[1:] |= r[1:] != r[:-1]
+    # rank of each distinct key within its user: running count of distinct rows minus the
+    # count at the user's first row
+    running = np.cumsum(distinct)
+    at_user_start = np.maximum.accumulate(np.where(new_user, running, 0))
+    rank = running - at_user_start  # 0 for the user's first distinct key
+    keep = distinct & (rank < max_keys_per_user)
+    return order[keep]
+
+
+def count_per_key(table, key_columns):
+    """Aggregate rows into (key columns, __key, count) with pyarrow's hash group-by."""
+    grouped = table.select(list(key_columns) + [KEY_HASH_COLUMN]).group_by(
+        list(key_columns) + [KEY_HASH_COLUMN], use_threads=False).aggregate([([], "count_all")])
+    return grouped.rename_columns(list(key_columns) + [KEY_HASH_COLUMN, "count"])
+
+
+class _BoundL0Fn(beam.DoFn):
+    def __init__(self, key_columns, rng_factory):
+        self._key_columns = tuple(key_columns)
+        self._rng_factory = rng_factory
+
+    def setup(self):
+        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
+
+    def process(self, table, max_keys_per_user):
+        kept = bound_l0(table.column(USER_COLUMN).to_numpy(),
+                        table.column(KEY_HASH_COLUMN).to_numpy(),
+                        int(max_keys_per_user), self._rng)
+        beam.metrics.Metrics.counter("thresher_not_private", "contributions_kept").inc(len(kept))
+        beam.metrics.Metrics.counter("thresher_not_private", "rows_bounded").inc(table.num_rows)
+        if len(kept):
+            yield count_per_key(table.take(pa.array(kept)), self._key_columns)
+
+
+class PerUserBound(beam.PTransform):
+    """l0/l_inf bounding of user-sharded record tables, then per-shard counts per key.
+
+    Input: PCollection[pyarrow.Table] from :class:`transforms.user_shards.ShardByUser`
+    (whole users per element). Output: PCollection[pyarrow.Table] of partial counts —
+    key columns, ``__key`` and int64 ``count`` (distinct users per key in that shard).
+    ``max_keys_per_user`` is an int or a side input (``AsSingleton``) carrying one.
+    """
+
+    def __init__(self, key_columns, max_keys_per_user, rng_factory=None, label=None):
+        super().__init__(label)
+        self._key_columns = tuple(key_columns)
+        self._max_keys_per_user = max_keys_per_user
+        self._rng_factory = rng_factory
+
+    def expand(self, user_shards):
+        return user_shards | "BoundL0" >> beam.ParDo(
+            _BoundL0Fn(self._key_columns, self._rng_factory), self._max_keys_per_user)

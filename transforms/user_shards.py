@@ -1,0 +1,76 @@
+"""ShardByUser: bring every record of a user into one element, by a hash-sharded shuffle.
+
+Input: PCollection[pyarrow.Table] of record batches with columns ``__user`` (uint64
+hash of the user id, see :mod:`transforms.hashing`), ``__key`` (uint64 hash of the key
+columns) and the key columns. Output: PCollection[pyarrow.Table], each element holding
+*all* records of the users whose hash falls in one shard — what contribution bounding
+(PerUserBound, RandClip) and per-user statistics (ChooseContributionBound) need.
+
+Rows travel as Arrow batches, never one Python object per row: a batch is split into
+``num_shards`` pieces with one argsort, and a GroupByKey on the shard id gathers them.
+"""
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+USER_COLUMN = "__user"
+KEY_HASH_COLUMN = "__key"
+
+
+def split_by_shard(table, shard_ids, num_shards):
+    """Yield (shard, sub-table) for every non-empty shard of one batch."""
+    order = np.argsort(shard_ids, kind="stable")
+    sorted_ids = shard_ids[order]
+    bounds = np.searchsorted(sorted_ids, np.arange(num_shards + 1))
+    taken = table.take(pa.array(order))
+    for shard in range(num_shards):
+        lo, hi = int(bounds[shard]), int(bounds[shard + 1])
+        if hi > lo:
+            yield shard, taken.slice(lo, hi - lo)
+
+
+def user_shard_of(user_hash, num_shards):
+    # The top bits pick the shard so that the low bits (used by bounding's ordering) stay
+    # independent of it.
+    return ((user_hash >> np.uint64(40)) % np.uint64(num_shards)).astype(np.int64)
+
+
+def concat(tables):
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return None
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+
+
+class _SplitByUser(beam.DoFn):
+    def __init__(self, num_shards):
+        self._num_shards = num_shards
+
+    def process(self, table):
+        user_hash = table.column(USER_COLUMN).to_numpy()
+        yield from split_by_shard(table, user_shard_of(user_hash, self._num_shards), self._num_shards)
+
+
+def _concat_shard(shard_and_tables):
+    _, tables = shard_and_tables
+    table = concat(list(tables))
+    if table is not None:
+        yield table
+
+
+class ShardByUser(beam.PTransform):
+    """Hash-shard record batches by user so each output element has whole users."""
+
+    def __init__(self, num_shards, label=None):
+        super().__init__(label)
+        if num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        self._num_shards = int(num_shards)
+
+    def expand(self, batches):
+        return (batches
+                | "SplitByUserHash" >> beam.ParDo(_SplitByUser(self._num_shards))  # (shard, Table)
+                | "GroupUserShards" >> beam.GroupByKey()                           # (shard, [Table])
+                | "ConcatUserShard" >> beam.FlatMap(_concat_shard))               # Table

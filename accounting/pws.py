@@ -170,7 +170,7 @@ def saturation_frequency(epsilon, delta, *, sampling="none", sampling_threshold=
     """Smallest frequency i with pi_i = 1 (in floating point), or None if it exceeds ``limit``.
 
     From there on every key is reported: pi stays 1 because q stays 1 and both DP
-    constraints of Alg. 3 allow 1. For ``none`` it is 2L + 2 (Lemma 4.2); for ppswor it is
+    constraints of Alg. 3 allow 1. For ``none`` it is 2L + 1 (Lemma 4.2); for ppswor it is
     where q_i rounds to 1.0 (f(i) t > ~37) or later."""
     _check_privacy(epsilon, delta)
     m = 1024
@@ -188,7 +188,8 @@ def saturation_frequency(epsilon, delta, *, sampling="none", sampling_threshold=
 
 def pws_L(epsilon, delta):
     """L(eps, delta) of PWS eq. (4): with no sampling pi* grows geometrically up to L + 1
-    and reaches 1 at 2L + 2 (Lemma 4.2). ~ (1/eps) ln(eps / (2 delta))."""
+    and reaches 1 at 2L + 1 (Lemma 4.2 and its symmetry 1 - pi*_{2L+1-i} = pi*_i; the
+    printed eq. (5) says 2L + 2, an off-by-one). ~ (1/eps) ln(eps / (2 delta))."""
     return math.log((math.expm1(epsilon) + 2 * delta) / (delta * (math.exp(epsilon) + 1))) / epsilon
 
 
@@ -212,36 +213,57 @@ class _Band:
         return self.values[self.indptr[i]:self.indptr[i + 1]]
 
 
-def _next_row(prev, lo, pi_prev, pi_i, i, up_factor, down_factor, delta):
+def _next_row(prev, lo, pi_prev, pi_i, up_factor, down_factor, delta):
     """Row i of Alg. 4 from row i-1 (``prev`` = pi_{i-1, lo..i-1}); Appendix B.
 
     Upward pass: the least prefix masses that satisfy the lower DP constraint (30) for the
     prefixes {0..j} and {1..j}; their running maximum is the cumulative lower bound since
     the bound is non-decreasing in j. Downward pass: from j = i down, raise each entry to
     the upper constraint (28) on the suffix {j..i} (e^eps pi_{i-1,j}; delta at j = i) until
-    the remaining mass R = pi_i - sum(D) is spent. Returns (new_lo, row)."""
+    the remaining mass R = pi_i - sum(D) is spent. Returns (new_lo, row pi_{i, new_lo..i})."""
+    n = len(prev)
     slack = max(0.0, down_factor * (1.0 - pi_prev) - (1.0 - pi_i))
-    cum_lower = np.maximum(0.0, down_factor * (np.cumsum(prev) - delta) + slack)
-    lower = np.empty(len(prev) + 1)
-    lower[:-1] = np.diff(cum_lower, prepend=0.0)
-    lower[-1] = 0.0
-    remaining = pi_i - (cum_lower[-1] if len(cum_lower) else 0.0)
-    upper = np.empty(len(prev) + 1)
-    upper[:-1] = up_factor * prev
-    upper[-1] = delta
-    raise_by = np.maximum(upper - lower, 0.0)
-    suffix = np.cumsum(raise_by[::-1])[::-1]          # suffix[k] = sum_{j >= k} raise_by[j]
-    row = lower
-    top = suffix <= remaining
-    row[top] = upper[top]
-    partial = np.flatnonzero(~top)
-    if len(partial):
-        b = partial[-1]
-        spent_above = suffix[b + 1] if b + 1 < len(suffix) else 0.0
-        row[b] = lower[b] + (remaining - spent_above)
-    nonzero = np.flatnonzero(row)
-    first = nonzero[0] if len(nonzero) else len(row) - 1
-    return lo + int(first), row[first:]
+    row = np.zeros(n + 1)                       # starts as the lower bounds D_{i,.}
+    if n:
+        cum_lower = np.cumsum(prev)
+        cum_lower -= delta
+        cum_lower *= down_factor
+        cum_lower += slack
+        np.maximum(cum_lower, 0.0, out=cum_lower)
+        row[0] = cum_lower[0]
+        np.subtract(cum_lower[1:], cum_lower[:-1], out=row[1:n])
+        remaining = pi_i - cum_lower[-1]
+    else:
+        remaining = pi_i
+    upper = np.empty(n + 1)
+    np.multiply(prev, up_factor, out=upper[:n])
+    upper[n] = delta
+    raise_by = upper - row
+    np.maximum(raise_by, 0.0, out=raise_by)
+    suffix = np.cumsum(raise_by[::-1])          # suffix sums, from j = i downwards
+    n_top = int(np.searchsorted(suffix, remaining, side="right"))
+    k0 = n + 1 - n_top                          # entries k0..n are raised to their upper bound
+    if n_top:
+        row[k0:] = upper[k0:]
+    if k0 > 0:
+        spent_above = suffix[n_top - 1] if n_top else 0.0
+        row[k0 - 1] += remaining - spent_above
+    first = int(np.argmax(row != 0.0))
+    return lo + first, row[first:]
+
+
+def _rows_stationary(prev, lo_prev, row, lo, pi_prev, pi_i):
+    """Row i is row i-1 shifted by one column (relative 1e-12) and pi_{i-1} = pi_i = 1."""
+    return (pi_i == 1.0 and pi_prev == 1.0 and len(row) == len(prev) and lo == lo_prev + 1
+            and bool(np.all(np.abs(row - prev) <= 1e-12 * np.abs(prev))))
+
+
+def _is_stationary(band):
+    m = band.max_frequency
+    if m < 2:
+        return False
+    return _rows_stationary(band.row(m - 1), band.lo[m - 1], band.row(m), band.lo[m],
+                            band.keep[m - 1], band.keep[m])
 
 
 def _build_band(q, epsilon, delta, *, stop_when_stationary=False, max_entries=None):
@@ -255,15 +277,13 @@ def _build_band(q, epsilon, delta, *, stop_when_stationary=False, max_entries=No
     rows = [np.zeros(0)]
     lo, prev, total, stationary = 1, np.zeros(0), 0, False
     for i in range(1, m + 1):
-        lo, row = _next_row(prev, lo, pi[i - 1], pi[i], i, up_factor, down_factor, delta)
+        lo, row = _next_row(prev, lo, pi[i - 1], pi[i], up_factor, down_factor, delta)
         los[i] = lo
         rows.append(row)
         total += len(row)
         if max_entries is not None and total > max_entries:
             return None
-        if (stop_when_stationary and pi[i] == 1.0 and pi[i - 1] == 1.0 and len(row) == len(prev)
-                and los[i] == los[i - 1] + 1
-                and np.all(np.abs(row - prev) <= 1e-12 * np.abs(prev))):
+        if stop_when_stationary and _rows_stationary(prev, los[i - 1], row, lo, pi[i - 1], pi[i]):
             m = i
             stationary = True
             break
@@ -275,21 +295,20 @@ def _build_band(q, epsilon, delta, *, stop_when_stationary=False, max_entries=No
 
 
 def _band_to_csr(band):
+    """CSR (M+1) x (M+1): column 0 holds 1 - pi_i, then the row's token band."""
     m = band.max_frequency
     lengths = np.diff(band.indptr)
     indptr = np.zeros(m + 2, dtype=np.int64)
     indptr[1:] = np.cumsum(lengths + 1)
     nnz = int(indptr[-1])
+    is_token = np.ones(nnz, dtype=bool)
+    is_token[indptr[:-1]] = False
     data = np.empty(nnz)
-    indices = np.empty(nnz, dtype=np.int64)
-    starts = indptr[:-1]
-    data[starts] = 1.0 - band.keep
-    indices[starts] = 0
-    token_pos = np.setdiff1d(np.arange(nnz), starts, assume_unique=True)
-    data[token_pos] = band.values
-    row_of = np.repeat(np.arange(m + 1), lengths)
-    offset = np.arange(len(band.values)) - np.repeat(band.indptr[:-1], lengths)
-    indices[token_pos] = band.lo[row_of] + offset
+    data[indptr[:-1]] = 1.0 - band.keep
+    data[is_token] = band.values
+    indices = np.zeros(nnz, dtype=np.int64)
+    indices[is_token] = (np.arange(len(band.values), dtype=np.int64)
+                         - np.repeat(band.indptr[:-1] - band.lo, lengths))
     return scipy.sparse.csr_array((data, indices, indptr), shape=(m + 1, m + 1))
 
 
@@ -498,11 +517,13 @@ class PerKeyBudget:
 def per_key_budget(epsilon, delta, max_keys_per_user, *, composition="optimal"):
     """Per-key (eps0, delta0) for a release at (epsilon, delta) where a user touches <= C keys.
 
-    ``basic``: (eps/C, delta/C) (Dwork & Roth Thm 3.16). ``optimal``: for delta0 = f delta/C
-    over a grid of f in (0, 1], the largest eps0 whose exact C-fold composition
-    (:func:`composed_delta`) is <= delta at epsilon; the pair with the smallest PWS
-    saturation length L(eps0, delta0) (eq. 4) wins. f = 1 reproduces at least basic
-    composition's eps/C, so ``optimal`` is never worse. C = 1 gives (epsilon, delta).
+    ``basic``: (eps/C, delta/C) (Dwork & Roth Thm 3.16). ``optimal``: for
+    delta0 = f (1 - (1 - delta)^(1/C)) over a grid of f in (0, 1], the largest eps0 whose
+    exact C-fold composition (:func:`composed_delta`) is <= delta at epsilon; the pair with
+    the smallest PWS saturation length L(eps0, delta0) (eq. 4) wins. f = 1 allows at least
+    eps/C (the composition of C (eps/C, delta0) mechanisms is (eps, 1 - (1-delta0)^C)-DP,
+    KOV15 Thm 3.3 at i = 0; Google's partition selection uses this split), so ``optimal``
+    is never worse than ``basic``. C = 1 gives (epsilon, delta).
     """
     _check_privacy(epsilon, delta)
     if isinstance(max_keys_per_user, bool) or not isinstance(max_keys_per_user, (int, np.integer)) \
@@ -511,13 +532,15 @@ def per_key_budget(epsilon, delta, max_keys_per_user, *, composition="optimal"):
     if composition not in COMPOSITIONS:
         raise ValueError(f"composition must be one of {', '.join(COMPOSITIONS)}, got {composition!r}")
     c = int(max_keys_per_user)
+    if c == 1:
+        return PerKeyBudget(float(epsilon), float(delta), "single key", 1)
     basic = PerKeyBudget(epsilon / c, delta / c, "basic", c)
-    if composition == "basic" or c == 1:
-        return PerKeyBudget(float(epsilon) / c, float(delta) / c,
-                            "basic" if c > 1 else "single key", c)
+    if composition == "basic":
+        return basic
     best, best_len = basic, pws_L(basic.key_epsilon, basic.key_delta)
+    delta_max = -math.expm1(math.log1p(-delta) / c) * (1 - 1e-12)
     for f in (1.0, 0.7, 0.5, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01):
-        d0 = f * delta / c
+        d0 = f * delta_max
         if composed_delta(0.0, d0, c, epsilon) > delta:
             continue
         # largest eps0 with composed delta <= delta: search the monotone 1/eps0
@@ -528,7 +551,7 @@ def per_key_budget(epsilon, delta, max_keys_per_user, *, composition="optimal"):
             continue
         e0 = 1.0 / inv
         length = pws_L(e0, d0)
-        if e0 >= basic.key_epsilon * (1 - 1e-12) and length < best_len:
+        if length < best_len:
             best, best_len = PerKeyBudget(e0, d0, "optimal", c), length
     return best
 
@@ -604,7 +627,10 @@ def realized_delta(epsilon, keep_probabilities, frequency_table=None, *, samplin
         a, b = rep[1:], rep[:-1]
         up = np.maximum(0.0, a - e_eps * b) + np.maximum(0.0, (1 - a) - e_eps * (1 - b))
         down = np.maximum(0.0, b - e_eps * a) + np.maximum(0.0, (1 - b) - e_eps * (1 - a))
-        return float(max(up.max(initial=0.0), down.max(initial=0.0)))
+        worst = float(max(up.max(initial=0.0), down.max(initial=0.0)))
+        if q is not None and beyond_table == "clip":
+            worst = max(worst, _beyond_clip_bound(2))
+        return worst
     t = scipy.sparse.csr_array(frequency_table)
     t.sort_indices()
     m = t.shape[0] - 1
@@ -617,7 +643,17 @@ def realized_delta(epsilon, keep_probabilities, frequency_table=None, *, samplin
     if beyond_table == "shift":
         cols, probs, none = prev
         worst = max(worst, _pair_delta(cols + 1, probs, none, cols, probs, none, e_eps))
+    elif q is not None:
+        worst = max(worst, _beyond_clip_bound(len(prev[0]) + 1))
     return worst
+
+
+def _beyond_clip_bound(outcomes):
+    """Pre-sampled counts w > M under "clip" all use row M, divided by their own q_w: each
+    outcome's realized probability q_w ceil(2^53 x / q_w) / 2^53 is within 2^-53 of the
+    exact one, so two such counts differ by < 2^-52 per outcome, and the hockey-stick
+    divergence is < outcomes * 2^-52 for any epsilon >= 0."""
+    return outcomes * 2.0 ** -52
 
 
 # --------------------------------------------------------------------------- calibration
@@ -698,6 +734,7 @@ def _choose_table(q_fn, key_epsilon, table_delta, report, max_frequency):
             band = _build_band(q_fn(lo_m), key_epsilon, table_delta)
     else:
         band = _build_band(q_fn(max_frequency), key_epsilon, table_delta)
+        band = dataclasses.replace(band, stationary=_is_stationary(band))
     hit = np.flatnonzero(band.keep == 1.0)
     sat = int(hit[0]) if len(hit) else None
     beyond = "shift" if band.stationary else "clip"
@@ -716,7 +753,7 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
     table_delta = key_delta (1 - margin) and :func:`realized_delta` must be <= key_delta;
     the margin doubles until it is (floating-point granularity costs ~1e-16 per token).
     ``presampled`` is the post-processing path (the input is a sample drawn with q).
-    Raises ValueError on invalid arguments and RuntimeError if verification cannot pass.
+    Raises ValueError on invalid arguments or if the verification cannot pass.
     """
     _check_privacy(epsilon, delta)
     _check_sampling(sampling, sampling_threshold)
@@ -744,7 +781,7 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
             break
         margin = max(2 * margin, 4 * (realized - table_delta) / budget.key_delta)
     else:
-        raise RuntimeError("PWS tables could not be verified within the per-key delta "
+        raise ValueError("PWS tables could not be verified within the per-key delta "
                            f"{budget.key_delta:g} (realized {realized:g})")
     total_delta = composed_delta(budget.key_epsilon, realized, budget.max_keys_per_user, epsilon) \
         if budget.composition == "optimal" else realized * budget.max_keys_per_user
@@ -756,3 +793,88 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
         key_epsilon=budget.key_epsilon, key_delta=budget.key_delta, table_delta=table_delta,
         key_delta_realized=realized, delta_realized=min(total_delta, 1.0), max_frequency=int(m),
         saturation_frequency=sat, beyond_table=beyond, presampled=bool(presampled))
+
+
+# --------------------------------------------------------------------------- release tables
+
+def _shift_extend(band, extra):
+    """The band with ``extra`` more rows, each row max_frequency shifted by one more column
+    (the ``beyond_table="shift"`` rule for counts above the table)."""
+    m = band.max_frequency
+    last = band.row(m)
+    rows = [band.values, np.tile(last, extra)]
+    los = np.concatenate([band.lo, band.lo[m] + np.arange(1, extra + 1)])
+    lengths = np.concatenate([np.diff(band.indptr), np.full(extra, len(last))])
+    indptr = np.zeros(m + extra + 2, dtype=np.int64)
+    indptr[1:] = np.cumsum(lengths)
+    keep = np.concatenate([band.keep, np.full(extra, band.keep[m])])
+    return _Band(keep=keep, lo=los, indptr=indptr, values=np.concatenate(rows), stationary=True)
+
+
+def _periodic_tail(a, window):
+    """Smallest period P <= window with a[j + P] - a[j] constant (to a relative 1e-3: the
+    biased-down staircase converges slowly) over the last 2 window entries; returns
+    (P, increment) or None. Estimates are post-processing: this affects accuracy only."""
+    tail = a[-2 * window - 1:]
+    for period in range(1, window + 1):
+        d = tail[period:] - tail[:-period]
+        if np.allclose(d, d[-1], rtol=1e-3, atol=0.0):
+            return period, float(d[-1])
+    return None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ReleaseTables:
+    """Everything a sanitizer needs, rebuilt deterministically from :class:`PWSParameters`.
+
+    ``keep`` = pi_0..pi_M; ``table`` = the Alg. 4 table (None when only keys are reported);
+    ``estimates`` = a_0..a_K of the chosen estimator. With beyond_table "clip", K = M. With
+    "shift" the estimators are computed on the table extended by shifted copies of row M
+    (the rows larger counts really use), K = M + 3W (W = width of row M), and larger tokens
+    are extrapolated by the period found in the tail: a_{j+P} = a_j + increment (P = 1 for
+    the MLE; the biased-down estimator is a staircase with P ~ its step width)."""
+
+    params: PWSParameters
+    keep: np.ndarray
+    table: object
+    estimates: object
+    period: int = 1
+    increment: float = 0.0
+
+    def sampling_probabilities(self, frequencies):
+        """q at each frequency (post-processing path)."""
+        return sampling_probabilities_at(frequencies, sampling=self.params.sampling,
+                                         sampling_threshold=self.params.sampling_threshold)
+
+    def estimate(self, tokens):
+        """Estimates of g(w) = w for released tokens (token 0 = not reported gives 0)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        k = len(self.estimates) - 1
+        over = np.maximum(tokens - k, 0)
+        steps = -(-over // self.period)  # ceil
+        return self.estimates[tokens - steps * self.period] + steps * self.increment
+
+
+@functools.lru_cache(maxsize=4)
+def release_tables(params):
+    """Build (and cache per process) the tables of a calibrated release. Deterministic."""
+    q = sampling_probabilities(params.max_frequency, sampling=params.sampling,
+                               sampling_threshold=params.sampling_threshold)
+    if params.report == "keys":
+        keep = _alg3(q, params.key_epsilon, params.table_delta)
+        return ReleaseTables(params=params, keep=keep, table=None, estimates=None)
+    band = _build_band(q, params.key_epsilon, params.table_delta)
+    table = _band_to_csr(band)
+    estimator = mle_estimates if params.estimator == "mle" else biased_down_estimates
+    if params.beyond_table != "shift":
+        return ReleaseTables(params=params, keep=band.keep, table=table,
+                             estimates=estimator(table, band.keep))
+    width = len(band.row(band.max_frequency))
+    extended = _band_to_csr(_shift_extend(band, 4 * width))
+    estimates = estimator(extended)[:params.max_frequency + 3 * width + 1]
+    tail = _periodic_tail(estimates, width)
+    if tail is None:
+        raise ValueError("PWS estimates are not periodic beyond the table; "
+                         "set mechanism.max_frequency explicitly")
+    return ReleaseTables(params=params, keep=band.keep, table=table, estimates=estimates,
+                         period=tail[0], increment=tail[1])

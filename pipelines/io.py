@@ -295,6 +295,17 @@ def promote(staging, final):
         os.replace(staging, final)
 
 
+def remove_sink_scratch(staging):
+    """Remove Beam's ``beam-temp-*`` scratch folders from a finished staging folder.
+
+    A file sink writes into such a folder and deletes it when it finalises, but a
+    replayed sink initialisation (``--direct_runner_bundle_repeat``, a runner's retry)
+    leaves an extra, uncommitted one behind. Nothing in them is part of the release."""
+    for name in os.listdir(staging):
+        if name.startswith("beam-temp-") and os.path.isdir(os.path.join(staging, name)):
+            shutil.rmtree(os.path.join(staging, name))
+
+
 def discard(staging):
     shutil.rmtree(staging, ignore_errors=True)
 

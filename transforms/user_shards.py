@@ -18,15 +18,20 @@ KEY_HASH_COLUMN = "__key"
 
 
 def split_by_shard(table, shard_ids, num_shards):
-    """Yield (shard, sub-table) for every non-empty shard of one batch."""
-    order = np.argsort(shard_ids, kind="stable")
-    sorted_ids = shard_ids[order]
-    bounds = np.searchsorted(sorted_ids, np.arange(num_shards + 1))
-    taken = table.take(pa.array(order))
+    """Yield (shard, sub-table) for every non-empty shard of one batch.
+
+    Each sub-table owns compact buffers (one ``take`` per shard), never a slice of a
+    shared table: pickling a pyarrow slice writes the *whole* parent buffers, which made
+    every shard piece as large as its batch (num_shards times the data in the shuffle)."""
+    shard_ids = np.asarray(shard_ids)
+    # Shard ids are small non-negative integers: a stable radix sort on 16 bits.
+    narrow = shard_ids.astype(np.uint16) if num_shards <= (1 << 16) else shard_ids
+    order = np.argsort(narrow, kind="stable")
+    bounds = np.searchsorted(narrow[order], np.arange(num_shards + 1))
     for shard in range(num_shards):
         lo, hi = int(bounds[shard]), int(bounds[shard + 1])
         if hi > lo:
-            yield shard, taken.slice(lo, hi - lo)
+            yield shard, table.take(pa.array(order[lo:hi]))
 
 
 def user_shard_of(user_hash, num_shards):

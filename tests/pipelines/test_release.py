@@ -110,3 +110,15 @@ def test_quickstart_through_the_real_cli(tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert again.returncode == 2 and "--overwrite" in again.stderr
     assert "Traceback" not in again.stderr
+
+
+def test_beam_flags_after_double_dash_reach_the_runner(write_spec, small_parquet, capsys, tmp_path):
+    path = write_spec({"input.path": small_parquet})
+    assert main(["run", path, "--", "--runner=DirectRunner"]) == 0
+    assert (tmp_path / "out" / "released.parquet").exists()
+    assert main(["run", path, "--overwrite", "--", "--runner=NoSuchRunner"]) != 0
+    err = capsys.readouterr().err
+    assert "NoSuchRunner" in err and "Traceback" not in err
+    # the failed run left the earlier release in place, untouched
+    assert (tmp_path / "out" / "release_report.json").exists()
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]

@@ -1,0 +1,169 @@
+"""``mechanism.kind: weighted_sampling`` — private weighted sampling (PWS, paper 001).
+
+Per key with user count w (after l0/l_inf bounding): the key is reported with the optimal
+end-to-end probability pi_w of PWS Alg. 3 for the chosen sampling scheme (none: a private
+histogram; ppswor / priority threshold sampling with threshold t), and, with
+``report: keys_and_frequencies``, a sanitized frequency token j drawn from the row
+pi_{w,.} of Alg. 4 plus an estimate of w (MLE, eq. 11, or biased-down, Appendix E).
+Sampling and sanitizing happen in one step with the end-to-end probabilities.
+
+Each key's sanitizer is (eps0, delta0)-DP between neighbouring counts; a user touches at
+most C keys, changing each by one, so the release composes C such mechanisms
+(``accounting.pws.per_key_budget``: exact optimal composition, or basic). The tables are
+verified exactly for the distributions actually sampled (``accounting.pws.realized_delta``).
+
+Post-processing path (PWS §1.1): :func:`sanitize_existing_sample` releases the private
+version of an existing non-private weighted sample (a table of key columns and a frequency
+column, drawn with a declared scheme and threshold), without the original data.
+"""
+import numpy as np
+
+from accounting import pws
+from pipelines.errors import SpecError
+from pipelines.kinds._common import calibration
+from pipelines.spec import choice, integer, number
+from transforms.sanitize_sample import OUTPUT_COLUMNS as _TRANSFORM_COLUMNS
+from transforms.sanitize_sample import SanitizeSample
+
+FIELDS = {
+    "sampling": "weighted sampling scheme: none (a private histogram), ppswor or priority "
+                "(default none)",
+    "sampling_threshold": "t > 0, required for ppswor and priority: a key of count w is "
+                          "sampled with 1 - exp(-w t) (ppswor) or min(1, w t) (priority)",
+    "report": "keys or keys_and_frequencies (default keys_and_frequencies: also a sanitized "
+              "frequency token and an estimate per key)",
+    "estimator": "mle or biased_down (default mle): how the estimate column is computed from "
+                 "the token (paper 001 eq. 11 / Appendix E)",
+    "composition": "optimal or basic (default optimal): how the per-key budgets of a user's "
+                   "<= max_keys_per_user keys compose",
+    "max_frequency": "auto or an integer >= 2 (default auto): size of the probability tables; "
+                     "larger counts are treated as this one (auto: where every key is reported)",
+}
+OUTPUT_COLUMNS = dict(_TRANSFORM_COLUMNS)
+
+# input.sample of a spec whose input is an existing non-private sample (post-processing).
+SAMPLE_FIELDS = {
+    "frequency": "the column holding each sampled key's frequency (an integer >= 1)",
+    "scheme": "how the sample was drawn: none (every key), ppswor or priority",
+    "threshold": "the sampling threshold t the sample was drawn with (ppswor and priority)",
+}
+
+_ACCOUNTING = {
+    "optimal": "PWS end-to-end probabilities (paper 001 Alg. 3/4) per key at (eps0, delta0), "
+               "verified exactly for the sampled distributions; a user's <= C keys composed "
+               "exactly (optimal composition, Kairouz-Oh-Viswanath 2015 Thm 3.3)",
+    "basic": "PWS end-to-end probabilities (paper 001 Alg. 3/4) per key at (epsilon/C, delta/C), "
+             "verified exactly for the sampled distributions; basic composition over a user's "
+             "<= C keys",
+    "single key": "PWS end-to-end probabilities (paper 001 Alg. 3/4), verified exactly for the "
+                  "sampled distributions; each user touches one key",
+}
+
+
+def parse(section):
+    sampling = choice(section.get("sampling", "none"), "mechanism.sampling", pws.SAMPLING_SCHEMES)
+    threshold = section.get("sampling_threshold")
+    if sampling == "none":
+        if threshold is not None:
+            raise SpecError("mechanism.sampling_threshold",
+                            "is only allowed with sampling: ppswor or priority")
+    else:
+        if threshold is None:
+            raise SpecError("mechanism.sampling_threshold",
+                            f"is required with sampling: {sampling} (a number > 0)")
+        threshold = number(threshold, "mechanism.sampling_threshold", low=0, low_open=True)
+    report = choice(section.get("report", "keys_and_frequencies"), "mechanism.report", pws.REPORTS)
+    estimator = choice(section.get("estimator", "mle"), "mechanism.estimator", pws.ESTIMATORS)
+    if "estimator" in section and report == "keys":
+        raise SpecError("mechanism.estimator", "is only used with report: keys_and_frequencies")
+    composition = choice(section.get("composition", "optimal"), "mechanism.composition",
+                         pws.COMPOSITIONS)
+    max_frequency = section.get("max_frequency", "auto")
+    if max_frequency != "auto":
+        if isinstance(max_frequency, str):
+            raise SpecError("mechanism.max_frequency",
+                            f"must be an integer >= 2 or \"auto\", got {max_frequency!r}")
+        max_frequency = integer(max_frequency, "mechanism.max_frequency", low=2,
+                                high=pws.MAX_KEEP_LENGTH)
+    return {"sampling": sampling, "sampling_threshold": threshold, "report": report,
+            "estimator": estimator, "composition": composition, "max_frequency": max_frequency}
+
+
+def parse_sample(section):
+    """Validate ``input.sample`` (post-processing path); returns {frequency, scheme, threshold}."""
+    if not isinstance(section, dict):
+        raise SpecError("input.sample", f"must be a mapping with fields {', '.join(SAMPLE_FIELDS)}")
+    for key in section:
+        if key not in SAMPLE_FIELDS:
+            raise SpecError(f"input.sample.{key}",
+                            f"unknown field; allowed fields of input.sample: {', '.join(SAMPLE_FIELDS)}")
+    frequency = section.get("frequency")
+    if not isinstance(frequency, str) or not frequency.strip():
+        raise SpecError("input.sample.frequency", f"must be a column name, got {frequency!r}")
+    if "scheme" not in section:
+        raise SpecError("input.sample.scheme", f"is required; one of {', '.join(pws.SAMPLING_SCHEMES)}")
+    scheme = choice(section["scheme"], "input.sample.scheme", pws.SAMPLING_SCHEMES)
+    threshold = section.get("threshold")
+    if scheme == "none":
+        if threshold is not None:
+            raise SpecError("input.sample.threshold", "is only allowed with scheme: ppswor or priority")
+    else:
+        if threshold is None:
+            raise SpecError("input.sample.threshold", f"is required with scheme: {scheme} (a number > 0)")
+        threshold = number(threshold, "input.sample.threshold", low=0, low_open=True)
+    return {"frequency": frequency, "scheme": scheme, "threshold": threshold}
+
+
+def mechanism_for_sample(mech, sample):
+    """The parsed mechanism section for a pre-sampled input: the sample's declared scheme
+    replaces ``sampling``/``sampling_threshold`` (which must then be left out)."""
+    if mech.get("sampling", "none") != "none" or mech.get("sampling_threshold") is not None:
+        raise SpecError("mechanism.sampling", "must be left out when input.sample declares how "
+                        "the sample was drawn (input.sample.scheme / threshold)")
+    return {**mech, "sampling": sample["scheme"], "sampling_threshold": sample["threshold"],
+            "presampled": True}
+
+
+def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
+    if model != "l0":
+        raise SpecError("bounding.model", "weighted_sampling needs bounding.model: l0 "
+                        "(each user counted at most once per key)")
+    max_frequency = mech.get("max_frequency", "auto")
+    params = calibration(
+        lambda: pws.calibrate(
+            epsilon, delta, max_keys_per_user, sampling=mech.get("sampling", "none"),
+            sampling_threshold=mech.get("sampling_threshold"),
+            report=mech.get("report", "keys_and_frequencies"), estimator=mech.get("estimator", "mle"),
+            composition=mech.get("composition", "optimal"),
+            max_frequency=None if max_frequency == "auto" else max_frequency,
+            presampled=bool(mech.get("presampled", False))),
+        f"weighted_sampling release at epsilon={epsilon:g}, delta={delta:g}, "
+        f"max_keys_per_user={max_keys_per_user}")
+    # Build the release tables now (cached per process): a table that cannot be built is a
+    # calibration error at plan time, not a failure inside the pipeline.
+    tables = calibration(lambda: pws.release_tables(params),
+                         f"weighted_sampling tables for max_keys_per_user={max_keys_per_user}")
+    half = np.flatnonzero(tables.keep >= 0.5)
+    out = {"kind": "weighted_sampling", **params.as_dict(),
+           "delta_achieved": params.delta_realized,
+           "threshold": int(half[0]) if len(half) else params.max_frequency,
+           "accounting": _ACCOUNTING[params.composition],
+           "comparison": {
+               "basic_composition_key_epsilon": epsilon / max_keys_per_user,
+               "sbh_threshold": pws.sbh_threshold(params.key_epsilon, params.key_delta),
+               "pws_L": pws.pws_L(params.key_epsilon, params.key_delta)}}
+    return out
+
+
+def release(counts, params, key_columns):
+    # Table(keys, count) -> Table(keys, token, estimate)
+    return counts | "SanitizeSample" >> SanitizeSample(params, key_columns, frequency_column="count")
+
+
+def sanitize_existing_sample(sample, params, key_columns, frequency_column):
+    """Post-processing path: ``sample`` is a PCollection[pa.Table] of an existing non-private
+    sample (key columns + ``frequency_column``), ``params`` the dict from :func:`calibrate`
+    of :func:`mechanism_for_sample` (``presampled`` true; side input or plain dict).
+    Returns PCollection[pa.Table] of released rows (keys, token, estimate)."""
+    return sample | "SanitizeExistingSample" >> SanitizeSample(
+        params, key_columns, frequency_column=frequency_column)

@@ -1,5 +1,5 @@
 """thresher: differentially private histograms over open-ended key spaces, on Apache Beam."""
-from setuptools import setup
+from setuptools import find_packages, setup
 
 VERSION = "0.1.0"
 
@@ -14,7 +14,9 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=["accounting", "transforms", "pipelines"],
+    # Subpackages too (pipelines.kinds): workers install this as --setup_file.
+    packages=find_packages(include=["accounting", "accounting.*", "transforms", "transforms.*",
+                                    "pipelines", "pipelines.*"]),
     install_requires=[
         "apache-beam>=2.60",
         "numpy>=1.26",
@@ -24,9 +26,12 @@ setup(
     ],
     extras_require={
         # Test-only oracles: peer libraries are used to cross-check numbers, never at run time.
-        "dev": ["pytest>=8", "hypothesis>=6.100", "dp-accounting>=0.4", "python-dp>=1.1"],
+        "dev": ["pytest>=8", "hypothesis>=6.100", "mpmath>=1.3", "dp-accounting>=0.4", "python-dp>=1.1"],
         "bench": ["pipeline-dp>=0.2"],
         "yaml": ["apache-beam[yaml]>=2.60"],
+        # Object storage for input.path / output.path (docs/running.md).
+        "gcp": ["apache-beam[gcp]>=2.60"],
+        "aws": ["apache-beam[aws]>=2.60"],
     },
     entry_points={"console_scripts": ["thresher=pipelines.cli:main"]},
     include_package_data=True,

@@ -70,6 +70,6 @@ def sigma_for(epsilon, delta, sensitivity=1.0, *, rel_tol=1e-9):
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     if not (math.isfinite(sensitivity) and sensitivity > 0):
         raise ValueError(f"sensitivity must be > 0, got {sensitivity}")
-    sigma = smallest_real(lambda s: delta_for_epsilon(sensitivity / s, epsilon) <= delta,
-                          0.0, math.inf, rel_tol=rel_tol)
-    return sigma
+    # sigma = 1e-9 * sensitivity (mu = 1e9) never qualifies: delta = 1 there.
+    return smallest_real(lambda s: delta_for_epsilon(sensitivity / s, epsilon) <= delta,
+                         1e-9 * sensitivity, math.inf, rel_tol=rel_tol)

@@ -44,6 +44,8 @@ from accounting.search import smallest_integer, smallest_real
 
 NOISES = ("gaussian", "discrete_gaussian")
 METHODS = ("exact", "add_deltas", "fdp")
+# Searches over sigma start here (in users): noise this small leaves delta at 1.
+_SIGMA_FLOOR = 1e-3
 
 
 # ---------------------------------------------------------------------------------------
@@ -203,7 +205,10 @@ def min_sigma(epsilon, delta_target, threshold_gap, max_keys_per_user, *, extra_
     with 1 - beta^C_u <= delta, also necessary), scans a geometric grid of `grid` points
     for the first qualifying sigma, and bisects below it. The returned sigma always
     qualifies; it is the smallest if delta(sigma) crosses the target once below it
-    (tests check this against a fine scan).
+    (tests check this against a fine scan). With discrete noise delta_+ itself wobbles
+    with sigma (lattice effects of up to ~1% for C_u = 1, eps = 2), so "smallest" holds
+    up to that wobble; the privacy claim never relies on it (delta is recomputed at the
+    returned parameters).
     """
     epsilon = float(epsilon)
     _check(epsilon, 1.0, max_keys_per_user, noise, method, extra_mu)
@@ -222,8 +227,8 @@ def min_sigma(epsilon, delta_target, threshold_gap, max_keys_per_user, *, extra_
 
     if extra_mu > 0 and gaussian.delta_for_epsilon(math.sqrt(c_u) * extra_mu, epsilon) > delta_target:
         return None
-    sigma_low = smallest_real(lambda s: gaussian_part(s) <= delta_target, 0.0, math.inf,
-                              rel_tol=rel_tol)
+    sigma_low = smallest_real(lambda s: gaussian_part(s) <= delta_target, _SIGMA_FLOOR,
+                              math.inf, rel_tol=rel_tol)
     if sigma_low is None:
         return None
     if ok(sigma_low):
@@ -306,7 +311,7 @@ def default_sigma(epsilon, delta_target, max_keys_per_user, *, noise="discrete_g
         shift = _shift_delta_fn(s, noise, 0.0)
         return float(np.asarray(shift(np.array([c_u]), np.array([float(epsilon)])))[0]) <= delta_target
 
-    return smallest_real(fits, 0.0, math.inf, rel_tol=1e-9)
+    return smallest_real(fits, _SIGMA_FLOOR, math.inf, rel_tol=1e-9)
 
 
 def calibrate(epsilon, delta_target, max_keys_per_user, *, pre_threshold=1, sigma=None,

@@ -18,9 +18,9 @@ RR_{1/b}. So with K ~ Bin(a, p), K' ~ Bin(a, 1-p), p = e^(1/b)/(1+e^(1/b)),
 
     delta_+(a, e) = P[K > k*] - e^e P[K' > k*],   k* = floor((e b + a) / 2),
 
-exactly. For the continuous Laplace every shift is (1/b)-DP, hence dominated by RR_{1/b}
-(Kairouz, Oh, Viswanath 2015, Thm 2.1's construction), and the same formula is an upper
-bound. With the default b = C/epsilon the shift part never binds: delta_+(a_+, e) = 0 for
+exactly. For the continuous Laplace every shift is (1/b)-DP, and every (eps0, 0)-DP pair
+of distributions is a post-processing of RR_{eps0} (Kairouz, Oh & Viswanath 2015, "The
+composition theorem for differential privacy"), so the same formula is an upper bound. With the default b = C/epsilon the shift part never binds: delta_+(a_+, e) = 0 for
 e >= a_+/b, and Thm 5.4 collapses to the per-key delta composed over the C keys,
 delta = 1 - beta^C = 1 - (1 - P[Z >= T - tau])^C.
 
@@ -105,7 +105,7 @@ def rr_delta(epsilon0, e):
 def shift_delta(count, e, scale):
     """delta_+(a, e) of a (discrete) Laplace coordinates each shifted by one: exact for the
     discrete Laplace (binomial privacy loss), an upper bound for the continuous one."""
-    a, e = np.broadcast_arrays(np.asarray(count, dtype=np.float64), np.asarray(e, dtype=np.float64))
+    a, e = np.broadcast_arrays(np.asarray(count, dtype=np.int64), np.asarray(e, dtype=np.float64))
     p = special.expit(1.0 / scale)
     k_star = np.clip(np.floor((e * scale + a) / 2.0), -1.0, a)  # bdtrc wants -1 <= k <= a
     out = special.bdtrc(k_star, a, p) - np.exp(e) * special.bdtrc(k_star, a, 1.0 - p)
@@ -227,7 +227,7 @@ def min_scale(epsilon, delta_target, threshold, max_keys_per_user, *, model="l0"
         return -math.expm1(c * log_suppress(b, threshold - tau, noise))
 
     low = smallest_real(lambda b: _shift_part(epsilon, b, c, model) <= delta_target,
-                        0.0, math.inf, rel_tol=rel_tol)
+                        1e-3, math.inf, rel_tol=rel_tol)
     if low is None:
         return None
     if ok(low):

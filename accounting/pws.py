@@ -269,7 +269,8 @@ def _is_stationary(band):
 def _build_band(q, epsilon, delta, *, stop_when_stationary=False, max_entries=None):
     """Alg. 4 rows for the given q_0..q_M. With ``stop_when_stationary`` the build stops
     at the first row i with pi_{i-1} = pi_i = 1 whose row equals row i-1 shifted by one
-    to a relative 1e-12. Returns None if ``max_entries`` would be exceeded."""
+    to a relative 1e-12. With ``max_entries`` it stops before the stored entries would
+    exceed it (the band then ends at the last row that fits)."""
     pi = _alg3(q, epsilon, delta)
     up_factor, down_factor = math.exp(epsilon), math.exp(-epsilon)
     m = len(q) - 1
@@ -278,11 +279,12 @@ def _build_band(q, epsilon, delta, *, stop_when_stationary=False, max_entries=No
     lo, prev, total, stationary = 1, np.zeros(0), 0, False
     for i in range(1, m + 1):
         lo, row = _next_row(prev, lo, pi[i - 1], pi[i], up_factor, down_factor, delta)
+        if max_entries is not None and total + len(row) > max_entries:
+            m = i - 1
+            break
         los[i] = lo
         rows.append(row)
         total += len(row)
-        if max_entries is not None and total > max_entries:
-            return None
         if stop_when_stationary and _rows_stationary(prev, los[i - 1], row, lo, pi[i - 1], pi[i]):
             m = i
             stationary = True
@@ -500,8 +502,8 @@ def composed_delta(key_epsilon, key_delta, max_keys_per_user, epsilon):
     weights = scipy.stats.binom.pmf(l, c, p_flip)
     loss = (c - 2 * l) * key_epsilon
     rr = float(np.sum(weights * np.maximum(0.0, -np.expm1(epsilon - loss))))
-    none_lost = math.exp(c * math.log1p(-key_delta))
-    return (1.0 - none_lost) + none_lost * rr
+    log_none_lost = c * math.log1p(-key_delta)   # (1 - delta0)^C without cancellation
+    return -math.expm1(log_none_lost) + math.exp(log_none_lost) * rr
 
 
 @dataclasses.dataclass(frozen=True)
@@ -634,17 +636,121 @@ def realized_delta(epsilon, keep_probabilities, frequency_table=None, *, samplin
     t = scipy.sparse.csr_array(frequency_table)
     t.sort_indices()
     m = t.shape[0] - 1
-    worst = 0.0
-    prev = (np.zeros(0, dtype=np.int64), np.zeros(0), 1.0)
-    for i in range(1, m + 1):
-        cur = _realized_row(t, i, None if q is None else q[i])
-        worst = max(worst, _pair_delta(*cur, *prev, e_eps))
-        prev = cur
+    layout = _band_layout(t)
+    if layout is not None:
+        lo, lengths = layout
+        worst = _realized_band_delta(t.data, t.indptr[:-1] + 1, lengths, lo, q, e_eps)
+        prev = _realized_row(t, m, None if q is None else q[m])
+    else:
+        worst = 0.0
+        prev = (np.zeros(0, dtype=np.int64), np.zeros(0), 1.0)
+        for i in range(1, m + 1):
+            cur = _realized_row(t, i, None if q is None else q[i])
+            worst = max(worst, _pair_delta(*cur, *prev, e_eps))
+            prev = cur
     if beyond_table == "shift":
         cols, probs, none = prev
         worst = max(worst, _pair_delta(cols + 1, probs, none, cols, probs, none, e_eps))
     elif q is not None:
         worst = max(worst, _beyond_clip_bound(len(prev[0]) + 1))
+    return worst
+
+
+def _band_layout(t):
+    """(lo, lengths) when every row i >= 1 stores column 0 first and then one contiguous
+    run of token columns lo_i .. lo_i + length_i - 1 with lo non-decreasing (the tables
+    this module builds); None otherwise."""
+    starts = t.indptr[:-1]
+    lengths = np.diff(t.indptr) - 1
+    if np.any(lengths < 0) or np.any(t.indices[starts] != 0):
+        return None
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    token_pos = np.repeat(starts + 1, lengths) + (
+        np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths))
+    lo = np.zeros(len(lengths), dtype=np.int64)
+    has = lengths > 0
+    lo[has] = t.indices[starts[has] + 1]
+    if not np.array_equal(t.indices[token_pos] - lo[rows],
+                          token_pos - np.repeat(starts + 1, lengths)):
+        return None
+    lo[~has] = np.maximum.accumulate(np.where(has, lo, 0))[~has]
+    if np.any(np.diff(lo[1:]) < 0):
+        return None
+    return lo, lengths
+
+
+def _realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_entries=1 << 21):
+    """Vectorised :func:`realized_delta` over a banded table (row i's tokens are
+    data[starts[i]:starts[i] + lengths[i]], columns lo[i]..), in chunks of rows. Row-wise
+    cumulative sums along axis 1 of a zero-padded block are the same sequential sums as the
+    sanitizer's per-row np.cumsum (trailing zeros leave them unchanged)."""
+    m = len(lengths) - 1
+    worst = 0.0
+    prev_p = np.zeros((1, 1))
+    prev_none = np.array([1.0])
+    prev_lo = np.array([lo[1] if m >= 1 else 0])
+    r = 1
+    while r <= m:
+        width = int(max(1, lengths[r - 1], lengths[r]))
+        r_end = r
+        while r_end <= m and (r_end - r + 1) * max(width, lengths[r_end]) <= chunk_entries:
+            width = max(width, int(lengths[r_end]))
+            r_end += 1
+        r_end = max(r_end, r + 1)
+        rows = np.arange(r, r_end)
+        k = np.arange(width)
+        mask = k[None, :] < lengths[rows][:, None]
+        pos = np.where(mask, starts[rows][:, None] + k[None, :], 0)
+        block = np.where(mask, data[pos], 0.0)
+        cum = np.cumsum(block, axis=1)
+        if q is None:
+            scale = np.ones(len(rows))
+        else:
+            scale = q[rows]
+            cum = cum / scale[:, None]
+        grid = np.ceil(np.clip(cum, 0.0, 1.0) * _GRID) / _GRID
+        probs = np.diff(grid, axis=1, prepend=0.0) * scale[:, None]
+        none = 1.0 - scale * grid[:, -1]
+        # previous rows, padded to this width (+1 zero column for out-of-range gathers)
+        before = np.zeros((len(rows), width + 1))
+        w_prev = min(prev_p.shape[1], width)
+        before[0, :w_prev] = prev_p[-1, :w_prev]
+        before[1:, :width] = probs[:-1]
+        before_none = np.concatenate([prev_none[-1:], none[:-1]])
+        before_lo = np.concatenate([prev_lo[-1:], lo[rows[:-1]]])
+        shift = np.clip(lo[rows] - before_lo, 0, width)
+        if r == 1:
+            shift[0] = 0
+        gathered = np.take_along_axis(before, np.minimum(k[None, :] + shift[:, None], width), axis=1)
+        dropped = np.cumsum(before[:, :width], axis=1)
+        dropped_sum = np.where(shift > 0, dropped[np.arange(len(rows)), np.maximum(shift - 1, 0)], 0.0)
+        forward = (np.maximum(0.0, probs - e_eps * gathered).sum(axis=1)
+                   + np.maximum(0.0, none - e_eps * before_none))
+        backward = (np.maximum(0.0, gathered - e_eps * probs).sum(axis=1) + dropped_sum
+                    + np.maximum(0.0, before_none - e_eps * none))
+        worst = max(worst, float(forward.max()), float(backward.max()))
+        prev_p, prev_none, prev_lo = probs[-1:], none[-1:], lo[rows[-1:]]
+        r = r_end
+    return worst
+
+
+def _realized_delta_band(epsilon, band, q=None, beyond_table="clip"):
+    """:func:`realized_delta` of a band (same numbers as on its CSR form, without building it)."""
+    e_eps = math.exp(epsilon)
+    lengths = np.diff(band.indptr)
+    worst = _realized_band_delta(band.values, band.indptr[:-1], lengths, band.lo, q, e_eps)
+    m = band.max_frequency
+    last = band.row(m)
+    cols = band.lo[m] + np.arange(len(last))
+    cum = np.cumsum(last)
+    grid = _quantized(cum if q is None else cum / q[m])
+    scale = 1.0 if q is None else q[m]
+    probs = scale * np.diff(grid, prepend=0.0)
+    none = 1.0 - scale * (grid[-1] if len(grid) else 0.0)
+    if beyond_table == "shift":
+        worst = max(worst, _pair_delta(cols + 1, probs, none, cols, probs, none, e_eps))
+    elif q is not None:
+        worst = max(worst, _beyond_clip_bound(len(last) + 1))
     return worst
 
 
@@ -696,49 +802,64 @@ class PWSParameters:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def _choose_table(q_fn, key_epsilon, table_delta, report, max_frequency):
-    """(keep, band or None, saturation, max_frequency, beyond) for the given q builder."""
-    if report == "keys":
-        if max_frequency is None:
-            m = 1024
-            while True:
-                pi = _alg3(q_fn(m), key_epsilon, table_delta)
-                hit = np.flatnonzero(pi == 1.0)
-                if len(hit) or m >= MAX_KEEP_LENGTH:
-                    break
-                m = min(4 * m, MAX_KEEP_LENGTH)
-            sat = int(hit[0]) if len(hit) else None
-            m_final = sat if sat is not None else m
-            return pi[:m_final + 1], None, sat, m_final, "clip"
-        pi = _alg3(q_fn(max_frequency), key_epsilon, table_delta)
+def _saturation(q_fn, epsilon, delta):
+    """(pi up to the saturation frequency, saturation) or (pi up to MAX_KEEP_LENGTH, None)."""
+    m = 1024
+    while True:
+        pi = _alg3(q_fn(m), epsilon, delta)
         hit = np.flatnonzero(pi == 1.0)
-        return pi, None, (int(hit[0]) if len(hit) else None), max_frequency, "clip"
-    if max_frequency is None:
-        m = 1024
-        while True:
-            band = _build_band(q_fn(m), key_epsilon, table_delta, stop_when_stationary=True,
-                               max_entries=MAX_TABLE_ENTRIES)
-            if band is None or band.stationary:
-                break
-            m *= 4
-        if band is None:
-            # Too large to reach stationarity: the largest table within the entry budget.
-            lo_m, hi_m = 1, m
-            while hi_m - lo_m > 1:
-                mid = (lo_m + hi_m) // 2
-                if _build_band(q_fn(mid), key_epsilon, table_delta,
-                               max_entries=MAX_TABLE_ENTRIES) is None:
-                    hi_m = mid
-                else:
-                    lo_m = mid
-            band = _build_band(q_fn(lo_m), key_epsilon, table_delta)
-    else:
-        band = _build_band(q_fn(max_frequency), key_epsilon, table_delta)
+        if len(hit):
+            return pi[:int(hit[0]) + 1], int(hit[0])
+        if m >= MAX_KEEP_LENGTH:
+            return pi, None
+        m = min(4 * m, MAX_KEEP_LENGTH)
+
+
+def _choose_table(q_fn, key_epsilon, table_delta, report, max_frequency, scheme):
+    """(keep, band or None, saturation, max_frequency, beyond) for the given q builder.
+
+    Automatic size: keys only, the saturation frequency (pi = 1 from there on, so nothing
+    is lost by treating larger counts as it); with frequencies, the first row past
+    saturation that is a shift of the previous one (usually within ~1.5 band widths),
+    or, if that does not fit MAX_TABLE_ENTRIES, the largest table that does ("clip")."""
+    if max_frequency is not None:
+        if report == "keys":
+            pi = _alg3(q_fn(max_frequency), key_epsilon, table_delta)
+            hit = np.flatnonzero(pi == 1.0)
+            return pi, None, (int(hit[0]) if len(hit) else None), max_frequency, "clip"
+        band = _build_band(q_fn(max_frequency), key_epsilon, table_delta,
+                           max_entries=MAX_TABLE_ENTRIES)
+        if band.max_frequency < max_frequency:
+            raise ValueError(f"max_frequency {max_frequency} needs a frequency table of more than "
+                             f"{MAX_TABLE_ENTRIES} entries; at most {band.max_frequency} fits "
+                             f"(or leave max_frequency to auto, or report keys only)")
         band = dataclasses.replace(band, stationary=_is_stationary(band))
+    else:
+        pi, sat = _saturation(q_fn, key_epsilon, table_delta)
+        if report == "keys":
+            return pi, None, sat, len(pi) - 1, "clip"
+        if sat is None:
+            band = _build_band(q_fn(len(pi) - 1), key_epsilon, table_delta,
+                               max_entries=MAX_TABLE_ENTRIES)
+        else:
+            extra = 4 * (2 * math.ceil(pws_L(key_epsilon, table_delta)) + 4)
+            while True:
+                band = _build_band(q_fn(sat + extra), key_epsilon, table_delta,
+                                   stop_when_stationary=True, max_entries=MAX_TABLE_ENTRIES)
+                if band.stationary or band.max_frequency < sat + extra:
+                    break
+                extra *= 4
     hit = np.flatnonzero(band.keep == 1.0)
     sat = int(hit[0]) if len(hit) else None
     beyond = "shift" if band.stationary else "clip"
+    _BANDS[(*scheme, key_epsilon, table_delta, band.max_frequency)] = band
+    while len(_BANDS) > 4:
+        _BANDS.pop(next(iter(_BANDS)))
     return band.keep, band, sat, band.max_frequency, beyond
+
+
+# Bands built by calibrate, reused by release_tables in the same process.
+_BANDS = {}
 
 
 def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_threshold=None,
@@ -768,15 +889,19 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
     def q_fn(m):
         return sampling_probabilities(m, sampling=sampling, sampling_threshold=sampling_threshold)
 
-    margin = 1e-9
+    # Start the margin at the sampling granularity: ~2^-53 per token of a band row.
+    width = 2 * pws_L(budget.key_epsilon, budget.key_delta) + 4
+    margin = min(0.5, max(1e-9, 4 * width * 2.0 ** -53 / budget.key_delta))
     for _ in range(12):
         table_delta = budget.key_delta * (1.0 - margin)
         keep, band, sat, m, beyond = _choose_table(q_fn, budget.key_epsilon, table_delta, report,
-                                                   max_frequency)
+                                                   max_frequency, (sampling, sampling_threshold))
         q = q_fn(m) if presampled else None
-        table = _band_to_csr(band) if band is not None else None
-        realized = realized_delta(budget.key_epsilon, keep, table, sampling_probabilities=q,
-                                  beyond_table=beyond)
+        if band is None:
+            realized = realized_delta(budget.key_epsilon, keep, sampling_probabilities=q,
+                                      beyond_table=beyond)
+        else:
+            realized = _realized_delta_band(budget.key_epsilon, band, q, beyond)
         if realized <= budget.key_delta:
             break
         margin = max(2 * margin, 4 * (realized - table_delta) / budget.key_delta)
@@ -863,15 +988,19 @@ def release_tables(params):
     if params.report == "keys":
         keep = _alg3(q, params.key_epsilon, params.table_delta)
         return ReleaseTables(params=params, keep=keep, table=None, estimates=None)
-    band = _build_band(q, params.key_epsilon, params.table_delta)
+    band = _BANDS.get((params.sampling, params.sampling_threshold, params.key_epsilon,
+                       params.table_delta, params.max_frequency))
+    if band is None:
+        band = _build_band(q, params.key_epsilon, params.table_delta)
     table = _band_to_csr(band)
     estimator = mle_estimates if params.estimator == "mle" else biased_down_estimates
     if params.beyond_table != "shift":
         return ReleaseTables(params=params, keep=band.keep, table=table,
                              estimates=estimator(table, band.keep))
     width = len(band.row(band.max_frequency))
-    extended = _band_to_csr(_shift_extend(band, 4 * width))
-    estimates = estimator(extended)[:params.max_frequency + 3 * width + 1]
+    extended = _shift_extend(band, 4 * width)
+    estimates = estimator(_band_to_csr(extended), extended.keep)[
+        :params.max_frequency + 3 * width + 1]
     tail = _periodic_tail(estimates, width)
     if tail is None:
         raise ValueError("PWS estimates are not periodic beyond the table; "

@@ -34,7 +34,7 @@ import dataclasses
 import math
 
 import numpy as np
-from scipy import special, stats
+from scipy import special
 
 from accounting.search import smallest_integer, smallest_real
 
@@ -82,11 +82,29 @@ def remove_quantile(epsilon, sampling_rate):
     return sampling_rate * math.exp(epsilon) - math.expm1(epsilon)
 
 
+def _sf(t, k, p):
+    """P[Bin(k, p) > t] for integer arrays t, k >= 0 (scipy's bdtrc, with its edges fixed)."""
+    t, k = np.broadcast_arrays(np.asarray(t, dtype=np.float64), np.asarray(k, dtype=np.float64))
+    inside = (t >= 0) & (t < k)
+    out = np.where(t < 0, 1.0, 0.0)
+    out[inside] = special.bdtrc(t[inside], k[inside], p)
+    return out
+
+
+def _cdf(t, k, p):
+    """P[Bin(k, p) <= t] for integer arrays t, k >= 0 (scipy's bdtr, with its edges fixed)."""
+    t, k = np.broadcast_arrays(np.asarray(t, dtype=np.float64), np.asarray(k, dtype=np.float64))
+    inside = (t >= 0) & (t < k)
+    out = np.where(t >= k, 1.0, 0.0)
+    out[inside] = special.bdtr(t[inside], k[inside], p)
+    return out
+
+
 def _range_mass(k, lo, hi, p):
     """P[lo < Bin(k, p) <= hi] for arrays, from whichever tail keeps the digits."""
-    cdf_hi = stats.binom.cdf(hi, k, p)
-    by_cdf = cdf_hi - stats.binom.cdf(lo, k, p)
-    by_sf = stats.binom.sf(lo, k, p) - stats.binom.sf(hi, k, p)
+    cdf_hi = _cdf(hi, k, p)
+    by_cdf = cdf_hi - _cdf(lo, k, p)
+    by_sf = _sf(lo, k, p) - _sf(hi, k, p)
     return np.where(cdf_hi <= 0.5, by_cdf, by_sf)
 
 
@@ -116,11 +134,11 @@ def divergences(epsilon, sampling_rate, threshold, k):
     add = np.zeros(k.shape)
     for shift in (-1, 0, 1):
         t = np.clip(base + shift, tau - 1, k)
-        add = np.maximum(add, stats.binom.sf(t, k, p) - e * stats.binom.sf(t, k - 1, p))
+        add = np.maximum(add, _sf(t, k, p) - e * _sf(t, k - 1, p))
     remove = np.zeros(k.shape)
     r = remove_quantile(epsilon, p)
     if r > 0:
-        absent = stats.binom.cdf(tau - 1, k - 1, p) - e * stats.binom.cdf(tau - 1, k, p)
+        absent = _cdf(tau - 1, k - 1, p) - e * _cdf(tau - 1, k, p)
         u0 = np.ceil(k * r) - 1
         partial = np.zeros(k.shape)
         for shift in (-1, 0, 1):
@@ -234,8 +252,8 @@ def min_threshold(epsilon, delta_target, sampling_rate, *, method="exact", max_t
     return smallest_integer(meets, 1, max_threshold)
 
 
-def sampling_rate_for(epsilon, delta_target, threshold, *, method="exact"):
-    """Largest sampling rate p (to a relative 1e-9) with delta(epsilon, p, tau) <= delta_target,
+def sampling_rate_for(epsilon, delta_target, threshold, *, method="exact", rel_tol=1e-9):
+    """Largest sampling rate p (to about ``rel_tol`` relative) with delta(epsilon, p, tau) <= delta_target,
     or None if none above 1e-12 qualifies.
 
     Searches p = exp(-y) for the smallest y; delta grows with p (checked on a grid in
@@ -249,7 +267,7 @@ def sampling_rate_for(epsilon, delta_target, threshold, *, method="exact"):
         p = math.exp(-y)
         return p < _MIN_SAMPLING_RATE or delta(epsilon, p, threshold, method=method) <= delta_target
 
-    y = smallest_real(meets, 0.0, math.inf, rel_tol=1e-9, abs_tol=1e-12)
+    y = smallest_real(meets, 0.0, math.inf, rel_tol=rel_tol, abs_tol=rel_tol * 1e-3)
     if y is None:
         return None
     p = math.exp(-y)
@@ -324,6 +342,13 @@ class SampleThresholdParams:
         }
 
 
+def _round_down(x, digits=6):
+    """x shortened to ``digits`` significant digits, rounded towards zero (so a printed
+    largest-admissible rate is still admissible)."""
+    scale = 10 ** (digits - 1 - math.floor(math.log10(x)))
+    return f"{math.floor(x * scale) / scale:.{digits}g}"
+
+
 def _params(epsilon, delta_target, c, p, tau, method, calibrated):
     eps_key, delta_key = per_key_budget(epsilon, delta_target, c)
     spent = delta(eps_key, p, tau, method=method)
@@ -341,9 +366,9 @@ def best_release_point(epsilon, delta_target, *, method="exact", max_threshold=1
     relative sampling error (sqrt((1 - p) / (c p)))."""
     cache = {}
 
-    def point(tau):
+    def point(tau):  # coarse rates to choose tau; the chosen tau's rate is refined below
         if tau not in cache:
-            p = sampling_rate_for(epsilon, delta_target, tau, method=method)
+            p = sampling_rate_for(epsilon, delta_target, tau, method=method, rel_tol=1e-4)
             cache[tau] = (math.inf if p is None else tau / p, p)
         return cache[tau]
 
@@ -368,12 +393,11 @@ def best_release_point(epsilon, delta_target, *, method="exact", max_threshold=1
     for tau in range(max(1, lo - 4), min(max_threshold, hi + 4) + 1):
         point(tau)
     best_tau = min(cache, key=lambda t: (cache[t][0], t))
-    value, p = cache[best_tau]
-    if p is None:
+    if cache[best_tau][1] is None:
         raise CalibrationInfeasible(
             f"no sampling rate meets epsilon {epsilon:g}, delta {delta_target:g} "
             f"with a threshold <= {max_threshold}")
-    return p, best_tau
+    return sampling_rate_for(epsilon, delta_target, best_tau, method=method), best_tau
 
 
 def calibrate(epsilon, delta_target, max_keys_per_user, *, sampling_rate=None, threshold=None,
@@ -427,7 +451,7 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, sampling_rate=None, t
         if tau is not None:
             options.append(f"threshold >= {tau} at sampling_rate {sampling_rate:g}")
         if p is not None:
-            options.append(f"sampling_rate <= {p:.6g} at threshold {threshold}")
+            options.append(f"sampling_rate <= {_round_down(p)} at threshold {threshold}")
         raise CalibrationInfeasible(
             f"sampling_rate {sampling_rate:g} with threshold {threshold} gives per-key delta "
             f"{spent:.3g} > {delta_key:.3g} ({method} accounting) for {budget}; "

@@ -53,7 +53,10 @@ def exponential_mechanism_log_probabilities(scores, epsilon, sensitivity, *, mon
     """
     scores = _validated(scores, epsilon, sensitivity)
     scale = epsilon / (sensitivity if monotone else 2.0 * sensitivity)
-    logits = scale * scores
+    with np.errstate(over="ignore"):
+        logits = scale * scores
+    if not np.all(np.isfinite(logits)):
+        raise ValueError("scores * epsilon / sensitivity overflows a double; rescale the scores")
     shifted = logits - logits.max()          # max term is exp(0) = 1
     return shifted - math.log(math.fsum(np.exp(shifted)))
 

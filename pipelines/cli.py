@@ -58,8 +58,9 @@ def _print_plan(plan, as_json):
         print(json.dumps(report, indent=2))
         return
     spec = plan.spec
-    print(f"release {spec.name!r}: {spec.kind} over keys {', '.join(spec.input.keys)} "
-          f"per user {spec.input.user!r}")
+    unit = (f"per user {spec.input.user!r}" if spec.input.sample is None else
+            f"sanitizing the existing sample's column {spec.input.sample['frequency']!r}")
+    print(f"release {spec.name!r}: {spec.kind} over keys {', '.join(spec.input.keys)} {unit}")
     print(f"privacy: epsilon={plan.budget.epsilon:g}, delta={plan.budget.delta:g} "
           f"({report['privacy']['neighbouring']})")
     for stage in plan.budget.stages:
@@ -76,6 +77,8 @@ def _print_plan(plan, as_json):
               f"({spec.bounding.model} model)")
         print(f"mechanism: {_format_params(report['mechanism'])}")
     print(f"accounting: {report['privacy']['accounting']}")
+    if "assumes" in report["privacy"]:
+        print(f"assumes: {report['privacy']['assumes']}")
 
 
 def _format_params(params):
@@ -98,9 +101,11 @@ def _configure_logging(debug, quiet):
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("thresher").setLevel(level)
     if not debug:
+        # CRITICAL: Beam logs a worker's exception (with its traceback) at ERROR before
+        # re-raising it; the CLI reports that exception itself, in one line.
         for noisy in ("apache_beam", "root"):
-            logging.getLogger(noisy).setLevel(logging.ERROR)
-        logging.getLogger().setLevel(logging.ERROR)
+            logging.getLogger(noisy).setLevel(logging.CRITICAL)
+        logging.getLogger().setLevel(logging.CRITICAL)
         logging.getLogger("thresher").setLevel(level)
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("thresher: %(message)s"))

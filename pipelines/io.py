@@ -76,14 +76,16 @@ def check_input(input_spec, files):
 
     Reads Parquet footers (metadata only) and CSV/JSONL headers; returns the estimated
     number of rows (exact for Parquet), used to size the shuffles."""
-    needed = [input_spec.user, *input_spec.keys]
+    needed = input_spec.columns
+    names = ["input.user", *[f"input.keys[{i}]" for i in range(len(input_spec.keys))]]
+    if input_spec.sample is not None:
+        names = [*names[1:], "input.sample.frequency"]
     est_rows = 0
     first_types = None
     for path in files:
         schema = read_schema(path, input_spec.format)
-        for i, col in enumerate(needed):
+        for field, col in zip(names, needed):
             if col not in schema.names:
-                field = "input.user" if i == 0 else f"input.keys[{i - 1}]"
                 raise SpecError(field, f"column {col!r} is not in {path!r}; its columns are: "
                                 f"{', '.join(schema.names)}")
         if input_spec.format == "parquet":
@@ -124,8 +126,12 @@ def _parquet_rows(path):
 
 def _estimate_text_rows(path):
     try:
-        size = os.path.getsize(path) if _is_local(path) else 0
-    except OSError:
+        if _is_local(path):
+            size = os.path.getsize(path)
+        else:  # object storage: the size from the listing, so shards scale there too
+            from apache_beam.io.filesystems import FileSystems
+            size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+    except Exception:  # noqa: BLE001 - an estimate only; 0 means "unknown"
         size = 0
     return max(1, size // 40)
 
@@ -185,6 +191,56 @@ def prepare_batch(table, user_column, key_columns, as_text=False):
     return prepared, drops
 
 
+def prepare_sample_batch(table, key_columns, frequency_column, as_text=False):
+    """An existing sample's rows -> (__key, key columns, count); drops rows with a null key
+    or frequency (counted). A frequency that is not a whole number >= 0 is an error."""
+    keys = _normalise_keys(table, key_columns, as_text)
+    freq = table.column(frequency_column)
+    if as_text or not pa.types.is_integer(freq.type):
+        try:
+            freq = pc.cast(freq, pa.float64()) if not pa.types.is_floating(freq.type) else freq
+        except pa.ArrowInvalid as exc:
+            raise InputError(f"input.sample.frequency: column {frequency_column!r} is not "
+                             f"numeric: {_first_line(exc)}") from None
+    valid = pc.is_valid(freq)
+    for col in keys.values():
+        valid = pc.and_(valid, pc.is_valid(col))
+    n_ok = pc.sum(valid).as_py() or 0
+    drops = {"sample_rows_dropped_null": table.num_rows - n_ok}
+    freq = pc.filter(freq, valid)
+    keys = {k: pc.filter(v, valid) for k, v in keys.items()}
+    values = freq.to_numpy(zero_copy_only=False)
+    if pa.types.is_floating(freq.type):
+        bad = ~np.isfinite(values) | (values != np.floor(values))
+        if bad.any():
+            raise InputError(f"input.sample.frequency: {values[bad][0]!r} is not a whole number; "
+                             f"frequencies must be integers >= 0")
+    if len(values) and values.min() < 0:
+        raise InputError(f"input.sample.frequency: {values.min()!r} is negative; frequencies "
+                         f"must be integers >= 0")
+    keyed = pa.table(keys)
+    prepared = pa.table({KEY_HASH_COLUMN: pa.array(hash_columns(keyed, key_columns), type=pa.uint64()),
+                         **{k: keyed.column(k) for k in key_columns},
+                         "count": pa.array(values.astype(np.int64), type=pa.int64())})
+    return prepared, drops
+
+
+class _PrepareSampleBatches(beam.DoFn):
+    def __init__(self, key_columns, frequency_column, as_text):
+        self._keys = tuple(key_columns)
+        self._frequency = frequency_column
+        self._as_text = as_text
+
+    def process(self, table):
+        beam.metrics.Metrics.counter(NOT_PRIVATE, "rows_read").inc(table.num_rows)
+        prepared, drops = prepare_sample_batch(table, self._keys, self._frequency, self._as_text)
+        for name, value in drops.items():
+            if value:
+                beam.metrics.Metrics.counter(NOT_PRIVATE, name).inc(value)
+        if prepared.num_rows:
+            yield prepared
+
+
 class _PrepareBatches(beam.DoFn):
     def __init__(self, user_column, key_columns, as_text):
         self._user = user_column
@@ -199,6 +255,33 @@ class _PrepareBatches(beam.DoFn):
                 beam.metrics.Metrics.counter(NOT_PRIVATE, name).inc(value)
         if prepared.num_rows:
             yield prepared
+
+
+def _check_utf8(table, path):
+    """pyarrow's JSON reader passes invalid UTF-8 through into string columns; refuse it
+    (naming the column and row) rather than publish keys that are not text."""
+    for name in table.column_names:
+        column = table.column(name)
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            continue
+        offset = 0
+        for chunk in column.chunks:
+            try:
+                chunk.validate(full=True)
+            except pa.ArrowInvalid:
+                bad = next(i for i, v in enumerate(chunk.cast(pa.binary()).to_pylist())
+                           if v is not None and not _is_utf8(v))
+                raise InputError(f"input.path: {path!r} line {offset + bad + 1}: column {name!r} "
+                                 f"is not valid UTF-8 text") from None
+            offset += len(chunk)
+
+
+def _is_utf8(value):
+    try:
+        value.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 class _ReadTextFile(beam.DoFn):
@@ -223,6 +306,7 @@ class _ReadTextFile(beam.DoFn):
                         yield pa.Table.from_batches([batch])
                 else:
                     table = pjson.read_json(handle).select(list(self._columns))
+                    _check_utf8(table, path)
                     for batch in table.to_batches(max_chunksize=BATCH_ROWS):
                         yield pa.Table.from_batches([batch])
         except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
@@ -239,14 +323,18 @@ class ReadRecords(beam.PTransform):
         self._files = list(files)
 
     def expand(self, pbegin):
-        columns = [self._spec.user, *self._spec.keys]
+        columns = self._spec.columns
         files = pbegin | "InputFiles" >> beam.Create(self._files)
         if self._spec.format == "parquet":
             raw = files | "ReadParquet" >> beam.io.ReadAllFromParquetBatched(columns=columns)
         else:
             raw = files | "ReadText" >> beam.ParDo(_ReadTextFile(self._spec.format, columns))
+        as_text = self._spec.format != "parquet"
+        if self._spec.sample is not None:
+            return raw | "PrepareSample" >> beam.ParDo(_PrepareSampleBatches(
+                self._spec.keys, self._spec.sample["frequency"], as_text))
         return raw | "PrepareBatches" >> beam.ParDo(
-            _PrepareBatches(self._spec.user, self._spec.keys, self._spec.format != "parquet"))
+            _PrepareBatches(self._spec.user, self._spec.keys, as_text))
 
 
 # ---- output ---------------------------------------------------------------------------------

@@ -67,6 +67,14 @@ class Plan:
                    "neighbouring": NEIGHBOURING,
                    "accounting": _accounting_text(mechanism, spec),
                    **{k: v for k, v in self.budget.as_report().items() if k not in ("epsilon", "delta")}}
+        if spec.input.sample is not None:
+            sample = spec.input.sample
+            scheme = sample["scheme"] + (f" (threshold {sample['threshold']:g})"
+                                         if sample["threshold"] is not None else "")
+            privacy["assumes"] = (
+                f"the input is a {scheme} weighted sample of per-key user counts in which each "
+                f"user contributed to at most {spec.bounding.max_keys_per_user} keys, at most "
+                f"once each; the guarantee holds only for a sample drawn as declared")
         return {
             "name": spec.name,
             "thresher_version": __version__,

@@ -17,7 +17,7 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from pipelines import io
+from pipelines import io, publish
 from pipelines.errors import InputError, ThresherError
 from pipelines.spec import input_files, kind_module
 from transforms.aggregate import SumCountsPerKey
@@ -74,6 +74,13 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     schema = output_schema(spec, files)
 
     records = pipeline | "Read" >> io.ReadRecords(spec.input, files)       # Table(__user, __key, keys)
+    if spec.input.sample is not None:
+        # An existing weighted sample: one row per key with its frequency; no users to
+        # bound, the declared bound is the sample's (paper 001's post-processing use).
+        params = pipeline | "Params" >> beam.Create([plan.params_by_bound[spec.bounding.max_keys_per_user]])
+        counts = records | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
+        _write(module.release(counts, beam.pvalue.AsSingleton(params), keys), staging, schema)
+        return
     users = records | "ShardByUser" >> ShardByUser(num_shards)             # Table of whole users
 
     if spec.auto_bound:
@@ -100,7 +107,10 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     else:
         partial = users | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory)
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
-    released = module.release(counts, beam.pvalue.AsSingleton(params), keys)
+    _write(module.release(counts, beam.pvalue.AsSingleton(params), keys), staging, schema)
+
+
+def _write(released, staging, schema):
     (released
      | "Conform" >> beam.Map(_conform, schema=schema)
      | "WriteReleased" >> beam.io.WriteToParquetBatched(
@@ -138,10 +148,9 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
     files = input_files(spec.input)
     est_rows = io.check_input(spec.input, files)
     final = spec.output.path
-    io.check_output(final, overwrite)
+    publish.check_output(final, overwrite)
     options, runner_name = pipeline_options(beam_args)
-    staging = io.staging_path(final)
-    os.makedirs(staging)
+    staging = publish.staging_path(final)
     started = time.time()
     try:
         pipeline = beam.Pipeline(runner=_make_runner(runner_name), options=options)
@@ -152,16 +161,16 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
         if spec.auto_bound:
             chosen = _read_chosen_bound(staging)
         report = plan.report(chosen_bound=chosen)
-        io.remove_sink_scratch(staging)
-        outputs = io.released_files(staging)
+        publish.remove_sink_scratch(staging)
+        outputs = publish.released_files(staging)
         if not outputs:
             raise InputError("the pipeline finished but wrote no released file; nothing was published")
-        report["released_keys"] = io.count_released(outputs)
-        report["outputs"] = [os.path.join(os.path.abspath(final), os.path.basename(f)) for f in outputs]
-        io.write_json(os.path.join(staging, io.REPORT_FILE), report)
-        io.promote(staging, final)
+        report["released_keys"] = publish.count_released(outputs)
+        report["outputs"] = publish.published_paths(final, outputs)
+        publish.write_json(publish.join(staging, io.REPORT_FILE), report)
+        publish.promote(staging, final)
     except BaseException:
-        io.discard(staging)
+        publish.discard(staging)
         raise
     diagnostics = _metrics(result)
     log.info("operator diagnostics (NOT differentially private, do not publish): %s; "
@@ -170,12 +179,12 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
 
 
 def _read_chosen_bound(staging):
-    path = os.path.join(staging, CHOSEN_BOUND_FILE)
-    if not os.path.exists(path):
+    path = publish.join(staging, CHOSEN_BOUND_FILE)
+    text = publish.read_text(path)
+    if text is None:
         raise ThresherError("the contribution-bound stage produced no bound; nothing was published")
-    with open(path, encoding="utf-8") as handle:
-        lines = [line for line in handle.read().splitlines() if line.strip()]
-    os.remove(path)
+    lines = [line for line in text.splitlines() if line.strip()]
+    publish.delete(path)
     if len(lines) != 1:
         raise ThresherError(f"the contribution-bound stage produced {len(lines)} bounds, "
                             f"expected exactly one; nothing was published")

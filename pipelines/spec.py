@@ -31,8 +31,16 @@ DEFAULT_AUTO_MAX_BOUND = 128
 class InputSpec:
     path: str
     format: str
-    user: str
+    user: object            # the user column; None for a pre-sampled input (input.sample)
     keys: tuple
+    sample: object = None   # {frequency, scheme, threshold} for an existing weighted sample
+
+    @property
+    def columns(self):
+        """The columns a release reads."""
+        if self.sample is not None:
+            return [*self.keys, self.sample["frequency"]]
+        return [self.user, *self.keys]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +202,16 @@ def choice(value, field, allowed):
 def _parse_input(section):
     field = "input"
     _mapping(section, field)
-    check_fields(section, field, ("path", "format", "user", "keys"), ("path", "user", "keys"))
+    check_fields(section, field, ("path", "format", "user", "keys", "sample"), ("path", "keys"))
+    sample = None
+    if section.get("sample") is not None:
+        from pipelines.kinds.weighted_sampling import parse_sample
+        sample = parse_sample(section["sample"])
+        if section.get("user") is not None:
+            raise SpecError("input.user", "must be left out with input.sample: an existing "
+                            "sample has one row per key, no user column")
+    elif section.get("user") is None:
+        raise SpecError("input.user", "is required")
     path = string(section["path"], "input.path")
     fmt = section.get("format")
     if fmt is None:
@@ -204,7 +221,7 @@ def _parse_input(section):
                             f"{path!r}; set input.format to one of {', '.join(FORMATS)}")
         fmt = _EXTENSIONS[ext]
     choice(fmt, "input.format", FORMATS)
-    user = string(section["user"], "input.user")
+    user = string(section["user"], "input.user") if sample is None else None
     keys = section["keys"]
     if isinstance(keys, str):
         keys = [keys]
@@ -220,7 +237,9 @@ def _parse_input(section):
             raise SpecError(f"input.keys[{i}]", f"{k!r} is a name thresher uses for its output "
                             f"columns ({', '.join(RESERVED_COLUMNS)}) or internally (__*); "
                             f"rename the column")
-    return InputSpec(path=path, format=fmt, user=user, keys=keys)
+    if sample is not None and sample["frequency"] in keys:
+        raise SpecError("input.sample.frequency", "must not be one of input.keys")
+    return InputSpec(path=path, format=fmt, user=user, keys=keys, sample=sample)
 
 
 def _parse_privacy(section):
@@ -328,16 +347,36 @@ def parse(data, source_text=""):
     if not isinstance(description, str):
         raise SpecError("description", f"must be a string, got {_describe(description)}")
     privacy = _parse_privacy(data["privacy"])
+    input_spec = _parse_input(data["input"])
+    bounding = _parse_bounding(data["bounding"], privacy)
+    mechanism = _parse_mechanism(data["mechanism"])
+    if input_spec.sample is not None:
+        mechanism = _presampled_mechanism(mechanism, input_spec.sample, bounding)
     return ReleaseSpec(
         name=name,
         description=description,
-        input=_parse_input(data["input"]),
+        input=input_spec,
         privacy=privacy,
-        bounding=_parse_bounding(data["bounding"], privacy),
-        mechanism=_parse_mechanism(data["mechanism"]),
+        bounding=bounding,
+        mechanism=mechanism,
         output=_parse_output(data["output"]),
         source_text=source_text,
     )
+
+
+def _presampled_mechanism(mechanism, sample, bounding):
+    """An existing weighted sample is released by SanitizeSample alone (paper 001's
+    post-processing use): the guarantee holds if the sample was drawn as declared from
+    per-key user counts with each user in at most max_keys_per_user keys, once each."""
+    if mechanism["kind"] != "weighted_sampling":
+        raise SpecError("mechanism.kind", "must be weighted_sampling with input.sample "
+                        f"(an existing sample is sanitized, not re-counted), got {mechanism['kind']!r}")
+    if bounding.max_keys_per_user == "auto" or bounding.model != "l0":
+        raise SpecError("bounding.max_keys_per_user", "with input.sample must be the integer bound "
+                        "the sample was built with (model l0): it cannot be chosen from the sample")
+    from pipelines.kinds.weighted_sampling import mechanism_for_sample
+    return {"kind": mechanism["kind"], **mechanism_for_sample(
+        {k: v for k, v in mechanism.items() if k != "kind"}, sample)}
 
 
 def load(path):

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 _P = np.uint64(0x100000001B3)  # FNV-1 64-bit prime: odd, so powers never vanish mod 2**64
 _CHUNK_BYTES = 1 << 21
+_BLOCK_BYTES = 1 << 16  # working set of one pass (cache-sized); values up to _CHUNK_BYTES
 
 
 def mix64(x):
@@ -55,40 +56,66 @@ def _power_tables():
     return _POWERS, _INV_POWERS
 
 
+def _offsets_and_data(arr):
+    """(int64 value offsets into the data buffer, uint8 data buffer) of a binary/string Array."""
+    n = len(arr)
+    buffers = arr.buffers()
+    if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type):
+        offsets = np.frombuffer(buffers[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
+    else:
+        offsets = np.frombuffer(buffers[1], dtype=np.int32, count=n + 1,
+                                offset=arr.offset * 4).astype(np.int64)
+    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    return offsets, data
+
+
 def _hash_binary(arr):
     """Polynomial hash sum_k b_k P**k of each value's bytes (a non-null binary/string Array).
 
     Within a chunk of the data buffer, sum_{k in s} b_k P**(k - start_s) is
     P**(-start_s) * sum_{k in s} b_k P**k, so one pass over the bytes with global powers,
-    a segmented sum and one multiply per string give every hash."""
-    arr = arr.cast(pa.large_binary())
+    a running sum (differences of a wrapping uint64 cumsum are exact mod 2**64) and one
+    multiply per string give every hash."""
+    if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type)
+            or pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)):
+        arr = arr.cast(pa.large_binary())
     n = len(arr)
     out = np.zeros(n, dtype=np.uint64)
     if n == 0:
         return out
-    buffers = arr.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
-    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    offsets, data = _offsets_and_data(arr)
     lengths = np.diff(offsets)
     powers, inv_powers = _power_tables()
     start = 0
     while start < n:
-        # whole strings, at most _CHUNK_BYTES bytes (a longer single string is hashed alone)
-        stop = int(np.searchsorted(offsets, offsets[start] + _CHUNK_BYTES, side="right")) - 1
+        # whole strings, at most _BLOCK_BYTES bytes (a longer single string is hashed alone)
+        stop = int(np.searchsorted(offsets, offsets[start] + _BLOCK_BYTES, side="right")) - 1
         stop = min(max(stop, start + 1), n)
         lo, hi = int(offsets[start]), int(offsets[stop])
         if hi - lo > _CHUNK_BYTES:  # one very long value: fold it in chunk-sized pieces
             out[start] = _hash_long(data[lo:hi], powers)
         elif hi > lo:
-            seg = np.multiply(data[lo:hi], powers[: hi - lo], dtype=np.uint64)
-            starts = offsets[start:stop] - lo
-            lens = lengths[start:stop]
-            nonempty = lens > 0
-            sums = np.zeros(stop - start, dtype=np.uint64)
-            sums[nonempty] = np.add.reduceat(seg, starts[nonempty])
-            out[start:stop] = sums * inv_powers[starts]
+            running = np.empty(hi - lo + 1, dtype=np.uint64)
+            running[0] = 0
+            np.cumsum(np.multiply(data[lo:hi], powers[: hi - lo], dtype=np.uint64), out=running[1:])
+            bounds = offsets[start:stop + 1] - lo
+            sums = running[bounds[1:]] - running[bounds[:-1]]
+            out[start:stop] = sums * inv_powers[bounds[:-1]]
         start = stop
-    return mix64(out ^ mix64(lengths.astype(np.uint64) + np.uint64(1)))
+    return mix64(out ^ _length_mix(lengths))
+
+
+_LENGTH_MIX = None
+
+
+def _length_mix(lengths):
+    """mix64(length + 1), from a table for the usual short lengths."""
+    global _LENGTH_MIX
+    if _LENGTH_MIX is None:
+        _LENGTH_MIX = mix64(np.arange(1, 1025, dtype=np.uint64))
+    if len(lengths) and int(lengths.max()) < len(_LENGTH_MIX):
+        return _LENGTH_MIX[lengths]
+    return mix64(lengths.astype(np.uint64) + np.uint64(1))
 
 
 def _hash_long(data, powers):

@@ -32,6 +32,29 @@ def _runs(sorted_values):
     return starts
 
 
+def _order_by_user(user_hash):
+    """A permutation that makes each user's rows contiguous.
+
+    Value sorts of uint64 are ~7x faster than argsorts here, so the row number rides in
+    the low b = bit_length(n - 1) bits of the user hash and one ``np.sort`` of the packed
+    words gives the order. Two users sharing their top 64 - b bits (probability about
+    U^2 2^-(65-b) for U users) could interleave: that is detected and the exact argsort
+    is used instead."""
+    n = len(user_hash)
+    bits = max(1, (n - 1).bit_length())
+    if bits > 32:
+        return np.argsort(user_hash)
+    low = np.uint64((1 << bits) - 1)
+    packed = (user_hash & ~low) | np.arange(n, dtype=np.uint64)
+    packed.sort()
+    order = (packed & low).astype(np.intp)
+    top = packed & ~low
+    users = user_hash[order]
+    if np.any((top[1:] == top[:-1]) & (users[1:] != users[:-1])):
+        return np.argsort(user_hash)
+    return order
+
+
 def bound_l0(user_hash, key_hash, max_keys_per_user, rng):
     """Indices of the rows kept: one row per kept distinct (user, key), at most
     ``max_keys_per_user`` distinct keys per user, chosen uniformly at random.
@@ -56,7 +79,7 @@ def bound_l0(user_hash, key_hash, max_keys_per_user, rng):
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     # Per-user salt: one CSPRNG word per distinct user, looked up through a sort by user.
-    by_user = np.argsort(user_hash)
+    by_user = _order_by_user(user_hash)
     user_start = _runs(user_hash[by_user])
     user_number = np.cumsum(user_start) - 1          # 0..U-1, in by_user order
     n_users = int(user_number[-1]) + 1

@@ -23,16 +23,17 @@ the same idea as the exact Bernoulli(exp(-gamma)) of Canonne, Kamath & Steinke 2
   hi[x-1] <= U < lo[x] then F(x-1) <= R < F(x) for sure and the draw is x. The bounds
   come from integer interval arithmetic (``_exp_neg_bounds``: alternating Taylor series
   with floor/ceil rounding), never from floats.
-* Exact slow path (scalar, probability about 2**-60 per draw): when U falls in a window
-  [lo[k], hi[k]) the comparison R < F(k) is settled by drawing further bits of R and
-  tightening the bounds of F(k) to any precision. Beyond the table (probability about
+* Exact slow path (scalar, probability about K * 2**-62 per draw for a table of K
+  entries): when U falls in a window [lo[k], hi[k]) the comparison R < F(k) is settled
+  by drawing further bits of R and tightening the bounds of F(k) to any precision. Beyond the table (probability about
   2**-16 to 2**-24 per draw) an exact tail sampler takes over: the memoryless property
   for geometric variables, rejection from a geometric envelope with exact
   Bernoulli(exp(-gamma)) acceptance for the discrete Gaussian.
 
-Tests (tests/samplers/) check the certified bounds against mpmath at 60 digits, and
+Tests (tests/samplers/) check the certified bounds against mpmath at 400 bits, and
 the pmf of every sampler by chi-square tests over 10**6 draws, including variants with
-8-bit prefixes and short tables that force the slow paths on most draws.
+8-bit prefixes and short tables that force the slow paths on thousands of draws.
+docs/privacy_testing.md has the speed figures.
 """
 import functools
 import math

@@ -100,10 +100,13 @@ def sanitize(frequencies, *, keep_probabilities, frequency_table=None, rng,
     u = rng.random(n)
     keep = np.zeros(n, dtype=bool)
     # Keys that share a row (and, pre-sampled, the same q) share one cumulative row.
-    group_by = row if q is None else w
-    order = np.argsort(group_by, kind="stable")
-    sorted_keys = group_by[order]
-    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    if q is None:
+        order = np.argsort(row, kind="stable")
+        change = row[order][1:] != row[order][:-1]
+    else:
+        order = np.lexsort((q, row))
+        change = (row[order][1:] != row[order][:-1]) | (q[order][1:] != q[order][:-1])
+    starts = np.flatnonzero(np.r_[True, change]) if n else np.zeros(0, dtype=np.int64)
     ends = np.r_[starts[1:], n]
     for s, e in zip(starts, ends):
         idx = order[s:e]

@@ -479,4 +479,45 @@ def test_calibrate_rejects_bad_arguments():
 def test_weight_must_be_non_decreasing():
     with pytest.raises(ValueError, match="non-decreasing"):
         pws.sampling_probabilities(10, sampling="priority", sampling_threshold=0.1,
-                                   weight=lambda w: np.cos(w))
+                                   weight=lambda w: 2.0 + np.cos(w))
+
+
+def test_vectorised_realized_delta_equals_the_row_by_row_loop(monkeypatch):
+    for sampling, t in SCHEMES[:3]:
+        table = pws.frequency_table(0.2, 1e-6, 400, sampling=sampling, sampling_threshold=t)
+        keep = pws.keep_probabilities(0.2, 1e-6, 400, sampling=sampling, sampling_threshold=t)
+        q = pws.sampling_probabilities(400, sampling=sampling, sampling_threshold=t)
+        fast = [pws.realized_delta(0.2, keep, table, sampling_probabilities=x) for x in (None, q)]
+        with monkeypatch.context() as patch:
+            patch.setattr(pws, "_band_layout", lambda t: None)
+            slow = [pws.realized_delta(0.2, keep, table, sampling_probabilities=x)
+                    for x in (None, q)]
+        assert fast == pytest.approx(slow, rel=1e-14)
+
+
+def test_release_tables_rebuild_the_calibrated_band_exactly():
+    p = pws.calibrate(0.7, 1e-7, 3, sampling="priority", sampling_threshold=0.01)
+    cached = pws.release_tables(p)
+    pws._BANDS.clear()
+    pws.release_tables.cache_clear()
+    rebuilt = pws.release_tables(p)
+    assert np.array_equal(cached.keep, rebuilt.keep)
+    assert (cached.table != rebuilt.table).nnz == 0
+    assert np.array_equal(cached.estimates, rebuilt.estimates)
+
+
+def test_tables_too_large_for_the_entry_budget_are_clipped(monkeypatch):
+    monkeypatch.setattr(pws, "MAX_TABLE_ENTRIES", 5000)
+    p = pws.calibrate(0.5, 1e-8, 1, sampling="ppswor", sampling_threshold=0.01)
+    assert p.beyond_table == "clip"
+    tables = pws.release_tables(p)
+    assert tables.table.nnz - (p.max_frequency + 1) <= 5000
+    assert p.key_delta_realized <= p.key_delta
+    assert tables.keep[-1] < 1.0
+
+
+def test_explicit_max_frequency_too_large_for_a_table_is_refused(monkeypatch):
+    monkeypatch.setattr(pws, "MAX_TABLE_ENTRIES", 5000)
+    with pytest.raises(ValueError, match="max_frequency 400 needs a frequency table"):
+        pws.calibrate(0.5, 1e-8, 1, max_frequency=400)
+    assert pws.calibrate(0.5, 1e-8, 1, max_frequency=400, report="keys").max_frequency == 400

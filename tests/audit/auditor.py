@@ -40,6 +40,8 @@ import numpy as np
 from scipy import stats
 
 ABSENT = np.iinfo(np.int64).min     # code of "key not released"
+_COUNT_BITS = 40                    # released_count_and_sum: count * 2^40 + sum
+_COUNT_UNIT = 1 << _COUNT_BITS
 EVENT_FAMILIES = ("likelihood", "threshold", "both")
 
 
@@ -139,17 +141,29 @@ def _in_event(codes, event, family):
     return codes >= t if op == ">=" else codes <= t
 
 
-def _describe(event, family):
+def describe_code(code):
+    """Readable form of a code: "absent", a value, or "k released, sum s" for codes made
+    by :func:`released_count_and_sum`."""
+    code = int(code)
+    if code == ABSENT:
+        return "absent"
+    if abs(code) < _COUNT_UNIT // 2:
+        return str(code)
+    count = (code + _COUNT_UNIT // 2) >> _COUNT_BITS
+    return f"({count} released, sum {code - count * _COUNT_UNIT})"
+
+
+def _describe(event, family, decode):
     if family == "likelihood":
-        shown = ", ".join("absent" if v == ABSENT else str(int(v)) for v in event[:6])
-        more = f", ... ({len(event)} outcomes)" if len(event) > 6 else ""
+        shown = ", ".join(decode(v) for v in event[:4])
+        more = f", ... ({len(event)} outcomes)" if len(event) > 4 else ""
         return "{" + shown + more + "}"
     op, t = event
-    return f"x {op} {'absent' if t == ABSENT else t}"
+    return f"x {op} {decode(t)}"
 
 
 def audit(run_d, run_d_prime, *, claimed_epsilon, claimed_delta, trials=10**6, seed=0,
-          events="both", confidence=0.999, chunk=10**6):
+          events="both", confidence=0.999, chunk=10**6, decode=describe_code):
     """Audit one neighbouring pair; returns the larger :class:`AuditResult` of the two
     directions.
 
@@ -162,6 +176,7 @@ def audit(run_d, run_d_prime, *, claimed_epsilon, claimed_delta, trials=10**6, s
       events: "likelihood", "threshold" (codes are an ordered statistic) or "both".
       confidence: probability that the reported bound is valid (the false-alarm rate of
         ``violated`` for a correct mechanism is at most 1 - confidence).
+      decode: code -> text, for the description of the chosen event.
     """
     if events not in EVENT_FAMILIES:
         raise ValueError(f"events must be one of {EVENT_FAMILIES}, got {events!r}")
@@ -197,7 +212,7 @@ def audit(run_d, run_d_prime, *, claimed_epsilon, claimed_delta, trials=10**6, s
         result = AuditResult(
             epsilon_lower_bound=bound, claimed_epsilon=float(claimed_epsilon),
             claimed_delta=float(claimed_delta), direction=name,
-            event=_describe(event, family),
+            event=_describe(event, family, decode),
             p_lower=float(clopper_pearson_lower(k_p, n_eval, alpha)),
             q_upper=float(clopper_pearson_upper(k_q, n_eval, alpha)),
             p_hat=k_p / n_eval, q_hat=k_q / n_eval, trials=trials, confidence=confidence)
@@ -229,4 +244,4 @@ def released_count_and_sum(keep, values):
     keep = np.asarray(keep, dtype=bool)
     n_released = keep.sum(axis=1)
     total = np.where(keep, values, 0).sum(axis=1)
-    return n_released.astype(np.int64) * (1 << 40) + total
+    return n_released.astype(np.int64) * _COUNT_UNIT + total

@@ -63,7 +63,7 @@ def _wait_for_port(port, process, log_path, timeout=60.0):
 def job_service(tmp_path_factory):
     """Beam's Python local job service (the Job API a Flink or Spark job server speaks),
     on a free loopback port; stopped (SIGTERM, then SIGKILL) when the module's tests end.
-    Yields (endpoint ``localhost:PORT``, path of its log)."""
+    Yields (endpoint ``localhost:PORT``, path of its log, its artifact staging folder)."""
     folder = tmp_path_factory.mktemp("job_service")
     log_path = str(folder / "job_service.log")
     env = dict(os.environ)
@@ -83,7 +83,7 @@ def job_service(tmp_path_factory):
             if attempt == 2:
                 raise
     try:
-        yield f"localhost:{port}", log_path
+        yield f"localhost:{port}", log_path, str(folder / "staging")
     finally:
         _stop(process)
 

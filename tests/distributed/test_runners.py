@@ -14,12 +14,18 @@ equals the plan computed from the spec alone (outside the run fields), the outpu
 holds exactly the report and the released Parquet, and keys and counts agree with the
 raw data within tail bounds (false-failure probability < 5e-6 per run, stated there).
 """
+import glob
+import os
+import shutil
+import tarfile
+
 import pytest
 
 from pipelines import spec as spec_mod
 from pipelines.cli import main
 from pipelines.plan import make_plan
 
+from .conftest import QUICKSTART, ROOT
 from .release_check import check_release, expected_counts
 
 pytestmark = pytest.mark.slow
@@ -27,14 +33,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def expected():
-    """E_k, V_k of the l0-bounded counts of the quickstart data (C = 8)."""
-    from .conftest import quickstart_spec
-    import tempfile
-    with tempfile.TemporaryDirectory() as folder:
-        path, _, input_path = quickstart_spec(folder)
-        spec = spec_mod.load(path)
-    return expected_counts(input_path, spec.input.user, spec.input.keys[0],
-                           spec.bounding.max_keys_per_user)
+    """E_k, V_k of the l0-bounded counts of the quickstart data, computed once."""
+    spec = spec_mod.load(QUICKSTART)
+    return expected_counts(os.path.join(ROOT, spec.input.path), spec.input.user,
+                           spec.input.keys[0], spec.bounding.max_keys_per_user)
 
 
 def _run(spec_path, beam_args, capsys):
@@ -65,15 +67,30 @@ def test_multi_processing_two_workers(quickstart, worker_env, expected, capsys, 
     _check(spec_path, out, input_path, expected)
 
 
-def test_portable_runner_on_local_job_service(quickstart, job_service, expected, capsys):
-    endpoint, log_path = job_service
+def test_portable_runner_on_local_job_service(quickstart, job_service, expected, capsys, tmp_path):
+    """Submitted through the Job API with ``--setup_file``: the job service receives the
+    sdist Beam builds from setup.py (as a Flink or Spark job server would, to install on
+    its workers) and runs the pipeline."""
+    endpoint, log_path, staging = job_service
+    source = tmp_path / "checkout"  # Beam builds the sdist in place; keep the checkout clean
+    source.mkdir()
+    shutil.copy(os.path.join(ROOT, "setup.py"), source)
+    for package in ("accounting", "transforms", "pipelines"):
+        shutil.copytree(os.path.join(ROOT, package), source / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     before = open(log_path, encoding="utf-8", errors="replace").read().count("with state DONE")
     spec_path, out, input_path = quickstart
     _run(spec_path, ["--runner=PortableRunner", f"--job_endpoint={endpoint}",
-                     "--environment_type=LOOPBACK"], capsys)
+                     "--environment_type=LOOPBACK", f"--setup_file={source / 'setup.py'}"], capsys)
     after = open(log_path, encoding="utf-8", errors="replace").read().count("with state DONE")
     assert after == before + 1, "the job service did not run the job"
     _check(spec_path, out, input_path, expected)
+    staged = glob.glob(os.path.join(staging, "*", "*-workflow.tar.gz"))
+    assert len(staged) == 1, staged
+    with tarfile.open(staged[0]) as tar:
+        names = {m.name.split("/", 1)[-1] for m in tar.getmembers()}
+    assert {"setup.py", "pipelines/kinds/gaussian.py", "transforms/noisy_threshold.py",
+            "accounting/gshm.py"} <= names
 
 
 def test_bundle_repeat_publishes_one_release(quickstart, expected, capsys):

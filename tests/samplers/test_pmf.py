@@ -180,3 +180,26 @@ def test_zero_draws_and_shapes():
     assert samplers.discrete_laplace(rng, 2.0, (3, 4)).shape == (3, 4)
     assert samplers.bernoulli(rng, 0.5, (2, 5)).shape == (2, 5)
     assert samplers.uniform_priorities(rng, 7).dtype == np.uint64
+
+
+def test_geometric_split_path_moments():
+    """Scale 1e5 (split G = m V + U): the mean q/(1-q) to within 4.5 standard errors
+    (false failure 7e-6) -- a second check, on the first moment, of the split path."""
+    q = float(np.exp(-1e-5))
+    draws = samplers.discrete_laplace(_rng(41), 1e5, N)  # a difference of two split geometrics
+    sd = np.sqrt(2 * q) / (1 - q)
+    assert abs(draws.mean()) < 4.5 * sd / np.sqrt(N)
+    assert abs(draws.var() / sd**2 - 1) < 4.5 * np.sqrt(5.0 / N)   # kurtosis 6 for Laplace
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampler,param,pmf", [
+    (samplers.discrete_gaussian, 2.5, gof.discrete_gaussian_pmf),
+    (samplers.discrete_gaussian, 40.0, gof.discrete_gaussian_pmf),
+    (samplers.discrete_laplace, 1.0, gof.discrete_laplace_pmf),
+    (samplers.discrete_laplace, 25.0, gof.discrete_laplace_pmf),
+])
+def test_pmf_at_ten_million_draws(sampler, param, pmf):
+    """10x the draws of the default tests: relative pmf errors of ~1e-3 become visible."""
+    draws = sampler(_rng(51), param, 10 * N)
+    assert gof.chi_square_pvalue(draws, lambda x: pmf(param, x)) > gof.ALPHA

@@ -1,0 +1,434 @@
+"""Side-by-side speed of a private release: thresher, PipelineDP and the in-process floor.
+
+Issue #8. One run generates (or reuses) the data, then measures, each in a fresh process:
+
+- ``thresher run`` end to end (process start to report written) for every mechanism kind
+  present, with a fixed ``max_keys_per_user`` and with ``auto`` (when ChooseContributionBound
+  exists), on Beam's default local runner (in-process FnApiRunner);
+- PipelineDP 0.3.1 ``DPEngine`` + ``BeamBackend`` on the same runner, data and (epsilon,
+  delta): COUNT with its defaults (Laplace noise, truncated-geometric partition selection),
+  ``max_partitions_contributed`` = C, ``max_contributions_per_partition`` = 1, at
+  ``--peer-rows`` rows (PipelineDP needs about a minute for 1e6 rows here);
+- the in-process numpy/pyarrow floor: read, dictionary-encode, de-duplicate (user, key),
+  keep C random keys per user, count per key, noise and threshold, in one process with no
+  Beam (see :func:`floor`); the ratio column of the thresher rows is thresher's wall time
+  over the floor's compute time (the floor's imports and start-up are not counted);
+- a scaling run over ``--scaling`` row counts, and a key-cardinality run over ``--keys``
+  distinct keys (peak RSS must stay flat as keys grow).
+
+Peak RSS is ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` of a small wrapper process that runs
+the measured command (includes every process the command starts). Every figure is
+printed with the 1-minute load average at its start and end: the machine is shared.
+
+Data: :func:`benchmarks.datagen.generate` with ``users = vocabulary = rows / 10``,
+``zipf_a = 1.1``, ``user_tail = 0.8`` and ``--seed`` (default 8), Parquet (zstd, 100k-row
+row groups), cached under ``--data-dir`` (default ``benchmarks/data``, not committed).
+The key-cardinality data keep the user column of the main data set and replace the key by
+``k<i>`` with i = a seeded permutation of the rows modulo K (exactly K distinct keys).
+
+    python benchmarks/bench_release.py                   # everything (about 10 minutes)
+    python benchmarks/bench_release.py --rows 1000000 --scaling 100000,1000000 --keys 1000
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+EPSILON = 1.0
+DELTA = 1e-8
+BOUND = 8
+USER, KEY = "user_id", "word"
+KINDS = ("gaussian", "laplace", "sample_and_threshold", "weighted_sampling")
+
+
+# ---- data ---------------------------------------------------------------------------------
+
+def data_path(data_dir, rows, seed):
+    return os.path.join(data_dir, f"zipf_rows{rows}_seed{seed}.parquet")
+
+
+def ensure_data(data_dir, rows, seed):
+    path = data_path(data_dir, rows, seed)
+    if not os.path.exists(path):
+        from benchmarks import datagen
+        t0 = time.perf_counter()
+        table = datagen.generate(rows, users=max(1, rows // 10), vocabulary_size=max(1, rows // 10),
+                                 zipf_a=1.1, user_tail=0.8, seed=seed)
+        datagen.write(table, path + ".part")
+        os.replace(path + ".part", path)
+        print(f"# generated {path} in {time.perf_counter() - t0:.1f} s", flush=True)
+    return path
+
+
+def ensure_key_data(data_dir, rows, seed, distinct_keys):
+    """The main data's users with exactly ``distinct_keys`` distinct keys ``k<i>``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from benchmarks import datagen
+    path = os.path.join(data_dir, f"keys{distinct_keys}_rows{rows}_seed{seed}.parquet")
+    if not os.path.exists(path):
+        base = pq.read_table(ensure_data(data_dir, rows, seed), columns=[USER])
+        rng = np.random.default_rng(seed + distinct_keys)
+        index = rng.permutation(rows) % distinct_keys
+        keys = np.char.add("k", index.astype(str)).astype(object)
+        table = pa.table({USER: base.column(USER), KEY: pa.array(keys, type=pa.string())})
+        datagen.write(table, path + ".part")
+        os.replace(path + ".part", path)
+    return path
+
+
+# ---- measuring a command in a fresh process --------------------------------------------------
+
+def measure(cmd, cwd=ROOT):
+    """Run ``cmd`` under a wrapper process; returns dict(wall, rss_mb, rc, stderr, stdout, load)."""
+    with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as handle:
+        out = handle.name
+    load0 = os.getloadavg()[0]
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "_measure", out, "--", *cmd],
+                          cwd=cwd, capture_output=True, text=True)
+    load1 = os.getloadavg()[0]
+    try:
+        with open(out, encoding="utf-8") as handle:
+            m = json.load(handle)
+    except (OSError, ValueError):
+        m = {"wall": float("nan"), "rss_kb": 0, "cpu": float("nan"), "rc": proc.returncode}
+    finally:
+        if os.path.exists(out):
+            os.remove(out)
+    return {"wall": m["wall"], "cpu": m["cpu"], "rss_mb": m["rss_kb"] / 1024, "rc": m["rc"],
+            "stdout": proc.stdout, "stderr": proc.stderr, "load": (load0, load1)}
+
+
+def _measure_main(out, cmd):
+    import resource
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd)
+    wall = time.perf_counter() - t0
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(out, "w", encoding="utf-8") as handle:
+        json.dump({"wall": wall, "rss_kb": usage.ru_maxrss,  # KiB on Linux
+                   "cpu": usage.ru_utime + usage.ru_stime, "rc": proc.returncode}, handle)
+    return 0
+
+
+# ---- thresher ---------------------------------------------------------------------------------
+
+def thresher_command():
+    exe = shutil.which("thresher")
+    return [exe] if exe else [sys.executable, "-m", "pipelines.cli"]
+
+
+def kind_available(kind):
+    return os.path.exists(os.path.join(ROOT, "pipelines", "kinds", f"{kind}.py"))
+
+
+def auto_available():
+    return os.path.exists(os.path.join(ROOT, "transforms", "choose_contribution_bound.py"))
+
+
+def write_config(work, name, data, kind, bound):
+    import yaml
+    spec = {"name": name,
+            "input": {"path": data, "format": "parquet", "user": USER, "keys": [KEY]},
+            "privacy": {"epsilon": EPSILON, "delta": DELTA},
+            "bounding": {"max_keys_per_user": bound},
+            "mechanism": {"kind": kind},
+            "output": {"path": os.path.join(work, "out", name)}}
+    path = os.path.join(work, f"{name}.yaml")
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(spec, handle, sort_keys=False)
+    return path, spec["output"]["path"]
+
+
+def run_thresher(work, name, data, kind, bound, extra=()):
+    config, out = write_config(work, name, data, kind, bound)
+    m = measure([*thresher_command(), "run", config, "--overwrite", "--quiet", *extra])
+    m["keys"] = None
+    report_path = os.path.join(out, "release_report.json")
+    if m["rc"] == 0 and os.path.exists(report_path):
+        with open(report_path, encoding="utf-8") as handle:
+            report = json.load(handle)
+        m["keys"] = report.get("released_keys")
+        m["report"] = report
+    return m
+
+
+# ---- PipelineDP --------------------------------------------------------------------------------
+
+def _pipelinedp_main(data, out, epsilon, delta, bound):
+    """PipelineDP DPEngine + BeamBackend on the in-process FnApiRunner: COUNT per key with
+    its default noise (Laplace) and partition selection (truncated geometric)."""
+    import apache_beam as beam
+    import pipeline_dp
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=epsilon, total_delta=delta)
+    engine = pipeline_dp.DPEngine(accountant, pipeline_dp.BeamBackend())
+    params = pipeline_dp.AggregateParams(metrics=[pipeline_dp.Metrics.COUNT],
+                                         max_partitions_contributed=bound,
+                                         max_contributions_per_partition=1)
+    extractors = pipeline_dp.DataExtractors(privacy_id_extractor=lambda row: row[USER],
+                                            partition_extractor=lambda row: row[KEY],
+                                            value_extractor=lambda row: 0)
+    with beam.Pipeline(runner=FnApiRunner()) as pipeline:
+        rows = pipeline | "Read" >> beam.io.ReadFromParquet(data, columns=[USER, KEY])
+        result = engine.aggregate(rows, params, extractors)
+        accountant.compute_budgets()
+        (result
+         | "Format" >> beam.Map(lambda kv: f"{kv[0]}\t{kv[1].count}")
+         | "Write" >> beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
+    with open(out, encoding="utf-8") as handle:
+        keys = sum(1 for _ in handle)
+    print(json.dumps({"keys": keys}))
+    return 0
+
+
+def run_pipelinedp(work, data):
+    out = os.path.join(work, "out", "pipelinedp.tsv")
+    m = measure([sys.executable, os.path.abspath(__file__), "_pipelinedp", data, out,
+                 repr(EPSILON), repr(DELTA), str(BOUND)])
+    m["keys"] = _last_json(m["stdout"]).get("keys")
+    return m
+
+
+# ---- the in-process floor ---------------------------------------------------------------------
+
+def floor(data, bound, sigma, threshold, pre_threshold=1, seed=0):
+    """Read + dictionary-encode + de-duplicate + bound + count + threshold, in process.
+
+    The leanest single-process numpy/pyarrow version of what a release computes (no Beam,
+    no sharding, no hashing, numpy's generator for coins and rounded normal noise: a speed
+    floor, not a private release). Returns per-phase seconds and the number of keys kept."""
+    import pyarrow.parquet as pq
+    rng = np.random.default_rng(seed)
+    import pyarrow.dataset  # noqa: F401 - imported before the clock starts
+    cpu0 = time.process_time()
+    t = {"start": time.perf_counter()}
+    table = pq.read_table(data, columns=[USER, KEY], read_dictionary=[USER, KEY])
+    t["read"] = time.perf_counter()
+    table = table.unify_dictionaries()
+    user = table.column(USER).combine_chunks()
+    key = table.column(KEY).combine_chunks()
+    n_keys = len(key.dictionary)
+    u = user.indices.to_numpy().astype(np.int64)
+    k = key.indices.to_numpy().astype(np.int64)
+    t["encode"] = time.perf_counter()
+    pairs = np.sort(u * n_keys + k)                      # sort-based de-duplication
+    first = np.empty(len(pairs), dtype=bool)
+    first[0] = True
+    np.not_equal(pairs[1:], pairs[:-1], out=first[1:])
+    pairs = pairs[first]
+    pu, pk = pairs // n_keys, pairs % n_keys
+    # C uniformly random distinct keys per user: order by (user, random priority)
+    order = np.argsort((pu << 32) | rng.integers(0, 1 << 32, len(pairs)))
+    pu, pk = pu[order], pk[order]
+    new_user = np.empty(len(pu), dtype=bool)
+    new_user[0] = True
+    np.not_equal(pu[1:], pu[:-1], out=new_user[1:])
+    running = np.arange(len(pu))
+    rank = running - np.maximum.accumulate(np.where(new_user, running, 0))
+    kept = pk[rank < bound]
+    t["bound"] = time.perf_counter()
+    counts = np.bincount(kept, minlength=n_keys)
+    t["count"] = time.perf_counter()
+    eligible = counts >= pre_threshold
+    noisy = counts[eligible] + np.rint(rng.normal(0, sigma, int(eligible.sum()))).astype(np.int64)
+    released = int((noisy >= threshold).sum())
+    t["threshold"] = time.perf_counter()
+    names = ["read", "encode", "bound", "count", "threshold"]
+    phases = {}
+    prev = t["start"]
+    for name in names:
+        phases[name] = t[name] - prev
+        prev = t[name]
+    return {"compute": t["threshold"] - t["start"], "compute_cpu": time.process_time() - cpu0,
+            "phases": phases, "keys": released}
+
+
+def _floor_main(data, bound, sigma, threshold):
+    result = floor(data, int(bound), float(sigma), float(threshold))
+    print(json.dumps(result))
+    return 0
+
+
+def run_floor(data, sigma, threshold):
+    m = measure([sys.executable, os.path.abspath(__file__), "_floor", data, str(BOUND),
+                 repr(sigma), repr(threshold)])
+    result = _last_json(m["stdout"])
+    m.update(compute=result.get("compute", float("nan")),
+             compute_cpu=result.get("compute_cpu", float("nan")), phases=result.get("phases", {}),
+             keys=result.get("keys"))
+    return m
+
+
+def _last_json(text):
+    for line in reversed((text or "").strip().splitlines()):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return {}
+
+
+# ---- printing ----------------------------------------------------------------------------------
+
+HEADER = (f"{'case':<38} {'rows':>10} {'wall s':>8} {'cpu s':>7} {'rows/s':>10} {'peak RSS MB':>11} "
+          f"{'ratio':>18} {'keys':>7} {'load 1m':>11}")
+
+
+def row(case, rows, m, ratio="", seconds=None):
+    wall = m["wall"] if seconds is None else seconds
+    cpu = m["cpu"] if seconds is None else m.get("compute_cpu", float("nan"))
+    if m["rc"] != 0:
+        tail = (m["stderr"] or "").strip().splitlines()[-3:]
+        print(f"{case:<38} {rows:>10} FAILED rc={m['rc']}: {' | '.join(tail)[:300]}", flush=True)
+        return
+    keys = "" if m.get("keys") is None else str(m["keys"])
+    print(f"{case:<38} {rows:>10} {wall:>8.2f} {cpu:>7.2f} {rows / wall:>10,.0f} {m['rss_mb']:>11,.0f} "
+          f"{ratio:>18} {keys:>7} {m['load'][0]:>5.1f}->{m['load'][1]:<4.1f}", flush=True)
+
+
+def _ok(m):
+    return m is not None and m["rc"] == 0
+
+
+# ---- the runs ----------------------------------------------------------------------------------
+
+def main_table(args, work):
+    rows = args.rows
+    data = ensure_data(args.data_dir, rows, args.seed)
+    print(f"\n## {rows:,} rows, epsilon={EPSILON:g}, delta={DELTA:g}, C={BOUND} "
+          f"(data {os.path.relpath(data, ROOT)}); thresher = {' '.join(thresher_command())}")
+    print(HEADER)
+    results = {}
+    auto = auto_available()
+    for kind in args.kinds:
+        if not kind_available(kind):
+            print(f"{'thresher ' + kind:<38} skipped: pipelines/kinds/{kind}.py is absent")
+            continue
+        for bound in ([BOUND, "auto"] if auto else [BOUND]):
+            name = f"{kind}_{'auto' if bound == 'auto' else 'fixed'}_{rows}"
+            results[(kind, bound)] = run_thresher(work, name, data, kind, bound)
+    if not auto:
+        print(f"{'thresher * auto bound':<38} skipped: transforms/choose_contribution_bound.py "
+              f"is absent")
+    gaussian = results.get(("gaussian", BOUND))
+    fl = None
+    if _ok(gaussian):
+        mech = gaussian["report"]["mechanism"]
+        fl = run_floor(data, mech["sigma"], mech["threshold"])
+    for (kind, bound), m in results.items():
+        ratio = (f"{m['wall'] / fl['compute']:.1f}x ({m['cpu'] / fl['compute_cpu']:.1f}x cpu)"
+                 if _ok(fl) and _ok(m) else "")
+        row(f"thresher {kind}, C={bound}", rows, m, ratio)
+    if fl is not None:
+        row("floor: numpy/pyarrow in process", rows, fl, "1.0x", seconds=fl["compute"])
+        phases = ", ".join(f"{k} {v:.2f}" for k, v in fl.get("phases", {}).items())
+        print(f"#   floor phases (s): {phases}; process wall {fl['wall']:.2f} s")
+    return results, fl
+
+
+def peer_table(args, work):
+    rows = args.peer_rows
+    data = ensure_data(args.data_dir, rows, args.seed)
+    print(f"\n## PipelineDP vs thresher, {rows:,} rows, same runner (in-process FnApiRunner), "
+          f"data and (epsilon, delta)")
+    print(HEADER)
+    peer = run_pipelinedp(work, data)
+    ours = {kind: run_thresher(work, f"{kind}_fixed_{rows}", data, kind, BOUND)
+            for kind in ("laplace", "gaussian") if kind_available(kind)}
+    row("PipelineDP DPEngine+BeamBackend count", rows, peer, "1.0x")
+    for kind, m in ours.items():
+        ratio = (f"{peer['wall'] / m['wall']:.0f}x ({peer['cpu'] / m['cpu']:.0f}x cpu)"
+                 if _ok(peer) and _ok(m) else "")
+        row(f"thresher {kind}, C={BOUND}", rows, m, ratio)
+
+
+def scaling_table(args, work):
+    print(f"\n## Scaling in rows (thresher gaussian, C={BOUND}; floor)")
+    print(HEADER)
+    previous = None
+    for rows in args.scaling:
+        data = ensure_data(args.data_dir, rows, args.seed)
+        m = run_thresher(work, f"scale_gaussian_{rows}", data, "gaussian", BOUND)
+        marginal = ""
+        if _ok(m) and previous is not None:
+            (r0, w0) = previous
+            marginal = f"{(m['wall'] - w0) / (rows - r0) * 1e6:.2f} us/row"
+        row("thresher gaussian", rows, m, marginal)
+        if _ok(m):
+            previous = (rows, m["wall"])
+            mech = m["report"]["mechanism"]
+            fl = run_floor(data, mech["sigma"], mech["threshold"])
+            row("floor", rows, fl, (f"thresher {m['wall'] / fl['compute']:.1f}x"
+                                    if _ok(fl) else ""),
+                seconds=fl["compute"] if _ok(fl) else None)
+    print("#   ratio column of thresher rows: marginal cost between this size and the previous")
+
+
+def keys_table(args, work):
+    rows = args.key_rows
+    print(f"\n## Distinct keys at {rows:,} rows (thresher gaussian, C={BOUND})")
+    print(HEADER)
+    for distinct in args.keys:
+        data = ensure_key_data(args.data_dir, rows, args.seed, distinct)
+        m = run_thresher(work, f"keys{distinct}_{rows}", data, "gaussian", BOUND)
+        row(f"thresher gaussian, {distinct:,} keys", rows, m)
+
+
+def _ints(text):
+    return [int(float(x)) for x in text.split(",") if x.strip()]
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "_measure":
+        return _measure_main(argv[1], argv[argv.index("--") + 1:])
+    if argv and argv[0] == "_pipelinedp":
+        return _pipelinedp_main(argv[1], argv[2], float(argv[3]), float(argv[4]), int(argv[5]))
+    if argv and argv[0] == "_floor":
+        return _floor_main(*argv[1:5])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=lambda s: int(float(s)), default=10_000_000)
+    parser.add_argument("--peer-rows", type=lambda s: int(float(s)), default=1_000_000)
+    parser.add_argument("--scaling", type=_ints, default=[100_000, 1_000_000, 10_000_000])
+    parser.add_argument("--keys", type=_ints, default=[1_000, 100_000, 10_000_000])
+    parser.add_argument("--key-rows", type=lambda s: int(float(s)), default=None,
+                        help="rows of the key-cardinality data (default --rows)")
+    parser.add_argument("--kinds", type=lambda s: s.split(","), default=list(KINDS))
+    parser.add_argument("--seed", type=int, default=8)
+    parser.add_argument("--data-dir", default=os.path.join(ROOT, "benchmarks", "data"))
+    parser.add_argument("--only", default="main,peer,scaling,keys",
+                        help="comma-separated subset of: main, peer, scaling, keys")
+    args = parser.parse_args(argv)
+    args.key_rows = args.key_rows or args.rows
+    args.data_dir = os.path.abspath(args.data_dir)
+    os.makedirs(args.data_dir, exist_ok=True)
+    work = os.path.join(args.data_dir, "work")
+    os.makedirs(os.path.join(work, "out"), exist_ok=True)
+    only = set(args.only.split(","))
+    print(f"# thresher bench_release: {os.cpu_count()} cores, load {os.getloadavg()}, "
+          f"python {sys.version.split()[0]}")
+    if "main" in only:
+        main_table(args, work)
+    if "peer" in only:
+        peer_table(args, work)
+    if "scaling" in only:
+        scaling_table(args, work)
+    if "keys" in only:
+        keys_table(args, work)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

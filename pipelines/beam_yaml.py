@@ -1,0 +1,216 @@
+"""thresher releases as a Beam YAML transform.
+
+A Beam YAML pipeline calls thresher through a ``providers:`` entry (``type: python``,
+``config: {}``, ``transforms: {ThresherRelease: pipelines.beam_yaml.ThresherRelease}``)
+and runs with ``python -m apache_beam.yaml.main --yaml_pipeline_file=...`` (needs
+``pip install 'thresher[yaml]'``); see ``configs/beam_yaml/quickstart_release.yaml`` and
+docs/running.md.
+
+``ThresherRelease`` takes schema'd rows (one per input record, from any Beam YAML source:
+ReadFromParquet, ReadFromCsv, ReadFromBigQuery, ...) and is the whole release of a
+``thresher run`` spec — the same ``privacy``, ``bounding`` and ``mechanism`` sections,
+validated and calibrated by the same code (``pipelines.spec``, ``pipelines.plan``), then
+the same transforms: ShardByUser, PerUserBound / RandClip (with
+ChooseContributionBound for ``max_keys_per_user: auto``), SumCountsPerKey and the
+mechanism kind's release. It has two outputs:
+
+- ``released``: one row per released key (the key fields and the kind's output columns);
+- ``report``: one row with a single string field ``report``, the release report as JSON
+  (the plan's parameters and privacy guarantee, the chosen bound, ``released_keys``).
+
+The building blocks (PerUserBound, NoisyThreshold, ...) are deliberately not exposed one
+by one: they work on Arrow batches of hashed records, and a privacy guarantee holds only
+for the composition (noise calibrated for counts that were bounded per user), which
+this transform fixes.
+"""
+import json
+
+import apache_beam as beam
+import pyarrow as pa
+import yaml
+from apache_beam.typehints.row_type import RowTypeConstraint
+from apache_beam.typehints.schemas import named_fields_from_element_type
+
+from pipelines import io
+from pipelines.errors import SpecError
+from pipelines.plan import make_plan
+from pipelines.spec import kind_module, parse
+from transforms.aggregate import SumCountsPerKey
+from transforms.per_user_bound import PerUserBound
+from transforms.user_shards import ShardByUser
+
+DEFAULT_NUM_SHARDS = 16
+_BATCH_ROWS = 1 << 16
+# Fields of the spec's input section, as this transform's config names them.
+_CONFIG_FIELD = {"input.user": "user", "input.keys": "keys"}
+
+
+def ThresherRelease(user, keys, privacy, bounding, mechanism, name="beam_yaml_release",
+                    num_shards=DEFAULT_NUM_SHARDS):
+    """A differentially private histogram of distinct users (or records) per key.
+
+    The release of a ``thresher run`` spec on rows from any Beam YAML source. Outputs
+    ``released`` (one row per released key) and ``report`` (one row, field ``report``:
+    the release report as JSON).
+
+    Args:
+      user: the field identifying a user; all of a user's rows are protected together.
+      keys: the key fields (a list, or one name).
+      privacy: ``{epsilon, delta}`` as in a thresher spec.
+      bounding: ``{max_keys_per_user, model, auto}`` as in a thresher spec.
+      mechanism: ``{kind, ...}`` as in a thresher spec (gaussian, laplace, ...).
+      name: the release's name in the report.
+      num_shards: user and key shards of the shuffles, about rows / 1,000,000 (>= 1).
+    """
+    config = {"user": user, "keys": keys, "privacy": privacy, "bounding": bounding,
+              "mechanism": mechanism, "name": name, "num_shards": num_shards}
+    document = {
+        "name": name,
+        # The rows come from the YAML pipeline; path and format only satisfy the spec's
+        # schema and are never read.
+        "input": {"path": "<beam yaml input>", "format": "parquet", "user": user, "keys": keys},
+        "privacy": privacy, "bounding": bounding, "mechanism": mechanism,
+        "output": {"path": "<beam yaml output>"},
+    }
+    try:
+        if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
+            raise SpecError("num_shards", f"must be an integer >= 1, got {num_shards!r}")
+        spec = parse(document, source_text=yaml.safe_dump(config, sort_keys=True))
+    except SpecError as exc:
+        field = exc.field
+        for spec_field, config_field in _CONFIG_FIELD.items():
+            if field == spec_field or field.startswith(spec_field + "["):
+                field = config_field + field[len(spec_field):]
+        raise SpecError(f"ThresherRelease.{field}" if field else "ThresherRelease",
+                        exc.message) from None
+    return _Release(make_plan(spec), num_shards)
+
+
+def _python_type(arrow_type, field):
+    if pa.types.is_boolean(arrow_type):
+        return bool
+    if pa.types.is_integer(arrow_type):
+        return int
+    if pa.types.is_floating(arrow_type):
+        return float
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return str
+    raise TypeError(f"output column {field!r} has type {arrow_type}, which has no Beam "
+                    f"YAML schema type here")
+
+
+def release_stages(records, plan, num_shards, rng_factory=None):
+    """The stages of a release between reading and writing.
+
+    records: PCollection[pyarrow.Table] of prepared batches (``pipelines.io.prepare_batch``:
+    ``__user``, ``__key`` and the key columns). Returns (released PCollection[pyarrow.Table],
+    chosen bound PCollection[int] or None). The same wiring as ``pipelines.release.build``.
+    """
+    from pipelines.release import _score_name, _score_params
+    spec = plan.spec
+    keys = list(spec.input.keys)
+    users = records | "ShardByUser" >> ShardByUser(num_shards)               # Table of whole users
+    chosen = None
+    if spec.auto_bound:
+        from transforms.choose_contribution_bound import ChooseContributionBound
+        chosen = users | "ChooseContributionBound" >> ChooseContributionBound(
+            keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
+            model=spec.bounding.model, score=_score_name(spec),
+            score_params=_score_params(plan), max_bound=spec.bounding.auto.max_bound,
+            rng_factory=rng_factory)                                           # one int
+        bound = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
+        params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
+    else:
+        bound = spec.bounding.max_keys_per_user
+        params = records.pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
+    if spec.bounding.model == "l1":
+        from transforms.rand_clip import RandClip
+        partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
+    else:
+        partial = users | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory)
+    counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
+    released = kind_module(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys)
+    return released, chosen
+
+
+def _params_for(bound, table):
+    return table[int(bound)]
+
+
+class _RowsToRecords(beam.DoFn):
+    """A batch of rows -> one prepared Arrow table (``pipelines.io.prepare_batch``); rows
+    without a user or with a null key are dropped and counted, as ``thresher run`` does."""
+
+    def __init__(self, user, keys):
+        self._user = user
+        self._keys = tuple(keys)
+
+    def process(self, rows):
+        table = pa.table({name: pa.array([getattr(row, name) for row in rows])
+                          for name in (self._user, *self._keys)})
+        beam.metrics.Metrics.counter(io.NOT_PRIVATE, "rows_read").inc(table.num_rows)
+        prepared, drops = io.prepare_batch(table, self._user, self._keys)
+        for name, value in drops.items():
+            if value:
+                beam.metrics.Metrics.counter(io.NOT_PRIVATE, name).inc(value)
+        if prepared.num_rows:
+            yield prepared
+
+
+def _table_to_rows(table, columns):
+    for record in table.select(list(columns)).to_pylist():
+        yield beam.Row(**record)
+
+
+def _report_json(released_keys, reports, chosen):
+    report = dict(reports[int(chosen)])
+    report["released_keys"] = int(released_keys)
+    return beam.Row(report=json.dumps(report, sort_keys=False))
+
+
+class _Release(beam.PTransform):
+    def __init__(self, plan, num_shards, label=None):
+        super().__init__(label)
+        self._plan = plan
+        self._num_shards = num_shards
+
+    def expand(self, rows):
+        spec = self._plan.spec
+        user, keys = spec.input.user, list(spec.input.keys)
+        try:
+            fields = dict(named_fields_from_element_type(rows.element_type))
+        except (TypeError, ValueError):
+            raise SpecError("ThresherRelease", f"its input must be rows with a schema (fields "
+                            f"{user!r}, {', '.join(map(repr, keys))}), got elements of type "
+                            f"{rows.element_type}") from None
+        for i, name in enumerate([user] + keys):
+            if name not in fields:
+                where = "user" if i == 0 else f"keys[{i - 1}]"
+                raise SpecError(f"ThresherRelease.{where}", f"field {name!r} is not in the "
+                                f"input; its fields are: {', '.join(fields)}")
+        output_columns = kind_module(spec.kind).OUTPUT_COLUMNS
+        row_type = RowTypeConstraint.from_fields(
+            [(k, fields[k]) for k in keys]
+            + [(c, _python_type(t, c)) for c, t in output_columns.items()])
+
+        records = (rows
+                   | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
+                                                   max_batch_size=_BATCH_ROWS)
+                   | "ToRecords" >> beam.ParDo(_RowsToRecords(user, keys)))  # Table(__user, __key, keys)
+        released, chosen = release_stages(records, self._plan, self._num_shards)
+        released_rows = released | "ToRows" >> beam.FlatMap(
+            _table_to_rows, columns=keys + list(output_columns)).with_output_types(row_type)
+
+        if chosen is None:
+            bound = spec.bounding.max_keys_per_user
+            reports, chosen_value = {bound: self._plan.report()}, bound
+        else:
+            reports = {c: self._plan.report(chosen_bound=c) for c in self._plan.candidates}
+            chosen_value = beam.pvalue.AsSingleton(chosen, default_value=min(self._plan.candidates))
+        report = (released
+                  | "CountReleased" >> beam.Map(lambda table: table.num_rows)
+                  | "SumReleased" >> beam.CombineGlobally(sum)
+                  | "Report" >> beam.Map(_report_json, reports=reports, chosen=chosen_value)
+                  .with_output_types(RowTypeConstraint.from_fields([("report", str)])))
+        return {"released": released_rows, "report": report}
+

@@ -1,0 +1,447 @@
+"""Audit scenarios: each mechanism's kernel, a worst-case neighbouring pair, and its claim.
+
+A :class:`Scenario` bundles what :func:`tests.audit.auditor.audit` needs: two samplers of
+outcome codes (the mechanism run on D and on D', vectorised over trials) and the claimed
+(epsilon, delta). Honest scenarios take their parameters from the project's calibration
+functions (``accounting.*.calibrate``) at inflated budgets (delta ~ 1e-3, where the
+events that carry delta are measurable with 10**6 trials) and claim the delta those
+functions report as achieved. Mutations change one thing the way a known bug does and
+claim what the buggy library would claim (the budget it was asked for).
+
+Neighbouring pairs (the worst cases of the analyses; mechanisms.md):
+  pre_threshold  each of the user's keys at count tau (D) vs tau - 1 (D': never released)
+  shift          each of the user's keys at a large count k vs k - 1 (always released)
+  mixed          some keys of each kind (paper 004 Thm 5.4's a_= / a_+ split)
+  user_at_bound  a user with more keys than the bound C, through the real bounding kernel
+
+Kernels a scenario needs but that do not exist yet raise :class:`MissingKernel`; the
+tests skip on it with the reason.
+"""
+import dataclasses
+import importlib
+import math
+
+import numpy as np
+
+from tests.audit import auditor
+
+EPSILON = 1.0
+DELTA = 1e-3
+TRIALS = 10**6
+
+
+class MissingKernel(Exception):
+    """A module the scenario audits is not in the tree yet."""
+
+
+def _module(name):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name == name:
+            raise MissingKernel(f"{name} does not exist yet") from err
+        raise
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    mechanism: str
+    case: str
+    claimed_epsilon: float
+    claimed_delta: float
+    run_d: object
+    run_d_prime: object
+    events: str = "both"
+    trials: int = TRIALS
+    mutation: str = ""           # empty for an honest scenario
+    parameters: str = ""
+
+    @property
+    def name(self):
+        return f"{self.mechanism} / {self.mutation or 'honest'} / {self.case}"
+
+    def audit(self, seed=0, trials=None):
+        return auditor.audit(self.run_d, self.run_d_prime, claimed_epsilon=self.claimed_epsilon,
+                             claimed_delta=self.claimed_delta, trials=trials or self.trials,
+                             seed=seed, events=self.events)
+
+
+# ---------------------------------------------------------------------------------------
+# NoisyThreshold (GSHM and Laplace thresholding): transforms.noisy_threshold kernel.
+
+def _pair_counts(pair, keys, pre_threshold, high):
+    """(D counts, D' counts) for one trial's keys."""
+    if pair == "pre_threshold":
+        return [pre_threshold] * keys, [pre_threshold - 1] * keys
+    if pair == "shift":
+        return [high] * keys, [high - 1] * keys
+    if pair == "mixed":
+        at_pre = keys // 2
+        return ([pre_threshold] * at_pre + [high] * (keys - at_pre),
+                [pre_threshold - 1] * at_pre + [high - 1] * (keys - at_pre))
+    raise ValueError(pair)
+
+
+def _noisy_threshold_runner(counts, *, noise, scale, pre_threshold, threshold):
+    kernel = _module("transforms.noisy_threshold").noisy_threshold
+    row = np.asarray(counts, dtype=np.int64)
+
+    def run(rng, n):
+        keep, values = kernel(np.tile(row, n), noise=noise, scale=scale,
+                              pre_threshold=pre_threshold, threshold=threshold, rng=rng)
+        return auditor.released_count_and_sum(keep.reshape(n, row.size), values.reshape(n, row.size))
+    return run
+
+
+def _noisy_threshold_scenario(mechanism, case, *, pair, keys, noise, scale, pre_threshold,
+                              threshold, claimed_epsilon, claimed_delta, mutation="", params=""):
+    high = int(math.ceil(threshold + 12 * scale + 12))
+    d, d_prime = _pair_counts(pair, keys, pre_threshold, high)
+    kw = dict(noise=noise, scale=scale, pre_threshold=pre_threshold, threshold=threshold)
+    return Scenario(mechanism=mechanism, case=case, claimed_epsilon=claimed_epsilon,
+                    claimed_delta=claimed_delta, run_d=_noisy_threshold_runner(d, **kw),
+                    run_d_prime=_noisy_threshold_runner(d_prime, **kw), mutation=mutation,
+                    parameters=params or f"{noise} scale={scale:.4g}, tau={pre_threshold}, "
+                                         f"T={threshold:g}, {keys} key(s)")
+
+
+GSHM = "GSHM (noisy_threshold, discrete Gaussian)"
+LAPLACE = "Laplace thresholding l0 (noisy_threshold, discrete Laplace)"
+
+
+def gshm(pair, *, keys=1, epsilon=EPSILON, delta=DELTA, mutation=""):
+    """GSHM calibrated by accounting.gshm.calibrate (exact Thm 5.4, discrete noise).
+
+    Mutations: "threshold - 1", "sigma / 2", "continuous formula" (sigma and threshold
+    from the continuous-Gaussian accounting, discrete noise drawn: claimed at epsilon=2,
+    delta=2e-3 where the rounding of the threshold bites), "composition ignored"
+    (calibrated for 1 key per user, the user touches ``keys`` keys)."""
+    acc = _module("accounting.gshm")
+    calibrated_keys = 1 if mutation == "composition ignored" else keys
+    if mutation == "continuous formula":
+        epsilon, delta = 2.0, 2e-3
+        p = acc.calibrate(epsilon, delta, calibrated_keys, noise="gaussian")
+    else:
+        p = acc.calibrate(epsilon, delta, calibrated_keys, noise="discrete_gaussian")
+    sigma, threshold = p.sigma, p.threshold
+    if mutation == "threshold - 1":
+        threshold -= 1
+    elif mutation == "sigma / 2":
+        sigma /= 2
+    elif mutation not in ("", "continuous formula", "composition ignored"):
+        raise ValueError(mutation)
+    claimed = p.delta if not mutation else delta
+    return _noisy_threshold_scenario(
+        GSHM, pair, pair=pair, keys=keys, noise="gaussian", scale=sigma,
+        pre_threshold=p.pre_threshold, threshold=threshold, claimed_epsilon=epsilon,
+        claimed_delta=claimed, mutation=mutation)
+
+
+def laplace_threshold(pair, *, keys=1, epsilon=EPSILON, delta=DELTA, mutation=""):
+    """Laplace thresholding, l0 model, calibrated by accounting.laplace_threshold.calibrate.
+
+    Mutations: "threshold - 1", "scale / 2", "composition ignored" (scale and threshold
+    for 1 key per user), and "continuous formula": the anchor bug of a continuous Laplace
+    tail e^(-g/b)/2 used for integer noise, whose tail is q^g/(1+q), up to 2/(1+e^-1) =
+    1.46 times larger at b = 1. The buggy library takes the smallest integer threshold
+    meeting its (continuous) formula and reports the delta that formula gives there;
+    the budget 1.3e-3 puts that threshold where the formula is nearly tight (gap 6)."""
+    acc = _module("accounting.laplace_threshold")
+    calibrated_keys = 1 if mutation == "composition ignored" else keys
+    if mutation == "continuous formula":
+        delta = 1.3e-3
+        scale = acc.sensitivity_scale(keys, epsilon)
+        threshold = math.ceil(acc.min_threshold(epsilon, delta, scale, keys, noise="laplace"))
+        claimed = acc.delta(epsilon, scale, threshold, keys, noise="laplace")
+        return _noisy_threshold_scenario(
+            LAPLACE, pair, pair=pair, keys=keys, noise="laplace", scale=scale, pre_threshold=1,
+            threshold=threshold, claimed_epsilon=epsilon, claimed_delta=claimed,
+            mutation=mutation)
+    p = acc.calibrate(epsilon, delta, calibrated_keys, model="l0", noise="discrete_laplace")
+    scale, threshold = p.scale, p.threshold
+    if mutation == "threshold - 1":
+        threshold -= 1
+    elif mutation == "scale / 2":
+        scale /= 2
+    elif mutation not in ("", "composition ignored"):
+        raise ValueError(mutation)
+    claimed = p.delta if not mutation else delta
+    return _noisy_threshold_scenario(
+        LAPLACE, pair, pair=pair, keys=keys, noise="laplace", scale=scale,
+        pre_threshold=p.pre_threshold, threshold=threshold, claimed_epsilon=epsilon,
+        claimed_delta=claimed, mutation=mutation)
+
+
+# ---------------------------------------------------------------------------------------
+# Contribution bounding (transforms.per_user_bound.bound_l0) feeding GSHM.
+
+BOUNDING = "PerUserBound l0 + GSHM"
+
+
+def bounded_gshm(*, user_keys=10, copies=3, bound=1, epsilon=2.0, delta=DELTA, mutation="",
+                 trials=200_000):
+    """A user at (and above) the bound: D' has every one of ``user_keys`` keys at count
+    tau - 1 (never released); D adds a user holding all of them, each ``copies`` times.
+    The real bounding kernel keeps ``bound`` distinct keys once each; mutation "bounding
+    skipped" keeps every record. GSHM is calibrated for max_keys_per_user = bound."""
+    bound_l0 = _module("transforms.per_user_bound").bound_l0
+    hashing = _module("transforms.hashing")
+    kernel = _module("transforms.noisy_threshold").noisy_threshold
+    p = _module("accounting.gshm").calibrate(epsilon, delta, bound, noise="discrete_gaussian")
+    if mutation not in ("", "bounding skipped"):
+        raise ValueError(mutation)
+    key_hashes = hashing.mix64(np.arange(1, user_keys + 1, dtype=np.uint64))
+    base = p.pre_threshold - 1
+
+    def release(rng, added):
+        n = added.shape[0]
+        counts = (base + added).reshape(-1)
+        keep, values = kernel(counts, noise="gaussian", scale=p.sigma,
+                              pre_threshold=p.pre_threshold, threshold=p.threshold, rng=rng)
+        return auditor.released_count_and_sum(keep.reshape(n, user_keys),
+                                              values.reshape(n, user_keys))
+
+    def run_d(rng, n):
+        # one user per trial, with user_keys * copies records
+        user = np.repeat(hashing.mix64(np.arange(n, dtype=np.uint64) + np.uint64(7)),
+                         user_keys * copies)
+        keys = np.tile(np.repeat(key_hashes, copies), n)
+        if mutation == "bounding skipped":
+            kept = np.arange(user.size)
+        else:
+            kept = bound_l0(user, keys, bound, rng)
+        trial = kept // (user_keys * copies)
+        key_index = (kept % (user_keys * copies)) // copies
+        added = np.zeros((n, user_keys), dtype=np.int64)
+        np.add.at(added, (trial, key_index), 1)
+        return release(rng, added)
+
+    def run_d_prime(rng, n):
+        return release(rng, np.zeros((n, user_keys), dtype=np.int64))
+
+    return Scenario(mechanism=BOUNDING, case="user_at_bound", claimed_epsilon=epsilon,
+                    claimed_delta=p.delta if not mutation else delta, run_d=run_d,
+                    run_d_prime=run_d_prime, trials=trials, mutation=mutation,
+                    parameters=f"C={bound}, user with {user_keys} keys x {copies} records, "
+                               f"sigma={p.sigma:.4g}, T={p.threshold}")
+
+
+# ---------------------------------------------------------------------------------------
+# Rand-clip (transforms.rand_clip) feeding Laplace thresholding in the l1 model.
+
+RAND_CLIP = "RandClip l1 + Laplace thresholding"
+
+
+def rand_clip_laplace(*, layout=(9,), bound=3, base="pre_threshold", epsilon=EPSILON,
+                      delta=DELTA, mutation="", trials=500_000):
+    """A user holding ``layout[j]`` records of key j (more than C in total). D' has every
+    key at ``base``: tau - 1 (the user's keys appear with the user) or a count far above
+    the threshold (the user's records shift them). The real rand-clip keeps min(m, C)
+    uniformly random records; mutation "clipping skipped" keeps them all. Laplace
+    thresholding is calibrated by accounting.laplace_threshold (model "l1", C = bound)."""
+    rand_clip = _module("transforms.rand_clip").rand_clip
+    kernel = _module("transforms.noisy_threshold").noisy_threshold
+    p = _module("accounting.laplace_threshold").calibrate(epsilon, delta, bound, model="l1")
+    if mutation not in ("", "clipping skipped"):
+        raise ValueError(mutation)
+    layout = np.asarray(layout, dtype=np.int64)
+    keys, records = layout.size, int(layout.sum())
+    record_key = np.repeat(np.arange(keys), layout)
+    start = p.pre_threshold - 1 if base == "pre_threshold" else int(p.threshold + 15 * p.scale)
+
+    def release(rng, added):
+        n = added.shape[0]
+        keep, values = kernel((start + added).reshape(-1), noise="laplace", scale=p.scale,
+                              pre_threshold=p.pre_threshold, threshold=p.threshold, rng=rng)
+        return auditor.released_count_and_sum(keep.reshape(n, keys), values.reshape(n, keys))
+
+    def run_d(rng, n):
+        users = np.repeat(np.arange(n, dtype=np.int64), records)
+        kept = (np.ones(users.size, dtype=bool) if mutation else rand_clip(users, rng, bound))
+        added = np.zeros((n, keys), dtype=np.int64)
+        np.add.at(added, (users[kept], np.tile(record_key, n)[kept]), 1)
+        return release(rng, added)
+
+    def run_d_prime(rng, n):
+        return release(rng, np.zeros((n, keys), dtype=np.int64))
+
+    return Scenario(mechanism=RAND_CLIP, case=f"user with records {tuple(layout.tolist())}, "
+                                              f"keys at {base}",
+                    claimed_epsilon=epsilon, claimed_delta=p.delta if not mutation else delta,
+                    run_d=run_d, run_d_prime=run_d_prime, trials=trials, mutation=mutation,
+                    parameters=f"C={bound}, scale={p.scale:.4g}, T={p.threshold}")
+
+
+# ---------------------------------------------------------------------------------------
+# SampleAndThreshold (transforms.sample_and_threshold; accounting.sample_threshold).
+
+SAMPLE_THRESHOLD = "SampleAndThreshold"
+
+
+def sample_and_threshold(*, keys=1, epsilon=EPSILON, delta=DELTA, mutation="", k=None):
+    """Poisson sampling at rate p, release sampled counts >= tau. Pair: k vs k - 1
+    contributions on each of the user's keys, k chosen where the exact per-key
+    divergence (accounting.sample_threshold.divergences) is largest.
+
+    Mutations: "threshold - 1", "composition ignored" (per-key budget of 1 key)."""
+    mod = _module("transforms.sample_and_threshold")
+    acc = _module("accounting.sample_threshold")
+    calibrated_keys = 1 if mutation == "composition ignored" else keys
+    p = acc.calibrate(epsilon, delta, calibrated_keys)
+    rate, threshold = p.sampling_rate, p.threshold
+    if mutation == "threshold - 1":
+        threshold -= 1
+    elif mutation not in ("", "composition ignored"):
+        raise ValueError(mutation)
+    if k is None:
+        candidates = np.arange(max(1, threshold), int(4 * threshold / rate) + 2)
+        worst = [sum(acc.divergences(p.per_key_epsilon, rate, threshold, int(c))) for c in candidates]
+        k = int(candidates[int(np.argmax(worst))])
+    kernel = mod.sample_and_threshold
+
+    def runner(count):
+        def run(rng, n):
+            keep, values = kernel(np.full(n * keys, count, dtype=np.int64),
+                                  sampling_rate=rate, threshold=threshold, rng=rng)
+            return auditor.released_count_and_sum(np.asarray(keep).reshape(n, keys),
+                                                  np.asarray(values).reshape(n, keys))
+        return run
+
+    return Scenario(mechanism=SAMPLE_THRESHOLD, case=f"k={k} vs k-1", claimed_epsilon=epsilon,
+                    claimed_delta=p.delta_spent if not mutation else delta,
+                    run_d=runner(k), run_d_prime=runner(k - 1), mutation=mutation,
+                    parameters=f"p={rate:.4g}, tau={threshold}, {keys} key(s)")
+
+
+# ---------------------------------------------------------------------------------------
+# SanitizeSample (transforms.sanitize_sample.sanitize; accounting.pws).
+
+PWS = "SanitizeSample (PWS)"
+
+
+def pws(*, keys=1, frequency=1, report="keys", epsilon=EPSILON, delta=DELTA, mutation=""):
+    """One key per user-key at frequency i (D) vs i - 1 (D'; i = 1 means the key is absent
+    from D'). Mutation "composition ignored": tables built for 1 key per user while the
+    user's ``keys`` keys all move."""
+    sanitize = _module("transforms.sanitize_sample").sanitize
+    acc = _module("accounting.pws")
+    calibrated_keys = 1 if mutation == "composition ignored" else keys
+    if mutation not in ("", "composition ignored"):
+        raise ValueError(mutation)
+    params = acc.calibrate(epsilon, delta, calibrated_keys, report=report)
+    tables = acc.release_tables(params)
+
+    def runner(freq):
+        def run(rng, n):
+            if freq == 0:
+                return auditor.released_count_and_sum(np.zeros((n, keys), bool),
+                                                      np.zeros((n, keys), np.int64))
+            keep, tokens = sanitize(np.full(n * keys, freq, dtype=np.int64),
+                                    keep_probabilities=tables.keep,
+                                    frequency_table=tables.table, rng=rng)
+            tokens = np.where(keep, tokens, 0) if report == "keys" else tokens
+            codes = auditor.released_count_and_sum(keep.reshape(n, keys), tokens.reshape(n, keys))
+            return codes
+        return run
+
+    return Scenario(mechanism=PWS, case=f"frequency {frequency} vs {frequency - 1}",
+                    claimed_epsilon=epsilon,
+                    claimed_delta=params.delta_realized if not mutation else delta,
+                    run_d=runner(frequency), run_d_prime=runner(frequency - 1),
+                    mutation=mutation, events="likelihood" if report != "keys" else "both",
+                    parameters=f"report={report}, {keys} key(s), key eps={params.key_epsilon:.3g}, "
+                               f"key delta={params.key_delta:.3g}")
+
+
+# ---------------------------------------------------------------------------------------
+# Exponential mechanism (accounting.selection.exponential_mechanism).
+
+SELECTION = "Exponential mechanism (selection)"
+
+
+def exponential_mechanism(*, candidates=10, epsilon=EPSILON, mutation="", trials=40_000):
+    """Scores u(D) = (Delta, 0, ..., 0), u(D') = (0, Delta, ..., Delta): every score moves
+    by the sensitivity, in opposite directions for the first candidate (the worst case of
+    the factor 2). Mutations: "monotone factor on non-monotone scores" (exponent eps u /
+    Delta), "sensitivity / 2", "composition ignored" (two selections, charged once)."""
+    select = _module("accounting.selection").exponential_mechanism
+    sensitivity = 3.0
+    d = np.zeros(candidates + 1)
+    d[0] = sensitivity
+    d_prime = np.full(candidates + 1, sensitivity)
+    d_prime[0] = 0.0
+    monotone = mutation == "monotone factor on non-monotone scores"
+    used_sensitivity = sensitivity / 2 if mutation == "sensitivity / 2" else sensitivity
+    rounds = 2 if mutation == "composition ignored" else 1
+    if mutation not in ("", "monotone factor on non-monotone scores", "sensitivity / 2",
+                        "composition ignored"):
+        raise ValueError(mutation)
+
+    def runner(scores):
+        def run(rng, n):
+            out = np.zeros(n, dtype=np.int64)
+            for i in range(n):
+                code = 0
+                for _ in range(rounds):
+                    code = code * (candidates + 1) + select(scores, epsilon, used_sensitivity,
+                                                            rng, monotone=monotone)
+                out[i] = code
+            return out
+        return run
+
+    return Scenario(mechanism=SELECTION, case=f"{candidates + 1} candidates, opposite shifts",
+                    claimed_epsilon=epsilon, claimed_delta=0.0, run_d=runner(d),
+                    run_d_prime=runner(d_prime), events="likelihood", trials=trials,
+                    mutation=mutation, parameters=f"sensitivity={sensitivity}")
+
+
+# ---------------------------------------------------------------------------------------
+# Registries: (id, builder, power) for honest audits -- power is the smallest fraction
+# of the claimed epsilon the audit must reach (None for pairs whose only privacy cost is
+# a delta-sized event, which a correct mechanism keeps below the claimed delta, so the
+# bound is -inf or ~0 there) -- and (id, builder) for mutations, all to be flagged.
+
+HONEST = [
+    ("gshm-pre_threshold", lambda: gshm("pre_threshold"), None),
+    ("gshm-shift", lambda: gshm("shift"), 0.5),
+    ("gshm-4keys-pre_threshold", lambda: gshm("pre_threshold", keys=4), None),
+    ("gshm-4keys-shift", lambda: gshm("shift", keys=4), 0.5),
+    ("gshm-4keys-mixed", lambda: gshm("mixed", keys=4), 0.3),
+    ("laplace-pre_threshold", lambda: laplace_threshold("pre_threshold"), None),
+    ("laplace-shift", lambda: laplace_threshold("shift"), 0.9),
+    ("laplace-3keys-mixed", lambda: laplace_threshold("mixed", keys=3), 0.3),
+    ("bound-user_at_bound", lambda: bounded_gshm(), None),
+    ("randclip-l1-pre_threshold", lambda: rand_clip_laplace(), None),
+    ("randclip-l1-shift", lambda: rand_clip_laplace(layout=(6,), base="high"), 0.8),
+    ("randclip-l1-spread", lambda: rand_clip_laplace(layout=(2, 2, 2), base="high"), 0.4),
+    ("sample_threshold", lambda: sample_and_threshold(), 0.3),
+    ("sample_threshold-3keys", lambda: sample_and_threshold(keys=3), 0.3),
+    ("pws-keys-frequency1", lambda: pws(), None),
+    ("pws-frequencies-frequency3", lambda: pws(report="keys_and_frequencies", frequency=3), 0.5),
+    ("exponential_mechanism", lambda: exponential_mechanism(), 0.5),
+]
+
+MUTATIONS = [
+    ("gshm-threshold-1", lambda: gshm("pre_threshold", mutation="threshold - 1")),
+    ("gshm-sigma/2", lambda: gshm("shift", mutation="sigma / 2")),
+    ("gshm-continuous-formula", lambda: gshm("pre_threshold", mutation="continuous formula")),
+    ("gshm-composition-ignored", lambda: gshm("shift", keys=4, mutation="composition ignored")),
+    ("laplace-threshold-1", lambda: laplace_threshold("pre_threshold", mutation="threshold - 1")),
+    ("laplace-scale/2", lambda: laplace_threshold("shift", mutation="scale / 2")),
+    ("laplace-continuous-formula",
+     lambda: laplace_threshold("pre_threshold", mutation="continuous formula")),
+    ("laplace-composition-ignored",
+     lambda: laplace_threshold("shift", keys=3, mutation="composition ignored")),
+    ("bounding-skipped", lambda: bounded_gshm(mutation="bounding skipped")),
+    ("clipping-skipped", lambda: rand_clip_laplace(mutation="clipping skipped")),
+    ("clipping-skipped-shift",
+     lambda: rand_clip_laplace(layout=(6,), base="high", mutation="clipping skipped")),
+    ("sample_threshold-threshold-1", lambda: sample_and_threshold(mutation="threshold - 1")),
+    ("sample_threshold-composition-ignored",
+     lambda: sample_and_threshold(keys=3, mutation="composition ignored")),
+    ("pws-composition-ignored", lambda: pws(keys=3, mutation="composition ignored")),
+    ("em-monotone-factor",
+     lambda: exponential_mechanism(mutation="monotone factor on non-monotone scores")),
+    ("em-sensitivity/2", lambda: exponential_mechanism(mutation="sensitivity / 2")),
+    ("em-composition-ignored", lambda: exponential_mechanism(mutation="composition ignored")),
+]

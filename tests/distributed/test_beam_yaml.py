@@ -1,0 +1,105 @@
+"""Beam YAML: thresher's release called from a Beam YAML pipeline through a
+``providers:`` entry (pipelines/beam_yaml.py, configs/beam_yaml/quickstart_release.yaml).
+
+The shipped example runs with ``python -m apache_beam.yaml.main`` (needs the ``yaml``
+extra) on two worker processes; its report must carry the parameters ``thresher plan``
+computes for the equivalent ``thresher run`` spec (configs/examples/quickstart.yaml), and
+its released rows pass the same count check as the CLI's releases
+(release_check.check_counts: false-failure probability < 5e-6).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import apache_beam as beam
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipelines import spec as spec_mod
+from pipelines.beam_yaml import ThresherRelease
+from pipelines.errors import SpecError
+from pipelines.plan import make_plan
+
+from .conftest import QUICKSTART, ROOT
+from .release_check import check_counts
+
+EXAMPLE = os.path.join(ROOT, "configs", "beam_yaml", "quickstart_release.yaml")
+CONFIG = {"user": "user_id", "keys": ["word"], "privacy": {"epsilon": 1.0, "delta": 1e-8},
+          "bounding": {"max_keys_per_user": 8}, "mechanism": {"kind": "gaussian"}}
+
+
+def _transform(doc, name):
+    return next(t for t in doc["pipeline"]["transforms"] if t["name"] == name)
+
+
+@pytest.mark.slow
+def test_example_runs_with_beam_yaml_main(tmp_path):
+    try:
+        import docstring_parser  # noqa: F401 - one of the yaml extra's packages
+    except ImportError:
+        pytest.fail("Beam YAML needs the yaml extra: pip install '.[yaml]'")
+    with open(EXAMPLE, encoding="utf-8") as handle:
+        doc = yaml.safe_load(handle)
+    read = _transform(doc, "ReadWords")
+    input_path = os.path.join(ROOT, read["config"]["path"])
+    read["config"]["path"] = input_path
+    _transform(doc, "WriteReleased")["config"]["path"] = str(tmp_path / "out" / "released")
+    _transform(doc, "WriteReport")["config"]["path"] = str(tmp_path / "out" / "report.json")
+    pipeline_file = tmp_path / "pipeline.yaml"
+    pipeline_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + os.environ["PYTHONPATH"]
+                                              if os.environ.get("PYTHONPATH") else ""))
+    done = subprocess.run(
+        [sys.executable, "-m", "apache_beam.yaml.main", f"--yaml_pipeline_file={pipeline_file}",
+         "--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner",
+         "--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+        capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    outputs = sorted(os.listdir(tmp_path / "out"))
+    reports = [f for f in outputs if f.startswith("report.json")]
+    shards = [f for f in outputs if f.startswith("released")]
+    assert len(reports) == 1 and shards and len(reports) + len(shards) == len(outputs), outputs
+    lines = (tmp_path / "out" / reports[0]).read_text().splitlines()
+    assert len(lines) == 1
+    report = json.loads(lines[0])
+
+    # Same parameters as `thresher plan` for the equivalent CLI spec.
+    cli_plan = make_plan(spec_mod.load(QUICKSTART)).report()
+    for section in ("thresher_version", "mechanism", "bounding", "privacy"):
+        assert report[section] == json.loads(json.dumps(cli_plan[section])), section
+    assert report["name"] == _transform(doc, "Release")["config"]["name"]
+
+    released = pq.read_table([str(tmp_path / "out" / f) for f in shards])
+    assert released.column_names == ["word", "count"]
+    assert report["released_keys"] == released.num_rows
+    check_counts(released, report, input_path)
+
+
+def test_config_errors_name_the_transform_field():
+    with pytest.raises(SpecError, match=r"^ThresherRelease\.keys: "):
+        ThresherRelease(**dict(CONFIG, keys=[]))
+    with pytest.raises(SpecError, match=r"^ThresherRelease\.user: "):
+        ThresherRelease(**dict(CONFIG, user=""))
+    with pytest.raises(SpecError, match=r"^ThresherRelease\.privacy\.epsilon: must be > 0"):
+        ThresherRelease(**dict(CONFIG, privacy={"epsilon": -1, "delta": 1e-8}))
+    with pytest.raises(SpecError, match=r"^ThresherRelease\.num_shards: "):
+        ThresherRelease(**CONFIG, num_shards=0)
+
+
+def test_input_without_the_key_field_is_refused_when_the_pipeline_is_built():
+    pipeline = beam.Pipeline()
+    rows = pipeline | beam.Create([beam.Row(user_id="u", term="w")])
+    with pytest.raises(SpecError, match=r"ThresherRelease\.keys\[0\]: field 'word' is not in "
+                                        r"the input; its fields are: user_id, term"):
+        _ = rows | ThresherRelease(**CONFIG)
+
+
+def test_input_without_a_schema_is_refused():
+    pipeline = beam.Pipeline()
+    rows = pipeline | beam.Create([("u", "w")]).with_output_types(tuple)
+    with pytest.raises(SpecError, match=r"rows with a schema"):
+        _ = rows | ThresherRelease(**CONFIG)

@@ -1,0 +1,111 @@
+"""Worker packaging: ``setup.py`` as ``--setup_file``.
+
+Beam's stager (what every runner, Dataflow included, calls to package a pipeline's code)
+builds an sdist from ``setup.py``; workers pip-install it. This test builds it exactly
+that way from a copy of the checkout, checks it carries every module of the three
+packages, installs it into a new virtual environment (no system site-packages; its
+dependencies come from the package index or pip's cache), and runs the quickstart there
+with the installed ``thresher`` command on two worker processes, from a folder outside
+the checkout and without PYTHONPATH, so nothing can be imported from the source tree.
+Slow: installing apache-beam and its dependencies into the venv takes ~40 s with a warm
+pip cache, a few minutes with a cold one.
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
+import yaml
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners.portability.stager import Stager
+
+from pipelines import spec as spec_mod
+from pipelines.plan import make_plan
+
+from .conftest import ROOT
+from .release_check import check_release
+
+PACKAGES = ("accounting", "transforms", "pipelines")
+SKIP_DIRS = {".git", "out", "__pycache__", ".pytest_cache", "build", "dist", ".hypothesis"}
+
+
+def _copy_checkout(dest):
+    def ignore(folder, names):
+        return [n for n in names if n in SKIP_DIRS or n.endswith(".egg-info")]
+    shutil.copytree(ROOT, dest, ignore=ignore)
+
+
+def _stage_setup_file(setup_file, staging):
+    """The sdist Beam stages for ``--setup_file`` (workflow.tar.gz)."""
+    options = PipelineOptions([f"--setup_file={setup_file}"])
+    artifacts = Stager.create_job_resources(options, staging,
+                                            log_submission_env_dependencies=False)
+    for artifact in artifacts:
+        role = beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(artifact.role_payload)
+        if role.staged_name == "workflow.tar.gz":
+            return beam_runner_api_pb2.ArtifactFilePayload.FromString(artifact.type_payload).path
+    raise AssertionError(f"Beam staged no workflow.tar.gz for --setup_file: {artifacts}")
+
+
+def _modules(root):
+    return sorted(os.path.relpath(p, root) for pkg in PACKAGES
+                  for p in glob.glob(os.path.join(root, pkg, "**", "*.py"), recursive=True))
+
+
+@pytest.mark.slow
+def test_setup_file_sdist_installs_into_clean_venv_and_runs_quickstart(tmp_path):
+    source = str(tmp_path / "checkout")
+    _copy_checkout(source)
+    os.makedirs(tmp_path / "staging")
+    tarball = _stage_setup_file(os.path.join(source, "setup.py"), str(tmp_path / "staging"))
+
+    with tarfile.open(tarball) as tar:
+        members = [m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name]
+    shipped = sorted(m for m in members if m.endswith(".py") and m.split("/")[0] in PACKAGES)
+    assert shipped == _modules(ROOT), "the sdist does not carry exactly the checkout's modules"
+
+    venv = str(tmp_path / "venv")
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", "")
+    pip = subprocess.run([os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q",
+                          tarball], capture_output=True, text=True, env=env, timeout=1200)
+    assert pip.returncode == 0, pip.stderr[-4000:]
+
+    # The quickstart, copied outside the checkout with its data beside it.
+    run_dir = tmp_path / "run"
+    os.makedirs(run_dir / "data")
+    with open(os.path.join(ROOT, "configs", "examples", "quickstart.yaml"), encoding="utf-8") as f:
+        doc = yaml.safe_load(f)
+    shutil.copy(os.path.join(ROOT, doc["input"]["path"]), run_dir / "data" / "quickstart.parquet")
+    doc["input"]["path"] = "data/quickstart.parquet"
+    doc["output"]["path"] = "out/quickstart"
+    (run_dir / "quickstart.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    where = subprocess.run(
+        [os.path.join(venv, "bin", "python"), "-c",
+         "import accounting, pipelines.kinds, transforms; print(pipelines.kinds.__file__)"],
+        capture_output=True, text=True, env=env, cwd=str(run_dir), timeout=120)
+    assert where.returncode == 0, where.stderr[-2000:]
+    assert where.stdout.strip().startswith(venv), where.stdout
+
+    done = subprocess.run(
+        [os.path.join(venv, "bin", "thresher"), "run", "quickstart.yaml", "--",
+         "--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+        capture_output=True, text=True, env=env, cwd=str(run_dir), timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "released" in done.stdout
+
+    spec = spec_mod.load(str(run_dir / "quickstart.yaml"))
+    cwd = os.getcwd()
+    try:  # the spec's paths are relative to where thresher ran
+        os.chdir(run_dir)
+        plan_report = make_plan(spec).report()
+    finally:
+        os.chdir(cwd)
+    check_release(str(run_dir / "out" / "quickstart"), plan_report,
+                  str(run_dir / "data" / "quickstart.parquet"))

@@ -1,0 +1,189 @@
+"""Tests of transforms.choose_contribution_bound on Beam's FnApiRunner.
+
+The Beam stage's V(C) sums are checked against the one-process reference
+``accounting.contribution_bound.score_values`` on the same records; the drawn C is
+checked to be drawn exactly once however many consumers read it.
+"""
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.testing.util import assert_that, equal_to
+
+from accounting import contribution_bound as cb
+from transforms.choose_contribution_bound import (
+    ChooseContributionBound, ContributionBoundSums, key_shards, table_statistics)
+
+_CANDIDATES = (1, 2, 4, 8, 16)
+_MAX_BOUND = 16
+
+
+def _records(seed=0, n_tables=4, rows=1500):
+    """User-sharded tables (users disjoint across tables), string user ids, a two-column
+    key (string, int32), plus the same records as integer codes for the reference."""
+    rng = np.random.default_rng(seed)
+    tables, all_users, all_keys = [], [], []
+    for shard in range(n_tables):
+        users = rng.integers(0, 120, rows) + 1000 * shard
+        users = users[np.argsort(rng.random(rows))]
+        # heavy-tailed key popularity so some keys pass thresholds and some do not
+        keys = np.minimum(rng.zipf(1.6, rows), 60)
+        tables.append(pa.table({
+            "__user": pa.array([f"user-{u}" for u in users]),
+            "word": pa.array([f"w{k % 20}" for k in keys]),
+            "bucket": pa.array(keys // 20, type=pa.int32()),
+            "ignored": pa.array(np.zeros(rows)),
+        }))
+        all_users.append(users)
+        all_keys.append(keys)
+    return tables, np.concatenate(all_users), np.concatenate(all_keys)
+
+
+def _scores():
+    return [
+        cb.make_score("laplace_l1", _CANDIDATES, _MAX_BOUND, {"epsilon": 1.0, "delta": 1e-5}),
+        cb.make_score("gaussian", _CANDIDATES, _MAX_BOUND,
+                      {"thresholds": [6.0, 9.0, 14.0, 22.0, 35.0], "sigmas": [1, 2, 3, 4, 6]}),
+        cb.make_score("sample_and_threshold", _CANDIDATES, _MAX_BOUND,
+                      {"thresholds": [3, 4, 5, 7, 9], "sampling_rates": [0.6, 0.4, 0.3, 0.2, 0.1]}),
+    ]
+
+
+@pytest.mark.parametrize("score", _scores(), ids=lambda s: s.kind)
+def test_beam_sums_equal_the_one_process_reference(score):
+    tables, users, keys = _records()
+    pu, pk, pc = cb.pairs_from_records(users, keys)
+    _, dropped, key_costs = cb.score_values(pu, pk, pc, score)
+
+    def check(results):
+        (sums,) = results
+        np.testing.assert_array_equal(sums[0], dropped)
+        np.testing.assert_allclose(sums[1], key_costs, rtol=1e-9)
+
+    with beam.Pipeline(runner=FnApiRunner()) as pipeline:
+        sums = (pipeline | beam.Create(tables)
+                | ContributionBoundSums(["word", "bucket"], score, num_key_shards=3))
+        assert_that(sums, check)
+
+
+def test_key_shards_depend_only_on_the_key_values():
+    a = pa.table({"s": pa.array(["x", "yy", None, "", "zzz"]),
+                  "i": pa.array([1, 2, 3, 4, 5], type=pa.int32())})
+    b = pa.Table.from_batches([
+        pa.record_batch({"s": pa.array(["zzz", "x"], type=pa.large_string()),
+                         "i": pa.array([5, 1], type=pa.int64())}),
+        pa.record_batch({"s": pa.array(["", None], type=pa.large_string()),
+                         "i": pa.array([4, 3], type=pa.int64())})])
+    sa, sb = key_shards(a, ["s", "i"], 1000), key_shards(b, ["s", "i"], 1000)
+    assert sb.tolist() == [sa[4], sa[0], sa[3], sa[2]]
+    sliced = a.slice(2)
+    assert key_shards(sliced, ["s", "i"], 1000).tolist() == sa[2:].tolist()
+    # the hash spreads keys: 2000 distinct strings over 8 shards, none empty
+    many = pa.table({"s": pa.array([f"key{i}" for i in range(2000)])})
+    assert np.bincount(key_shards(many, ["s"], 8), minlength=8).min() > 150
+
+
+def test_table_statistics_partials_cover_each_key_once_per_table():
+    tables, _, _ = _records(n_tables=1)
+    score = _scores()[0]
+    _, partials = table_statistics(tables[0], ["word", "bucket"], score, num_key_shards=4)
+    keys = [tuple(r.values()) for _, t in partials
+            for r in t.select(["word", "bucket"]).to_pylist()]
+    assert len(keys) == len(set(keys))
+    assert len({s for s, _ in partials}) == len(partials)
+
+
+def _choose(pipeline, tables, **overrides):
+    kwargs = dict(candidates=_CANDIDATES, epsilon=1.0, model="l1", score="laplace_l1",
+                  score_params={"epsilon": 1.0, "delta": 1e-5}, max_bound=_MAX_BOUND)
+    kwargs.update(overrides)
+    return tables | ChooseContributionBound(["word", "bucket"], **kwargs)
+
+
+def test_large_epsilon_chooses_the_minimiser_of_v():
+    tables, users, keys = _records(seed=3)
+    score = _scores()[0]
+    values = cb.score_values(*cb.pairs_from_records(users, keys), score)[0]
+    best = _CANDIDATES[int(np.argmin(values))]
+    # epsilon 1e4 / Delta 31: every other candidate has probability < exp(-300)
+    assert np.sort(values)[1] - values.min() > 1
+    with beam.Pipeline(runner=FnApiRunner()) as pipeline:
+        chosen = _choose(pipeline, pipeline | beam.Create(tables), epsilon=1e4)
+        assert_that(chosen, equal_to([best]))
+
+
+def test_empty_input_still_yields_one_candidate():
+    with beam.Pipeline(runner=FnApiRunner()) as pipeline:
+        empty = pipeline | beam.Create([pa.table({"__user": pa.array([], pa.string()),
+                                                  "word": pa.array([], pa.string()),
+                                                  "bucket": pa.array([], pa.int32())})])
+        chosen = _choose(pipeline, empty)
+        assert_that(chosen | beam.Map(lambda c: c in _CANDIDATES), equal_to([True]))
+
+
+def test_chosen_bound_is_drawn_once_for_two_consumers():
+    """The EM runs once (metric = 1) and both side-input consumers see the same C.
+
+    With 64 candidates and a near-uniform distribution (epsilon 1e-9), two independent
+    draws would agree with probability about 1/64; over the two runs below a stage that
+    drew twice would pass with probability about 1/4096."""
+    tables, _, _ = _records(seed=5, n_tables=2, rows=400)
+    candidates = tuple(range(1, 65))
+    for _ in range(2):
+        pipeline = beam.Pipeline(runner=FnApiRunner())
+        chosen = _choose(pipeline, pipeline | beam.Create(tables), candidates=candidates,
+                         max_bound=64, epsilon=1e-9)
+        side = beam.pvalue.AsSingleton(chosen, default_value=-1)
+        seen = [(pipeline | f"Trigger{i}" >> beam.Create([i])
+                 | f"Read{i}" >> beam.Map(lambda _, c: c, side)) for i in range(2)]
+        pairs = ((seen[0] | "K0" >> beam.Map(lambda c: ("c", c)),
+                  seen[1] | "K1" >> beam.Map(lambda c: ("c", c)))
+                 | beam.Flatten() | beam.GroupByKey()
+                 | beam.MapTuple(lambda _, cs: len(set(cs)) == 1 and list(cs)[0] in candidates))
+        assert_that(pairs, equal_to([True]))
+        result = pipeline.run()
+        result.wait_until_finish()
+        draws = result.metrics().query(MetricsFilter().with_name(
+            "contribution_bound_draws"))["counters"]
+        assert sum(r.committed for r in draws) == 1
+
+
+def test_seeded_rng_factory_draws_what_the_kernel_draws():
+    """With a seeded generator (tests only) the stage draws exactly what
+    accounting.contribution_bound.choose_bound draws from the reference V(C) with the
+    monotone exponential mechanism (the stage's default)."""
+    tables, users, keys = _records(seed=6, n_tables=2, rows=300)
+    score = _scores()[0]
+    values = cb.score_values(*cb.pairs_from_records(users, keys), score)[0]
+    want, _ = cb.choose_bound(values, _CANDIDATES, 0.05, score.sensitivity,
+                              np.random.default_rng(42), monotone=True)
+    with beam.Pipeline(runner=FnApiRunner()) as pipeline:
+        chosen = _choose(pipeline, pipeline | beam.Create(tables), epsilon=0.05,
+                         rng_factory=lambda: np.random.default_rng(42))
+        assert_that(chosen, equal_to([want]))
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (dict(model="l0"), "model"),
+    (dict(model="l2"), "model"),
+    (dict(score="gaussian", model="l0", score_params={}), "thresholds"),
+    (dict(epsilon=0.0), "epsilon"),
+    (dict(candidates=(1, 32)), "candidates"),
+])
+def test_invalid_configuration_is_refused_at_construction(overrides, field):
+    kwargs = dict(candidates=_CANDIDATES, epsilon=1.0, model="l1", score="laplace_l1",
+                  score_params={"epsilon": 1.0, "delta": 1e-5}, max_bound=_MAX_BOUND)
+    kwargs.update(overrides)
+    with pytest.raises(ValueError, match=field):
+        ChooseContributionBound(["word"], **kwargs)
+
+
+def test_default_candidates_and_reported_sensitivity():
+    stage = ChooseContributionBound(["word"], candidates=None, epsilon=0.1, model="l0",
+                                    score="laplace_l0",
+                                    score_params={"epsilon": 0.9, "delta": 1e-6},
+                                    max_bound=128)
+    assert stage.candidates == cb.default_candidates(128)
+    assert stage.sensitivity == 2 * 128 - 1

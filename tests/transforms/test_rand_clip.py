@@ -1,0 +1,116 @@
+"""Tests of transforms.rand_clip: exact per-user counts, uniform subsets, Beam wrapper."""
+import collections
+import itertools
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.testing.util import assert_that, equal_to
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from transforms import samplers
+from transforms.rand_clip import RandClip, rand_clip, rand_clip_table, user_codes_of
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(-5, 30), max_size=300), st.integers(1, 12), st.integers(0, 2**32))
+def test_each_user_keeps_exactly_min_of_records_and_bound(users, bound, seed):
+    users = np.array(users, dtype=np.int64)
+    keep = rand_clip(users, np.random.default_rng(seed), bound)
+    kept = collections.Counter(users[keep].tolist())
+    for user, m in collections.Counter(users.tolist()).items():
+        assert kept[user] == min(m, bound)
+
+
+def test_kept_subsets_are_uniform():
+    """20000 users with 5 records each, C = 2: each of the 10 subsets should appear with
+    probability 1/10. Chi-square rejects at p < 1e-4 (false failure 1e-4; fixed seed)."""
+    n_users = 20000
+    users = np.repeat(np.arange(n_users), 5)
+    keep = rand_clip(users, np.random.default_rng(4), 2).reshape(n_users, 5)
+    subsets = list(itertools.combinations(range(5), 2))
+    index = {s: i for i, s in enumerate(subsets)}
+    ids = [index[tuple(np.flatnonzero(row))] for row in keep]
+    counts = np.bincount(ids, minlength=len(subsets))
+    assert stats.chisquare(counts).pvalue > 1e-4
+
+
+def test_secure_random_keeps_exact_counts():
+    users = np.array([3, 3, 3, 1, 3, 1, 7])
+    keep = rand_clip(users, samplers.secure_random(), 2)
+    assert collections.Counter(users[keep].tolist()) == {3: 2, 1: 2, 7: 1}
+
+
+@pytest.mark.parametrize("bound", [0, -1, 1.5, True])
+def test_invalid_bound_is_refused(bound):
+    with pytest.raises(ValueError, match="max_records_per_user"):
+        rand_clip(np.array([1, 2]), np.random.default_rng(0), bound)
+
+
+def test_user_codes_of_any_type():
+    strings = pa.table({"__user": pa.array(["a", "b", None, "a", None])})
+    codes = user_codes_of(strings)
+    assert codes[0] == codes[3] and codes[2] == codes[4] and len(set(codes.tolist())) == 3
+    ints = pa.table({"__user": pa.chunked_array([[5, 9], [5]], type=pa.int32())})
+    assert user_codes_of(ints).tolist() == [5, 9, 5]
+    dictionary = pa.table({"__user": pa.array(["x", "y", "x"]).dictionary_encode()})
+    assert user_codes_of(dictionary).tolist()[0] == user_codes_of(dictionary).tolist()[2]
+    with pytest.raises(ValueError, match="user column"):
+        user_codes_of(pa.table({"u": [1]}))
+
+
+def _tables():
+    rng = np.random.default_rng(1)
+    tables = []
+    for shard in range(3):
+        users = rng.integers(0, 40, 400) + 1000 * shard
+        tables.append(pa.table({"__user": pa.array([f"u{u}" for u in users]),
+                                "key": pa.array(rng.integers(0, 9, 400))}))
+    return tables
+
+
+def _counts_per_user(tables):
+    return collections.Counter(u for t in tables for u in t.column("__user").to_pylist())
+
+
+def test_rand_clip_table_keeps_all_columns():
+    table = _tables()[0]
+    kept = rand_clip_table(table, 3, np.random.default_rng(0))
+    assert kept.schema == table.schema
+    assert max(_counts_per_user([kept]).values()) == 3
+
+
+@pytest.mark.parametrize("as_side_input", [False, True])
+def test_beam_rand_clip_bounds_every_user(as_side_input):
+    tables = _tables()
+    bound = 4
+    want = sorted((u, min(m, bound)) for u, m in _counts_per_user(tables).items())
+    pipeline = beam.Pipeline(runner=FnApiRunner())
+    source = pipeline | "Tables" >> beam.Create(tables)
+    if as_side_input:
+        c = beam.pvalue.AsSingleton(pipeline | "C" >> beam.Create([bound]), default_value=1)
+    else:
+        c = bound
+    clipped = source | RandClip(c)
+    counts = (clipped
+              | beam.FlatMap(lambda t: t.column("__user").to_pylist())
+              | beam.combiners.Count.PerElement())
+    assert_that(counts, equal_to(want))
+    result = pipeline.run()
+    result.wait_until_finish()
+    dropped = result.metrics().query(MetricsFilter().with_name(
+        "rand_clip_dropped_records_NOT_PRIVATE"))["counters"]
+    total = sum(_counts_per_user(tables).values())
+    assert sum(r.committed for r in dropped) == total - sum(m for _, m in want)
+
+
+def test_beam_rand_clip_refuses_a_bad_side_input_value():
+    with pytest.raises(Exception, match="max_records_per_user"):
+        with beam.Pipeline(runner=FnApiRunner()) as pipeline:
+            c = beam.pvalue.AsSingleton(pipeline | "C" >> beam.Create([0]))
+            _ = pipeline | beam.Create(_tables()[:1]) | RandClip(c)

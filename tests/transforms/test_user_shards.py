@@ -1,0 +1,51 @@
+"""split_by_shard puts every row in its shard exactly once, and its pieces own compact
+buffers: a pickled piece (what Beam's shuffle moves) is about the piece's size, not its
+batch's (pickling a pyarrow slice writes the parent's whole buffers)."""
+import pickle
+
+import numpy as np
+import pyarrow as pa
+
+from transforms.hashing import hash_array
+from transforms.user_shards import concat, split_by_shard, user_shard_of
+
+
+def _batch(n, seed=0):
+    rng = np.random.default_rng(seed)
+    words = pa.array([f"word{i}" for i in rng.integers(0, 5000, n)])
+    users = pa.array([f"u{i}" for i in rng.integers(0, 20000, n)])
+    return pa.table({"__user": pa.array(hash_array(users), type=pa.uint64()),
+                     "__key": pa.array(hash_array(words), type=pa.uint64()),
+                     "word": words})
+
+
+def test_every_row_lands_in_its_shard_once():
+    table = _batch(30_000)
+    shards = user_shard_of(table.column("__user").to_numpy(), 7)
+    pieces = list(split_by_shard(table, shards, 7))
+    assert sorted(s for s, _ in pieces) == sorted(set(shards.tolist()))
+    for shard, piece in pieces:
+        assert (user_shard_of(piece.column("__user").to_numpy(), 7) == shard).all()
+    together = concat([p for _, p in pieces])
+    key = lambda t: sorted(zip(t.column("__user").to_pylist(), t.column("word").to_pylist()))  # noqa: E731
+    assert key(together) == key(table)
+
+
+def test_pieces_pickle_to_their_own_size():
+    table = _batch(50_000, seed=1)
+    full = len(pickle.dumps(table))
+    shards = user_shard_of(table.column("__user").to_numpy(), 10)
+    pieces = list(split_by_shard(table, shards, 10))
+    total = sum(len(pickle.dumps(p)) for _, p in pieces)
+    # 10 pieces of ~1/10 of the batch each: together about one batch (headers aside),
+    # where slices of one taken table would pickle to ~10 batches.
+    assert total < 1.2 * full, (total, full)
+    for _, piece in pieces:
+        assert len(pickle.dumps(piece)) < 2 * piece.nbytes + 4096
+
+
+def test_many_shards_and_empty_shards():
+    table = _batch(100, seed=2)
+    shards = np.full(100, 4999, dtype=np.int64)
+    pieces = list(split_by_shard(table, shards, 5000))
+    assert [s for s, _ in pieces] == [4999] and pieces[0][1].num_rows == 100

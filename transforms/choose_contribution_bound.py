@@ -1,0 +1,360 @@
+"""ChooseContributionBound: pick the per-user bound C privately (paper 002, Algorithm 4).
+
+Stages (one pass over the user-sharded records, vectorised over all candidates):
+
+1. ``UserStatistics`` -- per element (all records of a set of users): (user, key) pairs
+   with counts N_ij, user weights w_i (records m_i in the l1 model, distinct keys k_i in
+   the l0 model), the dropped contributions sum_i max(min(w_i, C_m) - C, 0) for every
+   C, and each key's expected bounded count sum_i N_ij C / max(C, w_i) for every C,
+   split into key shards by a deterministic hash of the key columns.
+2. ``SumByKey`` -- a GroupByKey on the key shard brings every partial of a key
+   together; each shard sums them and reduces its keys to sum_j cost_C(h_j(C)).
+3. ``SumScores`` -- a global combiner adds the dropped and key-cost vectors.
+4. ``ExponentialMechanism`` -- V(C) -> the exponential mechanism
+   (``accounting.selection``) with a CSPRNG created in ``DoFn.setup``; the
+   non-private V(C) and probabilities go to the operator log only.
+5. ``Materialise`` -- a Reshuffle, so the one drawn C is committed once and every
+   consumer of ``AsSingleton(chosen)`` reads the same value.
+
+Scores, sensitivity and their proofs: ``accounting.contribution_bound`` and
+docs/contribution_bound.md.
+"""
+import logging
+import typing
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from accounting import contribution_bound, selection
+from transforms import samplers
+from transforms.rand_clip import USER_COLUMN, user_codes_of
+
+_LOG = logging.getLogger("thresher.choose_contribution_bound")
+
+_USER_CODE = "__user_code"
+_DEFAULT_KEY_SHARDS = 16
+
+
+# --------------------------------------------------------------------------------------
+# Deterministic hash of key columns (for sharding by key; equal keys -> equal shard)
+# --------------------------------------------------------------------------------------
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_BYTE_PRIME = np.uint64(0x100000001B3)
+
+
+def _splitmix64(x):
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _bytes_hash(array):
+    """Polynomial hash of each value's bytes (string/binary arrays), mod 2**64."""
+    if pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type):
+        offset_type = np.int64
+    else:
+        offset_type = np.int32
+    buffers = array.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=offset_type)[
+        array.offset: array.offset + len(array) + 1].astype(np.int64)
+    data = (np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None
+            else np.zeros(0, dtype=np.uint8))
+    lengths = np.diff(offsets)
+    total = int(offsets[-1] - offsets[0])
+    if total == 0:
+        sums = np.zeros(len(array), dtype=np.uint64)
+    else:
+        owner = np.repeat(np.arange(len(array)), lengths)
+        position = np.arange(total, dtype=np.int64) - (offsets[:-1] - offsets[0])[owner]
+        powers = np.cumprod(np.full(int(lengths.max()), _BYTE_PRIME, dtype=np.uint64))
+        terms = (data[offsets[0]: offsets[-1]].astype(np.uint64) + np.uint64(1)) * powers[position]
+        cumulative = np.concatenate([[np.uint64(0)], np.cumsum(terms, dtype=np.uint64)])
+        sums = cumulative[offsets[1:] - offsets[0]] - cumulative[offsets[:-1] - offsets[0]]
+    return _splitmix64(sums ^ _splitmix64(lengths.astype(np.uint64)))
+
+
+def _column_hash(column):
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        array = array.dictionary_decode()
+        kind = array.type
+    if pa.types.is_string_view(kind):
+        array = array.cast(pa.large_string())
+    elif pa.types.is_binary_view(kind):
+        array = array.cast(pa.large_binary())
+    kind = array.type
+    if (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+        hashed = _bytes_hash(array)
+    elif pa.types.is_floating(kind):
+        values = array.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+        values = np.where(values == 0.0, 0.0, values)          # -0.0 == 0.0
+        hashed = _splitmix64(values.view(np.uint64))
+    elif (pa.types.is_integer(kind) or pa.types.is_boolean(kind) or pa.types.is_temporal(kind)):
+        target = pa.int8() if pa.types.is_boolean(kind) else pa.int64()
+        values = array.cast(target).fill_null(0).to_numpy(zero_copy_only=False)
+        hashed = _splitmix64(values.astype(np.int64).view(np.uint64))
+    else:
+        raise ValueError(f"key column type {kind} is not supported for grouping")
+    if array.null_count:
+        valid = array.is_valid().to_numpy(zero_copy_only=False)
+        hashed = np.where(valid, hashed, np.uint64(0x5BD1E995))
+    return hashed
+
+
+def key_shards(table, key_columns, num_shards):
+    """Shard id in [0, num_shards) of each row, a deterministic function of its key
+    (equal keys map to the same shard on every worker, whatever the chunking or the
+    integer width / string offset width of the columns)."""
+    combined = np.zeros(table.num_rows, dtype=np.uint64)
+    for name in key_columns:
+        combined = _splitmix64(combined * _BYTE_PRIME + _column_hash(table.column(name)))
+    return (combined % np.uint64(num_shards)).astype(np.int64)
+
+
+# --------------------------------------------------------------------------------------
+# Per-element statistics (pure given the table)
+# --------------------------------------------------------------------------------------
+
+def _contribution_columns(k):
+    return [f"__h{i}" for i in range(k)]
+
+
+def table_statistics(table, key_columns, score, *, num_key_shards=_DEFAULT_KEY_SHARDS,
+                     user_column=USER_COLUMN):
+    """Statistics of one user-sharded table for every candidate of ``score``.
+
+    Returns (dropped, partials): ``dropped`` the int64 vector
+    sum_i max(min(w_i, C_m) - C, 0) over this table's users, and ``partials`` a list of
+    (shard, pyarrow.Table) with the key columns and one float64 column per candidate
+    holding the keys' partial expected bounded counts."""
+    k = len(score.candidates)
+    if table.num_rows == 0:
+        return np.zeros(k, dtype=np.int64), []
+    codes = user_codes_of(table, user_column)
+    records = table.select(list(key_columns)).append_column(_USER_CODE, pa.array(codes))
+    grouped = records.group_by(list(key_columns) + [_USER_CODE], use_threads=False)
+    if score.model == "l1":
+        pairs = grouped.aggregate([([], "count_all")])
+        counts = pairs.column("count_all").to_numpy().astype(np.int64)
+    else:
+        pairs = grouped.aggregate([])
+        counts = np.ones(pairs.num_rows, dtype=np.int64)
+    pair_users = pairs.column(_USER_CODE).to_numpy().astype(np.int64)
+    _, user_index = np.unique(pair_users, return_inverse=True)
+    weights = contribution_bound.user_weights(user_index, counts, score.model)
+    dropped = contribution_bound.dropped_contributions(weights, score.candidates,
+                                                       score.max_bound)
+    expected = contribution_bound.expected_bounded_counts(
+        counts, weights[user_index], score.candidates)
+    names = _contribution_columns(k)
+    partial = pairs.select(list(key_columns))
+    for i, name in enumerate(names):
+        partial = partial.append_column(name, pa.array(expected[:, i]))
+    partial = partial.group_by(list(key_columns), use_threads=False).aggregate(
+        [(name, "sum") for name in names])
+    partial = partial.rename_columns(
+        [c[:-4] if c.endswith("_sum") and c[:-4] in names else c
+         for c in partial.column_names])
+    shards = key_shards(partial, key_columns, num_key_shards)
+    order = np.argsort(shards, kind="stable")
+    partial = partial.take(pa.array(order))
+    sorted_shards = shards[order]
+    bounds = np.flatnonzero(np.diff(sorted_shards)) + 1
+    starts = np.concatenate([[0], bounds])
+    ends = np.concatenate([bounds, [len(order)]])
+    partials = [(int(sorted_shards[s]), partial.slice(s, e - s)) for s, e in zip(starts, ends)]
+    return dropped, partials
+
+
+def shard_key_costs(partials, key_columns, score):
+    """sum over the keys of one shard of cost_C(h_j(C)), from partial tables."""
+    names = _contribution_columns(len(score.candidates))
+    tables = [t for t in partials if t.num_rows]
+    if not tables:
+        return np.zeros(len(names))
+    merged = pa.concat_tables(tables, promote_options="permissive")
+    summed = merged.group_by(list(key_columns), use_threads=False).aggregate(
+        [(name, "sum") for name in names])
+    h = np.column_stack([summed.column(f"{name}_sum").to_numpy() for name in names])
+    return score.key_cost(h).sum(axis=0)
+
+
+# --------------------------------------------------------------------------------------
+# Beam stages
+# --------------------------------------------------------------------------------------
+
+@beam.typehints.with_output_types(typing.Tuple[int, typing.Any])
+class _UserStatisticsFn(beam.DoFn):
+    DROPPED = "dropped"
+
+    def __init__(self, key_columns, score, num_key_shards, user_column):
+        self._key_columns = list(key_columns)
+        self._score = score
+        self._num_key_shards = num_key_shards
+        self._user_column = user_column
+
+    def process(self, table):
+        dropped, partials = table_statistics(
+            table, self._key_columns, self._score, num_key_shards=self._num_key_shards,
+            user_column=self._user_column)
+        yield beam.pvalue.TaggedOutput(self.DROPPED, dropped)
+        for shard, partial in partials:
+            yield shard, partial
+
+
+class _SumVectors(beam.CombineFn):
+    """Element-wise sum of (2, K) arrays: row 0 dropped contributions, row 1 key costs."""
+
+    def __init__(self, k):
+        self._k = k
+
+    def create_accumulator(self):
+        return np.zeros((2, self._k))
+
+    def add_input(self, accumulator, vector):
+        return accumulator + vector
+
+    def merge_accumulators(self, accumulators):
+        return sum(accumulators, self.create_accumulator())
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+class _ExponentialMechanismFn(beam.DoFn):
+    def __init__(self, score, epsilon, monotone, rng_factory=None):
+        self._score = score
+        self._epsilon = epsilon
+        self._monotone = monotone
+        self._rng_factory = rng_factory
+        self._draws = beam.metrics.Metrics.counter("thresher", "contribution_bound_draws")
+
+    def setup(self):
+        # A fresh CSPRNG per worker: never pickled, never replayed.
+        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
+
+    def process(self, sums):
+        score = self._score
+        values = score.values(sums[0], sums[1])
+        chosen, probabilities = contribution_bound.choose_bound(
+            values, score.candidates, self._epsilon, score.sensitivity, self._rng,
+            monotone=self._monotone)
+        self._draws.inc()
+        _LOG.info(
+            "NOT PRIVATE (operator log only, never in outputs): contribution bound "
+            "score %s, candidates %s, V(C) %s (dropped %s, key cost %s), exponential "
+            "mechanism probabilities %s; epsilon %g, sensitivity %g, monotone %s; "
+            "chosen C = %d", score.kind, list(score.candidates),
+            np.round(values, 3).tolist(), np.round(sums[0], 3).tolist(),
+            np.round(sums[1], 3).tolist(), np.round(probabilities, 6).tolist(),
+            self._epsilon, score.sensitivity, self._monotone, chosen)
+        yield chosen
+
+
+class ContributionBoundSums(beam.PTransform):
+    """Stages 1-3: one (2, K) float array [dropped(C); sum_j cost_C(h_j(C))].
+
+    NOT PRIVATE: the input of the exponential mechanism. Never write it to an output;
+    it is public only so tests can check it against the one-process reference
+    ``accounting.contribution_bound.score_values``."""
+
+    def __init__(self, key_columns, score, *, num_key_shards=_DEFAULT_KEY_SHARDS,
+                 user_column=USER_COLUMN, label=None):
+        super().__init__(label)
+        self._key_columns = list(key_columns)
+        self._score = score
+        self._num_key_shards = int(num_key_shards)
+        self._user_column = user_column
+
+    def expand(self, tables):
+        k = len(self._score.candidates)
+        key_columns, score = self._key_columns, self._score
+        # pa.Table of whole users -> (shard, pa.Table of partial key sums) + dropped[K]
+        stats = tables | "UserStatistics" >> beam.ParDo(_UserStatisticsFn(
+            key_columns, score, self._num_key_shards, self._user_column)).with_outputs(
+                _UserStatisticsFn.DROPPED, main="partials")
+        dropped = stats[_UserStatisticsFn.DROPPED] | "DroppedRow" >> beam.Map(
+            lambda v, k=k: np.vstack([v.astype(np.float64), np.zeros(k)]))
+        # (shard, [partials]) -> key costs[K] of the shard's keys
+        costs = (stats.partials
+                 | "ShardByKey" >> beam.GroupByKey()
+                 | "SumByKey" >> beam.MapTuple(
+                     lambda _, parts, key_columns=key_columns, score=score: np.vstack(
+                         [np.zeros(len(score.candidates)),
+                          shard_key_costs(list(parts), key_columns, score)])))
+        return ((dropped, costs)
+                | "Merge" >> beam.Flatten()
+                | "SumScores" >> beam.CombineGlobally(_SumVectors(k)))
+
+
+class ChooseContributionBound(beam.PTransform):
+    """Choose the contribution bound C privately (paper 002, Algorithm 4).
+
+    Input: PCollection[pyarrow.Table], user-sharded (every record of a user in one
+    element), with the user id in ``__user`` and the key columns ``key_columns``.
+    Output: a PCollection holding exactly one int, the chosen C (one of
+    ``candidates``), drawn once and materialised: use it as
+    ``beam.pvalue.AsSingleton(chosen, default_value=...)`` in any number of consumers.
+
+    Args:
+      key_columns: names of the key columns.
+      candidates: the grid of bounds (strictly increasing ints in [1, max_bound]);
+        None means ``accounting.contribution_bound.default_candidates(max_bound)``.
+      epsilon: the selection's budget; the stage is (epsilon, 0)-DP.
+      model: "l1" (records, rand-clip) or "l0" (distinct keys per user).
+      score: "laplace_l1" | "laplace_l0" | "gaussian" | "sample_and_threshold".
+      score_params: see ``accounting.contribution_bound.make_score``.
+      max_bound: C_m; user weights are capped at C_m in the score.
+      monotone: use the monotone exponential mechanism, Pr proportional to
+        exp(-epsilon V / Delta) (every score here is monotone: adding a user never
+        decreases V(C); docs/contribution_bound.md). False gives exp(-epsilon V / 2 Delta).
+      rng_factory: tests only (a seeded generator factory).
+    """
+
+    def __init__(self, key_columns, *, candidates, epsilon, model, score, score_params,
+                 max_bound, monotone=True, rng_factory=None, user_column=USER_COLUMN,
+                 num_key_shards=_DEFAULT_KEY_SHARDS, label=None):
+        super().__init__(label)
+        if model not in contribution_bound.MODELS:
+            raise ValueError(f"model must be one of {contribution_bound.MODELS}, got {model!r}")
+        if score in contribution_bound.SCORE_MODELS and \
+                contribution_bound.SCORE_MODELS[score] != model:
+            raise ValueError(f"score {score!r} belongs to the "
+                             f"{contribution_bound.SCORE_MODELS[score]} model, not {model!r}")
+        if candidates is None:
+            candidates = contribution_bound.default_candidates(max_bound)
+        if not (isinstance(epsilon, (int, float)) and 0 < epsilon < float("inf")):
+            raise ValueError(f"epsilon must be > 0, got {epsilon!r}")
+        if not key_columns:
+            raise ValueError("key_columns must name at least one column")
+        if int(num_key_shards) < 1:
+            raise ValueError(f"num_key_shards must be >= 1, got {num_key_shards}")
+        self.score = contribution_bound.make_score(score, candidates, max_bound, score_params)
+        self.epsilon = float(epsilon)
+        self.monotone = bool(monotone)
+        self._key_columns = list(key_columns)
+        self._rng_factory = rng_factory
+        self._user_column = user_column
+        self._num_key_shards = int(num_key_shards)
+
+    @property
+    def sensitivity(self):
+        return self.score.sensitivity
+
+    @property
+    def candidates(self):
+        return self.score.candidates
+
+    def expand(self, tables):
+        sums = tables | "Scores" >> ContributionBoundSums(
+            self._key_columns, self.score, num_key_shards=self._num_key_shards,
+            user_column=self._user_column)
+        return (sums
+                | "ExponentialMechanism" >> beam.ParDo(_ExponentialMechanismFn(
+                    self.score, self.epsilon, self.monotone, self._rng_factory))
+                | "Materialise" >> beam.Reshuffle())

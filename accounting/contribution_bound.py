@@ -44,6 +44,7 @@ SCORE_MODELS = {
     "laplace_l0": "l0",            # l0/l_inf model, Laplace noise + threshold
     "gaussian": "l0",              # GSHM (paper 004 Alg. 1)
     "sample_and_threshold": "l0",  # papers 000/003
+    "weighted_sampling": "l0",     # PWS (paper 001): threshold = count kept with prob. 1/2
 }
 MODELS = ("l0", "l1")
 
@@ -195,11 +196,16 @@ def make_score(kind, candidates, max_bound, score_params):
       gaussian: ``thresholds`` (GSHM tau* per C), optional ``sigmas``.
       sample_and_threshold: ``thresholds`` (tau per C, sampled users) and
         ``sampling_rates`` (p per C).
-    Explicit ``thresholds`` (e.g. from each kind's calibrate()) win over formulas.
+      weighted_sampling: ``thresholds`` (the count reported with probability >= 1/2).
+      any kind: ``params_by_bound`` {C: the kind's calibrate() dict}, from which the
+        thresholds (and scale / sigma / sampling_rate) are read.
+    Explicit per-candidate values win over ``params_by_bound``, which wins over the
+    epsilon/delta formulas (``epsilon``/``delta`` are accepted and ignored otherwise).
     """
     if kind not in SCORE_MODELS:
         raise ValueError(f"score must be one of {sorted(SCORE_MODELS)}, got {kind!r}")
-    allowed = {"epsilon", "delta", "thresholds", "sigmas", "noise_scales", "sampling_rates"}
+    allowed = {"epsilon", "delta", "thresholds", "sigmas", "noise_scales", "sampling_rates",
+               "params_by_bound"}
     params = dict(score_params or {})
     unknown = sorted(set(params) - allowed)
     if unknown:
@@ -207,6 +213,9 @@ def make_score(kind, candidates, max_bound, score_params):
                          f"{sorted(allowed)}")
     cands = _candidate_array(candidates, max_bound)
     c = cands.astype(np.float64)
+    if params.get("params_by_bound") is not None:
+        for name, values in _from_calibrations(kind, params["params_by_bound"], cands).items():
+            params.setdefault(name, values)
 
     thresholds = params.get("thresholds")
     noise_scales = params.get("noise_scales")
@@ -218,8 +227,7 @@ def make_score(kind, candidates, max_bound, score_params):
             thresholds = shift + scale * np.log(c / (2.0 * delta))
         if noise_scales is None:
             noise_scales = scale
-    misplaced = [f for f in ("epsilon", "delta") if f in params and not kind.startswith("laplace")]
-    misplaced += [f for f in ("sigmas",) if f in params and kind != "gaussian"]
+    misplaced = [f for f in ("sigmas",) if f in params and kind != "gaussian"]
     if misplaced:
         raise ValueError(f"score_params.{misplaced[0]} does not apply to score {kind!r}")
     if kind == "gaussian" and params.get("sigmas") is not None:
@@ -241,6 +249,34 @@ def make_score(kind, candidates, max_bound, score_params):
         thresholds=tuple(float(x) for x in thresholds),
         noise_scales=None if noise_scales is None else tuple(float(x) for x in noise_scales),
         sampling_rates=None if rates is None else tuple(float(x) for x in rates))
+
+
+def _from_calibrations(kind, params_by_bound, candidates):
+    """Per-candidate thresholds / noise scales / sampling rates from each candidate's
+    calibrated mechanism parameters (the dicts the pipeline kinds' calibrate() return:
+    gaussian {threshold, sigma}, laplace {threshold, scale}, sample_and_threshold
+    {threshold, sampling_rate}, weighted_sampling {threshold})."""
+    if not isinstance(params_by_bound, Mapping):
+        raise ValueError("score_params.params_by_bound must map each candidate to its "
+                         "calibrated parameters")
+    missing = [int(c) for c in candidates if int(c) not in params_by_bound]
+    if missing:
+        raise ValueError(f"score_params.params_by_bound has no parameters for candidates {missing}")
+    rows = [params_by_bound[int(c)] for c in candidates]
+
+    def column(name):
+        if any(name not in row or row[name] is None for row in rows):
+            raise ValueError(f"score_params.params_by_bound: every candidate needs {name!r}")
+        return [float(row[name]) for row in rows]
+
+    out = {"thresholds": column("threshold")}
+    if kind.startswith("laplace") and all(row.get("scale") is not None for row in rows):
+        out["noise_scales"] = column("scale")
+    if kind == "gaussian" and all(row.get("sigma") is not None for row in rows):
+        out["sigmas"] = column("sigma")
+    if kind == "sample_and_threshold":
+        out["sampling_rates"] = column("sampling_rate")
+    return out
 
 
 def pairs_from_records(user_codes, key_codes):

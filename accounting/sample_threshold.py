@@ -84,7 +84,7 @@ def remove_quantile(epsilon, sampling_rate):
 
 def _sf(t, k, p):
     """P[Bin(k, p) > t] for integer arrays t, k >= 0 (scipy's bdtrc, with its edges fixed)."""
-    t, k = np.broadcast_arrays(np.asarray(t, dtype=np.float64), np.asarray(k, dtype=np.float64))
+    t, k = np.broadcast_arrays(np.asarray(t, dtype=np.float64), np.asarray(k, dtype=np.int64))
     inside = (t >= 0) & (t < k)
     out = np.where(t < 0, 1.0, 0.0)
     out[inside] = special.bdtrc(t[inside], k[inside], p)
@@ -93,7 +93,7 @@ def _sf(t, k, p):
 
 def _cdf(t, k, p):
     """P[Bin(k, p) <= t] for integer arrays t, k >= 0 (scipy's bdtr, with its edges fixed)."""
-    t, k = np.broadcast_arrays(np.asarray(t, dtype=np.float64), np.asarray(k, dtype=np.float64))
+    t, k = np.broadcast_arrays(np.asarray(t, dtype=np.float64), np.asarray(k, dtype=np.int64))
     inside = (t >= 0) & (t < k)
     out = np.where(t >= k, 1.0, 0.0)
     out[inside] = special.bdtr(t[inside], k[inside], p)
@@ -120,33 +120,35 @@ def divergences(epsilon, sampling_rate, threshold, k):
     because for tau <= v < k the likelihood ratio P_k(v)/P_{k-1}(v) = (1 - p) k / (k - v)
     (paper 003, Lemma 3.1) increases in v, crossing e^eps at v = k q and e^-eps at v = k r
     (see :func:`add_quantile`, :func:`remove_quantile`), while v = k has P_{k-1}(k) = 0 and
-    P_k(absent) <= P_{k-1}(absent). The boundary index is evaluated at t - 1, t, t + 1 and
-    the largest sum kept, so a rounding of k q cannot drop a positive term.
+    P_k(absent) <= P_{k-1}(absent). If k q rounds to the wrong side of an integer, the one
+    misplaced term has ratio within float precision of e^eps, so it is 0 to ~1e-16 of
+    its probability: the sums stay exact to float precision (checked against
+    brute-force enumeration in tests).
 
     Args: epsilon > 0, sampling_rate p in (0, 1], threshold tau >= 1, k int array >= 1.
     Returns: (add, remove) float arrays, each in [0, 1].
     """
     p, tau = float(sampling_rate), int(threshold)
-    k = np.asarray(k, dtype=np.int64)
+    k_all = np.asarray(k, dtype=np.int64)
+    add_all, remove_all = np.zeros(k_all.shape), np.zeros(k_all.shape)
+    live = k_all >= tau  # below tau both outputs are always 'absent'
+    k = k_all[live]
     e = math.exp(epsilon)
-    q = add_quantile(epsilon, p)
-    base = np.maximum(np.floor(k * q), tau - 1)
-    add = np.zeros(k.shape)
-    for shift in (-1, 0, 1):
-        t = np.clip(base + shift, tau - 1, k)
-        add = np.maximum(add, _sf(t, k, p) - e * _sf(t, k - 1, p))
+    t = np.clip(np.floor(k * add_quantile(epsilon, p)), tau - 1, k)
+    add = _sf(t, k, p) - e * _sf(t, k - 1, p)
     remove = np.zeros(k.shape)
     r = remove_quantile(epsilon, p)
     if r > 0:
         absent = _cdf(tau - 1, k - 1, p) - e * _cdf(tau - 1, k, p)
-        u0 = np.ceil(k * r) - 1
+        u = np.minimum(np.ceil(k * r) - 1, k - 1)
         partial = np.zeros(k.shape)
-        for shift in (-1, 0, 1):
-            u = np.clip(u0 + shift, tau - 1, k - 1)
-            partial = np.maximum(partial, _range_mass(k - 1, tau - 1, u, p)
-                                 - e * _range_mass(k, tau - 1, u, p))
-        remove = np.maximum(absent, 0.0) + partial
-    return np.clip(add, 0.0, 1.0), np.clip(remove, 0.0, 1.0)
+        some = u >= tau
+        partial[some] = (_range_mass(k[some] - 1, tau - 1, u[some], p)
+                         - e * _range_mass(k[some], tau - 1, u[some], p))
+        remove = np.maximum(absent, 0.0) + np.maximum(partial, 0.0)
+    add_all[live] = np.clip(add, 0.0, 1.0)
+    remove_all[live] = np.clip(remove, 0.0, 1.0)
+    return add_all, remove_all
 
 
 def _tail_bound(epsilon, p, tau, K):
@@ -166,20 +168,27 @@ def _tail_bound(epsilon, p, tau, K):
     return bound
 
 
-def exact_delta_search(epsilon, sampling_rate, threshold):
+def exact_delta_search(epsilon, sampling_rate, threshold, *, target=None):
     """The exact delta with the evidence: (delta, argmax k, last k searched, tail bound).
 
     Divergences are 0 for k < tau (both outputs are always 'absent'); k runs from tau up
-    to K, K doubling until :func:`_tail_bound` (K) <= 1e-6 of the maximum found. The value
+    to K, K growing until :func:`_tail_bound` (K) <= 1e-6 of the maximum found. The value
     returned is max(maximum over [tau, K], tail bound): an upper bound on the supremum
     over all k >= 1 that equals it up to that relative 1e-6.
+
+    With ``target`` the search only decides "delta <= target": it stops as soon as a
+    divergence above target is found (returned as delta: a lower bound, already too big)
+    or the tail bound is below target (the value returned then still bounds delta).
     """
     p, tau = float(sampling_rate), int(threshold)
     if p == 1.0:  # v = k is always sampled: k = tau is released, k - 1 = tau - 1 never.
         return 1.0, tau, tau, 0.0
     q = add_quantile(epsilon, p)
     best, best_k = 0.0, tau
-    lo, K = tau, tau + int(math.ceil(4 * tau / q)) + 64
+    # The maximum sits near k = tau / q; each further tau / q multiplies the tail bound
+    # by about the KL bound itself, so the range grows by steps of that size (doubling).
+    step = int(math.ceil(0.5 * tau / q)) + 64
+    lo, K = tau, tau + 3 * step
     while True:
         for start in range(lo, K + 1, _K_CHUNK):
             ks = np.arange(start, min(K, start + _K_CHUNK - 1) + 1, dtype=np.int64)
@@ -188,10 +197,20 @@ def exact_delta_search(epsilon, sampling_rate, threshold):
             i = int(np.argmax(both))
             if both[i] > best:
                 best, best_k = float(both[i]), int(ks[i])
+            if target is not None and best > target:
+                return best, best_k, int(ks[-1]), math.nan
         tail = _tail_bound(epsilon, p, tau, K)
-        if tail <= max(_TAIL_REL * best, _TAIL_FLOOR) or K >= _K_MAX:
+        done = tail <= max(_TAIL_REL * best, _TAIL_FLOOR)
+        if done or K >= _K_MAX or (target is not None and tail <= target):
             return min(1.0, max(best, tail)), best_k, K, tail
-        lo, K = K + 1, min(2 * K, _K_MAX)
+        lo, K, step = K + 1, min(K + step, _K_MAX), 2 * step
+
+
+def _meets(epsilon, p, tau, delta_target, method):
+    """delta(epsilon, p, tau) <= delta_target, deciding the exact case early."""
+    if method == "exact":
+        return exact_delta_search(epsilon, p, tau, target=delta_target)[0] <= delta_target
+    return delta(epsilon, p, tau, method=method) <= delta_target
 
 
 def delta(epsilon, sampling_rate, threshold, *, method="exact"):
@@ -245,11 +264,9 @@ def min_threshold(epsilon, delta_target, sampling_rate, *, method="exact", max_t
         raise ValueError(f"delta must be in (0, 1), got {delta_target}")
 
     def meets(tau):
-        return delta(epsilon, sampling_rate, tau, method=method) <= delta_target
+        return _meets(epsilon, sampling_rate, tau, delta_target, method)
 
-    if not meets(max_threshold):
-        return None
-    return smallest_integer(meets, 1, max_threshold)
+    return smallest_integer(meets, 1, max_high=max_threshold)
 
 
 def sampling_rate_for(epsilon, delta_target, threshold, *, method="exact", rel_tol=1e-9):
@@ -265,7 +282,7 @@ def sampling_rate_for(epsilon, delta_target, threshold, *, method="exact", rel_t
 
     def meets(y):
         p = math.exp(-y)
-        return p < _MIN_SAMPLING_RATE or delta(epsilon, p, threshold, method=method) <= delta_target
+        return p < _MIN_SAMPLING_RATE or _meets(epsilon, p, threshold, delta_target, method)
 
     y = smallest_real(meets, 0.0, math.inf, rel_tol=rel_tol, abs_tol=rel_tol * 1e-3)
     if y is None:
@@ -368,7 +385,7 @@ def best_release_point(epsilon, delta_target, *, method="exact", max_threshold=1
 
     def point(tau):  # coarse rates to choose tau; the chosen tau's rate is refined below
         if tau not in cache:
-            p = sampling_rate_for(epsilon, delta_target, tau, method=method, rel_tol=1e-4)
+            p = sampling_rate_for(epsilon, delta_target, tau, method=method, rel_tol=1e-2)
             cache[tau] = (math.inf if p is None else tau / p, p)
         return cache[tau]
 
@@ -379,7 +396,7 @@ def best_release_point(epsilon, delta_target, *, method="exact", max_threshold=1
     while tau <= max_threshold:
         if point(tau)[0] < point(best_tau)[0]:
             best_tau = tau
-        elif tau > 4 * best_tau:
+        elif tau > 2 * best_tau:
             break
         tau *= 2
     lo, hi = max(1, best_tau // 2), min(max_threshold, best_tau * 2)
@@ -390,14 +407,20 @@ def best_release_point(epsilon, delta_target, *, method="exact", max_threshold=1
             hi = m2
         else:
             lo = m1
-    for tau in range(max(1, lo - 4), min(max_threshold, hi + 4) + 1):
+    for tau in range(max(1, lo - 2), min(max_threshold, hi + 2) + 1):
         point(tau)
-    best_tau = min(cache, key=lambda t: (cache[t][0], t))
-    if cache[best_tau][1] is None:
+    ranked = sorted(cache, key=lambda t: (cache[t][0], t))
+    if cache[ranked[0]][1] is None:
         raise CalibrationInfeasible(
             f"no sampling rate meets epsilon {epsilon:g}, delta {delta_target:g} "
             f"with a threshold <= {max_threshold}")
-    return sampling_rate_for(epsilon, delta_target, best_tau, method=method), best_tau
+    # The coarse rates are within 1%; the finalists get full precision.
+    finals = {}
+    for tau in ranked[:3]:
+        if cache[tau][1] is not None:
+            finals[tau] = sampling_rate_for(epsilon, delta_target, tau, method=method)
+    best_tau = min(finals, key=lambda t: (t / finals[t], t))
+    return finals[best_tau], best_tau
 
 
 def calibrate(epsilon, delta_target, max_keys_per_user, *, sampling_rate=None, threshold=None,

@@ -52,7 +52,13 @@ class Plan:
                     "model": spec.bounding.model,
                     "chosen_by": "exponential_mechanism" if spec.auto_bound else "spec"}
         if spec.auto_bound:
+            from accounting.contribution_bound import score_sensitivity
             bounding["candidates"] = list(self.candidates)
+            bounding["selection"] = {
+                "epsilon": self.select_stage.epsilon,
+                "sensitivity": score_sensitivity(self.candidates, spec.bounding.auto.max_bound),
+                "exponent": "epsilon * score / sensitivity (scores monotone in the data; "
+                            "docs/contribution_bound.md)"}
             if self.excluded_bounds:
                 bounding["excluded_candidates"] = {str(c): why for c, why in self.excluded_bounds.items()}
             if chosen_bound is not None:

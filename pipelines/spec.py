@@ -298,13 +298,10 @@ def _parse_auto(section, privacy):
 
 
 def default_candidates(max_bound):
-    """Powers of two up to max_bound, with max_bound itself (paper 002 uses a grid too)."""
-    cands, c = [], 1
-    while c < max_bound:
-        cands.append(c)
-        c *= 2
-    cands.append(max_bound)
-    return tuple(cands)
+    """The geometric sqrt(2) grid 1, 2, 3, 4, 6, 8, 11, ... up to max_bound
+    (accounting.contribution_bound.default_candidates; docs/contribution_bound.md)."""
+    from accounting.contribution_bound import default_candidates as grid
+    return grid(max_bound)
 
 
 def _parse_mechanism(section):

@@ -6,7 +6,7 @@ Stages (one pass over the user-sharded records, vectorised over all candidates):
    with counts N_ij, user weights w_i (records m_i in the l1 model, distinct keys k_i in
    the l0 model), the dropped contributions sum_i max(min(w_i, C_m) - C, 0) for every
    C, and each key's expected bounded count sum_i N_ij C / max(C, w_i) for every C,
-   split into key shards by a deterministic hash of the key columns.
+   split into key shards by the key hash ``__key`` (as ``SumCountsPerKey`` does).
 2. ``SumByKey`` -- a GroupByKey on the key shard brings every partial of a key
    together; each shard sums them and reduces its keys to sum_j cost_C(h_j(C)).
 3. ``SumScores`` -- a global combiner adds the dropped and key-cost vectors.
@@ -26,9 +26,11 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from accounting import contribution_bound, selection
+from accounting import contribution_bound
 from transforms import samplers
-from transforms.rand_clip import USER_COLUMN, user_codes_of
+from transforms.hashing import hash_columns
+from transforms.rand_clip import user_codes_of
+from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, split_by_shard
 
 _LOG = logging.getLogger("thresher.choose_contribution_bound")
 
@@ -36,84 +38,15 @@ _USER_CODE = "__user_code"
 _DEFAULT_KEY_SHARDS = 16
 
 
-# --------------------------------------------------------------------------------------
-# Deterministic hash of key columns (for sharding by key; equal keys -> equal shard)
-# --------------------------------------------------------------------------------------
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_BYTE_PRIME = np.uint64(0x100000001B3)
-
-
-def _splitmix64(x):
-    x = x + _GOLDEN
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def _bytes_hash(array):
-    """Polynomial hash of each value's bytes (string/binary arrays), mod 2**64."""
-    if pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type):
-        offset_type = np.int64
-    else:
-        offset_type = np.int32
-    buffers = array.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=offset_type)[
-        array.offset: array.offset + len(array) + 1].astype(np.int64)
-    data = (np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None
-            else np.zeros(0, dtype=np.uint8))
-    lengths = np.diff(offsets)
-    total = int(offsets[-1] - offsets[0])
-    if total == 0:
-        sums = np.zeros(len(array), dtype=np.uint64)
-    else:
-        owner = np.repeat(np.arange(len(array)), lengths)
-        position = np.arange(total, dtype=np.int64) - (offsets[:-1] - offsets[0])[owner]
-        powers = np.cumprod(np.full(int(lengths.max()), _BYTE_PRIME, dtype=np.uint64))
-        terms = (data[offsets[0]: offsets[-1]].astype(np.uint64) + np.uint64(1)) * powers[position]
-        cumulative = np.concatenate([[np.uint64(0)], np.cumsum(terms, dtype=np.uint64)])
-        sums = cumulative[offsets[1:] - offsets[0]] - cumulative[offsets[:-1] - offsets[0]]
-    return _splitmix64(sums ^ _splitmix64(lengths.astype(np.uint64)))
-
-
-def _column_hash(column):
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    kind = array.type
-    if pa.types.is_dictionary(kind):
-        array = array.dictionary_decode()
-        kind = array.type
-    if pa.types.is_string_view(kind):
-        array = array.cast(pa.large_string())
-    elif pa.types.is_binary_view(kind):
-        array = array.cast(pa.large_binary())
-    kind = array.type
-    if (pa.types.is_string(kind) or pa.types.is_large_string(kind)
-            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
-        hashed = _bytes_hash(array)
-    elif pa.types.is_floating(kind):
-        values = array.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
-        values = np.where(values == 0.0, 0.0, values)          # -0.0 == 0.0
-        hashed = _splitmix64(values.view(np.uint64))
-    elif (pa.types.is_integer(kind) or pa.types.is_boolean(kind) or pa.types.is_temporal(kind)):
-        target = pa.int8() if pa.types.is_boolean(kind) else pa.int64()
-        values = array.cast(target).fill_null(0).to_numpy(zero_copy_only=False)
-        hashed = _splitmix64(values.astype(np.int64).view(np.uint64))
-    else:
-        raise ValueError(f"key column type {kind} is not supported for grouping")
-    if array.null_count:
-        valid = array.is_valid().to_numpy(zero_copy_only=False)
-        hashed = np.where(valid, hashed, np.uint64(0x5BD1E995))
-    return hashed
-
-
 def key_shards(table, key_columns, num_shards):
-    """Shard id in [0, num_shards) of each row, a deterministic function of its key
-    (equal keys map to the same shard on every worker, whatever the chunking or the
-    integer width / string offset width of the columns)."""
-    combined = np.zeros(table.num_rows, dtype=np.uint64)
-    for name in key_columns:
-        combined = _splitmix64(combined * _BYTE_PRIME + _column_hash(table.column(name)))
-    return (combined % np.uint64(num_shards)).astype(np.int64)
+    """Key shard in [0, num_shards) of each row: ``__key`` (the key hash the reader adds,
+    ``transforms.hashing``) modulo num_shards, as ``SumCountsPerKey`` shards keys; the
+    hash is computed from the key columns when the table has no ``__key``."""
+    if KEY_HASH_COLUMN in table.column_names:
+        hashes = table.column(KEY_HASH_COLUMN).to_numpy()
+    else:
+        hashes = hash_columns(table, key_columns)
+    return (np.asarray(hashes, dtype=np.uint64) % np.uint64(num_shards)).astype(np.int64)
 
 
 # --------------------------------------------------------------------------------------
@@ -136,8 +69,12 @@ def table_statistics(table, key_columns, score, *, num_key_shards=_DEFAULT_KEY_S
     if table.num_rows == 0:
         return np.zeros(k, dtype=np.int64), []
     codes = user_codes_of(table, user_column)
-    records = table.select(list(key_columns)).append_column(_USER_CODE, pa.array(codes))
-    grouped = records.group_by(list(key_columns) + [_USER_CODE], use_threads=False)
+    # Group by the key values (and their hash, when the reader added one: carried along
+    # for key sharding, it is a function of the key).
+    key_group = list(key_columns) + (
+        [KEY_HASH_COLUMN] if KEY_HASH_COLUMN in table.column_names else [])
+    records = table.select(key_group).append_column(_USER_CODE, pa.array(codes))
+    grouped = records.group_by(key_group + [_USER_CODE], use_threads=False)
     if score.model == "l1":
         pairs = grouped.aggregate([([], "count_all")])
         counts = pairs.column("count_all").to_numpy().astype(np.int64)
@@ -152,22 +89,18 @@ def table_statistics(table, key_columns, score, *, num_key_shards=_DEFAULT_KEY_S
     expected = contribution_bound.expected_bounded_counts(
         counts, weights[user_index], score.candidates)
     names = _contribution_columns(k)
-    partial = pairs.select(list(key_columns))
+    partial = pairs.select(key_group)
     for i, name in enumerate(names):
         partial = partial.append_column(name, pa.array(expected[:, i]))
-    partial = partial.group_by(list(key_columns), use_threads=False).aggregate(
+    partial = partial.group_by(key_group, use_threads=False).aggregate(
         [(name, "sum") for name in names])
     partial = partial.rename_columns(
         [c[:-4] if c.endswith("_sum") and c[:-4] in names else c
          for c in partial.column_names])
-    shards = key_shards(partial, key_columns, num_key_shards)
-    order = np.argsort(shards, kind="stable")
-    partial = partial.take(pa.array(order))
-    sorted_shards = shards[order]
-    bounds = np.flatnonzero(np.diff(sorted_shards)) + 1
-    starts = np.concatenate([[0], bounds])
-    ends = np.concatenate([bounds, [len(order)]])
-    partials = [(int(sorted_shards[s]), partial.slice(s, e - s)) for s, e in zip(starts, ends)]
+    # One compact table per shard (split_by_shard takes, never slices: a pickled slice
+    # would carry its whole parent buffer through the shuffle).
+    partials = list(split_by_shard(partial, key_shards(partial, key_columns, num_key_shards),
+                                   num_key_shards))
     return dropped, partials
 
 
@@ -178,7 +111,9 @@ def shard_key_costs(partials, key_columns, score):
     if not tables:
         return np.zeros(len(names))
     merged = pa.concat_tables(tables, promote_options="permissive")
-    summed = merged.group_by(list(key_columns), use_threads=False).aggregate(
+    key_group = list(key_columns) + (
+        [KEY_HASH_COLUMN] if KEY_HASH_COLUMN in merged.column_names else [])
+    summed = merged.group_by(key_group, use_threads=False).aggregate(
         [(name, "sum") for name in names])
     h = np.column_stack([summed.column(f"{name}_sum").to_numpy() for name in names])
     return score.key_cost(h).sum(axis=0)

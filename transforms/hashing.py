@@ -14,8 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 _P = np.uint64(0x100000001B3)  # FNV-1 64-bit prime: odd, so powers never vanish mod 2**64
-_CHUNK_BYTES = 1 << 21
-_BLOCK_BYTES = 1 << 16  # working set of one pass (cache-sized); values up to _CHUNK_BYTES
+_CHUNK_BYTES = 1 << 18  # power-table size (2 MiB each); longer values are folded chunk by chunk
 
 
 def mix64(x):
@@ -74,8 +73,7 @@ def _hash_binary(arr):
 
     Within a chunk of the data buffer, sum_{k in s} b_k P**(k - start_s) is
     P**(-start_s) * sum_{k in s} b_k P**k, so one pass over the bytes with global powers,
-    a running sum (differences of a wrapping uint64 cumsum are exact mod 2**64) and one
-    multiply per string give every hash."""
+    a segmented sum and one multiply per string give every hash."""
     if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type)
             or pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)):
         arr = arr.cast(pa.large_binary())
@@ -88,19 +86,20 @@ def _hash_binary(arr):
     powers, inv_powers = _power_tables()
     start = 0
     while start < n:
-        # whole strings, at most _BLOCK_BYTES bytes (a longer single string is hashed alone)
-        stop = int(np.searchsorted(offsets, offsets[start] + _BLOCK_BYTES, side="right")) - 1
+        # whole strings, at most _CHUNK_BYTES bytes (a longer single string is hashed alone)
+        stop = int(np.searchsorted(offsets, offsets[start] + _CHUNK_BYTES, side="right")) - 1
         stop = min(max(stop, start + 1), n)
         lo, hi = int(offsets[start]), int(offsets[stop])
         if hi - lo > _CHUNK_BYTES:  # one very long value: fold it in chunk-sized pieces
             out[start] = _hash_long(data[lo:hi], powers)
         elif hi > lo:
-            running = np.empty(hi - lo + 1, dtype=np.uint64)
-            running[0] = 0
-            np.cumsum(np.multiply(data[lo:hi], powers[: hi - lo], dtype=np.uint64), out=running[1:])
-            bounds = offsets[start:stop + 1] - lo
-            sums = running[bounds[1:]] - running[bounds[:-1]]
-            out[start:stop] = sums * inv_powers[bounds[:-1]]
+            seg = data[lo:hi].astype(np.uint64)
+            seg *= powers[: hi - lo]
+            starts = offsets[start:stop] - lo
+            nonempty = lengths[start:stop] > 0
+            sums = np.zeros(stop - start, dtype=np.uint64)
+            sums[nonempty] = np.add.reduceat(seg, starts[nonempty])
+            out[start:stop] = sums * inv_powers[starts]
         start = stop
     return mix64(out ^ _length_mix(lengths))
 

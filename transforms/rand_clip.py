@@ -14,7 +14,9 @@ randomness (mechanisms.md, privacy model). Priorities tie with probability below
 n^2 / 2^64 (ties are broken by input position).
 
 :class:`RandClip` applies the kernel to user-sharded ``pyarrow.Table`` elements (every
-record of a user in one element, the user id in ``__user``); C is an int or a
+record of a user in one element, from ``transforms.user_shards.ShardByUser``: the user
+hash in ``__user``, the key hash in ``__key``, the key columns) and outputs, like
+``PerUserBound``, the partial record counts per key of each element; C is an int or a
 ``beam.pvalue.AsSingleton`` side input (e.g. from ``ChooseContributionBound``).
 """
 import apache_beam as beam
@@ -23,8 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from transforms import samplers
-
-USER_COLUMN = "__user"
+from transforms.hashing import hash_columns
+from transforms.per_user_bound import count_per_key
+from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 
 def rank_within_user(user_codes, priorities):
@@ -93,43 +96,63 @@ def _bound(value):
     return int(value)
 
 
+def rand_clip_counts(table, key_columns, max_records_per_user, rng,
+                     user_column=USER_COLUMN):
+    """Rand-clip one user-sharded table and count the kept records per key: a table of
+    the key columns, ``__key`` and int64 ``count`` (as ``PerUserBound`` emits in the
+    l0 model). ``__key`` is computed with ``transforms.hashing`` if the table lacks it."""
+    kept = rand_clip_table(table, max_records_per_user, rng, user_column)
+    if KEY_HASH_COLUMN not in kept.column_names:
+        kept = kept.append_column(
+            KEY_HASH_COLUMN, pa.array(hash_columns(kept, key_columns), type=pa.uint64()))
+    return count_per_key(kept, key_columns)
+
+
 class _RandClipFn(beam.DoFn):
-    def __init__(self, user_column, rng_factory=None):
+    def __init__(self, key_columns, user_column, rng_factory=None):
+        self._key_columns = tuple(key_columns)
         self._user_column = user_column
         self._rng_factory = rng_factory
-        self._dropped = beam.metrics.Metrics.counter(
-            "thresher", "rand_clip_dropped_records_NOT_PRIVATE")
 
     def setup(self):
         # A fresh CSPRNG per worker: never pickled, never replayed.
         self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
 
     def process(self, table, max_records_per_user):
-        kept = rand_clip_table(table, max_records_per_user, self._rng, self._user_column)
-        self._dropped.inc(table.num_rows - kept.num_rows)
-        if kept.num_rows:
-            yield kept
+        counts = rand_clip_counts(table, self._key_columns, max_records_per_user, self._rng,
+                                  self._user_column)
+        kept = int(np.sum(counts.column("count").to_numpy())) if counts.num_rows else 0
+        beam.metrics.Metrics.counter("thresher_not_private", "records_kept").inc(kept)
+        beam.metrics.Metrics.counter("thresher_not_private", "rows_bounded").inc(table.num_rows)
+        if counts.num_rows:
+            yield counts
 
 
 class RandClip(beam.PTransform):
-    """Rand-clip every user to at most C records (paper 002 Sec. 5).
+    """Rand-clip every user to at most C records (paper 002 Sec. 5), then count per key.
 
     Input: PCollection[pyarrow.Table], user-sharded (all records of a user in one
-    element), user id in ``user_column``. Output: the same tables restricted to the kept
-    records. ``max_records_per_user`` is an int >= 1 or a side input
-    (``beam.pvalue.AsSingleton``) carrying one. ``rng_factory`` is for tests only.
+    element; ``transforms.user_shards.ShardByUser``), user id or hash in ``user_column``,
+    the key columns and ``__key``. Output: PCollection[pyarrow.Table] of partial record
+    counts -- key columns, ``__key``, int64 ``count`` -- for ``SumCountsPerKey``.
+    ``max_records_per_user`` is an int >= 1 or a side input (``beam.pvalue.AsSingleton``)
+    carrying one. ``rng_factory`` is for tests only.
     """
 
-    def __init__(self, max_records_per_user, *, user_column=USER_COLUMN, rng_factory=None,
-                 label=None):
+    def __init__(self, key_columns, max_records_per_user, *, user_column=USER_COLUMN,
+                 rng_factory=None, label=None):
         super().__init__(label)
         if isinstance(max_records_per_user, (int, np.integer)):
             _bound(max_records_per_user)
+        if not key_columns:
+            raise ValueError("key_columns must name at least one column")
+        self._key_columns = tuple(key_columns)
         self._max_records_per_user = max_records_per_user
         self._user_column = user_column
         self._rng_factory = rng_factory
 
-    def expand(self, tables):
-        # pa.Table (all records of a set of users) -> pa.Table (kept records)
-        return tables | "RandClipRecords" >> beam.ParDo(
-            _RandClipFn(self._user_column, self._rng_factory), self._max_records_per_user)
+    def expand(self, user_shards):
+        # pa.Table (all records of a set of users) -> pa.Table(keys, __key, count)
+        return user_shards | "RandClipRecords" >> beam.ParDo(
+            _RandClipFn(self._key_columns, self._user_column, self._rng_factory),
+            self._max_records_per_user)

@@ -6,12 +6,14 @@ columns) and the key columns. Output: PCollection[pyarrow.Table], each element h
 *all* records of the users whose hash falls in one shard — what contribution bounding
 (PerUserBound, RandClip) and per-user statistics (ChooseContributionBound) need.
 
-Rows travel as Arrow batches, never one Python object per row: a batch is split into
-``num_shards`` pieces with one argsort, and a GroupByKey on the shard id gathers them.
+Rows travel as Arrow batches, never one Python object per row: batches (coalesced to about
+``COALESCE_ROWS`` rows) are split into ``num_shards`` pieces with one radix argsort, and a
+GroupByKey on the shard id gathers them.
 """
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+from apache_beam.utils.windowed_value import WindowedValue
 
 USER_COLUMN = "__user"
 KEY_HASH_COLUMN = "__key"
@@ -49,13 +51,45 @@ def concat(tables):
     return pa.concat_tables(tables, promote_options="permissive").combine_chunks()
 
 
-class _SplitByUser(beam.DoFn):
-    def __init__(self, num_shards):
-        self._num_shards = num_shards
+# Read batches are coalesced up to this many rows before they are split: the shuffle then
+# moves num_shards pieces per ~1M rows instead of per read batch (row group), which cuts
+# the runner's per-element cost (about 0.6 s of CPU per 1e7 rows at 100k-row row groups).
+COALESCE_ROWS = 1 << 20
 
-    def process(self, table):
+
+class _SplitByUser(beam.DoFn):
+    def __init__(self, num_shards, coalesce_rows=COALESCE_ROWS):
+        self._num_shards = num_shards
+        self._coalesce_rows = coalesce_rows
+
+    def start_bundle(self):
+        self._pending = {}  # window -> [tables]
+        self._pending_rows = {}
+
+    def _split(self, tables):
+        table = concat(tables)
+        if table is None:
+            return
         user_hash = table.column(USER_COLUMN).to_numpy()
         yield from split_by_shard(table, user_shard_of(user_hash, self._num_shards), self._num_shards)
+
+    def process(self, table, window=beam.DoFn.WindowParam):
+        if table.num_rows >= self._coalesce_rows:
+            yield from self._split([table])
+            return
+        self._pending.setdefault(window, []).append(table)
+        self._pending_rows[window] = self._pending_rows.get(window, 0) + table.num_rows
+        if self._pending_rows[window] >= self._coalesce_rows:
+            tables = self._pending.pop(window)
+            del self._pending_rows[window]
+            yield from self._split(tables)
+
+    def finish_bundle(self):
+        for window, tables in self._pending.items():
+            for piece in self._split(tables):
+                yield WindowedValue(piece, window.max_timestamp(), [window])
+        self._pending = {}
+        self._pending_rows = {}
 
 
 def _concat_shard(shard_and_tables):

@@ -63,6 +63,9 @@ def _score(kind, seed=0):
         params = {"epsilon": 0.5, "delta": 1e-6}
     elif kind == "gaussian":
         params = {"thresholds": list(rng.uniform(2, 40, k)), "sigmas": list(rng.uniform(1, 9, k))}
+    elif kind == "weighted_sampling":
+        params = {"params_by_bound": {c: {"threshold": float(t)}
+                                      for c, t in zip(_CANDIDATES, rng.integers(2, 30, k))}}
     else:
         params = {"thresholds": list(rng.integers(1, 15, k).astype(float)),
                   "sampling_rates": list(rng.uniform(0.02, 1.0, k))}
@@ -135,6 +138,25 @@ def test_laplace_thresholds_follow_the_paper_and_the_l0_variant():
     np.testing.assert_allclose(explicit.thresholds, 10.0 * c)
 
 
+def test_params_by_bound_reads_each_kinds_calibrated_parameters():
+    """The pipeline passes {C: calibrate() dict}; thresholds and noise come from there and
+    win over the epsilon/delta formula."""
+    by_bound = {c: {"kind": "gaussian", "threshold": 10 + c, "sigma": 2.0 * c,
+                    "pre_threshold": 1} for c in _CANDIDATES}
+    score = cb.make_score("gaussian", _CANDIDATES, _MAX_BOUND,
+                          {"epsilon": 0.9, "delta": 1e-6, "params_by_bound": by_bound})
+    assert score.thresholds == tuple(10.0 + c for c in _CANDIDATES)
+    np.testing.assert_allclose(score.noise_scales,
+                               [2.0 * c * math.sqrt(2 / math.pi) for c in _CANDIDATES])
+    laplace = cb.make_score("laplace_l0", _CANDIDATES, _MAX_BOUND, {
+        "epsilon": 0.9, "delta": 1e-6,
+        "params_by_bound": {c: {"threshold": 7 * c, "scale": c / 0.9} for c in _CANDIDATES}})
+    assert laplace.thresholds == tuple(7.0 * c for c in _CANDIDATES)
+    st_score = cb.make_score("sample_and_threshold", _CANDIDATES, _MAX_BOUND, {
+        "params_by_bound": {c: {"threshold": 4, "sampling_rate": 0.5 / c} for c in _CANDIDATES}})
+    np.testing.assert_allclose(st_score.caps(), [4 * 2.0 * c for c in _CANDIDATES])
+
+
 # ------------------------------------------------------------------ sensitivity proofs
 
 @pytest.mark.parametrize("kind", sorted(cb.SCORE_MODELS))
@@ -187,8 +209,13 @@ def test_key_cost_is_zero_at_zero_non_decreasing_and_1_lipschitz(kind, a, b):
     (dict(kind="laplace_l1", score_params={"epsilon": 1.0}), "score_params.delta"),
     (dict(kind="laplace_l1", score_params={"epsilon": -1.0, "delta": 1e-5}), "score_params.epsilon"),
     (dict(kind="gaussian", score_params={}), "thresholds"),
-    (dict(kind="gaussian", score_params={"epsilon": 1.0, "thresholds": [1.0] * 7}),
-     "score_params.epsilon"),
+    (dict(kind="laplace_l0", score_params={"sigmas": [1.0] * 7, "thresholds": [1.0] * 7}),
+     "score_params.sigmas"),
+    (dict(kind="gaussian", score_params={"params_by_bound": {1: {"threshold": 3}}}),
+     "params_by_bound"),
+    (dict(kind="sample_and_threshold",
+          score_params={"params_by_bound": {c: {"threshold": 3} for c in _CANDIDATES}}),
+     "sampling_rate"),
     (dict(kind="gaussian", score_params={"thresholds": [1.0] * 6}), "score_params.thresholds"),
     (dict(kind="gaussian", score_params={"thresholds": {1: 2.0}}), "score_params.thresholds"),
     (dict(kind="sample_and_threshold", score_params={"thresholds": [5.0] * 7}),

@@ -120,7 +120,7 @@ def _threshold_events(codes_p, codes_q, n_p, n_q, delta, alpha):
     """Best {x >= t} or {x <= t}: returns (bound, (">=" or "<=", t))."""
     values = np.unique(np.concatenate([codes_p, codes_q]))
     sp, sq = np.sort(codes_p), np.sort(codes_q)
-    best = (-math.inf, None)
+    best = (-math.inf, (">=", int(values[0])))   # everything: a valid (useless) event
     # {x >= t}: counts of codes >= t for every candidate t
     ge_p = n_p - np.searchsorted(sp, values, side="left")
     ge_q = n_q - np.searchsorted(sq, values, side="left")
@@ -201,10 +201,8 @@ def audit(run_d, run_d_prime, *, claimed_epsilon, claimed_delta, trials=10**6, s
         for family in families:
             pick = (_likelihood_events if family == "likelihood" else _threshold_events)(
                 sel_p, sel_q, half, half, claimed_delta, alpha)
-            if pick[1] is not None and (chosen is None or pick[0] > chosen[0]):
+            if chosen is None or pick[0] > chosen[0]:
                 chosen = (pick[0], pick[1], family)
-        if chosen is None:
-            continue
         _, event, family = chosen
         k_p = int(np.count_nonzero(_in_event(ev_p, event, family)))
         k_q = int(np.count_nonzero(_in_event(ev_q, event, family)))

@@ -295,8 +295,8 @@ def sample_and_threshold(*, keys=1, epsilon=EPSILON, delta=DELTA, mutation="", k
         raise ValueError(mutation)
     if k is None:
         candidates = np.arange(max(1, threshold), int(4 * threshold / rate) + 2)
-        worst = [sum(acc.divergences(p.per_key_epsilon, rate, threshold, int(c))) for c in candidates]
-        k = int(candidates[int(np.argmax(worst))])
+        add, remove = acc.divergences(p.per_key_epsilon, rate, threshold, candidates)
+        k = int(candidates[int(np.argmax(np.maximum(add, remove)))])
     kernel = mod.sample_and_threshold
 
     def runner(count):

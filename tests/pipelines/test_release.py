@@ -122,3 +122,43 @@ def test_beam_flags_after_double_dash_reach_the_runner(write_spec, small_parquet
     # the failed run left the earlier release in place, untouched
     assert (tmp_path / "out" / "release_report.json").exists()
     assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+
+
+KIND_CASES = [
+    ({"mechanism": {"kind": "gaussian"}}, ["count"]),
+    ({"mechanism": {"kind": "laplace"}}, ["count"]),
+    ({"mechanism": {"kind": "laplace"}, "bounding.model": "l1"}, ["count"]),
+    ({"mechanism": {"kind": "sample_and_threshold"}}, ["count", "estimate"]),
+    ({"mechanism": {"kind": "weighted_sampling"}}, ["token", "estimate"]),
+]
+
+
+@pytest.mark.parametrize("bound", [8, "auto"])
+@pytest.mark.parametrize("changes,columns", KIND_CASES,
+                         ids=["gaussian", "laplace_l0", "laplace_l1", "sample_and_threshold",
+                              "weighted_sampling"])
+def test_every_kind_with_fixed_and_auto_bound(write_spec, small_parquet, tmp_path, changes,
+                                              columns, bound):
+    """Each mechanism kind runs end to end; with `auto` the chosen bound is one of the
+    candidates and the stages add up to the spec's total budget."""
+    spec = spec_mod.load(write_spec({"input.path": small_parquet,
+                                     "bounding.max_keys_per_user": bound, **changes}))
+    plan = make_plan(spec)
+    report = run(plan)
+    released = pq.read_table(tmp_path / "out" / "released.parquet")
+    assert released.schema.names == ["word", *columns]
+    assert released.num_rows == report["released_keys"]
+    stages = report["privacy"]["stages"]
+    assert sum(s["epsilon"] for s in stages) == pytest.approx(1.0, rel=1e-12)
+    assert sum(s["delta"] for s in stages) == pytest.approx(1e-8, rel=1e-12)
+    assert report["privacy"]["epsilon"] == 1.0 and report["privacy"]["delta"] == 1e-8
+    if bound == "auto":
+        chosen = report["bounding"]["max_keys_per_user"]
+        assert report["bounding"]["chosen_by"] == "exponential_mechanism"
+        assert chosen in report["bounding"]["candidates"]
+        assert [s["name"] for s in stages] == ["choose_contribution_bound", "release"]
+        assert stages[1]["delta"] == 1e-8 and stages[0]["delta"] == 0
+        assert report["mechanism"] == plan.params_by_bound[chosen]
+    else:
+        assert report["bounding"]["chosen_by"] == "spec"
+        assert report["bounding"]["max_keys_per_user"] == 8

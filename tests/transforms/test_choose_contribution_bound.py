@@ -69,20 +69,44 @@ def test_beam_sums_equal_the_one_process_reference(score):
 
 
 def test_key_shards_depend_only_on_the_key_values():
-    a = pa.table({"s": pa.array(["x", "yy", None, "", "zzz"]),
+    a = pa.table({"s": pa.array(["x", "yy", "q", "", "zzz"]),
                   "i": pa.array([1, 2, 3, 4, 5], type=pa.int32())})
     b = pa.Table.from_batches([
         pa.record_batch({"s": pa.array(["zzz", "x"], type=pa.large_string()),
                          "i": pa.array([5, 1], type=pa.int64())}),
-        pa.record_batch({"s": pa.array(["", None], type=pa.large_string()),
+        pa.record_batch({"s": pa.array(["", "q"], type=pa.large_string()),
                          "i": pa.array([4, 3], type=pa.int64())})])
     sa, sb = key_shards(a, ["s", "i"], 1000), key_shards(b, ["s", "i"], 1000)
     assert sb.tolist() == [sa[4], sa[0], sa[3], sa[2]]
-    sliced = a.slice(2)
-    assert key_shards(sliced, ["s", "i"], 1000).tolist() == sa[2:].tolist()
-    # the hash spreads keys: 2000 distinct strings over 8 shards, none empty
+    assert key_shards(a.slice(2), ["s", "i"], 1000).tolist() == sa[2:].tolist()
+    # with the reader's __key column, the shard is __key mod num_shards
+    keyed = a.append_column("__key", pa.array(np.arange(5, dtype=np.uint64) * 7))
+    assert key_shards(keyed, ["s", "i"], 4).tolist() == [0, 3, 2, 1, 0]
     many = pa.table({"s": pa.array([f"key{i}" for i in range(2000)])})
     assert np.bincount(key_shards(many, ["s"], 8), minlength=8).min() > 150
+
+
+def test_pipeline_shaped_input_uint64_user_hash_and_key_hash():
+    """The reader's tables: __user a uint64 hash, __key the key hash, key columns."""
+    from transforms.hashing import hash_array, hash_columns
+    tables, users, keys = _records(seed=2, n_tables=3, rows=800)
+    shaped = []
+    for t in tables:
+        keyed = t.select(["word", "bucket"])
+        shaped.append(keyed.append_column("__key", pa.array(hash_columns(keyed, ["word", "bucket"])))
+                      .append_column("__user", pa.array(hash_array(t.column("__user")))))
+    score = _scores()[1]
+    _, dropped, key_costs = cb.score_values(*cb.pairs_from_records(users, keys), score)
+
+    def check(results):
+        (sums,) = results
+        np.testing.assert_array_equal(sums[0], dropped)
+        np.testing.assert_allclose(sums[1], key_costs, rtol=1e-9)
+
+    with beam.Pipeline(runner=FnApiRunner()) as pipeline:
+        sums = (pipeline | beam.Create(shaped)
+                | ContributionBoundSums(["word", "bucket"], score, num_key_shards=5))
+        assert_that(sums, check)
 
 
 def test_table_statistics_partials_cover_each_key_once_per_table():

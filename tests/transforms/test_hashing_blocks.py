@@ -1,6 +1,6 @@
-"""The string hash is computed block by block over the data buffer; values that straddle
-blocks, fill one, exceed one or exceed the power table must all hash as the plain-Python
-polynomial reference says, for every string/binary layout and offset width."""
+"""The string hash is computed chunk by chunk over the data buffer (chunks of whole values
+up to the power table's size); values that straddle chunks, fill one or exceed one must
+all hash as the plain-Python polynomial reference says, for every layout and offset width."""
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -21,12 +21,11 @@ def _reference(data: bytes) -> int:
 
 def _values():
     rng = np.random.default_rng(4)
-    block = hashing._BLOCK_BYTES
+    block = hashing._CHUNK_BYTES
     values = [bytes(rng.integers(0, 256, int(n), dtype=np.uint8))
               for n in rng.integers(0, 300, 1500)]           # many blocks of short values
     values += [b"", b"b" * block, b"c" * (block - 1), b"d" * (block + 1), b"\x00" * 3,
-               bytes(rng.integers(0, 256, 3 * block + 5, dtype=np.uint8)),
-               b"e" * (hashing._CHUNK_BYTES + 3)]             # longer than the power table
+               bytes(rng.integers(0, 256, 3 * block + 5, dtype=np.uint8))]  # > power table
     values += [bytes(rng.integers(0, 256, int(n), dtype=np.uint8))
                for n in rng.integers(0, 40, 500)]
     return values

@@ -8,13 +8,14 @@ import pyarrow as pa
 import pytest
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.testing.util import assert_that
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
 from transforms import samplers
-from transforms.rand_clip import RandClip, rand_clip, rand_clip_table, user_codes_of
+from transforms.rand_clip import (
+    RandClip, rand_clip, rand_clip_counts, rand_clip_table, user_codes_of)
 
 
 @settings(max_examples=100, deadline=None)
@@ -85,32 +86,49 @@ def test_rand_clip_table_keeps_all_columns():
     assert max(_counts_per_user([kept]).values()) == 3
 
 
+def test_rand_clip_counts_are_the_kept_records_per_key():
+    table = _tables()[1]
+    kept = rand_clip_table(table, 3, np.random.default_rng(8))
+    counts = rand_clip_counts(table, ["key"], 3, np.random.default_rng(8))
+    assert counts.column_names == ["key", "__key", "count"]
+    got = dict(zip(counts.column("key").to_pylist(), counts.column("count").to_pylist()))
+    assert got == dict(collections.Counter(kept.column("key").to_pylist()))
+
+
 @pytest.mark.parametrize("as_side_input", [False, True])
-def test_beam_rand_clip_bounds_every_user(as_side_input):
+def test_beam_rand_clip_counts_min_of_records_and_bound_per_user(as_side_input):
+    """Every user keeps min(m_i, C) records, so the per-key counts add up to
+    sum_i min(m_i, C), and no key gains records."""
     tables = _tables()
     bound = 4
-    want = sorted((u, min(m, bound)) for u, m in _counts_per_user(tables).items())
+    per_user = _counts_per_user(tables)
+    per_key = collections.Counter(k for t in tables for k in t.column("key").to_pylist())
     pipeline = beam.Pipeline(runner=FnApiRunner())
     source = pipeline | "Tables" >> beam.Create(tables)
     if as_side_input:
         c = beam.pvalue.AsSingleton(pipeline | "C" >> beam.Create([bound]), default_value=1)
     else:
         c = bound
-    clipped = source | RandClip(c)
-    counts = (clipped
-              | beam.FlatMap(lambda t: t.column("__user").to_pylist())
-              | beam.combiners.Count.PerElement())
-    assert_that(counts, equal_to(want))
+    counts = source | RandClip(["key"], c)
+    rows = counts | beam.FlatMap(lambda t: zip(t.column("key").to_pylist(),
+                                               t.column("count").to_pylist()))
+
+    def check(pairs):
+        total = collections.Counter()
+        for key, count in pairs:
+            total[key] += count
+        assert sum(total.values()) == sum(min(m, bound) for m in per_user.values())
+        assert all(total[k] <= per_key[k] for k in total)
+
+    assert_that(rows, check)
     result = pipeline.run()
     result.wait_until_finish()
-    dropped = result.metrics().query(MetricsFilter().with_name(
-        "rand_clip_dropped_records_NOT_PRIVATE"))["counters"]
-    total = sum(_counts_per_user(tables).values())
-    assert sum(r.committed for r in dropped) == total - sum(m for _, m in want)
+    kept = result.metrics().query(MetricsFilter().with_name("records_kept"))["counters"]
+    assert sum(r.committed for r in kept) == sum(min(m, bound) for m in per_user.values())
 
 
 def test_beam_rand_clip_refuses_a_bad_side_input_value():
     with pytest.raises(Exception, match="max_records_per_user"):
         with beam.Pipeline(runner=FnApiRunner()) as pipeline:
             c = beam.pvalue.AsSingleton(pipeline | "C" >> beam.Create([0]))
-            _ = pipeline | beam.Create(_tables()[:1]) | RandClip(c)
+            _ = pipeline | beam.Create(_tables()[:1]) | RandClip(["key"], c)

@@ -1,0 +1,94 @@
+"""Where the time of one ``thresher run`` goes: cProfile of the whole process, by stage.
+
+    python benchmarks/bench_profile.py CONFIG [--top 25] [--save prof.out]
+
+Runs ``pipelines.cli run CONFIG --overwrite --quiet`` under cProfile in this process and
+prints (1) seconds per stage, from the cumulative time of each stage's entry point, and
+(2) the functions with the most own time. The stages are disjoint except "imports",
+which also happen inside "pipeline construction" (listed for scale; the remainder line
+does not subtract them twice). "Beam runner" is the runner's time outside thresher's DoFns
+(encoding, the in-memory shuffle, bundle bookkeeping). cProfile slows Python-heavy code
+(the runner) more than numpy/pyarrow kernels, so the runner's share is an upper bound.
+"""
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+# (stage, substrings of "file:line(function)" whose cumulative time is the stage's)
+STAGES = [
+    ("read Parquet (Beam parquetio)", ["parquetio.py", "(read_records)"]),
+    ("prepare: drop, hash users+keys", ["pipelines/io.py", "(prepare_batch)"]),
+    ("split batches by user shard", ["transforms/user_shards.py", "(_split)"]),
+    ("concat a user shard", ["transforms/user_shards.py", "(_concat_shard)"]),
+    ("bound: bound_l0 kernel", ["transforms/per_user_bound.py", "(bound_l0)"]),
+    ("bound: take + count per key", ["transforms/per_user_bound.py", "(count_per_key)"]),
+    ("choose contribution bound", ["transforms/choose_contribution_bound.py", "(process)"]),
+    ("aggregate: split by key shard", ["transforms/aggregate.py", "(process)"]),
+    ("aggregate: sum per key", ["transforms/aggregate.py", "(_sum_shard)"]),
+    ("release kernel", ["transforms/noisy_threshold.py", "(process)"]),
+    ("release kernel (PWS)", ["transforms/sanitize_sample.py", "(process)"]),
+    ("release kernel (S&T)", ["transforms/sample_and_threshold.py", "(process)"]),
+    ("write Parquet", ["parquetio.py", "(write_record)"]),
+]
+
+
+def _cum(stats, parts):
+    total = 0.0
+    for (filename, line, name), (_, _, _, ct, _) in stats.stats.items():
+        label = f"{filename}:{line}({name})"
+        if all(p in label for p in parts):
+            total += ct
+    return total
+
+
+def profile(config, save=None, top=25):
+    from pipelines.cli import main
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    profiler.enable()
+    rc = main(["run", config, "--overwrite", "--quiet"])
+    profiler.disable()
+    wall = time.perf_counter() - t0
+    if save:
+        profiler.dump_stats(save)
+    stats = pstats.Stats(profiler)
+    total = stats.total_tt
+    run_stages = _cum(stats, ["fn_runner.py", "(run_stages)"])
+    imports = _cum(stats, ["<frozen importlib._bootstrap>", "(_find_and_load)"])
+    print(f"# rc={rc}; profiled wall {wall:.2f} s (total profiled {total:.2f} s); "
+          f"load {os.getloadavg()[0]:.1f}")
+    print(f"{'stage':<36} {'seconds':>8} {'share':>6}")
+    inside = 0.0
+    for stage, parts in STAGES:
+        seconds = _cum(stats, parts)
+        if seconds:
+            inside += seconds
+            print(f"{stage:<36} {seconds:>8.2f} {seconds / total:>6.0%}")
+    runner = max(0.0, run_stages - inside)
+    print(f"{'Beam runner (outside DoFns)':<36} {runner:>8.2f} {runner / total:>6.0%}")
+    rest = max(0.0, total - run_stages)
+    print(f"{'start-up, construction, report':<36} {rest:>8.2f} {rest / total:>6.0%}"
+          f"   (of which imports {imports:.2f})")
+    print(f"\n# top {top} functions by own time")
+    stats.sort_stats("tottime").print_stats(top)
+    return rc
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--save", default=None)
+    args = parser.parse_args(argv)
+    return profile(args.config, args.save, args.top)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""``mechanism.kind: sample_and_threshold`` -- sample-and-threshold (papers 000/003).
+
+Per key with user count c (after l0/l_inf bounding): each of its c (user, key)
+contributions is kept with probability p (Poisson sampling from the CSPRNG), and the key
+is released with its sampled count v when v >= tau. No noise. Output columns: ``count``
+(the sampled count v) and ``estimate`` (v / p).
+
+p and tau come from ``accounting.sample_threshold.calibrate``: each key gets
+(epsilon / C, delta / C) (basic composition over a user's <= C keys; valid because every
+(user, key) contribution is sampled independently, so keys are independent mechanisms),
+and delta is the exact hockey-stick divergence of thresholded Bin(k, p) vs Bin(k - 1, p)
+unless ``accounting`` asks for one of the paper's bounds. For ``thresher plan`` the
+report's ``comparison`` gives the paper's thresholds at the same sampling rate and the
+paper's own recipe (alpha = 1/6).
+"""
+from accounting import sample_threshold
+from pipelines.errors import CalibrationError, SpecError
+from pipelines.kinds._common import optional_number
+from pipelines.spec import choice, integer
+from transforms.sample_and_threshold import OUTPUT_COLUMNS as _TRANSFORM_COLUMNS
+from transforms.sample_and_threshold import SampleAndThreshold
+
+FIELDS = {
+    "sampling_rate": "p in (0, 1]: each (user, key) contribution is kept with probability p "
+                     "(optional; calibrated if absent)",
+    "threshold": "tau >= 1: keys whose sampled count is below tau are suppressed "
+                 "(optional; calibrated if absent)",
+    "accounting": "exact (default), kl (paper 003 Thm 1) or alpha (paper 003, C_alpha form): "
+                  "how delta is computed when calibrating",
+}
+OUTPUT_COLUMNS = dict(_TRANSFORM_COLUMNS)
+
+_ACCOUNTING = {
+    "exact": "sample-and-threshold (papers 000/003), exact hockey-stick divergence of "
+             "thresholded Bin(k, p) vs Bin(k-1, p) maximised over k; (user, key) contributions "
+             "Poisson-sampled independently, basic composition over a user's keys",
+    "kl": "sample-and-threshold (papers 000/003), paper 003 Thm 1 (KL bound); (user, key) "
+          "contributions Poisson-sampled independently, basic composition over a user's keys",
+    "alpha": "sample-and-threshold (papers 000/003), paper 003 C_alpha bound; (user, key) "
+             "contributions Poisson-sampled independently, basic composition over a user's keys",
+}
+_PAPER_ALPHA = 1 / 6
+
+
+def parse(section):
+    rate = optional_number(section, "sampling_rate", low=0, low_open=True, high=1)
+    threshold = section.get("threshold")
+    if threshold is not None:
+        threshold = integer(threshold, "mechanism.threshold", low=1, high=10**9)
+    method = choice(section.get("accounting", "exact"), "mechanism.accounting",
+                    sample_threshold.METHODS)
+    return {"sampling_rate": rate, "threshold": threshold, "accounting": method}
+
+
+def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
+    if model != "l0":
+        raise SpecError("bounding.model", "sample_and_threshold needs bounding.model: l0 "
+                        "(each user counted at most once per key)")
+    method = mech.get("accounting", "exact")
+    what = (f"sample_and_threshold release at epsilon={epsilon:g}, delta={delta:g}, "
+            f"max_keys_per_user={max_keys_per_user}")
+    try:
+        params = sample_threshold.calibrate(
+            epsilon, delta, max_keys_per_user, sampling_rate=mech.get("sampling_rate"),
+            threshold=mech.get("threshold"), method=method)
+    except ValueError as exc:
+        raise CalibrationError(f"{what}: {exc}") from None
+    return {"kind": "sample_and_threshold",
+            "sampling_rate": params.sampling_rate,
+            "threshold": params.threshold,
+            "release_point": params.release_point,
+            "per_key_epsilon": params.per_key_epsilon,
+            "per_key_delta": params.per_key_delta_spent,
+            "delta_achieved": params.delta_spent,
+            "accounting": _ACCOUNTING[method],
+            "comparison": comparison(params)}
+
+
+def comparison(params):
+    """Thresholds of the three accountings at the calibrated sampling rate, and the
+    paper's recipe (alpha = 1/6) with the exact threshold at the paper's rate. Entries a
+    bound cannot give (its hypotheses fail) are None."""
+    eps, dlt = params.per_key_epsilon, params.delta / params.max_keys_per_user
+    out = {}
+    for method in sample_threshold.METHODS:
+        if method == params.method and "threshold" in params.calibrated:
+            out[f"{method}_threshold"] = params.threshold  # what calibrate just found
+            continue
+        out[f"{method}_threshold"] = sample_threshold.min_threshold(
+            eps, dlt, params.sampling_rate, method=method, max_threshold=10**5)
+    paper_rate, paper_tau = sample_threshold.paper_parameters(eps, dlt, _PAPER_ALPHA)
+    out["paper_sampling_rate"] = paper_rate
+    out["paper_threshold"] = paper_tau if eps <= 1 else None
+    out["exact_threshold_at_paper_rate"] = sample_threshold.min_threshold(eps, dlt, paper_rate)
+    out["paper_release_point"] = paper_tau / paper_rate if eps <= 1 else None
+    return out
+
+
+def release(counts, params, key_columns):
+    # Table(keys, count) -> Table(keys, count = sampled count, estimate = count / p)
+    return counts | "SampleAndThreshold" >> SampleAndThreshold(params)

@@ -1,0 +1,172 @@
+"""SampleAndThreshold: Poisson-sample every contribution, release sampled counts >= tau.
+
+Papers 000/003 (Bharadwaj & Cormode), Sec. 3.1 of 003: each contribution is kept with
+probability p (``sampling_rate``) independently -- Poisson sampling, never a fixed sample
+size (003 Sec. 3.2: a known sample size leaks the suppressed mass) -- and a key whose
+sampled count v reaches tau (``threshold``) is released with v. No noise is added.
+Privacy is accounted by :mod:`accounting.sample_threshold`.
+
+With l_inf = 1 a key's count c is its number of (user, key) contributions, so sampling each
+contribution independently gives the key v ~ Bin(c, p), independently across keys. The
+kernel draws exactly that from the aggregated count (:func:`binomial`), so the pipeline
+never has to carry users to this stage. Keys with c < tau cannot reach tau and are
+dropped without drawing anything.
+
+Output rows: the key columns, ``count`` (int64, the sampled count v actually released,
+>= tau) and ``estimate`` (float64, v / p: an unbiased estimate of the population count
+for keys well above tau / p; biased up near the release point because keys are only kept
+when v >= tau). True counts never leave the transform.
+"""
+import math
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from transforms import samplers
+
+OUTPUT_COLUMNS = {"count": pa.int64(), "estimate": pa.float64()}
+
+
+def _geometric_trials(rng, log1m_p, size):
+    """Trials up to and including the next success, T >= 1: P[T = t] = p (1 - p)^(t - 1).
+
+    Inversion of a uniform on (0, 1] with 53 random bits: T = 1 + floor(ln U / ln(1 - p)).
+    The only departure from the exact law is the 2**-53 granularity of U."""
+    u = 1.0 - rng.random(size)  # (0, 1]
+    return 1 + np.floor(np.log(u) / log1m_p).astype(np.int64)
+
+
+def binomial(rng, trials, p):
+    """Bin(trials[i], p) for every i, from ``rng`` uniforms (a SecureRandom in pipelines).
+
+    Counts the successes of each row's Bernoulli(p) trials by jumping from success to
+    success with geometric gaps (:func:`_geometric_trials`): expected work is
+    O(sum(trials) p + len(trials)), i.e. proportional to the sampled contributions. Each
+    round draws, per unfinished row, enough gaps to cover its remaining trials with high
+    probability; a row whose gaps all fit continues from its last success, which is
+    exact by the memorylessness of Bernoulli trials.
+
+    Args: trials int array >= 0; p in [0, 1].
+    Returns: int64 array, same shape.
+    """
+    trials = np.asarray(trials, dtype=np.int64)
+    if (trials < 0).any():
+        raise ValueError("binomial: trials must be >= 0")
+    if not 0 <= p <= 1:
+        raise ValueError(f"binomial: p must be in [0, 1], got {p}")
+    flat = trials.ravel()
+    out = np.zeros(flat.shape, dtype=np.int64)
+    if p == 0 or flat.size == 0:
+        return out.reshape(trials.shape)
+    if p == 1:
+        return trials.copy()
+    log1m_p = math.log1p(-p)
+    remaining = flat.copy()
+    rows = np.flatnonzero(remaining > 0)
+    while rows.size:
+        mean = remaining[rows] * p
+        draws = np.ceil(mean + 6.0 * np.sqrt(mean * (1 - p)) + 4).astype(np.int64)
+        starts = np.concatenate(([0], np.cumsum(draws)[:-1]))
+        gaps = _geometric_trials(rng, log1m_p, int(draws.sum()))
+        position = np.cumsum(gaps)
+        # position of each success within its own row's trials
+        offset = np.repeat(position[starts] - gaps[starts], draws)
+        position -= offset
+        inside = position <= np.repeat(remaining[rows], draws)
+        successes = np.add.reduceat(inside.astype(np.int64), starts)
+        out[rows] += successes
+        exhausted = successes == draws  # every gap fitted: more trials may remain
+        last = position[starts + draws - 1]
+        remaining[rows[exhausted]] -= last[exhausted]
+        rows = rows[exhausted & (remaining[rows] > 0)]
+    return out.reshape(trials.shape)
+
+
+def sample_and_threshold(counts, *, sampling_rate, threshold, rng):
+    """The release rule of sample-and-threshold (paper 003, Sec. 3.1).
+
+    Args:
+      counts: int array of per-key contribution counts (users per key, l_inf = 1).
+      sampling_rate: p in (0, 1], each contribution's inclusion probability.
+      threshold: tau >= 1; keys with sampled count >= tau are released.
+      rng: ``transforms.samplers.SecureRandom`` (pipelines) or a seeded numpy Generator.
+
+    Returns:
+      (keep, sampled_counts): boolean mask over ``counts`` of released keys, and int64
+      sampled counts aligned with ``counts`` (meaningful where ``keep``; zero elsewhere,
+      so no sub-threshold draw leaks by accident).
+    """
+    counts = np.asarray(counts)
+    if counts.dtype.kind not in "iu":
+        raise ValueError(f"counts must be integers, got dtype {counts.dtype}")
+    counts = counts.astype(np.int64)
+    if (counts < 0).any():
+        raise ValueError("counts must be >= 0")
+    if not 0 < sampling_rate <= 1:
+        raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
+    if isinstance(threshold, bool) or int(threshold) != threshold or threshold < 1:
+        raise ValueError(f"threshold must be an integer >= 1, got {threshold}")
+    keep = np.zeros(counts.shape, dtype=bool)
+    eligible = np.flatnonzero(counts >= threshold)  # c < tau can never reach tau
+    sampled = binomial(rng, counts[eligible], sampling_rate)
+    passed = sampled >= threshold
+    keep[eligible[passed]] = True
+    values = np.zeros(counts.shape, dtype=np.int64)
+    values[eligible[passed]] = sampled[passed]
+    return keep, values
+
+
+def _param(params, name):
+    value = params[name] if isinstance(params, dict) else getattr(params, name)
+    return value
+
+
+def release_table(table, params, rng):
+    """Apply the kernel to one batch of keys (a pyarrow.Table with key columns and
+    ``count``): the released rows, ``count`` replaced by the sampled count and
+    ``estimate`` = count / p appended."""
+    p = float(_param(params, "sampling_rate"))
+    tau = int(_param(params, "threshold"))
+    counts = table.column("count").to_numpy(zero_copy_only=False)
+    keep, values = sample_and_threshold(counts, sampling_rate=p, threshold=tau, rng=rng)
+    sampled = values[keep]
+    released = table.filter(pa.array(keep))
+    idx = released.schema.get_field_index("count")
+    released = released.set_column(idx, "count", pa.array(sampled, type=pa.int64()))
+    return released.append_column("estimate", pa.array(sampled / p, type=pa.float64()))
+
+
+class _SampleAndThresholdFn(beam.DoFn):
+    def __init__(self, rng_factory=None):
+        self._rng_factory = rng_factory
+
+    def setup(self):
+        # A fresh CSPRNG per worker: never pickled, never replayed.
+        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
+
+    def process(self, table, params):
+        out = release_table(table, params, self._rng)
+        if out.num_rows:
+            yield out
+
+
+class SampleAndThreshold(beam.PTransform):
+    """Sample-and-threshold release of batches of per-key counts.
+
+    Input: PCollection[pyarrow.Table] with the key columns and an int64 ``count`` (keys
+    unique across the collection, l_inf = 1). Output: PCollection[pyarrow.Table] of the
+    released keys with ``count`` the sampled count and ``estimate`` = count / p; empty
+    batches are dropped. ``params`` has ``sampling_rate`` and ``threshold`` -- a dict, an
+    ``accounting.sample_threshold.SampleThresholdParams``, or a side input
+    (``beam.pvalue.AsSingleton``) carrying one. ``rng_factory`` is for tests only.
+    """
+
+    def __init__(self, params, rng_factory=None, label=None):
+        super().__init__(label)
+        self._params = params
+        self._rng_factory = rng_factory
+
+    def expand(self, counts):
+        return counts | "SampleAndThreshold" >> beam.ParDo(  # Table(keys, count, estimate)
+            _SampleAndThresholdFn(self._rng_factory), self._params)

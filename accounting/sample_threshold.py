@@ -266,7 +266,11 @@ def min_threshold(epsilon, delta_target, sampling_rate, *, method="exact", max_t
     def meets(tau):
         return _meets(epsilon, sampling_rate, tau, delta_target, method)
 
-    return smallest_integer(meets, 1, max_high=max_threshold)
+    tau = smallest_integer(meets, 1, max_high=max_threshold)
+    if tau is None and meets(max_threshold):
+        # the doubling search gives up past the last power of two below max_threshold
+        tau = smallest_integer(meets, 1, max_threshold)
+    return tau
 
 
 def sampling_rate_for(epsilon, delta_target, threshold, *, method="exact", rel_tol=1e-9):
@@ -296,11 +300,14 @@ def sampling_rate_for(epsilon, delta_target, threshold, *, method="exact", rel_t
 def per_key_budget(epsilon, delta_target, max_keys_per_user):
     """(epsilon / C, delta / C): each key's share under basic composition over a user's
     at most C keys (Dwork & Roth 2014, Thm 3.16)."""
-    if isinstance(max_keys_per_user, bool) or int(max_keys_per_user) != max_keys_per_user \
-            or max_keys_per_user < 1:
-        raise ValueError(f"max_keys_per_user must be an integer >= 1, got {max_keys_per_user}")
-    c = int(max_keys_per_user)
+    c = _positive_int(max_keys_per_user, "max_keys_per_user")
     return epsilon / c, delta_target / c
+
+
+def _positive_int(value, name):
+    if isinstance(value, bool) or int(value) != value or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value}")
+    return int(value)
 
 
 def group_privacy(epsilon_unit, delta_unit, group_size):
@@ -480,3 +487,67 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, sampling_rate=None, t
             f"{spent:.3g} > {delta_key:.3g} ({method} accounting) for {budget}; "
             + (" or ".join(options) + " would meet it" if options else "no nearby setting meets it"))
     return _params(epsilon, delta_target, c, sampling_rate, threshold, method, ())
+
+
+@dataclasses.dataclass(frozen=True)
+class LevelParams:
+    """Parameters of ``levels`` sample-and-threshold histograms released together
+    (TrieHH++ prefix levels, hierarchical-histogram levels, binary-search rounds).
+
+    Budget: each level gets (epsilon / L, delta / L) (basic composition, adaptive choices
+    of the next level allowed; paper 003 Lemma 4.1). Within a level the unit is one
+    (user, key) contribution: a level's cell (prefix, bucket) counts contributions, so a
+    user with <= C contributions may put several into one cell. Each contribution is
+    Poisson-sampled independently, so the level is (unit_epsilon, unit_delta)-DP per
+    contribution, and (C unit_epsilon, unit_delta (e^{C eps_u} - 1)/(e^{eps_u} - 1))-DP
+    per user by group privacy (:func:`group_privacy`), whatever cells they fall in.
+    ``unit`` holds the single-contribution calibration (sampling_rate, threshold).
+    """
+
+    levels: int
+    epsilon: float
+    delta: float
+    max_keys_per_user: int
+    level_epsilon: float
+    level_delta: float
+    unit: SampleThresholdParams
+    level_delta_spent: float
+    delta_spent: float
+
+    @property
+    def sampling_rate(self):
+        return self.unit.sampling_rate
+
+    @property
+    def threshold(self):
+        return self.unit.threshold
+
+    def as_report(self):
+        return {"levels": self.levels, "sampling_rate": self.sampling_rate,
+                "threshold": self.threshold, "level_epsilon": self.level_epsilon,
+                "level_delta": self.level_delta_spent, "unit_epsilon": self.unit.epsilon,
+                "unit_delta": self.unit.delta_spent, "delta_spent": self.delta_spent,
+                "method": self.unit.method}
+
+
+def calibrate_levels(epsilon, delta_target, levels, max_keys_per_user=1, *, sampling_rate=None,
+                     threshold=None, method="exact"):
+    """Sample-and-threshold parameters for ``levels`` histograms over a user's at most
+    ``max_keys_per_user`` contributions (see :class:`LevelParams`); one (sampling_rate,
+    threshold) for every level. Raises CalibrationInfeasible."""
+    levels = _positive_int(levels, "levels")
+    c = _positive_int(max_keys_per_user, "max_keys_per_user")
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon}")
+    if not 0 < delta_target < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta_target}")
+    level_eps, level_delta = epsilon / levels, delta_target / levels
+    unit_eps = level_eps / c
+    # delta_unit * (e^{C eps_u} - 1) / (e^{eps_u} - 1) = level_delta
+    unit_delta = level_delta * math.expm1(unit_eps) / math.expm1(level_eps)
+    unit = calibrate(unit_eps, unit_delta, 1, sampling_rate=sampling_rate, threshold=threshold,
+                     method=method)
+    spent = group_privacy(unit_eps, unit.delta_spent, c)[1]
+    return LevelParams(levels=int(levels), epsilon=float(epsilon), delta=float(delta_target),
+                       max_keys_per_user=c, level_epsilon=level_eps, level_delta=level_delta,
+                       unit=unit, level_delta_spent=spent, delta_spent=levels * spent)

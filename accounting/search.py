@@ -18,11 +18,11 @@ def smallest_integer(predicate, low, high=None, *, max_high=2**62):
         step = 1
         high = low + 1
         while not predicate(high):
+            if high >= max_high:
+                return None
             low = high
             step *= 2
-            high = low + step
-            if high > max_high:
-                return None
+            high = min(low + step, max_high)
     elif not predicate(high):
         return None
     # invariant: predicate(low) false, predicate(high) true

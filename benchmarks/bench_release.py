@@ -7,8 +7,9 @@ Issue #8. One run generates (or reuses) the data, then measures, each in a fresh
   exists), on Beam's default local runner (in-process FnApiRunner);
 - PipelineDP 0.3.1 ``DPEngine`` + ``BeamBackend`` on the same runner, data and (epsilon,
   delta): COUNT with its defaults (Laplace noise, truncated-geometric partition selection),
-  ``max_partitions_contributed`` = C, ``max_contributions_per_partition`` = 1, at
-  ``--peer-rows`` rows (PipelineDP needs about a minute for 1e6 rows here);
+  ``max_partitions_contributed`` = C, ``max_contributions_per_partition`` = 1, at each of
+  ``--peer-rows`` (default 1e5 and 1e6 rows; PipelineDP needs about a minute for 1e6 rows
+  here), with a fixed + per-row fit of CPU seconds from the two largest sizes;
 - the in-process numpy/pyarrow floor: read, dictionary-encode, de-duplicate (user, key),
   keep C random keys per user, count per key, noise and threshold, in one process with no
   Beam (see :func:`floor`); the ratio column of the thresher rows is thresher's wall time
@@ -229,15 +230,25 @@ def floor(data, bound, sigma, threshold, pre_threshold=1, seed=0):
     np.not_equal(pairs[1:], pairs[:-1], out=first[1:])
     pairs = pairs[first]
     pu, pk = pairs // n_keys, pairs % n_keys
-    # C uniformly random distinct keys per user: order by (user, random priority)
-    order = np.argsort((pu << 32) | rng.integers(0, 1 << 32, len(pairs)))
-    pu, pk = pu[order], pk[order]
+    # C uniformly random distinct keys per user; only users with more than C keys need
+    # coins: order their pairs by (user, random priority) and keep the first C
     new_user = np.empty(len(pu), dtype=bool)
     new_user[0] = True
     np.not_equal(pu[1:], pu[:-1], out=new_user[1:])
-    running = np.arange(len(pu))
-    rank = running - np.maximum.accumulate(np.where(new_user, running, 0))
-    kept = pk[rank < bound]
+    starts = np.flatnonzero(new_user)
+    per_user = np.diff(np.append(starts, len(pu)))
+    big = np.repeat(per_user > bound, per_user)
+    kept_small = pk[~big]
+    bu, bk = pu[big], pk[big]
+    order = np.argsort((bu << 32) | rng.integers(0, 1 << 32, len(bu)))
+    bu, bk = bu[order], bk[order]
+    first = np.empty(len(bu), dtype=bool)
+    if len(bu):
+        first[0] = True
+        np.not_equal(bu[1:], bu[:-1], out=first[1:])
+    running = np.arange(len(bu))
+    rank = running - np.maximum.accumulate(np.where(first, running, 0))
+    kept = np.concatenate([kept_small, bk[rank < bound]])
     t["bound"] = time.perf_counter()
     counts = np.bincount(kept, minlength=n_keys)
     t["count"] = time.perf_counter()
@@ -339,19 +350,39 @@ def main_table(args, work):
 
 
 def peer_table(args, work):
-    rows = args.peer_rows
-    data = ensure_data(args.data_dir, rows, args.seed)
-    print(f"\n## PipelineDP vs thresher, {rows:,} rows, same runner (in-process FnApiRunner), "
-          f"data and (epsilon, delta)")
+    print(f"\n## PipelineDP vs thresher: same runner (in-process FnApiRunner), data and "
+          f"(epsilon, delta)")
     print(HEADER)
-    peer = run_pipelinedp(work, data)
-    ours = {kind: run_thresher(work, f"{kind}_fixed_{rows}", data, kind, BOUND)
-            for kind in ("laplace", "gaussian") if kind_available(kind)}
-    row("PipelineDP DPEngine+BeamBackend count", rows, peer, "1.0x")
-    for kind, m in ours.items():
-        ratio = (f"{peer['wall'] / m['wall']:.0f}x ({peer['cpu'] / m['cpu']:.0f}x cpu)"
-                 if _ok(peer) and _ok(m) else "")
-        row(f"thresher {kind}, C={BOUND}", rows, m, ratio)
+    points = {"PipelineDP": [], "laplace": [], "gaussian": []}
+    for rows in args.peer_rows:
+        data = ensure_data(args.data_dir, rows, args.seed)
+        peer = run_pipelinedp(work, data)
+        row("PipelineDP DPEngine+BeamBackend count", rows, peer, "1.0x")
+        if _ok(peer):
+            points["PipelineDP"].append((rows, peer["wall"], peer["cpu"]))
+        for kind in ("laplace", "gaussian"):
+            if not kind_available(kind):
+                continue
+            m = run_thresher(work, f"{kind}_fixed_{rows}", data, kind, BOUND)
+            ratio = (f"{peer['wall'] / m['wall']:.0f}x ({peer['cpu'] / m['cpu']:.0f}x cpu)"
+                     if _ok(peer) and _ok(m) else "")
+            row(f"thresher {kind}, C={BOUND}", rows, m, ratio)
+            if _ok(m):
+                points[kind].append((rows, m["wall"], m["cpu"]))
+    # fixed + per-row cost from the two largest sizes (CPU seconds: less load-sensitive)
+    fits = {}
+    for name, pts in points.items():
+        if len(pts) >= 2:
+            (r0, _, c0), (r1, _, c1) = sorted(pts)[-2:]
+            per_row = (c1 - c0) / (r1 - r0)
+            fits[name] = (c1 - per_row * r1, per_row)
+            print(f"#   {name}: cpu ~ {fits[name][0]:.2f} s + {per_row * 1e6:.2f} us/row "
+                  f"(from {r0:,} and {r1:,} rows)")
+    if "PipelineDP" in fits:
+        for kind in ("laplace", "gaussian"):
+            if kind in fits:
+                print(f"#   per-row cost ratio PipelineDP / thresher {kind}: "
+                      f"{fits['PipelineDP'][1] / fits[kind][1]:.0f}x")
 
 
 def scaling_table(args, work):
@@ -400,7 +431,7 @@ def main(argv=None):
         return _floor_main(*argv[1:5])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=lambda s: int(float(s)), default=10_000_000)
-    parser.add_argument("--peer-rows", type=lambda s: int(float(s)), default=1_000_000)
+    parser.add_argument("--peer-rows", type=_ints, default=[100_000, 1_000_000])
     parser.add_argument("--scaling", type=_ints, default=[100_000, 1_000_000, 10_000_000])
     parser.add_argument("--keys", type=_ints, default=[1_000, 100_000, 10_000_000])
     parser.add_argument("--key-rows", type=lambda s: int(float(s)), default=None,

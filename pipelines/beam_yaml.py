@@ -34,10 +34,8 @@ from apache_beam.typehints.schemas import named_fields_from_element_type
 from pipelines import io
 from pipelines.errors import SpecError
 from pipelines.plan import make_plan
+from pipelines.release import release_stages
 from pipelines.spec import kind_module, parse
-from transforms.aggregate import SumCountsPerKey
-from transforms.per_user_bound import PerUserBound
-from transforms.user_shards import ShardByUser
 
 DEFAULT_NUM_SHARDS = 16
 _BATCH_ROWS = 1 << 16
@@ -97,44 +95,6 @@ def _python_type(arrow_type, field):
         return str
     raise TypeError(f"output column {field!r} has type {arrow_type}, which has no Beam "
                     f"YAML schema type here")
-
-
-def release_stages(records, plan, num_shards, rng_factory=None):
-    """The stages of a release between reading and writing.
-
-    records: PCollection[pyarrow.Table] of prepared batches (``pipelines.io.prepare_batch``:
-    ``__user``, ``__key`` and the key columns). Returns (released PCollection[pyarrow.Table],
-    chosen bound PCollection[int] or None). The same wiring as ``pipelines.release.build``.
-    """
-    from pipelines.release import _score_name, _score_params
-    spec = plan.spec
-    keys = list(spec.input.keys)
-    users = records | "ShardByUser" >> ShardByUser(num_shards)               # Table of whole users
-    chosen = None
-    if spec.auto_bound:
-        from transforms.choose_contribution_bound import ChooseContributionBound
-        chosen = users | "ChooseContributionBound" >> ChooseContributionBound(
-            keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
-            model=spec.bounding.model, score=_score_name(spec),
-            score_params=_score_params(plan), max_bound=spec.bounding.auto.max_bound,
-            rng_factory=rng_factory)                                           # one int
-        bound = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
-        params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
-    else:
-        bound = spec.bounding.max_keys_per_user
-        params = records.pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
-    if spec.bounding.model == "l1":
-        from transforms.rand_clip import RandClip
-        partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
-    else:
-        partial = users | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory)
-    counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
-    released = kind_module(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys)
-    return released, chosen
-
-
-def _params_for(bound, table):
-    return table[int(bound)]
 
 
 class _RowsToRecords(beam.DoFn):

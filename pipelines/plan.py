@@ -32,6 +32,7 @@ class Plan:
     budget: Budget
     params_by_bound: dict       # candidate bound C -> the mechanism's calibrated report section
     excluded_bounds: dict       # candidate bound C -> why it could not be calibrated
+    domain: object = None       # input.public_keys: pyarrow.Table of the public keys
 
     @property
     def release_stage(self):
@@ -45,20 +46,43 @@ class Plan:
     def candidates(self):
         return tuple(sorted(self.params_by_bound))
 
+    def domain_bound_rule(self):
+        """With input.public_keys and an automatic bound: the bounded-domain rule
+        (``accounting.known_domain.domain_bound_rule``) over the calibrated candidates."""
+        from accounting.known_domain import domain_bound_rule
+        return domain_bound_rule(
+            self.spec.kind, self.candidates, self.domain.num_rows,
+            epsilon=self.release_stage.epsilon, params_by_bound=self.params_by_bound,
+            sparsity=self.spec.bounding.auto.max_bound)
+
     def report(self, chosen_bound=None):
         """The release report without data-dependent fields (those are added by the run)."""
         spec = self.spec
         bounding = {"max_keys_per_user": spec.bounding.max_keys_per_user,
                     "model": spec.bounding.model,
                     "chosen_by": "exponential_mechanism" if spec.auto_bound else "spec"}
+        if self.domain is not None:
+            from pipelines.public_keys import report_section
+            bounding["public_keys"] = report_section(spec.input.public_keys, self.domain.num_rows)
         if spec.auto_bound:
-            from accounting.contribution_bound import score_sensitivity
             bounding["candidates"] = list(self.candidates)
-            bounding["selection"] = {
-                "epsilon": self.select_stage.epsilon,
-                "sensitivity": score_sensitivity(self.candidates, spec.bounding.auto.max_bound),
-                "exponent": "epsilon * score / sensitivity (scores monotone in the data; "
-                            "docs/contribution_bound.md)"}
+            if self.domain is not None:
+                bounding["selection"] = {
+                    "epsilon": self.select_stage.epsilon,
+                    "rule": ("paper 002 Lemma 4.2: the ceil(d/epsilon)-th largest user weight"
+                             if spec.kind == "laplace" else
+                             "paper 002 Thm 4.3: the smallest C with S(C) <= M(C), ratios "
+                             "clipped to sqrt(max_bound)"),
+                    "sensitivity": self.domain_bound_rule().sensitivity,
+                    "exponent": "epsilon * score / (2 sensitivity) (docs/contribution_bound.md, "
+                                "Bounded domains)"}
+            else:
+                from accounting.contribution_bound import score_sensitivity
+                bounding["selection"] = {
+                    "epsilon": self.select_stage.epsilon,
+                    "sensitivity": score_sensitivity(self.candidates, spec.bounding.auto.max_bound),
+                    "exponent": "epsilon * score / sensitivity (scores monotone in the data; "
+                                "docs/contribution_bound.md)"}
             if self.excluded_bounds:
                 bounding["excluded_candidates"] = {str(c): why for c, why in self.excluded_bounds.items()}
             if chosen_bound is not None:
@@ -73,6 +97,12 @@ class Plan:
                    "neighbouring": NEIGHBOURING,
                    "accounting": _accounting_text(mechanism, spec),
                    **{k: v for k, v in self.budget.as_report().items() if k not in ("epsilon", "delta")}}
+        if self.budget.spent_delta < self.budget.delta:
+            # A pure-DP release (Laplace over public keys): the spec's delta is the budget,
+            # the stages spend none of it, and the release is (epsilon, 0)-DP.
+            privacy["delta_spent"] = self.budget.spent_delta
+            privacy["delta_note"] = ("the stages spend delta 0: the release is (epsilon, 0)-DP; "
+                                     "privacy.delta is the spec's budget, unused")
         if spec.input.sample is not None:
             sample = spec.input.sample
             scheme = sample["scheme"] + (f" (threshold {sample['threshold']:g})"
@@ -93,7 +123,11 @@ class Plan:
 
 def _accounting_text(mechanism, spec):
     parts = []
-    if spec.auto_bound:
+    if spec.auto_bound and spec.input.public_keys is not None:
+        parts.append("choose_contribution_bound: bounded-domain rule (paper 002 "
+                     f"{'Lemma 4.2' if spec.kind == 'laplace' else 'Thm 4.3'}) by the "
+                     "exponential mechanism, (epsilon, 0)-DP")
+    elif spec.auto_bound:
         parts.append("choose_contribution_bound: exponential mechanism, (epsilon, 0)-DP "
                      "(paper 002 Alg. 4)")
     accounting = mechanism.get("accounting")
@@ -113,7 +147,15 @@ def make_plan(spec):
         candidates = spec.bounding.auto.candidates
     else:
         candidates = (spec.bounding.max_keys_per_user,)
-    release = budget.spend_rest(RELEASE_STAGE)
+    domain = None
+    if spec.input.public_keys is not None:
+        from pipelines.public_keys import input_key_types, load_domain
+        domain = load_domain(spec.input.public_keys, spec.input.keys, input_key_types(spec.input))
+    if domain is not None and spec.kind == "laplace":
+        # Discrete Laplace over a public domain is pure epsilon-DP: the release spends no delta.
+        release = budget.spend(RELEASE_STAGE, budget.remaining_epsilon, 0.0)
+    else:
+        release = budget.spend_rest(RELEASE_STAGE)
     module = kind_module(spec.kind)
     params, excluded = {}, {}
     for bound in candidates:
@@ -130,4 +172,5 @@ def make_plan(spec):
         raise CalibrationError(
             "no candidate bound can meet the budget: " +
             "; ".join(f"C={c}: {why}" for c, why in excluded.items()))
-    return Plan(spec=spec, budget=budget, params_by_bound=params, excluded_bounds=excluded)
+    return Plan(spec=spec, budget=budget, params_by_bound=params, excluded_bounds=excluded,
+                domain=domain)

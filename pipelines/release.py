@@ -58,6 +58,8 @@ def output_schema(spec, files):
         fields.append(pa.field(name, t))
     for name, t in kind_module(spec.kind).OUTPUT_COLUMNS.items():
         fields.append(pa.field(name, t))
+    if spec.mechanism.get("debias"):   # input.public_keys with debias: poisson
+        fields.append(pa.field("debiased", pa.float64()))
     return pa.schema(fields)
 
 
@@ -81,33 +83,87 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
         counts = records | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
         _write(module.release(counts, beam.pvalue.AsSingleton(params), keys), staging, schema)
         return
-    users = records | "ShardByUser" >> ShardByUser(num_shards)             # Table of whole users
+    released, chosen = release_stages(records, plan, num_shards, rng_factory=rng_factory)
+    if chosen is not None:
+        (chosen
+         | "FormatBound" >> beam.Map(lambda c: json.dumps({"max_keys_per_user": int(c)}))
+         | "WriteBound" >> beam.io.WriteToText(os.path.join(staging, CHOSEN_BOUND_FILE),
+                                               num_shards=1, shard_name_template=""))
+    _write(released, staging, schema)
 
+
+def release_stages(records, plan, num_shards, rng_factory=None):
+    """The stages of a release between reading and writing (shared by ``thresher run``
+    and the Beam YAML transform, pipelines/beam_yaml.py).
+
+    records: PCollection[pyarrow.Table] of prepared batches (``pipelines.io.prepare_batch``:
+    ``__user``, ``__key`` and the key columns). Returns (released PCollection[pyarrow.Table],
+    chosen bound PCollection[int] with exactly one element, or None for a fixed bound).
+    """
+    spec = plan.spec
+    keys = list(spec.input.keys)
+    if plan.domain is not None:
+        return _public_domain_stages(records, plan, num_shards, rng_factory)
+    users = records | "ShardByUser" >> ShardByUser(num_shards)               # Table of whole users
+    chosen = None
     if spec.auto_bound:
         from transforms.choose_contribution_bound import ChooseContributionBound
         chosen = users | "ChooseContributionBound" >> ChooseContributionBound(
             keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
             model=spec.bounding.model, score=_score_name(spec),
             score_params=_score_params(plan), max_bound=spec.bounding.auto.max_bound,
-            rng_factory=rng_factory)                                         # one int
+            rng_factory=rng_factory)                                           # one int
         bound = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
-        table = dict(plan.params_by_bound)
-        params = chosen | "ParamsForBound" >> beam.Map(lambda c, t: t[int(c)], t=table)
-        (chosen
-         | "FormatBound" >> beam.Map(lambda c: json.dumps({"max_keys_per_user": int(c)}))
-         | "WriteBound" >> beam.io.WriteToText(os.path.join(staging, CHOSEN_BOUND_FILE),
-                                               num_shards=1, shard_name_template=""))
+        params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
     else:
         bound = spec.bounding.max_keys_per_user
-        params = pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
-
+        params = records.pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
     if spec.bounding.model == "l1":
         from transforms.rand_clip import RandClip
         partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
     else:
         partial = users | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory)
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
-    _write(module.release(counts, beam.pvalue.AsSingleton(params), keys), staging, schema)
+    released = kind_module(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys)
+    return released, chosen
+
+
+def _public_domain_stages(records, plan, num_shards, rng_factory):
+    """input.public_keys (paper 002 Sec. 4): records outside the domain are dropped before
+    bounding, every domain key gets a zero partial count (so it comes out once even with no
+    user), C is chosen by the bounded-domain rule, and every key is released with noise and
+    no threshold (transforms/public_domain.py)."""
+    from transforms import public_domain
+    spec = plan.spec
+    keys = list(spec.input.keys)
+    kept = records | "RestrictToDomain" >> public_domain.RestrictToDomain(plan.domain, keys)
+    users = kept | "ShardByUser" >> ShardByUser(num_shards)                 # Table of whole users
+    chosen = None
+    if spec.auto_bound:
+        chosen = users | "ChooseDomainBound" >> public_domain.ChooseDomainBound(
+            plan.domain_bound_rule(), epsilon=plan.select_stage.epsilon,
+            model=spec.bounding.model, rng_factory=rng_factory)                # one int
+        bound = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
+        params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
+    else:
+        bound = spec.bounding.max_keys_per_user
+        params = records.pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
+    if spec.bounding.model == "l1":
+        from transforms.rand_clip import RandClip
+        partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
+    else:
+        partial = users | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory)
+    zeros = records.pipeline | "DomainZeroCounts" >> public_domain.DomainZeroCounts(plan.domain, keys)
+    counts = ((partial, zeros)
+              | "WithDomainKeys" >> beam.Flatten()
+              | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards))      # every domain key once
+    released = counts | "NoisyDomainCounts" >> public_domain.NoisyDomainCounts(
+        beam.pvalue.AsSingleton(params), rng_factory=rng_factory)
+    return released, chosen
+
+
+def _params_for(bound, table):
+    return table[int(bound)]
 
 
 def _write(released, staging, schema):

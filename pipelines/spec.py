@@ -34,6 +34,7 @@ class InputSpec:
     user: object            # the user column; None for a pre-sampled input (input.sample)
     keys: tuple
     sample: object = None   # {frequency, scheme, threshold} for an existing weighted sample
+    public_keys: object = None  # {path, format} of the public key domain (pipelines/public_keys.py)
 
     @property
     def columns(self):
@@ -202,7 +203,8 @@ def choice(value, field, allowed):
 def _parse_input(section):
     field = "input"
     _mapping(section, field)
-    check_fields(section, field, ("path", "format", "user", "keys", "sample"), ("path", "keys"))
+    check_fields(section, field, ("path", "format", "user", "keys", "sample", "public_keys"),
+                 ("path", "keys"))
     sample = None
     if section.get("sample") is not None:
         from pipelines.kinds.weighted_sampling import parse_sample
@@ -239,7 +241,14 @@ def _parse_input(section):
                             f"rename the column")
     if sample is not None and sample["frequency"] in keys:
         raise SpecError("input.sample.frequency", "must not be one of input.keys")
-    return InputSpec(path=path, format=fmt, user=user, keys=keys, sample=sample)
+    public_keys = None
+    if section.get("public_keys") is not None:
+        from pipelines import public_keys as public_keys_mod
+        if sample is not None:
+            raise SpecError("input.public_keys", "cannot be combined with input.sample")
+        public_keys = public_keys_mod.parse_section(section["public_keys"])
+    return InputSpec(path=path, format=fmt, user=user, keys=keys, sample=sample,
+                     public_keys=public_keys)
 
 
 def _parse_privacy(section):
@@ -305,7 +314,6 @@ def default_candidates(max_bound):
 
 
 def _parse_mechanism(section):
-    from pipelines import kinds as kinds_pkg  # noqa: F401 - package import for the registry
     _mapping(section, "mechanism")
     if "kind" not in section:
         raise SpecError("mechanism.kind", f"is required; one of {', '.join(KINDS)}")
@@ -347,6 +355,12 @@ def parse(data, source_text=""):
     input_spec = _parse_input(data["input"])
     bounding = _parse_bounding(data["bounding"], privacy)
     mechanism = _parse_mechanism(data["mechanism"])
+    if mechanism["kind"] in ("gaussian", "laplace"):
+        from pipelines import public_keys as public_keys_mod
+        mechanism = public_keys_mod.check_mechanism(mechanism, input_spec, data["mechanism"])
+    elif input_spec.public_keys is not None:
+        raise SpecError("input.public_keys", f"public_keys is supported for gaussian and "
+                        f"laplace, not {mechanism['kind']!r}")
     if input_spec.sample is not None:
         mechanism = _presampled_mechanism(mechanism, input_spec.sample, bounding)
     return ReleaseSpec(

@@ -9,6 +9,7 @@ ready for a vectorised release kernel.
 import apache_beam as beam
 import numpy as np
 
+from transforms.arrow_coder import SHARD_AND_TABLE, TABLE
 from transforms.user_shards import KEY_HASH_COLUMN, concat, split_by_shard
 
 
@@ -29,7 +30,7 @@ def _sum_shard(shard_and_tables, key_columns):
     keys = list(key_columns) + [KEY_HASH_COLUMN]
     summed = table.group_by(keys, use_threads=False).aggregate([("count", "sum")])
     summed = summed.rename_columns(keys + ["count"])
-    yield summed.select(list(key_columns) + ["count"])
+    yield summed.select(list(key_columns) + ["count"]).combine_chunks()
 
 
 class SumCountsPerKey(beam.PTransform):
@@ -40,6 +41,8 @@ class SumCountsPerKey(beam.PTransform):
 
     def expand(self, partial_counts):
         return (partial_counts
-                | "SplitByKeyHash" >> beam.ParDo(_SplitByKey(self._num_shards))  # (shard, Table)
+                | "SplitByKeyHash" >> beam.ParDo(_SplitByKey(self._num_shards)
+                                                 ).with_output_types(SHARD_AND_TABLE)
                 | "GroupKeyShards" >> beam.GroupByKey()                          # (shard, [Table])
-                | "SumPerKey" >> beam.FlatMap(_sum_shard, key_columns=self._key_columns))
+                | "SumPerKey" >> beam.FlatMap(_sum_shard, key_columns=self._key_columns
+                                              ).with_output_types(TABLE))

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from transforms import samplers
+from transforms.arrow_coder import TABLE
 from transforms.hashing import mix64
 from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
@@ -118,7 +119,8 @@ def count_per_key(table, key_columns):
     """Aggregate rows into (key columns, __key, count) with pyarrow's hash group-by."""
     grouped = table.select(list(key_columns) + [KEY_HASH_COLUMN]).group_by(
         list(key_columns) + [KEY_HASH_COLUMN], use_threads=False).aggregate([([], "count_all")])
-    return grouped.rename_columns(list(key_columns) + [KEY_HASH_COLUMN, "count"])
+    # group_by returns chunks sharing buffers; one compact chunk per column
+    return grouped.rename_columns(list(key_columns) + [KEY_HASH_COLUMN, "count"]).combine_chunks()
 
 
 class _BoundL0Fn(beam.DoFn):
@@ -156,4 +158,5 @@ class PerUserBound(beam.PTransform):
 
     def expand(self, user_shards):
         return user_shards | "BoundL0" >> beam.ParDo(
-            _BoundL0Fn(self._key_columns, self._rng_factory), self._max_keys_per_user)
+            _BoundL0Fn(self._key_columns, self._rng_factory), self._max_keys_per_user
+        ).with_output_types(TABLE)

@@ -8,8 +8,9 @@ Privacy is accounted by :mod:`accounting.sample_threshold`.
 
 With l_inf = 1 a key's count c is its number of (user, key) contributions, so sampling each
 contribution independently gives the key v ~ Bin(c, p), independently across keys. The
-kernel draws exactly that from the aggregated count (:func:`binomial`), so the pipeline
-never has to carry users to this stage. Keys with c < tau cannot reach tau and are
+kernel draws exactly that from the aggregated count (``transforms.samplers.binomial``:
+exact geometric jumps between sampled contributions, no float arithmetic on the sampling
+path), so the pipeline never has to carry users to this stage. Keys with c < tau cannot reach tau and are
 dropped without drawing anything.
 
 Output rows: the key columns, ``count`` (int64, the sampled count v actually released,
@@ -17,8 +18,6 @@ Output rows: the key columns, ``count`` (int64, the sampled count v actually rel
 for keys well above tau / p; biased up near the release point because keys are only kept
 when v >= tau). True counts never leave the transform.
 """
-import math
-
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
@@ -26,61 +25,6 @@ import pyarrow as pa
 from transforms import samplers
 
 OUTPUT_COLUMNS = {"count": pa.int64(), "estimate": pa.float64()}
-
-
-def _geometric_trials(rng, log1m_p, size):
-    """Trials up to and including the next success, T >= 1: P[T = t] = p (1 - p)^(t - 1).
-
-    Inversion of a uniform on (0, 1] with 53 random bits: T = 1 + floor(ln U / ln(1 - p)).
-    The only departure from the exact law is the 2**-53 granularity of U."""
-    u = 1.0 - rng.random(size)  # (0, 1]
-    return 1 + np.floor(np.log(u) / log1m_p).astype(np.int64)
-
-
-def binomial(rng, trials, p):
-    """Bin(trials[i], p) for every i, from ``rng`` uniforms (a SecureRandom in pipelines).
-
-    Counts the successes of each row's Bernoulli(p) trials by jumping from success to
-    success with geometric gaps (:func:`_geometric_trials`): expected work is
-    O(sum(trials) p + len(trials)), i.e. proportional to the sampled contributions. Each
-    round draws, per unfinished row, enough gaps to cover its remaining trials with high
-    probability; a row whose gaps all fit continues from its last success, which is
-    exact by the memorylessness of Bernoulli trials.
-
-    Args: trials int array >= 0; p in [0, 1].
-    Returns: int64 array, same shape.
-    """
-    trials = np.asarray(trials, dtype=np.int64)
-    if (trials < 0).any():
-        raise ValueError("binomial: trials must be >= 0")
-    if not 0 <= p <= 1:
-        raise ValueError(f"binomial: p must be in [0, 1], got {p}")
-    flat = trials.ravel()
-    out = np.zeros(flat.shape, dtype=np.int64)
-    if p == 0 or flat.size == 0:
-        return out.reshape(trials.shape)
-    if p == 1:
-        return trials.copy()
-    log1m_p = math.log1p(-p)
-    remaining = flat.copy()
-    rows = np.flatnonzero(remaining > 0)
-    while rows.size:
-        mean = remaining[rows] * p
-        draws = np.ceil(mean + 6.0 * np.sqrt(mean * (1 - p)) + 4).astype(np.int64)
-        starts = np.concatenate(([0], np.cumsum(draws)[:-1]))
-        gaps = _geometric_trials(rng, log1m_p, int(draws.sum()))
-        position = np.cumsum(gaps)
-        # position of each success within its own row's trials
-        offset = np.repeat(position[starts] - gaps[starts], draws)
-        position -= offset
-        inside = position <= np.repeat(remaining[rows], draws)
-        successes = np.add.reduceat(inside.astype(np.int64), starts)
-        out[rows] += successes
-        exhausted = successes == draws  # every gap fitted: more trials may remain
-        last = position[starts + draws - 1]
-        remaining[rows[exhausted]] -= last[exhausted]
-        rows = rows[exhausted & (remaining[rows] > 0)]
-    return out.reshape(trials.shape)
 
 
 def sample_and_threshold(counts, *, sampling_rate, threshold, rng):
@@ -109,7 +53,7 @@ def sample_and_threshold(counts, *, sampling_rate, threshold, rng):
         raise ValueError(f"threshold must be an integer >= 1, got {threshold}")
     keep = np.zeros(counts.shape, dtype=bool)
     eligible = np.flatnonzero(counts >= threshold)  # c < tau can never reach tau
-    sampled = binomial(rng, counts[eligible], sampling_rate)
+    sampled = samplers.binomial(rng, counts[eligible], sampling_rate)
     passed = sampled >= threshold
     keep[eligible[passed]] = True
     values = np.zeros(counts.shape, dtype=np.int64)

@@ -314,23 +314,38 @@ class _ExpRatio:
 
 
 class _RationalRatio:
-    """q = num / den, 0 < q < 1 (a float q is the dyadic rational it stores)."""
+    """q = (num / den) ** exponent, 0 < num < den (a float q is the dyadic rational it
+    stores; powers q**m of a split geometric keep the exponent instead of huge integers)."""
 
-    def __init__(self, num, den):
-        self.num, self.den = num, den
+    def __init__(self, num, den, exponent=1):
+        self.num, self.den, self.exponent = num, den, exponent
 
     def key(self):
-        return ("rational", self.num, self.den)
+        return ("rational", self.num, self.den, self.exponent)
 
     def neglog(self):
-        return math.log(self.den) - math.log(self.num)
+        return self.exponent * (math.log(self.den) - math.log(self.num))
 
     def power_bounds(self, k, w):
-        num, den = self.num ** k, self.den ** k
-        return (num << w) // den, _ceil_div(num << w, den)
+        e = k * self.exponent
+        if e * max(self.num.bit_length(), self.den.bit_length()) <= 8192:
+            num, den = self.num ** e, self.den ** e
+            return (num << w) // den, _ceil_div(num << w, den)
+        # interval powering at w + guard bits (floor/ceil at every product)
+        guard = 64 + 2 * e.bit_length()
+        p = w + guard
+        base = ((self.num << p) // self.den, _ceil_div(self.num << p, self.den))
+        result = (1 << p, 1 << p)
+        while e:
+            if e & 1:
+                result = _mul(result, base, p)
+            e >>= 1
+            if e:
+                base = _mul(base, base, p)
+        return result[0] >> guard, _ceil_shift(result[1], guard)
 
     def power(self, m):
-        return _RationalRatio(self.num ** m, self.den ** m)
+        return _RationalRatio(self.num, self.den, self.exponent * m)
 
 
 def _power_table(ratio, count, w):
@@ -403,7 +418,7 @@ _SAMPLER_CACHE_SIZE = 32
 @functools.lru_cache(maxsize=_SAMPLER_CACHE_SIZE)
 def _cached_geometric(key, bits):
     kind = key[0]
-    ratio = _ExpRatio(key[1]) if kind == "exp" else _RationalRatio(key[1], key[2])
+    ratio = _ExpRatio(key[1]) if kind == "exp" else _RationalRatio(*key[1:])
     return _GeometricSampler(ratio, bits)
 
 
@@ -541,13 +556,29 @@ def bernoulli(rng, p, size=None):
 
 
 def binomial(rng, n, p, *, chunk=1 << 22):
-    """Exact Binomial(n, p) counts (n int array, p float scalar or array of n's shape):
-    the number of successes among n exact :func:`bernoulli` coins, drawn in chunks of
-    at most ``chunk`` coins. This is Poisson sampling of each contribution (papers
-    000/003), counted per key; the cost is one 64-bit word per contribution."""
+    """Exact Binomial(n, p) counts, one per entry of the int array ``n``: Poisson sampling
+    of each of n contributions with probability p (papers 000/003), counted per key.
+
+    Scalar p (the exact rational value of the float): success positions are jumped to
+    with exact Geometric gaps, P(gap = g) = p (1 - p)**(g - 1), so the work is about
+    n min(p, 1 - p) words plus one per key (for p > 1/2, n - Bin(n, 1 - p)). Array p
+    (one per key): the sum of n exact :func:`bernoulli` coins. At most ``chunk`` words
+    are drawn at once."""
     n = np.asarray(n, dtype=np.int64)
     if n.size and n.min() < 0:
         raise ValueError("binomial: n must be >= 0")
+    if np.ndim(p) == 0:
+        p = float(p)
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"binomial: p must be in [0, 1], got {p}")
+        if p == 0.0:
+            return np.zeros(n.shape, dtype=np.int64)
+        if p == 1.0:
+            return n.copy()
+        rate = Fraction(p)
+        if rate > Fraction(1, 2):
+            return n - _binomial_by_gaps(rng, n, 1 - rate, chunk)
+        return _binomial_by_gaps(rng, n, rate, chunk)
     flat_n = n.ravel()
     flat_p = np.broadcast_to(np.asarray(p, dtype=np.float64), n.shape).ravel()
     out = np.zeros(flat_n.size, dtype=np.int64)
@@ -568,6 +599,36 @@ def binomial(rng, n, p, *, chunk=1 << 22):
         coins = bernoulli(rng, flat_p[keys][owners])
         out[keys] = np.bincount(owners[coins], minlength=keys.size)
         start = stop
+    return out.reshape(n.shape)
+
+
+def _binomial_by_gaps(rng, n, rate, chunk):
+    """Bin(n, rate) for 0 < rate <= 1/2 (a Fraction): count the success positions
+    1 <= S_1 < S_2 < ... <= n, S_j - S_(j-1) ~ 1 + Geometric(1 - rate) i.i.d. A row whose
+    drawn gaps all fit continues from its last success (Bernoulli trials are memoryless)."""
+    q = 1 - rate
+    gaps = _geometric_sampler(_RationalRatio(q.numerator, q.denominator))
+    flat = n.ravel()
+    out = np.zeros(flat.size, dtype=np.int64)
+    remaining = flat.copy()
+    rows = np.flatnonzero(remaining > 0)
+    p = float(rate)
+    while rows.size:
+        mean = remaining[rows] * p
+        draws = np.minimum(np.ceil(mean + 6.0 * np.sqrt(mean) + 4.0), chunk).astype(np.int64)
+        take = max(1, int(np.searchsorted(np.cumsum(draws), chunk, side="right")))
+        now, later, draws = rows[:take], rows[take:], draws[:take]
+        steps = gaps.sample(rng, int(draws.sum())) + 1
+        starts = np.concatenate(([0], np.cumsum(draws)[:-1]))
+        position = np.cumsum(steps)
+        position -= np.repeat(position[starts] - steps[starts], draws)   # per row
+        inside = position <= np.repeat(remaining[now], draws)
+        successes = np.add.reduceat(inside.astype(np.int64), starts)
+        out[now] += successes
+        exhausted = successes == draws
+        remaining[now[exhausted]] -= position[(starts + draws - 1)[exhausted]]
+        going = now[exhausted]
+        rows = np.concatenate((going[remaining[going] > 0], later))
     return out.reshape(n.shape)
 
 

@@ -15,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.utils.windowed_value import WindowedValue
 
+from transforms.arrow_coder import SHARD_AND_TABLE, TABLE
+
 USER_COLUMN = "__user"
 KEY_HASH_COLUMN = "__key"
 
@@ -110,6 +112,7 @@ class ShardByUser(beam.PTransform):
 
     def expand(self, batches):
         return (batches
-                | "SplitByUserHash" >> beam.ParDo(_SplitByUser(self._num_shards))  # (shard, Table)
+                | "SplitByUserHash" >> beam.ParDo(_SplitByUser(self._num_shards)
+                                                  ).with_output_types(SHARD_AND_TABLE)
                 | "GroupUserShards" >> beam.GroupByKey()                           # (shard, [Table])
-                | "ConcatUserShard" >> beam.FlatMap(_concat_shard))               # Table
+                | "ConcatUserShard" >> beam.FlatMap(_concat_shard).with_output_types(TABLE))

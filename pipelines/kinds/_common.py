@@ -22,3 +22,34 @@ def calibration(call, what):
         if isinstance(exc, SpecError):
             raise
         raise CalibrationError(f"{what}: {exc}") from None
+
+
+def public_domain_calibration(mech, *, kind, epsilon, delta, max_keys_per_user, model):
+    """calibrate() of gaussian / laplace with input.public_keys: every public key is released
+    with noise and no threshold (paper 002 Sec. 4, Alg. 1); ``accounting.known_domain``."""
+    from accounting import known_domain
+    params = calibration(
+        lambda: known_domain.calibrate(kind, epsilon, delta, max_keys_per_user, model,
+                                       sigma=mech.get("sigma"), scale=mech.get("scale")),
+        f"{kind} release over public keys at epsilon={epsilon:g}, delta={delta:g}, "
+        f"max_keys_per_user={max_keys_per_user}, model={model}")
+    out = {"kind": kind, "public_keys": True}
+    if kind == "gaussian":
+        out.update(sigma=params.sigma, noise="discrete_gaussian",
+                   accounting="public key domain, every key released with noise, no threshold "
+                              "(paper 002 Sec. 4, Alg. 1): exact discrete Gaussian accounting of "
+                              f"{max_keys_per_user} keys shifted by 1 (composed_shift_delta)",
+                   delta_achieved=params.delta_achieved)
+    else:
+        out.update(scale=params.scale, noise="discrete_laplace", model=model,
+                   accounting="public key domain, every key released with noise, no threshold "
+                              f"(paper 002 Sec. 4, Alg. 1): discrete Laplace, l1 sensitivity "
+                              f"{max_keys_per_user}, pure epsilon-DP (delta 0)",
+                   delta_achieved=0.0)
+    if mech.get("clamp_negative"):
+        out["clamp_negative"] = True
+    if mech.get("debias"):
+        # Alg. 5's per-user clip on one key: C records (l1), or 1 user-key (l0).
+        out["debias"] = {"method": mech["debias"], "num_users": int(mech["num_users"]),
+                         "per_user_bound": int(max_keys_per_user) if model == "l1" else 1}
+    return out

@@ -9,13 +9,16 @@ import pyarrow as pa
 
 from accounting import gshm
 from pipelines.errors import SpecError
-from pipelines.kinds._common import calibration, optional_number, pre_threshold
+from pipelines.kinds._common import (calibration, optional_number, pre_threshold,
+                                     public_domain_calibration)
+from pipelines.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
 from transforms.noisy_threshold import NoisyThreshold
 
 FIELDS = {
     "pre_threshold": "tau: keys with fewer users are never released (integer >= 1, default 1)",
     "sigma": "noise standard deviation in users (optional; calibrated if absent)",
     "threshold": "tau*: noisy counts below it are suppressed (optional; calibrated if absent)",
+    **MECHANISM_FIELDS,
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
 
@@ -26,13 +29,16 @@ def parse(section):
     threshold = optional_number(section, "threshold")
     if threshold is not None and threshold < tau:
         raise SpecError("mechanism.threshold", f"must be >= pre_threshold ({tau}), got {threshold:g}")
-    return {"pre_threshold": tau, "sigma": sigma, "threshold": threshold}
+    return {**parse_mechanism_fields(section), "pre_threshold": tau, "sigma": sigma, "threshold": threshold}
 
 
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     if model != "l0":
         raise SpecError("bounding.model", "the gaussian mechanism needs bounding.model: l0 "
                         "(each user counted at most once per key)")
+    if mech.get("public_keys"):
+        return public_domain_calibration(mech, kind="gaussian", epsilon=epsilon, delta=delta,
+                                         max_keys_per_user=max_keys_per_user, model=model)
     params = calibration(
         lambda: gshm.calibrate(epsilon, delta, max_keys_per_user,
                                pre_threshold=mech["pre_threshold"], sigma=mech.get("sigma"),

@@ -10,13 +10,16 @@ import pyarrow as pa
 
 from accounting import laplace_threshold
 from pipelines.errors import SpecError
-from pipelines.kinds._common import calibration, optional_number, pre_threshold
+from pipelines.kinds._common import (calibration, optional_number, pre_threshold,
+                                     public_domain_calibration)
+from pipelines.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
 from transforms.noisy_threshold import NoisyThreshold
 
 FIELDS = {
     "pre_threshold": "keys with fewer users (l0) or records (l1) are never released (integer >= 1, default 1)",
     "scale": "Laplace scale b in users (optional; default sensitivity/epsilon)",
     "threshold": "tau*: noisy counts below it are suppressed (optional; calibrated if absent)",
+    **MECHANISM_FIELDS,
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
 
@@ -27,10 +30,13 @@ def parse(section):
     threshold = optional_number(section, "threshold")
     if threshold is not None and threshold < tau:
         raise SpecError("mechanism.threshold", f"must be >= pre_threshold ({tau}), got {threshold:g}")
-    return {"pre_threshold": tau, "scale": scale, "threshold": threshold}
+    return {**parse_mechanism_fields(section), "pre_threshold": tau, "scale": scale, "threshold": threshold}
 
 
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
+    if mech.get("public_keys"):
+        return public_domain_calibration(mech, kind="laplace", epsilon=epsilon, delta=delta,
+                                         max_keys_per_user=max_keys_per_user, model=model)
     params = calibration(
         lambda: laplace_threshold.calibrate(
             epsilon, delta, max_keys_per_user, model=model, noise="discrete_laplace",

@@ -324,3 +324,34 @@ def test_sampling_rate_for_returns_an_admissible_rate_close_to_the_largest(eps, 
     assert acc.delta(eps, p, tau) <= target
     if p * (1 + 1e-6) < 1:
         assert acc.delta(eps, min(1.0, p * (1 + 1e-6)), tau) > target
+
+
+# ---- several levels (heavy hitters, hierarchies, binary search) -------------------------
+
+def test_calibrate_levels_splits_the_budget_and_uses_group_privacy_within_a_level():
+    params = acc.calibrate_levels(1.0, 1e-8, 4, 3)
+    assert params.level_epsilon == 0.25 and params.unit.epsilon == pytest.approx(0.25 / 3)
+    unit_delta = params.unit.delta_spent
+    level = acc.group_privacy(params.unit.epsilon, unit_delta, 3)
+    assert level[0] == pytest.approx(0.25)
+    assert params.level_delta_spent == pytest.approx(level[1])
+    assert params.delta_spent == pytest.approx(4 * level[1]) and params.delta_spent <= 1e-8
+    assert acc.calibrate_levels(1.0, 1e-8, 1, 1).threshold == acc.calibrate(1.0, 1e-8, 1).threshold
+
+
+@pytest.mark.parametrize("p,tau", [(0.2, 5), (0.5, 8)])
+def test_two_contributions_in_one_cell_are_within_the_group_privacy_bound(p, tau):
+    """A user with 2 contributions under one prefix moves that cell from k - 2 to k.
+    Enumerated exactly (both directions, every k in range): within the group-privacy
+    bound calibrate_levels books, (2 eps_u, delta_u (1 + e^eps_u))."""
+    eps_u = 0.4
+    delta_u = acc.delta(eps_u, p, tau)
+    bound = acc.group_privacy(eps_u, delta_u, 2)
+    worst = 0.0
+    size = k_range(eps_u, p, tau) + 3
+    for k in range(2, size):
+        a = output_distribution(k, p, tau, size)
+        b = output_distribution(k - 2, p, tau, size)
+        e = math.exp(bound[0])
+        worst = max(worst, np.maximum(a - e * b, 0).sum(), np.maximum(b - e * a, 0).sum())
+    assert 0 < worst <= bound[1]

@@ -1,6 +1,5 @@
 import copy
 import os
-import shutil
 
 import pytest
 import yaml

@@ -133,16 +133,42 @@ def test_bernoulli_rejects_probabilities_outside_0_1(bad):
         samplers.bernoulli(_rng(0), bad, 3)
 
 
-def test_binomial_pmf_against_scipy():
-    n, p = 20, 0.105
-    counts = samplers.binomial(_rng(31), np.full(100_000, n), p)
+def _binomial_chi_square(counts, n, p):
     support = np.arange(n + 1)
     expected = stats.binom.pmf(support, n, p) * counts.size
     observed = np.bincount(counts, minlength=n + 1)
     keep = expected >= 20
-    obs = np.append(observed[keep], observed[~keep].sum())
-    exp = np.append(expected[keep], expected[~keep].sum())
-    assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > gof.ALPHA
+    obs, exp = observed[keep], expected[keep]
+    if (~keep).any():                      # the rare outcomes merged into one bin
+        obs = np.append(obs, observed[~keep].sum())
+        exp = np.append(exp, expected[~keep].sum())
+    return stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+@pytest.mark.parametrize("n,p", [(20, 0.105), (30, 0.7), (400, 0.5), (60, 1e-3)])
+def test_binomial_pmf_against_scipy(n, p):
+    """Scalar p: exact geometric gaps (p > 1/2 through n - Bin(n, 1 - p))."""
+    counts = samplers.binomial(_rng(31), np.full(100_000, n), p)
+    assert _binomial_chi_square(counts, n, p) > gof.ALPHA
+
+
+def test_binomial_with_tiny_chunks_continues_rows_exactly():
+    """chunk = 64 words forces rows through many continuation rounds."""
+    n = np.array([0, 5, 37, 1000] * 3_000)
+    counts = samplers.binomial(_rng(34), n, 0.3, chunk=64)
+    assert not counts[n == 0].any()
+    assert _binomial_chi_square(counts[n == 5], 5, 0.3) > gof.ALPHA
+    assert _binomial_chi_square(counts[n == 37], 37, 0.3) > gof.ALPHA
+    big = counts[n == 1000]
+    assert abs(big.mean() - 300) < 4.5 * np.sqrt(1000 * 0.21 / big.size)   # false failure 7e-6
+
+
+def test_binomial_with_a_probability_per_key_uses_exact_coins():
+    n = np.tile([12, 12], 50_000)
+    p = np.tile([0.25, 0.8], 50_000)
+    counts = samplers.binomial(_rng(35), n, p)
+    assert _binomial_chi_square(counts[0::2], 12, 0.25) > gof.ALPHA
+    assert _binomial_chi_square(counts[1::2], 12, 0.8) > gof.ALPHA
 
 
 def test_binomial_chunks_keep_keys_apart():
@@ -151,7 +177,7 @@ def test_binomial_chunks_keep_keys_apart():
     ones = samplers.binomial(_rng(32), n, 1.0, chunk=16)
     zeros = samplers.binomial(_rng(32), n, 0.0, chunk=16)
     assert ones.tolist() == n.tolist() and not zeros.any()
-    half = samplers.binomial(_rng(33), n, 0.5, chunk=16)
+    half = samplers.binomial(_rng(33), n, np.full(n.shape, 0.5), chunk=16)
     assert np.all(half <= n)
     for size in (3, 50, 40):
         got = half[n == size]

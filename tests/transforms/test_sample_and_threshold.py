@@ -1,4 +1,4 @@
-"""transforms.sample_and_threshold: the binomial sampler, the kernel and the Beam wrapper.
+"""transforms.sample_and_threshold: the kernel (its binomial draws) and the Beam wrapper.
 
 Statistical tests use fixed seeds and state their false-failure probability."""
 import math
@@ -43,34 +43,23 @@ def chi_square_pvalue(draws, n, p):
 
 @pytest.mark.parametrize("n,p", [(1, 0.5), (10, 0.3), (200, 0.105), (50, 0.97),
                                  (100_000, 0.01), (300_000, 0.002)])
-def test_binomial_matches_the_binomial_law(n, p):
-    """Chi-square goodness of fit, 20k draws, seeded; fails only if p-value < 1e-4
+def test_kernel_sampled_counts_follow_the_binomial_law(n, p):
+    """With tau = 1 the kernel's value is exactly its Bin(n, p) draw (0 = not kept).
+    Chi-square goodness of fit, 20k keys, seeded; fails only if p-value < 1e-4
     (false-failure probability 1e-4 per case for an exact sampler)."""
     rng = np.random.default_rng(n + int(p * 1000))
-    draws = sat.binomial(rng, np.full(20_000, n), p)
+    keep, draws = sat.sample_and_threshold(np.full(20_000, n), sampling_rate=p, threshold=1,
+                                           rng=rng)
+    assert (keep == (draws > 0)).all()
     assert chi_square_pvalue(draws, n, p) > 1e-4
 
 
-def test_binomial_handles_mixed_trials_and_edges():
-    rng = np.random.default_rng(3)
-    trials = np.array([0, 1, 5, 1000, 0, 7])
-    assert (sat.binomial(rng, trials, 0.0) == 0).all()
-    assert (sat.binomial(rng, trials, 1.0) == trials).all()
-    out = sat.binomial(rng, trials, 0.4)
-    assert out.dtype == np.int64 and out.shape == trials.shape
-    assert ((out >= 0) & (out <= trials)).all() and out[0] == 0 and out[4] == 0
-    assert sat.binomial(rng, np.zeros(0, dtype=np.int64), 0.3).shape == (0,)
-    with pytest.raises(ValueError, match="trials"):
-        sat.binomial(rng, np.array([-1]), 0.3)
-    with pytest.raises(ValueError, match="p must be"):
-        sat.binomial(rng, np.array([1]), 1.5)
-
-
-def test_binomial_from_the_csprng_has_the_right_mean_and_variance():
-    """Unseeded (os.urandom): 200k draws of Bin(40, 0.25); mean within 6 SE (false-failure
+def test_kernel_draws_from_the_csprng_with_the_right_mean_and_variance():
+    """Unseeded (os.urandom): 100k keys of Bin(40, 0.25); mean within 6 SE (false-failure
     probability ~2e-9) and variance within 5%."""
-    draws = sat.binomial(samplers.secure_random(), np.full(200_000, 40), 0.25)
-    assert abs(draws.mean() - 10) < 6 * math.sqrt(7.5 / 200_000)
+    keep, draws = sat.sample_and_threshold(np.full(100_000, 40), sampling_rate=0.25,
+                                           threshold=1, rng=samplers.secure_random())
+    assert abs(draws.mean() - 10) < 6 * math.sqrt(7.5 / 100_000)
     assert draws.var() == pytest.approx(7.5, rel=0.05)
 
 
@@ -155,7 +144,7 @@ def test_beam_transform_with_rate_one_releases_exactly_the_keys_at_or_above_tau(
 
 def test_beam_transform_samples_from_the_csprng_by_default():
     """1000 keys of count 400 at p = 0.1, tau = 30: each kept with P[Bin(400, .1) >= 30]
-    = 0.957; fewer than 900 kept has probability < 1e-12."""
+    = 0.964; 900 or fewer kept has probability < 1e-12."""
     tables = [pa.table({"k": np.arange(1000), "count": pa.array(np.full(1000, 400), type=pa.int64())})]
 
     def check(out):

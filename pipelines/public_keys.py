@@ -1,0 +1,191 @@
+"""``input.public_keys``: a release over a public key domain (paper 002 Section 4).
+
+The spec names a file listing every key of the domain (the key columns, one row per key).
+The list must be public knowledge -- fixed before looking at the data and not derived
+from it (e.g. a product catalogue, the list of countries) -- because it is used as is:
+every listed key is released, with noise and no threshold, and records with any other
+key are dropped before bounding (counted in Beam metrics, not private).
+
+This module checks the spec fields, the mechanism fields that only apply with a public
+domain (``debias``, ``num_users``, ``clamp_negative``), and reads the domain file into an
+Arrow table with the same key types as the released rows. Errors name the field (exit 2).
+"""
+import os
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.errors import SpecError
+
+FIELD = "input.public_keys"
+FORMATS = ("parquet", "csv", "jsonl")
+KINDS = ("gaussian", "laplace")
+_EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv",
+               ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+
+# Mechanism fields shared by gaussian and laplace that need input.public_keys.
+MECHANISM_FIELDS = {
+    "debias": "public_keys only: 'poisson' adds a float64 column `debiased` (paper 002 Alg. 5, "
+              "post-processing; docs/contribution_bound.md 'Bounded domains')",
+    "num_users": "public_keys with debias only: the public number of users n of Alg. 5 "
+                 "(not read from the data)",
+    "clamp_negative": "public_keys only: true replaces negative noisy counts by 0 "
+                      "(post-processing; default false)",
+}
+
+
+def parse_section(section):
+    """{path, format} of input.public_keys (format from the extension when absent)."""
+    from pipelines.spec import _describe, check_fields, choice, string
+    if not isinstance(section, dict):
+        raise SpecError(FIELD, f"must be a mapping with path (and format), got {_describe(section)}")
+    check_fields(section, FIELD, ("path", "format"), ("path",))
+    path = string(section["path"], f"{FIELD}.path")
+    fmt = section.get("format")
+    if fmt is None:
+        ext = os.path.splitext(path)[1].lower()
+        if ext not in _EXTENSIONS:
+            raise SpecError(f"{FIELD}.format", f"cannot tell the format from the extension of "
+                            f"{path!r}; set it to one of {', '.join(FORMATS)}")
+        fmt = _EXTENSIONS[ext]
+    choice(fmt, f"{FIELD}.format", FORMATS)
+    return {"path": path, "format": fmt}
+
+
+def parse_mechanism_fields(section):
+    """debias / num_users / clamp_negative of a gaussian or laplace mechanism section."""
+    from pipelines.spec import choice, integer
+    out = {}
+    debias = section.get("debias")
+    if debias is not None:
+        out["debias"] = choice(debias, "mechanism.debias", ("poisson",))
+        if section.get("num_users") is None:
+            raise SpecError("mechanism.num_users", "is required with debias: poisson (the "
+                            "public number of users n of paper 002 Alg. 5; thresher does not "
+                            "count users, that count is not private)")
+    if section.get("num_users") is not None:
+        if debias is None:
+            raise SpecError("mechanism.num_users", "only applies with mechanism.debias")
+        out["num_users"] = integer(section["num_users"], "mechanism.num_users", low=1, high=10**15)
+    clamp = section.get("clamp_negative", False)
+    if not isinstance(clamp, bool):
+        raise SpecError("mechanism.clamp_negative", f"must be true or false, got {clamp!r}")
+    if clamp:
+        out["clamp_negative"] = True
+    return out
+
+
+def check_mechanism(mechanism, input_spec, raw_mechanism):
+    """Cross-checks between input.public_keys and the mechanism; returns the mechanism
+    dict with ``public_keys: True`` (what the kinds' calibrate() and release() read)."""
+    kind = mechanism["kind"]
+    domain_only = [f for f in MECHANISM_FIELDS if mechanism.get(f) not in (None, False)]
+    if input_spec.public_keys is None:
+        if domain_only:
+            raise SpecError(f"mechanism.{domain_only[0]}", "only applies with input.public_keys "
+                            "(a release over a public key domain)")
+        return mechanism
+    if kind not in KINDS:
+        raise SpecError(FIELD, f"public_keys is supported for gaussian and laplace, not {kind!r}")
+    if mechanism.get("threshold") is not None:
+        raise SpecError("mechanism.threshold", "does not apply with input.public_keys: every "
+                        "public key is released, with no threshold")
+    if "pre_threshold" in raw_mechanism and mechanism.get("pre_threshold") != 1:
+        raise SpecError("mechanism.pre_threshold", "does not apply with input.public_keys: every "
+                        "public key is released, including keys with count 0")
+    return {**mechanism, "public_keys": True}
+
+
+def _read(path, fmt):
+    import pyarrow.csv as pcsv
+    import pyarrow.json as pjson
+    import pyarrow.parquet as pq
+    if fmt == "parquet":
+        return pq.read_table(path)
+    if fmt == "csv":
+        # text, as the data's CSV key columns are read (02139 stays 02139)
+        names = pcsv.open_csv(path).schema.names
+        return pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
+            column_types={n: pa.string() for n in names}))
+    return pjson.read_json(path)
+
+
+def load_domain(public_keys, key_columns, key_types=None):
+    """Read the domain file into a table of the key columns, cast to ``key_types``
+    ({column: pyarrow type}, the released key types; None keeps the file's types).
+
+    SpecError (field input.public_keys.path) for: a missing or unreadable file, a missing
+    key column, a key that cannot be cast, a null key, an empty domain, a duplicate key."""
+    field = f"{FIELD}.path"
+    path, fmt = public_keys["path"], public_keys["format"]
+    if not os.path.isfile(path):
+        raise SpecError(field, f"{path!r} does not exist (the public key list)")
+    try:
+        table = _read(path, fmt)
+    except (pa.ArrowInvalid, OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SpecError(field, f"cannot read {path!r} as {fmt}: {first}") from None
+    missing = [c for c in key_columns if c not in table.column_names]
+    if missing:
+        raise SpecError(field, f"{path!r} has no key column {missing[0]!r} (input.keys); its "
+                        f"columns are: {', '.join(table.column_names) or 'none'}")
+    cols = {}
+    for name in key_columns:
+        col = table.column(name)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        if pa.types.is_large_string(col.type):
+            col = col.cast(pa.string())
+        target = (key_types or {}).get(name)
+        if target is not None and col.type != target:
+            try:
+                col = pc.cast(col, target)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                first = (str(exc).strip().splitlines() or [""])[0]
+                raise SpecError(field, f"key column {name!r} of {path!r} cannot be read as the "
+                                f"input's type {target}: {first}") from None
+        if col.null_count:
+            raise SpecError(field, f"{path!r}: key column {name!r} has {col.null_count} null "
+                            f"value(s); every public key must be a full key")
+        cols[name] = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    domain = pa.table(cols)
+    if domain.num_rows == 0:
+        raise SpecError(field, f"{path!r} lists no keys: the public domain must not be empty")
+    distinct = domain.group_by(list(key_columns), use_threads=False).aggregate([([], "count_all")])
+    if distinct.num_rows != domain.num_rows:
+        dup = distinct.filter(pc.greater(distinct.column("count_all"), 1)).slice(0, 1).to_pylist()[0]
+        dup.pop("count_all")
+        raise SpecError(field, f"{path!r} lists key {dup} more than once "
+                        f"({domain.num_rows - distinct.num_rows} duplicate row(s)); each public "
+                        f"key must appear once")
+    return domain
+
+
+def report_section(public_keys, domain_size):
+    """The report's ``bounding.public_keys``: the file and the domain size d (both public)."""
+    return {"path": public_keys["path"], "size": int(domain_size)}
+
+
+def input_key_types(input_spec):
+    """{key column: pyarrow type} of the released key columns, as the reader normalises
+    them (text inputs: string; Parquet: the column type, dictionaries decoded, large
+    strings as strings); None when the input files cannot be listed yet (``thresher plan``
+    on a spec whose data is elsewhere: the domain then keeps its own types)."""
+    from pipelines import io
+    from pipelines.spec import input_files
+    try:
+        files = input_files(input_spec)
+    except SpecError:
+        return None
+    if input_spec.format != "parquet":
+        return {k: pa.string() for k in input_spec.keys}
+    schema = io.read_schema(files[0], input_spec.format)
+    out = {}
+    for name in input_spec.keys:
+        if name not in schema.names:
+            return None   # io.check_input reports the missing column
+        t = schema.field(name).type
+        if pa.types.is_dictionary(t):
+            t = t.value_type
+        out[name] = pa.string() if pa.types.is_large_string(t) else t
+    return out

@@ -1,0 +1,255 @@
+"""Releasing a histogram over a public key domain (paper 002 Section 4, Algorithm 1).
+
+Stages (Arrow tables throughout, no per-row Python):
+
+* :class:`RestrictToDomain` -- keep the records whose key is in the public domain (an
+  exact left-semi join on the key columns); the others are dropped before bounding, so a
+  user's bound C is spent only on keys that are released, and counted (Beam metric
+  ``thresher_not_private/rows_dropped_not_in_public_keys``, not private).
+* :class:`DomainZeroCounts` -- every domain key as a partial count 0 (key columns,
+  ``__key`` hashed as ``pipelines.io.prepare_batch`` hashes keys, ``count`` 0), flattened
+  with the bounded partial counts before ``SumCountsPerKey`` so each domain key comes out
+  exactly once, including keys no user has.
+* :class:`ChooseDomainBound` -- the bounded-domain rule for C (Lemma 4.2 / Thm 4.3 with the
+  exponential mechanism, ``accounting.known_domain.DomainBoundRule``): per user shard a
+  vector of per-candidate sums over its users, summed globally, one draw, materialised.
+* :class:`NoisyDomainCounts` -- every key's count plus discrete Laplace / Gaussian noise,
+  no threshold; optional clamping of negative counts and Poisson debiasing (Alg. 5), both
+  post-processing.
+"""
+import logging
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from accounting import known_domain
+from transforms import samplers
+from transforms.arrow_coder import TABLE
+from transforms.hashing import hash_columns
+from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+
+_LOG = logging.getLogger("thresher.public_domain")
+NOT_PRIVATE = "thresher_not_private"
+DOMAIN_ROWS_PER_ELEMENT = 1 << 16
+
+
+# --------------------------------------------------------------------------------------
+# kernels (pure given their arguments)
+# --------------------------------------------------------------------------------------
+
+def restrict_to_domain(table, domain, key_columns):
+    """The rows of ``table`` whose key columns equal some row of ``domain`` (exact
+    left-semi join; ``domain`` has the key columns with the same types, keys unique)."""
+    if table.num_rows == 0:
+        return table
+    kept = table.join(domain.select(list(key_columns)), keys=list(key_columns),
+                      join_type="left semi", use_threads=False)
+    return kept.select(table.column_names).combine_chunks()
+
+
+def zero_counts(domain, key_columns):
+    """The domain as partial counts: key columns, ``__key`` (``transforms.hashing``, as
+    ``pipelines.io.prepare_batch``), int64 ``count`` = 0."""
+    keyed = domain.select(list(key_columns)).combine_chunks()
+    return pa.table({**{k: keyed.column(k) for k in key_columns},
+                     KEY_HASH_COLUMN: pa.array(hash_columns(keyed, key_columns), type=pa.uint64()),
+                     "count": pa.array(np.zeros(keyed.num_rows, dtype=np.int64))})
+
+
+def user_weights(table, model, user_column=USER_COLUMN):
+    """w_i for each user of a user-sharded table: records (l1) or distinct keys (l0)."""
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    if model == "l0":
+        table = table.group_by([user_column, KEY_HASH_COLUMN], use_threads=False).aggregate([])
+    per_user = table.group_by([user_column], use_threads=False).aggregate([([], "count_all")])
+    return per_user.column("count_all").to_numpy().astype(np.int64)
+
+
+def noisy_domain_counts(counts, params, rng):
+    """Released values for an int64 array of per-key counts under ``params`` (a kind's
+    calibrate() dict with ``public_keys``): (count int64, debiased float64 or None).
+
+    count = true count + discrete Gaussian(sigma) or discrete Laplace(scale) noise, every
+    key, no threshold; negative values replaced by 0 if ``clamp_negative``. ``debiased``
+    (Alg. 5, from the unclamped noisy count) when params carries ``debias``."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if params["noise"] == "discrete_gaussian":
+        draws = samplers.discrete_gaussian(rng, float(params["sigma"]), len(counts))
+    elif params["noise"] == "discrete_laplace":
+        draws = samplers.discrete_laplace(rng, float(params["scale"]), len(counts))
+    else:
+        raise ValueError(f"noise must be discrete_gaussian or discrete_laplace, got "
+                         f"{params['noise']!r}")
+    noisy = counts + np.asarray(draws, dtype=np.int64)
+    debiased = None
+    if params.get("debias"):
+        d = params["debias"]
+        debiased = known_domain.poisson_debias_counts(noisy, d["num_users"], d["per_user_bound"])
+    if params.get("clamp_negative"):
+        noisy = np.maximum(noisy, 0)
+    return noisy, debiased
+
+
+def release_domain_table(table, params, rng):
+    """One batch of per-key counts -> released rows (key columns, noisy ``count``, and
+    ``debiased`` when asked). The true counts never leave."""
+    noisy, debiased = noisy_domain_counts(
+        table.column("count").to_numpy(zero_copy_only=False), params, rng)
+    idx = table.schema.get_field_index("count")
+    out = table.set_column(idx, "count", pa.array(noisy, type=pa.int64()))
+    if debiased is not None:
+        out = out.append_column("debiased", pa.array(debiased, type=pa.float64()))
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Beam stages
+# --------------------------------------------------------------------------------------
+
+class _RestrictFn(beam.DoFn):
+    def __init__(self, domain, key_columns):
+        self._domain = domain
+        self._keys = tuple(key_columns)
+
+    def process(self, table):
+        kept = restrict_to_domain(table, self._domain, self._keys)
+        dropped = table.num_rows - kept.num_rows
+        if dropped:
+            beam.metrics.Metrics.counter(NOT_PRIVATE, "rows_dropped_not_in_public_keys").inc(dropped)
+        if kept.num_rows:
+            yield kept
+
+
+class RestrictToDomain(beam.PTransform):
+    """PCollection[pa.Table] of records -> the records whose key is in ``domain``."""
+
+    def __init__(self, domain, key_columns, label=None):
+        super().__init__(label)
+        self._domain = domain.select(list(key_columns)).combine_chunks()
+        self._keys = tuple(key_columns)
+
+    def expand(self, records):
+        return records | "SemiJoinDomain" >> beam.ParDo(
+            _RestrictFn(self._domain, self._keys)).with_output_types(TABLE)
+
+
+class DomainZeroCounts(beam.PTransform):
+    """PBegin -> PCollection[pa.Table]: every domain key with count 0, in elements of at
+    most ``rows_per_element`` keys."""
+
+    def __init__(self, domain, key_columns, rows_per_element=DOMAIN_ROWS_PER_ELEMENT, label=None):
+        super().__init__(label)
+        zeros = zero_counts(domain, key_columns)
+        self._parts = [zeros.slice(i, rows_per_element).combine_chunks()
+                       for i in range(0, zeros.num_rows, rows_per_element)]
+
+    def expand(self, pbegin):
+        return pbegin | "DomainKeys" >> beam.Create(self._parts).with_output_types(TABLE)
+
+
+class _StatisticFn(beam.DoFn):
+    def __init__(self, rule, model, user_column):
+        self._rule = rule
+        self._model = model
+        self._user_column = user_column
+
+    def process(self, table):
+        yield self._rule.statistic(user_weights(table, self._model, self._user_column))
+
+
+class _SumVectors(beam.CombineFn):
+    def __init__(self, k):
+        self._k = k
+
+    def create_accumulator(self):
+        return np.zeros(self._k)
+
+    def add_input(self, accumulator, vector):
+        return accumulator + vector
+
+    def merge_accumulators(self, accumulators):
+        return sum(accumulators, self.create_accumulator())
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+class _DrawFn(beam.DoFn):
+    def __init__(self, rule, epsilon, rng_factory=None):
+        self._rule = rule
+        self._epsilon = epsilon
+        self._rng_factory = rng_factory
+        self._draws = beam.metrics.Metrics.counter("thresher", "contribution_bound_draws")
+
+    def setup(self):
+        # A fresh CSPRNG per worker: never pickled, never replayed.
+        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
+
+    def process(self, statistic):
+        chosen, probabilities = self._rule.choose(statistic, self._epsilon, self._rng)
+        self._draws.inc()
+        _LOG.info("NOT PRIVATE (operator log only, never in outputs): bounded-domain rule %s, "
+                  "candidates %s, statistic %s, scores %s, probabilities %s; chosen C = %d",
+                  self._rule.kind, list(self._rule.candidates), np.round(statistic, 3).tolist(),
+                  np.round(self._rule.scores(statistic), 3).tolist(),
+                  np.round(probabilities, 6).tolist(), chosen)
+        yield chosen
+
+
+class ChooseDomainBound(beam.PTransform):
+    """Choose C privately over a public domain (paper 002 Sec. 4.2): epsilon-DP.
+
+    Input: user-sharded PCollection[pa.Table] (``transforms.user_shards.ShardByUser``) of
+    records already restricted to the domain. Output: a PCollection of exactly one int,
+    one of ``rule.candidates``, drawn once and materialised (a Reshuffle), as
+    ``ChooseContributionBound`` does."""
+
+    def __init__(self, rule, *, epsilon, model, rng_factory=None, user_column=USER_COLUMN,
+                 label=None):
+        super().__init__(label)
+        if model not in ("l0", "l1"):
+            raise ValueError(f"model must be l0 or l1, got {model!r}")
+        if not (isinstance(epsilon, (int, float)) and 0 < epsilon < float("inf")):
+            raise ValueError(f"epsilon must be > 0, got {epsilon!r}")
+        self.rule = rule
+        self.epsilon = float(epsilon)
+        self._model = model
+        self._rng_factory = rng_factory
+        self._user_column = user_column
+
+    def expand(self, users):
+        return (users
+                | "UserStatistic" >> beam.ParDo(_StatisticFn(self.rule, self._model,
+                                                             self._user_column))
+                | "SumStatistic" >> beam.CombineGlobally(_SumVectors(len(self.rule.candidates)))
+                | "ExponentialMechanism" >> beam.ParDo(
+                    _DrawFn(self.rule, self.epsilon, self._rng_factory))
+                | "Materialise" >> beam.Reshuffle())
+
+
+class _NoisyDomainFn(beam.DoFn):
+    def __init__(self, rng_factory=None):
+        self._rng_factory = rng_factory
+
+    def setup(self):
+        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
+
+    def process(self, table, params):
+        if table.num_rows:
+            yield release_domain_table(table, params, self._rng)
+
+
+class NoisyDomainCounts(beam.PTransform):
+    """Per-key counts (key columns, ``count``; every domain key once) -> released rows.
+    ``params``: a calibrate() dict or an ``AsSingleton`` side input carrying one."""
+
+    def __init__(self, params, rng_factory=None, label=None):
+        super().__init__(label)
+        self._params = params
+        self._rng_factory = rng_factory
+
+    def expand(self, counts):
+        return counts | "NoiseEveryKey" >> beam.ParDo(
+            _NoisyDomainFn(self._rng_factory), self._params).with_output_types(TABLE)

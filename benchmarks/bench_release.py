@@ -394,17 +394,18 @@ def scaling_table(args, work):
         m = run_thresher(work, f"scale_gaussian_{rows}", data, "gaussian", BOUND)
         marginal = ""
         if _ok(m) and previous is not None:
-            (r0, w0) = previous
-            marginal = f"{(m['wall'] - w0) / (rows - r0) * 1e6:.2f} us/row"
+            (r0, c0) = previous
+            marginal = f"{(m['cpu'] - c0) / (rows - r0) * 1e6:.2f} us/row cpu"
         row("thresher gaussian", rows, m, marginal)
         if _ok(m):
-            previous = (rows, m["wall"])
+            previous = (rows, m["cpu"])
             mech = m["report"]["mechanism"]
             fl = run_floor(data, mech["sigma"], mech["threshold"])
             row("floor", rows, fl, (f"thresher {m['wall'] / fl['compute']:.1f}x"
                                     if _ok(fl) else ""),
                 seconds=fl["compute"] if _ok(fl) else None)
-    print("#   ratio column of thresher rows: marginal cost between this size and the previous")
+    print("#   ratio column of thresher rows: marginal CPU cost per row between this size and "
+          "the previous; of floor rows: thresher wall / floor compute wall")
 
 
 def keys_table(args, work):

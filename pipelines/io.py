@@ -284,6 +284,44 @@ def _is_utf8(value):
         return False
 
 
+class _ParquetRowGroups(beam.DoFn):
+    """One Parquet file -> (path, row group index) for each of its row groups, so a large
+    file is read in parallel, one row group per element after a Reshuffle."""
+
+    def process(self, path):
+        try:
+            with _open(path) as handle:
+                groups = pq.ParquetFile(handle).metadata.num_row_groups
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"input.path: cannot read {path!r} as parquet: "
+                             f"{_first_line(exc)}") from None
+        for group in range(groups):
+            yield path, group
+
+
+class _ReadParquetRowGroup(beam.DoFn):
+    """Read one row group's columns as Arrow batches of at most BATCH_ROWS rows. A file
+    whose data pages are corrupt is an input error naming the file and row group, never
+    a partial release."""
+
+    def __init__(self, columns):
+        self._columns = list(columns)
+
+    def process(self, path_and_group):
+        path, group = path_and_group
+        try:
+            if _is_local(path):  # pyarrow's own file reader, no Python file object
+                table = pq.ParquetFile(path).read_row_group(group, columns=self._columns)
+            else:
+                with _open(path) as handle:
+                    table = pq.ParquetFile(handle).read_row_group(group, columns=self._columns)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"input.path: cannot read {path!r} as parquet (row group "
+                             f"{group}): {_first_line(exc)}") from None
+        for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+            yield pa.Table.from_batches([batch])
+
+
 class _ReadTextFile(beam.DoFn):
     """Read one CSV or JSONL file into Arrow batches of at most BATCH_ROWS rows."""
 
@@ -326,7 +364,10 @@ class ReadRecords(beam.PTransform):
         columns = self._spec.columns
         files = pbegin | "InputFiles" >> beam.Create(self._files)
         if self._spec.format == "parquet":
-            raw = files | "ReadParquet" >> beam.io.ReadAllFromParquetBatched(columns=columns)
+            raw = (files
+                   | "ParquetRowGroups" >> beam.ParDo(_ParquetRowGroups())       # (path, group)
+                   | "SpreadRowGroups" >> beam.Reshuffle()
+                   | "ReadParquet" >> beam.ParDo(_ReadParquetRowGroup(columns)))  # Table
         else:
             raw = files | "ReadText" >> beam.ParDo(_ReadTextFile(self._spec.format, columns))
         as_text = self._spec.format != "parquet"

@@ -278,26 +278,30 @@ def rand_clip_laplace(*, layout=(9,), bound=3, base="pre_threshold", epsilon=EPS
 SAMPLE_THRESHOLD = "SampleAndThreshold"
 
 
-def sample_and_threshold(*, keys=1, epsilon=EPSILON, delta=DELTA, mutation="", k=None):
-    """Poisson sampling at rate p, release sampled counts >= tau. Pair: k vs k - 1
-    contributions on each of the user's keys, k chosen where the exact per-key
-    divergence (accounting.sample_threshold.divergences) is largest.
+def sample_and_threshold(*, keys=1, epsilon=EPSILON, delta=DELTA, mutation="", k=None,
+                         sampling_rate=None, trials=TRIALS):
+    """Poisson sampling at rate p, release sampled counts >= tau, calibrated by
+    accounting.sample_threshold.calibrate. Pair: k vs k - 1 contributions on each of the
+    user's keys; k defaults to where the exact per-key divergence
+    (accounting.sample_threshold.divergences) is largest; k="threshold" puts every key at
+    the (possibly mutated) threshold, where D' can never release it.
 
     Mutations: "threshold - 1", "composition ignored" (per-key budget of 1 key)."""
-    mod = _module("transforms.sample_and_threshold")
+    kernel = _module("transforms.sample_and_threshold").sample_and_threshold
     acc = _module("accounting.sample_threshold")
     calibrated_keys = 1 if mutation == "composition ignored" else keys
-    p = acc.calibrate(epsilon, delta, calibrated_keys)
+    p = acc.calibrate(epsilon, delta, calibrated_keys, sampling_rate=sampling_rate)
     rate, threshold = p.sampling_rate, p.threshold
     if mutation == "threshold - 1":
         threshold -= 1
     elif mutation not in ("", "composition ignored"):
         raise ValueError(mutation)
-    if k is None:
+    if k == "threshold":
+        k = threshold
+    elif k is None:
         candidates = np.arange(max(1, threshold), int(4 * threshold / rate) + 2)
         add, remove = acc.divergences(p.per_key_epsilon, rate, threshold, candidates)
         k = int(candidates[int(np.argmax(np.maximum(add, remove)))])
-    kernel = mod.sample_and_threshold
 
     def runner(count):
         def run(rng, n):
@@ -310,6 +314,7 @@ def sample_and_threshold(*, keys=1, epsilon=EPSILON, delta=DELTA, mutation="", k
     return Scenario(mechanism=SAMPLE_THRESHOLD, case=f"k={k} vs k-1", claimed_epsilon=epsilon,
                     claimed_delta=p.delta_spent if not mutation else delta,
                     run_d=runner(k), run_d_prime=runner(k - 1), mutation=mutation,
+                    trials=trials,
                     parameters=f"p={rate:.4g}, tau={threshold}, {keys} key(s)")
 
 
@@ -414,8 +419,9 @@ HONEST = [
     ("randclip-l1-pre_threshold", lambda: rand_clip_laplace(), None),
     ("randclip-l1-shift", lambda: rand_clip_laplace(layout=(6,), base="high"), 0.8),
     ("randclip-l1-spread", lambda: rand_clip_laplace(layout=(2, 2, 2), base="high"), 0.4),
-    ("sample_threshold", lambda: sample_and_threshold(), 0.3),
-    ("sample_threshold-3keys", lambda: sample_and_threshold(keys=3), 0.3),
+    ("sample_threshold", lambda: sample_and_threshold(), 0.5),
+    ("sample_threshold-rate0.2", lambda: sample_and_threshold(sampling_rate=0.2), 0.3),
+    ("sample_threshold-3keys", lambda: sample_and_threshold(keys=3, trials=400_000), 0.1),
     ("pws-keys-frequency1", lambda: pws(), None),
     ("pws-frequencies-frequency3", lambda: pws(report="keys_and_frequencies", frequency=3), 0.5),
     ("exponential_mechanism", lambda: exponential_mechanism(), 0.5),
@@ -436,9 +442,11 @@ MUTATIONS = [
     ("clipping-skipped", lambda: rand_clip_laplace(mutation="clipping skipped")),
     ("clipping-skipped-shift",
      lambda: rand_clip_laplace(layout=(6,), base="high", mutation="clipping skipped")),
-    ("sample_threshold-threshold-1", lambda: sample_and_threshold(mutation="threshold - 1")),
+    ("sample_threshold-threshold-1",
+     lambda: sample_and_threshold(sampling_rate=0.2, k="threshold", mutation="threshold - 1")),
     ("sample_threshold-composition-ignored",
-     lambda: sample_and_threshold(keys=3, mutation="composition ignored")),
+     lambda: sample_and_threshold(keys=8, k="threshold", mutation="composition ignored",
+                                  trials=400_000)),
     ("pws-composition-ignored", lambda: pws(keys=3, mutation="composition ignored")),
     ("em-monotone-factor",
      lambda: exponential_mechanism(mutation="monotone factor on non-monotone scores")),

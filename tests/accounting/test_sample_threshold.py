@@ -47,7 +47,11 @@ def brute_delta(eps, p, tau, k_max):
 
 def mp_delta(eps, p, tau, k_max):
     """brute_delta in 40-digit arithmetic (exact binomial coefficients)."""
-    mpmath.mp.dps = 40
+    with mpmath.workdps(40):
+        return _mp_delta(eps, p, tau, k_max)
+
+
+def _mp_delta(eps, p, tau, k_max):
     p, e = mpmath.mpf(p), mpmath.e ** mpmath.mpf(eps)
 
     def law(k):

@@ -11,7 +11,14 @@ import pytest
 
 from transforms import samplers
 
-mpmath.mp.prec = 400
+
+
+@pytest.fixture(autouse=True)
+def _precision_400_bits():
+    """400-bit mpmath references, set per test (a global set at import is undone by any
+    other test that changes mpmath's precision)."""
+    with mpmath.workprec(400):
+        yield
 
 
 def _exact_exp_neg(x, w):

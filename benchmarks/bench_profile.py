@@ -21,29 +21,50 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-# (stage, substrings of "file:line(function)" whose cumulative time is the stage's)
+# (stage, where its time is): "module:qualname" of a function (its cumulative time), or a
+# list of substrings of pstats' "file:line(function)" labels (summed over matches).
 STAGES = [
+    ("read Parquet", "pipelines.io:_ReadParquetRowGroup.process"),
     ("read Parquet (Beam parquetio)", ["parquetio.py", "(read_records)"]),
-    ("prepare: drop, hash users+keys", ["pipelines/io.py", "(prepare_batch)"]),
-    ("split batches by user shard", ["transforms/user_shards.py", "(_split)"]),
-    ("concat a user shard", ["transforms/user_shards.py", "(_concat_shard)"]),
-    ("bound: bound_l0 kernel", ["transforms/per_user_bound.py", "(bound_l0)"]),
-    ("bound: take + count per key", ["transforms/per_user_bound.py", "(count_per_key)"]),
-    ("choose contribution bound", ["transforms/choose_contribution_bound.py", "(process)"]),
-    ("aggregate: split by key shard", ["transforms/aggregate.py", "(process)"]),
-    ("aggregate: sum per key", ["transforms/aggregate.py", "(_sum_shard)"]),
-    ("release kernel", ["transforms/noisy_threshold.py", "(process)"]),
+    ("prepare: drop, hash users+keys", "pipelines.io:prepare_batch"),
+    ("split batches by user shard", "transforms.user_shards:_SplitByUser._split"),
+    ("concat a user shard", "transforms.user_shards:_concat_shard"),
+    ("bound: bound_l0 kernel", "transforms.per_user_bound:bound_l0"),
+    ("bound: take + count per key", "transforms.per_user_bound:count_per_key"),
+    ("choose contribution bound", "transforms.choose_contribution_bound:_UserStatisticsFn.process"),
+    ("choose contribution bound: key costs", "transforms.choose_contribution_bound:shard_key_costs"),
+    ("aggregate: split by key shard", "transforms.aggregate:_SplitByKey.process"),
+    ("aggregate: sum per key", "transforms.aggregate:_sum_shard"),
+    ("release kernel (NoisyThreshold)", "transforms.noisy_threshold:_NoisyThresholdFn.process"),
     ("release kernel (PWS)", ["transforms/sanitize_sample.py", "(process)"]),
     ("release kernel (S&T)", ["transforms/sample_and_threshold.py", "(process)"]),
     ("write Parquet", ["parquetio.py", "(write_record)"]),
 ]
 
 
-def _cum(stats, parts):
+def _code_key(target):
+    """pstats key (file, first line, name) of "module:qualname", or None if absent."""
+    import importlib
+    module_name, qualname = target.split(":")
+    try:
+        obj = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    code = getattr(obj, "__code__", None)
+    return (code.co_filename, code.co_firstlineno, code.co_name) if code else None
+
+
+def _cum(stats, target):
+    if isinstance(target, str):
+        key = _code_key(target)
+        entry = stats.stats.get(key) if key else None
+        return entry[3] if entry else 0.0
     total = 0.0
     for (filename, line, name), (_, _, _, ct, _) in stats.stats.items():
         label = f"{filename}:{line}({name})"
-        if all(p in label for p in parts):
+        if all(p in label for p in target):
             total += ct
     return total
 

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.errors import InputError, SpecError
+from transforms import arrow_coder  # noqa: F401 - registers the coder for pa.Table
 from transforms.hashing import hash_array, hash_columns
 from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
@@ -367,15 +368,16 @@ class ReadRecords(beam.PTransform):
             raw = (files
                    | "ParquetRowGroups" >> beam.ParDo(_ParquetRowGroups())       # (path, group)
                    | "SpreadRowGroups" >> beam.Reshuffle()
-                   | "ReadParquet" >> beam.ParDo(_ReadParquetRowGroup(columns)))  # Table
+                   | "ReadParquet" >> beam.ParDo(_ReadParquetRowGroup(columns)).with_output_types(pa.Table))
         else:
-            raw = files | "ReadText" >> beam.ParDo(_ReadTextFile(self._spec.format, columns))
+            raw = files | "ReadText" >> beam.ParDo(
+                _ReadTextFile(self._spec.format, columns)).with_output_types(pa.Table)
         as_text = self._spec.format != "parquet"
         if self._spec.sample is not None:
             return raw | "PrepareSample" >> beam.ParDo(_PrepareSampleBatches(
-                self._spec.keys, self._spec.sample["frequency"], as_text))
+                self._spec.keys, self._spec.sample["frequency"], as_text)).with_output_types(pa.Table)
         return raw | "PrepareBatches" >> beam.ParDo(
-            _PrepareBatches(self._spec.user, self._spec.keys, as_text))
+            _PrepareBatches(self._spec.user, self._spec.keys, as_text)).with_output_types(pa.Table)
 
 
 # ---- output ---------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ STAGES = [
     ("choose contribution bound: key costs", "transforms.choose_contribution_bound:shard_key_costs"),
     ("aggregate: split by key shard", "transforms.aggregate:_SplitByKey.process"),
     ("aggregate: sum per key", "transforms.aggregate:_sum_shard"),
-    ("release kernel (NoisyThreshold)", "transforms.noisy_threshold:_NoisyThresholdFn.process"),
+    ("release kernel (NoisyThreshold)", "transforms.release_fn:ReleaseBatchFn.process"),
     ("release kernel (PWS)", ["transforms/sanitize_sample.py", "(process)"]),
     ("release kernel (S&T)", ["transforms/sample_and_threshold.py", "(process)"]),
     ("write Parquet", ["parquetio.py", "(write_record)"]),

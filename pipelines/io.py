@@ -24,7 +24,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.errors import InputError, SpecError
-from transforms import arrow_coder  # noqa: F401 - registers the coder for pa.Table
 from transforms.hashing import hash_array, hash_columns
 from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 

@@ -113,16 +113,7 @@ def release_stages(records, plan, num_shards, rng_factory=None):
             model=spec.bounding.model, score=_score_name(spec),
             score_params=_score_params(plan), max_bound=spec.bounding.auto.max_bound,
             rng_factory=rng_factory)                                           # one int
-        bound = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
-        params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
-    else:
-        bound = spec.bounding.max_keys_per_user
-        params = records.pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
-    if spec.bounding.model == "l1":
-        from transforms.rand_clip import RandClip
-        partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
-    else:
-        partial = users | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory)
+    partial, params = _bound_users(users, plan, chosen, rng_factory)
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
     released = kind_module(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys)
     return released, chosen
@@ -143,16 +134,7 @@ def _public_domain_stages(records, plan, num_shards, rng_factory):
         chosen = users | "ChooseDomainBound" >> public_domain.ChooseDomainBound(
             plan.domain_bound_rule(), epsilon=plan.select_stage.epsilon,
             model=spec.bounding.model, rng_factory=rng_factory)                # one int
-        bound = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
-        params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
-    else:
-        bound = spec.bounding.max_keys_per_user
-        params = records.pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
-    if spec.bounding.model == "l1":
-        from transforms.rand_clip import RandClip
-        partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
-    else:
-        partial = users | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory)
+    partial, params = _bound_users(users, plan, chosen, rng_factory)
     zeros = records.pipeline | "DomainZeroCounts" >> public_domain.DomainZeroCounts(plan.domain, keys)
     counts = ((partial, zeros)
               | "WithDomainKeys" >> beam.Flatten()
@@ -160,6 +142,26 @@ def _public_domain_stages(records, plan, num_shards, rng_factory):
     released = counts | "NoisyDomainCounts" >> public_domain.NoisyDomainCounts(
         beam.pvalue.AsSingleton(params), rng_factory=rng_factory)
     return released, chosen
+
+
+def _bound_users(users, plan, chosen, rng_factory):
+    """Bound every user (PerUserBound, or RandClip in the l1 model) to C — the spec's, or
+    the privately chosen one as a side input — and pick the mechanism's parameters for
+    that C. Returns (partial per-key counts, parameters as a one-element PCollection)."""
+    spec = plan.spec
+    keys = list(spec.input.keys)
+    if chosen is not None:
+        bound = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
+        params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
+    else:
+        bound = spec.bounding.max_keys_per_user
+        params = users.pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
+    if spec.bounding.model == "l1":
+        from transforms.rand_clip import RandClip
+        partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
+    else:
+        partial = users | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory)
+    return partial, params
 
 
 def _params_for(bound, table):

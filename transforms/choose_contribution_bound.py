@@ -20,7 +20,6 @@ Scores, sensitivity and their proofs: ``accounting.contribution_bound`` and
 docs/contribution_bound.md.
 """
 import logging
-import typing
 
 import apache_beam as beam
 import numpy as np
@@ -28,13 +27,14 @@ import pyarrow as pa
 
 from accounting import contribution_bound
 from transforms import samplers
+from transforms.arrow_coder import SHARD_AND_TABLE
 from transforms.hashing import hash_columns
+from transforms.per_user_bound import _order_by_user, _runs
 from transforms.rand_clip import user_codes_of
-from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, split_by_shard
+from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 _LOG = logging.getLogger("thresher.choose_contribution_bound")
 
-_USER_CODE = "__user_code"
 _DEFAULT_KEY_SHARDS = 16
 
 
@@ -57,73 +57,137 @@ def _contribution_columns(k):
     return [f"__h{i}" for i in range(k)]
 
 
+# Keys per block when a shard's (keys x candidates) cost is evaluated: bounds the
+# temporaries of BoundScore.key_cost to ~_COST_BLOCK * K floats.
+_COST_BLOCK = 1 << 16
+
+
+def _key_hashes(table, key_columns):
+    """The key hash of each row: ``__key`` (the reader's ``transforms.hashing`` hash of
+    the key columns) or, without it, the same hash computed from ``key_columns``."""
+    if KEY_HASH_COLUMN in table.column_names:
+        return np.asarray(table.column(KEY_HASH_COLUMN).to_numpy(), dtype=np.uint64)
+    return np.asarray(hash_columns(table, key_columns), dtype=np.uint64)
+
+
+def _user_words(table, user_column):
+    """One uint64 per row identifying its user: the reader's ``__user`` hash as is, else
+    ``rand_clip.user_codes_of`` (integer ids or dictionary codes) reinterpreted."""
+    column = table.column(user_column) if user_column in table.column_names else None
+    if column is not None and column.type == pa.uint64() and column.null_count == 0:
+        return np.asarray(column.to_numpy(), dtype=np.uint64)
+    return user_codes_of(table, user_column).view(np.uint64)
+
+
+def user_key_pairs(user_words, key_hashes):
+    """Distinct (user, key hash) pairs with their record counts N_ij.
+
+    Returns (pair_users, pair_keys, pair_counts): dense user numbers 0..U-1 (int64), the
+    key hashes (uint64) and the counts (int64). Two value sorts as in
+    ``per_user_bound.bound_l0``: rows are ordered by user, then one argsort of the packed
+    word (user number in the top b = bit_length(U - 1) bits, the key hash's top 64 - b
+    bits below). Two keys of one user sharing those top bits could interleave; that is
+    detected and the exact (user, key) lexsort is used instead, so the pairs are exact."""
+    by_user = _order_by_user(user_words)
+    codes = np.cumsum(_runs(user_words[by_user]), dtype=np.int64) - 1
+    keys = key_hashes[by_user]
+    del by_user
+    shift = max(1, int(codes[-1]).bit_length())
+    packed = (codes.astype(np.uint64) << np.uint64(64 - shift)) | (keys >> np.uint64(shift))
+    order = np.argsort(packed)
+    packed = packed[order]
+    same = packed[1:] == packed[:-1]
+    del packed
+    if np.any(same & (keys[order[1:]] != keys[order[:-1]])):
+        order = np.lexsort((keys, codes))
+    codes, keys = codes[order], keys[order]
+    del order, same
+    starts = _runs(codes)
+    starts[1:] |= keys[1:] != keys[:-1]
+    first = np.flatnonzero(starts)
+    counts = np.diff(np.append(first, len(starts))).astype(np.int64)
+    return codes[first], keys[first], counts
+
+
 def table_statistics(table, key_columns, score, *, num_key_shards=_DEFAULT_KEY_SHARDS,
                      user_column=USER_COLUMN):
     """Statistics of one user-sharded table for every candidate of ``score``.
 
+    Keys are identified by their hash ``__key`` (computed from ``key_columns`` when the
+    table has none), the unit that bounding de-duplicates and keeps: two keys sharing a
+    hash are one key to the bound, so they are one key here too (a collision only merges
+    two h_j; the sensitivity argument of docs/contribution_bound.md is unchanged).
+
     Returns (dropped, partials): ``dropped`` the int64 vector
     sum_i max(min(w_i, C_m) - C, 0) over this table's users, and ``partials`` a list of
-    (shard, pyarrow.Table) with the key columns and one float64 column per candidate
-    holding the keys' partial expected bounded counts."""
+    (shard, pyarrow.Table) with the uint64 column ``__key`` and one float64 column per
+    candidate holding the keys' partial expected bounded counts
+    sum_i N_ij min(1, C / w_i) (computed candidate by candidate: no pairs x candidates
+    matrix)."""
     k = len(score.candidates)
     if table.num_rows == 0:
         return np.zeros(k, dtype=np.int64), []
-    codes = user_codes_of(table, user_column)
-    # Group by the key values (and their hash, when the reader added one: carried along
-    # for key sharding, it is a function of the key).
-    key_group = list(key_columns) + (
-        [KEY_HASH_COLUMN] if KEY_HASH_COLUMN in table.column_names else [])
-    records = table.select(key_group).append_column(_USER_CODE, pa.array(codes))
-    grouped = records.group_by(key_group + [_USER_CODE], use_threads=False)
-    if score.model == "l1":
-        pairs = grouped.aggregate([([], "count_all")])
-        counts = pairs.column("count_all").to_numpy().astype(np.int64)
-    else:
-        pairs = grouped.aggregate([])
-        counts = np.ones(pairs.num_rows, dtype=np.int64)
-    pair_users = pairs.column(_USER_CODE).to_numpy().astype(np.int64)
-    _, user_index = np.unique(pair_users, return_inverse=True)
-    weights = contribution_bound.user_weights(user_index, counts, score.model)
+    pair_users, pair_keys, counts = user_key_pairs(
+        _user_words(table, user_column), _key_hashes(table, key_columns))
+    if score.model == "l0":
+        counts = np.ones(len(pair_users), dtype=np.int64)
+    weights = contribution_bound.user_weights(pair_users, counts, score.model)
     dropped = contribution_bound.dropped_contributions(weights, score.candidates,
                                                        score.max_bound)
-    expected = contribution_bound.expected_bounded_counts(
-        counts, weights[user_index], score.candidates)
-    names = _contribution_columns(k)
-    partial = pairs.select(key_group)
-    for i, name in enumerate(names):
-        partial = partial.append_column(name, pa.array(expected[:, i]))
-    partial = partial.group_by(key_group, use_threads=False).aggregate(
-        [(name, "sum") for name in names])
-    partial = partial.rename_columns(
-        [c[:-4] if c.endswith("_sum") and c[:-4] in names else c
-         for c in partial.column_names])
-    # One compact table per shard (split_by_shard takes, never slices: a pickled slice
-    # would carry its whole parent buffer through the shuffle).
-    partials = list(split_by_shard(partial, key_shards(partial, key_columns, num_key_shards),
-                                   num_key_shards))
+    # Key numbers: distinct hashes in sorted order; shards are hash mod num_key_shards.
+    keys = np.sort(pair_keys)
+    keys = keys[_runs(keys)]
+    key_index = np.searchsorted(keys, pair_keys)
+    pair_weights = weights[pair_users]
+    del pair_users, pair_keys
+    shard = (keys % np.uint64(num_key_shards)).astype(np.int64)
+    by_shard = np.argsort(shard, kind="stable")
+    bounds = np.searchsorted(shard[by_shard], np.arange(num_key_shards + 1))
+    # Row of each key in its shard-ordered table.
+    position = np.empty(len(keys), dtype=np.int64)
+    position[by_shard] = np.arange(len(keys))
+    pair_position = position[key_index]
+    del key_index, position
+    columns = {KEY_HASH_COLUMN: keys[by_shard]}
+    for name, candidate in zip(_contribution_columns(k), score.candidates):
+        # Column i of contribution_bound.expected_bounded_counts, summed per key.
+        expected = contribution_bound.expected_bounded_counts(
+            counts, pair_weights, (candidate,))[:, 0]
+        columns[name] = np.bincount(pair_position, weights=expected, minlength=len(keys))
+    partials = []
+    for s in range(num_key_shards):
+        lo, hi = int(bounds[s]), int(bounds[s + 1])
+        if hi > lo:
+            # Fresh arrays per shard (copies, never views of a shared buffer).
+            partials.append((s, pa.table({name: pa.array(values[lo:hi].copy())
+                                          for name, values in columns.items()})))
     return dropped, partials
 
 
 def shard_key_costs(partials, key_columns, score):
-    """sum over the keys of one shard of cost_C(h_j(C)), from partial tables."""
+    """sum over the keys of one shard of cost_C(h_j(C)), from partial tables (``__key``
+    and one column per candidate); ``key_columns`` is unused (kept for the API)."""
     names = _contribution_columns(len(score.candidates))
     tables = [t for t in partials if t.num_rows]
     if not tables:
         return np.zeros(len(names))
-    merged = pa.concat_tables(tables, promote_options="permissive")
-    key_group = list(key_columns) + (
-        [KEY_HASH_COLUMN] if KEY_HASH_COLUMN in merged.column_names else [])
-    summed = merged.group_by(key_group, use_threads=False).aggregate(
-        [(name, "sum") for name in names])
-    h = np.column_stack([summed.column(f"{name}_sum").to_numpy() for name in names])
-    return score.key_cost(h).sum(axis=0)
+    keys = np.concatenate([t.column(KEY_HASH_COLUMN).to_numpy() for t in tables])
+    unique, key_index = np.unique(keys, return_inverse=True)
+    del keys
+    h = np.empty((len(unique), len(names)))
+    for i, name in enumerate(names):
+        values = np.concatenate([t.column(name).to_numpy() for t in tables])
+        h[:, i] = np.bincount(key_index, weights=values, minlength=len(unique))
+    total = np.zeros(len(names))
+    for lo in range(0, len(unique), _COST_BLOCK):
+        total += score.key_cost(h[lo:lo + _COST_BLOCK]).sum(axis=0)
+    return total
 
 
 # --------------------------------------------------------------------------------------
 # Beam stages
 # --------------------------------------------------------------------------------------
 
-@beam.typehints.with_output_types(typing.Tuple[int, typing.Any])
 class _UserStatisticsFn(beam.DoFn):
     DROPPED = "dropped"
 
@@ -211,7 +275,8 @@ class ContributionBoundSums(beam.PTransform):
         key_columns, score = self._key_columns, self._score
         # pa.Table of whole users -> (shard, pa.Table of partial key sums) + dropped[K]
         stats = tables | "UserStatistics" >> beam.ParDo(_UserStatisticsFn(
-            key_columns, score, self._num_key_shards, self._user_column)).with_outputs(
+            key_columns, score, self._num_key_shards, self._user_column)
+            ).with_output_types(SHARD_AND_TABLE).with_outputs(
                 _UserStatisticsFn.DROPPED, main="partials")
         dropped = stats[_UserStatisticsFn.DROPPED] | "DroppedRow" >> beam.Map(
             lambda v, k=k: np.vstack([v.astype(np.float64), np.zeros(k)]))

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from transforms import samplers
+from transforms.release_fn import ReleaseBatchFn
 
 NOISES = ("gaussian", "laplace")
 
@@ -82,20 +83,6 @@ def release_table(table, params, rng):
     return released.set_column(idx, "count", pa.array(values[keep], type=pa.int64()))
 
 
-class _NoisyThresholdFn(beam.DoFn):
-    def __init__(self, rng_factory=None):
-        self._rng_factory = rng_factory
-
-    def setup(self):
-        # A fresh CSPRNG per worker: never pickled, never replayed.
-        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
-
-    def process(self, table, params):
-        out = release_table(table, params, self._rng)
-        if out.num_rows:
-            yield out
-
-
 class NoisyThreshold(beam.PTransform):
     """Noise and threshold batches of per-key counts.
 
@@ -113,4 +100,4 @@ class NoisyThreshold(beam.PTransform):
 
     def expand(self, counts):
         return counts | "NoiseAndThreshold" >> beam.ParDo(
-            _NoisyThresholdFn(self._rng_factory), self._params)
+            ReleaseBatchFn(release_table, self._rng_factory), self._params)

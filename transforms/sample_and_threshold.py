@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from transforms import samplers
+from transforms.release_fn import ReleaseBatchFn
 
 OUTPUT_COLUMNS = {"count": pa.int64(), "estimate": pa.float64()}
 
@@ -81,20 +82,6 @@ def release_table(table, params, rng):
     return released.append_column("estimate", pa.array(sampled / p, type=pa.float64()))
 
 
-class _SampleAndThresholdFn(beam.DoFn):
-    def __init__(self, rng_factory=None):
-        self._rng_factory = rng_factory
-
-    def setup(self):
-        # A fresh CSPRNG per worker: never pickled, never replayed.
-        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
-
-    def process(self, table, params):
-        out = release_table(table, params, self._rng)
-        if out.num_rows:
-            yield out
-
-
 class SampleAndThreshold(beam.PTransform):
     """Sample-and-threshold release of batches of per-key counts.
 
@@ -113,4 +100,4 @@ class SampleAndThreshold(beam.PTransform):
 
     def expand(self, counts):
         return counts | "SampleAndThreshold" >> beam.ParDo(  # Table(keys, count, estimate)
-            _SampleAndThresholdFn(self._rng_factory), self._params)
+            ReleaseBatchFn(release_table, self._rng_factory), self._params)

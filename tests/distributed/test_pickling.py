@@ -139,9 +139,10 @@ def test_audit_finds_a_generator_pickled_into_a_dofn(tmp_path):
     """The audit has teeth: a DoFn built with a numpy Generator in its state is reported."""
     import numpy as np
 
-    from transforms.noisy_threshold import _NoisyThresholdFn
+    from transforms.noisy_threshold import release_table
+    from transforms.release_fn import ReleaseBatchFn
 
-    fn = _NoisyThresholdFn()
+    fn = ReleaseBatchFn(release_table)
     fn._carried = np.random.default_rng(0)  # what building an RNG in __init__ would ship
     pipeline = beam.Pipeline()
     _ = pipeline | beam.Create([pa.table({"count": [1]})]) | beam.ParDo(fn, {})

@@ -110,13 +110,19 @@ def test_pipeline_shaped_input_uint64_user_hash_and_key_hash():
 
 
 def test_table_statistics_partials_cover_each_key_once_per_table():
+    """Partials carry the key hash ``__key`` (no key strings): every distinct key of the
+    table appears exactly once, in the shard key_shards gives it."""
+    from transforms.hashing import hash_columns
     tables, _, _ = _records(n_tables=1)
     score = _scores()[0]
     _, partials = table_statistics(tables[0], ["word", "bucket"], score, num_key_shards=4)
-    keys = [tuple(r.values()) for _, t in partials
-            for r in t.select(["word", "bucket"]).to_pylist()]
+    keys = [h for _, t in partials for h in t.column("__key").to_pylist()]
     assert len(keys) == len(set(keys))
+    assert set(keys) == set(hash_columns(tables[0], ["word", "bucket"]).tolist())
     assert len({s for s, _ in partials}) == len(partials)
+    for shard, t in partials:
+        assert set(key_shards(t, ["word", "bucket"], 4).tolist()) == {shard}
+        assert "word" not in t.column_names
 
 
 def _choose(pipeline, tables, **overrides):

@@ -14,6 +14,7 @@ from scipy import stats
 
 from transforms import samplers
 from transforms import sample_and_threshold as sat
+from transforms.release_fn import ReleaseBatchFn
 
 
 def chi_square_pvalue(draws, n, p):
@@ -168,6 +169,6 @@ def test_beam_transform_sees_the_seeded_rng_factory_in_tests():
 
 
 def test_dofn_creates_a_secure_random_in_setup():
-    fn = sat._SampleAndThresholdFn()
+    fn = ReleaseBatchFn(sat.release_table)
     fn.setup()
     assert isinstance(fn._rng, samplers.SecureRandom)

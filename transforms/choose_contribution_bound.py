@@ -2,10 +2,12 @@
 
 Stages (one pass over the user-sharded records, vectorised over all candidates):
 
-1. ``UserStatistics`` -- per element (all records of a set of users): (user, key) pairs
-   with counts N_ij, user weights w_i (records m_i in the l1 model, distinct keys k_i in
-   the l0 model), the dropped contributions sum_i max(min(w_i, C_m) - C, 0) for every
-   C, and each key's expected bounded count sum_i N_ij C / max(C, w_i) for every C,
+1. ``UserStatistics`` -- per element (all records of a set of users): (user, key hash)
+   pairs (keys are the ``__key`` hash buckets that bounding de-duplicates; no key
+   strings are grouped or shuffled) with counts N_ij, user weights w_i (records m_i in
+   the l1 model, distinct keys k_i in the l0 model), the dropped contributions
+   sum_i max(min(w_i, C_m) - C, 0) for every C, and each key's expected bounded count
+   sum_i N_ij C / max(C, w_i) for every C,
    split into key shards by the key hash ``__key`` (as ``SumCountsPerKey`` does).
 2. ``SumByKey`` -- a GroupByKey on the key shard brings every partial of a key
    together; each shard sums them and reduces its keys to sum_j cost_C(h_j(C)).
@@ -134,25 +136,34 @@ def table_statistics(table, key_columns, score, *, num_key_shards=_DEFAULT_KEY_S
     weights = contribution_bound.user_weights(pair_users, counts, score.model)
     dropped = contribution_bound.dropped_contributions(weights, score.candidates,
                                                        score.max_bound)
-    # Key numbers: distinct hashes in sorted order; shards are hash mod num_key_shards.
-    keys = np.sort(pair_keys)
-    keys = keys[_runs(keys)]
-    key_index = np.searchsorted(keys, pair_keys)
-    pair_weights = weights[pair_users]
-    del pair_users, pair_keys
+    # Key numbers 0..J-1: rows grouped by key hash with the value-sort of _order_by_user.
+    by_key = _order_by_user(pair_keys)
+    sorted_keys = pair_keys[by_key]
+    starts = _runs(sorted_keys)
+    keys = sorted_keys[starts]
+    key_index = np.empty(len(pair_keys), dtype=np.int64)
+    key_index[by_key] = np.cumsum(starts, dtype=np.int64) - 1
+    del by_key, sorted_keys, starts
+    # Shards are hash mod num_key_shards (key_shards); rows of each shard contiguous.
     shard = (keys % np.uint64(num_key_shards)).astype(np.int64)
     by_shard = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[by_shard], np.arange(num_key_shards + 1))
-    # Row of each key in its shard-ordered table.
     position = np.empty(len(keys), dtype=np.int64)
     position[by_shard] = np.arange(len(keys))
     pair_position = position[key_index]
     del key_index, position
+    # contribution_bound.expected_bounded_counts, N_ij * min(1, C / max(w_i, 1)), one
+    # candidate at a time (the same float operations, no pairs x candidates matrix).
+    pair_weights = np.maximum(weights[pair_users].astype(np.float64), 1.0)
+    del pair_users, pair_keys
+    pair_counts = counts.astype(np.float64) if score.model == "l1" else None
+    expected = np.empty(len(pair_weights))
     columns = {KEY_HASH_COLUMN: keys[by_shard]}
     for name, candidate in zip(_contribution_columns(k), score.candidates):
-        # Column i of contribution_bound.expected_bounded_counts, summed per key.
-        expected = contribution_bound.expected_bounded_counts(
-            counts, pair_weights, (candidate,))[:, 0]
+        np.divide(float(candidate), pair_weights, out=expected)
+        np.minimum(expected, 1.0, out=expected)
+        if pair_counts is not None:
+            expected *= pair_counts
         columns[name] = np.bincount(pair_position, weights=expected, minlength=len(keys))
     partials = []
     for s in range(num_key_shards):

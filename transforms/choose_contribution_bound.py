@@ -217,14 +217,16 @@ class _UserStatisticsFn(beam.DoFn):
             yield shard, partial
 
 
-class _SumVectors(beam.CombineFn):
-    """Element-wise sum of (2, K) arrays: row 0 dropped contributions, row 1 key costs."""
+class SumArrays(beam.CombineFn):
+    """Element-wise sum of float arrays of one fixed shape (score or statistic vectors
+    over the candidate bounds); the empty input sums to zeros, so a selection stage still
+    draws on an empty dataset."""
 
-    def __init__(self, k):
-        self._k = k
+    def __init__(self, shape):
+        self._shape = shape
 
     def create_accumulator(self):
-        return np.zeros((2, self._k))
+        return np.zeros(self._shape)
 
     def add_input(self, accumulator, vector):
         return accumulator + vector
@@ -298,9 +300,10 @@ class ContributionBoundSums(beam.PTransform):
                      lambda _, parts, key_columns=key_columns, score=score: np.vstack(
                          [np.zeros(len(score.candidates)),
                           shard_key_costs(list(parts), key_columns, score)])))
+        # (2, K): row 0 dropped contributions, row 1 key costs
         return ((dropped, costs)
                 | "Merge" >> beam.Flatten()
-                | "SumScores" >> beam.CombineGlobally(_SumVectors(k)))
+                | "SumScores" >> beam.CombineGlobally(SumArrays((2, k))))
 
 
 class ChooseContributionBound(beam.PTransform):

@@ -26,6 +26,7 @@ import pyarrow as pa
 from accounting import known_domain
 from transforms import samplers
 from transforms.arrow_coder import TABLE
+from transforms.choose_contribution_bound import SumArrays
 from transforms.hashing import hash_columns
 from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
@@ -159,23 +160,6 @@ class _StatisticFn(beam.DoFn):
         yield self._rule.statistic(user_weights(table, self._model, self._user_column))
 
 
-class _SumVectors(beam.CombineFn):
-    def __init__(self, k):
-        self._k = k
-
-    def create_accumulator(self):
-        return np.zeros(self._k)
-
-    def add_input(self, accumulator, vector):
-        return accumulator + vector
-
-    def merge_accumulators(self, accumulators):
-        return sum(accumulators, self.create_accumulator())
-
-    def extract_output(self, accumulator):
-        return accumulator
-
-
 class _DrawFn(beam.DoFn):
     def __init__(self, rule, epsilon, rng_factory=None):
         self._rule = rule
@@ -223,7 +207,7 @@ class ChooseDomainBound(beam.PTransform):
         return (users
                 | "UserStatistic" >> beam.ParDo(_StatisticFn(self.rule, self._model,
                                                              self._user_column))
-                | "SumStatistic" >> beam.CombineGlobally(_SumVectors(len(self.rule.candidates)))
+                | "SumStatistic" >> beam.CombineGlobally(SumArrays(len(self.rule.candidates)))
                 | "ExponentialMechanism" >> beam.ParDo(
                     _DrawFn(self.rule, self.epsilon, self._rng_factory))
                 | "Materialise" >> beam.Reshuffle())

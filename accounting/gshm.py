@@ -41,6 +41,7 @@ from scipy import special
 
 from accounting import discrete_gaussian, gaussian
 from accounting.search import smallest_integer, smallest_real
+from accounting.validation import check_threshold_parameters
 
 NOISES = ("gaussian", "discrete_gaussian")
 METHODS = ("exact", "add_deltas", "fdp")
@@ -278,17 +279,10 @@ class GshmParameters:
     def __post_init__(self):
         if not (math.isfinite(self.sigma) and self.sigma > 0):
             raise ValueError(f"sigma must be > 0, got {self.sigma}")
-        if int(self.pre_threshold) != self.pre_threshold or self.pre_threshold < 1:
-            raise ValueError(f"pre_threshold must be an integer >= 1, got {self.pre_threshold}")
-        if not (math.isfinite(self.threshold) and self.threshold >= self.pre_threshold):
-            raise ValueError(f"threshold must be >= pre_threshold ({self.pre_threshold}), "
-                             f"got {self.threshold}")
+        check_threshold_parameters(pre_threshold=self.pre_threshold, threshold=self.threshold,
+                                   delta=self.delta, epsilon=self.epsilon)
         if self.noise not in NOISES:
             raise ValueError(f"noise must be one of {NOISES}, got {self.noise!r}")
-        if not (0 <= self.delta <= 1):
-            raise ValueError(f"delta must be in [0, 1], got {self.delta}")
-        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ValueError(f"epsilon must be > 0, got {self.epsilon}")
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
 

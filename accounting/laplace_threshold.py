@@ -48,6 +48,7 @@ from scipy import special
 
 from accounting import gshm
 from accounting.search import smallest_integer, smallest_real
+from accounting.validation import check_threshold_parameters
 
 MODELS = ("l0", "l1")
 NOISES = ("laplace", "discrete_laplace")
@@ -265,19 +266,12 @@ class LaplaceThresholdParameters:
     def __post_init__(self):
         if not (math.isfinite(self.scale) and self.scale > 0):
             raise ValueError(f"scale must be > 0, got {self.scale}")
-        if int(self.pre_threshold) != self.pre_threshold or self.pre_threshold < 1:
-            raise ValueError(f"pre_threshold must be an integer >= 1, got {self.pre_threshold}")
-        if not (math.isfinite(self.threshold) and self.threshold >= self.pre_threshold):
-            raise ValueError(f"threshold must be >= pre_threshold ({self.pre_threshold}), "
-                             f"got {self.threshold}")
+        check_threshold_parameters(pre_threshold=self.pre_threshold, threshold=self.threshold,
+                                   delta=self.delta, epsilon=self.epsilon)
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
         if self.noise not in NOISES:
             raise ValueError(f"noise must be one of {NOISES}, got {self.noise!r}")
-        if not (0 <= self.delta <= 1):
-            raise ValueError(f"delta must be in [0, 1], got {self.delta}")
-        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ValueError(f"epsilon must be > 0, got {self.epsilon}")
 
 
 def calibrate(epsilon, delta_target, max_keys_per_user, *, model="l0",

@@ -13,12 +13,11 @@ The kernel :func:`noisy_threshold` works on numpy arrays; :class:`NoisyThreshold
 applies it to batches of aggregated keys (``pyarrow.Table`` with key columns and an
 int64 ``count``) in a Beam pipeline.
 """
-import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
 from transforms import samplers
-from transforms.release_fn import ReleaseBatchFn
+from transforms.release_fn import KernelRelease
 
 NOISES = ("gaussian", "laplace")
 
@@ -83,7 +82,7 @@ def release_table(table, params, rng):
     return released.set_column(idx, "count", pa.array(values[keep], type=pa.int64()))
 
 
-class NoisyThreshold(beam.PTransform):
+class NoisyThreshold(KernelRelease):
     """Noise and threshold batches of per-key counts.
 
     Input: PCollection[pyarrow.Table] with the key columns and an int64 ``count``; keys
@@ -93,11 +92,5 @@ class NoisyThreshold(beam.PTransform):
     (``beam.pvalue.AsSingleton``) carrying one. ``rng_factory`` is for tests only.
     """
 
-    def __init__(self, params, rng_factory=None, label=None):
-        super().__init__(label)
-        self._params = params
-        self._rng_factory = rng_factory
-
-    def expand(self, counts):
-        return counts | "NoiseAndThreshold" >> beam.ParDo(
-            ReleaseBatchFn(release_table, self._rng_factory), self._params)
+    stage_label = "NoiseAndThreshold"
+    release_table = staticmethod(release_table)

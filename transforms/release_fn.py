@@ -22,3 +22,28 @@ class ReleaseBatchFn(beam.DoFn):
         out = self._release_table(table, params, self._rng)
         if out.num_rows:
             yield out
+
+
+class KernelRelease(beam.PTransform):
+    """Apply a release kernel to every batch of per-key counts.
+
+    Subclasses name the mechanism and its ``release_table``. Input: PCollection[pyarrow.Table]
+    with the key columns and an int64 ``count`` (keys unique across the collection).
+    Output: PCollection[pyarrow.Table] of released keys only. ``params`` is a dict, or a
+    side input (``beam.pvalue.AsSingleton``) carrying one; ``rng_factory`` is for tests only.
+    """
+
+    stage_label = "Release"
+
+    @staticmethod
+    def release_table(table, params, rng):
+        raise NotImplementedError
+
+    def __init__(self, params, rng_factory=None, label=None):
+        super().__init__(label)
+        self._params = params
+        self._rng_factory = rng_factory
+
+    def expand(self, counts):
+        return counts | self.stage_label >> beam.ParDo(
+            ReleaseBatchFn(type(self).release_table, self._rng_factory), self._params)

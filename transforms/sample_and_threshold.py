@@ -18,12 +18,11 @@ Output rows: the key columns, ``count`` (int64, the sampled count v actually rel
 for keys well above tau / p; biased up near the release point because keys are only kept
 when v >= tau). True counts never leave the transform.
 """
-import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
 from transforms import samplers
-from transforms.release_fn import ReleaseBatchFn
+from transforms.release_fn import KernelRelease
 
 OUTPUT_COLUMNS = {"count": pa.int64(), "estimate": pa.float64()}
 
@@ -82,7 +81,7 @@ def release_table(table, params, rng):
     return released.append_column("estimate", pa.array(sampled / p, type=pa.float64()))
 
 
-class SampleAndThreshold(beam.PTransform):
+class SampleAndThreshold(KernelRelease):
     """Sample-and-threshold release of batches of per-key counts.
 
     Input: PCollection[pyarrow.Table] with the key columns and an int64 ``count`` (keys
@@ -93,11 +92,5 @@ class SampleAndThreshold(beam.PTransform):
     (``beam.pvalue.AsSingleton``) carrying one. ``rng_factory`` is for tests only.
     """
 
-    def __init__(self, params, rng_factory=None, label=None):
-        super().__init__(label)
-        self._params = params
-        self._rng_factory = rng_factory
-
-    def expand(self, counts):
-        return counts | "SampleAndThreshold" >> beam.ParDo(  # Table(keys, count, estimate)
-            ReleaseBatchFn(release_table, self._rng_factory), self._params)
+    stage_label = "SampleAndThreshold"
+    release_table = staticmethod(release_table)

@@ -15,10 +15,18 @@ Paper 002 (Liu, Suresh, Zhu, Kairouz, Gruteser, ICML 2023):
   caps w_i at C_m = ``max_bound`` in the first sum (so the sensitivity is finite) and
   adds analogues for the l0 model (w_i = the user's number of distinct keys, N_ij in
   {0, 1}) with Laplace, Gaussian (GSHM, paper 004) and sample-and-threshold (papers
-  000/003) releases: each replaces t(C) by the release's own per-key cost cap. Every
-  score has sensitivity Delta = 2 C_m - min(candidates) under add/remove-one-user
-  neighbours (proof in docs/contribution_bound.md; the paper states 5 C_m / 2 for its
-  replace-one neighbours), and is monotone: adding a user never decreases V(C).
+  000/003) releases: each replaces t(C) by the release's own per-key cost cap.
+
+  The weights: the paper's V weights a dropped contribution 2 (Thm 5.2's upper-bound
+  constant) and a contribution on a suppressed key 1. thresher's default ("balanced",
+  docs/contribution_bound.md section 1a) is V_w(C) = w D(C) + sum_j min(w h_j(C), T(C))
+  with w = sqrt(r), r the score's largest ratio of per-key cost cap to mean absolute
+  noise (``balanced_dropped_weight``): a contribution kept on a suppressed key costs
+  what a dropped one costs. With dropped weight w >= 1 and suppressed weight
+  s in [1, w] every score has sensitivity Delta = max_C w (C_m - C) + s C under
+  add/remove-one-user neighbours (paper: 2 C_m - min C; balanced: w C_m; proof in
+  docs/contribution_bound.md; the paper states 5 C_m / 2 for its replace-one
+  neighbours), and is monotone: adding a user never decreases V(C).
 
 * Bounded domains (public key list of size d), Section 4: Lemma 4.2 (Laplace, l1
   clipping: C* = the ceil(d/epsilon)-th largest m_i is a 2-approximation), Thm 4.3
@@ -50,6 +58,12 @@ MODELS = ("l0", "l1")
 
 # Default C_m: see docs/contribution_bound.md ("Default grid and C_m").
 DEFAULT_MAX_BOUND = 128
+# The weight of the dropped term in V(C): the paper's constant 2 (Thm 5.2's upper bound),
+# or "balanced" (thresher's default): w = sqrt(r), r = max over candidates of the per-key
+# cost cap over the mean absolute noise of a released count (balanced_dropped_weight).
+PAPER_DROPPED_WEIGHT = 2.0
+DROPPED_WEIGHT_RULES = ("balanced", "paper")
+DEFAULT_DROPPED_WEIGHT = "balanced"
 # Default share of the total epsilon spent on choosing C (paper 002 Sec. 7.2 uses
 # epsilon' = 0.1 beside epsilon = 1).
 DEFAULT_SELECTION_FRACTION = 0.1
@@ -75,13 +89,43 @@ def default_candidates(max_bound=DEFAULT_MAX_BOUND, ratio=math.sqrt(2.0)):
     return tuple(sorted(grid))
 
 
-def score_sensitivity(candidates, max_bound):
-    """Delta of every V(C) score here: max over C of 2 C_m - C = 2 C_m - min(candidates).
+def score_sensitivity(candidates, max_bound, dropped_weight=PAPER_DROPPED_WEIGHT,
+                      suppressed_weight=1.0):
+    """Delta of a V(C) score with dropped-term weight w >= 1 and suppressed-key weight
+    s in [1, w]: max over C of w (C_m - C) + s C = w C_m - (w - s) min C
+    (2 C_m - min C for the paper's w = 2, s = 1; w C_m for s = w).
 
     For one candidate C, adding or removing one user changes V(C) by at most
-    max(2 (C_m - C) + C, C) = 2 C_m - C (docs/contribution_bound.md, Prop. 1)."""
-    candidates = _candidate_array(candidates, max_bound)
-    return float(2 * max_bound - candidates[0])
+    w (C_m - C) + s C (docs/contribution_bound.md, Prop. 1)."""
+    candidates = _candidate_array(candidates, max_bound).astype(np.float64)
+    w = _dropped_weight_value(dropped_weight)
+    s = _suppressed_weight_value(suppressed_weight, w)
+    return float(np.max(w * (float(max_bound) - candidates) + s * candidates))
+
+
+def balanced_dropped_weight(caps, noise_scales):
+    """thresher's default weight of the dropped term: w = sqrt(r), r = max over candidates
+    of caps(C) / noise(C) (>= 1, as every cap is at least the noise).
+
+    Paper 002's V(C) charges a released key its threshold t(C) while its expected error is
+    the mean absolute noise (Cor. B.4: between C/epsilon and t(C)), over-weighting the
+    noise cost by r = t(C) epsilon / C = epsilon + ln(C / (2 delta)) against the dropped
+    contributions. Weight w on the dropped term leaves an over-weighting r / w of the
+    noise (bias towards small C) and a sensitivity of about w C_m (the exponential
+    mechanism's resolution, in units of the noise cost, is about w C_m / (r epsilon')).
+    w = 1 maximises the resolution, w = r removes the bias; w = sqrt(r), their geometric
+    mean, splits the factor r evenly between the two (docs/contribution_bound.md, "The
+    dropped-term weight", with the Table 1 figures that motivated it). Without noise
+    scales (sample-and-threshold, weighted sampling) the paper's 2 is returned."""
+    if noise_scales is None:
+        return PAPER_DROPPED_WEIGHT
+    caps = np.asarray(caps, dtype=np.float64)
+    noise = np.asarray(noise_scales, dtype=np.float64)
+    usable = noise > 0
+    if not np.any(usable):
+        return PAPER_DROPPED_WEIGHT
+    ratio = float(np.max(caps[usable] / noise[usable]))
+    return math.sqrt(max(ratio, 1.0))
 
 
 # --------------------------------------------------------------------------------------
@@ -103,6 +147,12 @@ class BoundScore:
         (Laplace: b; Gaussian: sigma * sqrt(2/pi)); the per-key cap is
         max(threshold, noise_scale).
       sampling_rates: sample_and_threshold only: the sampling probability p for each C.
+      dropped_weight: w >= 1, the weight of the dropped term (the paper's 2 by default
+        here; ``make_score`` resolves thresher's "balanced" default).
+      suppressed_weight: s in [1, w], the weight of a bounded contribution on a key below
+        its cost cap: cost_C(h) = min(s h, T(C)) (the paper's s = 1 by default here;
+        thresher's rules set s = w, so a contribution kept on a suppressed key costs what
+        a dropped one costs).
     """
 
     kind: str
@@ -111,11 +161,15 @@ class BoundScore:
     thresholds: tuple
     noise_scales: tuple = None
     sampling_rates: tuple = None
+    dropped_weight: float = PAPER_DROPPED_WEIGHT
+    suppressed_weight: float = 1.0
 
     def __post_init__(self):
         if self.kind not in SCORE_MODELS:
             raise ValueError(f"score must be one of {sorted(SCORE_MODELS)}, got {self.kind!r}")
         candidates = _candidate_array(self.candidates, self.max_bound)
+        _suppressed_weight_value(self.suppressed_weight,
+                                 _dropped_weight_value(self.dropped_weight))
         k = len(candidates)
         thresholds = _per_candidate(self.thresholds, k, "score_params.thresholds")
         if not np.all(thresholds > 0):
@@ -147,7 +201,8 @@ class BoundScore:
 
     @property
     def sensitivity(self):
-        return score_sensitivity(self.candidates, self.max_bound)
+        return score_sensitivity(self.candidates, self.max_bound, self.dropped_weight,
+                                 self.suppressed_weight)
 
     @property
     def candidate_array(self):
@@ -165,22 +220,24 @@ class BoundScore:
     def key_cost(self, expected_counts):
         """cost_C(h) for an array of expected bounded counts h, shape (keys, candidates).
 
-        Laplace / Gaussian: min(h, T(C)) -- a suppressed key costs its count, a released
-        one at most T(C) (paper 002 Cor. B.4). Sample-and-threshold:
-        min(h, T + sqrt((1 - p)/p * max(h, T))), T = threshold / p, adding the standard
+        Laplace / Gaussian / weighted sampling: min(s h, T(C)) -- a suppressed key costs
+        its count (weighted s: the paper's s = 1, thresher's s = w), a released one at most
+        T(C) (paper 002 Cor. B.4). Sample-and-threshold:
+        min(s h, T + sqrt((1 - p)/p * max(h, T))), T = threshold / p, adding the standard
         deviation of a released estimate (sampled count / p). Both are 0 at h = 0,
-        non-decreasing and 1-Lipschitz in h."""
+        non-decreasing and s-Lipschitz in h."""
         h = np.asarray(expected_counts, dtype=np.float64)
         caps = self.caps()
+        weighted = self.suppressed_weight * h
         if self.kind != "sample_and_threshold":
-            return np.minimum(h, caps)
+            return np.minimum(weighted, caps)
         rates = np.asarray(self.sampling_rates, dtype=np.float64)
         sampling_sd = np.sqrt((1.0 - rates) / rates * np.maximum(h, caps))
-        return np.minimum(h, caps + sampling_sd)
+        return np.minimum(weighted, caps + sampling_sd)
 
     def values(self, dropped, key_cost_sums):
-        """V(C) = 2 * dropped(C) + sum over keys of cost_C(h_j(C))."""
-        return 2.0 * np.asarray(dropped, dtype=np.float64) + np.asarray(
+        """V(C) = w * dropped(C) + sum over keys of cost_C(h_j(C)) (w = 2 in the paper)."""
+        return self.dropped_weight * np.asarray(dropped, dtype=np.float64) + np.asarray(
             key_cost_sums, dtype=np.float64)
 
 
@@ -199,13 +256,16 @@ def make_score(kind, candidates, max_bound, score_params):
       weighted_sampling: ``thresholds`` (the count reported with probability >= 1/2).
       any kind: ``params_by_bound`` {C: the kind's calibrate() dict}, from which the
         thresholds (and scale / sigma / sampling_rate) are read.
+      any kind: ``dropped_weight``: "balanced" (default; w = ``balanced_dropped_weight``),
+        "paper" (w = 2 and s = 1: paper 002's V exactly) or a number w >= 1; except for
+        "paper" the suppressed-key weight s is w.
     Explicit per-candidate values win over ``params_by_bound``, which wins over the
     epsilon/delta formulas (``epsilon``/``delta`` are accepted and ignored otherwise).
     """
     if kind not in SCORE_MODELS:
         raise ValueError(f"score must be one of {sorted(SCORE_MODELS)}, got {kind!r}")
     allowed = {"epsilon", "delta", "thresholds", "sigmas", "noise_scales", "sampling_rates",
-               "params_by_bound"}
+               "params_by_bound", "dropped_weight"}
     params = dict(score_params or {})
     unknown = sorted(set(params) - allowed)
     if unknown:
@@ -244,11 +304,21 @@ def make_score(kind, candidates, max_bound, score_params):
     rates = params.get("sampling_rates")
     if rates is not None:
         rates = _aligned(rates, cands, "score_params.sampling_rates")
-    return BoundScore(
+    score = BoundScore(
         kind=kind, candidates=tuple(int(x) for x in cands), max_bound=int(max_bound),
         thresholds=tuple(float(x) for x in thresholds),
         noise_scales=None if noise_scales is None else tuple(float(x) for x in noise_scales),
         sampling_rates=None if rates is None else tuple(float(x) for x in rates))
+    rule = params.get("dropped_weight", DEFAULT_DROPPED_WEIGHT)
+    if isinstance(rule, str) and rule == "paper":
+        return dataclasses.replace(score, dropped_weight=PAPER_DROPPED_WEIGHT,
+                                   suppressed_weight=1.0)
+    if isinstance(rule, str) and rule == "balanced":
+        weight = balanced_dropped_weight(score.caps(), score.noise_scales)
+    else:
+        weight = _dropped_weight_value(rule)
+    return dataclasses.replace(score, dropped_weight=float(weight),
+                               suppressed_weight=float(weight))
 
 
 def _from_calibrations(kind, params_by_bound, candidates):
@@ -487,6 +557,28 @@ def poisson_debias(noisy_clipped_sum, num_users, bound, *, max_rate=math.inf):
 # --------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------
+
+def _dropped_weight_value(weight):
+    """A dropped-term weight: a finite number >= 1 (the sensitivity proof needs w >= 1)."""
+    if isinstance(weight, bool) or not isinstance(weight, (int, float, np.floating, np.integer)):
+        raise ValueError(f"dropped_weight must be 'balanced', 'paper' or a number >= 1, "
+                         f"got {weight!r}")
+    weight = float(weight)
+    if not (math.isfinite(weight) and weight >= 1.0):
+        raise ValueError(f"dropped_weight must be a finite number >= 1, got {weight!r}")
+    return weight
+
+
+def _suppressed_weight_value(weight, dropped_weight):
+    """A suppressed-key weight s with 1 <= s <= w (Prop. 1's sensitivity needs it)."""
+    if isinstance(weight, bool) or not isinstance(weight, (int, float, np.floating, np.integer)):
+        raise ValueError(f"suppressed_weight must be a number, got {weight!r}")
+    weight = float(weight)
+    if not (math.isfinite(weight) and 1.0 <= weight <= dropped_weight):
+        raise ValueError(f"suppressed_weight must be in [1, dropped_weight = "
+                         f"{dropped_weight:g}], got {weight!r}")
+    return weight
+
 
 def _positive_int(value, name):
     if isinstance(value, bool) or int(value) != value or value < 1:

@@ -46,6 +46,28 @@ class Plan:
     def candidates(self):
         return tuple(sorted(self.params_by_bound))
 
+    @property
+    def score_name(self):
+        """The V(C) score of the release kind (accounting.contribution_bound.SCORE_MODELS)."""
+        spec = self.spec
+        if spec.kind == "laplace":
+            return "laplace_l1" if spec.bounding.model == "l1" else "laplace_l0"
+        return spec.kind
+
+    def score_params(self):
+        """score_params for accounting.contribution_bound.make_score: the release stage's
+        budget, every candidate's calibrated parameters and the dropped-term weight."""
+        stage = self.release_stage
+        return {"epsilon": stage.epsilon, "delta": stage.delta,
+                "params_by_bound": dict(self.params_by_bound),
+                "dropped_weight": self.spec.bounding.auto.dropped_weight}
+
+    def bound_score(self):
+        """The accounting.contribution_bound.BoundScore ChooseContributionBound uses."""
+        from accounting.contribution_bound import make_score
+        return make_score(self.score_name, self.candidates, self.spec.bounding.auto.max_bound,
+                          self.score_params())
+
     def domain_bound_rule(self):
         """With input.public_keys and an automatic bound: the bounded-domain rule
         (``accounting.known_domain.domain_bound_rule``) over the calibrated candidates."""
@@ -77,10 +99,16 @@ class Plan:
                     "exponent": "epsilon * score / (2 sensitivity) (docs/contribution_bound.md, "
                                 "Bounded domains)"}
             else:
-                from accounting.contribution_bound import score_sensitivity
+                score = self.bound_score()
                 bounding["selection"] = {
                     "epsilon": self.select_stage.epsilon,
-                    "sensitivity": score_sensitivity(self.candidates, spec.bounding.auto.max_bound),
+                    "score": score.kind,
+                    "dropped_weight": score.dropped_weight,
+                    "suppressed_weight": score.suppressed_weight,
+                    "dropped_weight_rule": (spec.bounding.auto.dropped_weight
+                                            if isinstance(spec.bounding.auto.dropped_weight, str)
+                                            else "spec"),
+                    "sensitivity": score.sensitivity,
                     "exponent": "epsilon * score / sensitivity (scores monotone in the data; "
                                 "docs/contribution_bound.md)"}
             if self.excluded_bounds:

@@ -110,8 +110,8 @@ def release_stages(records, plan, num_shards, rng_factory=None):
         from transforms.choose_contribution_bound import ChooseContributionBound
         chosen = users | "ChooseContributionBound" >> ChooseContributionBound(
             keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
-            model=spec.bounding.model, score=_score_name(spec),
-            score_params=_score_params(plan), max_bound=spec.bounding.auto.max_bound,
+            model=spec.bounding.model, score=plan.score_name,
+            score_params=plan.score_params(), max_bound=spec.bounding.auto.max_bound,
             rng_factory=rng_factory)                                           # one int
     partial, params = _bound_users(users, plan, chosen, rng_factory)
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
@@ -174,18 +174,6 @@ def _write(released, staging, schema):
      | "WriteReleased" >> beam.io.WriteToParquetBatched(
          os.path.join(staging, io.RELEASED_PREFIX), schema=schema,
          file_name_suffix=".parquet", num_shards=1, shard_name_template=""))
-
-
-def _score_name(spec):
-    if spec.kind == "laplace":
-        return "laplace_l1" if spec.bounding.model == "l1" else "laplace_l0"
-    return spec.kind
-
-
-def _score_params(plan):
-    stage = plan.release_stage
-    return {"epsilon": stage.epsilon, "delta": stage.delta,
-            "params_by_bound": dict(plan.params_by_bound)}
 
 
 def _metrics(result):

@@ -55,6 +55,7 @@ class AutoBoundSpec:
     epsilon: float          # the selection stage's epsilon, taken from privacy.epsilon
     candidates: tuple       # candidate bounds C, increasing
     max_bound: int
+    dropped_weight: object = "balanced"   # "balanced" | "paper" | a number >= 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +282,7 @@ def _parse_bounding(section, privacy):
 def _parse_auto(section, privacy):
     field = "bounding.auto"
     _mapping(section, field)
-    check_fields(section, field, ("epsilon", "candidates", "max_bound"))
+    check_fields(section, field, ("epsilon", "candidates", "max_bound", "dropped_weight"))
     if "epsilon" in section:
         eps = number(section["epsilon"], f"{field}.epsilon", low=0, low_open=True)
     else:
@@ -303,7 +304,15 @@ def _parse_auto(section, privacy):
         cands = tuple(sorted(cands))
     else:
         cands = default_candidates(max_bound)
-    return AutoBoundSpec(epsilon=eps, candidates=cands, max_bound=max_bound)
+    weight = section.get("dropped_weight", "balanced")
+    if isinstance(weight, str):
+        if weight not in ("balanced", "paper"):
+            raise SpecError(f"{field}.dropped_weight", f"must be balanced, paper or a number "
+                            f">= 1, got {_describe(weight)}")
+    else:
+        weight = number(weight, f"{field}.dropped_weight", low=1, high=1e6)
+    return AutoBoundSpec(epsilon=eps, candidates=cands, max_bound=max_bound,
+                         dropped_weight=weight)
 
 
 def default_candidates(max_bound):

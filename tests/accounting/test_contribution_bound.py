@@ -36,10 +36,11 @@ def _values(dataset, score):
     return cb.score_values(users, keys, counts, score)[0]
 
 
-def _paper_v_literal(dataset, c, epsilon, delta, c_max):
+def _paper_v_literal(dataset, c, epsilon, delta, c_max, weight=2.0, suppressed=1.0):
     """Paper 002, Sec. 5: V(C) = 2 sum_i max(m_i - C, 0)
     + sum_{j: N_j > 0} min(sum_i C N_ij / max(C, m_i), C + C/eps ln(C / (2 delta))),
-    with m_i capped at C_m in the first sum."""
+    with m_i capped at C_m in the first sum (``weight`` replaces the paper's 2 and
+    ``suppressed`` multiplies the expected count inside the min, 1 in the paper)."""
     t = c + c / epsilon * math.log(c / (2 * delta))
     dropped = sum(max(min(sum(h.values()), c_max) - c, 0) for h in dataset)
     per_key = collections.defaultdict(float)
@@ -47,14 +48,14 @@ def _paper_v_literal(dataset, c, epsilon, delta, c_max):
         m = sum(h.values())
         for key, n in h.items():
             per_key[key] += c * n / max(c, m)
-    return 2 * dropped + math.fsum(min(v, t) for v in per_key.values())
+    return weight * dropped + math.fsum(min(suppressed * v, t) for v in per_key.values())
 
 
 _MAX_BOUND = 24
 _CANDIDATES = (1, 2, 3, 5, 8, 13, 24)
 
 
-def _score(kind, seed=0):
+def _score(kind, seed=0, dropped_weight="balanced"):
     rng = np.random.default_rng(seed)
     k = len(_CANDIDATES)
     if kind == "laplace_l1":
@@ -69,6 +70,7 @@ def _score(kind, seed=0):
     else:
         params = {"thresholds": list(rng.integers(1, 15, k).astype(float)),
                   "sampling_rates": list(rng.uniform(0.02, 1.0, k))}
+    params["dropped_weight"] = dropped_weight
     return cb.make_score(kind, _CANDIDATES, _MAX_BOUND, params)
 
 
@@ -93,10 +95,64 @@ def test_laplace_l1_score_equals_the_papers_formula_evaluated_literally():
     dataset = [{int(k): int(rng.integers(1, 12)) for k in rng.integers(0, 15, rng.integers(1, 9))}
                for _ in range(60)]
     dataset.append({1: 200, 2: 100})           # one user above C_m = 24: capped
-    score = cb.make_score("laplace_l1", _CANDIDATES, _MAX_BOUND, {"epsilon": 0.8, "delta": 1e-4})
+    score = cb.make_score("laplace_l1", _CANDIDATES, _MAX_BOUND,
+                          {"epsilon": 0.8, "delta": 1e-4, "dropped_weight": "paper"})
+    assert score.dropped_weight == 2.0
     got = _values(dataset, score)
     want = [_paper_v_literal(dataset, c, 0.8, 1e-4, _MAX_BOUND) for c in _CANDIDATES]
     np.testing.assert_allclose(got, want, rtol=1e-12)
+    # thresher's default weight: sqrt of the largest t(C) / (C / epsilon), i.e.
+    # sqrt(epsilon + ln(C_m / (2 delta))) for the paper's t(C) = C + C/eps ln(C/(2 delta)).
+    balanced = cb.make_score("laplace_l1", _CANDIDATES, _MAX_BOUND, {"epsilon": 0.8, "delta": 1e-4})
+    w = math.sqrt(0.8 + math.log(_MAX_BOUND / 2e-4))
+    assert math.isclose(balanced.dropped_weight, w, rel_tol=1e-12)
+    assert balanced.suppressed_weight == balanced.dropped_weight
+    want = [_paper_v_literal(dataset, c, 0.8, 1e-4, _MAX_BOUND, weight=w, suppressed=w)
+            for c in _CANDIDATES]
+    np.testing.assert_allclose(_values(dataset, balanced), want, rtol=1e-12)
+
+
+def test_dropped_weight_rules_and_refusals():
+    base = {"epsilon": 1.0, "delta": 1e-6}
+    assert cb.make_score("laplace_l1", _CANDIDATES, _MAX_BOUND,
+                         {**base, "dropped_weight": 7}).dropped_weight == 7.0
+    # Kinds without a noise scale fall back to the paper's constant.
+    assert _score("weighted_sampling").dropped_weight == 2.0
+    assert _score("sample_and_threshold").dropped_weight == 2.0
+    # Gaussian: sqrt(max_C max(tau*, sigma sqrt(2/pi)) / (sigma sqrt(2/pi))).
+    g = _score("gaussian", seed=5)
+    ratio = max(max(t, s) / s for t, s in zip(g.thresholds, g.noise_scales))
+    assert math.isclose(g.dropped_weight, math.sqrt(ratio), rel_tol=1e-12)
+    for bad in (0.5, 0, -1, float("nan"), float("inf"), "heavy", True, None):
+        with pytest.raises(ValueError, match="dropped_weight"):
+            cb.make_score("laplace_l1", _CANDIDATES, _MAX_BOUND, {**base, "dropped_weight": bad})
+    with pytest.raises(ValueError, match="dropped_weight"):
+        cb.score_sensitivity(_CANDIDATES, _MAX_BOUND, 0.9)
+    for bad in (0.5, 3.5):        # s must be in [1, w]
+        with pytest.raises(ValueError, match="suppressed_weight"):
+            cb.BoundScore("laplace_l0", _CANDIDATES, _MAX_BOUND, (5.0,) * len(_CANDIDATES),
+                          dropped_weight=3.0, suppressed_weight=bad)
+
+
+def test_balanced_score_charges_a_contribution_on_a_suppressed_key_like_a_dropped_one():
+    """A contribution that a larger C brings back costs the balanced V nothing more if it
+    lands on a key below its cap (-w dropped, +w suppressed: the release loses it either
+    way) and saves w if it lands on a released key; the paper's V saves 2 - 1 = 1 even in
+    the first case. Here half the recovered contribution (in expectation) lands on each."""
+    base = {"thresholds": [50.0] * len(_CANDIDATES), "noise_scales": [2.0] * len(_CANDIDATES)}
+    balanced = cb.make_score("laplace_l0", _CANDIDATES, _MAX_BOUND, base)
+    paper = cb.make_score("laplace_l0", _CANDIDATES, _MAX_BOUND, {**base, "dropped_weight": "paper"})
+    w = balanced.dropped_weight
+    assert math.isclose(w, 5.0, rel_tol=1e-12)          # sqrt(50 / 2)
+    # One user with keys {0, 1}; key 1 is rare (suppressed), key 0 has 100 other users.
+    rare = [{0: 1, 1: 1}] + [{0: 1} for _ in range(100)]
+    v_bal, v_pap = _values(rare, balanced), _values(rare, paper)
+    # C = 1 -> C = 2: the user's second key comes back; which one depends on nothing here
+    # (expected counts): h_0 and h_1 each gain 1/2 in expectation.
+    d_bal, d_pap = v_bal[1] - v_bal[0], v_pap[1] - v_pap[0]
+    # key 0 is released (capped) at both C; key 1: cost w * h_1 from w/2 to w.
+    assert math.isclose(d_bal, -w * 1 + w * 0.5, rel_tol=1e-12)
+    assert math.isclose(d_pap, -2 * 1 + 0.5, rel_tol=1e-12)
 
 
 def test_l0_scores_count_distinct_keys_and_ignore_record_counts():
@@ -107,7 +163,8 @@ def test_l0_scores_count_distinct_keys_and_ignore_record_counts():
     # Literal: k_i = (2, 1, 3); dropped(C=1) = 1 + 0 + 2; h_j(1) per key.
     h = {1: 1 / 2 + 1, 2: 1 / 2 + 1 / 3, 3: 1 / 3, 4: 1 / 3}
     cap = max(score.thresholds[0], score.noise_scales[0])
-    want = 2 * 3 + sum(min(v, cap) for v in h.values())
+    w = score.dropped_weight
+    want = w * 3 + sum(min(w * v, cap) for v in h.values())
     assert math.isclose(_values(dataset, score)[0], want, rel_tol=1e-12)
 
 
@@ -159,45 +216,63 @@ def test_params_by_bound_reads_each_kinds_calibrated_parameters():
 
 # ------------------------------------------------------------------ sensitivity proofs
 
+_WEIGHTS = ("paper", "balanced", 1, 6.5)
+
+
+@pytest.mark.parametrize("weight", _WEIGHTS)
 @pytest.mark.parametrize("kind", sorted(cb.SCORE_MODELS))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(dataset=_datasets, removed=st.integers(0, 11))
 def test_removing_a_user_changes_v_by_at_most_delta_and_never_increases_it(
-        kind, dataset, removed):
+        kind, weight, dataset, removed):
     """Prop. 1 of docs/contribution_bound.md on random neighbouring datasets:
-    0 <= V(D)(C) - V(D - user)(C) <= 2 C_m - C for every candidate (so the
-    exponential mechanism's Delta = 2 C_m - min C holds, and V is monotone)."""
-    score = _score(kind, seed=len(dataset))
+    0 <= V(D)(C) - V(D - user)(C) <= w (C_m - C) + C for every candidate (so the
+    exponential mechanism's Delta = w (C_m - min C) + min C holds, and V is monotone)."""
+    score = _score(kind, seed=len(dataset), dropped_weight=weight)
     removed %= len(dataset)
     smaller = dataset[:removed] + dataset[removed + 1:]
     diff = _values(dataset, score) - _values(smaller, score)
-    per_candidate = 2 * _MAX_BOUND - np.array(_CANDIDATES)
+    c = np.array(_CANDIDATES, dtype=float)
+    per_candidate = score.dropped_weight * (_MAX_BOUND - c) + score.suppressed_weight * c
     assert np.all(diff >= -1e-9)
     assert np.all(diff <= per_candidate + 1e-9)
     assert np.all(diff <= score.sensitivity + 1e-9)
 
 
+@pytest.mark.parametrize("weight", _WEIGHTS)
 @pytest.mark.parametrize("kind", sorted(cb.SCORE_MODELS))
-def test_the_sensitivity_bound_is_attained(kind):
+def test_the_sensitivity_bound_is_attained(kind, weight):
     """A user with C_m contributions on C_m fresh keys moves V(min C) by exactly
-    2 C_m - min C, so Delta cannot be lowered (the paper's 5 C_m / 2 is looser)."""
-    score = _score(kind)
+    w (C_m - min C) + min C, so Delta cannot be lowered (for w = 2: 2 C_m - min C; the
+    paper's 5 C_m / 2 is looser)."""
+    score = _score(kind, dropped_weight=weight)
     base = [{0: 3, 1: 2}, {1: 1}]
     heavy = {100 + j: 1 for j in range(_MAX_BOUND)}
     diff = _values(base + [heavy], score) - _values(base, score)
     assert math.isclose(diff[0], score.sensitivity, rel_tol=1e-12)
-    assert score.sensitivity == 2 * _MAX_BOUND - _CANDIDATES[0]
+    w, s = score.dropped_weight, score.suppressed_weight
+    assert math.isclose(score.sensitivity, w * (_MAX_BOUND - _CANDIDATES[0]) + s * _CANDIDATES[0],
+                        rel_tol=1e-15)
+    if weight == "paper":
+        assert (w, s) == (2.0, 1.0)
+        assert score.sensitivity == 2 * _MAX_BOUND - _CANDIDATES[0]
+    else:
+        assert s == w and math.isclose(score.sensitivity, w * _MAX_BOUND, rel_tol=1e-15)
 
 
+@pytest.mark.parametrize("weight", ("paper", "balanced"))
 @pytest.mark.parametrize("kind", sorted(cb.SCORE_MODELS))
 @settings(max_examples=100, deadline=None)
 @given(a=st.floats(0, 1e5), b=st.floats(0, 1e5))
-def test_key_cost_is_zero_at_zero_non_decreasing_and_1_lipschitz(kind, a, b):
-    score = _score(kind, seed=int(a) % 7)
+def test_key_cost_is_zero_at_zero_non_decreasing_and_s_lipschitz(kind, weight, a, b):
+    """cost_C is 0 at 0, non-decreasing and s-Lipschitz (s = suppressed weight: 1 for the
+    paper's V, w for thresher's): what Prop. 1's key-term bound s C uses."""
+    score = _score(kind, seed=int(a) % 7, dropped_weight=weight)
     k = len(_CANDIDATES)
     ca, cb_ = score.key_cost(np.full((1, k), a)), score.key_cost(np.full((1, k), b))
     assert np.all(score.key_cost(np.zeros((1, k))) == 0)
-    assert np.all(np.abs(ca - cb_) <= abs(a - b) * (1 + 1e-12) + 1e-9)
+    s = score.suppressed_weight
+    assert np.all(np.abs(ca - cb_) <= s * abs(a - b) * (1 + 1e-12) + 1e-9)
     lo, hi = (ca, cb_) if a <= b else (cb_, ca)
     assert np.all(lo <= hi + 1e-9)
 

@@ -1,6 +1,8 @@
 """End-to-end releases on the real local runner: report fields, output schema, counts
 close to the truth, CSV/JSONL inputs, and the real `thresher` CLI."""
 import json
+import logging
+import math
 import os
 import subprocess
 import sys
@@ -93,11 +95,15 @@ def test_every_key_suppressed_gives_an_empty_valid_release(write_spec, small_par
     assert released.schema.names == ["word", "count"]
 
 
-def test_quickstart_through_the_real_cli(tmp_path):
-    """`thresher run` as a user runs it (a new process; default local runner)."""
+@pytest.mark.parametrize("bound", ["8", "auto"])
+def test_quickstart_through_the_real_cli(tmp_path, bound):
+    """`thresher run` as a user runs it (a new process; default local runner), on the whole
+    quickstart data, with the spec's bound and with `max_keys_per_user: auto`."""
     spec = open(os.path.join(ROOT, "configs", "examples", "quickstart.yaml")).read()
     spec = spec.replace("configs/examples/data", os.path.join(ROOT, "configs/examples/data"))
     spec = spec.replace("out/quickstart", str(tmp_path / "qs"))
+    assert "max_keys_per_user: 8\n" in spec
+    spec = spec.replace("max_keys_per_user: 8\n", f"max_keys_per_user: {bound}\n")
     path = tmp_path / "quickstart.yaml"
     path.write_text(spec)
     cmd = [sys.executable, "-m", "pipelines.cli", "run", str(path)]
@@ -106,7 +112,19 @@ def test_quickstart_through_the_real_cli(tmp_path):
     assert "released" in done.stdout
     report = json.loads((tmp_path / "qs" / "release_report.json").read_text())
     assert report["privacy"]["epsilon"] == 1.0 and report["privacy"]["delta"] == 1e-8
+    stages = report["privacy"]["stages"]
+    assert math.fsum(s["epsilon"] for s in stages) == pytest.approx(1.0, rel=1e-12)
     assert report["released_keys"] > 0
+    if bound == "auto":
+        assert report["bounding"]["chosen_by"] == "exponential_mechanism"
+        assert report["bounding"]["candidates"] == [1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64,
+                                                    91, 128]
+        assert report["bounding"]["max_keys_per_user"] in report["bounding"]["candidates"]
+        assert [s["name"] for s in stages] == ["choose_contribution_bound", "release"]
+        assert stages[0]["epsilon"] == pytest.approx(0.1) and stages[0]["delta"] == 0
+        assert f"max_keys_per_user={report['bounding']['max_keys_per_user']}" in done.stdout
+    else:
+        assert report["bounding"]["max_keys_per_user"] == 8
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert again.returncode == 2 and "--overwrite" in again.stderr
     assert "Traceback" not in again.stderr
@@ -159,6 +177,36 @@ def test_every_kind_with_fixed_and_auto_bound(write_spec, small_parquet, tmp_pat
         assert [s["name"] for s in stages] == ["choose_contribution_bound", "release"]
         assert stages[1]["delta"] == 1e-8 and stages[0]["delta"] == 0
         assert report["mechanism"] == plan.params_by_bound[chosen]
+        selection = report["bounding"]["selection"]
+        w = selection["dropped_weight"]
+        assert selection["dropped_weight_rule"] == "balanced" and w >= 1
+        assert selection["suppressed_weight"] == w
+        assert selection["sensitivity"] == pytest.approx(w * 128, rel=1e-12)
     else:
         assert report["bounding"]["chosen_by"] == "spec"
         assert report["bounding"]["max_keys_per_user"] == 8
+
+
+@pytest.mark.parametrize("weight,want,sensitivity", [("paper", 2.0, 2 * 128 - 1),
+                                                    (3, 3.0, 3 * 128)])
+def test_dropped_weight_from_the_spec_reaches_the_report_and_the_selection_stage(
+        write_spec, small_parquet, caplog, monkeypatch, weight, want, sensitivity):
+    """bounding.auto.dropped_weight sets w in V(C) = w D(C) + key costs: the report's
+    sensitivity is 2 C_m - 1 for the paper's V and w C_m for thresher's form, and the Beam
+    stage draws with that sensitivity (its operator log line, not private, states it)."""
+    spec = spec_mod.load(write_spec({"input.path": small_parquet,
+                                     "bounding.max_keys_per_user": "auto",
+                                     "bounding.auto": {"dropped_weight": weight}}))
+    plan = make_plan(spec)
+    # An in-process CLI run earlier in the session stops "thresher" propagating to the root
+    # logger, where caplog listens.
+    monkeypatch.setattr(logging.getLogger("thresher"), "propagate", True)
+    with caplog.at_level(logging.INFO, logger="thresher"):
+        report = run(plan)
+    selection = report["bounding"]["selection"]
+    assert selection["dropped_weight"] == want
+    assert selection["dropped_weight_rule"] == ("paper" if weight == "paper" else "spec")
+    assert selection["suppressed_weight"] == (1.0 if weight == "paper" else want)
+    assert selection["sensitivity"] == sensitivity
+    lines = [r.getMessage() for r in caplog.records if "exponential mechanism" in r.getMessage()]
+    assert lines and f"sensitivity {sensitivity:g}," in lines[-1]

@@ -4,6 +4,8 @@ The Beam stage's V(C) sums are checked against the one-process reference
 ``accounting.contribution_bound.score_values`` on the same records; the drawn C is
 checked to be drawn exactly once however many consumers read it.
 """
+import math
+
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
@@ -216,4 +218,15 @@ def test_default_candidates_and_reported_sensitivity():
                                     score_params={"epsilon": 0.9, "delta": 1e-6},
                                     max_bound=128)
     assert stage.candidates == cb.default_candidates(128)
-    assert stage.sensitivity == 2 * 128 - 1
+    # balanced weight w = sqrt(max_C t(C) / (C / eps)), t(C) = 1 + (C/eps) ln(C/(2 delta)):
+    # the ratio eps / C + ln(C / (2 delta)) is largest at C = C_m = 128.
+    w = math.sqrt(0.9 / 128 + math.log(128 / 2e-6))
+    assert stage.score.dropped_weight == pytest.approx(w, rel=1e-12)
+    assert stage.score.suppressed_weight == stage.score.dropped_weight
+    assert stage.sensitivity == pytest.approx(w * 128, rel=1e-12)
+    paper = ChooseContributionBound(["word"], candidates=None, epsilon=0.1, model="l0",
+                                    score="laplace_l0",
+                                    score_params={"epsilon": 0.9, "delta": 1e-6,
+                                                  "dropped_weight": "paper"},
+                                    max_bound=128)
+    assert paper.sensitivity == 2 * 128 - 1

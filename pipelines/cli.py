@@ -72,6 +72,12 @@ def _print_plan(plan, as_json):
             print(f"  C={bound}: {_format_params(params)}")
         for bound, why in plan.excluded_bounds.items():
             print(f"  C={bound}: excluded ({why})")
+        selection = report["bounding"].get("selection", {})
+        if "dropped_weight" in selection:
+            print(f"  selection: score {selection['score']}, dropped_weight "
+                  f"{selection['dropped_weight']:.4g} ({selection['dropped_weight_rule']}), "
+                  f"suppressed_weight {selection['suppressed_weight']:.4g}, sensitivity "
+                  f"{selection['sensitivity']:.6g}")
     else:
         print(f"bounding: max_keys_per_user={spec.bounding.max_keys_per_user} "
               f"({spec.bounding.model} model)")

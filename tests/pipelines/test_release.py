@@ -210,3 +210,12 @@ def test_dropped_weight_from_the_spec_reaches_the_report_and_the_selection_stage
     assert selection["sensitivity"] == sensitivity
     lines = [r.getMessage() for r in caplog.records if "exponential mechanism" in r.getMessage()]
     assert lines and f"sensitivity {sensitivity:g}," in lines[-1]
+
+
+def test_plan_text_states_the_selection_weights_and_sensitivity(write_spec, small_parquet, capsys):
+    path = write_spec({"input.path": small_parquet, "bounding.max_keys_per_user": "auto",
+                       "bounding.auto": {"dropped_weight": "paper"}})
+    assert main(["plan", path]) == 0
+    out = capsys.readouterr().out
+    assert ("  selection: score gaussian, dropped_weight 2 (paper), suppressed_weight 1, "
+            "sensitivity 255\n") in out

@@ -114,8 +114,8 @@ def balanced_dropped_weight(caps, noise_scales):
     noise (bias towards small C) and a sensitivity of about w C_m (the exponential
     mechanism's resolution, in units of the noise cost, is about w C_m / (r epsilon')).
     w = 1 maximises the resolution, w = r removes the bias; w = sqrt(r), their geometric
-    mean, splits the factor r evenly between the two (docs/contribution_bound.md, "The
-    dropped-term weight", with the Table 1 figures that motivated it). Without noise
+    mean, splits the factor r evenly between the two (docs/contribution_bound.md, section
+    1a, with the Table 1 figures that motivated it). Without noise
     scales (sample-and-threshold, weighted sampling) the paper's 2 is returned."""
     if noise_scales is None:
         return PAPER_DROPPED_WEIGHT
@@ -310,6 +310,9 @@ def make_score(kind, candidates, max_bound, score_params):
         noise_scales=None if noise_scales is None else tuple(float(x) for x in noise_scales),
         sampling_rates=None if rates is None else tuple(float(x) for x in rates))
     rule = params.get("dropped_weight", DEFAULT_DROPPED_WEIGHT)
+    if isinstance(rule, str) and rule not in DROPPED_WEIGHT_RULES:
+        raise ValueError(f"dropped_weight must be one of {DROPPED_WEIGHT_RULES} or a number "
+                         f">= 1, got {rule!r}")
     if isinstance(rule, str) and rule == "paper":
         return dataclasses.replace(score, dropped_weight=PAPER_DROPPED_WEIGHT,
                                    suppressed_weight=1.0)

@@ -33,7 +33,7 @@ Private columns are the exact expectation of the loss over the mechanism's distr
 and, in parentheses, the mean over ``--draws`` real draws with the OS CSPRNG.
 ``--ablation`` adds every grid x weight combination.
 
-    python benchmarks/bench_contribution_bound_paper.py --ablation  # ~4 minutes, 2 cores
+    python benchmarks/bench_contribution_bound_paper.py --ablation  # ~70 s, 2 cores
     python benchmarks/bench_contribution_bound_paper.py --beam-only  # Beam stage vs reference (~1 min)
 """
 import argparse

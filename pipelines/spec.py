@@ -304,9 +304,10 @@ def _parse_auto(section, privacy):
         cands = tuple(sorted(cands))
     else:
         cands = default_candidates(max_bound)
-    weight = section.get("dropped_weight", "balanced")
+    from accounting.contribution_bound import DEFAULT_DROPPED_WEIGHT, DROPPED_WEIGHT_RULES
+    weight = section.get("dropped_weight", DEFAULT_DROPPED_WEIGHT)
     if isinstance(weight, str):
-        if weight not in ("balanced", "paper"):
+        if weight not in DROPPED_WEIGHT_RULES:
             raise SpecError(f"{field}.dropped_weight", f"must be balanced, paper or a number "
                             f">= 1, got {_describe(weight)}")
     else:

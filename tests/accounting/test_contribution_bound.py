@@ -226,8 +226,8 @@ _WEIGHTS = ("paper", "balanced", 1, 6.5)
 def test_removing_a_user_changes_v_by_at_most_delta_and_never_increases_it(
         kind, weight, dataset, removed):
     """Prop. 1 of docs/contribution_bound.md on random neighbouring datasets:
-    0 <= V(D)(C) - V(D - user)(C) <= w (C_m - C) + C for every candidate (so the
-    exponential mechanism's Delta = w (C_m - min C) + min C holds, and V is monotone)."""
+    0 <= V(D)(C) - V(D - user)(C) <= w (C_m - C) + s C for every candidate (so the
+    exponential mechanism's Delta = max_C w (C_m - C) + s C holds, and V is monotone)."""
     score = _score(kind, seed=len(dataset), dropped_weight=weight)
     removed %= len(dataset)
     smaller = dataset[:removed] + dataset[removed + 1:]

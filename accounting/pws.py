@@ -26,8 +26,9 @@ thresher additions, each documented in docs/weighted_sampling.md and docs/accoun
   release stays DP); M defaults to the *saturation* frequency where pi reaches 1, so keys
   lose nothing. With frequencies, once the rows have become shift-stationary the token of a
   count c > M is the token of row M plus c - M (``beyond_table="shift"``);
-- the privacy of the distribution actually sampled (uniforms on a 2^-53 grid compared
-  with float cumulative sums) is verified exactly by :func:`realized_delta`.
+- the privacy of the distribution actually sampled (exact Bernoulli coins for keys; uniforms
+  on a 2^-53 grid compared with float cumulative sums for tokens) is verified by
+  :func:`realized_delta`.
 
 Pure numpy/scipy; no Beam, no I/O.
 """
@@ -52,6 +53,10 @@ MAX_KEEP_LENGTH = 1 << 24
 MAX_TABLE_ENTRIES = 1 << 24
 
 _GRID = float(1 << 53)  # samplers' uniforms are k / 2**53, k = 0 .. 2**53 - 1
+# Bound on the float64 rounding of a keys-only divergence (realized_delta): the product
+# q * fl(pi / q) (2^-53), e^eps as a float (2^-53 e^eps), each product and difference
+# (2^-53 each, on terms at most 1 + e^eps), two outcomes: below 2^-50 (1 + e^eps).
+_KEYS_ONLY_SLACK = 2.0 ** -50
 
 
 # --------------------------------------------------------------------------- validation
@@ -604,10 +609,12 @@ def realized_delta(epsilon, keep_probabilities, frequency_table=None, *, samplin
                    beyond_table="clip"):
     """Exact delta at ``epsilon`` of the per-key distributions the sanitizer actually samples.
 
-    The sanitizer compares a uniform u on the grid {k 2^-53} with float cumulative sums
-    (keys: u < pi_i, or u < pi_i / q_i for a pre-sampled key; tokens: the first column whose
-    cumulative sum exceeds u), so outcome probabilities are differences of
-    ceil(2^53 cum) / 2^53. This computes them and returns the largest hockey-stick
+    Keys only (no ``frequency_table``): each key is kept by an exact Bernoulli(pi_i) coin
+    (Bernoulli(fl(pi_i / q_i)) for a pre-sampled key), so its probability is exactly that
+    float; the result adds a bound on float rounding and is never below the exact value.
+    With frequencies, the sanitizer compares a uniform u on the grid {k 2^-53} with float
+    cumulative sums (the token is the first column whose cumulative sum exceeds u), so
+    outcome probabilities are differences of ceil(2^53 cum) / 2^53. This computes them and returns the largest hockey-stick
     divergence, in both directions, between frequencies i and i - 1 for i = 1 .. M (all sets
     of outcomes at once: sum of positive parts), plus, with ``beyond_table="shift"``, the
     pair (row M shifted by one, row M) that every larger count reuses. Frequencies above M
@@ -620,16 +627,22 @@ def realized_delta(epsilon, keep_probabilities, frequency_table=None, *, samplin
     keep = np.asarray(keep_probabilities, dtype=np.float64)
     q = None if sampling_probabilities is None else np.asarray(sampling_probabilities, np.float64)
     if frequency_table is None:
+        # Keys only: the sanitizer flips exact Bernoulli(p) coins (samplers.bernoulli) for
+        # the float p = pi_w (or fl(pi_w / q_w)), so a key is reported with probability
+        # exactly p (times q_w). The two-outcome divergences are evaluated in float64 and
+        # _KEYS_ONLY_SLACK (1 + e^eps) bounds every rounding involved, so the result is
+        # never below the exact delta of the coins drawn.
         if q is None:
-            rep = _quantized(keep)
+            rep = keep.copy()
         else:
             rep = np.zeros_like(keep)
             pos = q > 0
-            rep[pos] = q[pos] * _quantized(keep[pos] / q[pos])
+            rep[pos] = q[pos] * (keep[pos] / q[pos])
         a, b = rep[1:], rep[:-1]
         up = np.maximum(0.0, a - e_eps * b) + np.maximum(0.0, (1 - a) - e_eps * (1 - b))
         down = np.maximum(0.0, b - e_eps * a) + np.maximum(0.0, (1 - b) - e_eps * (1 - a))
         worst = float(max(up.max(initial=0.0), down.max(initial=0.0)))
+        worst += _KEYS_ONLY_SLACK * (1.0 + e_eps)
         if q is not None and beyond_table == "clip":
             worst = max(worst, _beyond_clip_bound(2))
         return worst

@@ -13,13 +13,27 @@ every r) -- the factor 2 can be dropped: Pr[r] proportional to exp(epsilon * u /
 is epsilon-DP (McSherry & Talwar 2007, Sec. 3 remark; Dwork & Roth Thm 3.10 proof: the
 normalising constant then moves against the numerator). See docs/contribution_bound.md.
 
-Numerics: probabilities are formed from log-weights shifted by their maximum
-(log-sum-exp), so scores spanning 1e6 or more neither overflow nor produce NaN; a
-candidate whose probability is below the smallest double (about 1e-308) gets
-probability exactly 0 and is never drawn. Sampling inverts the cumulative distribution
-with one uniform from ``rng.random()`` (53 random bits from the CSPRNG in the pipeline).
+Numerics: the reported probabilities (operator logs, tests) are formed from log-weights
+shifted by their maximum (log-sum-exp), so scores spanning 1e6 or more neither overflow
+nor produce NaN.
+
+Sampling is exact (issue 13): a float CDF inverted with one 53-bit uniform realises
+probabilities on a 2^-53 grid, so a candidate of true probability 1e-300 is drawn with
+probability 0 or 2^-53 -- an infinite ratio between neighbours. Instead,
+:func:`exponential_mechanism` works with the exact rational exponents
+x_r = epsilon (u_max - u(D, r)) / (2 Delta) of the float scores (every float is a dyadic
+rational; ``fractions.Fraction`` keeps them exact), proposes r uniformly and accepts it
+with an exact Bernoulli(exp(-x_r)) coin (Canonne, Kamath & Steinke 2020, "The Discrete
+Gaussian for Differential Privacy", Algorithm 1 for x <= 1 and exp(-x) = exp(-1)^floor(x)
+exp(-frac(x)) above), built from exact Bernoulli(a/b) coins on uniform random integers.
+Accepted proposals are distributed exactly as exp(-x_r) / sum_s exp(-x_s), the exponential
+mechanism's law for the scores as computed; the expected number of proposals is at most
+the number of candidates (the best one is accepted with probability 1). Only uniform
+64-bit words are taken from ``rng`` (``rng.bits(n)`` of the pipeline's CSPRNG, or
+``rng.integers`` of a seeded numpy Generator in tests).
 """
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -70,22 +84,87 @@ def exponential_mechanism_probabilities(scores, epsilon, sensitivity, *, monoton
 
 
 def exponential_mechanism(scores, epsilon, sensitivity, rng, *, monotone=False):
-    """Draw a candidate index with Pr[i] proportional to exp(epsilon * scores[i] / (2 Delta)).
+    """Draw a candidate index with Pr[i] proportional to exp(epsilon * scores[i] / (2 Delta)),
+    exactly (see the module docstring).
 
     Args:
       scores, epsilon, sensitivity, monotone: as in
         :func:`exponential_mechanism_log_probabilities`.
       rng: ``transforms.samplers.SecureRandom`` (pipelines) or a seeded
-        ``numpy.random.Generator`` (tests); one ``rng.random()`` uniform is used.
+        ``numpy.random.Generator`` (tests); only uniform 64-bit words are used.
 
     Returns:
       int index into ``scores``. epsilon-DP (pure) for the stated sensitivity.
     """
-    probabilities = exponential_mechanism_probabilities(
-        scores, epsilon, sensitivity, monotone=monotone)
-    cdf = np.cumsum(probabilities)
-    u = float(rng.random())
-    index = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
-    # u < 1, so index < len(scores) up to rounding of u * cdf[-1]; never return a
-    # candidate of probability 0.
-    return min(index, int(np.flatnonzero(probabilities > 0)[-1]))
+    exponents = exact_exponents(scores, epsilon, sensitivity, monotone=monotone)
+    while True:
+        index = _uniform_below(rng, len(exponents))
+        if bernoulli_exp(rng, exponents[index]):
+            return index
+
+
+def exact_exponents(scores, epsilon, sensitivity, *, monotone=False):
+    """x_r = epsilon (max_s u_s - u_r) / (2 Delta) (or / Delta when monotone) as exact
+    rationals of the float arguments; Pr[r] is proportional to exp(-x_r)."""
+    exponential_mechanism_log_probabilities(scores, epsilon, sensitivity, monotone=monotone)
+    exact = [Fraction(float(u)) for u in np.asarray(scores, dtype=np.float64)]
+    scale = Fraction(float(epsilon)) / (Fraction(float(sensitivity)) * (1 if monotone else 2))
+    top = max(exact)
+    return [scale * (top - u) for u in exact]
+
+
+def _random_bits(rng, m):
+    """A uniform random integer of m bits, from 64-bit words of ``rng``."""
+    words = (m + 63) // 64
+    bits = getattr(rng, "bits", None)
+    if bits is not None and not isinstance(rng, np.random.Generator):
+        draws = np.asarray(bits(words), dtype=np.uint64).reshape(words)
+    else:
+        draws = rng.integers(0, 1 << 64, size=words, dtype=np.uint64)
+    value = 0
+    for word in draws:
+        value = (value << 64) | int(word)
+    return value >> (64 * words - m)
+
+
+def _uniform_below(rng, n):
+    """A uniform integer in [0, n), by rejection (exact)."""
+    m = max(1, (n - 1).bit_length())
+    while True:
+        value = _random_bits(rng, m)
+        if value < n:
+            return value
+
+
+def bernoulli_rational(rng, p):
+    """An exact Bernoulli(p) coin for a rational p (clipped to [0, 1])."""
+    p = Fraction(p)
+    if p <= 0:
+        return False
+    if p >= 1:
+        return True
+    return _uniform_below(rng, p.denominator) < p.numerator
+
+
+def bernoulli_exp(rng, gamma):
+    """An exact Bernoulli(exp(-gamma)) coin for a rational gamma >= 0 (Canonne, Kamath &
+    Steinke 2020, Algorithm 1, with exp(-gamma) = exp(-1)^floor(gamma) exp(-frac(gamma)))."""
+    gamma = Fraction(gamma)
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 0, got {float(gamma)}")
+    whole = math.floor(gamma)
+    remaining = whole
+    while remaining > 0:            # stops at the first failure: about 1.6 coins expected
+        if not _bernoulli_exp_unit(rng, Fraction(1)):
+            return False
+        remaining -= 1
+    return _bernoulli_exp_unit(rng, gamma - whole)
+
+
+def _bernoulli_exp_unit(rng, gamma):
+    """Bernoulli(exp(-gamma)) for 0 <= gamma <= 1: the number K of successive successes of
+    Bernoulli(gamma / k), k = 1, 2, ..., is odd with probability exp(-gamma)."""
+    k = 1
+    while bernoulli_rational(rng, gamma / k):
+        k += 1
+    return k % 2 == 1

@@ -1,8 +1,9 @@
 """Reading a release's input as Arrow batches, and writing its output atomically.
 
 Input rows become ``pyarrow.Table`` batches with ``__user`` (uint64 hash of the user
-id), ``__key`` (uint64 hash of the key columns) and the key columns; the user id itself
-goes no further. Rows that cannot be attributed are dropped and counted (Beam metrics
+id), ``__key`` (uint64 hash of the key columns), the key columns and, for user ids that
+are not integers, ``__user_id`` (the exact id, which identifies users inside their shard
+and is dropped there: ``transforms.user_shards``). Rows that cannot be attributed are dropped and counted (Beam metrics
 and the operator log, labelled not private), as documented in the README:
 
 - a null or empty-string user id (the record belongs to no identifiable user);
@@ -24,8 +25,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.errors import InputError, SpecError
-from transforms.hashing import hash_array, hash_columns
-from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from transforms.hashing import hash_columns, user_identity
+from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_ID_COLUMN
 
 NOT_PRIVATE = "thresher_not_private"
 BATCH_ROWS = 1 << 18
@@ -185,10 +186,13 @@ def prepare_batch(table, user_column, key_columns, as_text=False):
         user = pc.filter(user, both)
         keys = {k: pc.filter(v, both) for k, v in keys.items()}
     keyed = pa.table(keys)
-    prepared = pa.table({USER_COLUMN: pa.array(hash_array(user), type=pa.uint64()),
-                         KEY_HASH_COLUMN: pa.array(hash_columns(keyed, key_columns), type=pa.uint64()),
-                         **{k: keyed.column(k) for k in key_columns}})
-    return prepared, drops
+    user_hash, user_id = user_identity(user)
+    columns = {USER_COLUMN: pa.array(user_hash, type=pa.uint64()),
+               KEY_HASH_COLUMN: pa.array(hash_columns(keyed, key_columns), type=pa.uint64()),
+               **{k: keyed.column(k) for k in key_columns}}
+    if user_id is not None:   # the exact id, for ShardByUser (transforms.user_shards)
+        columns[USER_ID_COLUMN] = user_id
+    return pa.table(columns), drops
 
 
 def prepare_sample_batch(table, key_columns, frequency_column, as_text=False):
@@ -383,6 +387,7 @@ class ReadRecords(beam.PTransform):
 
 REPORT_FILE = "release_report.json"
 RELEASED_PREFIX = "released"
+RELEASED_FILE = RELEASED_PREFIX + ".parquet"
 
 
 def output_holds_release(path):

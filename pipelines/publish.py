@@ -132,10 +132,10 @@ def count_released(files):
     return int(total)
 
 
-def published_paths(final, files):
-    """Where the staged ``files`` are once published."""
-    base = final.rstrip("/") if is_remote(final) else os.path.abspath(final)
-    return [join(base, posixpath.basename(f)) for f in files]
+def published_names(files):
+    """The staged ``files`` as the report lists them: names relative to the output
+    folder (no machine's paths in a published report)."""
+    return [posixpath.basename(f.rstrip("/")) for f in files]
 
 
 def write_json(path, document):

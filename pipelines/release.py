@@ -17,7 +17,7 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from pipelines import io, publish
+from pipelines import io, publish, released_file
 from pipelines.errors import InputError, ThresherError
 from pipelines.spec import input_files, kind_module
 from transforms.aggregate import SumCountsPerKey
@@ -63,10 +63,6 @@ def output_schema(spec, files):
     return pa.schema(fields)
 
 
-def _conform(table, schema):
-    return table.select(schema.names).cast(schema)
-
-
 def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     """Add the release's stages to ``pipeline``; returns nothing (the sinks are the output)."""
     spec = plan.spec
@@ -81,7 +77,8 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
         # bound, the declared bound is the sample's (paper 001's post-processing use).
         params = pipeline | "Params" >> beam.Create([plan.params_by_bound[spec.bounding.max_keys_per_user]])
         counts = records | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
-        _write(module.release(counts, beam.pvalue.AsSingleton(params), keys), staging, schema)
+        _write(module.release(counts, beam.pvalue.AsSingleton(params), keys), staging, schema,
+               keys)
         return
     released, chosen = release_stages(records, plan, num_shards, rng_factory=rng_factory)
     if chosen is not None:
@@ -89,7 +86,7 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
          | "FormatBound" >> beam.Map(lambda c: json.dumps({"max_keys_per_user": int(c)}))
          | "WriteBound" >> beam.io.WriteToText(os.path.join(staging, CHOSEN_BOUND_FILE),
                                                num_shards=1, shard_name_template=""))
-    _write(released, staging, schema)
+    _write(released, staging, schema, keys, domain=plan.domain)
 
 
 def release_stages(records, plan, num_shards, rng_factory=None):
@@ -168,12 +165,25 @@ def _params_for(bound, table):
     return table[int(bound)]
 
 
-def _write(released, staging, schema):
+def _write(released, staging, schema, keys, domain=None):
+    """Gather every released row and write ``released.parquet`` once, in the canonical
+    order and layout of ``pipelines.released_file`` (a function of the released rows,
+    never of shards, bundles or input size)."""
     (released
-     | "Conform" >> beam.Map(_conform, schema=schema)
-     | "WriteReleased" >> beam.io.WriteToParquetBatched(
-         os.path.join(staging, io.RELEASED_PREFIX), schema=schema,
-         file_name_suffix=".parquet", num_shards=1, shard_name_template=""))
+     | "GatherReleased" >> beam.combiners.ToList()            # one list of Tables
+     | "WriteReleased" >> beam.Map(_write_canonical, path=publish.join(staging, io.RELEASED_FILE),
+                                   schema=schema, keys=tuple(keys), domain=domain))
+
+
+def _write_canonical(tables, path, schema, keys, domain):
+    table = released_file.canonical_table(tables, schema, keys, domain=domain)
+    if publish.is_remote(path):
+        from apache_beam.io.filesystems import FileSystems
+        with FileSystems.create(path) as handle:
+            handle.write(released_file.serialise(table))
+    else:
+        released_file.write(table, path)
+    return table.num_rows
 
 
 def _metrics(result):
@@ -212,7 +222,7 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
         if not outputs:
             raise InputError("the pipeline finished but wrote no released file; nothing was published")
         report["released_keys"] = publish.count_released(outputs)
-        report["outputs"] = publish.published_paths(final, outputs)
+        report["outputs"] = publish.published_names(outputs)
         publish.write_json(publish.join(staging, io.REPORT_FILE), report)
         publish.promote(staging, final)
     except BaseException:

@@ -4,10 +4,23 @@ The same value hashes to the same word in every process and on every worker (no 
 ``hash()``, whose string seed differs per process), so a user's records meet in one
 shard and a key's partial counts meet in one key shard.
 
-Collisions only ever merge: two users sharing a hash are bounded together (their union
-still contributes at most C, so each of them does too: privacy holds), and keys are
-aggregated by their true values, never by hash. Strings are hashed as UTF-8 bytes with
-a polynomial hash mod 2**64 finished by the splitmix64 mixer.
+These hashes are public, unkeyed functions, so anyone can craft colliding values (for
+example Thue-Morse strings collide for every odd base mod 2**64). No privacy claim rests
+on them being collision-free:
+
+- **users**: the hash only picks the user shard. Within a shard users are identified
+  exactly, by their raw id (:func:`user_identity` keeps it beside the hash for any id
+  that is not an integer; integer ids hash through a bijection), see
+  ``transforms.user_shards.exact_user_ids``. Two users whose ids collide are two users.
+- **keys**: keys are aggregated by their true values, never by hash alone; bounding
+  de-duplicates a user's keys by hash only after checking, per shard, that the hash is
+  one-to-one on the shard's key values, and otherwise identifies keys exactly
+  (``transforms.per_user_bound``). Where scores group keys by hash (the private choice of
+  C), the hash is a fixed public map applied to each user's own records, which changes
+  no sensitivity (docs/privacy_testing.md, "Artifact-level threats").
+
+Strings are hashed as UTF-8 bytes with a polynomial hash mod 2**64 finished by the
+splitmix64 mixer.
 """
 import numpy as np
 import pyarrow as pa
@@ -138,12 +151,51 @@ def hash_array(arr):
             or pa.types.is_large_binary(t):
         return _hash_binary(arr)
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
-        values = arr.cast(pa.int64()).to_numpy(zero_copy_only=False)
-        # Integers and their decimal strings must not be confused with each other's hashes
-        # only within one column, which has one type; mixing is enough.
-        return mix64(values.view(np.uint64) ^ np.uint64(0x9E3779B97F4A7C15))
+        return mix64(_integer_words(arr) ^ np.uint64(0x9E3779B97F4A7C15))
     # Anything else (dates, floats, decimals): hash its canonical string form.
-    return _hash_binary(pc.cast(arr, pa.string()))
+    return _hash_binary(canonical_text(arr))
+
+
+def _integer_words(arr):
+    """The 64-bit two's-complement word of each value of an integer/boolean Array, as
+    uint64 (a bijection within one column type; uint64 values >= 2**63 included)."""
+    t = arr.type
+    if pa.types.is_unsigned_integer(t):
+        return arr.cast(pa.uint64()).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
+    return arr.cast(pa.int64()).to_numpy(zero_copy_only=False).view(np.uint64)
+
+
+def canonical_text(arr):
+    """The text form that identifies a non-string, non-integer value (floats, dates,
+    decimals): Arrow's cast to string, with -0.0 written as 0.0 (one value)."""
+    if pa.types.is_floating(arr.type):
+        arr = pc.if_else(pc.equal(arr, 0), pa.scalar(0.0, arr.type), arr)
+    return pc.cast(arr, pa.string())
+
+
+def user_identity(arr):
+    """(uint64 hash, exact id Array or None) of a null-free user id Array.
+
+    The hash picks the user's shard (the same in every process). It identifies the user
+    exactly when the ids are integers or booleans (the hash is then a bijection of the
+    64-bit word); otherwise the exact id -- the string/binary value itself, or
+    :func:`canonical_text` of other types -- is returned too, travels with the records
+    and identifies users within a shard (``transforms.user_shards.exact_user_ids``)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(arr.type.value_type)
+    t = arr.type
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        return hash_array(arr), None
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t)):
+        arr = canonical_text(arr)
+    if pa.types.is_large_string(arr.type):
+        arr = arr.cast(pa.string())
+    elif pa.types.is_large_binary(arr.type):
+        arr = arr.cast(pa.binary())
+    return hash_array(arr), arr
 
 
 def hash_columns(table, columns, salt=0):

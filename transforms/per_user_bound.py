@@ -17,6 +17,7 @@ for equal keys (so de-duplication happens in the same sort) and independent acro
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from transforms import samplers
 from transforms.arrow_coder import TABLE
@@ -115,6 +116,79 @@ def bound_l0(user_hash, key_hash, max_keys_per_user, rng):
     return order[keep]
 
 
+def bound_l0_exact(user_hash, key_codes, max_keys_per_user, rng):
+    """:func:`bound_l0` for keys identified by exact codes (any integers that are equal
+    exactly for equal keys), used when the key hash is not one-to-one on a shard's keys.
+
+    Each distinct (user, key) pair gets a fresh CSPRNG rank; each user keeps the pairs of
+    its ``max_keys_per_user`` smallest ranks: a uniform random subset of the user's
+    distinct keys whose law depends on nothing but the user's own keys (the codes only
+    group rows; their values never enter the choice). Returns one row index per kept pair.
+    """
+    user_hash = np.asarray(user_hash, dtype=np.uint64)
+    key_codes = np.asarray(key_codes)
+    if len(user_hash) == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((key_codes, user_hash))
+    users, codes = user_hash[order], key_codes[order]
+    pair_start = _runs(users)
+    pair_start[1:] |= codes[1:] != codes[:-1]
+    pair_rows = order[pair_start]
+    pair_users = users[pair_start]
+    ranks = samplers.uniform_priorities(rng, len(pair_rows))
+    by_rank = np.lexsort((ranks, pair_users))
+    new_user = _runs(pair_users[by_rank])
+    position = np.arange(len(by_rank))
+    rank_in_user = position - np.maximum.accumulate(np.where(new_user, position, 0))
+    return np.sort(pair_rows[by_rank[rank_in_user < max_keys_per_user]])
+
+
+def exact_key_codes(table, key_columns):
+    """int64 codes equal exactly for equal key tuples (per-column dictionary codes,
+    combined column by column)."""
+    codes = None
+    for name in key_columns:
+        column = table.column(name)
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        encoded = pc.dictionary_encode(column)
+        part = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        if codes is None:
+            codes = part
+            continue
+        width = len(encoded.dictionary)
+        if int(codes.max(initial=0)) < (np.iinfo(np.int64).max - width) // max(width, 1):
+            codes = codes * width + part
+        else:   # re-number the pairs densely before they could overflow
+            codes = np.unique(np.stack([codes, part]), axis=1, return_inverse=True)[1].ravel()
+    return codes
+
+
+def key_hash_is_exact(table, key_columns):
+    """True if ``__key`` is one-to-one on the table's key tuples (the hash is a function
+    of the key, so equal numbers of distinct values on both sides suffice)."""
+    distinct_hashes = pc.count_distinct(table.column(KEY_HASH_COLUMN)).as_py()
+    if len(key_columns) == 1:
+        distinct_keys = pc.count_distinct(table.column(key_columns[0])).as_py()
+    else:
+        distinct_keys = table.select(list(key_columns)).group_by(
+            list(key_columns), use_threads=False).aggregate([]).num_rows
+    return distinct_hashes == distinct_keys
+
+
+def bound_table_l0(table, key_columns, max_keys_per_user, rng):
+    """Rows of a user-sharded table that l0 bounding keeps (see :func:`bound_l0`).
+
+    The key hash de-duplicates a user's keys only where it is one-to-one on this table's
+    keys; a table holding crafted (or accidental) colliding keys is bounded on exact key
+    codes instead, so colliding keys stay two keys and which one a user keeps never
+    depends on the order of other users' rows."""
+    users = table.column(USER_COLUMN).to_numpy()
+    if key_hash_is_exact(table, key_columns):
+        return bound_l0(users, table.column(KEY_HASH_COLUMN).to_numpy(), max_keys_per_user, rng)
+    beam.metrics.Metrics.counter("thresher_not_private", "shards_with_key_hash_collisions").inc()
+    return bound_l0_exact(users, exact_key_codes(table, key_columns), max_keys_per_user, rng)
+
+
 def count_per_key(table, key_columns):
     """Aggregate rows into (key columns, __key, count) with pyarrow's hash group-by."""
     grouped = table.select(list(key_columns) + [KEY_HASH_COLUMN]).group_by(
@@ -132,9 +206,7 @@ class _BoundL0Fn(beam.DoFn):
         self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
 
     def process(self, table, max_keys_per_user):
-        kept = bound_l0(table.column(USER_COLUMN).to_numpy(),
-                        table.column(KEY_HASH_COLUMN).to_numpy(),
-                        int(max_keys_per_user), self._rng)
+        kept = bound_table_l0(table, self._key_columns, int(max_keys_per_user), self._rng)
         beam.metrics.Metrics.counter("thresher_not_private", "contributions_kept").inc(len(kept))
         beam.metrics.Metrics.counter("thresher_not_private", "rows_bounded").inc(table.num_rows)
         if len(kept):

@@ -62,9 +62,11 @@ def sanitize(frequencies, *, keep_probabilities, frequency_table=None, rng,
     beyond_table: how counts w > M are treated: "clip" (as M) or "shift" (row M, token
         shifted by w - M; valid when the table is shift-stationary, see accounting.pws).
 
-    Keys are kept iff u < p for one uniform u per key on the 2^-53 grid, with p = pi_w (or
-    pi_w / q_w); the token is the first column whose cumulative row sum exceeds u (divided
-    by q_w when pre-sampled). ``accounting.pws.realized_delta`` accounts for exactly this.
+    Keys only: each key is kept by an exact Bernoulli(p) coin, p = pi_w (or pi_w / q_w).
+    With frequencies: one uniform u per key on the 2^-53 grid; the token is the first
+    column whose cumulative row sum exceeds u (divided by q_w when pre-sampled), and the
+    key is kept iff there is one. ``accounting.pws.realized_delta`` accounts for exactly
+    these laws.
 
     Returns (keep: bool array, tokens: int64 array, 0 where not kept or keys only).
     """

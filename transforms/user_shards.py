@@ -2,9 +2,17 @@
 
 Input: PCollection[pyarrow.Table] of record batches with columns ``__user`` (uint64
 hash of the user id, see :mod:`transforms.hashing`), ``__key`` (uint64 hash of the key
-columns) and the key columns. Output: PCollection[pyarrow.Table], each element holding
-*all* records of the users whose hash falls in one shard — what contribution bounding
-(PerUserBound, RandClip) and per-user statistics (ChooseContributionBound) need.
+columns), the key columns and, for ids that are not integers, ``__user_id`` (the exact
+id). Output: PCollection[pyarrow.Table], each element holding *all* records of the users
+whose hash falls in one shard — what contribution bounding (PerUserBound, RandClip) and
+per-user statistics (ChooseContributionBound) need.
+
+**Exact user identity.** The hash is public, so colliding ids can be crafted; colliding
+users land in the same shard (the shard is a function of the hash). In the output,
+``__user`` identifies users *exactly within the element*: where ``__user_id`` is present
+it is replaced by a bijection of the id's dictionary code in the shard
+(:func:`exact_user_ids`) and dropped. Every consumer of user shards groups users within
+one element only, never across elements.
 
 Rows travel as Arrow batches, never one Python object per row: batches (coalesced to about
 ``COALESCE_ROWS`` rows) are split into ``num_shards`` pieces with one radix argsort, and a
@@ -13,11 +21,14 @@ GroupByKey on the shard id gathers them.
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms.arrow_coder import SHARD_AND_TABLE, TABLE
+from transforms.hashing import mix64
 
 USER_COLUMN = "__user"
+USER_ID_COLUMN = "__user_id"
 KEY_HASH_COLUMN = "__key"
 
 
@@ -94,11 +105,27 @@ class _SplitByUser(beam.DoFn):
         self._pending_rows = {}
 
 
+def exact_user_ids(table):
+    """``table`` with ``__user`` replaced by an exact identity of the ``__user_id`` values
+    (then dropped): mix64 of each id's dictionary code, a bijection, so two different ids
+    are two users even when their hashes collide. Tables without ``__user_id`` (integer
+    ids, whose hash is already a bijection) are returned as they are."""
+    if USER_ID_COLUMN not in table.column_names:
+        return table
+    ids = table.column(USER_ID_COLUMN)
+    ids = ids.combine_chunks() if ids.num_chunks != 1 else ids.chunk(0)
+    codes = pc.dictionary_encode(ids).indices.to_numpy(zero_copy_only=False)
+    users = mix64(codes.astype(np.uint64))
+    position = table.column_names.index(USER_COLUMN)
+    table = table.set_column(position, USER_COLUMN, pa.array(users, type=pa.uint64()))
+    return table.drop_columns([USER_ID_COLUMN])
+
+
 def _concat_shard(shard_and_tables):
     _, tables = shard_and_tables
     table = concat(list(tables))
     if table is not None:
-        yield table
+        yield exact_user_ids(table)
 
 
 class ShardByUser(beam.PTransform):

@@ -402,6 +402,38 @@ def realized_row_fractions(table_csr, i, q_i=None):
 
 
 @pytest.mark.parametrize("presampled", [False, True])
+def test_keys_only_realized_delta_is_for_the_exact_coins_drawn(presampled):
+    """Keys only, the sanitizer flips exact Bernoulli(p) coins (samplers.bernoulli) for the
+    float p = pi_i (or fl(pi_i / q_i)): the realized delta must be at least the exact
+    rational hockey-stick divergence of those coins (computed here with Fractions, e^eps
+    bounded from above by mpmath) and within the documented float slack of it. The old
+    computation used ceil(2^53 p) / 2^53, the law of a grid uniform, not of these coins."""
+    import mpmath
+    eps, delta, m = 0.5, 1e-6, 40
+    sampling, t = ("ppswor", 0.05) if presampled else ("none", None)
+    keep = pws.keep_probabilities(eps, delta, m, sampling=sampling, sampling_threshold=t)
+    q = pws.sampling_probabilities(m, sampling=sampling, sampling_threshold=t) if presampled else None
+    got = pws.realized_delta(eps, keep, None, sampling_probabilities=q)
+    with mpmath.workdps(60):
+        e_hi = Fraction(str(mpmath.exp(mpmath.mpf(eps)) * (1 + mpmath.mpf(10) ** -50)))
+        e_lo = Fraction(str(mpmath.exp(mpmath.mpf(eps)) * (1 - mpmath.mpf(10) ** -50)))
+    worst_lo = worst_hi = Fraction(0)
+    for i in range(1, m + 1):
+        if q is None:
+            a, b = Fraction(float(keep[i])), Fraction(float(keep[i - 1]))
+        else:
+            a = Fraction(float(q[i])) * Fraction(float(keep[i] / q[i]))
+            b = (Fraction(float(q[i - 1])) * Fraction(float(keep[i - 1] / q[i - 1]))
+                 if q[i - 1] > 0 else Fraction(0))
+        for x, y in ((a, b), (b, a)):
+            hi = max(0, x - e_lo * y) + max(0, (1 - x) - e_lo * (1 - y))
+            lo = max(0, x - e_hi * y) + max(0, (1 - x) - e_hi * (1 - y))
+            worst_hi, worst_lo = max(worst_hi, hi), max(worst_lo, lo)
+    assert Fraction(got) >= worst_hi
+    assert Fraction(got) - worst_lo <= Fraction(2) ** -50 * (1 + e_hi)
+
+
+@pytest.mark.parametrize("presampled", [False, True])
 def test_realized_delta_matches_exact_rational_enumeration(presampled):
     eps, delta, m = 0.5, 0.01, 10
     sampling, t = ("ppswor", 0.3) if presampled else ("none", None)

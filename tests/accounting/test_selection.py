@@ -5,6 +5,7 @@ privacy-loss ratio checked on neighbouring score vectors, the sampler's output
 distribution checked by a chi-square test.
 """
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -56,13 +57,46 @@ def test_scores_spanning_1e6_do_not_underflow_or_overflow():
     assert draws <= {0, 2}
 
 
-def test_sampler_never_returns_a_zero_probability_candidate_at_u_close_to_one():
-    class AlmostOne:
-        def random(self, size=None):
-            return 1.0 - 2.0 ** -53
+class _ScriptedWords:
+    """An rng whose 64-bit words are given in advance (``bits`` protocol)."""
 
-    scores = [0.0, 1.0, -1e9]
-    assert selection.exponential_mechanism(scores, 1.0, 1.0, AlmostOne()) == 1
+    def __init__(self, words):
+        self._words = list(words)
+
+    def bits(self, n):
+        out, self._words = self._words[:n], self._words[n:]
+        return np.array(out, dtype=np.uint64)
+
+
+def test_rational_coin_is_exact_over_every_value_of_its_random_bits():
+    """bernoulli_rational(3/7) reads 3 random bits (the top bits of one word): values 0-2
+    say yes, 3-6 say no and 7 is rejected and redrawn, so P[yes] = 3/7 exactly -- not a
+    53-bit grid approximation of it."""
+    outcomes = []
+    for value in range(8):
+        word = value << 61
+        rng = _ScriptedWords([word, 0])          # a rejected 7 is followed by a 0 ("yes")
+        outcomes.append(selection.bernoulli_rational(rng, Fraction(3, 7)))
+    assert outcomes == [True, True, True, False, False, False, False, True]
+
+
+def test_tiny_probability_candidates_keep_their_exact_exponent():
+    """The realised law is exp(-x_r) for the exact rational exponents: a candidate 1000
+    nats below the best keeps exponent exactly 1000 (a float CDF gave it probability 0 or
+    2^-53, an unbounded ratio between neighbouring datasets)."""
+    x = selection.exact_exponents([0.0, -2000.0, -1999.0], 1.0, 1.0)
+    assert x == [Fraction(0), Fraction(1000), Fraction(1999, 2)]
+    # The best candidate is accepted with probability exactly 1.
+    assert selection.bernoulli_exp(np.random.default_rng(0), x[0]) is True
+
+
+@pytest.mark.parametrize("gamma", [Fraction(0), Fraction(1, 3), Fraction(1), Fraction(5, 2), 7.25])
+def test_exp_coin_frequency_matches_exp_minus_gamma(gamma):
+    """20000 exact Bernoulli(exp(-gamma)) coins against exp(-gamma): a two-sided binomial
+    test at p < 1e-5 (false failure 1e-5 per case; fixed seed)."""
+    rng = np.random.default_rng(20261123)
+    hits = sum(selection.bernoulli_exp(rng, gamma) for _ in range(20000))
+    assert stats.binomtest(hits, 20000, math.exp(-float(gamma))).pvalue > 1e-5
 
 
 def _chi_square_pvalue(draws, probabilities):

@@ -13,11 +13,12 @@ import logging
 import re
 import sys
 
-from pipelines import __version__
+from pipelines import __version__, signals
 from pipelines.errors import ThresherError
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 1
+EXIT_TERMINATED = 143      # 128 + SIGTERM, as a shell reports a process it terminated
 
 
 class _Parser(argparse.ArgumentParser):
@@ -148,6 +149,7 @@ def main(argv=None):
         print("thresher: error: Beam options after -- are only for 'thresher run'", file=sys.stderr)
         return EXIT_USAGE
     _configure_logging(args.debug, getattr(args, "quiet", False))
+    restore = signals.install() if args.command == "run" else (lambda: None)
     try:
         return _dispatch(args, beam_args)
     except ThresherError as exc:
@@ -158,6 +160,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("thresher: interrupted; nothing was published", file=sys.stderr)
         return 130
+    except signals.Terminated:
+        print("thresher: terminated (SIGTERM); nothing was published", file=sys.stderr)
+        return EXIT_TERMINATED
     except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
         if args.debug:
             raise
@@ -170,6 +175,8 @@ def main(argv=None):
               f"thresher: nothing was published; rerun with --debug for the traceback",
               file=sys.stderr)
         return EXIT_INTERNAL
+    finally:
+        restore()
 
 
 def _dispatch(args, beam_args):

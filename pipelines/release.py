@@ -17,7 +17,8 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from pipelines import io, publish, released_file
+from pipelines import io, publish, released_file, signals
+from pipelines.claim import claim
 from pipelines.errors import InputError, ThresherError
 from pipelines.spec import input_files, kind_module
 from transforms.aggregate import SumCountsPerKey
@@ -206,6 +207,14 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
     final = spec.output.path
     publish.check_output(final, overwrite)
     options, runner_name = pipeline_options(beam_args)
+    with claim(final) as held:          # one run at a time into an output (pipelines/claim.py)
+        publish.check_output(final, overwrite)   # again: a run may have published meanwhile
+        held.remove_stale_staging()
+        return _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory)
+
+
+def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory):
+    spec = plan.spec
     staging = publish.staging_path(final)
     started = time.time()
     try:
@@ -213,6 +222,7 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
         build(pipeline, plan, files, est_rows, staging, rng_factory=rng_factory)
         result = pipeline.run()
         result.wait_until_finish()
+        signals.check()                   # a SIGTERM that library code swallowed
         chosen = None
         if spec.auto_bound:
             chosen = _read_chosen_bound(staging)
@@ -224,6 +234,7 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
         report["released_keys"] = publish.count_released(outputs)
         report["outputs"] = publish.published_names(outputs)
         publish.write_json(publish.join(staging, io.REPORT_FILE), report)
+        signals.check()
         publish.promote(staging, final)
     except BaseException:
         publish.discard(staging)

@@ -1,0 +1,43 @@
+"""SIGTERM during ``thresher run``: unwind like Ctrl-C and publish nothing.
+
+``timeout``, ``kill`` and schedulers stop a job with SIGTERM, whose default action ends
+the process at once and leaves the staging folder behind. :func:`install` makes it raise
+:class:`Terminated` instead, so ``pipelines.release`` discards the staging folder and
+releases its claim on the output before the CLI exits with 143.
+
+Library code may swallow an exception raised at an arbitrary point (Beam's optional
+imports catch everything), so the request is also remembered: :func:`check` raises it
+again at the release's checkpoints (after the pipeline, before publishing).
+"""
+import signal
+import threading
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived while a release was running."""
+
+
+_requested = False
+
+
+def _handler(signum, frame):
+    global _requested
+    _requested = True
+    raise Terminated()
+
+
+def install():
+    """Handle SIGTERM in this (main) thread (no-op elsewhere); returns a function that
+    puts the previous handler back."""
+    global _requested
+    _requested = False
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGTERM, _handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def check():
+    """Raise :class:`Terminated` if SIGTERM arrived, even if it was swallowed."""
+    if _requested:
+        raise Terminated()

@@ -1,0 +1,97 @@
+"""Users and keys are identified exactly, even when their public hashes collide
+(issue 13, item 3). Colliding ids are crafted with Thue-Morse strings: the polynomial hash
+of transforms/hashing.py is the same for a length-2048 Thue-Morse word over {a, b} and
+its complement, for any odd base mod 2**64, and stays equal under a common prefix or
+suffix."""
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipelines import io as pio
+from transforms.hashing import hash_array
+from transforms.per_user_bound import bound_table_l0
+from transforms.user_shards import USER_ID_COLUMN, exact_user_ids
+from tests.robustness.conftest import diagnostics, run_cli, write_parquet, write_spec
+
+_TM = "".join("ab"[bin(i).count("1") % 2] for i in range(2048))
+_TM_COMPLEMENT = _TM.translate(str.maketrans("ab", "ba"))
+
+
+def colliding_pair(tag):
+    return f"{tag}:{_TM}", f"{tag}:{_TM_COMPLEMENT}"
+
+
+def test_crafted_ids_collide_under_the_public_hash():
+    """The premise: without exact identity these users would be merged."""
+    a, b = colliding_pair("x")
+    assert a != b
+    h = hash_array(pa.array([a, b]))
+    assert h[0] == h[1]
+
+
+def test_colliding_user_ids_are_two_users_in_their_shard():
+    a, b = colliding_pair("u")
+    prepared, _ = pio.prepare_batch(
+        pa.table({"user_id": [a, b, a, "plain"], "word": ["k1", "k2", "k3", "k1"]}),
+        "user_id", ["word"])
+    assert prepared.column("__user").to_pylist()[0] == prepared.column("__user").to_pylist()[1]
+    exact = exact_user_ids(prepared)
+    users = exact.column("__user").to_pylist()
+    assert USER_ID_COLUMN not in exact.column_names
+    assert users[0] == users[2] and users[0] != users[1] and len(set(users)) == 3
+
+
+def test_integer_ids_need_no_exact_column():
+    prepared, _ = pio.prepare_batch(
+        pa.table({"user_id": pa.array([1, 2**64 - 1, 1], pa.uint64()), "word": ["a", "b", "c"]}),
+        "user_id", ["word"])
+    assert USER_ID_COLUMN not in prepared.column_names
+    users = prepared.column("__user").to_pylist()
+    assert users[0] == users[2] != users[1]
+
+
+def test_cli_counts_colliding_users_as_two(tmp_path):
+    """200 pairs of colliding ids, each user with one word of its own and C = 1: every user
+    keeps its word, so 400 contributions are kept (a merged pair would keep one)."""
+    users, words = [], []
+    for i in range(200):
+        a, b = colliding_pair(f"p{i}")
+        users += [a, b]
+        words += [f"wa{i}", f"wb{i}"]
+    data = write_parquet(tmp_path / "ids.parquet", pa.table({"user_id": users, "word": words}))
+    spec, _ = write_spec(tmp_path, data, max_keys_per_user=1)
+    code, _, err = run_cli("run", spec)
+    assert code == 0, err
+    assert diagnostics(err)["contributions_kept"] == 400
+
+
+def _colliding_key_table(other_rows_first):
+    """User 'v' has two different words whose key hashes collide; user 'o' (other rows)
+    comes before or after it."""
+    ka, kb = colliding_pair("key")
+    v = pa.table({"user_id": ["v", "v"], "word": [ka, kb]})
+    others = pa.table({"user_id": [f"o{i}" for i in range(50)], "word": [kb] * 25 + [ka] * 25})
+    table = pa.concat_tables([others, v] if other_rows_first else [v, others])
+    prepared, _ = pio.prepare_batch(table, "user_id", ["word"])
+    return exact_user_ids(prepared), ka
+
+
+@pytest.mark.parametrize("other_rows_first", [False, True])
+def test_colliding_keys_stay_two_keys_and_the_choice_is_uniform(other_rows_first):
+    """With C = 1, user v keeps one of its two colliding words, each with probability 1/2
+    whatever the order of the other users' rows (the hash once made them one key, kept by
+    row position). 400 seeded draws: the share of the first word must be in [0.4, 0.6]
+    (4 standard deviations; false failure about 6e-5)."""
+    table, ka = _colliding_key_table(other_rows_first)
+    words = table.column("word").to_pylist()
+    v_rows = [50, 51] if other_rows_first else [0, 1]      # prepare_batch keeps row order
+    assert words[v_rows[0]] == ka and words[v_rows[1]] != ka
+    first = 0
+    for seed in range(400):
+        kept = bound_table_l0(table, ["word"], 1, np.random.default_rng(seed))
+        kept_v = [i for i in kept if i in v_rows]
+        assert len(kept_v) == 1
+        # every other user keeps its one word
+        assert len(kept) == 51
+        first += words[kept_v[0]] == ka
+    assert 0.4 <= first / 400 <= 0.6

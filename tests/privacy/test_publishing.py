@@ -1,0 +1,92 @@
+"""Publishing is exclusive and leaves nothing behind (issue 13, items 5 and 6): one run at a
+time into an output, SIGTERM removes the staging folder, a killed run's leftovers are
+removed by the next run, and the report names its files relative to the output."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipelines.claim import OutputClaim
+from pipelines.errors import SpecError
+from tests.robustness.conftest import ROOT, run_cli, words_table, write_parquet, write_spec
+
+QUICKSTART = os.path.join(ROOT, "configs", "examples", "data", "quickstart.parquet")
+
+
+def _cli(*argv):
+    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", *argv], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_claim_is_exclusive_and_leaves_no_lock_file(tmp_path):
+    out = str(tmp_path / "out")
+    with OutputClaim(out):
+        with pytest.raises(SpecError, match="another thresher run is writing"):
+            OutputClaim(out).acquire()
+    assert not os.path.exists(out + ".lock")
+    with OutputClaim(out):          # free again
+        pass
+
+
+def test_two_concurrent_runs_publish_once(tmp_path):
+    """Two real processes into one empty output: exactly one publishes; the other exits 2
+    without computing (no operator diagnostics: its pipeline never ran)."""
+    spec, out = write_spec(tmp_path, QUICKSTART, max_keys_per_user=8)
+    procs = [_cli("run", spec) for _ in range(2)]
+    results = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [0, 2], results
+    loser = next(err for code, _, err in results if code == 2)
+    assert "output.path" in loser and "Traceback" not in loser
+    assert "operator diagnostics" not in loser
+    assert os.path.exists(os.path.join(out, "release_report.json"))
+    assert not glob.glob(out + ".tmp-*") and not os.path.exists(out + ".lock")
+
+
+def test_sigterm_removes_the_staging_folder(tmp_path):
+    """``timeout``/``kill`` during a run: exit 143, nothing published, nothing left."""
+    table = words_table(n_users=300_000, keys_per_user=3, n_words=5000)
+    data = write_parquet(tmp_path / "big.parquet", table, row_group_size=50_000)
+    spec, out = write_spec(tmp_path, data)
+    proc = _cli("run", spec)
+    deadline = time.time() + 120
+    while not glob.glob(out + ".tmp-*"):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=120)
+    _, err = proc.communicate()
+    assert code == 143, err
+    assert "terminated" in err and "nothing was published" in err and "Traceback" not in err
+    assert not os.path.exists(out)
+    assert not glob.glob(out + ".tmp-*") and not os.path.exists(out + ".lock")
+
+
+def test_next_run_removes_a_killed_runs_leftovers(tmp_path):
+    data = write_parquet(tmp_path / "d.parquet", words_table(n_users=500))
+    spec, out = write_spec(tmp_path, data)
+    os.makedirs(out + ".tmp-0123456789ab/beam-temp-x")
+    os.makedirs(out + ".old-0123456789ab")
+    open(out + ".lock", "w").close()          # a SIGKILLed run's lock file (not locked)
+    code, _, err = run_cli("run", spec)
+    assert code == 0, err
+    assert "removed 2 staging folder(s) left by an interrupted run" in err
+    assert sorted(os.listdir(tmp_path)) == ["d.parquet", "out", "spec.yaml"]
+
+
+def test_report_lists_outputs_relative_to_the_output_folder(tmp_path):
+    data = write_parquet(tmp_path / "d.parquet", words_table(n_users=500))
+    spec, out = write_spec(tmp_path, data)
+    code, _, err = run_cli("run", spec)
+    assert code == 0, err
+    with open(os.path.join(out, "release_report.json"), encoding="utf-8") as handle:
+        report = json.load(handle)
+    assert report["outputs"] == ["released.parquet"]
+    assert str(tmp_path) not in json.dumps(report)

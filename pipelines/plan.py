@@ -11,6 +11,7 @@ so the run only picks one of these parameter sets (the chosen bound arrives as a
 input) and no candidate can be chosen whose release would not meet the budget.
 """
 import dataclasses
+import functools
 import hashlib
 import logging
 
@@ -186,9 +187,13 @@ def make_plan(spec):
         release = budget.spend_rest(RELEASE_STAGE)
     module = kind_module(spec.kind)
     params, excluded = {}, {}
+    calibrate = module.calibrate
+    if spec.aggregates:   # count and sums calibrated jointly (pipelines/aggregates.py)
+        from pipelines import aggregates
+        calibrate = functools.partial(aggregates.calibrate, spec, module)
     for bound in candidates:
         try:
-            params[bound] = module.calibrate(
+            params[bound] = calibrate(
                 spec.mechanism, epsilon=release.epsilon, delta=release.delta,
                 max_keys_per_user=bound, model=spec.bounding.model)
         except CalibrationError as exc:

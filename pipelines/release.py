@@ -60,6 +60,9 @@ def output_schema(spec, files):
         fields.append(pa.field(name, t))
     if spec.mechanism.get("debias"):   # input.public_keys with debias: poisson
         fields.append(pa.field("debiased", pa.float64()))
+    if spec.aggregates:
+        from pipelines.aggregates import output_fields
+        fields.extend(output_fields(spec.aggregates))
     return pa.schema(fields)
 
 
@@ -115,6 +118,10 @@ def release_stages(records, plan, num_shards, rng_factory=None):
             rng_factory=rng_factory)                                           # one int
     partial, params = _bound_users(users, plan, chosen, rng_factory)
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
+    if spec.aggregates:   # counts and grid sums (pipelines/aggregates.py)
+        from transforms.aggregate_values import ReleaseWithAggregates
+        return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
+            beam.pvalue.AsSingleton(params), rng_factory=rng_factory), chosen
     released = kind_module(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys)
     return released, chosen
 
@@ -136,9 +143,18 @@ def _public_domain_stages(records, plan, num_shards, rng_factory):
             model=spec.bounding.model, rng_factory=rng_factory)                # one int
     partial, params = _bound_users(users, plan, chosen, rng_factory)
     zeros = records.pipeline | "DomainZeroCounts" >> public_domain.DomainZeroCounts(plan.domain, keys)
+    if spec.aggregates:   # zero grid sums beside the zero counts (pipelines/aggregates.py)
+        from pipelines.aggregates import sum_columns
+        from transforms.aggregate_values import zero_sums
+        zeros = zeros | "DomainZeroSums" >> beam.Map(
+            zero_sums, num_sums=len(sum_columns(spec.aggregates)))
     counts = ((partial, zeros)
               | "WithDomainKeys" >> beam.Flatten()
               | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards))      # every domain key once
+    if spec.aggregates:
+        from transforms.aggregate_values import ReleaseWithAggregates
+        return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
+            beam.pvalue.AsSingleton(params), rng_factory=rng_factory), chosen
     released = counts | "NoisyDomainCounts" >> public_domain.NoisyDomainCounts(
         beam.pvalue.AsSingleton(params), rng_factory=rng_factory)
     return released, chosen
@@ -156,7 +172,12 @@ def _bound_users(users, plan, chosen, rng_factory):
     else:
         bound = spec.bounding.max_keys_per_user
         params = users.pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
-    if spec.bounding.model == "l1":
+    if spec.aggregates:   # l0 bound carrying each kept user's clamped grid totals
+        from pipelines.aggregates import sum_columns
+        from transforms.aggregate_values import PerUserBoundWithValues
+        partial = users | "PerUserBound" >> PerUserBoundWithValues(
+            keys, bound, sum_columns(spec.aggregates), rng_factory=rng_factory)
+    elif spec.bounding.model == "l1":
         from transforms.rand_clip import RandClip
         partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
     else:

@@ -7,8 +7,8 @@ mu_o, the privacy cost of the extra columns of one row (Eq. 5.1).
 
 Fixed point (no floating-point privacy holes; Mironov 2012, Casacuberta et al. 2022).
 A user's total for a key (their finite values summed) is clamped to [low, high] and put
-on the integer grid t = rint(clamp(total) * g) with g = 2**(GRID_BITS - e), where
-D = max(|low|, |high|) = m 2**e, 1/2 <= m < 1 (``math.frexp``). g is a power of two, so
+on the integer grid t = rint(clamp(total) * g) with g = 2**(GRID_BITS - e), where e is
+the smallest integer with D = max(|low|, |high|) <= 2**e (so 2**(GRID_BITS-1) < D g <= 2**GRID_BITS). g is a power of two, so
 clamp(total) * g is exact, and |t| <= D_g = max(|rint(low g)|, |rint(high g)|) <=
 2**GRID_BITS. Per key the grid values are summed in int64: at most MAX_USERS users per key
 give |sum| <= 2**(GRID_BITS + MAX_USER_BITS) = 2**62 < 2**63, so no sum can overflow.
@@ -116,7 +116,9 @@ def fixed_point_grid(low, high):
     if not low < high:
         raise ValueError(f"clip must have low < high, got [{low:g}, {high:g}]")
     bound = max(abs(low), abs(high))
-    _, e = math.frexp(bound)              # bound = m 2**e, 1/2 <= m < 1, so bound <= 2**e
+    m, e = math.frexp(bound)              # bound = m 2**e, 1/2 <= m < 1, so bound <= 2**e
+    if m == 0.5:
+        e -= 1                            # bound is a power of two: bound = 2**(e-1)
     exponent = GRID_BITS - e
     if exponent > 960 or exponent < -1000:
         raise ValueError(f"clip bounds [{low:g}, {high:g}] are too close to 0 or too large "

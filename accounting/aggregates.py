@@ -296,3 +296,47 @@ def mean_error(count_sd, sum_sd, users, bound):
     per-user mean m with |m| <= bound (worst case m = bound):
     sqrt(sum_sd^2 + bound^2 count_sd^2) / users."""
     return math.sqrt(sum_sd ** 2 + (bound * count_sd) ** 2) / float(users)
+
+
+# ---------------------------------------------------------------------------------------
+# clip: auto -- a private quantile of the per-(user, key) totals (exponential mechanism).
+#
+# Candidates are powers of two b = 2**k, so every candidate's grid has the same
+# sensitivity D_g = 2**GRID_BITS and one calibration serves them all. With the clip
+# [0, b], the statistic of candidate b is F(b) = sum over users u of (1/k_u) #{keys of u
+# with total <= b} (k_u the user's number of distinct keys), and N the number of users.
+# The score -|F(b) - q N| (paper 003's quantile as an exponential mechanism; Smith 2011)
+# moves by at most max(q, 1 - q) <= 1 when one user is added or removed (F by a weight
+# in [0, 1], q N by q), for every b: sensitivity 1, not monotone, so the standard
+# exponential mechanism exp(epsilon score / 2) (accounting.selection) is epsilon-DP.
+
+DEFAULT_AUTO_QUANTILE = 0.99
+DEFAULT_AUTO_MIN_EXPONENT = -10
+DEFAULT_AUTO_MAX_EXPONENT = 30
+
+
+def clip_candidates(min_exponent=DEFAULT_AUTO_MIN_EXPONENT, max_exponent=DEFAULT_AUTO_MAX_EXPONENT):
+    """The candidate upper bounds 2**k, k = min_exponent..max_exponent (float64)."""
+    return np.ldexp(1.0, np.arange(int(min_exponent), int(max_exponent) + 1))
+
+
+def quantile_statistic(totals, user_index, candidates):
+    """Per-candidate F(b) and N for one set of whole users: ``totals`` per (user, key),
+    ``user_index`` their user numbers 0..U-1. Returns float64 [F(b_0), .., F(b_K-1), N]."""
+    totals = np.asarray(totals, dtype=np.float64)
+    user_index = np.asarray(user_index, dtype=np.int64)
+    if totals.size == 0:
+        return np.zeros(len(candidates) + 1)
+    keys_per_user = np.bincount(user_index)
+    weights = 1.0 / keys_per_user[user_index]
+    order = np.argsort(totals, kind="stable")
+    cumulative = np.concatenate(([0.0], np.cumsum(weights[order])))
+    below = np.searchsorted(totals[order], candidates, side="right")
+    n_users = float(np.count_nonzero(keys_per_user))
+    return np.concatenate((cumulative[below], [n_users]))
+
+
+def quantile_scores(statistic, quantile):
+    """-|F(b) - q N| per candidate (sensitivity 1)."""
+    statistic = np.asarray(statistic, dtype=np.float64)
+    return -np.abs(statistic[:-1] - quantile * statistic[-1])

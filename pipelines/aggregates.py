@@ -33,6 +33,10 @@ from accounting import aggregates as acc
 from pipelines.errors import CalibrationError, SpecError
 
 FIELD = "aggregates"
+AUTO = "auto"
+AUTO_FIELD = "aggregates_auto"
+AUTO_STAGE = "choose_aggregate_clip"
+DEFAULT_AUTO_EPSILON_FRACTION = 0.1
 STATISTICS = ("sum", "mean")
 KINDS = ("gaussian", "laplace")
 VALUE_PREFIX = "__v"     # prepared per-record value columns (float64, null = dropped)
@@ -90,9 +94,18 @@ def parse(section, input_spec, kind, bounding, reserved=()):
                             f"aggregate a value column")
         statistic = choice(entry["statistic"], f"{field}.statistic", STATISTICS)
         clip = entry["clip"]
+        output = f"{column}_{statistic}"
+        if output in seen:
+            raise SpecError(field, f"asks for {output!r} twice; one entry per column and statistic")
+        if output in taken or output.startswith("__"):
+            raise SpecError(field, f"output column {output!r} clashes with a key or output column")
         if clip == "auto":
-            raise SpecError(f"{field}.clip", "auto is not available in this version; give "
-                            "[low, high]")
+            seen.add(output)
+            value_index = values.setdefault(column, len(values))
+            sum_index = sums.setdefault((column, "auto"), len(sums))
+            out.append(AggregateSpec(column=column, statistic=statistic, clip=AUTO,
+                                     output=output, sum_index=sum_index, value_index=value_index))
+            continue
         if not isinstance(clip, list) or len(clip) != 2:
             raise SpecError(f"{field}.clip", f"must be [low, high] (two numbers), got "
                             f"{_describe(clip)}")
@@ -102,11 +115,6 @@ def parse(section, input_spec, kind, bounding, reserved=()):
             acc.fixed_point_grid(low, high)
         except ValueError as exc:
             raise SpecError(f"{field}.clip", str(exc)) from None
-        output = f"{column}_{statistic}"
-        if output in seen:
-            raise SpecError(field, f"asks for {output!r} twice; one entry per column and statistic")
-        if output in taken or output.startswith("__"):
-            raise SpecError(field, f"output column {output!r} clashes with a key or output column")
         seen.add(output)
         value_index = values.setdefault(column, len(values))
         sum_index = sums.setdefault((column, low, high), len(sums))
@@ -123,12 +131,28 @@ def value_columns(aggregates):
     return [(cols[k], value_name(k)) for k in sorted(cols)]
 
 
-def sum_columns(aggregates):
-    """[(prepared value name, FixedPointGrid)] in sum_index order."""
+def sum_columns(aggregates, clips=None):
+    """[(prepared value name, FixedPointGrid)] in sum_index order. ``clip: auto`` columns
+    take [0, clips[i]] when chosen, else the placeholder [0, 1] (every power-of-two clip
+    has the same grid sensitivity 2**GRID_BITS, so calibration does not depend on it)."""
     cols = {}
     for a in aggregates:
-        cols.setdefault(a.sum_index, (value_name(a.value_index), acc.fixed_point_grid(*a.clip)))
+        if a.clip == AUTO:
+            high = (clips or {}).get(a.sum_index, 1.0)
+            grid = acc.fixed_point_grid(0.0, high)
+        else:
+            grid = acc.fixed_point_grid(*a.clip)
+        cols.setdefault(a.sum_index, (value_name(a.value_index), grid))
     return [cols[i] for i in sorted(cols)]
+
+
+def auto_columns(aggregates):
+    """[(sum index, prepared value name)] of the ``clip: auto`` sum columns."""
+    cols = {}
+    for a in aggregates:
+        if a.clip == AUTO:
+            cols.setdefault(a.sum_index, value_name(a.value_index))
+    return sorted(cols.items())
 
 
 def output_fields(aggregates):
@@ -205,7 +229,7 @@ def calibrate(spec, module, mech, *, epsilon, delta, max_keys_per_user, model):
 
 def _entry(a, grid, noise):
     out = {"column": a.column, "statistic": a.statistic, "output": a.output,
-           "clip": [a.clip[0], a.clip[1]], "sum_column": a.sum_index,
+           "clip": "auto" if a.clip == AUTO else [a.clip[0], a.clip[1]], "sum_column": a.sum_index,
            "grid_resolution": grid.resolution, "grid_scale": grid.scale,
            "sensitivity_grid_units": grid.sensitivity, **noise}
     if "sigma_grid_units" in noise:
@@ -250,6 +274,23 @@ def plan_lines(params, users):
         q = math.exp(-1.0 / b)
         count_sd = math.sqrt(2.0 * q) / (1.0 - q)
     for e in params.get("aggregates", []):
+        if e["clip"] == AUTO:
+            # noise scales with the bound b chosen at run time: D_g = 2**GRID_BITS <-> b
+            unit = float(e["sensitivity_grid_units"])
+            if "sigma_grid_units" in e:
+                per_b = e["sigma_grid_units"] / unit
+                noise = f"discrete Gaussian sigma {per_b:.6g} b"
+                abs_sum = acc.expected_abs_gaussian(per_b)
+            else:
+                per_b = e["scale_grid_units"] / unit
+                noise = f"discrete Laplace scale {per_b:.6g} b"
+                abs_sum = per_b
+            err = (f"E|error| of the sum {abs_sum:.4g} b" if e["statistic"] == "sum" else
+                   f"E|error| of the mean at {users} users <= "
+                   f"{acc.mean_error(count_sd, per_b, users, 1.0) * math.sqrt(2 / math.pi):.4g} b")
+            lines.append(f"  {e['output']}: clip auto ([0, b], b a power of two chosen privately), "
+                         f"grid step b / {int(unit)}, {noise}; {err} (noise only)")
+            continue
         if "sigma" in e:
             sd = e["sigma"]
             abs_sum = acc.expected_abs_gaussian(sd)
@@ -278,3 +319,125 @@ def print_plan(plan, users):
         for line in plan_lines(params, users):
             print(line)
         print(f"  accounting: {params['aggregates_accounting']}")
+
+
+# ---------------------------------------------------------------------------------------
+# clip: auto (its own stage; transforms/choose_clip.py).
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoClipSpec:
+    epsilon: float          # the stage's epsilon, taken from privacy.epsilon
+    quantile: float         # q of the private quantile of per-(user, key) totals
+    candidates: tuple       # powers of two
+
+
+def parse_auto(section, privacy, aggregates):
+    """``aggregates_auto: {epsilon, quantile, min_exponent, max_exponent}`` (all optional);
+    None when no entry has ``clip: auto``."""
+    from pipelines.spec import _describe, check_fields, integer, number
+    has_auto = any(a.clip == AUTO for a in aggregates)
+    if section is not None and not has_auto:
+        raise SpecError(AUTO_FIELD, "only applies when some aggregates entry has clip: auto")
+    if not has_auto:
+        return None
+    section = section or {}
+    if not isinstance(section, dict):
+        raise SpecError(AUTO_FIELD, f"must be a mapping, got {_describe(section)}")
+    check_fields(section, AUTO_FIELD, ("epsilon", "quantile", "min_exponent", "max_exponent"))
+    if "epsilon" in section:
+        eps = number(section["epsilon"], f"{AUTO_FIELD}.epsilon", low=0, low_open=True)
+    else:
+        eps = DEFAULT_AUTO_EPSILON_FRACTION * privacy.epsilon
+    q = number(section.get("quantile", acc.DEFAULT_AUTO_QUANTILE), f"{AUTO_FIELD}.quantile",
+               low=0, high=1, low_open=True, high_open=True)
+    lo = integer(section.get("min_exponent", acc.DEFAULT_AUTO_MIN_EXPONENT),
+                 f"{AUTO_FIELD}.min_exponent", low=-900, high=900)
+    hi = integer(section.get("max_exponent", acc.DEFAULT_AUTO_MAX_EXPONENT),
+                 f"{AUTO_FIELD}.max_exponent", low=lo, high=900)
+    return AutoClipSpec(epsilon=eps, quantile=q,
+                        candidates=tuple(float(c) for c in acc.clip_candidates(lo, hi)))
+
+
+def choose_clips(users, plan, rng_factory=None, clip_sink=None):
+    """The ``choose_aggregate_clip`` stage on user shards: a PCollection of one dict
+    {sum index: upper bound}, or None when no aggregate has ``clip: auto``."""
+    spec = plan.spec
+    auto = auto_columns(spec.aggregates)
+    if not auto:
+        return None
+    from transforms.choose_clip import ChooseClipBounds
+    stage = next(s for s in plan.budget.stages if s.name == AUTO_STAGE)
+    clips = users | "ChooseClipBounds" >> ChooseClipBounds(
+        list(spec.input.keys), auto, spec.aggregates_auto.candidates, epsilon=stage.epsilon,
+        quantile=spec.aggregates_auto.quantile, rng_factory=rng_factory)
+    if clip_sink is not None:
+        clip_sink(clips)
+    return clips
+
+
+def apply_clips(params, clips):
+    """The mechanism section with the chosen clip bounds of ``clip: auto`` columns filled
+    in (grid and value-unit noise); other entries unchanged."""
+    clips = {int(k): float(v) for k, v in (clips or {}).items()}
+    out = dict(params)
+    entries = []
+    for e in params.get("aggregates", []):
+        e = dict(e)
+        if e["clip"] == AUTO and e["sum_column"] in clips:
+            grid = acc.fixed_point_grid(0.0, clips[e["sum_column"]])
+            e.update(clip=[0.0, grid.high], clip_chosen_by="exponential_mechanism",
+                     grid_resolution=grid.resolution, grid_scale=grid.scale,
+                     sensitivity_grid_units=grid.sensitivity)
+            if "sigma_grid_units" in e:
+                e["sigma"] = e["sigma_grid_units"] / grid.scale
+            else:
+                e["scale"] = e["scale_grid_units"] / grid.scale
+        entries.append(e)
+    out["aggregates"] = entries
+    return out
+
+
+CLIPS_FILE = "chosen_clips"
+
+
+def clip_sink(staging):
+    """A clip_sink for ``thresher run``: write the chosen clips beside the release."""
+    import json
+    import os
+
+    def sink(clips):
+        (clips
+         | "FormatClips" >> beam_map(lambda c: json.dumps({str(k): v for k, v in c.items()}))
+         | "WriteClips" >> beam_write(os.path.join(staging, CLIPS_FILE)))
+    return sink
+
+
+def beam_map(fn):
+    import apache_beam as beam
+    return beam.Map(fn)
+
+
+def beam_write(path):
+    import apache_beam as beam
+    return beam.io.WriteToText(path, num_shards=1, shard_name_template="")
+
+
+def report_chosen_clips(report, staging):
+    """Fill the report's aggregates with the chosen clips (read and removed from staging)."""
+    import json
+
+    from pipelines import publish
+    from pipelines.errors import ThresherError
+    path = publish.join(staging, CLIPS_FILE)
+    text = publish.read_text(path)
+    if text is None:
+        return report
+    lines = [line for line in text.splitlines() if line.strip()]
+    publish.delete(path)
+    if len(lines) != 1:
+        raise ThresherError(f"the clip stage produced {len(lines)} results, expected exactly "
+                            f"one; nothing was published")
+    report = dict(report)
+    report["mechanism"] = apply_clips(report["mechanism"], json.loads(lines[0]))
+    return report

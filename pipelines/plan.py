@@ -176,6 +176,9 @@ def make_plan(spec):
         candidates = spec.bounding.auto.candidates
     else:
         candidates = (spec.bounding.max_keys_per_user,)
+    if spec.aggregates_auto is not None:   # clip: auto (pipelines/aggregates.py)
+        from pipelines.aggregates import AUTO_STAGE
+        budget.spend(AUTO_STAGE, spec.aggregates_auto.epsilon, 0.0)
     domain = None
     if spec.input.public_keys is not None:
         from pipelines.public_keys import input_key_types, load_domain

@@ -86,7 +86,12 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
         counts = records | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
         _write(module.release(counts, beam.pvalue.AsSingleton(params), keys), staging, schema)
         return
-    released, chosen = release_stages(records, plan, num_shards, rng_factory=rng_factory)
+    sink = None
+    if spec.aggregates_auto is not None:   # the chosen clip bounds, for the report
+        from pipelines.aggregates import clip_sink
+        sink = clip_sink(staging)
+    released, chosen = release_stages(records, plan, num_shards, rng_factory=rng_factory,
+                                      clip_sink=sink)
     if chosen is not None:
         (chosen
          | "FormatBound" >> beam.Map(lambda c: json.dumps({"max_keys_per_user": int(c)}))
@@ -95,7 +100,7 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     _write(released, staging, schema)
 
 
-def release_stages(records, plan, num_shards, rng_factory=None):
+def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None):
     """The stages of a release between reading and writing (shared by ``thresher run``
     and the Beam YAML transform, pipelines/beam_yaml.py).
 
@@ -106,7 +111,7 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     spec = plan.spec
     keys = list(spec.input.keys)
     if plan.domain is not None:
-        return _public_domain_stages(records, plan, num_shards, rng_factory)
+        return _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink)
     users = records | "ShardByUser" >> ShardByUser(num_shards)               # Table of whole users
     chosen = None
     if spec.auto_bound:
@@ -116,7 +121,8 @@ def release_stages(records, plan, num_shards, rng_factory=None):
             model=spec.bounding.model, score=plan.score_name,
             score_params=plan.score_params(), max_bound=spec.bounding.auto.max_bound,
             rng_factory=rng_factory)                                           # one int
-    partial, params = _bound_users(users, plan, chosen, rng_factory)
+    clips = _choose_clips(users, plan, rng_factory, clip_sink)
+    partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
     if spec.aggregates:   # counts and grid sums (pipelines/aggregates.py)
         from transforms.aggregate_values import ReleaseWithAggregates
@@ -126,7 +132,7 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     return released, chosen
 
 
-def _public_domain_stages(records, plan, num_shards, rng_factory):
+def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None):
     """input.public_keys (paper 002 Sec. 4): records outside the domain are dropped before
     bounding, every domain key gets a zero partial count (so it comes out once even with no
     user), C is chosen by the bounded-domain rule, and every key is released with noise and
@@ -141,7 +147,8 @@ def _public_domain_stages(records, plan, num_shards, rng_factory):
         chosen = users | "ChooseDomainBound" >> public_domain.ChooseDomainBound(
             plan.domain_bound_rule(), epsilon=plan.select_stage.epsilon,
             model=spec.bounding.model, rng_factory=rng_factory)                # one int
-    partial, params = _bound_users(users, plan, chosen, rng_factory)
+    clips = _choose_clips(users, plan, rng_factory, clip_sink)
+    partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
     zeros = records.pipeline | "DomainZeroCounts" >> public_domain.DomainZeroCounts(plan.domain, keys)
     if spec.aggregates:   # zero grid sums beside the zero counts (pipelines/aggregates.py)
         from pipelines.aggregates import sum_columns
@@ -160,7 +167,15 @@ def _public_domain_stages(records, plan, num_shards, rng_factory):
     return released, chosen
 
 
-def _bound_users(users, plan, chosen, rng_factory):
+def _choose_clips(users, plan, rng_factory, clip_sink):
+    """aggregates with clip: auto: the chosen bounds (one dict), else None."""
+    if not plan.spec.aggregates:
+        return None
+    from pipelines.aggregates import choose_clips
+    return choose_clips(users, plan, rng_factory, clip_sink)
+
+
+def _bound_users(users, plan, chosen, rng_factory, clips=None):
     """Bound every user (PerUserBound, or RandClip in the l1 model) to C — the spec's, or
     the privately chosen one as a side input — and pick the mechanism's parameters for
     that C. Returns (partial per-key counts, parameters as a one-element PCollection)."""
@@ -173,10 +188,15 @@ def _bound_users(users, plan, chosen, rng_factory):
         bound = spec.bounding.max_keys_per_user
         params = users.pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
     if spec.aggregates:   # l0 bound carrying each kept user's clamped grid totals
-        from pipelines.aggregates import sum_columns
+        from pipelines.aggregates import apply_clips, sum_columns
         from transforms.aggregate_values import PerUserBoundWithValues
+        clip_side = None
+        if clips is not None:
+            clip_side = beam.pvalue.AsSingleton(clips)
+            params = params | "ApplyClips" >> beam.Map(apply_clips, clips=clip_side)
         partial = users | "PerUserBound" >> PerUserBoundWithValues(
-            keys, bound, sum_columns(spec.aggregates), rng_factory=rng_factory)
+            keys, bound, sum_columns(spec.aggregates), rng_factory=rng_factory,
+            clips=clip_side)
     elif spec.bounding.model == "l1":
         from transforms.rand_clip import RandClip
         partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
@@ -228,6 +248,9 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
         if spec.auto_bound:
             chosen = _read_chosen_bound(staging)
         report = plan.report(chosen_bound=chosen)
+        if spec.aggregates_auto is not None:   # clip: auto -- the chosen bounds
+            from pipelines.aggregates import report_chosen_clips
+            report = report_chosen_clips(report, staging)
         publish.remove_sink_scratch(staging)
         outputs = publish.released_files(staging)
         if not outputs:

@@ -82,6 +82,7 @@ class ReleaseSpec:
     output: OutputSpec
     source_text: str         # the YAML as read, for the report's config_sha256
     aggregates: tuple = ()   # pipelines.aggregates.AggregateSpec, one per output column
+    aggregates_auto: object = None  # pipelines.aggregates.AutoClipSpec with clip: auto
 
     @property
     def kind(self):
@@ -350,7 +351,7 @@ def _parse_output(section):
 
 
 TOP_FIELDS = ("name", "description", "input", "privacy", "bounding", "mechanism", "output",
-              "aggregates")
+              "aggregates", "aggregates_auto")
 
 
 def parse(data, source_text=""):
@@ -376,13 +377,16 @@ def parse(data, source_text=""):
                         f"laplace, not {mechanism['kind']!r}")
     if input_spec.sample is not None:
         mechanism = _presampled_mechanism(mechanism, input_spec.sample, bounding)
-    aggregates = ()
+    aggregates, aggregates_auto = (), None
+    if data.get("aggregates_auto") is not None and data.get("aggregates") is None:
+        raise SpecError("aggregates_auto", "only applies with aggregates (clip: auto)")
     if data.get("aggregates") is not None:
         from pipelines import aggregates as aggregates_mod
         aggregates = aggregates_mod.parse(data["aggregates"], input_spec, mechanism["kind"],
                                           bounding, RESERVED_COLUMNS + ("debiased",))
         input_spec = dataclasses.replace(input_spec, values=tuple(
             c for c, _ in aggregates_mod.value_columns(aggregates)))
+        aggregates_auto = aggregates_mod.parse_auto(data.get("aggregates_auto"), privacy, aggregates)
     return ReleaseSpec(
         name=name,
         description=description,
@@ -393,6 +397,7 @@ def parse(data, source_text=""):
         output=_parse_output(data["output"]),
         source_text=source_text,
         aggregates=aggregates,
+        aggregates_auto=aggregates_auto,
     )
 
 

@@ -107,8 +107,13 @@ class _BoundWithValuesFn(beam.DoFn):
     def setup(self):
         self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
 
-    def process(self, table, max_keys_per_user):
-        out, kept = bound_with_values(table, self._keys, self._sums, max_keys_per_user, self._rng)
+    def process(self, table, max_keys_per_user, clips=None):
+        sums = self._sums
+        if clips:   # clip: auto -- [0, chosen bound] for those sum columns
+            from accounting.aggregates import fixed_point_grid
+            sums = [(name, fixed_point_grid(0.0, clips[i]) if i in clips else grid)
+                    for i, (name, grid) in enumerate(sums)]
+        out, kept = bound_with_values(table, self._keys, sums, max_keys_per_user, self._rng)
         beam.metrics.Metrics.counter(NOT_PRIVATE, "contributions_kept").inc(kept)
         beam.metrics.Metrics.counter(NOT_PRIVATE, "rows_bounded").inc(table.num_rows)
         if out.num_rows:
@@ -119,16 +124,19 @@ class PerUserBoundWithValues(beam.PTransform):
     """:class:`transforms.per_user_bound.PerUserBound` that also carries each kept user's
     clamped grid totals: user shards -> partial (key columns, __key, count, __s<i>)."""
 
-    def __init__(self, key_columns, max_keys_per_user, sum_columns, rng_factory=None, label=None):
+    def __init__(self, key_columns, max_keys_per_user, sum_columns, rng_factory=None, label=None,
+                 clips=None):
         super().__init__(label)
+        self._clips = clips   # side input {sum index: upper bound} of clip: auto, or None
         self._keys = tuple(key_columns)
         self._bound = max_keys_per_user
         self._sums = list(sum_columns)
         self._rng_factory = rng_factory
 
     def expand(self, user_shards):
+        extra = () if self._clips is None else (self._clips,)
         return user_shards | "BoundL0WithValues" >> beam.ParDo(
-            _BoundWithValuesFn(self._keys, self._sums, self._rng_factory), self._bound
+            _BoundWithValuesFn(self._keys, self._sums, self._rng_factory), self._bound, *extra
         ).with_output_types(TABLE)
 
 

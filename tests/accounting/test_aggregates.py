@@ -132,3 +132,37 @@ def test_gshm_calibration_with_aggregates_meets_its_delta_and_costs_noise():
 def test_aggregates_need_discrete_noise():
     with pytest.raises(ValueError, match="discrete_gaussian"):
         gshm.delta(1.0, 5.0, 10, 1, noise="gaussian", aggregates=((4, 1.0),))
+
+
+# ---- clip: auto -------------------------------------------------------------------------
+
+def _statistic_by_hand(users, candidates):
+    """users: list of per-key total lists."""
+    f = [sum(sum(1.0 / len(t) for x in t if x <= b) for t in users) for b in candidates]
+    return np.array(f + [float(len(users))])
+
+
+def test_quantile_statistic_matches_a_direct_count():
+    rng = np.random.default_rng(3)
+    users = [list(rng.lognormal(2, 2, size=rng.integers(1, 5))) for _ in range(200)]
+    totals = np.concatenate(users)
+    index = np.repeat(np.arange(len(users)), [len(t) for t in users])
+    cands = agg.clip_candidates(-3, 12)
+    got = agg.quantile_statistic(totals, index, cands)
+    np.testing.assert_allclose(got, _statistic_by_hand(users, cands), rtol=1e-12)
+    assert np.all(agg.clip_candidates(-2, 2) == [0.25, 0.5, 1, 2, 4])
+
+
+@pytest.mark.parametrize("quantile", [0.5, 0.995, 0.01])
+def test_quantile_scores_move_by_at_most_one_per_user(quantile):
+    """The sensitivity the exponential mechanism is run with: adding one user (any number
+    of keys, any totals) moves every candidate's score by at most 1."""
+    rng = np.random.default_rng(4)
+    cands = agg.clip_candidates(-5, 15)
+    for _ in range(300):
+        users = [list(rng.lognormal(1, 3, size=rng.integers(1, 6)) * rng.choice([-1, 1]))
+                 for _ in range(rng.integers(0, 30))]
+        extra = list(rng.lognormal(1, 3, size=rng.integers(1, 40)))
+        base = agg.quantile_scores(_statistic_by_hand(users, cands), quantile)
+        more = agg.quantile_scores(_statistic_by_hand(users + [extra], cands), quantile)
+        assert np.max(np.abs(more - base)) <= 1.0 + 1e-12

@@ -158,7 +158,7 @@ def test_stages_add_up_with_aggregates_and_an_automatic_bound(write_spec, tmp_pa
     ({"aggregates": [{"column": "amount", "statistic": "sum", "clip": [0, 1e-300]}]}, "aggregates[0].clip"),
     ({"aggregates": [{"column": "amount", "statistic": "sum", "clip": [0, ".inf"]}]}, "aggregates[0].clip[1]"),
     ({"aggregates": [{"column": "amount", "statistic": "sum", "clip": [0]}]}, "aggregates[0].clip"),
-    ({"aggregates": [{"column": "amount", "statistic": "sum", "clip": "auto"}]}, "aggregates[0].clip"),
+    ({"aggregates": [{"column": "amount", "statistic": "sum", "clip": "automatic"}]}, "aggregates[0].clip"),
     ({"aggregates": [{"column": "key", "statistic": "sum", "clip": CLIP}]}, "aggregates[0].column"),
     ({"aggregates": [{"column": "amount", "statistic": "sum"}]}, "aggregates[0].clip"),
     ({"aggregates": [{"column": "amount", "statistic": "sum", "clip": CLIP, "x": 1}]}, "aggregates[0].x"),
@@ -191,3 +191,53 @@ def test_value_column_shuffles_only_with_aggregates(write_spec, tmp_path):
     assert plain.input.columns == ["uid", "key"]
     with_values = _spec(write_spec, path, tmp_path)
     assert with_values.input.columns == ["uid", "key", "amount"]
+
+
+def test_clip_auto_with_auto_bound_stages_add_up_and_bounds_are_reported(write_spec, tmp_path):
+    """clip: auto and max_keys_per_user: auto together: three stages adding up to the spec's
+    (epsilon, delta); the chosen clip is a power of two within a factor 2 of the 0.99
+    quantile of the per-(user, key) totals (the 60 users above it against the draw's rank
+    error: exp(-0.25 * 60) per far candidate at epsilon 0.5, 31 candidates), and the sums
+    are within noise of the truth clamped at the chosen bound."""
+    path, table = _data(tmp_path)
+    spec = _spec(write_spec, path, tmp_path, **{
+        "bounding.max_keys_per_user": "auto", "bounding.auto": {"max_bound": 4},
+        "aggregates": [{"column": "amount", "statistic": "sum", "clip": "auto"},
+                       {"column": "amount", "statistic": "mean", "clip": "auto"}],
+        "aggregates_auto": {"epsilon": 0.5, "quantile": 0.99}})
+    plan = make_plan(spec)
+    report = run(plan, rng_factory=lambda: np.random.default_rng(12))
+    stages = report["privacy"]["stages"]
+    assert [s["name"] for s in stages] == ["choose_contribution_bound", "choose_aggregate_clip",
+                                           "release"]
+    assert sum(s["epsilon"] for s in stages) == pytest.approx(1.0)
+    assert sum(s["delta"] for s in stages) == pytest.approx(1e-6)
+    assert stages[1]["epsilon"] == 0.5
+    entries = report["mechanism"]["aggregates"]
+    low, high = entries[0]["clip"]
+    assert low == 0 and entries[1]["clip"] == [low, high]
+    assert entries[0]["clip_chosen_by"] == "exponential_mechanism"
+    df = table.to_pandas()
+    df["amount"] = df["amount"].where(np.isfinite(df["amount"]), 0.0).fillna(0.0)
+    q99 = df.groupby(["key", "uid"])["amount"].sum().quantile(0.99)
+    assert q99 / 2 <= high <= q99 * 2
+    assert entries[0]["sigma"] == pytest.approx(entries[0]["sigma_grid_units"] / entries[0]["grid_scale"])
+    assert entries[0]["grid_scale"] * high == 4096
+    released = pq.read_table(tmp_path / "out" / "released.parquet").to_pylist()
+    truth = _truth(table, 0.0, high)
+    c = report["bounding"]["max_keys_per_user"]
+    for r in released:
+        n, s = truth[r["key"]]
+        if c >= 3:   # every user-key kept: the clamped truth is exact
+            assert abs(r["amount_sum"] - s) <= 7 * entries[0]["sigma"] + n * entries[0]["grid_resolution"]
+
+
+def test_aggregates_auto_needs_an_auto_clip(write_spec, tmp_path):
+    path, _ = _data(tmp_path, n_users=50)
+    with pytest.raises(SpecError) as err:
+        _spec(write_spec, path, tmp_path, aggregates_auto={"epsilon": 0.1})
+    assert err.value.field == "aggregates_auto"
+    with pytest.raises(SpecError) as err:
+        _spec(write_spec, path, tmp_path, aggregates_auto={"quantile": 1.5},
+              aggregates=[{"column": "amount", "statistic": "sum", "clip": "auto"}])
+    assert err.value.field == "aggregates_auto.quantile"

@@ -200,10 +200,15 @@ def _aggregate_loss(count, columns, h):
     return k0, q, min(1.0, inf_mass)
 
 
+# The count's pmf is summed over +-COUNT_SDS standard deviations; the mass outside
+# (< 1e-43) is added to delta in full.
+COUNT_SDS = 14.0
+
+
 def _count_pmf(count, sigma):
-    """Exact pmf of Y ~ N_Z(0, a sigma^2) on +-38.6 sd, and the mass cut off."""
+    """Exact pmf of Y ~ N_Z(0, a sigma^2) on +-COUNT_SDS sd, and the mass cut off."""
     sd = sigma * math.sqrt(count)
-    kk = int(math.ceil(dg._PMF_SIGMAS * sd)) + 1
+    kk = int(math.ceil(COUNT_SDS * sd)) + 1
     u = np.arange(-kk, kk + 1, dtype=np.float64)
     log_z = dg.log_normalizer(sd)
     p = np.exp(-u * u / (2.0 * sd * sd) - log_z)

@@ -441,3 +441,13 @@ def report_chosen_clips(report, staging):
     report = dict(report)
     report["mechanism"] = apply_clips(report["mechanism"], json.loads(lines[0]))
     return report
+
+
+def check_rows(est_rows):
+    """Refuse an input with more rows than MAX_USERS (2**50): a key then could have more
+    users than the int64 grid sums are sized for (accounting.aggregates)."""
+    from pipelines.errors import InputError
+    if est_rows > acc.MAX_USERS:
+        raise InputError(f"input.path: about {est_rows} rows; aggregates support at most "
+                         f"2^{acc.MAX_USER_BITS} rows (users per key), so that no grid sum "
+                         f"can overflow int64")

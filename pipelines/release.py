@@ -74,6 +74,9 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     """Add the release's stages to ``pipeline``; returns nothing (the sinks are the output)."""
     spec = plan.spec
     keys = list(spec.input.keys)
+    if spec.aggregates:   # int64 grid sums cannot overflow: <= MAX_USERS users per key
+        from pipelines.aggregates import check_rows
+        check_rows(est_rows)
     num_shards = io.num_shards_for(est_rows)
     module = kind_module(spec.kind)
     schema = output_schema(spec, files)

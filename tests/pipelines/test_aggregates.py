@@ -241,3 +241,12 @@ def test_aggregates_auto_needs_an_auto_clip(write_spec, tmp_path):
         _spec(write_spec, path, tmp_path, aggregates_auto={"quantile": 1.5},
               aggregates=[{"column": "amount", "statistic": "sum", "clip": "auto"}])
     assert err.value.field == "aggregates_auto.quantile"
+
+
+def test_inputs_beyond_the_overflow_bound_are_refused():
+    from accounting.aggregates import MAX_USERS
+    from pipelines.aggregates import check_rows
+    from pipelines.errors import InputError
+    check_rows(MAX_USERS)
+    with pytest.raises(InputError, match="input.path"):
+        check_rows(MAX_USERS + 1)

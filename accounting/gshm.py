@@ -97,7 +97,7 @@ def sparse_histogram_delta(epsilon, log_beta, max_keys_per_user, shift_delta, me
 # GSHM with Gaussian or discrete Gaussian noise.
 
 
-def _check(epsilon, sigma, max_keys_per_user, noise, method, extra_mu):
+def _check(epsilon, sigma, max_keys_per_user, noise, method, extra_mu, aggregates=()):
     if not (math.isfinite(epsilon) and epsilon >= 0):
         raise ValueError(f"epsilon must be >= 0, got {epsilon}")
     if not (math.isfinite(sigma) and sigma > 0):
@@ -112,7 +112,10 @@ def _check(epsilon, sigma, max_keys_per_user, noise, method, extra_mu):
         raise ValueError(f"extra_mu must be >= 0, got {extra_mu}")
     if noise == "discrete_gaussian" and extra_mu != 0:
         raise ValueError("extra_mu (extra Gaussian aggregate columns) is supported with "
-                         "noise='gaussian' only")
+                         "noise='gaussian' only; use aggregates= for discrete noise")
+    if aggregates and (noise != "discrete_gaussian" or extra_mu != 0):
+        raise ValueError("aggregates (grid columns with discrete Gaussian noise) need "
+                         "noise='discrete_gaussian' and extra_mu=0")
 
 
 def log_beta(sigma, threshold_gap, noise="discrete_gaussian"):
@@ -125,7 +128,16 @@ def log_beta(sigma, threshold_gap, noise="discrete_gaussian"):
     return float(discrete_gaussian.log_cdf(math.ceil(threshold_gap) - 1, sigma))
 
 
-def _shift_delta_fn(sigma, noise, extra_mu):
+def _shift_delta_fn(sigma, noise, extra_mu, aggregates=()):
+    if aggregates:
+        # Extra aggregate columns with discrete Gaussian noise on fixed-point grids:
+        # (D_j, ratio_j) -> sigma_j = ratio_j D_j sigma grid units (accounting.aggregates).
+        from accounting import aggregates as agg
+        columns = tuple((int(d), float(r) * int(d) * sigma) for d, r in aggregates)
+
+        def joint(a, e):
+            return agg.joint_shift_delta(e, sigma, a, columns)
+        return joint
     if noise == "gaussian":
         per_row = math.sqrt(1.0 / (sigma * sigma) + extra_mu * extra_mu)
 
@@ -139,7 +151,7 @@ def _shift_delta_fn(sigma, noise, extra_mu):
 
 
 def delta(epsilon, sigma, threshold_gap, max_keys_per_user, *, extra_mu=0.0,
-          method="exact", noise="gaussian"):
+          method="exact", noise="gaussian", aggregates=()):
     """delta(epsilon) of GSHM (paper 004) for noise scale sigma and gap tau* - tau.
 
     Args:
@@ -150,14 +162,18 @@ def delta(epsilon, sigma, threshold_gap, max_keys_per_user, *, extra_mu=0.0,
         (continuous noise only).
       method: "exact" (Thm 5.4), "add_deltas" (Thm 4.1), "fdp" (Thm 7.1).
       noise: "gaussian" (continuous) or "discrete_gaussian" (what thresher draws).
+      aggregates: ((D_j, ratio_j), ...) extra columns of Alg. 1 with discrete Gaussian
+        noise sigma_j = ratio_j D_j sigma on an integer grid where one user moves column j
+        by at most D_j (discrete noise only; accounting.aggregates.joint_shift_delta,
+        an upper bound on the exact delta_+).
     Returns:
       delta in [0, 1].
     """
     epsilon, sigma = float(epsilon), float(sigma)
-    _check(epsilon, sigma, max_keys_per_user, noise, method, extra_mu)
+    _check(epsilon, sigma, max_keys_per_user, noise, method, extra_mu, aggregates)
     lb = log_beta(sigma, float(threshold_gap), noise)
     return sparse_histogram_delta(epsilon, lb, int(max_keys_per_user),
-                                  _shift_delta_fn(sigma, noise, extra_mu), method)
+                                  _shift_delta_fn(sigma, noise, extra_mu, aggregates), method)
 
 
 def _delta_infinite(sigma, gap, c_u, noise):
@@ -165,7 +181,7 @@ def _delta_infinite(sigma, gap, c_u, noise):
 
 
 def min_threshold_gap(epsilon, delta_target, sigma, max_keys_per_user, *, extra_mu=0.0,
-                      method="exact", noise="gaussian", rel_tol=1e-9):
+                      method="exact", noise="gaussian", rel_tol=1e-9, aggregates=()):
     """Smallest tau* - tau with delta(...) <= delta_target at this sigma.
 
     delta falls as the gap grows (beta grows: every term of Thm 5.4 falls), so this is a
@@ -174,11 +190,11 @@ def min_threshold_gap(epsilon, delta_target, sigma, max_keys_per_user, *, extra_
     (the Gaussian part alone, delta_+(C_u, eps), exceeds the target: sigma too small).
     """
     epsilon, sigma = float(epsilon), float(sigma)
-    _check(epsilon, sigma, max_keys_per_user, noise, method, extra_mu)
+    _check(epsilon, sigma, max_keys_per_user, noise, method, extra_mu, aggregates)
     if not (0 < delta_target < 1):
         raise ValueError(f"delta must be in (0, 1), got {delta_target}")
     c_u = int(max_keys_per_user)
-    shift = _shift_delta_fn(sigma, noise, extra_mu)
+    shift = _shift_delta_fn(sigma, noise, extra_mu, aggregates)
     limit = float(np.asarray(shift(np.array([c_u]), np.array([epsilon])))[0])
     if limit >= delta_target if method == "add_deltas" else limit > delta_target:
         return None
@@ -197,7 +213,7 @@ def min_threshold_gap(epsilon, delta_target, sigma, max_keys_per_user, *, extra_
 
 
 def min_sigma(epsilon, delta_target, threshold_gap, max_keys_per_user, *, extra_mu=0.0,
-              method="exact", noise="gaussian", rel_tol=1e-9, grid=16):
+              method="exact", noise="gaussian", rel_tol=1e-9, grid=16, aggregates=()):
     """Smallest sigma with delta(...) <= delta_target at this gap tau* - tau, or None.
 
     At a fixed gap delta is not monotone in sigma: the Gaussian part falls as sigma grows
@@ -212,19 +228,19 @@ def min_sigma(epsilon, delta_target, threshold_gap, max_keys_per_user, *, extra_
     returned parameters).
     """
     epsilon = float(epsilon)
-    _check(epsilon, 1.0, max_keys_per_user, noise, method, extra_mu)
+    _check(epsilon, 1.0, max_keys_per_user, noise, method, extra_mu, aggregates)
     if not (0 < delta_target < 1):
         raise ValueError(f"delta must be in (0, 1), got {delta_target}")
     gap = float(threshold_gap)
     c_u = int(max_keys_per_user)
 
     def gaussian_part(s):
-        shift = _shift_delta_fn(s, noise, extra_mu)
+        shift = _shift_delta_fn(s, noise, extra_mu, aggregates)
         return float(np.asarray(shift(np.array([c_u]), np.array([epsilon])))[0])
 
     def ok(s):
         return delta(epsilon, s, gap, c_u, extra_mu=extra_mu, method=method,
-                     noise=noise) <= delta_target
+                     noise=noise, aggregates=aggregates) <= delta_target
 
     if extra_mu > 0 and gaussian.delta_for_epsilon(math.sqrt(c_u) * extra_mu, epsilon) > delta_target:
         return None
@@ -291,7 +307,8 @@ class GshmParameters:
         return self.threshold - self.pre_threshold
 
 
-def default_sigma(epsilon, delta_target, max_keys_per_user, *, noise="discrete_gaussian"):
+def default_sigma(epsilon, delta_target, max_keys_per_user, *, noise="discrete_gaussian",
+                  aggregates=()):
     """The default sigma: the smallest at which some threshold meets (epsilon, delta).
 
     That is the smallest sigma with delta_+(C_u, eps) <= delta, the Gaussian mechanism's
@@ -302,20 +319,21 @@ def default_sigma(epsilon, delta_target, max_keys_per_user, *, noise="discrete_g
     c_u = int(max_keys_per_user)
 
     def fits(s):
-        shift = _shift_delta_fn(s, noise, 0.0)
+        shift = _shift_delta_fn(s, noise, 0.0, aggregates)
         return float(np.asarray(shift(np.array([c_u]), np.array([float(epsilon)])))[0]) <= delta_target
 
     return smallest_real(fits, _SIGMA_FLOOR, math.inf, rel_tol=1e-9)
 
 
 def calibrate(epsilon, delta_target, max_keys_per_user, *, pre_threshold=1, sigma=None,
-              threshold=None, noise="discrete_gaussian"):
+              threshold=None, noise="discrete_gaussian", aggregates=()):
     """GSHM parameters meeting (epsilon, delta_target) exactly (paper 004 Thm 5.4).
 
     Given neither sigma nor threshold: sigma = default_sigma (smallest workable) and the
     smallest threshold at it. Given one, the other is calibrated (smallest qualifying).
     Given both, they are checked. Raises ValueError naming what would meet the budget.
-    Thresholds are integers for discrete Gaussian noise.
+    Thresholds are integers for discrete Gaussian noise. ``aggregates``: extra grid
+    columns ((D_j, ratio_j), ...) calibrated jointly (see :func:`delta`).
     """
     epsilon = float(epsilon)
     if not (math.isfinite(epsilon) and epsilon > 0):
@@ -334,10 +352,12 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, pre_threshold=1, sigm
         raise ValueError(f"threshold must be >= pre_threshold ({pre_threshold}), got {threshold}")
     c_u, tau = int(max_keys_per_user), int(pre_threshold)
     budget = f"(epsilon={epsilon:g}, delta={delta_target:g}, max_keys_per_user={c_u})"
-    sigma_floor = default_sigma(epsilon, delta_target, c_u, noise=noise)
+    aggregates = tuple(aggregates)
+    sigma_floor = default_sigma(epsilon, delta_target, c_u, noise=noise, aggregates=aggregates)
 
     def gap_at(s):
-        return min_threshold_gap(epsilon, delta_target, s, c_u, noise=noise)
+        return min_threshold_gap(epsilon, delta_target, s, c_u, noise=noise,
+                                 aggregates=aggregates)
 
     if sigma is None and threshold is None:
         sigma = sigma_floor
@@ -349,7 +369,7 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, pre_threshold=1, sigm
                              f"works below sigma={sigma_floor:.6g}")
     elif sigma is None:
         gap = threshold - tau
-        sigma = min_sigma(epsilon, delta_target, gap, c_u, noise=noise)
+        sigma = min_sigma(epsilon, delta_target, gap, c_u, noise=noise, aggregates=aggregates)
         if sigma is None:
             need = tau + gap_at(sigma_floor)
             raise ValueError(f"threshold={threshold:g} is too low for {budget} with "
@@ -357,13 +377,13 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, pre_threshold=1, sigm
                              f"(at sigma={sigma_floor:.6g}) is {need:g}")
     else:
         gap = threshold - tau
-        achieved = delta(epsilon, sigma, gap, c_u, noise=noise)
+        achieved = delta(epsilon, sigma, gap, c_u, noise=noise, aggregates=aggregates)
         if achieved > delta_target:
             hints = []
             g = gap_at(float(sigma))
             if g is not None:
                 hints.append(f"threshold >= {tau + g:g} at sigma={sigma:g}")
-            s = min_sigma(epsilon, delta_target, gap, c_u, noise=noise)
+            s = min_sigma(epsilon, delta_target, gap, c_u, noise=noise, aggregates=aggregates)
             if s is not None:
                 hints.append(f"sigma >= {s:.6g} at threshold={threshold:g}")
             hints.append(f"sigma={sigma_floor:.6g} with threshold {tau + gap_at(sigma_floor):g}")
@@ -372,6 +392,6 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, pre_threshold=1, sigm
                              + "; or ".join(hints))
     if noise == "discrete_gaussian":
         gap = int(math.ceil(gap))
-    achieved = delta(epsilon, sigma, gap, c_u, noise=noise)
+    achieved = delta(epsilon, sigma, gap, c_u, noise=noise, aggregates=aggregates)
     return GshmParameters(sigma=float(sigma), threshold=tau + gap, pre_threshold=tau,
                           noise=noise, delta=achieved, epsilon=epsilon)

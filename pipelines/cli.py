@@ -41,6 +41,8 @@ def _parser():
     plan = sub.add_parser("plan", help="calibrated parameters and the privacy guarantee; reads no data")
     plan.add_argument("config")
     plan.add_argument("--json", action="store_true", help="print the plan as the report's JSON")
+    plan.add_argument("--users", type=int, default=2000,
+                      help="users per key for the aggregates' expected errors (default 2000)")
     validate = sub.add_parser("validate", help="check a spec (and that its input has the columns)")
     validate.add_argument("config")
     return parser
@@ -89,7 +91,7 @@ def _print_plan(plan, as_json):
 
 
 def _format_params(params):
-    skip = ("kind", "accounting")
+    skip = ("kind", "accounting", "aggregates", "aggregates_accounting")
     parts = []
     for key, value in params.items():
         if key in skip:
@@ -194,6 +196,9 @@ def _dispatch(args, beam_args):
     plan = make_plan(spec)
     if args.command == "plan":
         _print_plan(plan, args.json)
+        if spec.aggregates and not args.json:
+            from pipelines.aggregates import print_plan
+            print_plan(plan, max(1, args.users))
         return 0
     from pipelines.release import run
     report = run(plan, beam_args=beam_args, overwrite=args.overwrite)

@@ -78,7 +78,8 @@ def check_input(input_spec, files):
     Reads Parquet footers (metadata only) and CSV/JSONL headers; returns the estimated
     number of rows (exact for Parquet), used to size the shuffles."""
     needed = input_spec.columns
-    names = ["input.user", *[f"input.keys[{i}]" for i in range(len(input_spec.keys))]]
+    names = ["input.user", *[f"input.keys[{i}]" for i in range(len(input_spec.keys))],
+             *[f"aggregates (column {v!r})" for v in input_spec.values]]
     if input_spec.sample is not None:
         names = [*names[1:], "input.sample.frequency"]
     est_rows = 0
@@ -159,10 +160,12 @@ def _normalise_keys(table, key_columns, as_text):
     return cols
 
 
-def prepare_batch(table, user_column, key_columns, as_text=False):
+def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=()):
     """Drop unattributable rows and hash users and keys.
 
-    Returns (prepared table: __user, __key, key columns; dict of drop counts)."""
+    value_columns: [(input column, prepared name)] of ``aggregates``: carried as float64,
+    NaN/inf/null (or non-numeric text) as null, counted (transforms.aggregate_values).
+    Returns (prepared table: __user, __key, key columns, values; dict of drop counts)."""
     drops = {}
     user = table.column(user_column)
     if pa.types.is_dictionary(user.type):
@@ -192,7 +195,22 @@ def prepare_batch(table, user_column, key_columns, as_text=False):
                **{k: keyed.column(k) for k in key_columns}}
     if user_id is not None:   # the exact id, for ShardByUser (transforms.user_shards)
         columns[USER_ID_COLUMN] = user_id
-    return pa.table(columns), drops
+    prepared = pa.table(columns)
+    if value_columns:
+        from transforms.aggregate_values import prepare_values
+        dropped = 0
+        for source, name in value_columns:
+            col = table.column(source)
+            if n_ok < table.num_rows:
+                col = pc.filter(col, both)
+            try:
+                values, n_bad = prepare_values(col, as_text)
+            except TypeError as exc:
+                raise InputError(f"aggregates: column {source!r} is not numeric ({exc})") from None
+            prepared = prepared.append_column(name, values)
+            dropped += n_bad
+        drops["aggregate_values_dropped_nan_inf_null"] = dropped
+    return prepared, drops
 
 
 def prepare_sample_batch(table, key_columns, frequency_column, as_text=False):
@@ -246,14 +264,16 @@ class _PrepareSampleBatches(beam.DoFn):
 
 
 class _PrepareBatches(beam.DoFn):
-    def __init__(self, user_column, key_columns, as_text):
+    def __init__(self, user_column, key_columns, as_text, value_columns=()):
         self._user = user_column
         self._keys = tuple(key_columns)
         self._as_text = as_text
+        self._values = list(value_columns)
 
     def process(self, table):
         beam.metrics.Metrics.counter(NOT_PRIVATE, "rows_read").inc(table.num_rows)
-        prepared, drops = prepare_batch(table, self._user, self._keys, self._as_text)
+        prepared, drops = prepare_batch(table, self._user, self._keys, self._as_text,
+                                        self._values)
         for name, value in drops.items():
             if value:
                 beam.metrics.Metrics.counter(NOT_PRIVATE, name).inc(value)
@@ -363,6 +383,8 @@ class ReadRecords(beam.PTransform):
         super().__init__(label)
         self._spec = input_spec
         self._files = list(files)
+        # aggregates: the value columns travel as __v<k> (only when asked for)
+        self._values = [(c, f"__v{k}") for k, c in enumerate(input_spec.values)]
 
     def expand(self, pbegin):
         columns = self._spec.columns
@@ -380,7 +402,8 @@ class ReadRecords(beam.PTransform):
             return raw | "PrepareSample" >> beam.ParDo(_PrepareSampleBatches(
                 self._spec.keys, self._spec.sample["frequency"], as_text)).with_output_types(pa.Table)
         return raw | "PrepareBatches" >> beam.ParDo(
-            _PrepareBatches(self._spec.user, self._spec.keys, as_text)).with_output_types(pa.Table)
+            _PrepareBatches(self._spec.user, self._spec.keys, as_text, self._values)
+        ).with_output_types(pa.Table)
 
 
 # ---- output ---------------------------------------------------------------------------------

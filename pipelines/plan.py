@@ -11,6 +11,7 @@ so the run only picks one of these parameter sets (the chosen bound arrives as a
 input) and no candidate can be chosen whose release would not meet the budget.
 """
 import dataclasses
+import functools
 import hashlib
 import logging
 
@@ -175,6 +176,9 @@ def make_plan(spec):
         candidates = spec.bounding.auto.candidates
     else:
         candidates = (spec.bounding.max_keys_per_user,)
+    if spec.aggregates_auto is not None:   # clip: auto (pipelines/aggregates.py)
+        from pipelines.aggregates import AUTO_STAGE
+        budget.spend(AUTO_STAGE, spec.aggregates_auto.epsilon, 0.0)
     domain = None
     if spec.input.public_keys is not None:
         from pipelines.public_keys import input_key_types, load_domain
@@ -186,9 +190,13 @@ def make_plan(spec):
         release = budget.spend_rest(RELEASE_STAGE)
     module = kind_module(spec.kind)
     params, excluded = {}, {}
+    calibrate = module.calibrate
+    if spec.aggregates:   # count and sums calibrated jointly (pipelines/aggregates.py)
+        from pipelines import aggregates
+        calibrate = functools.partial(aggregates.calibrate, spec, module)
     for bound in candidates:
         try:
-            params[bound] = module.calibrate(
+            params[bound] = calibrate(
                 spec.mechanism, epsilon=release.epsilon, delta=release.delta,
                 max_keys_per_user=bound, model=spec.bounding.model)
         except CalibrationError as exc:

@@ -61,6 +61,9 @@ def output_schema(spec, files):
         fields.append(pa.field(name, t))
     if spec.mechanism.get("debias"):   # input.public_keys with debias: poisson
         fields.append(pa.field("debiased", pa.float64()))
+    if spec.aggregates:
+        from pipelines.aggregates import output_fields
+        fields.extend(output_fields(spec.aggregates))
     return pa.schema(fields)
 
 
@@ -68,6 +71,9 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     """Add the release's stages to ``pipeline``; returns nothing (the sinks are the output)."""
     spec = plan.spec
     keys = list(spec.input.keys)
+    if spec.aggregates:   # int64 grid sums cannot overflow: <= MAX_USERS users per key
+        from pipelines.aggregates import check_rows
+        check_rows(est_rows)
     num_shards = io.num_shards_for(est_rows)
     module = kind_module(spec.kind)
     schema = output_schema(spec, files)
@@ -81,7 +87,12 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
         _write(module.release(counts, beam.pvalue.AsSingleton(params), keys), staging, schema,
                keys)
         return
-    released, chosen = release_stages(records, plan, num_shards, rng_factory=rng_factory)
+    sink = None
+    if spec.aggregates_auto is not None:   # the chosen clip bounds, for the report
+        from pipelines.aggregates import clip_sink
+        sink = clip_sink(staging)
+    released, chosen = release_stages(records, plan, num_shards, rng_factory=rng_factory,
+                                      clip_sink=sink)
     if chosen is not None:
         (chosen
          | "FormatBound" >> beam.Map(lambda c: json.dumps({"max_keys_per_user": int(c)}))
@@ -90,7 +101,7 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     _write(released, staging, schema, keys, domain=plan.domain)
 
 
-def release_stages(records, plan, num_shards, rng_factory=None):
+def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None):
     """The stages of a release between reading and writing (shared by ``thresher run``
     and the Beam YAML transform, pipelines/beam_yaml.py).
 
@@ -101,7 +112,7 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     spec = plan.spec
     keys = list(spec.input.keys)
     if plan.domain is not None:
-        return _public_domain_stages(records, plan, num_shards, rng_factory)
+        return _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink)
     users = records | "ShardByUser" >> ShardByUser(num_shards)               # Table of whole users
     chosen = None
     if spec.auto_bound:
@@ -111,13 +122,18 @@ def release_stages(records, plan, num_shards, rng_factory=None):
             model=spec.bounding.model, score=plan.score_name,
             score_params=plan.score_params(), max_bound=spec.bounding.auto.max_bound,
             rng_factory=rng_factory)                                           # one int
-    partial, params = _bound_users(users, plan, chosen, rng_factory)
+    clips = _choose_clips(users, plan, rng_factory, clip_sink)
+    partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
+    if spec.aggregates:   # counts and grid sums (pipelines/aggregates.py)
+        from transforms.aggregate_values import ReleaseWithAggregates
+        return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
+            beam.pvalue.AsSingleton(params), rng_factory=rng_factory), chosen
     released = kind_module(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys)
     return released, chosen
 
 
-def _public_domain_stages(records, plan, num_shards, rng_factory):
+def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None):
     """input.public_keys (paper 002 Sec. 4): records outside the domain are dropped before
     bounding, every domain key gets a zero partial count (so it comes out once even with no
     user), C is chosen by the bounded-domain rule, and every key is released with noise and
@@ -132,17 +148,35 @@ def _public_domain_stages(records, plan, num_shards, rng_factory):
         chosen = users | "ChooseDomainBound" >> public_domain.ChooseDomainBound(
             plan.domain_bound_rule(), epsilon=plan.select_stage.epsilon,
             model=spec.bounding.model, rng_factory=rng_factory)                # one int
-    partial, params = _bound_users(users, plan, chosen, rng_factory)
+    clips = _choose_clips(users, plan, rng_factory, clip_sink)
+    partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
     zeros = records.pipeline | "DomainZeroCounts" >> public_domain.DomainZeroCounts(plan.domain, keys)
+    if spec.aggregates:   # zero grid sums beside the zero counts (pipelines/aggregates.py)
+        from pipelines.aggregates import sum_columns
+        from transforms.aggregate_values import zero_sums
+        zeros = zeros | "DomainZeroSums" >> beam.Map(
+            zero_sums, num_sums=len(sum_columns(spec.aggregates)))
     counts = ((partial, zeros)
               | "WithDomainKeys" >> beam.Flatten()
               | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards))      # every domain key once
+    if spec.aggregates:
+        from transforms.aggregate_values import ReleaseWithAggregates
+        return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
+            beam.pvalue.AsSingleton(params), rng_factory=rng_factory), chosen
     released = counts | "NoisyDomainCounts" >> public_domain.NoisyDomainCounts(
         beam.pvalue.AsSingleton(params), rng_factory=rng_factory)
     return released, chosen
 
 
-def _bound_users(users, plan, chosen, rng_factory):
+def _choose_clips(users, plan, rng_factory, clip_sink):
+    """aggregates with clip: auto: the chosen bounds (one dict), else None."""
+    if not plan.spec.aggregates:
+        return None
+    from pipelines.aggregates import choose_clips
+    return choose_clips(users, plan, rng_factory, clip_sink)
+
+
+def _bound_users(users, plan, chosen, rng_factory, clips=None):
     """Bound every user (PerUserBound, or RandClip in the l1 model) to C — the spec's, or
     the privately chosen one as a side input — and pick the mechanism's parameters for
     that C. Returns (partial per-key counts, parameters as a one-element PCollection)."""
@@ -154,7 +188,17 @@ def _bound_users(users, plan, chosen, rng_factory):
     else:
         bound = spec.bounding.max_keys_per_user
         params = users.pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
-    if spec.bounding.model == "l1":
+    if spec.aggregates:   # l0 bound carrying each kept user's clamped grid totals
+        from pipelines.aggregates import apply_clips, sum_columns
+        from transforms.aggregate_values import PerUserBoundWithValues
+        clip_side = None
+        if clips is not None:
+            clip_side = beam.pvalue.AsSingleton(clips)
+            params = params | "ApplyClips" >> beam.Map(apply_clips, clips=clip_side)
+        partial = users | "PerUserBound" >> PerUserBoundWithValues(
+            keys, bound, sum_columns(spec.aggregates), rng_factory=rng_factory,
+            clips=clip_side)
+    elif spec.bounding.model == "l1":
         from transforms.rand_clip import RandClip
         partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
     else:
@@ -227,6 +271,9 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
         if spec.auto_bound:
             chosen = _read_chosen_bound(staging)
         report = plan.report(chosen_bound=chosen)
+        if spec.aggregates_auto is not None:   # clip: auto -- the chosen bounds
+            from pipelines.aggregates import report_chosen_clips
+            report = report_chosen_clips(report, staging)
         publish.remove_sink_scratch(staging)
         outputs = publish.released_files(staging)
         if not outputs:

@@ -35,13 +35,14 @@ class InputSpec:
     keys: tuple
     sample: object = None   # {frequency, scheme, threshold} for an existing weighted sample
     public_keys: object = None  # {path, format} of the public key domain (pipelines/public_keys.py)
+    values: tuple = ()      # value columns of ``aggregates`` (pipelines/aggregates.py)
 
     @property
     def columns(self):
         """The columns a release reads."""
         if self.sample is not None:
             return [*self.keys, self.sample["frequency"]]
-        return [self.user, *self.keys]
+        return [self.user, *self.keys, *self.values]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +81,8 @@ class ReleaseSpec:
     mechanism: dict          # kind plus the kind's validated fields
     output: OutputSpec
     source_text: str         # the YAML as read, for the report's config_sha256
+    aggregates: tuple = ()   # pipelines.aggregates.AggregateSpec, one per output column
+    aggregates_auto: object = None  # pipelines.aggregates.AutoClipSpec with clip: auto
 
     @property
     def kind(self):
@@ -347,7 +350,8 @@ def _parse_output(section):
     return OutputSpec(path=string(section["path"], "output.path"))
 
 
-TOP_FIELDS = ("name", "description", "input", "privacy", "bounding", "mechanism", "output")
+TOP_FIELDS = ("name", "description", "input", "privacy", "bounding", "mechanism", "output",
+              "aggregates", "aggregates_auto")
 
 
 def parse(data, source_text=""):
@@ -373,6 +377,16 @@ def parse(data, source_text=""):
                         f"laplace, not {mechanism['kind']!r}")
     if input_spec.sample is not None:
         mechanism = _presampled_mechanism(mechanism, input_spec.sample, bounding)
+    aggregates, aggregates_auto = (), None
+    if data.get("aggregates_auto") is not None and data.get("aggregates") is None:
+        raise SpecError("aggregates_auto", "only applies with aggregates (clip: auto)")
+    if data.get("aggregates") is not None:
+        from pipelines import aggregates as aggregates_mod
+        aggregates = aggregates_mod.parse(data["aggregates"], input_spec, mechanism["kind"],
+                                          bounding, RESERVED_COLUMNS + ("debiased",))
+        input_spec = dataclasses.replace(input_spec, values=tuple(
+            c for c, _ in aggregates_mod.value_columns(aggregates)))
+        aggregates_auto = aggregates_mod.parse_auto(data.get("aggregates_auto"), privacy, aggregates)
     return ReleaseSpec(
         name=name,
         description=description,
@@ -382,6 +396,8 @@ def parse(data, source_text=""):
         mechanism=mechanism,
         output=_parse_output(data["output"]),
         source_text=source_text,
+        aggregates=aggregates,
+        aggregates_auto=aggregates_auto,
     )
 
 

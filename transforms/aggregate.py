@@ -28,9 +28,11 @@ def _sum_shard(shard_and_tables, key_columns):
     if table is None:
         return
     keys = list(key_columns) + [KEY_HASH_COLUMN]
-    summed = table.group_by(keys, use_threads=False).aggregate([("count", "sum")])
-    summed = summed.rename_columns(keys + ["count"])
-    yield summed.select(list(key_columns) + ["count"]).combine_chunks()
+    # ``count`` and any int64 grid sums of aggregates (``__s<i>``) are summed alike
+    summed_columns = [c for c in table.column_names if c not in keys]
+    summed = table.group_by(keys, use_threads=False).aggregate([(c, "sum") for c in summed_columns])
+    summed = summed.rename_columns(keys + summed_columns)
+    yield summed.select(list(key_columns) + summed_columns).combine_chunks()
 
 
 class SumCountsPerKey(beam.PTransform):

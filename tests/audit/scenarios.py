@@ -401,6 +401,68 @@ def exponential_mechanism(*, candidates=10, epsilon=EPSILON, mutation="", trials
 
 
 # ---------------------------------------------------------------------------------------
+# Count + clamped sum (issue 14): transforms.aggregate_values on top of noisy_threshold.
+
+COUNT_AND_SUM = "GSHM count + grid sum (aggregate_values, discrete Gaussian)"
+
+
+def count_and_sum(pair, *, sensitivity=4, epsilon=EPSILON, delta=DELTA, mutation=""):
+    """One key per user (C = 1) released as (count, clamped grid sum), calibrated jointly
+    by accounting.gshm.calibrate(aggregates=...) (accounting.aggregates). D: the user
+    moves the count by 1 and the sum by ``sensitivity`` grid units (the worst case).
+
+    Codes: D * count + w * sum, w = 1 (honest; the likelihood ratio of the shift is
+    increasing in it when sigma_sum = D sigma) or 4 (mutation "sum noise / 2": sigma_sum
+    = D sigma / 2, whose likelihood ratio is increasing in D count + 4 sum). Keys not
+    released are coded below all others (released_count_and_sum)."""
+    acc = _module("accounting.gshm")
+    kernel = _module("transforms.aggregate_values")
+    from transforms.noisy_threshold import noisy_threshold
+    d = int(sensitivity)
+    p = acc.calibrate(epsilon, delta, 1, noise="discrete_gaussian", aggregates=((d, 1.0),))
+    sum_sigma = d * p.sigma
+    weight = 1
+    if mutation == "sum noise / 2":
+        sum_sigma /= 2
+        weight = 4
+    elif mutation:
+        raise ValueError(mutation)
+    params = {"aggregates": [{"column": "x", "statistic": "sum", "output": "x_sum",
+                              "clip": [0.0, float(d)], "sum_column": 0, "grid_scale": 1.0,
+                              "noise": "discrete_gaussian", "sigma_grid_units": sum_sigma}]}
+    high = int(math.ceil(p.threshold + 12 * p.sigma + 12))
+    base_sum = 10 * d
+    if pair == "shift":
+        d_rows, d_prime_rows = (high, base_sum + d), (high - 1, base_sum)
+    elif pair == "pre_threshold":
+        d_rows, d_prime_rows = (p.pre_threshold, d), (p.pre_threshold - 1, 0)
+    else:
+        raise ValueError(pair)
+
+    def runner(row):
+        count, grid_sum = row
+
+        def run(rng, n):
+            keep, noisy = noisy_threshold(np.full(n, count, dtype=np.int64), noise="gaussian",
+                                          scale=p.sigma, pre_threshold=p.pre_threshold,
+                                          threshold=p.threshold, rng=rng)
+            sums = np.zeros(n, dtype=np.int64)
+            out = kernel.noisy_outputs(noisy[keep], {0: np.full(int(keep.sum()), grid_sum)},
+                                       params, rng)["x_sum"]
+            sums[keep] = np.rint(out).astype(np.int64)
+            values = d * noisy + weight * sums
+            return auditor.released_count_and_sum(keep.reshape(n, 1), values.reshape(n, 1))
+        return run
+
+    claimed = p.delta if not mutation else delta
+    return Scenario(mechanism=COUNT_AND_SUM, case=pair, claimed_epsilon=epsilon,
+                    claimed_delta=claimed, run_d=runner(d_rows), run_d_prime=runner(d_prime_rows),
+                    events="threshold", mutation=mutation,
+                    parameters=f"sigma={p.sigma:.4g}, sum sigma={sum_sigma:.4g} grid units, "
+                               f"D={d}, T={p.threshold}")
+
+
+# ---------------------------------------------------------------------------------------
 # Registries: (id, builder, power) for honest audits -- power is the smallest fraction
 # of the claimed epsilon the audit must reach (None for pairs whose only privacy cost is
 # a delta-sized event, which a correct mechanism keeps below the claimed delta, so the
@@ -425,6 +487,8 @@ HONEST = [
     ("pws-keys-frequency1", lambda: pws(), None),
     ("pws-frequencies-frequency3", lambda: pws(report="keys_and_frequencies", frequency=3), 0.5),
     ("exponential_mechanism", lambda: exponential_mechanism(), 0.5),
+    ("count_and_sum-shift", lambda: count_and_sum("shift"), 0.5),
+    ("count_and_sum-pre_threshold", lambda: count_and_sum("pre_threshold"), None),
 ]
 
 MUTATIONS = [
@@ -452,4 +516,5 @@ MUTATIONS = [
      lambda: exponential_mechanism(mutation="monotone factor on non-monotone scores")),
     ("em-sensitivity/2", lambda: exponential_mechanism(mutation="sensitivity / 2")),
     ("em-composition-ignored", lambda: exponential_mechanism(mutation="composition ignored")),
+    ("count_and_sum-sum-noise/2", lambda: count_and_sum("shift", mutation="sum noise / 2")),
 ]

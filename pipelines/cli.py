@@ -3,6 +3,7 @@
     thresher run CONFIG [--overwrite] [-- <Beam pipeline options>]
     thresher plan CONFIG [--json]
     thresher validate CONFIG
+    thresher ledger show LEDGER [--dataset D] [--json]
 
 Usage and spec errors print one line naming the field and exit with code 2; no
 traceback unless ``--debug`` is given.
@@ -42,6 +43,12 @@ def _parser():
     plan.add_argument("--json", action="store_true", help="print the plan as the report's JSON")
     validate = sub.add_parser("validate", help="check a spec (and that its input has the columns)")
     validate.add_argument("config")
+    ledger = sub.add_parser("ledger", help="the privacy-budget ledger (spec section budget:)")
+    ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
+    show = ledger_sub.add_parser("show", help="each dataset's budget, what is spent, every release")
+    show.add_argument("ledger", help="the ledger file (budget.ledger of a spec)")
+    show.add_argument("--dataset", help="only this dataset")
+    show.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -173,6 +180,8 @@ def main(argv=None):
 
 
 def _dispatch(args, beam_args):
+    if args.command == "ledger":
+        return _ledger_command(args)
     from pipelines import spec as spec_mod
     from pipelines.plan import make_plan
     spec = spec_mod.load(args.config)
@@ -195,6 +204,16 @@ def _dispatch(args, beam_args):
         print(f"released {report['released_keys']} keys to {spec.output.path} "
               f"(epsilon={report['privacy']['epsilon']:g}, delta={report['privacy']['delta']:g}, "
               f"max_keys_per_user={bound})")
+    return 0
+
+
+def _ledger_command(args):
+    from pipelines import ledger
+    datasets = ledger.summary(args.ledger, args.dataset)
+    if args.json:
+        print(json.dumps(datasets[0] if len(datasets) == 1 else datasets, indent=2))
+    else:
+        print(ledger.format_summary(datasets))
     return 0
 
 

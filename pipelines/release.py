@@ -17,7 +17,7 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from pipelines import io, publish
+from pipelines import io, ledger, publish
 from pipelines.errors import InputError, ThresherError
 from pipelines.spec import input_files, kind_module
 from transforms.aggregate import SumCountsPerKey
@@ -189,7 +189,19 @@ def _metrics(result):
 
 
 def run(plan, beam_args=(), overwrite=False, rng_factory=None):
-    """Run the release; returns the report written beside the output."""
+    """Run the release; returns the report written beside the output.
+
+    With a ``budget`` section the release's (epsilon, delta) is reserved in the ledger
+    before any input is opened, and committed once published (``pipelines.ledger``)."""
+    with ledger.reservation_for(plan) as reservation:
+        report = _run(plan, beam_args, overwrite, rng_factory, reservation)
+        if reservation is not None:
+            reservation.commit(output=os.path.abspath(plan.spec.output.path)
+                               if "://" not in plan.spec.output.path else plan.spec.output.path)
+    return report
+
+
+def _run(plan, beam_args, overwrite, rng_factory, reservation):
     spec = plan.spec
     files = input_files(spec.input)
     est_rows = io.check_input(spec.input, files)
@@ -214,6 +226,8 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
         report["released_keys"] = publish.count_released(outputs)
         report["outputs"] = publish.published_paths(final, outputs)
         publish.write_json(publish.join(staging, io.REPORT_FILE), report)
+        if reservation is not None:
+            reservation.publishing()      # from here on the release stays charged
         publish.promote(staging, final)
     except BaseException:
         publish.discard(staging)

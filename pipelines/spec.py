@@ -80,6 +80,7 @@ class ReleaseSpec:
     mechanism: dict          # kind plus the kind's validated fields
     output: OutputSpec
     source_text: str         # the YAML as read, for the report's config_sha256
+    budget: object = None    # pipelines.ledger.BudgetSpec: the dataset's ledger, or None
 
     @property
     def kind(self):
@@ -347,7 +348,8 @@ def _parse_output(section):
     return OutputSpec(path=string(section["path"], "output.path"))
 
 
-TOP_FIELDS = ("name", "description", "input", "privacy", "bounding", "mechanism", "output")
+TOP_FIELDS = ("name", "description", "input", "privacy", "bounding", "mechanism", "output",
+              "budget")
 
 
 def parse(data, source_text=""):
@@ -382,7 +384,15 @@ def parse(data, source_text=""):
         mechanism=mechanism,
         output=_parse_output(data["output"]),
         source_text=source_text,
+        budget=_parse_budget(data.get("budget"), privacy),
     )
+
+
+def _parse_budget(section, privacy):
+    if section is None:
+        return None
+    from pipelines.ledger import parse_section
+    return parse_section(section, privacy)
 
 
 def _presampled_mechanism(mechanism, sample, bounding):

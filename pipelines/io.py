@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipelines import formats
 from pipelines.errors import InputError, SpecError
 from transforms.hashing import hash_array, hash_columns
 from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
@@ -40,7 +41,7 @@ def _is_local(path):
     return "://" not in path
 
 
-def read_schema(path, fmt):
+def read_schema(path, fmt, delimiter=","):
     """The Arrow schema of one input file (Parquet footer, or the first CSV/JSONL block)."""
     try:
         if fmt == "parquet":
@@ -52,10 +53,12 @@ def read_schema(path, fmt):
         with _open(path) as handle:
             if fmt == "csv":
                 import pyarrow.csv as pcsv
-                return pcsv.open_csv(handle).schema
+                return pcsv.open_csv(handle, parse_options=pcsv.ParseOptions(delimiter=delimiter)).schema
             import pyarrow.json as pjson
             return pjson.read_json(handle, read_options=pjson.ReadOptions(block_size=1 << 20)).schema
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError, EOFError) as exc:
+        if fmt == "jsonl":
+            raise formats.json_input_error(path, exc, _open) from None
         raise InputError(f"input.path: cannot read {path!r} as {fmt}: {_first_line(exc)}") from None
 
 
@@ -66,9 +69,9 @@ def _first_line(exc):
 
 def _open(path):
     if _is_local(path):
-        return open(path, "rb")
+        return formats.open_local(path)      # .gz names are decompressed
     from apache_beam.io.filesystems import FileSystems
-    return FileSystems.open(path)
+    return FileSystems.open(path)            # decompresses by extension (.gz) too
 
 
 def check_input(input_spec, files):
@@ -83,7 +86,7 @@ def check_input(input_spec, files):
     est_rows = 0
     first_types = None
     for path in files:
-        schema = read_schema(path, input_spec.format)
+        schema = read_schema(path, input_spec.format, input_spec.delimiter)
         for field, col in zip(names, needed):
             if col not in schema.names:
                 raise SpecError(field, f"column {col!r} is not in {path!r}; its columns are: "
@@ -133,7 +136,7 @@ def _estimate_text_rows(path):
             size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
     except Exception:  # noqa: BLE001 - an estimate only; 0 means "unknown"
         size = 0
-    return max(1, size // 40)
+    return max(1, size * formats.estimate_factor(path) // 40)
 
 
 def num_shards_for(rows):
@@ -325,9 +328,10 @@ class _ReadParquetRowGroup(beam.DoFn):
 class _ReadTextFile(beam.DoFn):
     """Read one CSV or JSONL file into Arrow batches of at most BATCH_ROWS rows."""
 
-    def __init__(self, fmt, columns):
+    def __init__(self, fmt, columns, delimiter=","):
         self._fmt = fmt
         self._columns = tuple(columns)
+        self._delimiter = delimiter
 
     def process(self, path):
         import pyarrow.csv as pcsv
@@ -339,7 +343,8 @@ class _ReadTextFile(beam.DoFn):
                         include_columns=list(self._columns),
                         column_types={c: pa.string() for c in self._columns})
                     reader = pcsv.open_csv(handle, convert_options=convert,
-                                           read_options=pcsv.ReadOptions(block_size=8 << 20))
+                                           read_options=pcsv.ReadOptions(block_size=8 << 20),
+                                           parse_options=pcsv.ParseOptions(delimiter=self._delimiter))
                     for batch in reader:
                         yield pa.Table.from_batches([batch])
                 else:
@@ -347,7 +352,9 @@ class _ReadTextFile(beam.DoFn):
                     _check_utf8(table, path)
                     for batch in table.to_batches(max_chunksize=BATCH_ROWS):
                         yield pa.Table.from_batches([batch])
-        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+        except (pa.ArrowInvalid, UnicodeDecodeError, EOFError, OSError) as exc:
+            if self._fmt == "jsonl":
+                raise formats.json_input_error(path, exc, _open) from None
             raise InputError(f"input.path: cannot read {path!r} as {self._fmt}: "
                              f"{_first_line(exc)}") from None
 
@@ -370,7 +377,8 @@ class ReadRecords(beam.PTransform):
                    | "ReadParquet" >> beam.ParDo(_ReadParquetRowGroup(columns)).with_output_types(pa.Table))
         else:
             raw = files | "ReadText" >> beam.ParDo(
-                _ReadTextFile(self._spec.format, columns)).with_output_types(pa.Table)
+                _ReadTextFile(self._spec.format, columns,
+                              getattr(self._spec, "delimiter", ","))).with_output_types(pa.Table)
         as_text = self._spec.format != "parquet"
         if self._spec.sample is not None:
             return raw | "PrepareSample" >> beam.ParDo(_PrepareSampleBatches(

@@ -47,7 +47,7 @@ def _make_runner(runner_name):
 
 def output_schema(spec, files):
     """Schema of the released Parquet: the key columns (as read) and the kind's columns."""
-    schema = io.read_schema(files[0], spec.input.format)
+    schema = io.read_schema(files[0], spec.input.format, spec.input.delimiter)
     fields = []
     for name in spec.input.keys:
         t = schema.field(name).type

@@ -4,6 +4,8 @@
     thresher plan CONFIG [--json]
     thresher validate CONFIG
     thresher ledger show LEDGER [--dataset D] [--json]
+    thresher show OUTPUT [--top N]
+    thresher report OUTPUT --html [FILE]
 
 Usage and spec errors print one line naming the field and exit with code 2; no
 traceback unless ``--debug`` is given.
@@ -43,6 +45,14 @@ def _parser():
     plan.add_argument("--json", action="store_true", help="print the plan as the report's JSON")
     validate = sub.add_parser("validate", help="check a spec (and that its input has the columns)")
     validate.add_argument("config")
+    show = sub.add_parser("show", help="the top released keys of a published release, as a table")
+    show.add_argument("output", help="a release's output folder")
+    show.add_argument("--top", type=int, default=20, help="how many keys (default 20)")
+    report = sub.add_parser("report", help="a readable report of a published release")
+    report.add_argument("output", help="a release's output folder")
+    report.add_argument("--html", nargs="?", const="", metavar="FILE", required=True,
+                        help="write a self-contained HTML page with plots (default "
+                             "OUTPUT/release_report.html); needs the report extra (matplotlib)")
     ledger = sub.add_parser("ledger", help="the privacy-budget ledger (spec section budget:)")
     ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
     show = ledger_sub.add_parser("show", help="each dataset's budget, what is spent, every release")
@@ -182,6 +192,8 @@ def main(argv=None):
 def _dispatch(args, beam_args):
     if args.command == "ledger":
         return _ledger_command(args)
+    if args.command in ("show", "report"):
+        return _look_command(args)
     from pipelines import spec as spec_mod
     from pipelines.plan import make_plan
     spec = spec_mod.load(args.config)
@@ -200,10 +212,37 @@ def _dispatch(args, beam_args):
     from pipelines.release import run
     report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
     if not args.quiet:
-        bound = report["bounding"]["max_keys_per_user"]
-        print(f"released {report['released_keys']} keys to {spec.output.path} "
-              f"(epsilon={report['privacy']['epsilon']:g}, delta={report['privacy']['delta']:g}, "
-              f"max_keys_per_user={bound})")
+        from pipelines import summary
+        print("\n".join(summary.run_lines(report, spec.output.path, spec.input.keys,
+                                          _ledger_line(spec))))
+    return 0
+
+
+def _ledger_line(spec):
+    if getattr(spec, "budget", None) is None:
+        return None
+    from pipelines import ledger
+    d = ledger.summary(spec.budget.ledger, spec.budget.dataset)[0]
+    return (f"ledger: dataset {d['dataset']} has spent epsilon {d['spent']['epsilon']:g} of "
+            f"{d['budget']['epsilon']:g}, delta {d['spent']['delta']:g} of {d['budget']['delta']:g} "
+            f"({spec.budget.ledger})")
+
+
+def _look_command(args):
+    import os
+    from pipelines import summary
+    if args.command == "show":
+        report = summary.load_report(args.output)
+        table = summary.load_released(args.output, report)
+        top = summary.top_rows(table, report, max(0, args.top))
+        print(f"{report.get('name')}: {report['released_keys']:,} keys released; "
+              f"top {top.num_rows} by {summary.value_column(table, report) or 'key'}")
+        print(summary.format_table(top))
+        return 0
+    from pipelines import html_report
+    dest = args.html or os.path.join(args.output, "release_report.html")
+    html_report.write(args.output, dest)
+    print(f"wrote {dest}")
     return 0
 
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines import formats
+from pipelines import formats, progress
 from pipelines.errors import InputError, SpecError
 from transforms.hashing import hash_array, hash_columns
 from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
@@ -236,6 +236,7 @@ class _PrepareSampleBatches(beam.DoFn):
 
     def process(self, table):
         beam.metrics.Metrics.counter(NOT_PRIVATE, "rows_read").inc(table.num_rows)
+        progress.count_rows(table.num_rows)
         prepared, drops = prepare_sample_batch(table, self._keys, self._frequency, self._as_text)
         for name, value in drops.items():
             if value:
@@ -252,6 +253,7 @@ class _PrepareBatches(beam.DoFn):
 
     def process(self, table):
         beam.metrics.Metrics.counter(NOT_PRIVATE, "rows_read").inc(table.num_rows)
+        progress.count_rows(table.num_rows)
         prepared, drops = prepare_batch(table, self._user, self._keys, self._as_text)
         for name, value in drops.items():
             if value:

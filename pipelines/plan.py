@@ -16,6 +16,7 @@ import logging
 
 from accounting.budget import Budget
 from pipelines import __version__
+from pipelines.citations import cite_all
 from pipelines.errors import CalibrationError
 from pipelines.spec import kind_module
 
@@ -139,14 +140,14 @@ class Plan:
                 f"the input is a {scheme} weighted sample of per-key user counts in which each "
                 f"user contributed to at most {spec.bounding.max_keys_per_user} keys, at most "
                 f"once each; the guarantee holds only for a sample drawn as declared")
-        return {
-            "name": spec.name,
+        # Papers cited by authors and title, not "paper 004" (pipelines/citations.py).
+        return {"name": spec.name, **cite_all({
             "thresher_version": __version__,
             "config_sha256": hashlib.sha256(spec.source_text.encode("utf-8")).hexdigest(),
             "mechanism": mechanism,
             "bounding": bounding,
             "privacy": privacy,
-        }
+        })}
 
 
 def _accounting_text(mechanism, spec):
@@ -188,9 +189,9 @@ def make_plan(spec):
     params, excluded = {}, {}
     for bound in candidates:
         try:
-            params[bound] = module.calibrate(
+            params[bound] = cite_all(module.calibrate(
                 spec.mechanism, epsilon=release.epsilon, delta=release.delta,
-                max_keys_per_user=bound, model=spec.bounding.model)
+                max_keys_per_user=bound, model=spec.bounding.model))
         except CalibrationError as exc:
             if not spec.auto_bound:
                 raise

@@ -435,7 +435,7 @@ def load(path):
         with open(path, "rb") as handle:
             raw = handle.read()
     except FileNotFoundError:
-        raise SpecError("", f"spec file {path!r} does not exist") from None
+        raise SpecError("", f"spec file {path!r}{resolved(path)} does not exist") from None
     except IsADirectoryError:
         raise SpecError("", f"spec file {path!r} is a directory") from None
     try:
@@ -443,6 +443,13 @@ def load(path):
     except UnicodeDecodeError as exc:
         raise SpecError("", f"spec file {path!r} is not UTF-8 text (byte {exc.start})") from None
     return parse(load_yaml(text, source=path), source_text=text)
+
+
+def resolved(path):
+    """" (resolved: /abs/path)" for a relative local path, so an error shows where it looked."""
+    if "://" in path or os.path.isabs(path):
+        return ""
+    return f" (resolved: {os.path.abspath(path)})"
 
 
 def input_files(input_spec):
@@ -466,5 +473,5 @@ def input_files(input_spec):
         files = [path] if os.path.isfile(path) else []
     if not files:
         what = "matches no files" if glob.has_magic(path) else "does not exist"
-        raise SpecError("input.path", f"{path!r} {what}")
+        raise SpecError("input.path", f"{path!r}{resolved(path)} {what}")
     return files

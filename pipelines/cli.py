@@ -5,6 +5,7 @@
     thresher validate CONFIG
     thresher ledger show LEDGER [--dataset D] [--json]
     thresher show OUTPUT [--top N]
+    thresher schema
     thresher report OUTPUT --html [FILE]
 
 Usage and spec errors print one line naming the field and exit with code 2; no
@@ -76,6 +77,8 @@ def _parser():
     report.add_argument("--html", nargs="?", const="", metavar="FILE", required=True,
                         help="write a self-contained HTML page with plots (default "
                              "OUTPUT/release_report.html); needs the report extra (matplotlib)")
+    sub.add_parser("schema", parents=[common],
+                   help="print the spec's JSON Schema (for editors and linters)")
     ledger = sub.add_parser("ledger", help="the privacy-budget ledger (spec section budget:)")
     ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
     show = ledger_sub.add_parser("show", parents=[common],
@@ -185,6 +188,10 @@ def main(argv=None):
 def _dispatch(args, beam_args):
     if args.command == "ledger":
         return _ledger_command(args)
+    if args.command == "schema":
+        from pipelines.schema import json_schema
+        print(json.dumps(json_schema(), indent=2))
+        return 0
     if args.command in ("show", "report"):
         return _look_command(args)
     from pipelines import spec as spec_mod

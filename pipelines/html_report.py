@@ -118,8 +118,9 @@ def build(output, top=TOP_KEYS):
     if report["bounding"].get("chosen_by") == "exponential_mechanism" and "candidates" in report["bounding"]:
         figures.append(("Contribution bound", _png(_bound_figure(plt, report["bounding"]), plt)))
     top_table = summary.top_rows(table, report, top)
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(summary._cell(v))}</td>" for v in row.values())
-                   + "</tr>" for row in top_table.to_pylist())
+    rows = "".join("<tr>" + "".join(
+        f'<td class="{"num" if summary._is_number(v) else "text"}">{html.escape(summary._cell(v))}</td>'
+        for v in row.values()) + "</tr>" for row in top_table.to_pylist())
     head = "".join(f"<th>{html.escape(n)}</th>" for n in top_table.column_names)
     words = "".join(f"<li>{html.escape(line)}</li>" for line in summary.noise_in_words(report, keys))
     stages = "".join(f"<li>{html.escape(s['name'])}: epsilon {s['epsilon']:g}, delta {s['delta']:g}</li>"
@@ -134,7 +135,7 @@ def build(output, top=TOP_KEYS):
 body {{ font-family: sans-serif; margin: 2em auto; max-width: 60em; color: #222; background: #fff; }}
 h1 {{ font-size: 1.6em; border-bottom: 3px solid #1f5f8b; padding-bottom: .2em; }}
 table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: .2em .6em; }}
-th {{ background: #e8eef3; }} td {{ text-align: right; }}
+th {{ background: #e8eef3; }} td.num {{ text-align: right; }} td.text {{ text-align: left; }}
 figure {{ margin: 1em 0; }} img {{ max-width: 100%; }}
 .guarantee {{ background: #f3f6f8; padding: .6em 1em; border-left: 4px solid #1f5f8b; }}
 </style></head><body>

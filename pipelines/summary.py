@@ -5,7 +5,6 @@ Everything here is computed from the published files (``release_report.json`` an
 released Parquet) or from the calibrated parameters alone; nothing reads the input.
 """
 import json
-import math
 import os
 
 import numpy as np

@@ -28,7 +28,10 @@ setup(
         # Test-only oracles: peer libraries are used to cross-check numbers, never at run time.
         # apache-beam[yaml] because the tests run the Beam YAML example.
         "dev": ["pytest>=8", "hypothesis>=6.100", "mpmath>=1.3", "dp-accounting>=0.4",
-                "python-dp>=1.1", "apache-beam[yaml]>=2.60"],
+                "python-dp>=1.1", "apache-beam[yaml]>=2.60", "matplotlib>=3.7",
+                "jsonschema>=4.18"],
+        # thresher report --html draws its plots with matplotlib.
+        "report": ["matplotlib>=3.7"],
         "bench": ["pipeline-dp>=0.2"],
         "yaml": ["apache-beam[yaml]>=2.60"],
         # Object storage for input.path / output.path (docs/running.md).

@@ -3,6 +3,10 @@
     thresher run CONFIG [--overwrite] [-- <Beam pipeline options>]
     thresher plan CONFIG [--json]
     thresher validate CONFIG
+    thresher ledger show LEDGER [--dataset D] [--json]
+    thresher show OUTPUT [--top N]
+    thresher schema
+    thresher report OUTPUT --html [FILE]
 
 Usage and spec errors print one line naming the field and exit with code 2; no
 traceback unless ``--debug`` is given.
@@ -33,18 +37,58 @@ def _parser():
         "Differentially private histograms with user-level privacy, as Apache Beam pipelines."))
     parser.add_argument("--version", action="version", version=f"thresher {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and Beam's logs")
+    # --debug also after the subcommand (thresher run spec.yaml --debug); SUPPRESS keeps a
+    # --debug given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks and Beam's logs")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = sub.add_parser("run", help="run a release; Beam options go after --")
+    run = sub.add_parser(
+        "run", parents=[common], help="run a release; Beam options go after --",
+        usage="thresher run CONFIG [--overwrite] [--quiet] [--progress | --no-progress] "
+              "[--debug] [-- <Beam options>]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Beam options go after --, unchanged, for example:\n"
+               "  thresher run release.yaml -- --runner=DirectRunner\n"
+               "  thresher run release.yaml -- --direct_running_mode=multi_processing "
+               "--direct_num_workers=2\n"
+               "  thresher run release.yaml -- --runner=DataflowRunner --project=P "
+               "--region=R --temp_location=gs://B/tmp --setup_file=./setup.py\n"
+               "An option Beam does not know is an error. docs/running.md has each runner.")
     run.add_argument("config", help="release spec (YAML)")
     run.add_argument("--overwrite", action="store_true", help="replace an earlier release in output.path")
     run.add_argument("--quiet", action="store_true", help="print only errors")
-    plan = sub.add_parser("plan", help="calibrated parameters and the privacy guarantee; reads no data")
+    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="progress lines on stderr (stages, rows read); default: on when "
+                          "stderr is a terminal")
+    plan = sub.add_parser("plan", parents=[common],
+                          help="calibrated parameters and the privacy guarantee; reads no data")
     plan.add_argument("config")
     plan.add_argument("--json", action="store_true", help="print the plan as the report's JSON")
     plan.add_argument("--users", type=int, default=2000,
                       help="users per key for the aggregates' expected errors (default 2000)")
-    validate = sub.add_parser("validate", help="check a spec (and that its input has the columns)")
+    validate = sub.add_parser("validate", parents=[common],
+                              help="check a spec (and that its input has the columns)")
     validate.add_argument("config")
+    show = sub.add_parser("show", parents=[common],
+                          help="the top released keys of a published release, as a table")
+    show.add_argument("output", help="a release's output folder")
+    show.add_argument("--top", type=int, default=20, help="how many keys (default 20)")
+    report = sub.add_parser("report", parents=[common],
+                            help="a readable report of a published release")
+    report.add_argument("output", help="a release's output folder")
+    report.add_argument("--html", nargs="?", const="", metavar="FILE", required=True,
+                        help="write a self-contained HTML page with plots (default "
+                             "OUTPUT/release_report.html); needs the report extra (matplotlib)")
+    sub.add_parser("schema", parents=[common],
+                   help="print the spec's JSON Schema (for editors and linters)")
+    ledger = sub.add_parser("ledger", help="the privacy-budget ledger (spec section budget:)")
+    ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
+    show = ledger_sub.add_parser("show", parents=[common],
+                                 help="each dataset's budget, what is spent, every release")
+    show.add_argument("ledger", help="the ledger file (budget.ledger of a spec)")
+    show.add_argument("--dataset", help="only this dataset")
+    show.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -60,49 +104,8 @@ def _print_plan(plan, as_json):
     if as_json:
         print(json.dumps(report, indent=2))
         return
-    spec = plan.spec
-    unit = (f"per user {spec.input.user!r}" if spec.input.sample is None else
-            f"sanitizing the existing sample's column {spec.input.sample['frequency']!r}")
-    print(f"release {spec.name!r}: {spec.kind} over keys {', '.join(spec.input.keys)} {unit}")
-    print(f"privacy: epsilon={plan.budget.epsilon:g}, delta={plan.budget.delta:g} "
-          f"({report['privacy']['neighbouring']})")
-    for stage in plan.budget.stages:
-        print(f"  stage {stage.name}: epsilon={stage.epsilon:g}, delta={stage.delta:g}")
-    if spec.auto_bound:
-        print(f"bounding: max_keys_per_user chosen privately from {list(plan.candidates)} "
-              f"({spec.bounding.model} model)")
-        for bound, params in plan.params_by_bound.items():
-            print(f"  C={bound}: {_format_params(params)}")
-        for bound, why in plan.excluded_bounds.items():
-            print(f"  C={bound}: excluded ({why})")
-        selection = report["bounding"].get("selection", {})
-        if "dropped_weight" in selection:
-            print(f"  selection: score {selection['score']}, dropped_weight "
-                  f"{selection['dropped_weight']:.4g} ({selection['dropped_weight_rule']}), "
-                  f"suppressed_weight {selection['suppressed_weight']:.4g}, sensitivity "
-                  f"{selection['sensitivity']:.6g}")
-    else:
-        print(f"bounding: max_keys_per_user={spec.bounding.max_keys_per_user} "
-              f"({spec.bounding.model} model)")
-        print(f"mechanism: {_format_params(report['mechanism'])}")
-    print(f"accounting: {report['privacy']['accounting']}")
-    if "assumes" in report["privacy"]:
-        print(f"assumes: {report['privacy']['assumes']}")
-
-
-def _format_params(params):
-    skip = ("kind", "accounting", "aggregates", "aggregates_accounting")
-    parts = []
-    for key, value in params.items():
-        if key in skip:
-            continue
-        if isinstance(value, float):
-            value = f"{value:.6g}"
-        elif isinstance(value, dict):
-            value = "{" + ", ".join(f"{k}: {v:.6g}" if isinstance(v, float) else f"{k}: {v}"
-                                    for k, v in value.items()) + "}"
-        parts.append(f"{key}={value}")
-    return ", ".join(parts)
+    from pipelines.plan_text import format_plan
+    print("\n".join(format_plan(plan, report)))
 
 
 def _configure_logging(debug, quiet):
@@ -146,7 +149,17 @@ def _user_error_in_text(text):
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     own, beam_args = _split_beam_args(argv)
-    args = _parser().parse_args(own)
+    parser = _parser()
+    args, extra = parser.parse_known_args(own)
+    if extra:
+        from pipelines.beam_flags import beam_flags_among
+        beam = beam_flags_among(extra)
+        if beam:
+            print(f"thresher: error: {' '.join(beam)} {'is a Beam option' if len(beam) == 1 else 'are Beam options'}: "
+                  f"put Beam options after --, e.g. thresher run CONFIG -- {' '.join(beam)}",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if beam_args and args.command != "run":
         print("thresher: error: Beam options after -- are only for 'thresher run'", file=sys.stderr)
         return EXIT_USAGE
@@ -182,6 +195,14 @@ def main(argv=None):
 
 
 def _dispatch(args, beam_args):
+    if args.command == "ledger":
+        return _ledger_command(args)
+    if args.command == "schema":
+        from pipelines.schema import json_schema
+        print(json.dumps(json_schema(), indent=2))
+        return 0
+    if args.command in ("show", "report"):
+        return _look_command(args)
     from pipelines import spec as spec_mod
     from pipelines.plan import make_plan
     spec = spec_mod.load(args.config)
@@ -200,13 +221,55 @@ def _dispatch(args, beam_args):
             from pipelines.aggregates import print_plan
             print_plan(plan, max(1, args.users))
         return 0
+    from pipelines import beam_flags, progress
     from pipelines.release import run
-    report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
+    beam_flags.check(beam_args)
+    show_progress = args.progress if args.progress is not None else (
+        sys.stderr.isatty() and not args.quiet)
+    with progress.Reporter(show_progress):
+        report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
     if not args.quiet:
-        bound = report["bounding"]["max_keys_per_user"]
-        print(f"released {report['released_keys']} keys to {spec.output.path} "
-              f"(epsilon={report['privacy']['epsilon']:g}, delta={report['privacy']['delta']:g}, "
-              f"max_keys_per_user={bound})")
+        from pipelines import summary
+        print("\n".join(summary.run_lines(report, spec.output.path, spec.input.keys,
+                                          _ledger_line(spec))))
+    return 0
+
+
+def _ledger_line(spec):
+    if getattr(spec, "budget", None) is None:
+        return None
+    from pipelines import ledger
+    d = ledger.summary(spec.budget.ledger, spec.budget.dataset)[0]
+    return (f"ledger: dataset {d['dataset']} has spent epsilon {d['spent']['epsilon']:g} of "
+            f"{d['budget']['epsilon']:g}, delta {d['spent']['delta']:g} of {d['budget']['delta']:g} "
+            f"({spec.budget.ledger})")
+
+
+def _look_command(args):
+    import os
+    from pipelines import summary
+    if args.command == "show":
+        report = summary.load_report(args.output)
+        table = summary.load_released(args.output, report)
+        top = summary.top_rows(table, report, max(0, args.top))
+        print(f"{report.get('name')}: {report['released_keys']:,} keys released; "
+              f"top {top.num_rows} by {summary.value_column(table, report) or 'key'}")
+        print(summary.format_table(top))
+        return 0
+    from pipelines import html_report
+    dest = args.html or os.path.join(args.output, "release_report.html")
+    html_report.write(args.output, dest)
+    print(f"wrote {dest}")
+    return 0
+
+
+def _ledger_command(args):
+    from pipelines import ledger
+    datasets = ledger.summary(args.ledger, args.dataset)
+    if args.json:
+        print(json.dumps(datasets[0] if len(datasets) == 1 else datasets, indent=2))
+    else:
+        print(ledger.format_summary(datasets))
     return 0
 
 

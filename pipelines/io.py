@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipelines import formats, progress
 from pipelines.errors import InputError, SpecError
 from transforms.hashing import hash_columns, user_identity
 from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_ID_COLUMN
@@ -41,7 +42,7 @@ def _is_local(path):
     return "://" not in path
 
 
-def read_schema(path, fmt):
+def read_schema(path, fmt, delimiter=","):
     """The Arrow schema of one input file (Parquet footer, or the first CSV/JSONL block)."""
     try:
         if fmt == "parquet":
@@ -53,10 +54,12 @@ def read_schema(path, fmt):
         with _open(path) as handle:
             if fmt == "csv":
                 import pyarrow.csv as pcsv
-                return pcsv.open_csv(handle).schema
+                return pcsv.open_csv(handle, parse_options=pcsv.ParseOptions(delimiter=delimiter)).schema
             import pyarrow.json as pjson
             return pjson.read_json(handle, read_options=pjson.ReadOptions(block_size=1 << 20)).schema
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError, EOFError) as exc:
+        if fmt == "jsonl":
+            raise formats.json_input_error(path, exc, _open) from None
         raise InputError(f"input.path: cannot read {path!r} as {fmt}: {_first_line(exc)}") from None
 
 
@@ -67,9 +70,9 @@ def _first_line(exc):
 
 def _open(path):
     if _is_local(path):
-        return open(path, "rb")
+        return formats.open_local(path)      # .gz names are decompressed
     from apache_beam.io.filesystems import FileSystems
-    return FileSystems.open(path)
+    return FileSystems.open(path)            # decompresses by extension (.gz) too
 
 
 def check_input(input_spec, files):
@@ -85,7 +88,7 @@ def check_input(input_spec, files):
     est_rows = 0
     first_types = None
     for path in files:
-        schema = read_schema(path, input_spec.format)
+        schema = read_schema(path, input_spec.format, input_spec.delimiter)
         for field, col in zip(names, needed):
             if col not in schema.names:
                 raise SpecError(field, f"column {col!r} is not in {path!r}; its columns are: "
@@ -135,7 +138,7 @@ def _estimate_text_rows(path):
             size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
     except Exception:  # noqa: BLE001 - an estimate only; 0 means "unknown"
         size = 0
-    return max(1, size // 40)
+    return max(1, size * formats.estimate_factor(path) // 40)
 
 
 def num_shards_for(rows):
@@ -255,6 +258,7 @@ class _PrepareSampleBatches(beam.DoFn):
 
     def process(self, table):
         beam.metrics.Metrics.counter(NOT_PRIVATE, "rows_read").inc(table.num_rows)
+        progress.count_rows(table.num_rows)
         prepared, drops = prepare_sample_batch(table, self._keys, self._frequency, self._as_text)
         for name, value in drops.items():
             if value:
@@ -272,6 +276,7 @@ class _PrepareBatches(beam.DoFn):
 
     def process(self, table):
         beam.metrics.Metrics.counter(NOT_PRIVATE, "rows_read").inc(table.num_rows)
+        progress.count_rows(table.num_rows)
         prepared, drops = prepare_batch(table, self._user, self._keys, self._as_text,
                                         self._values)
         for name, value in drops.items():
@@ -349,9 +354,10 @@ class _ReadParquetRowGroup(beam.DoFn):
 class _ReadTextFile(beam.DoFn):
     """Read one CSV or JSONL file into Arrow batches of at most BATCH_ROWS rows."""
 
-    def __init__(self, fmt, columns):
+    def __init__(self, fmt, columns, delimiter=","):
         self._fmt = fmt
         self._columns = tuple(columns)
+        self._delimiter = delimiter
 
     def process(self, path):
         import pyarrow.csv as pcsv
@@ -363,7 +369,8 @@ class _ReadTextFile(beam.DoFn):
                         include_columns=list(self._columns),
                         column_types={c: pa.string() for c in self._columns})
                     reader = pcsv.open_csv(handle, convert_options=convert,
-                                           read_options=pcsv.ReadOptions(block_size=8 << 20))
+                                           read_options=pcsv.ReadOptions(block_size=8 << 20),
+                                           parse_options=pcsv.ParseOptions(delimiter=self._delimiter))
                     for batch in reader:
                         yield pa.Table.from_batches([batch])
                 else:
@@ -371,7 +378,9 @@ class _ReadTextFile(beam.DoFn):
                     _check_utf8(table, path)
                     for batch in table.to_batches(max_chunksize=BATCH_ROWS):
                         yield pa.Table.from_batches([batch])
-        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+        except (pa.ArrowInvalid, UnicodeDecodeError, EOFError, OSError) as exc:
+            if self._fmt == "jsonl":
+                raise formats.json_input_error(path, exc, _open) from None
             raise InputError(f"input.path: cannot read {path!r} as {self._fmt}: "
                              f"{_first_line(exc)}") from None
 
@@ -396,7 +405,8 @@ class ReadRecords(beam.PTransform):
                    | "ReadParquet" >> beam.ParDo(_ReadParquetRowGroup(columns)).with_output_types(pa.Table))
         else:
             raw = files | "ReadText" >> beam.ParDo(
-                _ReadTextFile(self._spec.format, columns)).with_output_types(pa.Table)
+                _ReadTextFile(self._spec.format, columns,
+                              getattr(self._spec, "delimiter", ","))).with_output_types(pa.Table)
         as_text = self._spec.format != "parquet"
         if self._spec.sample is not None:
             return raw | "PrepareSample" >> beam.ParDo(_PrepareSampleBatches(

@@ -17,6 +17,7 @@ import logging
 
 from accounting.budget import Budget
 from pipelines import __version__
+from pipelines.citations import cite_all
 from pipelines.errors import CalibrationError
 from pipelines.spec import kind_module
 
@@ -140,14 +141,14 @@ class Plan:
                 f"the input is a {scheme} weighted sample of per-key user counts in which each "
                 f"user contributed to at most {spec.bounding.max_keys_per_user} keys, at most "
                 f"once each; the guarantee holds only for a sample drawn as declared")
-        return {
-            "name": spec.name,
+        # Papers cited by authors and title, not "paper 004" (pipelines/citations.py).
+        return {"name": spec.name, **cite_all({
             "thresher_version": __version__,
             "config_sha256": hashlib.sha256(spec.source_text.encode("utf-8")).hexdigest(),
             "mechanism": mechanism,
             "bounding": bounding,
             "privacy": privacy,
-        }
+        })}
 
 
 def _accounting_text(mechanism, spec):
@@ -196,9 +197,9 @@ def make_plan(spec):
         calibrate = functools.partial(aggregates.calibrate, spec, module)
     for bound in candidates:
         try:
-            params[bound] = calibrate(
+            params[bound] = cite_all(calibrate(
                 spec.mechanism, epsilon=release.epsilon, delta=release.delta,
-                max_keys_per_user=bound, model=spec.bounding.model)
+                max_keys_per_user=bound, model=spec.bounding.model))
         except CalibrationError as exc:
             if not spec.auto_bound:
                 raise

@@ -20,8 +20,6 @@ from pipelines.errors import SpecError
 FIELD = "input.public_keys"
 FORMATS = ("parquet", "csv", "jsonl")
 KINDS = ("gaussian", "laplace")
-_EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv",
-               ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 
 # Mechanism fields shared by gaussian and laplace that need input.public_keys.
 MECHANISM_FIELDS = {
@@ -43,11 +41,11 @@ def parse_section(section):
     path = string(section["path"], f"{FIELD}.path")
     fmt = section.get("format")
     if fmt is None:
-        ext = os.path.splitext(path)[1].lower()
-        if ext not in _EXTENSIONS:
-            raise SpecError(f"{FIELD}.format", f"cannot tell the format from the extension of "
-                            f"{path!r}; set it to one of {', '.join(FORMATS)}")
-        fmt = _EXTENSIONS[ext]
+        from pipelines.formats import infer
+        fmt, delimiter = infer(path, f"{FIELD}.format")
+        if delimiter not in (None, ","):
+            raise SpecError(f"{FIELD}.format", f"{path!r}: public keys are read as parquet, "
+                            f"comma-separated csv or jsonl")
     choice(fmt, f"{FIELD}.format", FORMATS)
     return {"path": path, "format": fmt}
 

@@ -17,7 +17,7 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from pipelines import io, publish, released_file, signals
+from pipelines import io, ledger, publish, released_file, signals
 from pipelines.claim import claim
 from pipelines.errors import InputError, ThresherError
 from pipelines.spec import input_files, kind_module
@@ -48,7 +48,7 @@ def _make_runner(runner_name):
 
 def output_schema(spec, files):
     """Schema of the released Parquet: the key columns (as read) and the kind's columns."""
-    schema = io.read_schema(files[0], spec.input.format)
+    schema = io.read_schema(files[0], spec.input.format, spec.input.delimiter)
     fields = []
     for name in spec.input.keys:
         t = schema.field(name).type
@@ -244,7 +244,19 @@ def _metrics(result):
 
 
 def run(plan, beam_args=(), overwrite=False, rng_factory=None):
-    """Run the release; returns the report written beside the output."""
+    """Run the release; returns the report written beside the output.
+
+    With a ``budget`` section the release's (epsilon, delta) is reserved in the ledger
+    before any input is opened, and committed once published (``pipelines.ledger``)."""
+    with ledger.reservation_for(plan) as reservation:
+        report = _run(plan, beam_args, overwrite, rng_factory, reservation)
+        if reservation is not None:
+            reservation.commit(output=os.path.abspath(plan.spec.output.path)
+                               if "://" not in plan.spec.output.path else plan.spec.output.path)
+    return report
+
+
+def _run(plan, beam_args, overwrite, rng_factory, reservation):
     spec = plan.spec
     files = input_files(spec.input)
     est_rows = io.check_input(spec.input, files)
@@ -254,10 +266,11 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
     with claim(final) as held:          # one run at a time into an output (pipelines/claim.py)
         publish.check_output(final, overwrite)   # again: a run may have published meanwhile
         held.remove_stale_staging()
-        return _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory)
+        return _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory,
+                            reservation)
 
 
-def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory):
+def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory, reservation):
     spec = plan.spec
     staging = publish.staging_path(final)
     started = time.time()
@@ -282,6 +295,8 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
         report["outputs"] = publish.published_names(outputs)
         publish.write_json(publish.join(staging, io.REPORT_FILE), report)
         signals.check()
+        if reservation is not None:
+            reservation.publishing()      # from here on the release stays charged
         publish.promote(staging, final)
     except BaseException:
         publish.discard(staging)

@@ -10,6 +10,7 @@ import dataclasses
 import glob
 import math
 import os
+import re
 
 import yaml
 
@@ -18,8 +19,6 @@ from pipelines.errors import SpecError
 FORMATS = ("parquet", "csv", "jsonl")
 MODELS = ("l0", "l1")
 KINDS = ("gaussian", "laplace", "sample_and_threshold", "weighted_sampling")
-_EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv",
-               ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 # Output columns the release adds; a key column may not share their names.
 RESERVED_COLUMNS = ("count", "estimate", "token")
 
@@ -36,6 +35,7 @@ class InputSpec:
     sample: object = None   # {frequency, scheme, threshold} for an existing weighted sample
     public_keys: object = None  # {path, format} of the public key domain (pipelines/public_keys.py)
     values: tuple = ()      # value columns of ``aggregates`` (pipelines/aggregates.py)
+    delimiter: str = ","        # CSV field separator (input.delimiter; "\t" for .tsv)
 
     @property
     def columns(self):
@@ -83,6 +83,7 @@ class ReleaseSpec:
     source_text: str         # the YAML as read, for the report's config_sha256
     aggregates: tuple = ()   # pipelines.aggregates.AggregateSpec, one per output column
     aggregates_auto: object = None  # pipelines.aggregates.AutoClipSpec with clip: auto
+    budget: object = None    # pipelines.ledger.BudgetSpec: the dataset's ledger, or None
 
     @property
     def kind(self):
@@ -110,6 +111,13 @@ def _construct_mapping(loader, node, deep=False):
 
 _StrictSafeLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+# YAML 1.1 (PyYAML) reads a float only with a dot: 1e-8 and 1e308 would be strings. Also
+# resolve YAML 1.2's exponent forms (1e-8, 1E+8, -2e3), as people write them, as floats.
+_StrictSafeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
 
 
 def load_yaml(text, source="spec"):
@@ -207,8 +215,8 @@ def choice(value, field, allowed):
 def _parse_input(section):
     field = "input"
     _mapping(section, field)
-    check_fields(section, field, ("path", "format", "user", "keys", "sample", "public_keys"),
-                 ("path", "keys"))
+    check_fields(section, field, ("path", "format", "user", "keys", "sample", "public_keys",
+                                  "delimiter"), ("path", "keys"))
     sample = None
     if section.get("sample") is not None:
         from pipelines.kinds.weighted_sampling import parse_sample
@@ -219,14 +227,17 @@ def _parse_input(section):
     elif section.get("user") is None:
         raise SpecError("input.user", "is required")
     path = string(section["path"], "input.path")
-    fmt = section.get("format")
+    from pipelines import formats
+    fmt, delimiter = section.get("format"), None
     if fmt is None:
-        ext = os.path.splitext(path.replace("*", ""))[1].lower()
-        if ext not in _EXTENSIONS:
-            raise SpecError("input.format", f"cannot tell the format from the extension of "
-                            f"{path!r}; set input.format to one of {', '.join(FORMATS)}")
-        fmt = _EXTENSIONS[ext]
+        fmt, delimiter = formats.infer(path)
     choice(fmt, "input.format", FORMATS)
+    if section.get("delimiter") is not None:
+        if fmt != "csv":
+            raise SpecError("input.delimiter", f"is only for csv input, not {fmt}")
+        delimiter = formats.delimiter(section["delimiter"])
+    elif fmt == "csv" and delimiter is None:
+        delimiter = formats.infer(path)[1] if _tells_format(path) else ","
     user = string(section["user"], "input.user") if sample is None else None
     keys = section["keys"]
     if isinstance(keys, str):
@@ -252,7 +263,16 @@ def _parse_input(section):
             raise SpecError("input.public_keys", "cannot be combined with input.sample")
         public_keys = public_keys_mod.parse_section(section["public_keys"])
     return InputSpec(path=path, format=fmt, user=user, keys=keys, sample=sample,
-                     public_keys=public_keys)
+                     public_keys=public_keys, delimiter=delimiter or ",")
+
+
+def _tells_format(path):
+    from pipelines import formats
+    try:
+        formats.infer(path)
+        return True
+    except SpecError:
+        return False
 
 
 def _parse_privacy(section):
@@ -351,7 +371,7 @@ def _parse_output(section):
 
 
 TOP_FIELDS = ("name", "description", "input", "privacy", "bounding", "mechanism", "output",
-              "aggregates", "aggregates_auto")
+              "aggregates", "aggregates_auto", "budget")
 
 
 def parse(data, source_text=""):
@@ -398,7 +418,15 @@ def parse(data, source_text=""):
         source_text=source_text,
         aggregates=aggregates,
         aggregates_auto=aggregates_auto,
+        budget=_parse_budget(data.get("budget"), privacy),
     )
+
+
+def _parse_budget(section, privacy):
+    if section is None:
+        return None
+    from pipelines.ledger import parse_section
+    return parse_section(section, privacy)
 
 
 def _presampled_mechanism(mechanism, sample, bounding):
@@ -422,7 +450,7 @@ def load(path):
         with open(path, "rb") as handle:
             raw = handle.read()
     except FileNotFoundError:
-        raise SpecError("", f"spec file {path!r} does not exist") from None
+        raise SpecError("", f"spec file {path!r}{resolved(path)} does not exist") from None
     except IsADirectoryError:
         raise SpecError("", f"spec file {path!r} is a directory") from None
     try:
@@ -430,6 +458,13 @@ def load(path):
     except UnicodeDecodeError as exc:
         raise SpecError("", f"spec file {path!r} is not UTF-8 text (byte {exc.start})") from None
     return parse(load_yaml(text, source=path), source_text=text)
+
+
+def resolved(path):
+    """" (resolved: /abs/path)" for a relative local path, so an error shows where it looked."""
+    if "://" in path or os.path.isabs(path):
+        return ""
+    return f" (resolved: {os.path.abspath(path)})"
 
 
 def input_files(input_spec):
@@ -453,5 +488,5 @@ def input_files(input_spec):
         files = [path] if os.path.isfile(path) else []
     if not files:
         what = "matches no files" if glob.has_magic(path) else "does not exist"
-        raise SpecError("input.path", f"{path!r} {what}")
+        raise SpecError("input.path", f"{path!r}{resolved(path)} {what}")
     return files

@@ -1,0 +1,87 @@
+"""The Beam options a user passes after ``--``: checked with Beam's own parser, so a
+misspelt flag is an error naming it (Beam would drop it with a warning and run anyway),
+and a Beam flag put before ``--`` gets a hint.
+"""
+import difflib
+import logging
+
+from pipelines.errors import SpecError
+
+_BEAM_OPTIONS_LOGGER = "apache_beam.options.pipeline_options"
+
+
+class _Discarded(logging.Handler):
+    """Collects what Beam's option parser reports as discarded ("unparseable")."""
+
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.args = []
+
+    def emit(self, record):
+        if "unparseable" in record.msg and record.args:
+            found = record.args[0] if isinstance(record.args, tuple) else record.args
+            if isinstance(found, (list, tuple)):
+                self.args.extend(str(a) for a in found)
+
+
+def known_option_names():
+    """Every option name Beam's PipelineOptions know (all registered option groups)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    return set(PipelineOptions([]).get_all_options(drop_default=False))
+
+
+def unknown(beam_args):
+    """The arguments Beam's parser does not understand: flags (``--runnr``) and stray
+    words (a value with no flag). Beam reports them as "unparseable" and drops them."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    logger = logging.getLogger(_BEAM_OPTIONS_LOGGER)
+    handler = _Discarded()
+    old_level, old_propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    try:
+        options = PipelineOptions(list(beam_args))
+        known = options.get_all_options(retain_unknown_options=False)
+        retained = options.get_all_options(retain_unknown_options=True)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        logger.propagate = old_propagate
+    bad, after_flag = [], False
+    for token in handler.args:
+        if token.startswith("-"):
+            bad.append(token.split("=", 1)[0])
+            after_flag = "=" not in token
+        elif after_flag:
+            after_flag = False          # the value of the unknown flag before it
+        else:
+            bad.append(token)
+    # Should Beam stop logging what it discards, its retained unknown options still tell.
+    bad += [f"--{name}" for name in retained if name not in known and f"--{name}" not in bad]
+    return bad
+
+
+def check(beam_args):
+    """SpecError naming the first argument after ``--`` that Beam does not know."""
+    if not beam_args:
+        return
+    bad = unknown(beam_args)
+    if not bad:
+        return
+    first = bad[0]
+    if first.startswith("-"):
+        close = difflib.get_close_matches(first.lstrip("-"), sorted(known_option_names()), n=1)
+        hint = f" (did you mean --{close[0]}?)" if close else ""
+        raise SpecError("", f"unknown Beam option {first} after --{hint}; nothing was run "
+                            f"(docs/running.md lists the runners' options)")
+    raise SpecError("", f"Beam cannot use {first!r} after --: Beam options are flags such "
+                        f"as --runner=DirectRunner; nothing was run")
+
+
+def beam_flags_among(words):
+    """Those of ``words`` that are Beam flags (``--runner=X``, ``--runner``), for the hint
+    when they were given before ``--``."""
+    names = known_option_names()
+    return [w for w in words
+            if w.startswith("--") and w[2:].split("=", 1)[0] in names]

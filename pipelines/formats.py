@@ -1,0 +1,91 @@
+"""Input file formats: telling the format from a path, gzip, CSV delimiters, and JSONL
+mistakes worth naming.
+
+- ``infer(path)``: the format from the file name, glob or not (``data/*.parquet``,
+  ``logs/2024-*.jsonl.gz``), with its default delimiter (``.tsv`` is CSV split on tabs).
+- A name ending in ``.gz`` is read through gzip, locally and on object storage (Beam's
+  FileSystems decompress by extension).
+- A ``.jsonl`` file that holds one JSON array instead of one object per line is an error
+  that says so.
+"""
+import gzip
+
+from pipelines.errors import InputError, SpecError
+
+FORMATS = ("parquet", "csv", "jsonl")
+COMPRESSIONS = (".gz",)
+# name ending -> (format, default delimiter)
+_ENDINGS = {
+    ".parquet": ("parquet", None), ".pq": ("parquet", None),
+    ".csv": ("csv", ","), ".tsv": ("csv", "\t"), ".tab": ("csv", "\t"),
+    ".jsonl": ("jsonl", None), ".ndjson": ("jsonl", None), ".json": ("jsonl", None),
+}
+_TEXT = ("csv", "jsonl")
+
+
+def _name(path):
+    """The last path component without glob characters (``data/*.csv.gz`` -> ``.csv.gz``)."""
+    base = path.rstrip("/").rsplit("/", 1)[-1]
+    for ch in "*?[]":
+        base = base.replace(ch, "")
+    return base.lower()
+
+
+def is_compressed(path):
+    return _name(path).endswith(COMPRESSIONS)
+
+
+def infer(path, field="input.format"):
+    """(format, default delimiter or None) from a file name or glob; SpecError naming
+    ``field`` when the name does not tell."""
+    name = _name(path)
+    compressed = name.endswith(COMPRESSIONS)
+    if compressed:
+        name = name[: name.rindex(".")]
+    for ending, (fmt, delimiter) in _ENDINGS.items():
+        if name.endswith(ending) and not (compressed and fmt not in _TEXT):
+            return fmt, delimiter
+    known = ", ".join(sorted(_ENDINGS)) + " (CSV and JSONL also with .gz)"
+    raise SpecError(field, f"cannot tell the format from the name {path!r} (known endings: "
+                    f"{known}); set {field} to one of {', '.join(FORMATS)}")
+
+
+def delimiter(value, field="input.delimiter"):
+    """A CSV delimiter: one character, not a quote or a line break."""
+    from pipelines.spec import _describe
+    if value == "\\t":
+        value = "\t"
+    if not isinstance(value, str) or len(value) != 1 or value in "\"\r\n":
+        raise SpecError(field, f"must be one character (e.g. ',', ';', '|' or a tab written "
+                        f"\"\\t\"), not a quote or line break; got {_describe(value)}")
+    return value
+
+
+def open_local(path):
+    """A binary file object, decompressing ``.gz`` names."""
+    if is_compressed(path):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def json_input_error(path, exc, handle_opener):
+    """An InputError for a JSONL file pyarrow could not parse; names the common mistake of
+    a JSON array (``[{...}, {...}]``) where one object per line is expected."""
+    from pipelines.io import _first_line
+    first = b""
+    try:
+        with handle_opener(path) as handle:
+            first = handle.read(4096).lstrip()[:1]
+    except (OSError, EOFError):
+        pass
+    if first == b"[":
+        return InputError(f"input.path: {path!r} holds a JSON array; JSONL input needs one "
+                          f"object per line, e.g. {{\"user_id\": 1, \"word\": \"a\"}} (convert "
+                          f"with: jq -c '.[]' in.json > out.jsonl)")
+    return InputError(f"input.path: cannot read {path!r} as jsonl (one JSON object per line): "
+                      f"{_first_line(exc)}")
+
+
+def estimate_factor(path):
+    """Compressed text is about five times smaller than the rows it holds."""
+    return 5 if is_compressed(path) else 1

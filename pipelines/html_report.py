@@ -1,0 +1,163 @@
+"""``thresher report OUTPUT --html``: one self-contained HTML page about a published
+release — the guarantee, the parameters in words, the top keys, and matplotlib plots
+embedded as PNG data URIs (no scripts, no external files):
+
+1. released values by rank, on log scales;
+2. the probability that a key held by n users is released, from the calibrated
+   parameters alone (``pipelines.summary.release_probability``);
+3. with ``max_keys_per_user: auto``, the candidate bounds and the one chosen.
+
+matplotlib is the optional ``report`` extra (``pip install 'thresher[report]'``).
+"""
+import base64
+import html
+import io as _io
+
+import numpy as np
+
+from pipelines import summary
+from pipelines.errors import ThresherError
+
+TOP_KEYS = 20
+
+
+class MissingDependency(ThresherError):
+    """An optional library the command needs is not installed."""
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingDependency("thresher report --html needs matplotlib; install it with "
+                                "pip install 'thresher[report]' (or pip install matplotlib)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _png(fig, plt):
+    buf = _io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _counts_figure(plt, values, column):
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    values = np.sort(np.asarray([v for v in values if v is not None], dtype=np.float64))[::-1]
+    if len(values):
+        ranks = np.arange(1, len(values) + 1)
+        ax.plot(ranks, values, marker="." if len(values) < 200 else None, lw=1.5, color="#1f5f8b")
+        ax.set_xscale("log")
+        ax.set_yscale("log" if values.min() > 0 else "symlog")
+    else:
+        ax.text(0.5, 0.5, "no key was released", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("rank of the released key")
+    ax.set_ylabel(f"released {column}")
+    ax.set_title("Released values, largest first (log scales)")
+    ax.grid(True, which="both", alpha=0.3)
+    return fig
+
+
+def _probability_figure(plt, report, unit):
+    sure = summary.users_at(report, 0.999) or 100
+    n = np.arange(0, int(sure * 1.3) + 2)
+    p = summary.release_probability(report, n)
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.plot(n, p, color="#b5523b", lw=2)
+    half = summary.users_at(report, 0.5)
+    if half is not None:
+        ax.axvline(half, color="grey", ls="--", lw=1)
+        ax.annotate(f"50% at n = {half:,}", (half, 0.5), xytext=(8, -4), textcoords="offset points")
+    ax.set_xlabel(f"n: the key's count of {unit}")
+    ax.set_ylabel("P(key is released)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("Probability that a key of n users is released (from the plan)")
+    ax.grid(True, alpha=0.3)
+    return fig
+
+
+def _bound_figure(plt, bounding):
+    candidates = bounding["candidates"]
+    chosen = bounding["max_keys_per_user"]
+    excluded = {int(c) for c in bounding.get("excluded_candidates", {})}
+    fig, ax = plt.subplots(figsize=(6.4, 1.9))
+    kept = [c for c in candidates if c not in excluded]
+    ax.scatter(kept, [0] * len(kept), s=40, color="#9aa5b1", label="candidate", zorder=2)
+    if excluded:
+        ax.scatter(sorted(excluded), [0] * len(excluded), s=40, marker="x", color="black",
+                   label="excluded (cannot meet the budget)", zorder=2)
+    ax.scatter([chosen], [0], s=160, color="#d1495b", label=f"chosen: {chosen}", zorder=3)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(candidates)
+    ax.set_xticklabels([str(c) for c in candidates])
+    ax.set_yticks([])
+    ax.set_xlabel("max_keys_per_user (C)")
+    ax.set_title("Contribution bound chosen by the exponential mechanism")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.55), ncol=3, frameon=False)
+    return fig
+
+
+def build(output, top=TOP_KEYS):
+    """The HTML page (a string) for the release published in ``output``."""
+    plt = _pyplot()
+    report = summary.load_report(output)
+    table = summary.load_released(output, report)
+    column = summary.value_column(table, report)
+    keys = [c for c in table.column_names if c not in ("count", "estimate", "token", "debiased")]
+    unit = "records" if report["bounding"].get("model") == "l1" else "distinct users"
+    privacy = report["privacy"]
+    delta = privacy.get("delta_spent", privacy["delta"])
+    figures = []
+    if column:
+        figures.append(("Released values", _png(_counts_figure(plt, table.column(column).to_pylist(),
+                                                               column), plt)))
+    if summary.release_probability(report, [1]) is not None:
+        figures.append(("Release probability", _png(_probability_figure(plt, report, unit), plt)))
+    if report["bounding"].get("chosen_by") == "exponential_mechanism" and "candidates" in report["bounding"]:
+        figures.append(("Contribution bound", _png(_bound_figure(plt, report["bounding"]), plt)))
+    top_table = summary.top_rows(table, report, top)
+    rows = "".join("<tr>" + "".join(
+        f'<td class="{"num" if summary._is_number(v) else "text"}">{html.escape(summary._cell(v))}</td>'
+        for v in row.values()) + "</tr>" for row in top_table.to_pylist())
+    head = "".join(f"<th>{html.escape(n)}</th>" for n in top_table.column_names)
+    words = "".join(f"<li>{html.escape(line)}</li>" for line in summary.noise_in_words(report, keys))
+    stages = "".join(f"<li>{html.escape(s['name'])}: epsilon {s['epsilon']:g}, delta {s['delta']:g}</li>"
+                     for s in privacy.get("stages", []))
+    figs = "".join(f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,{b}">'
+                   f"<figcaption>{html.escape(t)}</figcaption></figure>" for t, b in figures)
+    name = html.escape(str(report.get("name", "release")))
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>thresher release {name}</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em auto; max-width: 60em; color: #222; background: #fff; }}
+h1 {{ font-size: 1.6em; border-bottom: 3px solid #1f5f8b; padding-bottom: .2em; }}
+table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: .2em .6em; }}
+th {{ background: #e8eef3; }} td.num {{ text-align: right; }} td.text {{ text-align: left; }}
+figure {{ margin: 1em 0; }} img {{ max-width: 100%; }}
+.guarantee {{ background: #f3f6f8; padding: .6em 1em; border-left: 4px solid #1f5f8b; }}
+</style></head><body>
+<h1>Release {name}</h1>
+<p class="guarantee">{report['released_keys']:,} keys released with user-level
+(&epsilon; = {privacy['epsilon']:g}, &delta; = {delta:g})-differential privacy
+({html.escape(privacy['neighbouring'])}); {html.escape(report['mechanism'].get('kind', ''))} mechanism,
+at most {report['bounding']['max_keys_per_user']} keys per user.</p>
+<ul>{words}</ul>
+<h2>Budget stages</h2><ul>{stages}</ul>
+<h2>Top {top_table.num_rows} keys</h2>
+<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>
+<h2>Plots</h2>{figs}
+<p><small>Made by thresher {html.escape(str(report.get('thresher_version', '')))} from
+release_report.json and the released file only; config sha256
+{html.escape(str(report.get('config_sha256', ''))[:16])}&hellip;</small></p>
+</body></html>
+"""
+
+
+def write(output, dest, top=TOP_KEYS):
+    page = build(output, top)
+    with open(dest, "w", encoding="utf-8") as handle:
+        handle.write(page)
+    return dest

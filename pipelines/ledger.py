@@ -1,0 +1,349 @@
+"""The privacy-budget ledger: what has been spent on a dataset, across releases.
+
+A spec may name a ledger and the total (epsilon, delta) that protects one dataset (the
+same users, across every release made from it)::
+
+    budget:
+      ledger: ledgers/search-logs.sqlite   # a SQLite file path (database URLs: not yet)
+      dataset: search-logs
+      epsilon: 3.0
+      delta: 1.0e-6
+
+Composition across releases is basic: a release fits if the sum of the (epsilon, delta)
+of every release already charged to the dataset, plus its own, stays within the total
+(Dwork & Roth, *The Algorithmic Foundations of Differential Privacy*, Thm 3.16). Sums
+are exact: each number is kept as the decimal it was written as (``repr`` of the float)
+and added with ``decimal.Decimal``, so ten releases at 0.1 fill a total of 1.0 exactly.
+
+The life of one release in the ledger (``thresher run``, ``pipelines.release.run``):
+
+1. ``reserve`` — before any input is opened, one ``BEGIN IMMEDIATE`` transaction (SQLite
+   takes the database's write lock at BEGIN, so two runs cannot both read the old sum
+   and both write) sums what is charged, refuses the release if it would exceed the
+   total (``SpecError`` naming ``budget``, exit 2), and otherwise inserts the release as
+   ``reserved``. A reserved release counts as spent.
+2. The pipeline runs into a staging location that only the operator can see.
+3. ``publishing`` — called just before the release is moved into place. From here on
+   its output could have been seen.
+4. On success the release becomes ``published`` (with its output path).
+   On an error or a refusal *before* step 3 the reservation is deleted: nothing derived
+   from the data left the staging location, which is discarded. On an error *after*
+   step 3 (publishing started but did not finish) the release stays charged, as
+   ``publish_failed``: part of it may be visible, so its budget is spent.
+
+A process killed outright (power loss, SIGKILL) leaves its row ``reserved``; it keeps
+counting as spent, the safe side. ``thresher ledger show`` lists such rows.
+
+The ledger is an SQLite file (Python's standard ``sqlite3``); its locking needs a local
+file system (not NFS). A ledger path that does not exist yet is created, with its folder.
+"""
+import contextlib
+import dataclasses
+import datetime
+import decimal
+import hashlib
+import logging
+import os
+import re
+import socket
+import sqlite3
+
+from pipelines.errors import SpecError
+
+log = logging.getLogger("thresher")
+
+FIELDS = ("ledger", "dataset", "epsilon", "delta")
+RESERVED, PUBLISHED, PUBLISH_FAILED = "reserved", "published", "publish_failed"
+BUSY_TIMEOUT_S = 60.0
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:(//|[^\\/])")   # postgresql://..., sqlite:///...
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS datasets (
+    dataset TEXT PRIMARY KEY,
+    epsilon TEXT NOT NULL,            -- the total, as a decimal string
+    delta TEXT NOT NULL,
+    created TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS releases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    dataset TEXT NOT NULL REFERENCES datasets(dataset),
+    name TEXT NOT NULL,
+    epsilon TEXT NOT NULL,            -- what the release spends, as decimal strings
+    delta TEXT NOT NULL,
+    config_sha256 TEXT NOT NULL,
+    state TEXT NOT NULL,              -- reserved | published | publish_failed
+    reserved_at TEXT NOT NULL,
+    finished_at TEXT,
+    output TEXT,
+    host TEXT,
+    pid INTEGER
+);
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetSpec:
+    """The spec's ``budget`` section."""
+    ledger: str
+    dataset: str
+    epsilon: float
+    delta: float
+
+
+def parse_section(section, privacy):
+    """Validate the spec's ``budget`` section (``privacy`` is the parsed PrivacySpec)."""
+    from pipelines.spec import _describe, check_fields, number, string
+    if not isinstance(section, dict):
+        raise SpecError("budget", f"must be a mapping with fields {', '.join(FIELDS)}, "
+                                  f"got {_describe(section)}")
+    check_fields(section, "budget", FIELDS, FIELDS)
+    ledger = string(section["ledger"], "budget.ledger")
+    if _URL.match(ledger) and not re.match(r"^[A-Za-z]:[\\/]", ledger):
+        raise SpecError("budget.ledger", f"database URLs are not supported yet, got {ledger!r}; "
+                        f"give the path of a SQLite file (e.g. ledgers/my-dataset.sqlite)")
+    dataset = string(section["dataset"], "budget.dataset")
+    epsilon = number(section["epsilon"], "budget.epsilon", low=0, low_open=True)
+    delta = number(section["delta"], "budget.delta", low=0, high=1, high_open=True)
+    if privacy.epsilon > epsilon:
+        raise SpecError("budget.epsilon", f"the dataset's total ({epsilon:g}) is smaller than "
+                        f"this one release's privacy.epsilon ({privacy.epsilon:g})")
+    return BudgetSpec(ledger=ledger, dataset=dataset, epsilon=epsilon, delta=delta)
+
+
+def charge_of(plan):
+    """(epsilon, delta) the release spends: privacy.epsilon, and privacy.delta unless the
+    stages spend no delta at all (Laplace over public keys is (epsilon, 0)-DP)."""
+    budget = plan.budget
+    return budget.epsilon, (budget.delta if budget.spent_delta > 0 else 0.0)
+
+
+# ---- exact sums -------------------------------------------------------------------------
+
+def _dec(value):
+    return decimal.Decimal(repr(float(value)))
+
+
+def _sum(values):
+    total = decimal.Decimal(0)
+    for v in values:
+        total += decimal.Decimal(v)
+    return total
+
+
+def _num(text):
+    """A stored decimal as the float a person reads (2.0, 1e-08)."""
+    return float(decimal.Decimal(text))
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---- the database -------------------------------------------------------------------------
+
+def _connect(path, create):
+    if create:
+        folder = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            raise SpecError("budget.ledger", f"cannot create the folder {folder!r}: "
+                            f"{exc.strerror or exc}") from None
+        uri = None
+    else:
+        if not os.path.isfile(path):
+            raise SpecError("", f"no ledger at {path!r} ({os.path.abspath(path)})")
+        uri = f"{_file_uri(path)}?mode=ro"
+    try:
+        if uri:
+            conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        else:
+            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        conn.execute("PRAGMA foreign_keys = ON")
+        if create:
+            conn.executescript(_SCHEMA)
+        return conn
+    except sqlite3.DatabaseError as exc:
+        raise SpecError("budget.ledger" if create else "", f"{path!r} "
+                        f"({os.path.abspath(path)}) is not a usable ledger: {exc}") from None
+
+
+def _file_uri(path):
+    import pathlib
+    return pathlib.Path(os.path.abspath(path)).as_uri()
+
+
+@contextlib.contextmanager
+def _write_transaction(conn):
+    """BEGIN IMMEDIATE: the write lock is taken before anything is read."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _charged(conn, dataset):
+    rows = conn.execute("SELECT epsilon, delta FROM releases WHERE dataset = ?",
+                        (dataset,)).fetchall()
+    return _sum(r[0] for r in rows), _sum(r[1] for r in rows)
+
+
+# ---- one release -----------------------------------------------------------------------------
+
+class Reservation:
+    """A release's row in the ledger, from ``reserve`` to published or released."""
+
+    def __init__(self, path, row_id, dataset, total, spent):
+        self.path = path
+        self.row_id = row_id
+        self.dataset = dataset
+        self.total = total           # (epsilon, delta) of the dataset, floats
+        self.spent = spent           # (epsilon, delta) charged including this release
+        self._publishing = False
+        self._done = False
+
+    def publishing(self):
+        """The release is about to be moved into place: from now on it stays charged."""
+        self._publishing = True
+
+    def _finish(self, state, output=None):
+        conn = _connect(self.path, create=True)
+        try:
+            with _write_transaction(conn):
+                if state is None:
+                    conn.execute("DELETE FROM releases WHERE id = ? AND state = ?",
+                                 (self.row_id, RESERVED))
+                else:
+                    conn.execute("UPDATE releases SET state = ?, finished_at = ?, output = ? "
+                                 "WHERE id = ?", (state, _now(), output, self.row_id))
+        finally:
+            conn.close()
+        self._done = True
+
+    def commit(self, output):
+        self._finish(PUBLISHED, output)
+
+    def abandon(self):
+        """After an error: delete the reservation, or keep it charged if publishing began."""
+        if self._done:
+            return
+        try:
+            self._finish(PUBLISH_FAILED if self._publishing else None)
+        except Exception as exc:  # noqa: BLE001 - the original error matters more
+            log.warning("could not update the ledger %s (release %d stays reserved and "
+                        "counts as spent): %s", self.path, self.row_id, exc)
+
+
+def reserve(plan):
+    """Reserve the release's (epsilon, delta) on its dataset; SpecError naming ``budget``
+    if the dataset's total would be exceeded. Returns a Reservation."""
+    spec = plan.spec
+    budget = spec.budget
+    epsilon, delta = charge_of(plan)
+    sha = hashlib.sha256(spec.source_text.encode("utf-8")).hexdigest()
+    conn = _connect(budget.ledger, create=True)
+    try:
+        with _write_transaction(conn):
+            row = conn.execute("SELECT epsilon, delta FROM datasets WHERE dataset = ?",
+                               (budget.dataset,)).fetchone()
+            if row is None:
+                conn.execute("INSERT INTO datasets VALUES (?, ?, ?, ?)",
+                             (budget.dataset, str(_dec(budget.epsilon)), str(_dec(budget.delta)),
+                              _now()))
+                log.info("ledger %s: new dataset %r with total epsilon=%g, delta=%g",
+                         budget.ledger, budget.dataset, budget.epsilon, budget.delta)
+            elif (decimal.Decimal(row[0]), decimal.Decimal(row[1])) != (
+                    _dec(budget.epsilon), _dec(budget.delta)):
+                raise SpecError("budget", f"the ledger {budget.ledger!r} records the total "
+                                f"epsilon={_num(row[0]):g}, delta={_num(row[1]):g} for dataset "
+                                f"{budget.dataset!r}; the spec says epsilon={budget.epsilon:g}, "
+                                f"delta={budget.delta:g} (a dataset's total cannot change)")
+            spent_eps, spent_delta = _charged(conn, budget.dataset)
+            total_eps, total_delta = _dec(budget.epsilon), _dec(budget.delta)
+            need_eps, need_delta = spent_eps + _dec(epsilon), spent_delta + _dec(delta)
+            if need_eps > total_eps or need_delta > total_delta:
+                raise SpecError("budget", f"dataset {budget.dataset!r} has spent "
+                                f"epsilon={float(spent_eps):g}, delta={float(spent_delta):g} of "
+                                f"its total epsilon={budget.epsilon:g}, delta={budget.delta:g}; "
+                                f"this release needs epsilon={epsilon:g}, delta={delta:g} more "
+                                f"(ledger {budget.ledger}); nothing was read or published")
+            cur = conn.execute(
+                "INSERT INTO releases (dataset, name, epsilon, delta, config_sha256, state, "
+                "reserved_at, host, pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (budget.dataset, spec.name, str(_dec(epsilon)), str(_dec(delta)), sha, RESERVED,
+                 _now(), socket.gethostname(), os.getpid()))
+            row_id = cur.lastrowid
+    finally:
+        conn.close()
+    return Reservation(budget.ledger, row_id, budget.dataset,
+                       (budget.epsilon, budget.delta), (float(need_eps), float(need_delta)))
+
+
+@contextlib.contextmanager
+def reservation_for(plan):
+    """``with reservation_for(plan) as r:`` — reserve (if the spec has a budget section),
+    abandon on any error; the caller calls ``r.publishing()`` before publishing and
+    ``r.commit(output)`` after. Yields None without a budget section."""
+    if getattr(plan.spec, "budget", None) is None:
+        yield None
+        return
+    reservation = reserve(plan)
+    try:
+        yield reservation
+    except BaseException:
+        reservation.abandon()
+        raise
+    if not reservation._done:
+        # The body ended without publishing (it should not): keep nothing reserved.
+        reservation.abandon()
+
+
+# ---- thresher ledger show ------------------------------------------------------------------
+
+def summary(path, dataset=None):
+    """Every dataset of a ledger (or one): its total, what is charged, every release."""
+    conn = _connect(path, create=False)
+    try:
+        try:
+            datasets = conn.execute("SELECT dataset, epsilon, delta FROM datasets "
+                                    "ORDER BY dataset").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise SpecError("", f"{path!r} is not a thresher ledger: {exc}") from None
+        if dataset is not None:
+            datasets = [d for d in datasets if d[0] == dataset]
+            if not datasets:
+                raise SpecError("--dataset", f"no dataset {dataset!r} in the ledger {path!r}")
+        out = []
+        for name, eps, delta in datasets:
+            rows = conn.execute(
+                "SELECT name, epsilon, delta, config_sha256, state, reserved_at, finished_at, "
+                "output FROM releases WHERE dataset = ? ORDER BY id", (name,)).fetchall()
+            spent_eps, spent_delta = _charged(conn, name)
+            out.append({
+                "dataset": name,
+                "budget": {"epsilon": _num(eps), "delta": _num(delta)},
+                "spent": {"epsilon": float(spent_eps), "delta": float(spent_delta)},
+                "releases": [{"name": r[0], "epsilon": _num(r[1]), "delta": _num(r[2]),
+                              "config_sha256": r[3], "state": r[4], "time": r[6] or r[5],
+                              "output": r[7]} for r in rows],
+            })
+        return out
+    finally:
+        conn.close()
+
+
+def format_summary(datasets):
+    lines = []
+    for d in datasets:
+        b, s = d["budget"], d["spent"]
+        lines.append(f"dataset {d['dataset']}: spent epsilon {s['epsilon']:g} of {b['epsilon']:g}, "
+                     f"delta {s['delta']:g} of {b['delta']:g} ({len(d['releases'])} release"
+                     f"{'s' if len(d['releases']) != 1 else ''}, basic composition)")
+        for r in d["releases"]:
+            lines.append(f"  {r['time']}  {r['state']:<14} {r['name']}  epsilon={r['epsilon']:g} "
+                         f"delta={r['delta']:g}  config {r['config_sha256'][:12]}  "
+                         f"{r['output'] or '-'}")
+    return "\n".join(lines) if lines else "the ledger holds no dataset yet"

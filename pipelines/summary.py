@@ -1,0 +1,221 @@
+"""A release as people read it: the lines ``thresher run`` ends with, ``thresher show``'s
+table of top keys, and the numbers behind ``thresher report --html`` (pipelines/html_report.py).
+
+Everything here is computed from the published files (``release_report.json`` and the
+released Parquet) or from the calibrated parameters alone; nothing reads the input.
+"""
+import json
+import os
+
+import numpy as np
+
+from pipelines.errors import SpecError
+
+REPORT_FILE = "release_report.json"
+
+
+# ---- reading a published release -------------------------------------------------------
+
+def load_report(output):
+    path = os.path.join(output, REPORT_FILE)
+    if not os.path.isfile(path):
+        raise SpecError("", f"{output!r} ({os.path.abspath(output)}) holds no release: "
+                            f"{REPORT_FILE} is missing")
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def released_files(output, report):
+    """The released Parquet files, as listed in the report (absolute or relative to the
+    output folder) or, failing that, found in the folder."""
+    files = []
+    for name in report.get("outputs", []):
+        for candidate in (name, os.path.join(output, name), os.path.join(output, os.path.basename(name))):
+            if os.path.isfile(candidate):
+                files.append(candidate)
+                break
+    if not files:
+        files = sorted(os.path.join(output, f) for f in os.listdir(output)
+                       if f.startswith("released") and f.endswith(".parquet"))
+    return files
+
+
+def load_released(output, report):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    files = released_files(output, report)
+    if not files:
+        raise SpecError("", f"{output!r} holds no released Parquet file")
+    return pa.concat_tables([pq.read_table(f) for f in files])
+
+
+def value_column(table, report):
+    """The released column people sort by: the noisy count, else the estimate."""
+    for name in ("count", "estimate", "token"):
+        if name in table.column_names and table.column(name).null_count < table.num_rows:
+            return name
+    return None
+
+
+def top_rows(table, report, top):
+    """The ``top`` rows with the largest released value (ties by key, for a stable table)."""
+    column = value_column(table, report)
+    keys = [c for c in table.column_names if c not in ("count", "estimate", "token", "debiased")]
+    order = [(column, "descending")] if column else []
+    order += [(k, "ascending") for k in keys]
+    if order:
+        table = table.sort_by(order)
+    return table.slice(0, top)
+
+
+def format_table(table):
+    """A plain-text table: a header, a rule, right-aligned numbers."""
+    names = table.column_names
+    columns = [[_cell(v) for v in table.column(n).to_pylist()] for n in names]
+    numeric = [all(_is_number(v) for v in table.column(n).to_pylist() if v is not None)
+               for n in names]
+    widths = [max([len(n)] + [len(c) for c in col]) for n, col in zip(names, columns)]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if num else c.ljust(w)
+                         for c, w, num in zip(cells, widths, numeric)).rstrip()
+    out = [line(names), line(["-" * w for w in widths])]
+    out += [line([col[i] for col in columns]) for i in range(table.num_rows)]
+    return "\n".join(out)
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _cell(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.6g}" if abs(v) < 1e15 else f"{v:.6g}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+# ---- the probability that a key is released -----------------------------------------------
+
+def release_probability(report, counts):
+    """P(a key held by n users is released), n in ``counts``, from the calibrated
+    parameters alone (report["mechanism"]); None when every key is released regardless
+    (public keys) or the kind has no such curve.
+
+    - gaussian (paper 004 Alg. 1): n >= pre_threshold and n + Z >= threshold, Z discrete
+      Gaussian(sigma): ``accounting.discrete_gaussian.sf``;
+    - laplace (paper 002 Alg. 3): n >= pre_threshold and n + Z >= threshold, Z discrete
+      Laplace(scale): ``accounting.laplace_threshold.log_suppress``;
+    - sample_and_threshold (paper 003 Sec. 3.1): Binomial(n, p) >= threshold;
+    - weighted_sampling (paper 001 Alg. 3): pi_n, the end-to-end reporting probability.
+    A user bounded to fewer keys than they had counts once in each kept key, so n is the
+    key's count after bounding.
+    """
+    mech = report["mechanism"]
+    kind = mech.get("kind")
+    n = np.asarray(counts, dtype=np.int64)
+    if mech.get("public_keys") or "by_max_keys_per_user" in mech:
+        return None
+    if kind == "gaussian":
+        from accounting.discrete_gaussian import sf
+        p = np.asarray(sf(mech["threshold"] - n, mech["sigma"]), dtype=np.float64)
+        return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
+    if kind == "laplace":
+        from accounting.laplace_threshold import log_suppress
+        p = -np.expm1(log_suppress(mech["scale"], mech["threshold"] - n, mech.get("noise", "discrete_laplace")))
+        return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
+    if kind == "sample_and_threshold":
+        from scipy import stats
+        return stats.binom.sf(mech["threshold"] - 1, n, mech["sampling_rate"])
+    if kind == "weighted_sampling":
+        from accounting import pws
+        from transforms.sanitize_sample import _as_parameters
+        keep = np.asarray(pws.release_tables(_as_parameters(mech)).keep, dtype=np.float64)
+        return np.where(n < len(keep), keep[np.minimum(n, len(keep) - 1)], 1.0)
+    return None
+
+
+def users_at(report, probability, limit=10**7):
+    """The smallest n whose release probability reaches ``probability`` (None if none)."""
+    lo, hi = 0, 1
+    while hi <= limit:
+        p = release_probability(report, [hi])
+        if p is None:
+            return None
+        if p[0] >= probability:
+            break
+        lo, hi = hi, hi * 2
+    else:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if release_probability(report, [mid])[0] >= probability:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+# ---- words -----------------------------------------------------------------------------------
+
+def _g(x):
+    return f"{x:.4g}" if isinstance(x, float) else f"{x}"
+
+
+def noise_in_words(report, keys):
+    """One or two sentences: what was added to each key's count and which keys came out."""
+    mech = report["mechanism"]
+    kind = mech.get("kind")
+    bounding = report["bounding"]
+    c = bounding["max_keys_per_user"]
+    unit = "records" if bounding.get("model") == "l1" else "distinct users"
+    each = (f"each user counted in at most {c} keys"
+            if bounding.get("model") != "l1" else f"each user contributing at most {c} records")
+    how = "chosen privately" if bounding.get("chosen_by") == "exponential_mechanism" else "from the spec"
+    key = " and ".join(keys) if keys else "key"
+    out = [f"bound: {each} ({how})"]
+    if mech.get("public_keys"):
+        noise = (f"discrete Gaussian noise (sigma {_g(mech['sigma'])})" if kind == "gaussian"
+                 else f"discrete Laplace noise (scale {_g(mech['scale'])})")
+        out.append(f"noise: every public {key} is released with its count of {unit} plus "
+                   f"{noise}; no threshold")
+        return out
+    if kind in ("gaussian", "laplace"):
+        noise = (f"discrete Gaussian noise with sigma {_g(mech['sigma'])}" if kind == "gaussian"
+                 else f"discrete Laplace noise with scale {_g(mech['scale'])}")
+        out.append(f"noise: each {key}'s count of {unit} gets {noise}; a {key} is released "
+                   f"when its count is at least {mech.get('pre_threshold', 1)} and its noisy "
+                   f"count at least {_g(mech['threshold'])}")
+    elif kind == "sample_and_threshold":
+        out.append(f"sampling: each user's contribution to a {key} is kept with probability "
+                   f"{_g(mech['sampling_rate'])} (no noise); a {key} is released when its "
+                   f"sampled count is at least {mech['threshold']}")
+    elif kind == "weighted_sampling":
+        out.append(f"sampling: each {key} is reported with a probability that grows with its "
+                   f"count of users (private weighted sampling); released frequencies are "
+                   f"sanitized")
+    half, sure = users_at(report, 0.5), users_at(report, 0.99)
+    if half is not None and sure is not None:
+        out.append(f"a {key} of {half:,} {unit} is released at least half the time; of "
+                   f"{sure:,}, at least 99% of the time")
+    return out
+
+
+def run_lines(report, output, keys, ledger_line=None):
+    """What ``thresher run`` prints at the end."""
+    files = [os.path.join(output, os.path.basename(f)) for f in released_files(output, report)]
+    files.append(os.path.join(output, REPORT_FILE))
+    privacy = report["privacy"]
+    delta = privacy.get("delta_spent", privacy["delta"])
+    lines = ["wrote " + ", ".join(files),
+             f"released {report['released_keys']:,} keys; spent epsilon={privacy['epsilon']:g}, "
+             f"delta={delta:g} (user-level: {privacy['neighbouring']}); "
+             f"max_keys_per_user={report['bounding']['max_keys_per_user']}"]
+    if ledger_line:
+        lines.append(ledger_line)
+    lines += noise_in_words(report, keys)
+    lines.append(f"look at it: thresher show {output}   |   thresher report {output} --html")
+    return lines

@@ -452,9 +452,35 @@ def staging_path(path):
     return f"{path.rstrip('/')}.tmp-{uuid.uuid4().hex[:12]}"
 
 
+# Files a release writes into its output folder; --overwrite replaces these and nothing else.
+OWN_FILES = ("released.parquet", "release_report.json", "release_report.html")
+
+
+def is_own_file(name):
+    return name in OWN_FILES or (name.startswith(RELEASED_PREFIX) and name.endswith(".parquet"))
+
+
 def promote(staging, final):
-    """Move a finished release into place (replacing an earlier one) as one rename."""
-    if os.path.isdir(final):
+    """Move a finished release into place, replacing an earlier one.
+
+    (``pipelines.release`` resolves a symlinked output folder to its target first.) A
+    folder holding only thresher's files is swapped with the staging folder by renames;
+    one that also holds the user's own files (notes, plots) keeps them: thresher's old
+    files are removed (the report first, so the folder never looks complete with mixed
+    files) and the new ones moved in, the report last."""
+    if os.path.isdir(final) and any(not is_own_file(n) for n in os.listdir(final)):
+        old_report = os.path.join(final, REPORT_FILE)
+        if os.path.exists(old_report):
+            os.remove(old_report)
+        for name in os.listdir(final):
+            if is_own_file(name):
+                os.remove(os.path.join(final, name))
+        for name in sorted(os.listdir(staging)):
+            if name != REPORT_FILE:
+                os.replace(os.path.join(staging, name), os.path.join(final, name))
+        os.replace(os.path.join(staging, REPORT_FILE), old_report)
+        shutil.rmtree(staging, ignore_errors=True)
+    elif os.path.isdir(final):
         trash = f"{final.rstrip('/')}.old-{uuid.uuid4().hex[:12]}"
         os.replace(final, trash)
         os.replace(staging, final)

@@ -261,6 +261,8 @@ def _run(plan, beam_args, overwrite, rng_factory, reservation):
     files = input_files(spec.input)
     est_rows = io.check_input(spec.input, files)
     final = spec.output.path
+    if not publish.is_remote(final) and os.path.islink(final.rstrip("/")):
+        final = os.path.realpath(final)   # follow a symlinked output folder, never replace it
     publish.check_output(final, overwrite)
     options, runner_name = pipeline_options(beam_args)
     with claim(final) as held:          # one run at a time into an output (pipelines/claim.py)

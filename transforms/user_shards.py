@@ -106,19 +106,58 @@ class _SplitByUser(beam.DoFn):
 
 
 def exact_user_ids(table):
-    """``table`` with ``__user`` replaced by an exact identity of the ``__user_id`` values
-    (then dropped): mix64 of each id's dictionary code, a bijection, so two different ids
-    are two users even when their hashes collide. Tables without ``__user_id`` (integer
-    ids, whose hash is already a bijection) are returned as they are."""
+    """``table`` with ``__user`` identifying the ``__user_id`` values exactly (then
+    dropped), so two different ids are two users even when their hashes collide. Tables
+    without ``__user_id`` (integer ids, whose hash is already a bijection) are returned
+    as they are.
+
+    The check is exact and cheap: rows sorted by hash, every run of equal hashes must
+    hold one id. Only a shard where that fails (crafted or accidental collisions) pays
+    for a dictionary encoding: ``__user`` becomes mix64 of each id's dictionary code, a
+    bijection of the codes."""
     if USER_ID_COLUMN not in table.column_names:
         return table
     ids = table.column(USER_ID_COLUMN)
     ids = ids.combine_chunks() if ids.num_chunks != 1 else ids.chunk(0)
-    codes = pc.dictionary_encode(ids).indices.to_numpy(zero_copy_only=False)
-    users = mix64(codes.astype(np.uint64))
-    position = table.column_names.index(USER_COLUMN)
-    table = table.set_column(position, USER_COLUMN, pa.array(users, type=pa.uint64()))
+    hashes = table.column(USER_COLUMN).to_numpy()
+    if not _hash_is_exact(hashes, ids):
+        codes = pc.dictionary_encode(ids).indices.to_numpy(zero_copy_only=False)
+        position = table.column_names.index(USER_COLUMN)
+        table = table.set_column(position, USER_COLUMN,
+                                 pa.array(mix64(codes.astype(np.uint64)), type=pa.uint64()))
     return table.drop_columns([USER_ID_COLUMN])
+
+
+def _hash_is_exact(hashes, ids):
+    """True if equal hashes always come with equal ids (rows in hash order: each run of
+    one hash value must hold one id)."""
+    if len(hashes) < 2:
+        return True
+    order = np.argsort(hashes, kind="stable") if len(hashes) < 4096 else _value_sort_order(hashes)
+    same_hash = hashes[order][1:] == hashes[order][:-1]
+    if not same_hash.any():
+        return True
+    in_order = ids.take(pa.array(order))
+    equal = pc.equal(in_order.slice(1), in_order.slice(0, len(in_order) - 1))
+    return bool(np.all(equal.to_numpy(zero_copy_only=False)[same_hash]))
+
+
+def _value_sort_order(hashes):
+    """argsort of uint64 hashes by one value sort of (hash top bits | row number); exact
+    ties of the top bits fall back to argsort (see per_user_bound._order_by_user)."""
+    n = len(hashes)
+    bits = max(1, (n - 1).bit_length())
+    if bits > 32:
+        return np.argsort(hashes)
+    low = np.uint64((1 << bits) - 1)
+    packed = (hashes & ~low) | np.arange(n, dtype=np.uint64)
+    packed.sort()
+    order = (packed & low).astype(np.intp)
+    top = packed & ~low
+    sorted_hashes = hashes[order]
+    if np.any((top[1:] == top[:-1]) & (sorted_hashes[1:] != sorted_hashes[:-1])):
+        return np.argsort(hashes)
+    return order
 
 
 def _concat_shard(shard_and_tables):

@@ -47,7 +47,9 @@ def dataset(n_users=1333, seed=0, id_prefix="u"):
             words.append(POPULAR[w])
         users.append(f"{id_prefix}{u}")
         words.append(f"own{u}")
-    return pa.table({"user_id": pa.array(users), "word": pa.array(words)})
+    amounts = rng.gamma(2.0, 10.0, size=len(users))        # a value column for aggregates
+    return pa.table({"user_id": pa.array(users), "word": pa.array(words),
+                     "amount": pa.array(amounts)})
 
 
 def first_in_shard_zero_id(table, num_shards=4):
@@ -66,11 +68,13 @@ def first_in_shard_zero_id(table, num_shards=4):
 
 
 def with_user(table, user_id, words):
-    extra = pa.table({"user_id": pa.array([user_id] * len(words)), "word": pa.array(words)})
+    extra = pa.table({"user_id": pa.array([user_id] * len(words)), "word": pa.array(words),
+                      "amount": pa.array([5.0] * len(words))})
     return pa.concat_tables([table, extra])
 
 
-def spec_dict(kind="gaussian", bound=3, auto=False, public_keys=False, **mechanism):
+def spec_dict(kind="gaussian", bound=3, auto=False, public_keys=False, aggregates=None,
+              **mechanism):
     spec = {
         "name": "neighbours",
         "input": {"path": "data.parquet", "user": "user_id", "keys": ["word"]},
@@ -83,6 +87,8 @@ def spec_dict(kind="gaussian", bound=3, auto=False, public_keys=False, **mechani
         spec["bounding"]["auto"] = {"candidates": [2, 3, 4]}
     if public_keys:
         spec["input"]["public_keys"] = {"path": "domain.csv"}
+    if aggregates:
+        spec["aggregates"] = aggregates
     return spec
 
 

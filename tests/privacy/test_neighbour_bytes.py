@@ -15,6 +15,11 @@ CASES = {
     "sample_and_threshold_auto": dict(kind="sample_and_threshold", auto=True),
     "gaussian_public_keys": dict(kind="gaussian", public_keys=True),
     "laplace_public_keys_auto": dict(kind="laplace", public_keys=True, auto=True),
+    "gaussian_aggregates": dict(kind="gaussian", aggregates=[
+        {"column": "amount", "statistic": "sum", "clip": [0, 100]},
+        {"column": "amount", "statistic": "mean", "clip": [0, 100]}]),
+    "laplace_public_keys_aggregates": dict(kind="laplace", public_keys=True, aggregates=[
+        {"column": "amount", "statistic": "sum", "clip": [0, 100]}]),
 }
 FAST = ("gaussian", "laplace_public_keys_auto")
 

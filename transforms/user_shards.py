@@ -71,9 +71,9 @@ COALESCE_ROWS = 1 << 20
 
 
 class _SplitByUser(beam.DoFn):
-    def __init__(self, num_shards, coalesce_rows=COALESCE_ROWS):
+    def __init__(self, num_shards, coalesce_rows=None):
         self._num_shards = num_shards
-        self._coalesce_rows = coalesce_rows
+        self._coalesce_rows = COALESCE_ROWS if coalesce_rows is None else coalesce_rows
 
     def start_bundle(self):
         self._pending = {}  # window -> [tables]

@@ -14,8 +14,9 @@ process, on Beam's FnApiRunner) on a dataset D and on D plus one user, with:
   key far below it (about 530 users per popular key against thresholds below 100, and
   sample-and-threshold's sampled count 65 +- 8 against its threshold 24: the released key
   set is the same except with probability below 1e-7 per key);
-- optionally, shard and read-batch sizes shrunk so that D and D + one user fall on either
-  side of every size boundary of the pipeline (shard count, read batches).
+- optionally, shard, read-batch and shuffle-coalescing sizes shrunk so that D and D + one
+  user fall on either side of every size boundary of the pipeline (shard count, read
+  batches, coalesced shuffle pieces).
 
 ``assert_only_values_differ`` then checks that the second release's bytes are exactly the
 first release's rows with the second's values, written canonically, and that each report
@@ -107,7 +108,7 @@ def _cwd(path):
 
 
 def release(folder, table, spec, monkeypatch, *, seed=7, rows_per_shard=None,
-            batch_rows=None, row_group_size=500):
+            batch_rows=None, coalesce_rows=None, row_group_size=500):
     """Run ``thresher run spec.yaml`` in ``folder`` on ``table``; returns the output folder."""
     from pipelines import io as pio
     from transforms import samplers
@@ -122,6 +123,9 @@ def release(folder, table, spec, monkeypatch, *, seed=7, rows_per_shard=None,
         monkeypatch.setattr(pio, "ROWS_PER_SHARD", rows_per_shard)
     if batch_rows is not None:
         monkeypatch.setattr(pio, "BATCH_ROWS", batch_rows)
+    if coalesce_rows is not None:
+        from transforms import user_shards
+        monkeypatch.setattr(user_shards, "COALESCE_ROWS", coalesce_rows)
     with _cwd(folder):
         code, _, err = run_cli("run", "spec.yaml")
     assert code == 0, err

@@ -43,14 +43,15 @@ def test_adding_a_user_changes_only_released_values(case, tmp_path, monkeypatch)
 @pytest.mark.parametrize("case", ["gaussian", pytest.param("sample_and_threshold", marks=pytest.mark.slow),
                                   pytest.param("gaussian_public_keys", marks=pytest.mark.slow)])
 def test_neighbours_either_side_of_the_size_boundaries(case, tmp_path, monkeypatch):
-    """Shards of 1000 rows and read batches of 1000 rows: D has 3999 rows (4 shards, 4
-    batches), D + one user 4002 (5 shards, 5 batches). Nothing about the input size may
-    show in the published bytes (before issue 13: one row group per key shard)."""
+    """Shards, read batches and coalesced shuffle pieces of 1000 rows: D has 3999 rows
+    (4 shards, 4 batches, 4 pieces), D + one user 4002 (5 of each). Nothing about the
+    input size may show in the published bytes (before issue 13: one row group per key
+    shard)."""
     base = harness.dataset(n_users=1333)             # 3 rows a user: 3999 rows
     assert base.num_rows == 3999
     added = harness.with_user(base, "newcomer", ["w3", "w4", "newcomer-own"])
     spec = harness.spec_dict(**CASES[case])
-    kw = dict(rows_per_shard=1000, batch_rows=1000)
+    kw = dict(rows_per_shard=1000, batch_rows=1000, coalesce_rows=1000)
     out_a = harness.release(tmp_path / "a", base, spec, monkeypatch, **kw)
     out_b = harness.release(tmp_path / "b", added, spec, monkeypatch, **kw)
     harness.assert_only_values_differ(out_a, out_b)

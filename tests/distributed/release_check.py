@@ -83,6 +83,8 @@ def check_release(out_dir, plan_report, input_path, user="user_id", key="word", 
     assert released.schema == pa.schema([(key, pa.string()), ("count", pa.int64())])
     assert report["released_keys"] == released.num_rows
     assert report["outputs"] == ["released.parquet"]   # relative to the output folder
+    words = released.column(key).to_pylist()
+    assert words == sorted(words), "released rows are not in the canonical (key) order"
     return check_counts(released, report, input_path, user, key, expected)
 
 

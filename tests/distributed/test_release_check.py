@@ -49,11 +49,11 @@ def _simulate(seed):
 
 def _publish(folder, released, extra_files=()):
     os.makedirs(folder, exist_ok=True)
-    table = pa.table({"word": pa.array(list(released), pa.string()),
-                      "count": pa.array(list(released.values()), pa.int64())})
+    words = sorted(released)                          # the canonical order: by key
+    table = pa.table({"word": pa.array(words, pa.string()),
+                      "count": pa.array([released[w] for w in words], pa.int64())})
     pq.write_table(table, os.path.join(folder, "released.parquet"))
-    report = dict(_plan_report(), released_keys=table.num_rows,
-                  outputs=[os.path.join(os.path.abspath(folder), "released.parquet")])
+    report = dict(_plan_report(), released_keys=table.num_rows, outputs=["released.parquet"])
     with open(os.path.join(folder, "release_report.json"), "w", encoding="utf-8") as handle:
         json.dump(report, handle)
     for name in extra_files:

@@ -92,6 +92,23 @@ def _budget():
     }, ledger.FIELDS, "charge this release to a dataset's total in a ledger")
 
 
+def _aggregates():
+    from pipelines.aggregates import STATISTICS
+    clip = {"oneOf": [{"type": "array", "items": _NUMBER, "minItems": 2, "maxItems": 2},
+                      {"const": "auto"}],
+            "description": "[low, high] bounds each user's total for the key, or auto"}
+    entry = _object({"column": _STRING, "statistic": {"enum": list(STATISTICS)}, "clip": clip},
+                    ("column", "statistic", "clip"))
+    return {"type": "array", "items": entry, "minItems": 1,
+            "description": "per released key, beside the count (gaussian, laplace)"}
+
+
+def _aggregates_auto():
+    return _object({"epsilon": _POSITIVE, "quantile": _NUMBER,
+                    "min_exponent": {"type": "integer"}, "max_exponent": {"type": "integer"}},
+                   description="the private choice of clip: auto bounds")
+
+
 def json_schema():
     """The JSON Schema of a release spec (a dict)."""
     sections = {
@@ -104,6 +121,8 @@ def json_schema():
         "output": _object({"path": _STRING}, ("path",),
                           "a folder: released.parquet + release_report.json"),
         "budget": _budget(),
+        "aggregates": _aggregates(),
+        "aggregates_auto": _aggregates_auto(),
     }
     missing = set(spec_mod.TOP_FIELDS) ^ set(sections)
     if missing:      # a field added to the loader without its schema (or the reverse)

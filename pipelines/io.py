@@ -78,6 +78,8 @@ def check_input(input_spec, files):
     number of rows (exact for Parquet), used to size the shuffles."""
     needed = input_spec.columns
     names = ["input.user", *[f"input.keys[{i}]" for i in range(len(input_spec.keys))]]
+    if input_spec.values is not None:
+        names.append("mechanism.column")
     if input_spec.sample is not None:
         names = [*names[1:], "input.sample.frequency"]
     est_rows = 0

@@ -60,7 +60,8 @@ def _print_plan(plan, as_json):
     spec = plan.spec
     unit = (f"per user {spec.input.user!r}" if spec.input.sample is None else
             f"sanitizing the existing sample's column {spec.input.sample['frequency']!r}")
-    print(f"release {spec.name!r}: {spec.kind} over keys {', '.join(spec.input.keys)} {unit}")
+    keys = ', '.join(spec.input.keys) or '(none: one global release)'
+    print(f"release {spec.name!r}: {spec.kind} over keys {keys} {unit}")
     print(f"privacy: epsilon={plan.budget.epsilon:g}, delta={plan.budget.delta:g} "
           f"({report['privacy']['neighbouring']})")
     for stage in plan.budget.stages:

@@ -378,9 +378,9 @@ def parse(data, source_text=""):
     if mechanism["kind"] in ("gaussian", "laplace"):
         from pipelines import public_keys as public_keys_mod
         mechanism = public_keys_mod.check_mechanism(mechanism, input_spec, data["mechanism"])
-    elif input_spec.public_keys is not None:
+    elif input_spec.public_keys is not None and mechanism["kind"] != "quantiles":
         raise SpecError("input.public_keys", f"public_keys is supported for gaussian and "
-                        f"laplace, not {mechanism['kind']!r}")
+                        f"laplace (and quantiles), not {mechanism['kind']!r}")
     if input_spec.sample is not None:
         mechanism = _presampled_mechanism(mechanism, input_spec.sample, bounding)
     return ReleaseSpec(

@@ -147,3 +147,28 @@ def test_cli_non_string_key_column_is_an_input_error(tmp_path, cli):
     pq.write_table(pa.table({"user": ["a", "b"], "word": pa.array([1, 2], pa.int64())}), path)
     done = cli(_spec(tmp_path, str(path)))
     assert done.returncode == 2 and "input.keys[0]" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_beam_yaml_transform_releases_heavy_hitters(tmp_path):
+    """The Beam YAML entry point (pipelines/beam_yaml.py) runs the kind's own stages."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+    from pipelines.beam_yaml import ThresherRelease
+    rows = [beam.Row(user=f"u{i}", word=WORDS[i % 3]) for i in range(6000)]
+    with beam.Pipeline() as pipeline:
+        out = (pipeline | beam.Create(rows)
+               | ThresherRelease(user="user", keys=["word"], privacy={"epsilon": 1.0, "delta": 1e-6},
+                                 bounding={"max_keys_per_user": 1},
+                                 mechanism={"kind": "heavy_hitters", "top_k": 2}))
+        # 2,000 users per word, far above the release point: the top 2 of the three
+        # words are released (each missed with probability < 1e-9).
+        ranks = out["released"] | beam.Map(lambda r: r.rank)
+        assert_that(ranks, equal_to([1, 2]))
+
+
+def test_beam_yaml_refuses_quantiles():
+    from pipelines.beam_yaml import ThresherRelease
+    with pytest.raises(SpecError, match="ThresherRelease.mechanism.kind"):
+        ThresherRelease(user="user", keys=[], privacy={"epsilon": 1.0, "delta": 1e-6},
+                        bounding={"max_keys_per_user": 1},
+                        mechanism={"kind": "quantiles", "column": "x", "ranks": [0.5], "domain": [0, 1]})

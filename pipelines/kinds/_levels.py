@@ -67,7 +67,9 @@ def report_section(params):
             "calibrated": list(params.unit.calibrated)}
 
 
-ACCOUNTING = ("sample-and-threshold (paper 003) per level: exact hockey-stick divergence of "
-              "thresholded Bin(k, p) vs Bin(k-1, p) for one (user, key) contribution (for quantiles: one (user, value)), group "
-              "privacy over a user's at most max_keys_per_user contributions to the level; "
-              "levels composed by basic composition (paper 003 Lemma 4.1), one stage each")
+def accounting(unit):
+    """The report's accounting text; ``unit`` names one contribution, e.g. "(user, key)"."""
+    return ("sample-and-threshold (paper 003) per level: exact hockey-stick divergence of "
+            f"thresholded Bin(k, p) vs Bin(k-1, p) for one {unit} contribution, group privacy "
+            "over a user's contributions to the level (contributions_per_level); levels "
+            "composed by basic composition (paper 003 Lemma 4.1), one stage each")

@@ -88,7 +88,9 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
             **_levels.report_section(params),
             "count": "sampled count / sampling_rate at the whole-key level: distinct users "
                      "after bounding, unbiased above the release point",
-            "accounting": "TrieHH++ (paper 003 Sec. 4.1) over prefix levels; " + _levels.ACCOUNTING}
+            "accounting": "TrieHH++ (paper 003 Sec. 4.1) over prefix levels; "
+                          + _levels.accounting("(user, key)"),
+            "contributions_per_level": max_keys_per_user}
 
 
 def _string_keys(table, key):

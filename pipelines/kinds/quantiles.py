@@ -160,7 +160,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     out.update(_levels.report_section(params))
     out["contributions_per_level"] = per_step
     out["accounting"] = (f"quantiles by {'a hierarchical histogram' if mech['method'] == 'hierarchical' else 'binary search'}"
-                         f" (paper 003 Sec. 4.2); " + _levels.ACCOUNTING)
+                         f" (paper 003 Sec. 4.2); " + _levels.accounting("(user, value)"))
     return out
 
 

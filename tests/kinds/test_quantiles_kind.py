@@ -113,9 +113,11 @@ def test_per_public_key_quantiles(tmp_path):
     assert rows["nobody"]["value"] is None and rows["nobody"]["rank"] == 0.5
 
 
-def test_cli_empty_input_releases_null_values(tmp_path, cli):
+@pytest.mark.parametrize("method", ["hierarchical", "binary_search"])
+def test_cli_empty_input_releases_null_values(tmp_path, cli, method):
     data = _data(tmp_path, [])
-    done = cli(_spec(tmp_path, data))
+    done = cli(_spec(tmp_path, data, method=method, rounds=3) if method == "binary_search"
+               else _spec(tmp_path, data))
     assert done.returncode == 0, done.stderr
     out = pq.read_table(tmp_path / "out" / "released.parquet")
     assert out.schema == pa.schema([("rank", pa.float64()), ("value", pa.float64())])

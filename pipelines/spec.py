@@ -374,7 +374,7 @@ def parse(data, source_text=""):
     mechanism = _parse_mechanism(data["mechanism"])
     check_spec = getattr(kind_module(mechanism["kind"]), "check_spec", None)
     if check_spec is not None:  # kind-specific checks of the input and bounding (heavy_hitters, quantiles)
-        input_spec = check_spec(mechanism, input_spec, bounding) or input_spec
+        input_spec = check_spec(mechanism, input_spec, bounding, privacy) or input_spec
     if mechanism["kind"] in ("gaussian", "laplace"):
         from pipelines import public_keys as public_keys_mod
         mechanism = public_keys_mod.check_mechanism(mechanism, input_spec, data["mechanism"])

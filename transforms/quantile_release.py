@@ -214,32 +214,41 @@ def _search_cells_with_hash(table, keys, value_column, key_list, num_ranks, stat
     return out.append_column(KEY_HASH_COLUMN, pa.array(hashing.hash_columns(out, cols), pa.uint64()))
 
 
+def _initial_state_for(key_list, ranks, lo, hi):
+    return initial_state([tuple(k) for k in key_list], ranks, lo, hi)
+
+
 class BinarySearchQuantiles(beam.PTransform):
     """Per-(key, value) counts -> one dict of columns (keys..., rank, value): ``rounds``
     sequential sample-and-threshold releases of two-bucket histograms per (key, rank),
-    each round's split points a side input computed from the previous round's release."""
+    each round's split points a side input computed from the previous round's release.
+    ``key_list``: the key tuples to answer for ([()] for a global release), as a list or
+    as a one-element PCollection holding the list (keys found by an earlier stage)."""
 
     def __init__(self, keys, value_column, *, key_list, ranks, lo, hi, rounds, params,
                  num_shards=16, rng_factory=None, label=None):
         super().__init__(label)
         self._keys, self._column = list(keys), value_column
-        self._key_list, self._ranks = [tuple(k) for k in key_list], [float(r) for r in ranks]
+        self._key_list, self._ranks = key_list, [float(r) for r in ranks]
         self._lo, self._hi, self._rounds = float(lo), float(hi), int(rounds)
         self._params, self._num_shards, self._rng_factory = params, int(num_shards), rng_factory
 
     def expand(self, counts):
-        state = counts.pipeline | "InitialState" >> beam.Create(
-            [initial_state(self._key_list, self._ranks, self._lo, self._hi)])
+        key_pc = self._key_list
+        if not isinstance(key_pc, beam.pvalue.PCollection):
+            key_pc = counts.pipeline | "KeyList" >> beam.Create([[tuple(k) for k in self._key_list]])
+        key_list = beam.pvalue.AsSingleton(key_pc)
+        state = key_pc | "InitialState" >> beam.Map(_initial_state_for, self._ranks, self._lo, self._hi)
         cell_cols = self._keys + [RANK_INDEX_COLUMN, SIDE_COLUMN]
         for r in range(1, self._rounds + 1):
             released = (
                 counts
                 | f"Split{r}" >> beam.Map(_search_cells_with_hash, self._keys, self._column,
-                                          self._key_list, len(self._ranks),
+                                          key_list, len(self._ranks),
                                           beam.pvalue.AsSingleton(state))
                 | f"SumPerSide{r}" >> SumCountsPerKey(cell_cols, self._num_shards)
                 | f"SampleAndThreshold{r}" >> SampleAndThreshold(self._params, self._rng_factory)
                 | f"Gather{r}" >> beam.combiners.ToList())
             state = released | f"Move{r}" >> beam.Map(
-                search_update, self._keys, self._key_list, self._ranks, beam.pvalue.AsSingleton(state))
-        return state | "Answers" >> beam.Map(search_answers, self._keys, self._key_list, self._ranks)
+                search_update, self._keys, key_list, self._ranks, beam.pvalue.AsSingleton(state))
+        return state | "Answers" >> beam.Map(search_answers, self._keys, key_list, self._ranks)

@@ -64,7 +64,7 @@ def parse(section):
             "threshold": _levels.optional_threshold(section)}
 
 
-def check_spec(mechanism, input_spec, bounding):
+def check_spec(mechanism, input_spec, bounding, privacy):
     _levels.refuse_auto_bound(bounding, "heavy_hitters")
     if len(input_spec.keys) != 1:
         raise SpecError("input.keys", f"heavy_hitters needs exactly one (string) key column, "

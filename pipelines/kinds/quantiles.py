@@ -24,7 +24,11 @@ Methods (``method``, default ``hierarchical``):
 Output: the key columns (if any), ``rank`` (the requested phi, float64) and ``value``
 (float64; null when nothing about that key was released -- every cell suppressed).
 With keys, the keys are ``input.public_keys`` (every listed key gets one row per rank;
-records with other keys are dropped before bounding).
+records with other keys are dropped before bounding), or, without public keys, the keys a
+``select_keys`` stage releases: sample-and-threshold over the distinct users per key (each
+user bounded to C keys for that stage), calibrated by ``accounting.sample_threshold.
+calibrate`` with ``key_selection_share`` (default 0.5) of epsilon and delta; the levels
+share the rest.
 
 Privacy: the levels / rounds compose (paper 003 Lemma 4.1 / the quantile lemma); each
 gets (epsilon / L, delta / L) and (sampling_rate, threshold) come from
@@ -38,17 +42,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.errors import InputError, SpecError
+from pipelines.errors import CalibrationError, InputError, SpecError
 from pipelines.kinds import _levels
 from pipelines.kinds._common import optional_number
 from pipelines.spec import choice, integer, number, string
 
 METHODS = ("hierarchical", "binary_search")
+SELECT_KEYS_STAGE = "select_keys"
 DEFAULT_METHOD = "hierarchical"
 DEFAULT_BRANCHING = 16
 DEFAULT_LEVELS = 3
 DEFAULT_ROUNDS = 12
 MAX_RANKS = 1000
+DEFAULT_KEY_SELECTION_SHARE = 0.5
 
 FIELDS = {
     "column": "the numeric input column whose quantiles are released (required)",
@@ -58,6 +64,8 @@ FIELDS = {
     "branching": f"hierarchical: children per node, integer >= 2 (default {DEFAULT_BRANCHING})",
     "levels": f"hierarchical: number of levels (default {DEFAULT_LEVELS})",
     "rounds": f"binary_search: number of bisection rounds (default {DEFAULT_ROUNDS})",
+    "key_selection_share": f"with input.keys and no input.public_keys: the share of epsilon and "
+                           f"delta spent finding the keys (default {DEFAULT_KEY_SELECTION_SHARE})",
     "sampling_rate": "p in (0, 1], the same at every level/round (optional; calibrated if absent)",
     "threshold": "tau >= 1, the same at every level/round (optional; calibrated if absent)",
 }
@@ -88,6 +96,10 @@ def parse(section):
     out = {"column": column, "ranks": ranks, "domain": [low, high], "method": method,
            "sampling_rate": optional_number(section, "sampling_rate", low=0, low_open=True, high=1),
            "threshold": _levels.optional_threshold(section)}
+    if "key_selection_share" in section:
+        out["key_selection_share"] = number(section["key_selection_share"],
+                                            "mechanism.key_selection_share", low=0, high=1,
+                                            low_open=True, high_open=True)
     if method == "hierarchical":
         if "rounds" in section:
             raise SpecError("mechanism.rounds", "is for method: binary_search")
@@ -107,12 +119,18 @@ def parse(section):
     return out
 
 
-def check_spec(mechanism, input_spec, bounding):
+def check_spec(mechanism, input_spec, bounding, privacy):
     _levels.refuse_auto_bound(bounding, "quantiles")
     column = mechanism["column"]
+    share = mechanism.pop("key_selection_share", None)
     if input_spec.keys and input_spec.public_keys is None:
-        raise SpecError("input.keys", "quantiles per key needs input.public_keys (the keys to "
-                        "answer for); leave input.keys out for global quantiles")
+        # Keys found by a sample-and-threshold stage of their own (stage select_keys).
+        share = DEFAULT_KEY_SELECTION_SHARE if share is None else share
+        mechanism["key_selection"] = {"share": share, "epsilon": privacy.epsilon * share,
+                                      "delta": privacy.delta * share}
+    elif share is not None:
+        raise SpecError("mechanism.key_selection_share", "is only for quantiles per key without "
+                        "input.public_keys (the keys are then found by a thresholded stage)")
     if column in input_spec.keys or column == input_spec.user:
         raise SpecError("mechanism.column", f"{column!r} must not be the user or a key column")
     if column.startswith("__"):
@@ -141,7 +159,11 @@ def stage_names(mechanism):
 
 
 def stage_budget(budget, mechanism):
-    """One plan stage per level (hierarchical) or round (binary_search)."""
+    """One plan stage per level (hierarchical) or round (binary_search), after the
+    ``select_keys`` stage when the keys are found from the data."""
+    selection = mechanism.get("key_selection")
+    if selection is not None:
+        budget.spend(SELECT_KEYS_STAGE, selection["epsilon"], selection["delta"])
     return _levels.spend_levels(budget, stage_names(mechanism))
 
 
@@ -159,6 +181,21 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
                    resolution=(mech["domain"][1] - mech["domain"][0]) / 2 ** (mech["rounds"] + 1))
     out.update(_levels.report_section(params))
     out["contributions_per_level"] = per_step
+    selection = mech.get("key_selection")
+    if selection is not None:
+        from accounting import sample_threshold
+        try:
+            sel = sample_threshold.calibrate(selection["epsilon"], selection["delta"], max_keys_per_user)
+        except ValueError as exc:
+            raise CalibrationError(f"quantiles key selection at epsilon={selection['epsilon']:g}, "
+                                   f"delta={selection['delta']:g}: {exc}") from None
+        out["key_selection"] = {
+            "stage": SELECT_KEYS_STAGE, "share": selection["share"],
+            "sampling_rate": sel.sampling_rate, "threshold": sel.threshold,
+            "release_point": sel.release_point, "per_key_epsilon": sel.per_key_epsilon,
+            "per_key_delta": sel.per_key_delta_spent, "delta_achieved": sel.delta_spent,
+            "what": "keys whose distinct users (each user in at most max_keys_per_user keys) "
+                    "pass sample-and-threshold; the key set is published as the output's keys"}
     out["accounting"] = (f"quantiles by {'a hierarchical histogram' if mech['method'] == 'hierarchical' else 'binary search'}"
                          f" (paper 003 Sec. 4.2); " + _levels.accounting("(user, value)"))
     return out
@@ -212,13 +249,40 @@ def _answer_hierarchy(released, keys, key_list, mech):
                                         branching=mech["branching"], levels=mech["levels"]), keys)
 
 
+def _selected_keys(tables, keys):
+    """The released key tuples of the select_keys stage, in a fixed order."""
+    out = set()
+    for table in tables:
+        out.update(zip(*[table.column(k).to_pylist() for k in keys]))
+    return sorted(out, key=repr)
+
+
+def _rehash_keys(table, keys):
+    from transforms.hashing import hash_columns
+    from transforms.user_shards import KEY_HASH_COLUMN
+    index = table.schema.get_field_index(KEY_HASH_COLUMN)
+    return table.set_column(index, KEY_HASH_COLUMN,
+                            pa.array(hash_columns(table, keys), type=pa.uint64()))
+
+
+def _restrict_to(table, keys, selected):
+    chosen = set(selected)
+    rows = [kt in chosen for kt in zip(*[table.column(k).to_pylist() for k in keys])]
+    out = table.filter(pa.array(rows, pa.bool_())) if rows else table
+    if out.num_rows:
+        yield out
+
+
 def release_stages(records, plan, num_shards, rng_factory=None):
     """Prepared records (key columns + value) -> [public keys only] -> whole users -> at
     most C distinct (key, value) pairs per user -> users per (key, value) -> the method's
-    histograms -> Table(keys..., rank, value)."""
+    histograms -> Table(keys..., rank, value). Without public keys but with input.keys,
+    the keys are those a sample-and-threshold stage (select_keys) releases from the
+    distinct users per key, each user bounded to C keys separately for that stage."""
     from transforms.aggregate import SumCountsPerKey
     from transforms.per_user_bound import PerUserBound
     from transforms.quantile_release import BinarySearchQuantiles, KeyedHierarchy
+    from transforms.sample_and_threshold import SampleAndThreshold
     from transforms.user_shards import ShardByUser
     spec = plan.spec
     mech = spec.mechanism
@@ -229,12 +293,24 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     if plan.domain is not None:
         from transforms.public_domain import RestrictToDomain
         records = records | "RestrictToDomain" >> RestrictToDomain(plan.domain, keys)
-    counts = (records
-              | "ShardByUser" >> ShardByUser(num_shards)
+    users = records | "ShardByUser" >> ShardByUser(num_shards)
+    counts = (users
               | "PerUserBound" >> PerUserBound(keys + [column], bound, rng_factory=rng_factory)
               | "SumCountsPerValue" >> SumCountsPerKey(keys + [column], num_shards)  # Table(keys, value, count)
               | "Numeric" >> beam.Map(_numeric, column))
-    key_list = _key_list(plan)
+    if "key_selection" in params:
+        selected = (users
+                    | "HashKeysOnly" >> beam.Map(_rehash_keys, keys)  # __key was keys + value
+                    | "BoundKeys" >> PerUserBound(keys, bound, rng_factory=rng_factory)
+                    | "UsersPerKey" >> SumCountsPerKey(keys, num_shards)              # Table(keys, count)
+                    | "SelectKeys" >> SampleAndThreshold(params["key_selection"], rng_factory)
+                    | "GatherKeys" >> beam.combiners.ToList()
+                    | "KeyList" >> beam.Map(_selected_keys, keys))                     # [key tuple]
+        key_list = beam.pvalue.AsSingleton(selected)
+        counts = counts | "OnlySelectedKeys" >> beam.FlatMap(_restrict_to, keys, key_list)
+    else:
+        selected = records.pipeline | "KeyList" >> beam.Create([_key_list(plan)])
+        key_list = beam.pvalue.AsSingleton(selected)
     lo, hi = mech["domain"]
     if mech["method"] == "hierarchical":
         return (counts
@@ -244,7 +320,7 @@ def release_stages(records, plan, num_shards, rng_factory=None):
                 | "GatherLevels" >> beam.combiners.ToList()
                 | "Quantiles" >> beam.FlatMap(_answer_hierarchy, keys, key_list, mech))
     return (counts
-            | "BinarySearch" >> BinarySearchQuantiles(keys, column, key_list=key_list,
+            | "BinarySearch" >> BinarySearchQuantiles(keys, column, key_list=selected,
                                                       ranks=mech["ranks"], lo=lo, hi=hi,
                                                       rounds=mech["rounds"], params=params,
                                                       num_shards=num_shards, rng_factory=rng_factory)

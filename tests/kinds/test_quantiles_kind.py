@@ -193,7 +193,7 @@ def test_mechanism_errors_name_the_field(tmp_path, change, field):
 
 
 @pytest.mark.parametrize("spec_change, field", [
-    (lambda s: s["input"].update(keys=["city"]), "input.keys"),
+    (lambda s: s["input"].update(keys=["rank"]), "input.keys[0]"),
     (lambda s: s["bounding"].update(max_keys_per_user="auto"), "bounding.max_keys_per_user"),
     (lambda s: s["mechanism"].update(column="user"), "mechanism.column"),
 ])
@@ -211,3 +211,38 @@ def test_other_kinds_still_need_input_keys(tmp_path):
     with pytest.raises(SpecError) as err:
         _load(tmp_path, spec)
     assert err.value.field == "input.keys"
+
+
+@pytest.mark.parametrize("method", ["hierarchical", "binary_search"])
+def test_keys_found_by_a_thresholded_stage(tmp_path, method):
+    """input.keys without public keys: a select_keys stage releases the keys with many
+    users (a, b: 20,000 each, release point ~95 users) and never a key with 3 users
+    (tau = 17 sampled users needed, impossible with 3)."""
+    rng = np.random.default_rng(6)
+    cities = np.array(["a"] * 20_000 + ["b"] * 20_000 + ["rare"] * 3)
+    values = np.where(cities == "a", rng.normal(30, 5, cities.size), rng.normal(70, 5, cities.size))
+    data = _data(tmp_path, values, cities=cities)
+    extra = {"rounds": 10} if method == "binary_search" else {}
+    spec = _load(tmp_path, _spec(tmp_path, data, keys=["city"], ranks=[0.5], method=method, **extra))
+    plan = make_plan(spec)
+    stages = plan.report()["privacy"]["stages"]
+    assert stages[0] == {"name": "select_keys", "epsilon": 0.5, "delta": 5e-7}
+    assert math.isclose(math.fsum(s["epsilon"] for s in stages), 1.0, rel_tol=1e-12)
+    assert math.isclose(math.fsum(s["delta"] for s in stages), 1e-6, rel_tol=1e-12)
+    selection = plan.report()["mechanism"]["key_selection"]
+    assert selection["delta_achieved"] <= 5e-7 * (1 + 1e-12) and selection["threshold"] > 3
+    run(plan, rng_factory=lambda: np.random.default_rng(8))
+    rows = {r["city"]: r for r in _released(tmp_path)}
+    assert set(rows) == {"a", "b"}
+    assert abs(rows["a"]["value"] - 30) < 2 and abs(rows["b"]["value"] - 70) < 2
+
+
+def test_key_selection_share_errors(tmp_path):
+    spec = _spec(tmp_path, "x.parquet", key_selection_share=0.5)
+    with pytest.raises(SpecError) as err:
+        _load(tmp_path, spec)   # global release: nothing to select
+    assert err.value.field == "mechanism.key_selection_share"
+    spec = _spec(tmp_path, "x.parquet", keys=["city"], key_selection_share=1.0)
+    with pytest.raises(SpecError) as err:
+        _load(tmp_path, spec)
+    assert err.value.field == "mechanism.key_selection_share"

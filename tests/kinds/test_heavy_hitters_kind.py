@@ -98,6 +98,8 @@ def test_release_finds_the_heavy_keys_with_utf8(tmp_path):
 
 
 def test_cli_run_and_plan(tmp_path, cli):
+    """CSPRNG sampling: "the" has ~3,000 of the 5,000 users, the release point is ~510
+    (p ~ 0.039, tau = 20), so every level releases it except with probability < 1e-20."""
     data = _data(tmp_path, users=5000)
     done = cli(_spec(tmp_path, data), command="plan")
     assert done.returncode == 0, done.stderr

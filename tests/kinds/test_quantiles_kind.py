@@ -129,7 +129,9 @@ def test_cli_every_value_outside_the_domain_is_clamped(tmp_path, cli, method):
     """All values above high count as high; all below low as low (up to the resolution).
     Ranks up to 0.9: the hierarchy's total (level 1) and a leaf's rank (level L) are
     independent samples about 2% apart (sd) at 20,000 users, so rank 0.99 of a point mass
-    may land one level-1 bucket further; 0.9 is 5 sd away (false failure < 1e-6)."""
+    may land one level-1 bucket further; 0.9 is 5 sd away (false failure < 1e-6). The
+    20,000 values all fall in one cell per level (or one side per round), whose sampled
+    count is > 10 tau in expectation: suppressing it has probability < 1e-20."""
     rng = np.random.default_rng(0)
     above = _data(tmp_path, rng.uniform(200, 300, 20_000), name="above.parquet")
     done = cli(_spec(tmp_path, above, method=method, ranks=[0.1, 0.5, 0.9]))

@@ -74,6 +74,9 @@ def ThresherRelease(user, keys, privacy, bounding, mechanism, name="beam_yaml_re
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise SpecError("num_shards", f"must be an integer >= 1, got {num_shards!r}")
         spec = parse(document, source_text=yaml.safe_dump(config, sort_keys=True))
+        if spec.kind == "quantiles":  # reads a value column the Beam YAML rows do not carry yet
+            raise SpecError("mechanism.kind", "quantiles is not available from Beam YAML yet; "
+                            "use thresher run")
     except SpecError as exc:
         field = exc.field
         for spec_field, config_field in _CONFIG_FIELD.items():

@@ -83,6 +83,8 @@ def check_input(input_spec, files):
     needed = input_spec.columns
     names = ["input.user", *[f"input.keys[{i}]" for i in range(len(input_spec.keys))],
              *[f"aggregates (column {v!r})" for v in input_spec.values]]
+    if input_spec.quantile_column is not None:
+        names.append("mechanism.column")
     if input_spec.sample is not None:
         names = [*names[1:], "input.sample.frequency"]
     est_rows = 0

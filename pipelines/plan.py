@@ -184,12 +184,15 @@ def make_plan(spec):
     if spec.input.public_keys is not None:
         from pipelines.public_keys import input_key_types, load_domain
         domain = load_domain(spec.input.public_keys, spec.input.keys, input_key_types(spec.input))
-    if domain is not None and spec.kind == "laplace":
+    module = kind_module(spec.kind)
+    if hasattr(module, "stage_budget"):
+        # Several composed histograms (heavy_hitters, quantiles): one stage each.
+        release = module.stage_budget(budget, spec.mechanism)
+    elif domain is not None and spec.kind == "laplace":
         # Discrete Laplace over a public domain is pure epsilon-DP: the release spends no delta.
         release = budget.spend(RELEASE_STAGE, budget.remaining_epsilon, 0.0)
     else:
         release = budget.spend_rest(RELEASE_STAGE)
-    module = kind_module(spec.kind)
     params, excluded = {}, {}
     calibrate = module.calibrate
     if spec.aggregates:   # count and sums calibrated jointly (pipelines/aggregates.py)

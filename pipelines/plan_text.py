@@ -53,7 +53,8 @@ def format_plan(plan, report):
     spec = plan.spec
     unit = (f"per user column {spec.input.user}" if spec.input.sample is None else
             f"sanitizing the existing sample's column {spec.input.sample['frequency']}")
-    out = [f"release {spec.name}: {spec.kind} over keys {', '.join(spec.input.keys)}, {unit}",
+    keys = ", ".join(spec.input.keys) or "(none: one global release)"
+    out = [f"release {spec.name}: {spec.kind} over keys {keys}, {unit}",
            f"privacy: epsilon={value_text(plan.budget.epsilon)}, delta={value_text(plan.budget.delta)} "
            f"({report['privacy']['neighbouring']})"]
     for stage in plan.budget.stages:

@@ -78,7 +78,8 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     module = kind_module(spec.kind)
     schema = output_schema(spec, files)
 
-    records = pipeline | "Read" >> io.ReadRecords(spec.input, files)       # Table(__user, __key, keys)
+    read_spec = module.read_spec(spec) if hasattr(module, "read_spec") else spec.input
+    records = pipeline | "Read" >> io.ReadRecords(read_spec, files)         # Table(__user, __key, keys)
     if spec.input.sample is not None:
         # An existing weighted sample: one row per key with its frequency; no users to
         # bound, the declared bound is the sample's (paper 001's post-processing use).
@@ -111,6 +112,8 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None):
     """
     spec = plan.spec
     keys = list(spec.input.keys)
+    if hasattr(kind_module(spec.kind), "release_stages"):  # heavy_hitters, quantiles
+        return kind_module(spec.kind).release_stages(records, plan, num_shards, rng_factory), None
     if plan.domain is not None:
         return _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink)
     users = records | "ShardByUser" >> ShardByUser(num_shards)               # Table of whole users

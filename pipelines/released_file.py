@@ -5,8 +5,9 @@ rows are therefore written in an order and layout fixed by the released (key, va
 set, the spec and the thresher version, never by how the input was read, sharded or
 shuffled (issue 13; docs/privacy_testing.md, "Artifact-level threats"):
 
-- **order**: rows sorted by the key columns, in the spec's column order, ascending, by
-  Arrow's type-aware comparison (numbers by value, strings and binaries by their bytes,
+- **order**: rows sorted by the key columns, in the spec's column order, then by the other
+  columns (ties only arise for kinds with several rows per key), ascending, by Arrow's
+  type-aware comparison (numbers by value, strings and binaries by their bytes,
   dates by date); -0.0 and NaN never reach here (the reader folds -0.0 into 0.0 and drops
   NaN keys). A public key domain (``input.public_keys``) is written in the domain
   file's order instead: the domain is public, so is its order.
@@ -52,7 +53,11 @@ def canonical_table(tables, schema, key_columns, domain=None):
         return schema.empty_table()
     table = pa.concat_tables(tables).combine_chunks()
     if domain is None:
-        order = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in key_columns])
+        # Keys first; the other columns break ties (kinds with several rows per key, such
+        # as quantiles' one row per rank), so the order is total on the released rows.
+        others = [c for c in schema.names if c not in key_columns]
+        order = pc.sort_indices(table, sort_keys=[(c, "ascending") for c in (*key_columns, *others)],
+                                null_placement="at_end")
     else:
         order = _domain_order(table, domain, schema, key_columns)
     return table.take(order).combine_chunks()

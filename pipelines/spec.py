@@ -18,7 +18,10 @@ from pipelines.errors import SpecError
 
 FORMATS = ("parquet", "csv", "jsonl")
 MODELS = ("l0", "l1")
-KINDS = ("gaussian", "laplace", "sample_and_threshold", "weighted_sampling")
+KINDS = ("gaussian", "laplace", "sample_and_threshold", "weighted_sampling", "heavy_hitters",
+         "quantiles")
+# Kinds whose input.keys may be empty or left out (one global release).
+KEYLESS_KINDS = ("quantiles",)
 # Output columns the release adds; a key column may not share their names.
 RESERVED_COLUMNS = ("count", "estimate", "token")
 
@@ -36,13 +39,15 @@ class InputSpec:
     public_keys: object = None  # {path, format} of the public key domain (pipelines/public_keys.py)
     values: tuple = ()      # value columns of ``aggregates`` (pipelines/aggregates.py)
     delimiter: str = ","        # CSV field separator (input.delimiter; "\t" for .tsv)
+    quantile_column: object = None  # the numeric column a quantiles release reads (mechanism.column)
 
     @property
     def columns(self):
         """The columns a release reads."""
         if self.sample is not None:
             return [*self.keys, self.sample["frequency"]]
-        return [self.user, *self.keys, *self.values]
+        return [self.user, *self.keys, *self.values,
+                *([self.quantile_column] if self.quantile_column is not None else [])]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,11 +217,11 @@ def choice(value, field, allowed):
 
 # ---- sections ----------------------------------------------------------------------
 
-def _parse_input(section):
+def _parse_input(section, keys_optional=False):
     field = "input"
     _mapping(section, field)
     check_fields(section, field, ("path", "format", "user", "keys", "sample", "public_keys",
-                                  "delimiter"), ("path", "keys"))
+                                  "delimiter"), ("path",) if keys_optional else ("path", "keys"))
     sample = None
     if section.get("sample") is not None:
         from pipelines.kinds.weighted_sampling import parse_sample
@@ -239,10 +244,12 @@ def _parse_input(section):
     elif fmt == "csv" and delimiter is None:
         delimiter = formats.infer(path)[1] if _tells_format(path) else ","
     user = string(section["user"], "input.user") if sample is None else None
-    keys = section["keys"]
+    keys = section.get("keys")
     if isinstance(keys, str):
         keys = [keys]
-    if not isinstance(keys, list) or not keys:
+    if keys_optional and keys in (None, []):
+        keys = []
+    elif not isinstance(keys, list) or not keys:
         raise SpecError("input.keys", f"must be a non-empty list of column names, got {_describe(keys)}")
     keys = tuple(string(k, f"input.keys[{i}]") for i, k in enumerate(keys))
     if len(set(keys)) != len(keys):
@@ -386,15 +393,19 @@ def parse(data, source_text=""):
     if not isinstance(description, str):
         raise SpecError("description", f"must be a string, got {_describe(description)}")
     privacy = _parse_privacy(data["privacy"])
-    input_spec = _parse_input(data["input"])
+    kind = data["mechanism"].get("kind") if isinstance(data["mechanism"], dict) else None
+    input_spec = _parse_input(data["input"], keys_optional=kind in KEYLESS_KINDS)
     bounding = _parse_bounding(data["bounding"], privacy)
     mechanism = _parse_mechanism(data["mechanism"])
+    check_spec = getattr(kind_module(mechanism["kind"]), "check_spec", None)
+    if check_spec is not None:  # kind-specific checks of the input and bounding (heavy_hitters, quantiles)
+        input_spec = check_spec(mechanism, input_spec, bounding, privacy) or input_spec
     if mechanism["kind"] in ("gaussian", "laplace"):
         from pipelines import public_keys as public_keys_mod
         mechanism = public_keys_mod.check_mechanism(mechanism, input_spec, data["mechanism"])
-    elif input_spec.public_keys is not None:
+    elif input_spec.public_keys is not None and mechanism["kind"] != "quantiles":
         raise SpecError("input.public_keys", f"public_keys is supported for gaussian and "
-                        f"laplace, not {mechanism['kind']!r}")
+                        f"laplace (and quantiles), not {mechanism['kind']!r}")
     if input_spec.sample is not None:
         mechanism = _presampled_mechanism(mechanism, input_spec.sample, bounding)
     aggregates, aggregates_auto = (), None

@@ -1,0 +1,75 @@
+"""Budget and calibration shared by the kinds built on several sample-and-threshold
+histograms (``heavy_hitters``: TrieHH++ prefix levels; ``quantiles``: hierarchy levels or
+binary-search rounds).
+
+Paper 003 Lemma 4.1: L (epsilon_l, delta_l)-DP histograms compose to (L epsilon_l,
+L delta_l) (basic composition, adaptive choices allowed). The plan records one stage per
+histogram with (epsilon / L, delta / L), so the report's stages add up to the spec's
+budget; ``accounting.sample_threshold.calibrate_levels`` then finds one (sampling_rate,
+threshold) meeting each level's share exactly (hockey-stick divergence of thresholded
+Bin(k, p) vs Bin(k - 1, p) per contribution, group privacy over a user's at most C
+contributions to the level) and reports the delta each level actually spends.
+"""
+import collections
+
+from accounting import sample_threshold
+from pipelines.errors import CalibrationError, SpecError
+from pipelines.spec import integer
+
+StageTotal = collections.namedtuple("StageTotal", "epsilon delta")
+
+
+def spend_levels(budget, names):
+    """Record one stage per name with an equal share of what is left; returns the total."""
+    eps, delta = budget.remaining_epsilon, budget.remaining_delta
+    n = len(names)
+    for name in names:
+        budget.spend(name, eps / n, delta / n)
+    return StageTotal(eps, delta)
+
+
+def refuse_auto_bound(bounding, kind):
+    if bounding.max_keys_per_user == "auto":
+        raise SpecError("bounding.max_keys_per_user",
+                        f"must be a positive integer for {kind} (auto is not supported: the "
+                        f"private choice of C is defined for per-key counts only)")
+    if bounding.model != "l0":
+        raise SpecError("bounding.model", f"{kind} needs bounding.model: l0")
+
+
+def optional_threshold(section):
+    value = section.get("threshold")
+    return None if value is None else integer(value, "mechanism.threshold", low=1, high=10**9)
+
+
+def calibrate(mech, *, epsilon, delta, levels, max_keys_per_user, what):
+    try:
+        return sample_threshold.calibrate_levels(
+            epsilon, delta, levels, max_keys_per_user,
+            sampling_rate=mech.get("sampling_rate"), threshold=mech.get("threshold"))
+    except ValueError as exc:
+        raise CalibrationError(f"{what} at epsilon={epsilon:g}, delta={delta:g}, "
+                               f"max_keys_per_user={max_keys_per_user} over {levels} "
+                               f"level(s): {exc}") from None
+
+
+def report_section(params):
+    """The calibrated parameters of a LevelParams, for the report's mechanism section."""
+    return {"levels": params.levels,
+            "sampling_rate": params.sampling_rate,
+            "threshold": params.threshold,
+            "release_point": params.threshold / params.sampling_rate,
+            "level_epsilon": params.level_epsilon,
+            "level_delta": params.level_delta_spent,
+            "unit_epsilon": params.unit.epsilon,
+            "unit_delta": params.unit.delta_spent,
+            "delta_achieved": params.delta_spent,
+            "calibrated": list(params.unit.calibrated)}
+
+
+def accounting(unit):
+    """The report's accounting text; ``unit`` names one contribution, e.g. "(user, key)"."""
+    return ("sample-and-threshold (paper 003) per level: exact hockey-stick divergence of "
+            f"thresholded Bin(k, p) vs Bin(k-1, p) for one {unit} contribution, group privacy "
+            "over a user's contributions to the level (contributions_per_level); levels "
+            "composed by basic composition (paper 003 Lemma 4.1), one stage each")

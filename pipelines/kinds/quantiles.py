@@ -1,0 +1,327 @@
+"""``mechanism.kind: quantiles`` -- quantiles of a numeric column from sample-and-threshold
+histograms (paper 003 Sec. 4.2), globally or per public key.
+
+Bounding: each user contributes at most C = max_keys_per_user distinct (key, value)
+pairs (``PerUserBound`` on the key columns plus ``column``; several records of one user
+with the same key and value count once). The domain [low, high] is public and fixed
+without looking at the data; values below ``low`` are clamped to the first bucket and
+values >= ``high`` to the last, so they count as ``low`` / ``high`` (the released value
+is then ``low`` or ``high``).
+
+Methods (``method``, default ``hierarchical``):
+
+- ``hierarchical``: a ``branching``-ary hierarchy of ``levels`` levels over [low, high)
+  (branching**levels leaves, default 16**3 = 4096); level l is a sample-and-threshold
+  histogram over (key, bucket) cells; every rank is answered from the same release by
+  the greedy decomposition (``transforms.quantiles.RangeAnswers``). One stage per level.
+- ``binary_search``: ``rounds`` rounds; round r releases, for every (key, rank), the
+  two-bucket histogram split at the midpoint of that search's interval and halves the
+  interval towards the rank (paper 003 Lemma "single quantiles"); the answer is the
+  final interval's midpoint (resolution (high - low) / 2**(rounds + 1)). Every value
+  takes part in every rank's search, so a user has at most C * len(ranks) contributions
+  per round. One stage per round.
+
+Output: the key columns (if any), ``rank`` (the requested phi, float64) and ``value``
+(float64; null when nothing about that key was released -- every cell suppressed).
+With keys, the keys are ``input.public_keys`` (every listed key gets one row per rank;
+records with other keys are dropped before bounding), or, without public keys, the keys a
+``select_keys`` stage releases: sample-and-threshold over the distinct users per key (each
+user bounded to C keys for that stage), calibrated by ``accounting.sample_threshold.
+calibrate`` with ``key_selection_share`` (default 0.5) of epsilon and delta; the levels
+share the rest.
+
+Privacy: the levels / rounds compose (paper 003 Lemma 4.1 / the quantile lemma); each
+gets (epsilon / L, delta / L) and (sampling_rate, threshold) come from
+``accounting.sample_threshold.calibrate_levels`` (exact per-contribution accounting,
+group privacy over the user's contributions to one level).
+"""
+import dataclasses
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.errors import CalibrationError, InputError, SpecError
+from pipelines.kinds import _levels
+from pipelines.kinds._common import optional_number
+from pipelines.spec import choice, integer, number, string
+
+METHODS = ("hierarchical", "binary_search")
+SELECT_KEYS_STAGE = "select_keys"
+DEFAULT_METHOD = "hierarchical"
+DEFAULT_BRANCHING = 16
+DEFAULT_LEVELS = 3
+DEFAULT_ROUNDS = 12
+MAX_RANKS = 1000
+DEFAULT_KEY_SELECTION_SHARE = 0.5
+
+FIELDS = {
+    "column": "the numeric input column whose quantiles are released (required)",
+    "ranks": "list of ranks phi in (0, 1), e.g. [0.1, 0.5, 0.9] (required)",
+    "domain": "[low, high]: the public value range; values outside are clamped (required)",
+    "method": f"hierarchical (default) or binary_search",
+    "branching": f"hierarchical: children per node, integer >= 2 (default {DEFAULT_BRANCHING})",
+    "levels": f"hierarchical: number of levels (default {DEFAULT_LEVELS})",
+    "rounds": f"binary_search: number of bisection rounds (default {DEFAULT_ROUNDS})",
+    "key_selection_share": f"with input.keys and no input.public_keys: the share of epsilon and "
+                           f"delta spent finding the keys (default {DEFAULT_KEY_SELECTION_SHARE})",
+    "sampling_rate": "p in (0, 1], the same at every level/round (optional; calibrated if absent)",
+    "threshold": "tau >= 1, the same at every level/round (optional; calibrated if absent)",
+}
+OUTPUT_COLUMNS = {"rank": pa.float64(), "value": pa.float64()}
+
+
+def parse(section):
+    for name in ("column", "ranks", "domain"):
+        if section.get(name) is None:
+            raise SpecError(f"mechanism.{name}", "is required for quantiles")
+    column = string(section["column"], "mechanism.column")
+    ranks = section["ranks"]
+    if not isinstance(ranks, list) or not ranks or len(ranks) > MAX_RANKS:
+        raise SpecError("mechanism.ranks", f"must be a non-empty list of at most {MAX_RANKS} "
+                        f"numbers in (0, 1), got {ranks!r}")
+    ranks = [number(r, f"mechanism.ranks[{i}]", low=0, high=1, low_open=True, high_open=True)
+             for i, r in enumerate(ranks)]
+    if len(set(ranks)) != len(ranks):
+        raise SpecError("mechanism.ranks", f"lists a rank twice: {ranks}")
+    domain = section["domain"]
+    if not isinstance(domain, list) or len(domain) != 2:
+        raise SpecError("mechanism.domain", f"must be a list [low, high], got {domain!r}")
+    low = number(domain[0], "mechanism.domain[0]")
+    high = number(domain[1], "mechanism.domain[1]")
+    if not low < high:
+        raise SpecError("mechanism.domain", f"needs low < high, got [{low:g}, {high:g}]")
+    method = choice(section.get("method", DEFAULT_METHOD), "mechanism.method", METHODS)
+    out = {"column": column, "ranks": ranks, "domain": [low, high], "method": method,
+           "sampling_rate": optional_number(section, "sampling_rate", low=0, low_open=True, high=1),
+           "threshold": _levels.optional_threshold(section)}
+    if "key_selection_share" in section:
+        out["key_selection_share"] = number(section["key_selection_share"],
+                                            "mechanism.key_selection_share", low=0, high=1,
+                                            low_open=True, high_open=True)
+    if method == "hierarchical":
+        if "rounds" in section:
+            raise SpecError("mechanism.rounds", "is for method: binary_search")
+        branching = integer(section.get("branching", DEFAULT_BRANCHING), "mechanism.branching",
+                            low=2, high=1024)
+        levels = integer(section.get("levels", DEFAULT_LEVELS), "mechanism.levels", low=1, high=40)
+        if branching ** levels > 2 ** 24:
+            raise SpecError("mechanism.levels", f"branching**levels must be <= 2**24 leaves, "
+                            f"got {branching}**{levels}")
+        out.update(branching=branching, levels=levels)
+    else:
+        for name in ("branching", "levels"):
+            if name in section:
+                raise SpecError(f"mechanism.{name}", "is for method: hierarchical")
+        out["rounds"] = integer(section.get("rounds", DEFAULT_ROUNDS), "mechanism.rounds",
+                                low=1, high=60)
+    return out
+
+
+def check_spec(mechanism, input_spec, bounding, privacy):
+    _levels.refuse_auto_bound(bounding, "quantiles")
+    column = mechanism["column"]
+    share = mechanism.pop("key_selection_share", None)
+    if input_spec.keys and input_spec.public_keys is None:
+        # Keys found by a sample-and-threshold stage of their own (stage select_keys).
+        share = DEFAULT_KEY_SELECTION_SHARE if share is None else share
+        mechanism["key_selection"] = {"share": share, "epsilon": privacy.epsilon * share,
+                                      "delta": privacy.delta * share}
+    elif share is not None:
+        raise SpecError("mechanism.key_selection_share", "is only for quantiles per key without "
+                        "input.public_keys (the keys are then found by a thresholded stage)")
+    if column in input_spec.keys or column == input_spec.user:
+        raise SpecError("mechanism.column", f"{column!r} must not be the user or a key column")
+    if column.startswith("__"):
+        raise SpecError("mechanism.column", f"{column!r}: names starting with __ are thresher's")
+    for i, k in enumerate(input_spec.keys):
+        if k in OUTPUT_COLUMNS:
+            raise SpecError(f"input.keys[{i}]", f"{k!r} is an output column of quantiles; rename the column")
+    if input_spec.sample is not None:
+        raise SpecError("input.sample", "is for weighted_sampling, not quantiles")
+    return dataclasses.replace(input_spec, quantile_column=column)
+
+
+def read_spec(spec):
+    """The input as read: the value column is read (and bounded) like a key column."""
+    return dataclasses.replace(spec.input, keys=(*spec.input.keys, spec.mechanism["column"]),
+                               quantile_column=None)
+
+
+def _steps(mechanism):
+    return mechanism["levels"] if mechanism["method"] == "hierarchical" else mechanism["rounds"]
+
+
+def stage_names(mechanism):
+    what = "level" if mechanism["method"] == "hierarchical" else "round"
+    return [f"{what}_{i}" for i in range(1, _steps(mechanism) + 1)]
+
+
+def stage_budget(budget, mechanism):
+    """One plan stage per level (hierarchical) or round (binary_search), after the
+    ``select_keys`` stage when the keys are found from the data."""
+    selection = mechanism.get("key_selection")
+    if selection is not None:
+        budget.spend(SELECT_KEYS_STAGE, selection["epsilon"], selection["delta"])
+    return _levels.spend_levels(budget, stage_names(mechanism))
+
+
+def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
+    per_step = max_keys_per_user * (1 if mech["method"] == "hierarchical" else len(mech["ranks"]))
+    params = _levels.calibrate(mech, epsilon=epsilon, delta=delta, levels=_steps(mech),
+                               max_keys_per_user=per_step, what=f"quantiles ({mech['method']}) release")
+    out = {"kind": "quantiles", "method": mech["method"], "column": mech["column"],
+           "ranks": list(mech["ranks"]), "domain": list(mech["domain"])}
+    if mech["method"] == "hierarchical":
+        out.update(branching=mech["branching"], leaves=mech["branching"] ** mech["levels"],
+                   resolution=(mech["domain"][1] - mech["domain"][0]) / mech["branching"] ** mech["levels"])
+    else:
+        out.update(rounds=mech["rounds"],
+                   resolution=(mech["domain"][1] - mech["domain"][0]) / 2 ** (mech["rounds"] + 1))
+    out.update(_levels.report_section(params))
+    out["contributions_per_level"] = per_step
+    selection = mech.get("key_selection")
+    if selection is not None:
+        from accounting import sample_threshold
+        try:
+            sel = sample_threshold.calibrate(selection["epsilon"], selection["delta"], max_keys_per_user)
+        except ValueError as exc:
+            raise CalibrationError(f"quantiles key selection at epsilon={selection['epsilon']:g}, "
+                                   f"delta={selection['delta']:g}: {exc}") from None
+        out["key_selection"] = {
+            "stage": SELECT_KEYS_STAGE, "share": selection["share"],
+            "sampling_rate": sel.sampling_rate, "threshold": sel.threshold,
+            "release_point": sel.release_point, "per_key_epsilon": sel.per_key_epsilon,
+            "per_key_delta": sel.per_key_delta_spent, "delta_achieved": sel.delta_spent,
+            "what": "keys whose distinct users (each user in at most max_keys_per_user keys) "
+                    "pass sample-and-threshold; the key set is published as the output's keys"}
+    out["accounting"] = (f"quantiles by {'a hierarchical histogram' if mech['method'] == 'hierarchical' else 'binary search'}"
+                         f" (paper 003 Sec. 4.2); " + _levels.accounting("(user, value)"))
+    return out
+
+
+def _numeric(table, column):
+    col = table.column(column)
+    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+        try:
+            col = pc.cast(col, pa.float64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            bad = next((v for v in col.to_pylist() if not _is_number(v)), None)
+            raise InputError(f"mechanism.column: column {column!r} holds {bad!r}, not a number") from None
+    values = col.cast(pa.float64())
+    if not np.isfinite(values.to_numpy(zero_copy_only=False)).all():
+        # +-inf: clamped like any out-of-domain value (NaN rows were dropped as null keys)
+        values = pc.if_else(pc.is_finite(values), values,
+                            pc.if_else(pc.greater(values, 0), pa.scalar(np.finfo(np.float64).max),
+                                       pa.scalar(-np.finfo(np.float64).max)))
+    return table.set_column(table.schema.get_field_index(column), column, values)
+
+
+def _is_number(v):
+    try:
+        float(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _key_list(plan):
+    keys = list(plan.spec.input.keys)
+    if not keys:
+        return [()]
+    domain = plan.domain.select(keys)
+    return list(zip(*[domain.column(k).to_pylist() for k in keys]))
+
+
+def _to_table(columns, keys):
+    return pa.table({**{k: columns[k] for k in keys},
+                     "rank": pa.array(columns["rank"], pa.float64()),
+                     "value": pa.array(columns["value"], pa.float64())})
+
+
+def _answer_hierarchy(released, keys, key_list, mech):
+    from transforms.quantile_release import hierarchy_quantiles
+    released = [t for t in released if t.num_rows]
+    table = pa.concat_tables(released) if released else None
+    lo, hi = mech["domain"]
+    yield _to_table(hierarchy_quantiles(table, keys, key_list, mech["ranks"], lo=lo, hi=hi,
+                                        branching=mech["branching"], levels=mech["levels"]), keys)
+
+
+def _selected_keys(tables, keys):
+    """The released key tuples of the select_keys stage, in a fixed order."""
+    out = set()
+    for table in tables:
+        out.update(zip(*[table.column(k).to_pylist() for k in keys]))
+    return sorted(out, key=repr)
+
+
+def _rehash_keys(table, keys):
+    from transforms.hashing import hash_columns
+    from transforms.user_shards import KEY_HASH_COLUMN
+    index = table.schema.get_field_index(KEY_HASH_COLUMN)
+    return table.set_column(index, KEY_HASH_COLUMN,
+                            pa.array(hash_columns(table, keys), type=pa.uint64()))
+
+
+def _restrict_to(table, keys, selected):
+    chosen = set(selected)
+    rows = [kt in chosen for kt in zip(*[table.column(k).to_pylist() for k in keys])]
+    out = table.filter(pa.array(rows, pa.bool_())) if rows else table
+    if out.num_rows:
+        yield out
+
+
+def release_stages(records, plan, num_shards, rng_factory=None):
+    """Prepared records (key columns + value) -> [public keys only] -> whole users -> at
+    most C distinct (key, value) pairs per user -> users per (key, value) -> the method's
+    histograms -> Table(keys..., rank, value). Without public keys but with input.keys,
+    the keys are those a sample-and-threshold stage (select_keys) releases from the
+    distinct users per key, each user bounded to C keys separately for that stage."""
+    from transforms.aggregate import SumCountsPerKey
+    from transforms.per_user_bound import PerUserBound
+    from transforms.quantile_release import BinarySearchQuantiles, KeyedHierarchy
+    from transforms.sample_and_threshold import SampleAndThreshold
+    from transforms.user_shards import ShardByUser
+    spec = plan.spec
+    mech = spec.mechanism
+    keys = list(spec.input.keys)
+    column = mech["column"]
+    bound = spec.bounding.max_keys_per_user
+    params = plan.params_by_bound[bound]
+    if plan.domain is not None:
+        from transforms.public_domain import RestrictToDomain
+        records = records | "RestrictToDomain" >> RestrictToDomain(plan.domain, keys)
+    users = records | "ShardByUser" >> ShardByUser(num_shards)
+    counts = (users
+              | "PerUserBound" >> PerUserBound(keys + [column], bound, rng_factory=rng_factory)
+              | "SumCountsPerValue" >> SumCountsPerKey(keys + [column], num_shards)  # Table(keys, value, count)
+              | "Numeric" >> beam.Map(_numeric, column))
+    if "key_selection" in params:
+        selected = (users
+                    | "HashKeysOnly" >> beam.Map(_rehash_keys, keys)  # __key was keys + value
+                    | "BoundKeys" >> PerUserBound(keys, bound, rng_factory=rng_factory)
+                    | "UsersPerKey" >> SumCountsPerKey(keys, num_shards)              # Table(keys, count)
+                    | "SelectKeys" >> SampleAndThreshold(params["key_selection"], rng_factory)
+                    | "GatherKeys" >> beam.combiners.ToList()
+                    | "KeyList" >> beam.Map(_selected_keys, keys))                     # [key tuple]
+        key_list = beam.pvalue.AsSingleton(selected)
+        counts = counts | "OnlySelectedKeys" >> beam.FlatMap(_restrict_to, keys, key_list)
+    else:
+        selected = records.pipeline | "KeyList" >> beam.Create([_key_list(plan)])
+        key_list = beam.pvalue.AsSingleton(selected)
+    lo, hi = mech["domain"]
+    if mech["method"] == "hierarchical":
+        return (counts
+                | "Hierarchy" >> KeyedHierarchy(keys, column, lo=lo, hi=hi, branching=mech["branching"],
+                                                levels=mech["levels"], params=params,
+                                                num_shards=num_shards, rng_factory=rng_factory)
+                | "GatherLevels" >> beam.combiners.ToList()
+                | "Quantiles" >> beam.FlatMap(_answer_hierarchy, keys, key_list, mech))
+    return (counts
+            | "BinarySearch" >> BinarySearchQuantiles(keys, column, key_list=selected,
+                                                      ranks=mech["ranks"], lo=lo, hi=hi,
+                                                      rounds=mech["rounds"], params=params,
+                                                      num_shards=num_shards, rng_factory=rng_factory)
+            | "ToTable" >> beam.Map(_to_table, keys))

@@ -1,0 +1,193 @@
+"""mechanism.kind: heavy_hitters end to end: plan (stages add up, calibration checked
+independently), real CLI runs (multi-byte UTF-8 keys, empty input), spec errors."""
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import spec as spec_mod
+from pipelines.errors import CalibrationError, SpecError
+from pipelines.plan import make_plan
+from pipelines.release import run
+from transforms.heavy_hitters import trie_heavy_hitters
+
+from .conftest import level_pair_delta
+
+WORDS = ["the", "thé", "日本語", "日本人", "über", "zz", "zy", "rare"]
+WEIGHTS = [0.25, 0.2, 0.2, 0.15, 0.1, 0.05, 0.04, 0.01]
+
+
+def _data(tmp_path, users=20_000, per_user=3, seed=0, name="data.parquet"):
+    rng = np.random.default_rng(seed)
+    u, w = [], []
+    for i in range(users):
+        for j in rng.choice(len(WORDS), size=per_user, replace=False, p=WEIGHTS):
+            u.append(f"user{i}")
+            w.append(WORDS[j])
+    path = tmp_path / name
+    pq.write_table(pa.table({"user": pa.array(u, pa.string()), "word": pa.array(w, pa.string())}), path)
+    return str(path)
+
+
+def _spec(tmp_path, data, **mech):
+    return {"name": "hh", "input": {"path": data, "user": "user", "keys": ["word"]},
+            "privacy": {"epsilon": 1.0, "delta": 1e-6},
+            "bounding": {"max_keys_per_user": 4},
+            "mechanism": {"kind": "heavy_hitters", "top_k": 5, **mech},
+            "output": {"path": str(tmp_path / "out")}}
+
+
+def _load(tmp_path, spec):
+    import yaml
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, allow_unicode=True))
+    return spec_mod.load(str(path))
+
+
+def test_plan_stages_add_up_and_each_level_meets_its_share(tmp_path):
+    spec = _load(tmp_path, _spec(tmp_path, "x.parquet", prefix_lengths=[1, 3]))
+    plan = make_plan(spec)
+    report = plan.report()
+    stages = report["privacy"]["stages"]
+    assert [s["name"] for s in stages] == ["level_0_prefix_1", "level_1_prefix_3", "level_2_whole_key"]
+    assert math.isclose(math.fsum(s["epsilon"] for s in stages), 1.0, rel_tol=1e-12)
+    assert math.isclose(math.fsum(s["delta"] for s in stages), 1e-6, rel_tol=1e-12)
+    mech = report["mechanism"]
+    assert mech["levels"] == 3 and mech["prefix_lengths"] == [1, 3, None]
+    assert mech["delta_achieved"] <= 1e-6 * (1 + 1e-12)
+    # Independent check: one level's output, a user putting all C = 4 contributions into
+    # one prefix cell (the worst case for one cell), by direct pmf sums, meets the stage.
+    got = level_pair_delta(stages[0]["epsilon"], mech["sampling_rate"], mech["threshold"],
+                           group=4, k_max=3000)
+    assert got <= stages[0]["delta"]
+
+
+def test_trie_prefixes_are_characters_not_bytes():
+    table = pa.table({"word": ["日本語", "日本人", "été", "étage"], "count": [50, 40, 30, 30]})
+    out = trie_heavy_hitters(table, "word", (2, None), {"sampling_rate": 1.0, "threshold": 1},
+                             np.random.default_rng(0))
+    level0 = sorted(out.filter(pa.compute.equal(out.column("level"), 0)).column("word").to_pylist())
+    assert level0 == sorted(["日本", "ét"])
+    assert sorted(out.filter(pa.compute.equal(out.column("level"), 1)).column("word").to_pylist()) == \
+        sorted(["日本語", "日本人", "été", "étage"])
+
+
+def test_release_finds_the_heavy_keys_with_utf8(tmp_path):
+    data = _data(tmp_path)
+    spec = _load(tmp_path, _spec(tmp_path, data))
+    report = run(make_plan(spec), rng_factory=lambda: np.random.default_rng(5))
+    out = pq.read_table(tmp_path / "out" / "released.parquet")
+    assert out.schema == pa.schema([("word", pa.string()), ("count", pa.float64()), ("rank", pa.int64())])
+    rows = sorted(zip(out.column("rank").to_pylist(), out.column("word").to_pylist(),
+                      out.column("count").to_pylist()))
+    assert [r for r, _, _ in rows] == list(range(1, len(rows) + 1)) and len(rows) <= 5
+    # True distinct-user counts: the, thé, 日本語 ~ 8,000-10,000 users each, far above the
+    # release point (~500 users): each is missed with probability < 1e-9 (Chernoff).
+    words = [w for _, w, _ in rows]
+    assert {"the", "thé", "日本語", "日本人"} <= set(words)
+    truth = pq.read_table(data).group_by("word").aggregate([("user", "count_distinct")])
+    truth = dict(zip(truth.column("word").to_pylist(), truth.column("user_count_distinct").to_pylist()))
+    mech = report["mechanism"]
+    for _, w, c in rows:  # bound 4 >= 3 words per user: no bounding loss; v/p within 6 sd
+        sd = math.sqrt(truth[w] * (1 - mech["sampling_rate"]) / mech["sampling_rate"])
+        assert abs(c - truth[w]) <= 6 * sd
+    assert report["released_keys"] == len(rows)
+
+
+def test_cli_run_and_plan(tmp_path, cli):
+    """CSPRNG sampling: "the" has ~3,000 of the 5,000 users, the release point is ~510
+    (p ~ 0.039, tau = 20), so every level releases it except with probability < 1e-20."""
+    data = _data(tmp_path, users=5000)
+    done = cli(_spec(tmp_path, data), command="plan")
+    assert done.returncode == 0, done.stderr
+    assert "stage level_2_whole_key: epsilon=0.333333" in done.stdout
+    assert "sampling_rate=" in done.stdout and "threshold=" in done.stdout
+    done = cli(_spec(tmp_path, data))
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "out" / "release_report.json").read_text())
+    assert report["mechanism"]["kind"] == "heavy_hitters"
+    assert pq.read_table(tmp_path / "out" / "released.parquet").num_rows == report["released_keys"] > 0
+
+
+def test_cli_empty_input_gives_an_empty_release(tmp_path, cli):
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"user": pa.array([], pa.string()), "word": pa.array([], pa.string())}), path)
+    done = cli(_spec(tmp_path, str(path)))
+    assert done.returncode == 0, done.stderr
+    out = pq.read_table(tmp_path / "out" / "released.parquet")
+    assert out.num_rows == 0 and out.schema.names == ["word", "count", "rank"]
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"bounding": {"max_keys_per_user": "auto"}}, "bounding.max_keys_per_user"),
+    ({"input": {"path": "x.parquet", "user": "user", "keys": ["a", "b"]}}, "input.keys"),
+    ({"mechanism": {"kind": "heavy_hitters", "top_k": 0}}, "mechanism.top_k"),
+    ({"mechanism": {"kind": "heavy_hitters", "prefix_lengths": [3, 2]}}, "mechanism.prefix_lengths"),
+    ({"mechanism": {"kind": "heavy_hitters", "prefix_lengths": [None, 2]}}, "mechanism.prefix_lengths"),
+    ({"mechanism": {"kind": "heavy_hitters", "prefix_lengths": ["a"]}}, "mechanism.prefix_lengths[0]"),
+    ({"mechanism": {"kind": "heavy_hitters", "sampling_rate": 2}}, "mechanism.sampling_rate"),
+    ({"mechanism": {"kind": "heavy_hitters", "beta": 2}}, "mechanism.beta"),
+])
+def test_spec_errors_name_the_field(tmp_path, change, field):
+    spec = {**_spec(tmp_path, "x.parquet"), **change}
+    with pytest.raises(SpecError) as err:
+        _load(tmp_path, spec)
+    assert str(err.value).startswith(field + ":") or err.value.field == field
+
+
+def test_fixed_parameters_that_miss_the_budget_are_refused(tmp_path):
+    spec = _load(tmp_path, _spec(tmp_path, "x.parquet", sampling_rate=0.5, threshold=3))
+    with pytest.raises(CalibrationError, match="heavy_hitters"):
+        make_plan(spec)
+
+
+def test_cli_non_string_key_column_is_an_input_error(tmp_path, cli):
+    path = tmp_path / "ints.parquet"
+    pq.write_table(pa.table({"user": ["a", "b"], "word": pa.array([1, 2], pa.int64())}), path)
+    done = cli(_spec(tmp_path, str(path)))
+    assert done.returncode == 2 and "input.keys[0]" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_beam_yaml_transform_releases_heavy_hitters(tmp_path):
+    """The Beam YAML entry point (pipelines/beam_yaml.py) runs the kind's own stages."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+    from pipelines.beam_yaml import ThresherRelease
+    rows = [beam.Row(user=f"u{i}", word=WORDS[i % 3]) for i in range(6000)]
+    with beam.Pipeline() as pipeline:
+        out = (pipeline | beam.Create(rows)
+               | ThresherRelease(user="user", keys=["word"], privacy={"epsilon": 1.0, "delta": 1e-6},
+                                 bounding={"max_keys_per_user": 1},
+                                 mechanism={"kind": "heavy_hitters", "top_k": 2}))
+        # 2,000 users per word, far above the release point: the top 2 of the three
+        # words are released (each missed with probability < 1e-9).
+        ranks = out["released"] | beam.Map(lambda r: r.rank)
+        assert_that(ranks, equal_to([1, 2]))
+
+
+def test_beam_yaml_refuses_quantiles():
+    from pipelines.beam_yaml import ThresherRelease
+    with pytest.raises(SpecError, match="ThresherRelease.mechanism.kind"):
+        ThresherRelease(user="user", keys=[], privacy={"epsilon": 1.0, "delta": 1e-6},
+                        bounding={"max_keys_per_user": 1},
+                        mechanism={"kind": "quantiles", "column": "x", "ranks": [0.5], "domain": [0, 1]})
+
+
+def test_example_config_runs(tmp_path, cli):
+    """configs/examples/heavy_hitters.yaml through the CLI (output redirected). The top word
+    has 11,594 distinct users, the release point is ~2,005: it is missed with probability
+    < 1e-12 (Chernoff), so at least one row is released."""
+    import os
+    import yaml
+    from .conftest import ROOT
+    with open(os.path.join(ROOT, "configs", "examples", "heavy_hitters.yaml")) as handle:
+        spec = yaml.safe_load(handle)
+    spec["input"]["path"] = os.path.join(ROOT, spec["input"]["path"])
+    spec["output"]["path"] = str(tmp_path / "out")
+    done = cli(spec)
+    assert done.returncode == 0, done.stderr
+    out = pq.read_table(tmp_path / "out" / "released.parquet")
+    assert 0 < out.num_rows <= 20 and out.column("rank").to_pylist() == list(range(1, out.num_rows + 1))

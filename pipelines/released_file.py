@@ -64,7 +64,8 @@ def canonical_table(tables, schema, key_columns, domain=None):
 
 
 def _domain_order(table, domain, schema, key_columns):
-    """Row indices of ``table`` in the order its keys have in ``domain``."""
+    """Row indices of ``table`` in the order its keys have in ``domain`` (ties, for kinds
+    with several rows per key, broken by the other columns)."""
     keys = {k: domain.column(k).cast(schema.field(k).type) for k in key_columns}
     positions = pa.table({**keys, "__position": pa.array(np.arange(domain.num_rows))})
     rows = pa.table({**{k: table.column(k) for k in key_columns},
@@ -72,8 +73,13 @@ def _domain_order(table, domain, schema, key_columns):
     joined = rows.join(positions, list(key_columns), join_type="left outer", use_threads=False)
     if joined.column("__position").null_count:
         raise ValueError("a released key is not in the public key domain")
-    joined = joined.sort_by([("__position", "ascending")])
-    return joined.column("__row")
+    position = np.empty(table.num_rows, dtype=np.int64)
+    position[joined.column("__row").to_numpy()] = joined.column("__position").to_numpy()
+    others = [c for c in schema.names if c not in key_columns]
+    ranked = table.select(others).append_column("__position", pa.array(position))
+    return pc.sort_indices(ranked, sort_keys=[("__position", "ascending"),
+                                              *[(c, "ascending") for c in others]],
+                           null_placement="at_end")
 
 
 def write(table, sink):

@@ -18,6 +18,9 @@ CASES = {
     "gaussian_aggregates": dict(kind="gaussian", aggregates=[
         {"column": "amount", "statistic": "sum", "clip": [0, 100]},
         {"column": "amount", "statistic": "mean", "clip": [0, 100]}]),
+    "heavy_hitters": dict(kind="heavy_hitters", top_k=5),
+    "quantiles_public_keys": dict(kind="quantiles", public_keys=True, column="amount",
+                                  ranks=[0.5, 0.9], domain=[0, 100]),
     "laplace_public_keys_aggregates": dict(kind="laplace", public_keys=True, aggregates=[
         {"column": "amount", "statistic": "sum", "clip": [0, 100]}]),
 }

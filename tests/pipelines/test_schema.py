@@ -36,7 +36,8 @@ def _release_specs():
 
 
 def test_configs_hold_release_specs():
-    assert [p for p, _ in _release_specs()] == [os.path.join("configs", "examples", "quickstart.yaml")]
+    assert [p for p, _ in _release_specs()] == [os.path.join("configs", "examples", name)
+                                                for name in ("heavy_hitters.yaml", "quickstart.yaml")]
 
 
 @pytest.mark.parametrize("path, data", _release_specs(), ids=lambda v: v if isinstance(v, str) else "")

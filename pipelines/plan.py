@@ -15,7 +15,7 @@ import hashlib
 import logging
 
 from accounting.budget import Budget
-from pipelines import __version__
+from pipelines import __version__, limits
 from pipelines.errors import CalibrationError
 from pipelines.spec import kind_module
 
@@ -169,6 +169,7 @@ def _accounting_text(mechanism, spec):
 
 def make_plan(spec):
     """Budget split and calibration; raises CalibrationError if the budget cannot be met."""
+    limits.check_spec(spec)
     budget = Budget(spec.privacy.epsilon, spec.privacy.delta)
     if spec.auto_bound:
         budget.spend(SELECT_STAGE, spec.bounding.auto.epsilon, 0.0)
@@ -184,6 +185,7 @@ def make_plan(spec):
         release = budget.spend(RELEASE_STAGE, budget.remaining_epsilon, 0.0)
     else:
         release = budget.spend_rest(RELEASE_STAGE)
+    limits.check_release(spec, release.epsilon, release.delta, candidates)
     module = kind_module(spec.kind)
     params, excluded = {}, {}
     for bound in candidates:

@@ -10,6 +10,7 @@ import dataclasses
 import glob
 import math
 import os
+import reprlib
 
 import yaml
 
@@ -99,8 +100,11 @@ def _construct_mapping(loader, node, deep=False):
     seen = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, (list, dict)):
+            raise SpecError("", f"line {key_node.start_mark.line + 1}: a mapping key must be a "
+                                f"plain value (a name), got a {type(key).__name__}")
         if key in seen:
-            raise SpecError("", f"line {key_node.start_mark.line + 1}: duplicate key {key!r}")
+            raise SpecError("", f"line {key_node.start_mark.line + 1}: duplicate key {_SHORT.repr(key)}")
         seen.add(key)
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
@@ -115,6 +119,8 @@ def load_yaml(text, source="spec"):
         data = yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
     except SpecError:
         raise
+    except RecursionError:
+        raise SpecError("", f"{source}: malformed YAML: nested too deeply") from None
     except yaml.constructor.ConstructorError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}: " if mark else ""
@@ -125,7 +131,42 @@ def load_yaml(text, source="spec"):
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError("", f"{source}: malformed YAML: {where}{problem}") from None
+    size = _expanded_size(data)
+    if size > MAX_EXPANDED_NODES:
+        raise SpecError("", f"{source}: the document expands to more than {MAX_EXPANDED_NODES:,} "
+                            f"values (YAML aliases); a spec is small, write it out")
     return data
+
+
+# A spec has tens of values; aliases (&a / *a) can make a tiny document expand to billions.
+MAX_EXPANDED_NODES = 100_000
+
+
+def _expanded_size(data):
+    """Number of values the document has with every alias written out, counted over the
+    shared structure (each distinct object once, memoised): linear in the document."""
+    memo = {}
+
+    def size(obj):
+        if not isinstance(obj, (list, dict)):
+            return 1
+        key = id(obj)
+        if key in memo:
+            return memo[key]
+        memo[key] = MAX_EXPANDED_NODES + 1      # a cycle (a: &a [*a]) expands forever
+        items = obj.values() if isinstance(obj, dict) else obj
+        total = 1 + len(obj)
+        for item in items:
+            total += size(item)
+            if total > MAX_EXPANDED_NODES:
+                break
+        memo[key] = total
+        return total
+
+    try:
+        return size(data)
+    except RecursionError:
+        return MAX_EXPANDED_NODES + 1
 
 
 # ---- field checkers -------------------------------------------------------------
@@ -139,7 +180,13 @@ def _mapping(value, field):
 def _describe(value):
     if value is None:
         return "nothing (null)"
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {_SHORT.repr(value)}"
+
+
+# Error messages show at most this much of a value (never the expansion of a large one).
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 3, 6, 6
 
 
 def check_fields(section, field, allowed, required=()):

@@ -178,17 +178,23 @@ def _dispatch(args, beam_args):
     spec = spec_mod.load(args.config)
     if args.command == "validate":
         from pipelines import io
+        from pipelines.preflight import check_output_writable
         files = spec_mod.input_files(spec.input)
         io.check_input(spec.input, files)
+        check_output_writable(spec.output.path)
         make_plan(spec)
         print(f"{args.config}: valid ({spec.kind}, {len(files)} input file"
-              f"{'s' if len(files) != 1 else ''})")
+              f"{'s' if len(files) != 1 else ''}; checked the spec, the input files' columns "
+              f"and types, the output folder's writability and the calibration; the rows are "
+              f"checked when the release runs)")
         return 0
     plan = make_plan(spec)
     if args.command == "plan":
         _print_plan(plan, args.json)
         return 0
+    from pipelines.preflight import check_output_writable
     from pipelines.release import run
+    check_output_writable(spec.output.path)
     report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
     if not args.quiet:
         bound = report["bounding"]["max_keys_per_user"]

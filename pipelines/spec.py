@@ -418,6 +418,10 @@ def parse(data, source_text=""):
     elif input_spec.public_keys is not None:
         raise SpecError("input.public_keys", f"public_keys is supported for gaussian and "
                         f"laplace, not {mechanism['kind']!r}")
+    if mechanism.get("debias") and "debiased" in input_spec.keys:
+        raise SpecError(f"input.keys[{input_spec.keys.index('debiased')}]",
+                        "'debiased' is the output column that mechanism.debias adds; rename "
+                        "the key column")
     if input_spec.sample is not None:
         mechanism = _presampled_mechanism(mechanism, input_spec.sample, bounding)
     return ReleaseSpec(
@@ -483,6 +487,13 @@ def input_files(input_spec):
     else:
         files = [path] if os.path.isfile(path) else []
     if not files:
-        what = "matches no files" if glob.has_magic(path) else "does not exist"
+        if glob.has_magic(path):
+            what = "matches no files"
+        elif os.path.isdir(path):
+            what = "is a folder with no input files in it (names starting with . or _ are skipped)"
+        elif os.path.exists(path):
+            what = "is not a regular file (a FIFO, socket or device); give a file or a folder"
+        else:
+            what = "does not exist"
         raise SpecError("input.path", f"{path!r} {what}")
     return files

@@ -8,9 +8,13 @@ Usage and spec errors print one line naming the field and exit with code 2; no
 traceback unless ``--debug`` is given.
 """
 import argparse
+import contextlib
+import io
 import json
 import logging
+import os
 import re
+import signal
 import sys
 
 from pipelines import __version__
@@ -148,17 +152,31 @@ def main(argv=None):
         print("thresher: error: Beam options after -- are only for 'thresher run'", file=sys.stderr)
         return EXIT_USAGE
     _configure_logging(args.debug, getattr(args, "quiet", False))
+    interrupted = []
+    restore_sigint = _watch_sigint(interrupted)
+    import threading
+    saved_excepthook = threading.excepthook
+    if not args.debug:
+        # Beam's worker-watching threads raise when a worker dies (Ctrl-C, a crash) and
+        # Python prints each with a traceback; the main thread reports the failure once.
+        threading.excepthook = _log_thread_exception
     try:
-        return _dispatch(args, beam_args)
+        with _quiet_workers(args.debug, beam_args):
+            return _dispatch(args, beam_args)
     except ThresherError as exc:
+        if interrupted:
+            return _interrupted()
         if args.debug:
             raise
         print(f"thresher: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("thresher: interrupted; nothing was published", file=sys.stderr)
-        return 130
+        return _interrupted()
     except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
+        if interrupted or _caused_by_interrupt(exc):
+            # Ctrl-C reaches Beam's workers too; the runner then reports their failure
+            # (a RuntimeError mentioning KeyboardInterrupt, a dead worker): still Ctrl-C.
+            return _interrupted()
         if args.debug:
             raise
         message = _user_error_in(exc) or _user_error_in_text(str(exc))
@@ -170,6 +188,129 @@ def main(argv=None):
               f"thresher: nothing was published; rerun with --debug for the traceback",
               file=sys.stderr)
         return EXIT_INTERNAL
+    finally:
+        threading.excepthook = saved_excepthook
+        if restore_sigint is not None:
+            signal.signal(signal.SIGINT, restore_sigint)
+
+
+def _log_thread_exception(hook_args):
+    logging.getLogger("thresher").debug(
+        "thread %s: %s: %s", getattr(hook_args.thread, "name", "?"),
+        hook_args.exc_type.__name__, hook_args.exc_value)
+
+
+EXIT_INTERRUPTED = 130
+
+
+def _interrupted():
+    _stop_children()
+    print("thresher: interrupted; nothing was published", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+def _children(pid):
+    """Child process ids of ``pid`` (Linux /proc; empty elsewhere)."""
+    out = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as handle:
+                out.extend(int(c) for c in handle.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def _stop_children():
+    """Stop the worker processes this run started (Beam's multi-processing workers, which
+    would otherwise keep running, and keep this process alive, after an interrupt): each
+    descendant by its process id, deepest first."""
+    pending, found = [os.getpid()], []
+    while pending:
+        kids = _children(pending.pop())
+        found.extend(kids)
+        pending.extend(kids)
+    for pid in reversed(found):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+
+
+def _caused_by_interrupt(exc):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, KeyboardInterrupt) or "KeyboardInterrupt" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _watch_sigint(interrupted):
+    """Note every SIGINT (then raise KeyboardInterrupt as Python does), so that however
+    the interrupt surfaces (in this process or as a worker's failure) the exit is 130."""
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_sigint(signum, frame):
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:
+        return None
+
+
+@contextlib.contextmanager
+def _quiet_workers(debug, beam_args):
+    """Beam's multi-processing workers are child processes that log (tracebacks included)
+    to the inherited standard error. Unless --debug, point their file descriptor 2 at
+    /dev/null while the pipeline runs; thresher's own messages keep the real stderr."""
+    if debug or not any("multi_processing" in a for a in beam_args):
+        yield
+        return
+    try:
+        real = os.dup(2)
+    except OSError:
+        yield
+        return
+    real_stream = os.fdopen(real, "w", buffering=1, encoding="utf-8", errors="replace")
+    saved_stderr = sys.stderr
+    handlers = logging.getLogger("thresher").handlers
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    sys.stderr.flush()
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    if getattr(saved_stderr, "fileno", None) and _is_fd2(saved_stderr):
+        sys.stderr = real_stream
+        for handler in handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setStream(real_stream)
+    try:
+        yield
+    finally:
+        real_stream.flush()
+        os.dup2(real, 2)
+        if sys.stderr is real_stream:
+            sys.stderr = saved_stderr
+            for handler in handlers:
+                if isinstance(handler, logging.StreamHandler):
+                    handler.setStream(saved_stderr)
+        real_stream.close()
+
+
+def _is_fd2(stream):
+    try:
+        return stream.fileno() == 2
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
 
 
 def _dispatch(args, beam_args):

@@ -411,19 +411,33 @@ def test_multi_processing_worker_failure_is_reported_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_is_rc_130_and_publishes_nothing(tmp_path):
+@pytest.mark.parametrize("target", ["cli_process", "process_group"])
+def test_ctrl_c_is_rc_130_and_publishes_nothing(tmp_path, target):
+    """SIGINT to the CLI alone, or (as a terminal's Ctrl-C does) to its whole process
+    group, workers included: rc 130, one line, no worker left running, nothing written."""
     folder = str(tmp_path)
     pq.write_table(words_table(n_users=200_000), os.path.join(folder, "in.parquet"))
     spec = write_yaml(folder, base_spec(folder))
     before = set(os.listdir(folder))
     proc = _capped(["run", spec, "--", "--direct_running_mode=multi_processing",
-                    "--direct_num_workers=2"])
-    time.sleep(8)
-    proc.send_signal(signal.SIGINT)
+                    "--direct_num_workers=2"], start_new_session=True)
+    time.sleep(10)
+    if target == "cli_process":
+        proc.send_signal(signal.SIGINT)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)     # the group the child leads (its own session)
     _, err = proc.communicate(timeout=CASE_SECONDS * 2)
     if proc.returncode == 0:
         pytest.skip("the release finished before the interrupt")
     assert proc.returncode == 130, err
     assert "interrupted; nothing was published" in err
     assert "Traceback" not in err, err
+    assert err.strip().splitlines() == ["thresher: interrupted; nothing was published"], err
     assert set(os.listdir(folder)) == before
+    time.sleep(1)
+    try:
+        os.killpg(proc.pid, 0)
+        left = True
+    except ProcessLookupError:
+        left = False
+    assert not left, "worker processes outlived the interrupted run"

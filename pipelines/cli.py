@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import sys
+import time
 
 from pipelines import __version__
 from pipelines.errors import ThresherError
@@ -165,18 +166,18 @@ def main(argv=None):
             return _dispatch(args, beam_args)
     except ThresherError as exc:
         if interrupted:
-            return _interrupted()
+            return _interrupted(interrupted)
         if args.debug:
             raise
         print(f"thresher: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        return _interrupted()
+        return _interrupted(interrupted)
     except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
         if interrupted or _caused_by_interrupt(exc):
             # Ctrl-C reaches Beam's workers too; the runner then reports their failure
             # (a RuntimeError mentioning KeyboardInterrupt, a dead worker): still Ctrl-C.
-            return _interrupted()
+            return _interrupted(interrupted)
         if args.debug:
             raise
         message = _user_error_in(exc) or _user_error_in_text(str(exc))
@@ -203,9 +204,20 @@ def _log_thread_exception(hook_args):
 EXIT_INTERRUPTED = 130
 
 
-def _interrupted():
+def _interrupted(signalled=()):
+    """Report an interrupt. After a real SIGINT the process ends here: the release has
+    already been discarded (release.run cleans up on any exception), and Beam's threads
+    that watch the stopped workers would otherwise keep the interpreter alive or print
+    their failures while it shuts down."""
     _stop_children()
     print("thresher: interrupted; nothing was published", file=sys.stderr)
+    if signalled:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(EXIT_INTERRUPTED)
     return EXIT_INTERRUPTED
 
 
@@ -225,20 +237,65 @@ def _children(pid):
     return out
 
 
+def _our_beam_workers():
+    """Beam SDK workers in this process group (a worker whose ``sh -c`` parent died on a
+    terminal's Ctrl-C is no longer our descendant, but it is still in our group)."""
+    out = []
+    group = os.getpgrp()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            if os.getpgid(pid) != group:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if b"apache_beam.runners.worker.sdk_worker_main" in handle.read():
+                    out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
 def _stop_children():
     """Stop the worker processes this run started (Beam's multi-processing workers, which
     would otherwise keep running, and keep this process alive, after an interrupt): each
-    descendant by its process id, deepest first."""
+    descendant, and each Beam worker of this process group, by its process id."""
     pending, found = [os.getpid()], []
     while pending:
         kids = _children(pending.pop())
         found.extend(kids)
         pending.extend(kids)
-    for pid in reversed(found):
+    found = list(dict.fromkeys(reversed(found + _our_beam_workers())))
+    for pid in found:
         try:
             os.kill(pid, signal.SIGTERM)
         except OSError:
             pass
+    deadline = time.time() + 2.0
+    while found and time.time() < deadline:
+        found = [pid for pid in found if _alive(pid)]
+        time.sleep(0.05)
+    for pid in found:     # a worker stuck in its own interrupt handling
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _alive(pid):
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().split(") ")[-1][:1] not in ("Z", "X")
+    except OSError:
+        return False
 
 
 def _caused_by_interrupt(exc):

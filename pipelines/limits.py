@@ -14,9 +14,10 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
 * ``laplace`` (paper 002; ``accounting.laplace_threshold``): the same O(C) maximum,
   C <= 1e5; tau* <= 1e12 (counts of users; larger values overflow the integer search).
 * ``sample_and_threshold`` (papers 000/003) and ``weighted_sampling`` (paper 001): the
-  per-key budget is about (epsilon/C, delta/C) and the threshold, the binomial sums and
-  the PWS tables all grow with L(epsilon/C, delta/C) ~ (C/epsilon) ln(C/delta) (PWS
-  eq. 4), so L <= L_MAX = 20,000 (seconds, <= ~1.5 GB for the PWS tables, whose stored
+  per-key budget (eps0, delta0) is (epsilon/C, delta/C) (sample_and_threshold; for
+  weighted_sampling that of ``accounting.pws.per_key_budget``) and the threshold, the
+  binomial sums and the PWS tables all grow with L(eps0, delta0) ~ ln(eps0/delta0)/eps0
+  (PWS eq. 4), so L <= L_MAX = 20,000 (seconds, <= ~1.5 GB for the PWS tables, whose stored
   entries are capped at accounting.pws.MAX_TABLE_ENTRIES anyway). The exact optimal
   composition of weighted_sampling is O(C) per evaluation: C <= 1e4; its per-key delta
   must stay far above float granularity (delta / C >= 1e-15), and a ppswor/priority
@@ -111,7 +112,26 @@ def check_release(spec, epsilon, delta, candidates):
                             f"{epsilon:g}) with delta={delta:g}, max_keys_per_user={c} needs "
                             f"sigma > {SIGMA_MAX:g}, the planning limit; use a release "
                             f"epsilon >= {need:.3g}, a larger delta or a smaller bound")
-    if kind in ("sample_and_threshold", "weighted_sampling"):
+    if kind == "weighted_sampling" and delta / c < WS_KEY_DELTA_MIN:
+        raise SpecError("privacy.delta", f"{delta:g} over max_keys_per_user={c} gives a per-key "
+                        f"delta below {WS_KEY_DELTA_MIN:g}, the planning limit of "
+                        f"weighted_sampling (float granularity); use delta >= "
+                        f"{WS_KEY_DELTA_MIN * c:.3g}")
+    if kind == "weighted_sampling":
+        # The per-key budget itself (exact optimal composition: O(C) per step, C <= 1e4).
+        from accounting.pws import per_key_budget
+        budget = per_key_budget(epsilon, delta, c,
+                                composition=spec.mechanism.get("composition", "optimal"))
+        length = _length(budget.key_epsilon, budget.key_delta, 1)
+        if length > L_MAX:
+            raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage "
+                            f"{epsilon:g}) with delta={delta:g} and max_keys_per_user={c} gives "
+                            f"per-key epsilon {budget.key_epsilon:.3g}, delta "
+                            f"{budget.key_delta:.3g}, whose PWS tables span ~{length:.3g} counts "
+                            f"(> {L_MAX:.0f}, the planning limit of weighted_sampling); use a "
+                            f"release epsilon of about {epsilon * length / L_MAX:.3g} or more, "
+                            f"or a smaller max_keys_per_user")
+    if kind == "sample_and_threshold":
         if _length(epsilon, delta, c) > L_MAX:
             need = _smallest(lambda e: _length(e, delta, c) <= L_MAX, epsilon)
             c_max = _largest_bound(lambda k: _length(epsilon, delta, k) <= L_MAX, c)
@@ -121,11 +141,6 @@ def check_release(spec, epsilon, delta, candidates):
                             f"(> {L_MAX:.0f}, the planning limit for {kind}); use a release "
                             f"epsilon >= {need:.3g}"
                             + (f" or max_keys_per_user <= {c_max}" if c_max else ""))
-    if kind == "weighted_sampling" and delta / c < WS_KEY_DELTA_MIN:
-        raise SpecError("privacy.delta", f"{delta:g} over max_keys_per_user={c} gives a per-key "
-                        f"delta below {WS_KEY_DELTA_MIN:g}, the planning limit of "
-                        f"weighted_sampling (float granularity); use delta >= "
-                        f"{WS_KEY_DELTA_MIN * c:.3g}")
 
 
 def _length(epsilon, delta, c):

@@ -455,3 +455,27 @@ def _live_in_group(group):
         if int(fields[2]) == group and fields[0] not in ("Z", "X"):
             live.append(int(name))
     return live
+
+
+# ---- accepted specs at the planning limits still plan in bounded time and memory ----------
+
+BOUNDARY_SPECS = [
+    ("gaussian_smallest_epsilon", {"privacy": {"epsilon": 8.6e-5}}),
+    ("gaussian_sigma_limit", {"mechanism": {"kind": "gaussian", "sigma": 1e5}}),
+    ("gaussian_threshold_limit", {"mechanism": {"kind": "gaussian", "threshold": 1e6}}),
+    ("gaussian_C_limit", {"bounding": {"max_keys_per_user": 100_000}}),
+    ("laplace_C_limit", {"bounding": {"max_keys_per_user": 100_000}, "mechanism": {"kind": "laplace"}}),
+    ("sample_and_threshold_C_1100", {"bounding": {"max_keys_per_user": 1100},
+                                     "mechanism": {"kind": "sample_and_threshold"}}),
+    ("weighted_sampling_C_limit", {"bounding": {"max_keys_per_user": 10_000},
+                                   "mechanism": {"kind": "weighted_sampling"}}),
+]
+
+
+@pytest.mark.slow
+def test_specs_at_the_limits_plan_within_the_caps(tmp_path):
+    """What the limits accept plans under the 3 GB cap and well inside 60 s each."""
+    cases = [Case(str(tmp_path), name, spec=sections, code=0) for name, sections in BOUNDARY_SPECS]
+    for case, result in zip(cases, run_batch([c.argv() for c in cases])):
+        case.verify(result)
+        assert result["seconds"] < 30, (case.name, result["seconds"])

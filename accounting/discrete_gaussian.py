@@ -66,6 +66,10 @@ _EXACT_SUM_SD = 50.0
 # Above this T_a (and when the convolution is affordable) "auto" convolves exactly.
 _LOOSE_T = 1e-9
 _CONVOLUTION_BUDGET = 4e7
+# Cost bound: no explicit sum or pmf here materialises more than this many terms (O(sigma)
+# arrays: ~10 sigma for tails, ~77 sigma for a pmf); larger requests raise ValueError
+# (pipelines.limits keeps specs well inside it: sigma <= 1e5).
+MAX_TERMS = 50_000_000
 _ZETA5 = 1.0369277551433699
 _EM_C5 = 2.0 * _ZETA5 / (2.0 * math.pi) ** 5
 _HE5_ROOTS = (math.sqrt(5.0 - math.sqrt(10.0)), math.sqrt(5.0 + math.sqrt(10.0)))
@@ -76,6 +80,12 @@ def _check_sigma(sigma):
     if not (math.isfinite(sigma) and sigma > 0):
         raise ValueError(f"sigma must be > 0 and finite, got {sigma}")
     return sigma
+
+
+def _check_terms(terms, sigma):
+    if terms > MAX_TERMS:
+        raise ValueError(f"sigma={sigma:.6g} needs sums of {terms:.3g} terms, more than the "
+                         f"cost bound of {MAX_TERMS:.3g} (use sigma <= ~1e6)")
 
 
 def _poisson_log_normalizer(sd):
@@ -129,6 +139,7 @@ def _log_upper_sum(t, sigma):
     # Terms k past the point where (2 t k + k^2) / (2 sigma^2) > 50 are below e^-50 of the
     # first and decay faster than geometrically: they do not change the float sum.
     k_max = int(math.ceil(-t + math.sqrt(t * t + 100.0 * sigma * sigma))) + 1
+    _check_terms(k_max, sigma)
     k = np.arange(k_max + 1, dtype=np.float64)
     return -t * t / s2 + float(special.logsumexp(-(2.0 * t * k + k * k) / s2))
 
@@ -212,6 +223,7 @@ def _trimmed(offset, p):
 @functools.lru_cache(maxsize=64)
 def _base_pmf(sigma):
     k = int(math.ceil(_PMF_SIGMAS * sigma)) + 1
+    _check_terms(2 * k + 1, sigma)
     x = np.arange(-k, k + 1, dtype=np.float64)
     p = np.exp(-x * x / (2.0 * sigma * sigma) - log_normalizer(sigma))
     cut = 2.0 * math.exp(_log_upper_sum(k + 1, sigma) - log_normalizer(sigma))

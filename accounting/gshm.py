@@ -361,7 +361,13 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, pre_threshold=1, sigm
 
     if sigma is None and threshold is None:
         sigma = sigma_floor
-        gap = gap_at(sigma)
+        gap = gap_at(sigma) if sigma is not None else None
+        if gap is None:
+            raise ValueError(f"no sigma and threshold meet {budget}: the noise needed is "
+                             "beyond what can be represented; use a larger epsilon or delta")
+    elif sigma_floor is None:
+        raise ValueError(f"no sigma meets {budget}: the noise needed is beyond what can be "
+                         "represented; use a larger epsilon or delta")
     elif threshold is None:
         gap = gap_at(float(sigma))
         if gap is None:

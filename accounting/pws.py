@@ -376,8 +376,10 @@ def mle_estimates(frequency_table, keep_probabilities=None, *, statistic=None):
     starts = csc.indptr[cols]
     col_max = np.maximum.reduceat(csc.data, starts)
     is_max = csc.data == np.repeat(col_max, counts[cols])
-    big = np.iinfo(np.int64).max
-    best_row = np.minimum.reduceat(np.where(is_max, csc.indices, big), starts)
+    # Row indices as int64 whatever the table's index dtype (scipy uses int32 for small
+    # tables, e.g. a dense table converted here): the sentinel must not wrap.
+    rows = csc.indices.astype(np.int64)
+    best_row = np.minimum.reduceat(np.where(is_max, rows, np.iinfo(np.int64).max), starts)
     a[cols + 1] = g[best_row] / keep[best_row]
     return a
 

@@ -12,10 +12,15 @@ Usage and spec errors print one line naming the field and exit with code 2; no
 traceback unless ``--debug`` is given.
 """
 import argparse
+import contextlib
+import io
 import json
 import logging
+import os
 import re
+import signal
 import sys
+import time
 
 from pipelines import __version__, signals
 from pipelines.errors import ThresherError
@@ -165,20 +170,35 @@ def main(argv=None):
         return EXIT_USAGE
     _configure_logging(args.debug, getattr(args, "quiet", False))
     restore = signals.install() if args.command == "run" else (lambda: None)
+    interrupted = []
+    restore_sigint = _watch_sigint(interrupted)
+    import threading
+    saved_excepthook = threading.excepthook
+    if not args.debug:
+        # Beam's worker-watching threads raise when a worker dies (Ctrl-C, a crash) and
+        # Python prints each with a traceback; the main thread reports the failure once.
+        threading.excepthook = _log_thread_exception
     try:
-        return _dispatch(args, beam_args)
+        with _quiet_workers(args.debug, beam_args):
+            return _dispatch(args, beam_args)
     except ThresherError as exc:
+        if interrupted:
+            return _interrupted(interrupted)
         if args.debug:
             raise
         print(f"thresher: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("thresher: interrupted; nothing was published", file=sys.stderr)
-        return 130
+        return _interrupted(interrupted)
     except signals.Terminated:
+        _stop_children()              # multi-processing workers stop with us
         print("thresher: terminated (SIGTERM); nothing was published", file=sys.stderr)
         return EXIT_TERMINATED
     except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
+        if interrupted or _caused_by_interrupt(exc):
+            # Ctrl-C reaches Beam's workers too; the runner then reports their failure
+            # (a RuntimeError mentioning KeyboardInterrupt, a dead worker): still Ctrl-C.
+            return _interrupted(interrupted)
         if args.debug:
             raise
         message = _user_error_in(exc) or _user_error_in_text(str(exc))
@@ -192,6 +212,184 @@ def main(argv=None):
         return EXIT_INTERNAL
     finally:
         restore()
+        threading.excepthook = saved_excepthook
+        if restore_sigint is not None:
+            signal.signal(signal.SIGINT, restore_sigint)
+
+
+def _log_thread_exception(hook_args):
+    logging.getLogger("thresher").debug(
+        "thread %s: %s: %s", getattr(hook_args.thread, "name", "?"),
+        hook_args.exc_type.__name__, hook_args.exc_value)
+
+
+EXIT_INTERRUPTED = 130
+
+
+def _interrupted(signalled=()):
+    """Report an interrupt. After a real SIGINT the process ends here: the release has
+    already been discarded (release.run cleans up on any exception), and Beam's threads
+    that watch the stopped workers would otherwise keep the interpreter alive or print
+    their failures while it shuts down."""
+    _stop_children()
+    print("thresher: interrupted; nothing was published", file=sys.stderr)
+    if signalled:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(EXIT_INTERRUPTED)
+    return EXIT_INTERRUPTED
+
+
+def _children(pid):
+    """Child process ids of ``pid`` (Linux /proc; empty elsewhere)."""
+    out = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as handle:
+                out.extend(int(c) for c in handle.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def _our_beam_workers():
+    """Beam SDK workers in this process group (a worker whose ``sh -c`` parent died on a
+    terminal's Ctrl-C is no longer our descendant, but it is still in our group)."""
+    out = []
+    group = os.getpgrp()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            if os.getpgid(pid) != group:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if b"apache_beam.runners.worker.sdk_worker_main" in handle.read():
+                    out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def _stop_children():
+    """Stop the worker processes this run started (Beam's multi-processing workers, which
+    would otherwise keep running, and keep this process alive, after an interrupt): each
+    descendant, and each Beam worker of this process group, by its process id."""
+    pending, found = [os.getpid()], []
+    while pending:
+        kids = _children(pending.pop())
+        found.extend(kids)
+        pending.extend(kids)
+    found = list(dict.fromkeys(reversed(found + _our_beam_workers())))
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.time() + 2.0
+    while found and time.time() < deadline:
+        found = [pid for pid in found if _alive(pid)]
+        time.sleep(0.05)
+    for pid in found:     # a worker stuck in its own interrupt handling
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _alive(pid):
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().split(") ")[-1][:1] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _caused_by_interrupt(exc):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, KeyboardInterrupt) or "KeyboardInterrupt" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _watch_sigint(interrupted):
+    """Note every SIGINT (then raise KeyboardInterrupt as Python does), so that however
+    the interrupt surfaces (in this process or as a worker's failure) the exit is 130."""
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_sigint(signum, frame):
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:
+        return None
+
+
+@contextlib.contextmanager
+def _quiet_workers(debug, beam_args):
+    """Beam's multi-processing workers are child processes that log (tracebacks included)
+    to the inherited standard error. Unless --debug, point their file descriptor 2 at
+    /dev/null while the pipeline runs; thresher's own messages keep the real stderr."""
+    if debug or not any("multi_processing" in a for a in beam_args):
+        yield
+        return
+    try:
+        real = os.dup(2)
+    except OSError:
+        yield
+        return
+    real_stream = os.fdopen(real, "w", buffering=1, encoding="utf-8", errors="replace")
+    saved_stderr = sys.stderr
+    handlers = logging.getLogger("thresher").handlers
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    sys.stderr.flush()
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    if getattr(saved_stderr, "fileno", None) and _is_fd2(saved_stderr):
+        sys.stderr = real_stream
+        for handler in handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setStream(real_stream)
+    try:
+        yield
+    finally:
+        real_stream.flush()
+        os.dup2(real, 2)
+        if sys.stderr is real_stream:
+            sys.stderr = saved_stderr
+            for handler in handlers:
+                if isinstance(handler, logging.StreamHandler):
+                    handler.setStream(saved_stderr)
+        real_stream.close()
+
+
+def _is_fd2(stream):
+    try:
+        return stream.fileno() == 2
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
 
 
 def _dispatch(args, beam_args):
@@ -208,11 +406,15 @@ def _dispatch(args, beam_args):
     spec = spec_mod.load(args.config)
     if args.command == "validate":
         from pipelines import io
+        from pipelines.preflight import check_output_writable
         files = spec_mod.input_files(spec.input)
         io.check_input(spec.input, files)
+        check_output_writable(spec.output.path)
         make_plan(spec)
         print(f"{args.config}: valid ({spec.kind}, {len(files)} input file"
-              f"{'s' if len(files) != 1 else ''})")
+              f"{'s' if len(files) != 1 else ''}; checked the spec, the input files' columns "
+              f"and types, the output folder's writability and the calibration; the rows are "
+              f"checked when the release runs)")
         return 0
     plan = make_plan(spec)
     if args.command == "plan":
@@ -222,7 +424,9 @@ def _dispatch(args, beam_args):
             print_plan(plan, max(1, args.users))
         return 0
     from pipelines import beam_flags, progress
+    from pipelines.preflight import check_output_writable
     from pipelines.release import run
+    check_output_writable(spec.output.path)
     beam_flags.check(beam_args)
     show_progress = args.progress if args.progress is not None else (
         sys.stderr.isatty() and not args.quiet)

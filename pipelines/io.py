@@ -95,6 +95,7 @@ def check_input(input_spec, files):
             if col not in schema.names:
                 raise SpecError(field, f"column {col!r} is not in {path!r}; its columns are: "
                                 f"{', '.join(schema.names)}")
+            _check_column_type(field, col, schema.field(col).type, path)
         if input_spec.format == "parquet":
             types = {c: _value_type(schema.field(c).type) for c in input_spec.keys}
             if first_types is None:
@@ -108,6 +109,22 @@ def check_input(input_spec, files):
         else:
             est_rows += _estimate_text_rows(path)
     return est_rows
+
+
+def _check_column_type(field, column, t, path):
+    """User and key columns hold single values: text, bytes, integers (uint64 included),
+    booleans, floats, decimals, dates and times. Lists, structs, maps and unions are
+    refused from the schema, before any row is read."""
+    t = _value_type(t)
+    nested = (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+              or pa.types.is_struct(t) or pa.types.is_map(t) or pa.types.is_union(t)
+              or getattr(pa.types, "is_list_view", lambda _: False)(t)
+              or getattr(pa.types, "is_large_list_view", lambda _: False)(t)
+              or isinstance(t, pa.ExtensionType))
+    if nested:
+        raise SpecError(field, f"column {column!r} in {path!r} has type {t}; user and key columns "
+                        f"must hold single values (text, bytes, integers, booleans, floats, "
+                        f"decimals, dates or times), not lists, structs or maps")
 
 
 def _value_type(t):
@@ -161,8 +178,33 @@ def _normalise_keys(table, key_columns, as_text):
             col = pc.cast(col, pa.string())
         if pa.types.is_large_string(col.type):
             col = col.cast(pa.string())
+        if pa.types.is_floating(col.type):
+            # -0.0 and 0.0 are one key (IEEE: -0.0 + 0.0 = +0.0; NaN stays NaN, dropped)
+            col = pc.add(col, pa.scalar(0.0, col.type))
         cols[name] = col
     return cols
+
+
+# Keys longer than this (bytes of a text or binary key value) are refused: a release groups
+# and shuffles every distinct key, and keys of megabytes exhaust workers' buffers.
+MAX_KEY_BYTES = 64 * 1024
+
+
+def check_key_sizes(table, key_columns, where, row_offset=0):
+    """InputError naming the column and row of the first key value over MAX_KEY_BYTES."""
+    for name in key_columns:
+        col = table.column(name)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
+                or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+            continue
+        lengths = pc.fill_null(pc.binary_length(col), 0)
+        if table.num_rows and pc.max(lengths).as_py() > MAX_KEY_BYTES:
+            row = int(np.flatnonzero(lengths.to_numpy(zero_copy_only=False) > MAX_KEY_BYTES)[0])
+            raise InputError(f"input.keys: {where} row {row_offset + row + 1}: column {name!r} "
+                             f"holds a key of {pc.max(lengths).as_py():,} bytes; keys may have at "
+                             f"most {MAX_KEY_BYTES:,} bytes")
 
 
 def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=()):
@@ -178,14 +220,18 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
     valid = pc.is_valid(user)
     if pa.types.is_string(user.type) or pa.types.is_large_string(user.type) \
             or pa.types.is_binary(user.type) or pa.types.is_large_binary(user.type):
-        valid = pc.and_(valid, pc.greater(pc.binary_length(user), 0))
-    drops["rows_dropped_null_or_empty_user"] = table.num_rows - pc.sum(valid).as_py() if table.num_rows else 0
+        # fill_null: binary_length of a null is null, and and_(False, null) is null
+        valid = pc.and_(valid, pc.fill_null(pc.greater(pc.binary_length(user), 0), False))
+    elif pa.types.is_floating(user.type):
+        # NaN identifies no user (NaN != NaN): dropped like a null user id, as NaN keys are
+        valid = pc.and_(valid, pc.fill_null(pc.invert(pc.is_nan(user)), False))
+    drops["rows_dropped_null_or_empty_user"] = table.num_rows - (pc.sum(valid).as_py() or 0) if table.num_rows else 0
     keys = _normalise_keys(table, key_columns, as_text)
     key_valid = None
     for col in keys.values():
         ok = pc.is_valid(col)
         if pa.types.is_floating(col.type):
-            ok = pc.and_(ok, pc.invert(pc.is_nan(col)))
+            ok = pc.and_(ok, pc.fill_null(pc.invert(pc.is_nan(col)), False))
         key_valid = ok if key_valid is None else pc.and_(key_valid, ok)
     both = pc.and_(valid, key_valid)
     n_ok = pc.sum(both).as_py() or 0
@@ -218,6 +264,11 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
     return prepared, drops
 
 
+# A frequency counts distinct users; above this it is not a user count (and not exact in
+# float64 or int64 arithmetic further on).
+MAX_SAMPLE_FREQUENCY = 1e15
+
+
 def prepare_sample_batch(table, key_columns, frequency_column, as_text=False):
     """An existing sample's rows -> (__key, key columns, count); drops rows with a null key
     or frequency (counted). A frequency that is not a whole number >= 0 is an error."""
@@ -242,6 +293,10 @@ def prepare_sample_batch(table, key_columns, frequency_column, as_text=False):
         if bad.any():
             raise InputError(f"input.sample.frequency: {values[bad][0]!r} is not a whole number; "
                              f"frequencies must be integers >= 0")
+    if len(values) and values.max() > MAX_SAMPLE_FREQUENCY:
+        raise InputError(f"input.sample.frequency: {values.max():.6g} is larger than "
+                         f"{MAX_SAMPLE_FREQUENCY:g}, the largest frequency (distinct users) "
+                         f"thresher accepts")
     if len(values) and values.min() < 0:
         raise InputError(f"input.sample.frequency: {values.min()!r} is negative; frequencies "
                          f"must be integers >= 0")
@@ -335,8 +390,9 @@ class _ReadParquetRowGroup(beam.DoFn):
     whose data pages are corrupt is an input error naming the file and row group, never
     a partial release."""
 
-    def __init__(self, columns):
+    def __init__(self, columns, keys=()):
         self._columns = list(columns)
+        self._keys = tuple(keys)
 
     def process(self, path_and_group):
         path, group = path_and_group
@@ -349,6 +405,7 @@ class _ReadParquetRowGroup(beam.DoFn):
         except (pa.ArrowInvalid, OSError) as exc:
             raise InputError(f"input.path: cannot read {path!r} as parquet (row group "
                              f"{group}): {_first_line(exc)}") from None
+        check_key_sizes(table, self._keys, f"{path!r} (row group {group})")
         for batch in table.to_batches(max_chunksize=BATCH_ROWS):
             yield pa.Table.from_batches([batch])
 
@@ -356,9 +413,10 @@ class _ReadParquetRowGroup(beam.DoFn):
 class _ReadTextFile(beam.DoFn):
     """Read one CSV or JSONL file into Arrow batches of at most BATCH_ROWS rows."""
 
-    def __init__(self, fmt, columns, delimiter=","):
+    def __init__(self, fmt, columns, keys=(), delimiter=","):
         self._fmt = fmt
         self._columns = tuple(columns)
+        self._keys = tuple(keys)
         self._delimiter = delimiter
 
     def process(self, path):
@@ -373,11 +431,16 @@ class _ReadTextFile(beam.DoFn):
                     reader = pcsv.open_csv(handle, convert_options=convert,
                                            read_options=pcsv.ReadOptions(block_size=8 << 20),
                                            parse_options=pcsv.ParseOptions(delimiter=self._delimiter))
+                    offset = 0
                     for batch in reader:
-                        yield pa.Table.from_batches([batch])
+                        table = pa.Table.from_batches([batch])
+                        check_key_sizes(table, self._keys, repr(path), offset)
+                        offset += table.num_rows
+                        yield table
                 else:
                     table = pjson.read_json(handle).select(list(self._columns))
                     _check_utf8(table, path)
+                    check_key_sizes(table, self._keys, repr(path))
                     for batch in table.to_batches(max_chunksize=BATCH_ROWS):
                         yield pa.Table.from_batches([batch])
         except (pa.ArrowInvalid, UnicodeDecodeError, EOFError, OSError) as exc:
@@ -404,10 +467,10 @@ class ReadRecords(beam.PTransform):
             raw = (files
                    | "ParquetRowGroups" >> beam.ParDo(_ParquetRowGroups())       # (path, group)
                    | "SpreadRowGroups" >> beam.Reshuffle()
-                   | "ReadParquet" >> beam.ParDo(_ReadParquetRowGroup(columns)).with_output_types(pa.Table))
+                   | "ReadParquet" >> beam.ParDo(_ReadParquetRowGroup(columns, self._spec.keys)).with_output_types(pa.Table))
         else:
             raw = files | "ReadText" >> beam.ParDo(
-                _ReadTextFile(self._spec.format, columns,
+                _ReadTextFile(self._spec.format, columns, self._spec.keys,
                               getattr(self._spec, "delimiter", ","))).with_output_types(pa.Table)
         as_text = self._spec.format != "parquet"
         if self._spec.sample is not None:

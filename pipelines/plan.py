@@ -16,7 +16,7 @@ import hashlib
 import logging
 
 from accounting.budget import Budget
-from pipelines import __version__
+from pipelines import __version__, limits
 from pipelines.citations import cite_all
 from pipelines.errors import CalibrationError
 from pipelines.spec import kind_module
@@ -171,6 +171,7 @@ def _accounting_text(mechanism, spec):
 
 def make_plan(spec):
     """Budget split and calibration; raises CalibrationError if the budget cannot be met."""
+    limits.check_spec(spec)
     budget = Budget(spec.privacy.epsilon, spec.privacy.delta)
     if spec.auto_bound:
         budget.spend(SELECT_STAGE, spec.bounding.auto.epsilon, 0.0)
@@ -193,6 +194,8 @@ def make_plan(spec):
         release = budget.spend(RELEASE_STAGE, budget.remaining_epsilon, 0.0)
     else:
         release = budget.spend_rest(RELEASE_STAGE)
+    limits.check_release(spec, release.epsilon, release.delta, candidates)
+    module = kind_module(spec.kind)
     params, excluded = {}, {}
     calibrate = module.calibrate
     if spec.aggregates:   # count and sums calibrated jointly (pipelines/aggregates.py)

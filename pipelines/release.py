@@ -84,7 +84,8 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
         # An existing weighted sample: one row per key with its frequency; no users to
         # bound, the declared bound is the sample's (paper 001's post-processing use).
         params = pipeline | "Params" >> beam.Create([plan.params_by_bound[spec.bounding.max_keys_per_user]])
-        counts = records | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
+        from transforms.unique_keys import OneRowPerKey
+        counts = records | "OneRowPerKey" >> OneRowPerKey(keys, num_shards)  # Table(keys, count)
         _write(module.release(counts, beam.pvalue.AsSingleton(params), keys), staging, schema,
                keys)
         return

@@ -11,6 +11,7 @@ import glob
 import math
 import os
 import re
+import reprlib
 
 import yaml
 
@@ -108,8 +109,11 @@ def _construct_mapping(loader, node, deep=False):
     seen = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, (list, dict)):
+            raise SpecError("", f"line {key_node.start_mark.line + 1}: a mapping key must be a "
+                                f"plain value (a name), got a {type(key).__name__}")
         if key in seen:
-            raise SpecError("", f"line {key_node.start_mark.line + 1}: duplicate key {key!r}")
+            raise SpecError("", f"line {key_node.start_mark.line + 1}: duplicate key {_SHORT.repr(key)}")
         seen.add(key)
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
@@ -131,6 +135,8 @@ def load_yaml(text, source="spec"):
         data = yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
     except SpecError:
         raise
+    except RecursionError:
+        raise SpecError("", f"{source}: malformed YAML: nested too deeply") from None
     except yaml.constructor.ConstructorError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}: " if mark else ""
@@ -141,7 +147,42 @@ def load_yaml(text, source="spec"):
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError("", f"{source}: malformed YAML: {where}{problem}") from None
+    size = _expanded_size(data)
+    if size > MAX_EXPANDED_NODES:
+        raise SpecError("", f"{source}: the document expands to more than {MAX_EXPANDED_NODES:,} "
+                            f"values (YAML aliases); a spec is small, write it out")
     return data
+
+
+# A spec has tens of values; aliases (&a / *a) can make a tiny document expand to billions.
+MAX_EXPANDED_NODES = 100_000
+
+
+def _expanded_size(data):
+    """Number of values the document has with every alias written out, counted over the
+    shared structure (each distinct object once, memoised): linear in the document."""
+    memo = {}
+
+    def size(obj):
+        if not isinstance(obj, (list, dict)):
+            return 1
+        key = id(obj)
+        if key in memo:
+            return memo[key]
+        memo[key] = MAX_EXPANDED_NODES + 1      # a cycle (a: &a [*a]) expands forever
+        items = obj.values() if isinstance(obj, dict) else obj
+        total = 1 + len(obj)
+        for item in items:
+            total += size(item)
+            if total > MAX_EXPANDED_NODES:
+                break
+        memo[key] = total
+        return total
+
+    try:
+        return size(data)
+    except RecursionError:
+        return MAX_EXPANDED_NODES + 1
 
 
 # ---- field checkers -------------------------------------------------------------
@@ -155,7 +196,13 @@ def _mapping(value, field):
 def _describe(value):
     if value is None:
         return "nothing (null)"
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {_SHORT.repr(value)}"
+
+
+# Error messages show at most this much of a value (never the expansion of a large one).
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 3, 6, 6
 
 
 def check_fields(section, field, allowed, required=()):
@@ -406,6 +453,10 @@ def parse(data, source_text=""):
     elif input_spec.public_keys is not None and mechanism["kind"] != "quantiles":
         raise SpecError("input.public_keys", f"public_keys is supported for gaussian and "
                         f"laplace (and quantiles), not {mechanism['kind']!r}")
+    if mechanism.get("debias") and "debiased" in input_spec.keys:
+        raise SpecError(f"input.keys[{input_spec.keys.index('debiased')}]",
+                        "'debiased' is the output column that mechanism.debias adds; rename "
+                        "the key column")
     if input_spec.sample is not None:
         mechanism = _presampled_mechanism(mechanism, input_spec.sample, bounding)
     aggregates, aggregates_auto = (), None
@@ -498,6 +549,13 @@ def input_files(input_spec):
     else:
         files = [path] if os.path.isfile(path) else []
     if not files:
-        what = "matches no files" if glob.has_magic(path) else "does not exist"
+        if glob.has_magic(path):
+            what = "matches no files"
+        elif os.path.isdir(path):
+            what = "is a folder with no input files in it (names starting with . or _ are skipped)"
+        elif os.path.exists(path):
+            what = "is not a regular file (a FIFO, socket or device); give a file or a folder"
+        else:
+            what = "does not exist"
         raise SpecError("input.path", f"{path!r}{resolved(path)} {what}")
     return files

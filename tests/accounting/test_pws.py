@@ -553,3 +553,25 @@ def test_explicit_max_frequency_too_large_for_a_table_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="max_frequency 400 needs a frequency table"):
         pws.calibrate(0.5, 1e-8, 1, max_frequency=400)
     assert pws.calibrate(0.5, 1e-8, 1, max_frequency=400, report="keys").max_frequency == 400
+
+
+@pytest.mark.parametrize("layout", ["dense", "int32_sparse", "int64_sparse"])
+@pytest.mark.parametrize("sampling,t", SCHEMES[:2])
+def test_estimators_take_dense_and_int32_indexed_tables(layout, sampling, t):
+    """mle_estimates / biased_down_estimates accept the dense table their docstrings allow
+    and int32-indexed sparse tables (scipy's default for small ones) and agree with the
+    naive definitions (issue 18: an int64 sentinel wrapped to -1 under int32 indices)."""
+    import scipy.sparse
+    eps, delta, m = 0.5, 0.1, 12
+    t_sparse = pws.frequency_table(eps, delta, m, sampling=sampling, sampling_threshold=t)
+    table = t_sparse.toarray()
+    pi = pws.keep_probabilities(eps, delta, m, sampling=sampling, sampling_threshold=t)
+    given = {"dense": table,
+             "int32_sparse": scipy.sparse.csr_array(
+                 (t_sparse.data, t_sparse.indices.astype(np.int32),
+                  t_sparse.indptr.astype(np.int32)), shape=t_sparse.shape),
+             "int64_sparse": t_sparse}[layout]
+    mle = pws.mle_estimates(given)
+    assert np.allclose(mle, naive_mle(table, pi), rtol=1e-12)
+    assert mle[1] < mle[m]          # the bug gave g(M)/pi_M for every token
+    assert np.allclose(pws.biased_down_estimates(given), naive_biased_down(table, pi), rtol=1e-7)

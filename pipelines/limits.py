@@ -1,0 +1,189 @@
+"""Planning limits: what a spec may ask for so that ``thresher plan`` finishes in seconds
+and bounded memory, checked from the spec alone before any calibration allocates.
+
+Every calibration's cost is driven by one scale, and each scale has a limit here:
+
+* ``gaussian`` (paper 004; ``accounting.gshm``, ``accounting.discrete_gaussian``): the
+  exact discrete-Gaussian tails are sums over ~10 sigma integers (arrays of O(sigma)
+  floats) evaluated ~100 times per calibration, so sigma <= SIGMA_MAX (1e5: <= ~300 MB,
+  ~3 s). A calibrated sigma is decreasing in epsilon: a spec whose smallest workable
+  sigma (the Gaussian part delta_+(C, eps) <= delta alone) exceeds SIGMA_MAX is refused
+  naming privacy.epsilon and the smallest epsilon that works. A fixed threshold tau*
+  needs sigma ~ (tau* - tau) / 6, so tau* - tau <= 10 SIGMA_MAX. The Thm 5.4 maximum is
+  vectorised over a_= = 0..C-1 (arrays of O(C) floats, ~100 evaluations): C <= 1e5.
+* ``laplace`` (paper 002; ``accounting.laplace_threshold``): the same O(C) maximum,
+  C <= 1e5; tau* <= 1e12 (counts of users; larger values overflow the integer search).
+* ``sample_and_threshold`` (papers 000/003) and ``weighted_sampling`` (paper 001): the
+  per-key budget (eps0, delta0) is (epsilon/C, delta/C) (sample_and_threshold; for
+  weighted_sampling that of ``accounting.pws.per_key_budget``) and the threshold, the
+  binomial sums and the PWS tables all grow with L(eps0, delta0) ~ ln(eps0/delta0)/eps0
+  (PWS eq. 4), so L <= L_MAX = 20,000 (seconds, <= ~1.5 GB for the PWS tables, whose stored
+  entries are capped at accounting.pws.MAX_TABLE_ENTRIES anyway). The exact optimal
+  composition of weighted_sampling is O(C) per evaluation: C <= 1e4; its per-key delta
+  must stay far above float granularity (delta / C >= 1e-15), and a ppswor/priority
+  sampling threshold must be >= 1e-6 (q_i ~ i t: tables grow as 1/t).
+  A fixed sample_and_threshold threshold is <= L_MAX.
+* every kind: privacy.epsilon <= 100 (e^epsilon overflows a float near 709; no release
+  is meaningfully private beyond single digits) and privacy.delta >= 1e-100.
+
+Errors are ``SpecError`` (exit code 2) naming the field and the limit, or the nearest
+value that works. ``docs/accounting.md``/README ("Planning limits") list them.
+"""
+import math
+
+from pipelines.errors import SpecError
+
+EPSILON_MAX = 100.0
+DELTA_MIN = 1e-100
+SIGMA_MAX = 1e5
+SIGMA_MIN = 1e-3
+GAP_MAX = 10 * SIGMA_MAX
+LAPLACE_THRESHOLD_MAX = 1e12
+L_MAX = 20_000.0
+MAX_KEYS = {"gaussian": 100_000, "laplace": 100_000, "sample_and_threshold": 100_000,
+            "weighted_sampling": 10_000}
+WS_KEY_DELTA_MIN = 1e-15
+WS_SAMPLING_THRESHOLD_MIN = 1e-6
+
+
+def _bound_field(spec):
+    """The spec field that sets the largest max_keys_per_user a plan calibrates."""
+    if not spec.auto_bound:
+        return "bounding.max_keys_per_user"
+    auto = spec.bounding.auto
+    return "bounding.auto.candidates" if auto.candidates != _default(auto.max_bound) \
+        else "bounding.auto.max_bound"
+
+
+def _default(max_bound):
+    from pipelines.spec import default_candidates
+    return default_candidates(max_bound)
+
+
+def check_spec(spec):
+    """Limits that depend on the spec's fields only (no budget split): raise SpecError."""
+    privacy = spec.privacy
+    if privacy.epsilon > EPSILON_MAX:
+        raise SpecError("privacy.epsilon", f"must be <= {EPSILON_MAX:g} (the planning limit: "
+                        f"e^epsilon overflows beyond ~709), got {privacy.epsilon:g}")
+    if privacy.delta < DELTA_MIN:
+        raise SpecError("privacy.delta", f"must be >= {DELTA_MIN:g} (the planning limit), "
+                        f"got {privacy.delta:g}")
+    kind, mech = spec.kind, spec.mechanism
+    if kind == "gaussian" and mech.get("sigma") is not None and mech["sigma"] < SIGMA_MIN:
+        raise SpecError("mechanism.sigma", f"must be >= {SIGMA_MIN:g} (smaller noise cannot "
+                        f"meet any delta < 1), got {mech['sigma']:g}")
+    if kind == "gaussian" and mech.get("sigma") is not None and mech["sigma"] > SIGMA_MAX:
+        raise SpecError("mechanism.sigma", f"must be <= {SIGMA_MAX:g} (the planning limit: "
+                        f"exact discrete Gaussian tails cost O(sigma) memory), got {mech['sigma']:g}")
+    if kind == "gaussian" and mech.get("threshold") is not None \
+            and mech["threshold"] - mech["pre_threshold"] > GAP_MAX:
+        raise SpecError("mechanism.threshold", f"must be <= pre_threshold + {GAP_MAX:g} = "
+                        f"{mech['pre_threshold'] + GAP_MAX:g} (the planning limit: it would "
+                        f"need sigma > {SIGMA_MAX:g}), got {mech['threshold']:g}")
+    if kind == "laplace" and mech.get("threshold") is not None \
+            and mech["threshold"] > LAPLACE_THRESHOLD_MAX:
+        raise SpecError("mechanism.threshold", f"must be <= {LAPLACE_THRESHOLD_MAX:g} (the "
+                        f"planning limit), got {mech['threshold']:g}")
+    if kind == "sample_and_threshold" and mech.get("threshold") is not None \
+            and mech["threshold"] > L_MAX:
+        raise SpecError("mechanism.threshold", f"must be <= {L_MAX:.0f} (the planning limit "
+                        f"of sample_and_threshold), got {mech['threshold']}")
+    if kind == "weighted_sampling" and mech.get("sampling_threshold") is not None \
+            and mech["sampling_threshold"] < WS_SAMPLING_THRESHOLD_MIN:
+        field = "input.sample.threshold" if mech.get("presampled") else "mechanism.sampling_threshold"
+        raise SpecError(field, f"must be >= {WS_SAMPLING_THRESHOLD_MIN:g} (the planning limit: "
+                        f"the tables grow as 1/threshold), got {mech['sampling_threshold']:g}")
+
+
+def check_release(spec, epsilon, delta, candidates):
+    """Limits that depend on the release stage's (epsilon, delta) and the largest bound C
+    the plan calibrates; raise SpecError naming the field and what would work."""
+    kind = spec.kind
+    c = max(candidates)
+    field = _bound_field(spec)
+    if c > MAX_KEYS[kind]:
+        raise SpecError(field, f"must be <= {MAX_KEYS[kind]} for {kind} (the planning limit: "
+                        f"calibration is O(max_keys_per_user) per step), got {c}")
+    if kind == "gaussian" and spec.mechanism.get("sigma") is None:
+        if not _gaussian_fits(epsilon, delta, c, SIGMA_MAX):
+            need = _smallest(lambda e: _gaussian_fits(e, delta, c, SIGMA_MAX), epsilon)
+            raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage "
+                            f"{epsilon:g}) with delta={delta:g}, max_keys_per_user={c} needs "
+                            f"sigma > {SIGMA_MAX:g}, the planning limit; use a release "
+                            f"epsilon >= {need:.3g}, a larger delta or a smaller bound")
+    if kind == "weighted_sampling" and delta / c < WS_KEY_DELTA_MIN:
+        raise SpecError("privacy.delta", f"{delta:g} over max_keys_per_user={c} gives a per-key "
+                        f"delta below {WS_KEY_DELTA_MIN:g}, the planning limit of "
+                        f"weighted_sampling (float granularity); use delta >= "
+                        f"{WS_KEY_DELTA_MIN * c:.3g}")
+    if kind == "weighted_sampling":
+        # The per-key budget itself (exact optimal composition: O(C) per step, C <= 1e4).
+        from accounting.pws import per_key_budget
+        budget = per_key_budget(epsilon, delta, c,
+                                composition=spec.mechanism.get("composition", "optimal"))
+        length = _length(budget.key_epsilon, budget.key_delta, 1)
+        if length > L_MAX:
+            raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage "
+                            f"{epsilon:g}) with delta={delta:g} and max_keys_per_user={c} gives "
+                            f"per-key epsilon {budget.key_epsilon:.3g}, delta "
+                            f"{budget.key_delta:.3g}, whose PWS tables span ~{length:.3g} counts "
+                            f"(> {L_MAX:.0f}, the planning limit of weighted_sampling); use a "
+                            f"release epsilon of about {epsilon * length / L_MAX:.3g} or more, "
+                            f"or a smaller max_keys_per_user")
+    if kind == "sample_and_threshold":
+        if _length(epsilon, delta, c) > L_MAX:
+            need = _smallest(lambda e: _length(e, delta, c) <= L_MAX, epsilon)
+            c_max = _largest_bound(lambda k: _length(epsilon, delta, k) <= L_MAX, c)
+            raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage "
+                            f"{epsilon:g}) with delta={delta:g} and max_keys_per_user={c} needs "
+                            f"thresholds/tables of ~{_length(epsilon, delta, c):.3g} counts "
+                            f"(> {L_MAX:.0f}, the planning limit for {kind}); use a release "
+                            f"epsilon >= {need:.3g}"
+                            + (f" or max_keys_per_user <= {c_max}" if c_max else ""))
+
+
+def _length(epsilon, delta, c):
+    """L(epsilon/C, delta/C) of PWS eq. (4), ~ (C/epsilon) ln(C/delta)."""
+    e, d = epsilon / c, delta / c
+    if e > 50:
+        return 1.0
+    # pws_L rewritten without cancellation: ln(1 + expm1(e) (1 - d) / (d (e^e + 1))) / e
+    return math.log1p(math.expm1(e) * (1.0 - d) / (d * (math.exp(e) + 1.0))) / e
+
+
+def _gaussian_fits(epsilon, delta, c, sigma):
+    """delta_+(C, epsilon) <= delta at this sigma: some threshold then works (gshm)."""
+    from accounting.discrete_gaussian import composed_shift_delta
+    return float(composed_shift_delta(epsilon, sigma, c, method="bound")) <= delta
+
+
+def _smallest(ok, start):
+    """Smallest epsilon >= start (to 1%) with ok(epsilon), ok monotone; None if > 100."""
+    high = start
+    while not ok(high):
+        high *= 2
+        if high > EPSILON_MAX:
+            return math.nan
+    low = start
+    while high / low > 1.01:
+        mid = math.sqrt(low * high)
+        if ok(mid):
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def _largest_bound(ok, c):
+    """Largest integer k < c with ok(k) (ok monotone decreasing in k); 0 if none."""
+    if not ok(1):
+        return 0
+    low, high = 1, c
+    while high - low > 1:
+        mid = (low + high) // 2
+        if ok(mid):
+            low = mid
+        else:
+            high = mid
+    return low

@@ -191,10 +191,11 @@ def main(argv=None):
     except KeyboardInterrupt:
         return _interrupted(interrupted)
     except signals.Terminated:
-        _stop_children()              # multi-processing workers stop with us
-        print("thresher: terminated (SIGTERM); nothing was published", file=sys.stderr)
-        return EXIT_TERMINATED
+        return _terminated()
     except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
+        if signals.requested():
+            # SIGTERM raised inside a DoFn comes back wrapped by the runner: still SIGTERM.
+            return _terminated()
         if interrupted or _caused_by_interrupt(exc):
             # Ctrl-C reaches Beam's workers too; the runner then reports their failure
             # (a RuntimeError mentioning KeyboardInterrupt, a dead worker): still Ctrl-C.
@@ -224,6 +225,12 @@ def _log_thread_exception(hook_args):
 
 
 EXIT_INTERRUPTED = 130
+
+
+def _terminated():
+    _stop_children()              # multi-processing workers stop with us
+    print("thresher: terminated (SIGTERM); nothing was published", file=sys.stderr)
+    return EXIT_TERMINATED
 
 
 def _interrupted(signalled=()):

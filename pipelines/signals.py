@@ -37,6 +37,11 @@ def install():
     return lambda: signal.signal(signal.SIGTERM, previous)
 
 
+def requested():
+    """True if SIGTERM arrived during this run (Beam may have wrapped the exception)."""
+    return _requested
+
+
 def check():
     """Raise :class:`Terminated` if SIGTERM arrived, even if it was swallowed."""
     if _requested:

@@ -185,11 +185,14 @@ def make_plan(spec):
     else:
         release = budget.spend_rest(RELEASE_STAGE)
     module = kind_module(spec.kind)
+    mechanism = spec.mechanism
+    if spec.auto_bound and hasattr(module, "for_auto_bound"):
+        mechanism = module.for_auto_bound(mechanism)  # the kind's cheaper default there
     params, excluded = {}, {}
     for bound in candidates:
         try:
             params[bound] = module.calibrate(
-                spec.mechanism, epsilon=release.epsilon, delta=release.delta,
+                mechanism, epsilon=release.epsilon, delta=release.delta,
                 max_keys_per_user=bound, model=spec.bounding.model)
         except CalibrationError as exc:
             if not spec.auto_bound:

@@ -10,7 +10,8 @@ default with a fixed max_keys_per_user > 1) meets the user's (epsilon, delta) by
 privacy-loss-distribution bound over the user's <= C keys
 (``accounting.sample_threshold_pld``); ``composition: basic`` (the default with
 ``max_keys_per_user: auto``, where every candidate is calibrated at plan time and the PLD
-search costs ~20 s per candidate) gives each key (epsilon / C, delta / C). Both are valid
+search costs ~20 s per candidate, so pld is refused there) gives each key
+(epsilon / C, delta / C). Both are valid
 because every (user, key) contribution is sampled independently, so keys are independent
 mechanisms; per key, delta is the exact hockey-stick divergence of thresholded Bin(k, p)
 vs Bin(k - 1, p) unless ``accounting`` asks for one of the paper's bounds (basic only). For ``thresher plan`` the
@@ -67,10 +68,14 @@ def parse(section):
 
 def for_auto_bound(mech):
     """The mechanism section used to calibrate the candidates of an automatic bound:
-    composition defaults to basic there (one PLD calibration costs ~20 s per candidate)."""
-    if mech.get("composition") is None:
-        return {**mech, "composition": "basic"}
-    return mech
+    composition basic there. One PLD calibration costs ~20 s and an automatic bound
+    calibrates every candidate before the run, so an explicit pld is refused (plans stay
+    within seconds)."""
+    if mech.get("composition") == "pld":
+        raise SpecError("mechanism.composition", "pld is not available with "
+                        "bounding.max_keys_per_user: auto (every candidate would need a ~20 s "
+                        "calibration); use composition: basic or a fixed max_keys_per_user")
+    return {**mech, "composition": "basic"}
 
 
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):

@@ -24,7 +24,9 @@ def test_parse_defaults_and_values():
         "sampling_rate": 0.2, "threshold": 7, "accounting": "kl", "composition": None}
     assert kind.parse({"composition": "basic"})["composition"] == "basic"
     assert kind.for_auto_bound(kind.parse({}))["composition"] == "basic"
-    assert kind.for_auto_bound(kind.parse({"composition": "pld"}))["composition"] == "pld"
+    with pytest.raises(SpecError) as err:
+        kind.for_auto_bound(kind.parse({"composition": "pld"}))
+    assert err.value.field == "mechanism.composition" and "auto" in err.value.message
 
 
 @pytest.mark.parametrize("section,field,message", [

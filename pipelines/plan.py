@@ -196,6 +196,9 @@ def make_plan(spec):
         release = budget.spend_rest(RELEASE_STAGE)
     limits.check_release(spec, release.epsilon, release.delta, candidates)
     module = kind_module(spec.kind)
+    mechanism = spec.mechanism
+    if spec.auto_bound and hasattr(module, "for_auto_bound"):
+        mechanism = module.for_auto_bound(mechanism)  # the kind's cheaper default there
     params, excluded = {}, {}
     calibrate = module.calibrate
     if spec.aggregates:   # count and sums calibrated jointly (pipelines/aggregates.py)
@@ -204,7 +207,7 @@ def make_plan(spec):
     for bound in candidates:
         try:
             params[bound] = cite_all(calibrate(
-                spec.mechanism, epsilon=release.epsilon, delta=release.delta,
+                mechanism, epsilon=release.epsilon, delta=release.delta,
                 max_keys_per_user=bound, model=spec.bounding.model))
         except CalibrationError as exc:
             if not spec.auto_bound:

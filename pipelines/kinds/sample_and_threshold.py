@@ -5,11 +5,16 @@ contributions is kept with probability p (Poisson sampling from the CSPRNG), and
 is released with its sampled count v when v >= tau. No noise. Output columns: ``count``
 (the sampled count v) and ``estimate`` (v / p).
 
-p and tau come from ``accounting.sample_threshold.calibrate``: each key gets
-(epsilon / C, delta / C) (basic composition over a user's <= C keys; valid because every
-(user, key) contribution is sampled independently, so keys are independent mechanisms),
-and delta is the exact hockey-stick divergence of thresholded Bin(k, p) vs Bin(k - 1, p)
-unless ``accounting`` asks for one of the paper's bounds. For ``thresher plan`` the
+p and tau come from ``accounting.sample_threshold.calibrate``. ``composition: pld`` (the
+default with a fixed max_keys_per_user > 1) meets the user's (epsilon, delta) by the
+privacy-loss-distribution bound over the user's <= C keys
+(``accounting.sample_threshold_pld``); ``composition: basic`` (the default with
+``max_keys_per_user: auto``, where every candidate is calibrated at plan time and the PLD
+search costs ~20 s per candidate, so pld is refused there) gives each key
+(epsilon / C, delta / C). Both are valid
+because every (user, key) contribution is sampled independently, so keys are independent
+mechanisms; per key, delta is the exact hockey-stick divergence of thresholded Bin(k, p)
+vs Bin(k - 1, p) unless ``accounting`` asks for one of the paper's bounds (basic only). For ``thresher plan`` the
 report's ``comparison`` gives the paper's thresholds at the same sampling rate and the
 paper's own recipe (alpha = 1/6).
 """
@@ -27,6 +32,8 @@ FIELDS = {
                  "(optional; calibrated if absent)",
     "accounting": "exact (default), kl (paper 003 Thm 1) or alpha (paper 003, C_alpha form): "
                   "how delta is computed when calibrating",
+    "composition": "pld or basic: how a user's keys compose (default pld with a fixed "
+                   "max_keys_per_user, basic with auto; pld needs accounting: exact)",
 }
 OUTPUT_COLUMNS = dict(_TRANSFORM_COLUMNS)
 
@@ -49,7 +56,26 @@ def parse(section):
         threshold = integer(threshold, "mechanism.threshold", low=1, high=10**9)
     method = choice(section.get("accounting", "exact"), "mechanism.accounting",
                     sample_threshold.METHODS)
-    return {"sampling_rate": rate, "threshold": threshold, "accounting": method}
+    composition = section.get("composition")
+    if composition is not None:
+        composition = choice(composition, "mechanism.composition", sample_threshold.COMPOSITIONS)
+        if composition == "pld" and method != "exact":
+            raise SpecError("mechanism.composition", "pld needs mechanism.accounting: exact "
+                            "(it composes the exact per-key privacy-loss distributions)")
+    return {"sampling_rate": rate, "threshold": threshold, "accounting": method,
+            "composition": composition}
+
+
+def for_auto_bound(mech):
+    """The mechanism section used to calibrate the candidates of an automatic bound:
+    composition basic there. One PLD calibration costs ~20 s and an automatic bound
+    calibrates every candidate before the run, so an explicit pld is refused (plans stay
+    within seconds)."""
+    if mech.get("composition") == "pld":
+        raise SpecError("mechanism.composition", "pld is not available with "
+                        "bounding.max_keys_per_user: auto (every candidate would need a ~20 s "
+                        "calibration); use composition: basic or a fixed max_keys_per_user")
+    return {**mech, "composition": "basic"}
 
 
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
@@ -57,23 +83,52 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
         raise SpecError("bounding.model", "sample_and_threshold needs bounding.model: l0 "
                         "(each user counted at most once per key)")
     method = mech.get("accounting", "exact")
+    composition = mech.get("composition") or (
+        "pld" if method == "exact" and max_keys_per_user > 1 else "basic")
     what = (f"sample_and_threshold release at epsilon={epsilon:g}, delta={delta:g}, "
             f"max_keys_per_user={max_keys_per_user}")
     try:
         params = sample_threshold.calibrate(
             epsilon, delta, max_keys_per_user, sampling_rate=mech.get("sampling_rate"),
-            threshold=mech.get("threshold"), method=method)
+            threshold=mech.get("threshold"), method=method, composition=composition)
     except ValueError as exc:
         raise CalibrationError(f"{what}: {exc}") from None
-    return {"kind": "sample_and_threshold",
-            "sampling_rate": params.sampling_rate,
-            "threshold": params.threshold,
-            "release_point": params.release_point,
-            "per_key_epsilon": params.per_key_epsilon,
-            "per_key_delta": params.per_key_delta_spent,
-            "delta_achieved": params.delta_spent,
-            "accounting": _ACCOUNTING[method],
-            "comparison": comparison(params)}
+    out = {"kind": "sample_and_threshold",
+           "sampling_rate": params.sampling_rate,
+           "threshold": params.threshold,
+           "release_point": params.release_point,
+           "composition": params.composition,
+           "delta_achieved": params.delta_spent}
+    if params.composition == "basic":
+        out.update({"per_key_epsilon": params.per_key_epsilon,
+                    "per_key_delta": params.per_key_delta_spent,
+                    "accounting": _ACCOUNTING[method],
+                    "comparison": comparison(params)})
+    else:
+        out["accounting"] = _PLD_ACCOUNTING
+        out["basic_composition"] = _basic_comparison(epsilon, delta, max_keys_per_user, mech)
+    return out
+
+
+_PLD_ACCOUNTING = (
+    "sample-and-threshold (papers 000/003), exact per-key laws of thresholded Bin(k, p) vs "
+    "Bin(k-1, p); (user, key) contributions Poisson-sampled independently, composed over a "
+    "user's keys by a privacy-loss distribution dominating every k (pessimistic grid, "
+    "docs/sample_and_threshold.md)")
+
+
+def _basic_comparison(epsilon, delta, max_keys_per_user, mech):
+    """What basic composition would need at the same budget: its threshold at the
+    calibrated sampling rate is not computed here (it costs a search); the basic
+    calibration's own (p, tau) when both are free, else None."""
+    if mech.get("sampling_rate") is not None or mech.get("threshold") is not None:
+        return None
+    try:
+        basic = sample_threshold.calibrate(epsilon, delta, max_keys_per_user, composition="basic")
+    except ValueError:
+        return None
+    return {"sampling_rate": basic.sampling_rate, "threshold": basic.threshold,
+            "release_point": basic.release_point}
 
 
 def comparison(params):

@@ -279,18 +279,21 @@ SAMPLE_THRESHOLD = "SampleAndThreshold"
 
 
 def sample_and_threshold(*, keys=1, epsilon=EPSILON, delta=DELTA, mutation="", k=None,
-                         sampling_rate=None, trials=TRIALS):
+                         sampling_rate=None, trials=TRIALS, composition="basic"):
     """Poisson sampling at rate p, release sampled counts >= tau, calibrated by
     accounting.sample_threshold.calibrate. Pair: k vs k - 1 contributions on each of the
     user's keys; k defaults to where the exact per-key divergence
     (accounting.sample_threshold.divergences) is largest; k="threshold" puts every key at
     the (possibly mutated) threshold, where D' can never release it.
 
-    Mutations: "threshold - 1", "composition ignored" (per-key budget of 1 key)."""
+    ``composition``: "basic" or "pld" (accounting.sample_threshold_pld, the kind's default
+    with a fixed bound). Mutations: "threshold - 1", "composition ignored" (per-key budget
+    of 1 key)."""
     kernel = _module("transforms.sample_and_threshold").sample_and_threshold
     acc = _module("accounting.sample_threshold")
     calibrated_keys = 1 if mutation == "composition ignored" else keys
-    p = acc.calibrate(epsilon, delta, calibrated_keys, sampling_rate=sampling_rate)
+    p = acc.calibrate(epsilon, delta, calibrated_keys, sampling_rate=sampling_rate,
+                      composition=composition)
     rate, threshold = p.sampling_rate, p.threshold
     if mutation == "threshold - 1":
         threshold -= 1
@@ -300,7 +303,8 @@ def sample_and_threshold(*, keys=1, epsilon=EPSILON, delta=DELTA, mutation="", k
         k = threshold
     elif k is None:
         candidates = np.arange(max(1, threshold), int(4 * threshold / rate) + 2)
-        add, remove = acc.divergences(p.per_key_epsilon, rate, threshold, candidates)
+        per_key_eps = p.per_key_epsilon or epsilon / keys  # pld: no per-key budget
+        add, remove = acc.divergences(per_key_eps, rate, threshold, candidates)
         k = int(candidates[int(np.argmax(np.maximum(add, remove)))])
 
     def runner(count):
@@ -315,7 +319,7 @@ def sample_and_threshold(*, keys=1, epsilon=EPSILON, delta=DELTA, mutation="", k
                     claimed_delta=p.delta_spent if not mutation else delta,
                     run_d=runner(k), run_d_prime=runner(k - 1), mutation=mutation,
                     trials=trials,
-                    parameters=f"p={rate:.4g}, tau={threshold}, {keys} key(s)")
+                    parameters=f"p={rate:.4g}, tau={threshold}, {keys} key(s), {composition}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -484,6 +488,8 @@ HONEST = [
     ("sample_threshold", lambda: sample_and_threshold(), 0.5),
     ("sample_threshold-rate0.2", lambda: sample_and_threshold(sampling_rate=0.2), 0.3),
     ("sample_threshold-3keys", lambda: sample_and_threshold(keys=3, trials=400_000), 0.1),
+    ("sample_threshold-3keys-pld",
+     lambda: sample_and_threshold(keys=3, trials=400_000, composition="pld"), 0.2),
     ("pws-keys-frequency1", lambda: pws(), None),
     ("pws-frequencies-frequency3", lambda: pws(report="keys_and_frequencies", frequency=3), 0.5),
     ("exponential_mechanism", lambda: exponential_mechanism(), 0.5),

@@ -18,9 +18,15 @@ QUICKSTART = os.path.join(ROOT, "configs", "examples", "data", "quickstart.parqu
 
 
 def test_parse_defaults_and_values():
-    assert kind.parse({}) == {"sampling_rate": None, "threshold": None, "accounting": "exact"}
+    assert kind.parse({}) == {"sampling_rate": None, "threshold": None, "accounting": "exact",
+                              "composition": None}
     assert kind.parse({"sampling_rate": 0.2, "threshold": 7, "accounting": "kl"}) == {
-        "sampling_rate": 0.2, "threshold": 7, "accounting": "kl"}
+        "sampling_rate": 0.2, "threshold": 7, "accounting": "kl", "composition": None}
+    assert kind.parse({"composition": "basic"})["composition"] == "basic"
+    assert kind.for_auto_bound(kind.parse({}))["composition"] == "basic"
+    with pytest.raises(SpecError) as err:
+        kind.for_auto_bound(kind.parse({"composition": "pld"}))
+    assert err.value.field == "mechanism.composition" and "auto" in err.value.message
 
 
 @pytest.mark.parametrize("section,field,message", [
@@ -30,6 +36,8 @@ def test_parse_defaults_and_values():
     ({"threshold": 0}, "mechanism.threshold", ">= 1"),
     ({"threshold": 2.5}, "mechanism.threshold", "must be an integer"),
     ({"accounting": "rdp"}, "mechanism.accounting", "exact, kl, alpha"),
+    ({"composition": "rdp"}, "mechanism.composition", "pld, basic"),
+    ({"composition": "pld", "accounting": "kl"}, "mechanism.composition", "accounting: exact"),
 ])
 def test_parse_errors_name_the_field(section, field, message):
     with pytest.raises(SpecError) as err:
@@ -53,9 +61,19 @@ def test_calibrate_reports_parameters_the_paper_comparison_and_meets_the_budget(
     assert out["release_point"] < cmp["paper_release_point"]
 
 
-def test_calibrate_composes_over_the_users_keys():
+def test_calibrate_composes_over_the_users_keys_by_pld_by_default():
     out = kind.calibrate(kind.parse({"sampling_rate": 0.05}), epsilon=1.0, delta=1e-8,
                          max_keys_per_user=4, model="l0")
+    assert out["composition"] == "pld" and "per_key_epsilon" not in out
+    assert out["delta_achieved"] <= 1e-8
+    basic = acc.min_threshold(0.25, 2.5e-9, 0.05)
+    assert out["threshold"] < basic  # the tight composition needs a lower threshold
+    assert "privacy-loss distribution" in out["accounting"]
+
+
+def test_calibrate_composes_over_the_users_keys_basic():
+    out = kind.calibrate(kind.parse({"sampling_rate": 0.05, "composition": "basic"}),
+                         epsilon=1.0, delta=1e-8, max_keys_per_user=4, model="l0")
     assert out["per_key_epsilon"] == 0.25
     assert out["threshold"] == acc.min_threshold(0.25, 2.5e-9, 0.05)
     assert out["delta_achieved"] == pytest.approx(4 * out["per_key_delta"])

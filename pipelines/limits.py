@@ -41,7 +41,10 @@ GAP_MAX = 10 * SIGMA_MAX
 LAPLACE_THRESHOLD_MAX = 1e12
 L_MAX = 20_000.0
 MAX_KEYS = {"gaussian": 100_000, "laplace": 100_000, "sample_and_threshold": 100_000,
-            "weighted_sampling": 10_000}
+            "weighted_sampling": 10_000, "heavy_hitters": 100_000, "quantiles": 100_000}
+# Kinds calibrated by sample-and-threshold accounting (heavy_hitters and quantiles: one
+# sample-and-threshold histogram per level, each at its stage's budget).
+_SAMPLE_AND_THRESHOLD_KINDS = ("sample_and_threshold", "heavy_hitters", "quantiles")
 WS_KEY_DELTA_MIN = 1e-15
 WS_SAMPLING_THRESHOLD_MIN = 1e-6
 
@@ -131,7 +134,7 @@ def check_release(spec, epsilon, delta, candidates):
                             f"(> {L_MAX:.0f}, the planning limit of weighted_sampling); use a "
                             f"release epsilon of about {epsilon * length / L_MAX:.3g} or more, "
                             f"or a smaller max_keys_per_user")
-    if kind == "sample_and_threshold":
+    if kind in _SAMPLE_AND_THRESHOLD_KINDS:
         if _length(epsilon, delta, c) > L_MAX:
             need = _smallest(lambda e: _length(e, delta, c) <= L_MAX, epsilon)
             c_max = _largest_bound(lambda k: _length(epsilon, delta, k) <= L_MAX, c)

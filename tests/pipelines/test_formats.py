@@ -76,7 +76,7 @@ def test_the_readme_glob_validates(tmp_path, small_parquet, capsys):
     pq.write_table(table.slice(0, 10000), folder / "a.parquet")
     pq.write_table(table.slice(10000), folder / "b.parquet")
     assert main(["validate", _spec(tmp_path, str(folder / "*.parquet"))]) == 0
-    assert "valid (gaussian, 2 input files)" in capsys.readouterr().out
+    assert "valid (gaussian, 2 input files;" in capsys.readouterr().out
 
 
 def _write_text(table, path, fmt, delimiter=","):

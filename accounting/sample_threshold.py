@@ -385,6 +385,20 @@ class SampleThresholdParams:
         }
 
 
+def _infeasible(sampling_rate, threshold, what, budget, tau, p):
+    """The error for a fixed (sampling_rate, threshold) that misses the budget, with the
+    nearest settings that meet it (tau: the smallest threshold at this rate; p: the largest
+    rate at this threshold; None where there is none)."""
+    options = []
+    if tau is not None:
+        options.append(f"threshold >= {tau} at sampling_rate {sampling_rate:g}")
+    if p is not None:
+        options.append(f"sampling_rate <= {_round_down(p)} at threshold {threshold}")
+    return CalibrationInfeasible(
+        f"sampling_rate {sampling_rate:g} with threshold {threshold} gives {what} for {budget}; "
+        + (" or ".join(options) + " would meet it" if options else "no nearby setting meets it"))
+
+
 def _round_down(x, digits=6):
     """x shortened to ``digits`` significant digits, rounded towards zero (so a printed
     largest-admissible rate is still admissible)."""
@@ -512,17 +526,10 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, sampling_rate=None, t
         return _params(epsilon, delta_target, c, p, threshold, method, ("sampling_rate",))
     spent = delta(eps_key, sampling_rate, threshold, method=method)
     if spent > delta_key:
-        tau = min_threshold(eps_key, delta_key, sampling_rate, method=method)
-        p = sampling_rate_for(eps_key, delta_key, threshold, method=method)
-        options = []
-        if tau is not None:
-            options.append(f"threshold >= {tau} at sampling_rate {sampling_rate:g}")
-        if p is not None:
-            options.append(f"sampling_rate <= {_round_down(p)} at threshold {threshold}")
-        raise CalibrationInfeasible(
-            f"sampling_rate {sampling_rate:g} with threshold {threshold} gives per-key delta "
-            f"{spent:.3g} > {delta_key:.3g} ({method} accounting) for {budget}; "
-            + (" or ".join(options) + " would meet it" if options else "no nearby setting meets it"))
+        raise _infeasible(sampling_rate, threshold,
+                          f"per-key delta {spent:.3g} > {delta_key:.3g} ({method} accounting)",
+                          budget, min_threshold(eps_key, delta_key, sampling_rate, method=method),
+                          sampling_rate_for(eps_key, delta_key, threshold, method=method))
     return _params(epsilon, delta_target, c, sampling_rate, threshold, method, ())
 
 
@@ -610,16 +617,8 @@ def _calibrate_pld(epsilon, delta_target, c, sampling_rate, threshold):
         return params(p, threshold, ("sampling_rate",))
     used = spent(sampling_rate, threshold)
     if used > delta_target:
-        tau, p = min_tau(sampling_rate), rate_for(threshold, 1e-9)
-        options = []
-        if tau is not None:
-            options.append(f"threshold >= {tau} at sampling_rate {sampling_rate:g}")
-        if p is not None:
-            options.append(f"sampling_rate <= {_round_down(p)} at threshold {threshold}")
-        raise CalibrationInfeasible(
-            f"sampling_rate {sampling_rate:g} with threshold {threshold} gives delta "
-            f"{used:.3g} > {delta_target:.3g} for {budget}; "
-            + (" or ".join(options) + " would meet it" if options else "no nearby setting meets it"))
+        raise _infeasible(sampling_rate, threshold, f"delta {used:.3g} > {delta_target:.3g}",
+                          budget, min_tau(sampling_rate), rate_for(threshold, 1e-9))
     return params(sampling_rate, threshold, ())
 
 

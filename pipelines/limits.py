@@ -180,13 +180,8 @@ def _smallest(ok, start):
 
 def _largest_bound(ok, c):
     """Largest integer k < c with ok(k) (ok monotone decreasing in k); 0 if none."""
+    from accounting.search import smallest_integer
     if not ok(1):
         return 0
-    low, high = 1, c
-    while high - low > 1:
-        mid = (low + high) // 2
-        if ok(mid):
-            low = mid
-        else:
-            high = mid
-    return low
+    first_bad = smallest_integer(lambda k: not ok(k), 1, c)
+    return (c if first_bad is None else first_bad) - 1

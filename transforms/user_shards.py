@@ -133,7 +133,8 @@ def _hash_is_exact(hashes, ids):
     one hash value must hold one id)."""
     if len(hashes) < 2:
         return True
-    order = np.argsort(hashes, kind="stable") if len(hashes) < 4096 else _value_sort_order(hashes)
+    from transforms.per_user_bound import _order_by_user      # (imports this module)
+    order = _order_by_user(hashes)
     same_hash = hashes[order][1:] == hashes[order][:-1]
     if not same_hash.any():
         return True
@@ -142,22 +143,6 @@ def _hash_is_exact(hashes, ids):
     return bool(np.all(equal.to_numpy(zero_copy_only=False)[same_hash]))
 
 
-def _value_sort_order(hashes):
-    """argsort of uint64 hashes by one value sort of (hash top bits | row number); exact
-    ties of the top bits fall back to argsort (see per_user_bound._order_by_user)."""
-    n = len(hashes)
-    bits = max(1, (n - 1).bit_length())
-    if bits > 32:
-        return np.argsort(hashes)
-    low = np.uint64((1 << bits) - 1)
-    packed = (hashes & ~low) | np.arange(n, dtype=np.uint64)
-    packed.sort()
-    order = (packed & low).astype(np.intp)
-    top = packed & ~low
-    sorted_hashes = hashes[order]
-    if np.any((top[1:] == top[:-1]) & (sorted_hashes[1:] != sorted_hashes[:-1])):
-        return np.argsort(hashes)
-    return order
 
 
 def _concat_shard(shard_and_tables):

@@ -27,18 +27,16 @@ def check_output_writable(path):
         raise SpecError("output.path", f"{path!r} cannot be created: {existing!r} is not a folder")
     # Create (and remove) a probe folder where the release's staging folder will go: the
     # only test that is right for read-only mounts, immutable folders, /proc and root alike.
-    probe = os.path.join(existing, f".thresher-probe-{uuid.uuid4().hex[:12]}")
+    _probe(existing, f"{path!r} cannot be written: creating a folder in {existing!r} failed")
+    if os.path.isdir(target):
+        _probe(target, f"{path!r} cannot be written")
+
+
+def _probe(folder, message):
+    """Create and remove a probe folder in ``folder``; SpecError(output.path) if it fails."""
+    probe = os.path.join(folder, f".thresher-probe-{uuid.uuid4().hex[:12]}")
     try:
         os.mkdir(probe)
     except OSError as exc:
-        raise SpecError("output.path", f"{path!r} cannot be written: creating a folder in "
-                        f"{existing!r} failed ({exc.strerror or type(exc).__name__})") from None
+        raise SpecError("output.path", f"{message} ({exc.strerror or type(exc).__name__})") from None
     shutil.rmtree(probe, ignore_errors=True)
-    if os.path.isdir(target):
-        probe = os.path.join(target, f".thresher-probe-{uuid.uuid4().hex[:12]}")
-        try:
-            os.mkdir(probe)
-        except OSError as exc:
-            raise SpecError("output.path", f"{path!r} cannot be written "
-                            f"({exc.strerror or type(exc).__name__})") from None
-        shutil.rmtree(probe, ignore_errors=True)

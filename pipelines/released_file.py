@@ -56,8 +56,8 @@ def canonical_table(tables, schema, key_columns, domain=None):
         # Keys first; the other columns break ties (kinds with several rows per key, such
         # as quantiles' one row per rank), so the order is total on the released rows.
         others = [c for c in schema.names if c not in key_columns]
-        order = pc.sort_indices(table, sort_keys=[(c, "ascending") for c in (*key_columns, *others)],
-                                null_placement="at_end")
+        # (nulls sort last: Arrow's default)
+        order = pc.sort_indices(table, sort_keys=[(c, "ascending") for c in (*key_columns, *others)])
     else:
         order = _domain_order(table, domain, schema, key_columns)
     return table.take(order).combine_chunks()
@@ -78,8 +78,7 @@ def _domain_order(table, domain, schema, key_columns):
     others = [c for c in schema.names if c not in key_columns]
     ranked = table.select(others).append_column("__position", pa.array(position))
     return pc.sort_indices(ranked, sort_keys=[("__position", "ascending"),
-                                              *[(c, "ascending") for c in others]],
-                           null_placement="at_end")
+                                              *[(c, "ascending") for c in others]])
 
 
 def write(table, sink):

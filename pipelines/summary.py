@@ -206,8 +206,9 @@ def noise_in_words(report, keys):
 
 def run_lines(report, output, keys, ledger_line=None):
     """What ``thresher run`` prints at the end."""
-    files = [os.path.join(output, os.path.basename(f)) for f in released_files(output, report)]
-    files.append(os.path.join(output, REPORT_FILE))
+    # The report names its files relative to the output folder (local or a URL).
+    base = output.rstrip("/")
+    files = [f"{base}/{name}" for name in report.get("outputs", [])] + [f"{base}/{REPORT_FILE}"]
     privacy = report["privacy"]
     delta = privacy.get("delta_spent", privacy["delta"])
     lines = ["wrote " + ", ".join(files),

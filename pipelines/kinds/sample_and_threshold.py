@@ -25,6 +25,12 @@ from pipelines.spec import choice, integer
 from transforms.sample_and_threshold import OUTPUT_COLUMNS as _TRANSFORM_COLUMNS
 from transforms.sample_and_threshold import SampleAndThreshold
 
+# The PLD calibration costs about 7 s at C = 8 and 10 s at C = 64 (2 cores, idle): it is
+# the default up to PLD_DEFAULT_MAX_KEYS and refused above PLD_MAX_KEYS, so every plan
+# stays within seconds (issue 18's bounded planning).
+PLD_DEFAULT_MAX_KEYS = 64
+PLD_MAX_KEYS = 64
+
 FIELDS = {
     "sampling_rate": "p in (0, 1]: each (user, key) contribution is kept with probability p "
                      "(optional; calibrated if absent)",
@@ -33,7 +39,7 @@ FIELDS = {
     "accounting": "exact (default), kl (paper 003 Thm 1) or alpha (paper 003, C_alpha form): "
                   "how delta is computed when calibrating",
     "composition": "pld or basic: how a user's keys compose (default pld with a fixed "
-                   "max_keys_per_user, basic with auto; pld needs accounting: exact)",
+                   "max_keys_per_user of 2 to 64, else basic; pld needs accounting: exact)",
 }
 OUTPUT_COLUMNS = dict(_TRANSFORM_COLUMNS)
 
@@ -84,7 +90,11 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
                         "(each user counted at most once per key)")
     method = mech.get("accounting", "exact")
     composition = mech.get("composition") or (
-        "pld" if method == "exact" and max_keys_per_user > 1 else "basic")
+        "pld" if method == "exact" and 1 < max_keys_per_user <= PLD_DEFAULT_MAX_KEYS else "basic")
+    if composition == "pld" and max_keys_per_user > PLD_MAX_KEYS:
+        raise SpecError("mechanism.composition", f"pld is available up to max_keys_per_user="
+                        f"{PLD_MAX_KEYS} (its calibration grows with the bound: about 10 s at "
+                        f"64), got {max_keys_per_user}; use composition: basic")
     what = (f"sample_and_threshold release at epsilon={epsilon:g}, delta={delta:g}, "
             f"max_keys_per_user={max_keys_per_user}")
     try:

@@ -120,3 +120,20 @@ def test_thresher_run_releases_sampled_counts_and_estimates(tmp_path, capsys):
     counts = table.column("count").to_numpy()
     assert table.num_rows > 0 and (counts >= mech["threshold"]).all()
     assert table.column("estimate").to_numpy() == pytest.approx(counts / mech["sampling_rate"])
+
+
+def test_pld_composition_is_bounded_to_keep_plans_within_seconds(tmp_path):
+    """Above 64 keys per user the PLD calibration would take minutes: the default is basic
+    composition there, and an explicit pld is refused naming the field."""
+    import yaml
+    from pipelines import spec as spec_mod
+    from pipelines.errors import SpecError
+    from pipelines.plan import make_plan
+    base = {"name": "t", "input": {"path": "x.parquet", "user": "u", "keys": ["k"]},
+            "privacy": {"epsilon": 1.0, "delta": 1e-8},
+            "bounding": {"max_keys_per_user": 100},
+            "mechanism": {"kind": "sample_and_threshold"}, "output": {"path": str(tmp_path)}}
+    assert make_plan(spec_mod.parse(base)).report()["mechanism"]["composition"] == "basic"
+    base["mechanism"]["composition"] = "pld"
+    with pytest.raises(SpecError, match="mechanism.composition"):
+        make_plan(spec_mod.parse(yaml.safe_load(yaml.safe_dump(base))))

@@ -169,7 +169,7 @@ def main(argv=None):
         print("thresher: error: Beam options after -- are only for 'thresher run'", file=sys.stderr)
         return EXIT_USAGE
     _configure_logging(args.debug, getattr(args, "quiet", False))
-    restore = signals.install() if args.command == "run" else (lambda: None)
+    restore = signals.install(_stop_children) if args.command == "run" else (lambda: None)
     interrupted = []
     restore_sigint = _watch_sigint(interrupted)
     import threading
@@ -346,6 +346,9 @@ def _watch_sigint(interrupted):
 
     def on_sigint(signum, frame):
         interrupted.append(signum)
+        # Stop the worker processes first: Beam's clean-up, which the KeyboardInterrupt
+        # runs through, joins them, and a worker that got no signal never exits.
+        _stop_children()
         raise KeyboardInterrupt
 
     try:

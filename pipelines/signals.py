@@ -18,19 +18,25 @@ class Terminated(BaseException):
 
 
 _requested = False
+_before_raise = None
 
 
 def _handler(signum, frame):
     global _requested
     _requested = True
+    if _before_raise is not None:
+        _before_raise()
     raise Terminated()
 
 
-def install():
+def install(before_raise=None):
     """Handle SIGTERM in this (main) thread (no-op elsewhere); returns a function that
-    puts the previous handler back."""
-    global _requested
+    puts the previous handler back. ``before_raise`` runs first (the CLI stops its worker
+    processes there: Beam's clean-up joins them, and a worker that got no signal would
+    never exit)."""
+    global _requested, _before_raise
     _requested = False
+    _before_raise = before_raise
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = signal.signal(signal.SIGTERM, _handler)

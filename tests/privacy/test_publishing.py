@@ -18,9 +18,10 @@ from tests.robustness.conftest import ROOT, run_cli, words_table, write_parquet,
 QUICKSTART = os.path.join(ROOT, "configs", "examples", "data", "quickstart.parquet")
 
 
-def _cli(*argv):
+def _cli(*argv, new_session=False):
     return subprocess.Popen([sys.executable, "-m", "pipelines.cli", *argv], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=new_session)
 
 
 def test_a_claim_is_exclusive_and_leaves_no_lock_file(tmp_path):
@@ -48,12 +49,16 @@ def test_two_concurrent_runs_publish_once(tmp_path):
     assert not glob.glob(out + ".tmp-*") and not os.path.exists(out + ".lock")
 
 
-def test_sigterm_removes_the_staging_folder(tmp_path):
-    """``timeout``/``kill`` during a run: exit 143, nothing published, nothing left."""
+@pytest.mark.parametrize("beam_args", [
+    [], pytest.param(["--", "--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+                     marks=pytest.mark.slow)], ids=["in_process", "multi_processing"])
+def test_sigterm_removes_the_staging_folder(tmp_path, beam_args):
+    """``timeout``/``kill`` during a run: exit 143, nothing published, nothing left, and
+    (multi-processing) no worker left running."""
     table = words_table(n_users=300_000, keys_per_user=3, n_words=5000)
     data = write_parquet(tmp_path / "big.parquet", table, row_group_size=50_000)
     spec, out = write_spec(tmp_path, data)
-    proc = _cli("run", spec)
+    proc = _cli("run", spec, *beam_args, new_session=True)
     deadline = time.time() + 120
     while not glob.glob(out + ".tmp-*"):
         assert proc.poll() is None, proc.communicate()
@@ -67,6 +72,12 @@ def test_sigterm_removes_the_staging_folder(tmp_path):
     assert "terminated" in err and "nothing was published" in err and "Traceback" not in err
     assert not os.path.exists(out)
     assert not glob.glob(out + ".tmp-*") and not os.path.exists(out + ".lock")
+    if beam_args:
+        from tests.robustness.test_hostile_corpus import _live_in_group
+        deadline = time.time() + 5
+        while _live_in_group(proc.pid) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _live_in_group(proc.pid), "worker processes outlived the terminated run"
 
 
 def test_next_run_removes_a_killed_runs_leftovers(tmp_path):

@@ -8,6 +8,7 @@ folder. To keep the default suite cheap the cases run in two child interpreters 
 the spec-only cases, one for the releases), each case in its own folder; the
 multi-process and Ctrl-C cases, which need their own process, are marked slow.
 """
+import glob
 import json
 import os
 import signal
@@ -412,7 +413,13 @@ def test_ctrl_c_is_rc_130_and_publishes_nothing(tmp_path, target):
     before = set(os.listdir(folder))
     proc = _capped(["run", spec, "--", "--direct_running_mode=multi_processing",
                     "--direct_num_workers=2"], start_new_session=True)
-    time.sleep(10)
+    # Interrupt mid-pipeline: once the staging folder exists (the claim is held and the
+    # pipeline is being built), plus a moment for the workers to start.
+    deadline = time.time() + 120
+    while not glob.glob(os.path.join(folder, "out.tmp-*")) and proc.poll() is None \
+            and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)
     if target == "cli_process":
         proc.send_signal(signal.SIGINT)
     else:

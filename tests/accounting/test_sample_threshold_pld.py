@@ -11,20 +11,15 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from accounting import sample_threshold as acc
 from accounting import sample_threshold_pld as pld
+from tests.accounting.test_sample_threshold import output_distribution
 
 
-def law(k, p, tau, size):
-    """[absent, 0, 1, ..., size - 1]: one key's output law with k contributions."""
-    out = np.zeros(size + 1)
-    v = np.arange(k + 1)
-    pmf = stats.binom.pmf(v, k, p)
-    out[0] = pmf[v < tau].sum()
-    out[1 + v[v >= tau]] = pmf[v >= tau]
-    return out
+# One key's output law, enumerated from scipy's binomial pmf (the oracle the exact
+# per-key accounting is tested against).
+law = output_distribution
 
 
 def joint_delta(eps, p, tau, ks, size):

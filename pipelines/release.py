@@ -251,7 +251,15 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
     """Run the release; returns the report written beside the output.
 
     With a ``budget`` section the release's (epsilon, delta) is reserved in the ledger
-    before any input is opened, and committed once published (``pipelines.ledger``)."""
+    before any input is opened, and committed once published (``pipelines.ledger``).
+
+    Randomness: every draw is keyed by a release secret drawn here, once, from the OS
+    CSPRNG (``transforms.keyed_random``; never logged or written anywhere), so runners
+    that retry or recompute stages draw the same values. ``rng_factory`` is for tests
+    (a ``KeyedSource`` with a fixed secret, or a seeded generator factory)."""
+    if rng_factory is None:
+        from transforms.keyed_random import KeyedSource, new_secret
+        rng_factory = KeyedSource(new_secret())
     with ledger.reservation_for(plan) as reservation:
         report = _run(plan, beam_args, overwrite, rng_factory, reservation)
         if reservation is not None:
@@ -282,7 +290,10 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
     started = time.time()
     try:
         pipeline = beam.Pipeline(runner=_make_runner(runner_name), options=options)
-        build(pipeline, plan, files, est_rows, staging, rng_factory=rng_factory)
+        from transforms import keyed_random
+        keyed = rng_factory if isinstance(rng_factory, keyed_random.KeyedSource) else None
+        with keyed_random.building(keyed):    # every stage draws from the release secret
+            build(pipeline, plan, files, est_rows, staging, rng_factory=rng_factory)
         result = pipeline.run()
         result.wait_until_finish()
         signals.check()                   # a SIGTERM that library code swallowed

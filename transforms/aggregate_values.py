@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms import samplers
+from transforms import keyed_random, samplers
 from transforms.arrow_coder import TABLE
 from transforms.per_user_bound import bound_table_l0
 from transforms.release_fn import KernelRelease
@@ -98,13 +98,14 @@ def bound_with_values(table, key_columns, sum_columns, max_keys_per_user, rng):
 
 
 class _BoundWithValuesFn(beam.DoFn):
-    def __init__(self, key_columns, sum_columns, rng_factory):
+    def __init__(self, key_columns, sum_columns, rng_factory, stage=""):
         self._keys = tuple(key_columns)
         self._sums = list(sum_columns)
         self._rng_factory = rng_factory
+        self._stage = stage
 
     def setup(self):
-        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
+        self._rng = keyed_random.worker_rng(self._rng_factory)
 
     def process(self, table, max_keys_per_user, clips=None):
         sums = self._sums
@@ -112,7 +113,8 @@ class _BoundWithValuesFn(beam.DoFn):
             from accounting.aggregates import fixed_point_grid
             sums = [(name, fixed_point_grid(0.0, clips[i]) if i in clips else grid)
                     for i, (name, grid) in enumerate(sums)]
-        out, kept = bound_with_values(table, self._keys, sums, max_keys_per_user, self._rng)
+        rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage)
+        out, kept = bound_with_values(table, self._keys, sums, max_keys_per_user, rng)
         beam.metrics.Metrics.counter(NOT_PRIVATE, "contributions_kept").inc(kept)
         beam.metrics.Metrics.counter(NOT_PRIVATE, "rows_bounded").inc(table.num_rows)
         if out.num_rows:
@@ -135,7 +137,8 @@ class PerUserBoundWithValues(beam.PTransform):
     def expand(self, user_shards):
         extra = () if self._clips is None else (self._clips,)
         return user_shards | "BoundL0WithValues" >> beam.ParDo(
-            _BoundWithValuesFn(self._keys, self._sums, self._rng_factory), self._bound, *extra
+            _BoundWithValuesFn(self._keys, self._sums, keyed_random.resolve(self._rng_factory),
+                               keyed_random.stage_name(user_shards)), self._bound, *extra
         ).with_output_types(TABLE)
 
 
@@ -211,7 +214,7 @@ def release_with_aggregates(table, params, rng):
     released = released.set_column(idx, "count", pa.array(noisy[keep], type=pa.int64()))
     if debiased is not None:
         released = released.append_column("debiased", pa.array(debiased[keep], type=pa.float64()))
-    outputs = noisy_outputs(noisy[keep], sums, params, rng)
+    outputs = noisy_outputs(noisy[keep], sums, params, samplers.take(rng, keep))
     for name, values in outputs.items():
         released = released.append_column(
             name, pa.array(values, type=pa.float64(), mask=np.isnan(values)))

@@ -16,7 +16,7 @@ import numpy as np
 
 from accounting import aggregates as acc
 from accounting import selection
-from transforms import samplers
+from transforms import keyed_random
 from transforms.aggregate_values import user_key_totals
 from transforms.choose_contribution_bound import SumArrays
 from transforms.user_shards import USER_COLUMN
@@ -48,7 +48,8 @@ class _StatisticFn(beam.DoFn):
 
 
 class _DrawFn(beam.DoFn):
-    def __init__(self, auto_columns, candidates, epsilon, quantile, rng_factory=None):
+    def __init__(self, auto_columns, candidates, epsilon, quantile, rng_factory=None, stage=""):
+        self._stage = stage
         self._auto = list(auto_columns)
         self._candidates = np.asarray(candidates)
         self._epsilon = float(epsilon)
@@ -56,15 +57,16 @@ class _DrawFn(beam.DoFn):
         self._rng_factory = rng_factory
 
     def setup(self):
-        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
+        self._rng = keyed_random.worker_rng(self._rng_factory)
 
     def process(self, statistic):
+        rng = keyed_random.stage_stream(self._rng_factory, self._rng, self._stage)
         k = len(self._candidates) + 1
         share = self._epsilon / len(self._auto)
         chosen = {}
         for j, (sum_index, _) in enumerate(self._auto):
             scores = acc.quantile_scores(statistic[j * k:(j + 1) * k], self._quantile)
-            index = selection.exponential_mechanism(scores, share, 1.0, self._rng)
+            index = selection.exponential_mechanism(scores, share, 1.0, rng)
             chosen[int(sum_index)] = float(self._candidates[index])
         _LOG.info("NOT PRIVATE (operator log only): clip statistics drawn; chosen upper "
                   "bounds %s", chosen)
@@ -96,5 +98,5 @@ class ChooseClipBounds(beam.PTransform):
                 | "SumClipStatistic" >> beam.CombineGlobally(SumArrays(size))
                 | "ClipExponentialMechanism" >> beam.ParDo(_DrawFn(
                     self._auto, self._candidates, self._epsilon, self._quantile,
-                    self._rng_factory))
+                    keyed_random.resolve(self._rng_factory), keyed_random.stage_name(users)))
                 | "MaterialiseClips" >> beam.Reshuffle())

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from accounting import contribution_bound
-from transforms import samplers
+from transforms import keyed_random
 from transforms.arrow_coder import SHARD_AND_TABLE
 from transforms.hashing import hash_columns
 from transforms.per_user_bound import _order_by_user, _runs
@@ -239,22 +239,25 @@ class SumArrays(beam.CombineFn):
 
 
 class _ExponentialMechanismFn(beam.DoFn):
-    def __init__(self, score, epsilon, monotone, rng_factory=None):
+    def __init__(self, score, epsilon, monotone, rng_factory=None, stage=""):
         self._score = score
         self._epsilon = epsilon
         self._monotone = monotone
         self._rng_factory = rng_factory
+        self._stage = stage
         self._draws = beam.metrics.Metrics.counter("thresher", "contribution_bound_draws")
 
     def setup(self):
-        # A fresh CSPRNG per worker: never pickled, never replayed.
-        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
+        self._rng = keyed_random.worker_rng(self._rng_factory)
 
     def process(self, sums):
+        # The stage's keyed stream (release secret + stage label): a recomputed or
+        # retried draw picks the same C, so the selection's epsilon is spent once.
+        rng = keyed_random.stage_stream(self._rng_factory, self._rng, self._stage)
         score = self._score
         values = score.values(sums[0], sums[1])
         chosen, probabilities = contribution_bound.choose_bound(
-            values, score.candidates, self._epsilon, score.sensitivity, self._rng,
+            values, score.candidates, self._epsilon, score.sensitivity, rng,
             monotone=self._monotone)
         self._draws.inc()
         _LOG.info(
@@ -332,8 +335,9 @@ class ChooseContributionBound(beam.PTransform):
 
     def __init__(self, key_columns, *, candidates, epsilon, model, score, score_params,
                  max_bound, monotone=True, rng_factory=None, user_column=USER_COLUMN,
-                 num_key_shards=_DEFAULT_KEY_SHARDS, label=None):
+                 num_key_shards=_DEFAULT_KEY_SHARDS, label=None, stage=None):
         super().__init__(label)
+        self._stage = stage   # the draw's stage identity; default: this transform's label
         if model not in contribution_bound.MODELS:
             raise ValueError(f"model must be one of {contribution_bound.MODELS}, got {model!r}")
         if score in contribution_bound.SCORE_MODELS and \
@@ -368,7 +372,8 @@ class ChooseContributionBound(beam.PTransform):
         sums = tables | "Scores" >> ContributionBoundSums(
             self._key_columns, self.score, num_key_shards=self._num_key_shards,
             user_column=self._user_column)
+        stage = self._stage or keyed_random.stage_name(tables)
         return (sums
                 | "ExponentialMechanism" >> beam.ParDo(_ExponentialMechanismFn(
-                    self.score, self.epsilon, self.monotone, self._rng_factory))
+                    self.score, self.epsilon, self.monotone, keyed_random.resolve(self._rng_factory), stage))
                 | "Materialise" >> beam.Reshuffle())

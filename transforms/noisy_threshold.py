@@ -46,10 +46,11 @@ def noisy_threshold(counts, *, noise, scale, pre_threshold, threshold, rng):
         raise ValueError(f"scale must be > 0, got {scale}")
     eligible = counts >= pre_threshold
     n = int(eligible.sum())
+    rows = samplers.take(rng, eligible)     # per-key streams: the eligible keys' own
     if noise == "gaussian":
-        draws = samplers.discrete_gaussian(rng, scale, n)
+        draws = samplers.discrete_gaussian(rows, scale, n)
     else:
-        draws = samplers.discrete_laplace(rng, scale, n)
+        draws = samplers.discrete_laplace(rows, scale, n)
     values = np.zeros(len(counts), dtype=np.int64)
     values[eligible] = counts[eligible] + draws
     keep = np.zeros(len(counts), dtype=bool)

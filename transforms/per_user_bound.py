@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms import samplers
+from transforms import keyed_random, samplers
 from transforms.arrow_coder import TABLE
 from transforms.hashing import mix64
 from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
@@ -85,7 +85,8 @@ def bound_l0(user_hash, key_hash, max_keys_per_user, rng):
     user_start = _runs(user_hash[by_user])
     user_number = np.cumsum(user_start) - 1          # 0..U-1, in by_user order
     n_users = int(user_number[-1]) + 1
-    salts = samplers.uniform_priorities(rng, n_users)
+    salts = samplers.uniform_priorities(
+        keyed_random.rows_of(rng, by_user[user_start], "user"), n_users)
     rank = mix64(key_hash[by_user] ^ salts[user_number])  # in by_user order
     shift = max(1, (n_users - 1).bit_length())
     packed = (user_number.astype(np.uint64) << np.uint64(64 - shift)) | (rank >> np.uint64(shift))
@@ -135,7 +136,8 @@ def bound_l0_exact(user_hash, key_codes, max_keys_per_user, rng):
     pair_start[1:] |= codes[1:] != codes[:-1]
     pair_rows = order[pair_start]
     pair_users = users[pair_start]
-    ranks = samplers.uniform_priorities(rng, len(pair_rows))
+    ranks = samplers.uniform_priorities(keyed_random.rows_of(rng, pair_rows, "pair"),
+                                        len(pair_rows))
     by_rank = np.lexsort((ranks, pair_users))
     new_user = _runs(pair_users[by_rank])
     position = np.arange(len(by_rank))
@@ -183,6 +185,7 @@ def bound_table_l0(table, key_columns, max_keys_per_user, rng):
     codes instead, so colliding keys stay two keys and which one a user keeps never
     depends on the order of other users' rows."""
     users = table.column(USER_COLUMN).to_numpy()
+    rng = keyed_random.bind(rng, table, user=[USER_COLUMN], pair=[USER_COLUMN, *key_columns])
     if key_hash_is_exact(table, key_columns):
         return bound_l0(users, table.column(KEY_HASH_COLUMN).to_numpy(), max_keys_per_user, rng)
     beam.metrics.Metrics.counter("thresher_not_private", "shards_with_key_hash_collisions").inc()
@@ -198,15 +201,17 @@ def count_per_key(table, key_columns):
 
 
 class _BoundL0Fn(beam.DoFn):
-    def __init__(self, key_columns, rng_factory):
+    def __init__(self, key_columns, rng_factory, stage=""):
         self._key_columns = tuple(key_columns)
         self._rng_factory = rng_factory
+        self._stage = stage
 
     def setup(self):
-        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
+        self._rng = keyed_random.worker_rng(self._rng_factory)
 
     def process(self, table, max_keys_per_user):
-        kept = bound_table_l0(table, self._key_columns, int(max_keys_per_user), self._rng)
+        rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage)
+        kept = bound_table_l0(table, self._key_columns, int(max_keys_per_user), rng)
         beam.metrics.Metrics.counter("thresher_not_private", "contributions_kept").inc(len(kept))
         beam.metrics.Metrics.counter("thresher_not_private", "rows_bounded").inc(table.num_rows)
         if len(kept):
@@ -230,5 +235,6 @@ class PerUserBound(beam.PTransform):
 
     def expand(self, user_shards):
         return user_shards | "BoundL0" >> beam.ParDo(
-            _BoundL0Fn(self._key_columns, self._rng_factory), self._max_keys_per_user
+            _BoundL0Fn(self._key_columns, keyed_random.resolve(self._rng_factory),
+                       keyed_random.stage_name(user_shards)), self._max_keys_per_user
         ).with_output_types(TABLE)

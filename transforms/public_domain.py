@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from accounting import known_domain
-from transforms import samplers
+from transforms import keyed_random, samplers
 from transforms.arrow_coder import TABLE
 from transforms.choose_contribution_bound import SumArrays
 from transforms.hashing import hash_columns
@@ -161,18 +161,19 @@ class _StatisticFn(beam.DoFn):
 
 
 class _DrawFn(beam.DoFn):
-    def __init__(self, rule, epsilon, rng_factory=None):
+    def __init__(self, rule, epsilon, rng_factory=None, stage=""):
         self._rule = rule
         self._epsilon = epsilon
         self._rng_factory = rng_factory
+        self._stage = stage
         self._draws = beam.metrics.Metrics.counter("thresher", "contribution_bound_draws")
 
     def setup(self):
-        # A fresh CSPRNG per worker: never pickled, never replayed.
-        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
+        self._rng = keyed_random.worker_rng(self._rng_factory)
 
     def process(self, statistic):
-        chosen, probabilities = self._rule.choose(statistic, self._epsilon, self._rng)
+        rng = keyed_random.stage_stream(self._rng_factory, self._rng, self._stage)
+        chosen, probabilities = self._rule.choose(statistic, self._epsilon, rng)
         self._draws.inc()
         _LOG.info("NOT PRIVATE (operator log only, never in outputs): bounded-domain rule %s, "
                   "candidates %s, statistic %s, scores %s, probabilities %s; chosen C = %d",
@@ -209,20 +210,25 @@ class ChooseDomainBound(beam.PTransform):
                                                              self._user_column))
                 | "SumStatistic" >> beam.CombineGlobally(SumArrays(len(self.rule.candidates)))
                 | "ExponentialMechanism" >> beam.ParDo(
-                    _DrawFn(self.rule, self.epsilon, self._rng_factory))
+                    _DrawFn(self.rule, self.epsilon, keyed_random.resolve(self._rng_factory),
+                            keyed_random.stage_name(users)))
                 | "Materialise" >> beam.Reshuffle())
 
 
 class _NoisyDomainFn(beam.DoFn):
-    def __init__(self, rng_factory=None):
+    def __init__(self, rng_factory=None, stage=""):
         self._rng_factory = rng_factory
+        self._stage = stage
 
     def setup(self):
-        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
+        self._rng = keyed_random.worker_rng(self._rng_factory)
 
     def process(self, table, params):
         if table.num_rows:
-            yield release_domain_table(table, params, self._rng)
+            from transforms.release_fn import identity_columns
+            rng = keyed_random.table_streams(self._rng_factory, self._rng, self._stage, table,
+                                             identity_columns(table))
+            yield release_domain_table(table, params, rng)
 
 
 class NoisyDomainCounts(beam.PTransform):
@@ -236,4 +242,6 @@ class NoisyDomainCounts(beam.PTransform):
 
     def expand(self, counts):
         return counts | "NoiseEveryKey" >> beam.ParDo(
-            _NoisyDomainFn(self._rng_factory), self._params).with_output_types(TABLE)
+            _NoisyDomainFn(keyed_random.resolve(self._rng_factory),
+                           keyed_random.stage_name(counts)),
+            self._params).with_output_types(TABLE)

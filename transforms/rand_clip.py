@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms import samplers
+from transforms import keyed_random, samplers
 from transforms.hashing import hash_columns
 from transforms.per_user_bound import count_per_key
 from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
@@ -86,6 +86,10 @@ def rand_clip_table(table, max_records_per_user, rng, user_column=USER_COLUMN):
     """The rows of ``table`` that rand-clip keeps (all columns kept)."""
     if table.num_rows == 0:
         return table
+    # keyed streams: one per record, identified by all its values and its number among
+    # identical records of the shard (so the kept set does not depend on row order)
+    rng = keyed_random.rows_of(keyed_random.bind(rng, table, record=table.column_names),
+                               np.arange(table.num_rows), "record", occurrence=True)
     keep = rand_clip(user_codes_of(table, user_column), rng, max_records_per_user)
     return table.filter(pa.array(keep))
 
@@ -109,17 +113,18 @@ def rand_clip_counts(table, key_columns, max_records_per_user, rng,
 
 
 class _RandClipFn(beam.DoFn):
-    def __init__(self, key_columns, user_column, rng_factory=None):
+    def __init__(self, key_columns, user_column, rng_factory=None, stage=""):
         self._key_columns = tuple(key_columns)
         self._user_column = user_column
         self._rng_factory = rng_factory
+        self._stage = stage
 
     def setup(self):
-        # A fresh CSPRNG per worker: never pickled, never replayed.
-        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
+        self._rng = keyed_random.worker_rng(self._rng_factory)
 
     def process(self, table, max_records_per_user):
-        counts = rand_clip_counts(table, self._key_columns, max_records_per_user, self._rng,
+        rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage)
+        counts = rand_clip_counts(table, self._key_columns, max_records_per_user, rng,
                                   self._user_column)
         kept = int(np.sum(counts.column("count").to_numpy())) if counts.num_rows else 0
         beam.metrics.Metrics.counter("thresher_not_private", "records_kept").inc(kept)
@@ -154,5 +159,6 @@ class RandClip(beam.PTransform):
     def expand(self, user_shards):
         # pa.Table (all records of a set of users) -> pa.Table(keys, __key, count)
         return user_shards | "RandClipRecords" >> beam.ParDo(
-            _RandClipFn(self._key_columns, self._user_column, self._rng_factory),
+            _RandClipFn(self._key_columns, self._user_column, keyed_random.resolve(self._rng_factory),
+                        keyed_random.stage_name(user_shards)),
             self._max_records_per_user)

@@ -1,25 +1,39 @@
 """The DoFn shared by the release transforms: one kernel call per batch of keys.
 
 A release kernel module offers ``release_table(table, params, rng)`` (keys + ``count`` in,
-released rows out); :class:`ReleaseBatchFn` applies it with a CSPRNG created on the
-worker in ``setup()`` — never pickled with the transform, so no two workers or retries
-replay the same randomness — and drops batches with no released row.
+released rows out); :class:`ReleaseBatchFn` applies it with one keyed stream per key
+(``transforms.keyed_random``: the release secret, the stage's label and the key's
+canonical text), so a retried bundle, a recomputed stage or a different bundle split
+draws the same noise for every key, and drops batches with no released row.
 """
+import re
+
 import apache_beam as beam
 
-from transforms import samplers
+from transforms import keyed_random
+
+# Columns of a release batch that are values, not the key (counts and grid sums).
+_VALUE_COLUMN = re.compile(r"^(count|__s\d+)$")
+
+
+def identity_columns(table):
+    """The key columns of a release batch: what identifies a key's noise stream."""
+    return [name for name in table.column_names if not _VALUE_COLUMN.match(name)]
 
 
 class ReleaseBatchFn(beam.DoFn):
-    def __init__(self, release_table, rng_factory=None):
+    def __init__(self, release_table, rng_factory=None, stage=""):
         self._release_table = release_table
-        self._rng_factory = rng_factory  # tests only: a seeded generator
+        self._rng_factory = rng_factory  # a KeyedSource, or (tests) a seeded generator
+        self._stage = stage
 
     def setup(self):
-        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
+        self._rng = keyed_random.worker_rng(self._rng_factory)
 
     def process(self, table, params):
-        out = self._release_table(table, params, self._rng)
+        rng = keyed_random.table_streams(self._rng_factory, self._rng, self._stage, table,
+                                         identity_columns(table))
+        out = self._release_table(table, params, rng)
         if out.num_rows:
             yield out
 
@@ -39,11 +53,13 @@ class KernelRelease(beam.PTransform):
     def release_table(table, params, rng):
         raise NotImplementedError
 
-    def __init__(self, params, rng_factory=None, label=None):
+    def __init__(self, params, rng_factory=None, label=None, stage=None):
         super().__init__(label)
         self._params = params
         self._rng_factory = rng_factory
+        self._stage = stage     # the draws' stage identity; default: this transform's label
 
     def expand(self, counts):
+        stage = self._stage or keyed_random.stage_name(counts)
         return counts | self.stage_label >> beam.ParDo(
-            ReleaseBatchFn(type(self).release_table, self._rng_factory), self._params)
+            ReleaseBatchFn(type(self).release_table, keyed_random.resolve(self._rng_factory), stage), self._params)

@@ -53,7 +53,7 @@ def sample_and_threshold(counts, *, sampling_rate, threshold, rng):
         raise ValueError(f"threshold must be an integer >= 1, got {threshold}")
     keep = np.zeros(counts.shape, dtype=bool)
     eligible = np.flatnonzero(counts >= threshold)  # c < tau can never reach tau
-    sampled = samplers.binomial(rng, counts[eligible], sampling_rate)
+    sampled = samplers.binomial(samplers.take(rng, eligible), counts[eligible], sampling_rate)
     passed = sampled >= threshold
     keep[eligible[passed]] = True
     values = np.zeros(counts.shape, dtype=np.int64)

@@ -116,8 +116,12 @@ def secure_random():
 
 
 def _words(rng, n):
-    """n uniform uint64 words from a SecureRandom (``bits``) or a numpy Generator."""
+    """n uniform uint64 words from a SecureRandom (``bits``), a numpy Generator, or one
+    word per element of a view of per-row keyed streams (``transforms.keyed_random``)."""
     n = int(n)
+    element_words = getattr(rng, "element_words", None)
+    if element_words is not None:
+        return element_words(n)
     bits = getattr(rng, "bits", None)
     if bits is not None and not isinstance(rng, np.random.Generator):
         return np.asarray(bits(n), dtype=np.uint64).reshape(n)
@@ -126,6 +130,25 @@ def _words(rng, n):
 
 def _word(rng):
     return int(_words(rng, 1)[0])
+
+
+def take(rng, index):
+    """The generator for a subset of the current elements (mask or index array): the
+    same generator, or the matching rows of per-row streams (``transforms.keyed_random``),
+    so each row keeps drawing from its own stream."""
+    select = getattr(rng, "take", None)
+    return select(index) if select is not None else rng
+
+
+def _element(rng, i):
+    select = getattr(rng, "element", None)
+    return select(i) if select is not None else rng
+
+
+def _rows(rng, index, counts):
+    """Elements ``index`` repeated ``counts`` times (several draws from each row)."""
+    select = getattr(rng, "take", None)
+    return select(index).repeat(counts) if select is not None else rng
 
 
 def _count(size):
@@ -277,7 +300,7 @@ class _InversionTable:
         sure = in_body & (prefixes < self.lo[np.minimum(x, self.size - 1)])
         values = x.astype(np.int64)
         for i in np.flatnonzero(in_body & ~sure):
-            values[i] = self._resolve(rng, int(prefixes[i]), int(x[i]))
+            values[i] = self._resolve(_element(rng, i), int(prefixes[i]), int(x[i]))
         return values, values >= self.size
 
     def _resolve(self, rng, prefix, k):
@@ -408,7 +431,7 @@ class _GeometricSampler:
         if self.split:
             return values + self.split * self.outer.sample(rng, n)
         if tail.any():
-            values[tail] += self.sample(rng, int(tail.sum()))
+            values[tail] += self.sample(take(rng, tail), int(tail.sum()))
         return values
 
 
@@ -496,10 +519,12 @@ class _DiscreteGaussianSampler:
         negative = (words & _ONE_BIT).astype(bool)
         magnitude, tail = self.table.invert(rng, words >> np.uint64(64 - self.bits))
         if tail.any():
-            magnitude[tail] = self._tail(rng, int(tail.sum()))
+            magnitude[tail] = self._tail(take(rng, tail), int(tail.sum()))
         return np.where(negative, -magnitude, magnitude)
 
     def _tail(self, rng, n):
+        if n > 1 and hasattr(rng, "element"):     # per-row streams: one row at a time
+            return np.concatenate([self._tail(rng.element(i), 1) for i in range(n)])
         envelope = _geometric_sampler(_ExpRatio(Fraction(self.tail_start) / self.sigma2))
         out = []
         while len(out) < n:
@@ -547,7 +572,7 @@ def bernoulli(rng, p, size=None):
     while pending.size:
         frac, whole = np.modf(np.ldexp(rest[pending], PREFIX_BITS))
         threshold = whole.astype(np.uint64)       # < 2**63 exactly, or 2**63 for p = 1
-        prefixes = _words(rng, pending.size) >> _ONE_BIT
+        prefixes = _words(take(rng, pending), pending.size) >> _ONE_BIT
         out[pending] = prefixes < threshold
         tie = (prefixes == threshold) & (frac > 0)
         rest[pending] = frac
@@ -586,7 +611,7 @@ def binomial(rng, n, p, *, chunk=1 << 22):
         remaining = int(flat_n[i])
         while remaining:
             k = min(chunk, remaining)
-            out[i] += int(np.count_nonzero(bernoulli(rng, flat_p[i], k)))
+            out[i] += int(np.count_nonzero(bernoulli(_rows(rng, [i], [k]), flat_p[i], k)))
             remaining -= k
     small = np.flatnonzero(flat_n <= chunk)
     totals = np.cumsum(flat_n[small])
@@ -596,7 +621,7 @@ def binomial(rng, n, p, *, chunk=1 << 22):
         stop = max(start + 1, int(np.searchsorted(totals, before + chunk, side="right")))
         keys = small[start:stop]
         owners = np.repeat(np.arange(keys.size), flat_n[keys])
-        coins = bernoulli(rng, flat_p[keys][owners])
+        coins = bernoulli(_rows(rng, keys, flat_n[keys]), flat_p[keys][owners])
         out[keys] = np.bincount(owners[coins], minlength=keys.size)
         start = stop
     return out.reshape(n.shape)
@@ -618,7 +643,7 @@ def _binomial_by_gaps(rng, n, rate, chunk):
         draws = np.minimum(np.ceil(mean + 6.0 * np.sqrt(mean) + 4.0), chunk).astype(np.int64)
         take = max(1, int(np.searchsorted(np.cumsum(draws), chunk, side="right")))
         now, later, draws = rows[:take], rows[take:], draws[:take]
-        steps = gaps.sample(rng, int(draws.sum())) + 1
+        steps = gaps.sample(_rows(rng, now, draws), int(draws.sum())) + 1
         starts = np.concatenate(([0], np.cumsum(draws)[:-1]))
         position = np.cumsum(steps)
         position -= np.repeat(position[starts] - steps[starts], draws)   # per row

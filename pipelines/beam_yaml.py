@@ -160,7 +160,10 @@ class _Release(beam.PTransform):
                    | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
                                                    max_batch_size=_BATCH_ROWS)
                    | "ToRecords" >> beam.ParDo(_RowsToRecords(user, keys)))  # Table(__user, __key, keys)
-        released, chosen = release_stages(records, self._plan, self._num_shards)
+        # the release secret: drawn once, when the YAML pipeline is expanded (launcher)
+        from transforms.keyed_random import KeyedSource, building, new_secret
+        with building(KeyedSource(new_secret())):
+            released, chosen = release_stages(records, self._plan, self._num_shards)
         released_rows = released | "ToRows" >> beam.FlatMap(
             _table_to_rows, columns=keys + list(output_columns)).with_output_types(row_type)
 

@@ -26,7 +26,7 @@ import scipy.sparse
 import apache_beam as beam
 
 from accounting import pws
-from transforms import samplers
+from transforms import keyed_random, samplers
 
 OUTPUT_COLUMNS = {"token": pa.int64(), "estimate": pa.float64()}
 
@@ -166,18 +166,21 @@ def _as_parameters(params):
 class _SanitizeFn(beam.DoFn):
     """pa.Table of per-key frequencies -> pa.Table of released rows."""
 
-    def __init__(self, key_columns, frequency_column, rng_factory=None):
+    def __init__(self, key_columns, frequency_column, rng_factory=None, stage=""):
         self._key_columns = tuple(key_columns)
         self._frequency_column = frequency_column
         self._rng_factory = rng_factory
+        self._stage = stage
         self._rng = None
 
     def setup(self):
-        self._rng = (self._rng_factory or samplers.secure_random)()
+        self._rng = keyed_random.worker_rng(self._rng_factory)
 
     def process(self, table, params):
         tables = pws.release_tables(_as_parameters(params))  # cached per process
-        released = sanitize_table(table, tables, self._rng, key_columns=self._key_columns,
+        rng = keyed_random.table_streams(self._rng_factory, self._rng, self._stage, table,
+                                         self._key_columns)   # one stream per key
+        released = sanitize_table(table, tables, rng, key_columns=self._key_columns,
                                   frequency_column=self._frequency_column)
         beam.metrics.Metrics.counter("thresher_not_private", "pws_input_keys").inc(table.num_rows)
         beam.metrics.Metrics.counter("thresher_not_private", "pws_released_keys").inc(released.num_rows)
@@ -207,5 +210,6 @@ class SanitizeSample(beam.PTransform):
     def expand(self, tables):
         # (key..., frequency) -> (key..., token, estimate)
         return tables | "SanitizeKeys" >> beam.ParDo(
-            _SanitizeFn(self._key_columns, self._frequency_column, self._rng_factory),
+            _SanitizeFn(self._key_columns, self._frequency_column,
+                        keyed_random.resolve(self._rng_factory), keyed_random.stage_name(tables)),
             self._params)

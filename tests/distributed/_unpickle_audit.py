@@ -67,9 +67,11 @@ def audit(proto_bytes):
         problems.extend(found)
         if isinstance(fn, DoFn):
             fn.setup()
-            rng = getattr(fn, "_rng", None)
-            if rng is not None:
-                rngs.append(f"{name}: {type(rng).__module__}.{type(rng).__name__}")
+            if hasattr(fn, "_rng_factory"):   # a DoFn that draws: what it draws from
+                source = fn._rng_factory
+                rng = getattr(fn, "_rng", None)
+                rngs.append(f"{name}: {type(source).__module__}.{type(source).__name__}"
+                            f" (setup made {type(rng).__name__})")
             fn.teardown()
     return {"dofns": dofns, "combinefns": combinefns, "problems": problems, "rngs": rngs}
 

@@ -5,8 +5,9 @@ Each release variant's pipeline is built with ``pipelines.release.build`` and tu
 into its Runner API proto (which pickles every DoFn and CombineFn, as submission to any
 runner does). A fresh interpreter (``_unpickle_audit.py``) then unpickles each of them as
 an SDK worker would, checks that no random generator or open file travelled inside them,
-and calls ``setup()``, which must create the CSPRNG (``transforms.samplers.SecureRandom``)
-on the worker. The multi-process and portable runs of test_runners.py execute the
+and calls ``setup()``. Every DoFn that draws must carry the release's keyed source
+(``transforms.keyed_random.KeyedSource``, built as ``thresher run`` builds it) and
+create no generator of its own: its streams are derived per element on the worker. The multi-process and portable runs of test_runners.py execute the
 quickstart variant end to end; this audit covers the variants they do not run.
 """
 import copy
@@ -81,7 +82,9 @@ def _build_proto(name, folder):
         files = spec_mod.input_files(spec.input)
         pipeline = beam.Pipeline()
         staging = os.path.join(folder, name.replace(":", "_"), "staging")
-        build(pipeline, plan, files, io.check_input(spec.input, files), staging)
+        from transforms.keyed_random import KeyedSource, building, new_secret
+        with building(KeyedSource(new_secret())):    # as pipelines.release.run builds it
+            build(pipeline, plan, files, io.check_input(spec.input, files), staging)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] in OWN_PACKAGES:
             return None, f"{exc.name} is not written yet"
@@ -130,9 +133,11 @@ def test_shipped_functions_unpickle_in_a_fresh_process(verdicts, name):
     assert "broken" not in verdict, verdict.get("broken")
     assert verdict["dofns"], "no DoFn was audited"
     assert not verdict["problems"], verdict["problems"]
-    # Every DoFn that draws randomness created a CSPRNG in setup(), not a seeded generator.
+    # Every DoFn that draws randomness carries the release's keyed source and made no
+    # generator of its own in setup() (no seeded or per-worker stream to replay).
     assert verdict["rngs"], f"no randomised DoFn found among {verdict['dofns']}"
-    assert all(r.endswith("transforms.samplers.SecureRandom") for r in verdict["rngs"]), verdict["rngs"]
+    assert all(r.endswith("transforms.keyed_random.KeyedSource (setup made NoneType)")
+               for r in verdict["rngs"]), verdict["rngs"]
 
 
 def test_audit_finds_a_generator_pickled_into_a_dofn(tmp_path):

@@ -343,20 +343,11 @@ class TableStreams:
         self._table = table
         self._groups = groups
 
-    def rows(self, index, group, occurrence=False):
+    def rows(self, index, group):
         """A view with one stream per row ``index`` of the table, identified by the
-        group's columns; ``occurrence`` numbers equal identities 0, 1, ... in row order
-        (identical records are interchangeable, so the numbering is order-free)."""
+        group's columns."""
         index = np.asarray(index, dtype=np.int64)
         ids = row_identities(self._table.take(pa.array(index)), self._groups[group])
-        if occurrence:
-            seen = {}
-            numbered = []
-            for x in ids:
-                c = seen.get(x, 0)
-                seen[x] = c + 1
-                numbered.append(b"%d#%s" % (c, x))
-            ids = numbered
         return RowStreams(self._key, ids).view
 
 
@@ -372,7 +363,7 @@ def bind(rng, table, **groups):
     return rng.bind(table, **groups) if isinstance(rng, StageSource) else rng
 
 
-def rows_of(rng, index, group, occurrence=False):
+def rows_of(rng, index, group):
     """Streams for rows ``index`` of a bound table, or ``rng`` itself (tests' seeded
     generators, which are consumed in order)."""
-    return rng.rows(index, group, occurrence) if isinstance(rng, TableStreams) else rng
+    return rng.rows(index, group) if isinstance(rng, TableStreams) else rng

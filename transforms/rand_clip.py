@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from transforms import keyed_random, samplers
-from transforms.hashing import hash_columns
+from transforms.hashing import hash_columns, mix64
 from transforms.per_user_bound import count_per_key
 from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
@@ -67,6 +67,34 @@ def rand_clip(user_codes, rng, max_records_per_user):
     return rank_within_user(user_codes, priorities) < c
 
 
+def keyed_priorities(table, user_codes, streams):
+    """Record priorities that depend only on the user's records and the release secret,
+    never on row order: priority = mix64(mix64(h(r) XOR s_u) + j) for the j-th copy of
+    record r (all its values, ``transforms.hashing.hash_columns``) of user u, where s_u is
+    the first word of the user's keyed stream (``transforms.keyed_random``). This is the
+    salted pseudorandom permutation of :mod:`transforms.per_user_bound` (rank of a key =
+    mix64(key hash XOR s_u)), extended with the copy number so that identical records
+    keep distinct priorities (copies are interchangeable, so numbering them in row order
+    changes nothing). Two different records of one user whose public hashes collide are
+    numbered as copies, in row order: only then can a recomputation in another row order
+    keep the other of the two."""
+    record = hash_columns(table, table.column_names)
+    order = np.lexsort((record, user_codes))
+    users, records = user_codes[order], record[order]
+    n = len(order)
+    new_user = np.r_[True, users[1:] != users[:-1]] if n else np.zeros(0, bool)
+    new_record = new_user | (np.r_[True, records[1:] != records[:-1]] if n else new_user)
+    first_rows = order[new_user]
+    salts = samplers.uniform_priorities(
+        keyed_random.rows_of(streams, first_rows, "user"), len(first_rows))
+    position = np.arange(n)
+    copy = position - np.maximum.accumulate(np.where(new_record, position, 0))
+    inner = mix64(records ^ salts[np.cumsum(new_user) - 1])
+    priorities = np.empty(n, dtype=np.uint64)
+    priorities[order] = mix64(inner + copy.astype(np.uint64))
+    return priorities
+
+
 def user_codes_of(table, user_column=USER_COLUMN):
     """Integer user codes of a table's rows: the column itself when it is a null-free
     integer column, else its dictionary-encoding indices (nulls are one user)."""
@@ -86,11 +114,13 @@ def rand_clip_table(table, max_records_per_user, rng, user_column=USER_COLUMN):
     """The rows of ``table`` that rand-clip keeps (all columns kept)."""
     if table.num_rows == 0:
         return table
-    # keyed streams: one per record, identified by all its values and its number among
-    # identical records of the shard (so the kept set does not depend on row order)
-    rng = keyed_random.rows_of(keyed_random.bind(rng, table, record=table.column_names),
-                               np.arange(table.num_rows), "record", occurrence=True)
-    keep = rand_clip(user_codes_of(table, user_column), rng, max_records_per_user)
+    codes = user_codes_of(table, user_column)
+    bound = keyed_random.bind(rng, table, user=[user_column])
+    if isinstance(bound, keyed_random.TableStreams):   # the release's keyed streams
+        keep = rank_within_user(codes, keyed_priorities(table, codes, bound)) < _bound(
+            max_records_per_user)
+    else:
+        keep = rand_clip(codes, rng, max_records_per_user)
     return table.filter(pa.array(keep))
 
 

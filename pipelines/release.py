@@ -36,6 +36,10 @@ def pipeline_options(beam_args):
     attempt to download the Prism runner first)."""
     options = PipelineOptions(list(beam_args))
     runner = options.view_as(StandardOptions).runner
+    if isinstance(runner, str) and runner.rsplit(".", 1)[-1].lower() in ("daskrunner", "dask"):
+        raise InputError("--runner=DaskRunner is not supported: Beam's Dask runner drops "
+                         "outputs of finish_bundle, mixes tagged outputs and ignores "
+                         "Reshuffle, so it publishes wrong releases (docs/running.md)")
     return options, runner
 
 

@@ -195,3 +195,21 @@ def test_choice_materialised_twice_from_one_pcollection_is_the_same_draw():
                        for stage in range(6)]
         assert_that(independent | "AllIndependent" >> beam.Flatten(), not_all_equal,
                     label="IndependentDraws")
+
+
+@pytest.mark.parametrize("runner", ["DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner"])
+def test_the_dask_runner_is_refused_in_one_line(tmp_path, capsys, runner):
+    """Beam's DaskRunner drops finish_bundle outputs, mixes tagged outputs and ignores
+    Reshuffle (docs/running.md): thresher refuses it before reading any input."""
+    from pipelines.cli import main
+    with open(QUICKSTART, encoding="utf-8") as handle:
+        doc = yaml.safe_load(handle)
+    doc["input"]["path"] = os.path.join(ROOT, doc["input"]["path"])
+    doc["output"]["path"] = str(tmp_path / "out")
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(path), "--", f"--runner={runner}"]) == 2
+    err = capsys.readouterr().err
+    assert "DaskRunner is not supported" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()

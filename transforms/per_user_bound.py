@@ -10,9 +10,11 @@ only.
 Kernel: :func:`bound_l0`, sort-based on uint64 hashes (no ``np.unique``): sorting
 orders a shard's rows by (user, random rank of the key); duplicates of a (user, key)
 are then adjacent and the first C distinct keys of each user are a uniform random subset.
-The random rank of key k for user u is mix64(key_hash(k) XOR s_u), where s_u is a fresh
-64-bit CSPRNG word per user: a pseudorandom permutation of the user's keys that is equal
-for equal keys (so de-duplication happens in the same sort) and independent across users.
+The random rank of key k for user u is mix64(key_hash(k) XOR s_u), where s_u is a 64-bit
+word per user (in a release the first word of the user's keyed stream,
+``transforms.keyed_random``, so a recomputation keeps the same keys): a pseudorandom
+permutation of the user's keys that is equal for equal keys (so de-duplication happens
+in the same sort) and independent across users.
 """
 import apache_beam as beam
 import numpy as np

@@ -9,8 +9,9 @@ Kernel :func:`rand_clip` is sort-based and vectorised: each record gets an indep
 uniform 64-bit priority (``transforms.samplers.uniform_priorities``), records are sorted
 by (user, priority) and a record is kept when its rank within its user is below C. The
 kept set of a user is then a uniform random C-subset of its records (the C smallest of
-i.i.d. uniform priorities), and depends only on that user's records and fresh
-randomness (mechanisms.md, privacy model). Priorities tie with probability below
+i.i.d. uniform priorities), and depends only on that user's records and the randomness
+(mechanisms.md, privacy model); in a release the priorities come from the user's keyed
+stream (:func:`keyed_priorities`), so a recomputation keeps the same records. Priorities tie with probability below
 n^2 / 2^64 (ties are broken by input position).
 
 :class:`RandClip` applies the kernel to user-sharded ``pyarrow.Table`` elements (every

@@ -2,10 +2,13 @@
 
 Every coin a release flips (bounding priorities, Poisson sampling, Bernoulli keep coins,
 discrete Gaussian and discrete Laplace noise) is drawn through these functions, from an
-``rng`` that is either :class:`SecureRandom` (the pipeline; bits from ``os.urandom``) or a
-seeded ``numpy.random.Generator`` (tests only). The samplers only consume uniform 64-bit
-words from it (``rng.bits(n)``, or ``rng.integers(0, 2**64, dtype=uint64)`` for a numpy
-Generator).
+``rng`` that is keyed streams derived from the release secret (the pipeline;
+``transforms.keyed_random``: one stream per key or user, so recomputations draw the same
+values), :class:`SecureRandom` (a transform used on its own; bits from ``os.urandom``)
+or a seeded ``numpy.random.Generator`` (tests only). The samplers only consume uniform
+64-bit words from it (``rng.bits(n)``, ``rng.integers(0, 2**64, dtype=uint64)`` for a
+numpy Generator, or one word per row of a view of per-row streams: the slow paths then
+continue each row's own stream through :func:`take` and the row's ``element`` view).
 
 Exactness. Each sampler returns draws from exactly its stated distribution, for the
 parameter exactly as given (a float ``sigma`` is the dyadic rational it stores): no

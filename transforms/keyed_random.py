@@ -261,8 +261,8 @@ def row_identities(table, columns):
         length = pc.cast(pc.cast(pc.binary_length(text), pa.string()), pa.large_binary())
         field = pc.binary_join_element_wise(length, text, pa.scalar(b":", pa.large_binary()))
         fields.append(pc.fill_null(field, pa.scalar(b"N", pa.large_binary())))
-    if not fields:
-        return [b""] * table.num_rows
+    if not fields:   # rows without identity would all share one stream
+        raise ValueError("row_identities needs at least one identity column")
     joined = fields[0] if len(fields) == 1 else pc.binary_join_element_wise(
         *fields, pa.scalar(b"|", pa.large_binary()))
     return joined.to_pylist()

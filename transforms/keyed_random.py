@@ -43,6 +43,7 @@ SECRET_BYTES = 32
 _FIRST_WORDS = 8              # words of block 0 (one per row is the usual need)
 _WORDS_PER_BLOCK = 64         # words of each later block
 _STAGE_PREFIX = b"thresher-stage"
+_WORD = np.dtype("<u8")       # words are read little-endian on every platform
 
 
 def new_secret():
@@ -111,7 +112,8 @@ class KeyedStream(samplers.SecureRandom):
         while len(self._words) < n:
             block = _block(self._key, self._identity, self._block)
             self._block += 1
-            self._words = np.concatenate((self._words, np.frombuffer(block, dtype=np.uint64)))
+            self._words = np.concatenate(
+                (self._words, np.frombuffer(block, dtype=_WORD).astype(np.uint64)))
         words, self._words = self._words[:n], self._words[n:]
         return words.reshape(size) if size is not None else words[0]
 
@@ -127,13 +129,14 @@ class RowStreams:
 
     def __init__(self, stage_key, identities):
         self._key = stage_key
-        self._ids = [bytes(i) for i in identities]
+        self._ids = list(identities)
         n = len(self._ids)
-        digests = b"".join(_block(stage_key, i, 0) for i in self._ids)
-        self._first = np.frombuffer(digests, dtype=np.uint64).reshape(n, _FIRST_WORDS)
+        digests = b"".join([_block(stage_key, i, 0) for i in self._ids])
+        self._first = np.frombuffer(digests, dtype=_WORD).astype(np.uint64).reshape(
+            n, _FIRST_WORDS)
         self._cursor = np.zeros(n, dtype=np.int64)
         self._more = {}
-        self._stride = 1 << 40      # block numbers per row in the cache's combined index
+        self._stride = 1 << 32      # block numbers per row in the cache's combined index
         self.view = _RowView(self, np.arange(n), True)
 
     def __len__(self):
@@ -148,8 +151,9 @@ class RowStreams:
             blocks, offsets = _locate(positions[later])
             wanted = rows[later] * self._stride + blocks
             unique, inverse = np.unique(wanted, return_inverse=True)
-            words = np.frombuffer(b"".join(self._later_block(int(u)) for u in unique),
-                                  dtype=np.uint64).reshape(len(unique), _WORDS_PER_BLOCK)
+            words = np.frombuffer(b"".join([self._later_block(int(u)) for u in unique]),
+                                  dtype=_WORD).astype(np.uint64).reshape(
+                                      len(unique), _WORDS_PER_BLOCK)
             out[later] = words[inverse.ravel(), offsets]
         return out
 

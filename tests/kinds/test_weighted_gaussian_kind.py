@@ -175,3 +175,19 @@ def _all_equal(got, want):
 def test_user_weights_follow_each_users_kept_keys():
     ids = np.array([5, 5, 5, 9, 7, 7, 7, 7], dtype=np.uint64)
     assert user_weights(ids, 1024).tolist() == [591] * 3 + [1024] + [512] * 4
+
+
+def test_release_probability_curve_is_the_grid_tail():
+    """thresher run's 'a key of n users is released ...' line: n users of C keys each
+    (weight q_C) are released with probability P[n q_C + Z >= T]; checked against the
+    discrete Gaussian's exact tail."""
+    from pipelines.summary import release_probability, users_at
+    mech = {"kind": "weighted_gaussian", "sigma": 0.01, "scale": 1024, "threshold_grid": 3000}
+    report = {"mechanism": mech, "bounding": {"max_keys_per_user": 4}}
+    p = release_probability(report, [0, 5, 6, 7])
+    q = wg.grid_weight(4)           # 512: 5 users 2560 < 3000 - 10 sd, 6 users 3072 > 3000 + 7 sd
+    assert q == 512
+    assert p[0] == 0 and p[1] < 1e-9 and p[2] > 1 - 1e-9 and p[3] > 1 - 1e-9
+    exact = discrete_gaussian.sf(3000 - 6 * 512, 0.01 * 1024)
+    assert p[2] == pytest.approx(exact, rel=1e-9)
+    assert users_at(report, 0.5) == 6

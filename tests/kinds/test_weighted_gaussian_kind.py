@@ -191,3 +191,65 @@ def test_release_probability_curve_is_the_grid_tail():
     exact = discrete_gaussian.sf(3000 - 6 * 512, 0.01 * 1024)
     assert p[2] == pytest.approx(exact, rel=1e-9)
     assert users_at(report, 0.5) == 6
+
+
+def _kernel_sums(pairs, bound, seed=0):
+    """Per-key (count, summed grid weight) through the pipeline's own kernel
+    (transforms.weighted_threshold.weighted_counts) on one shard of whole users."""
+    from transforms.weighted_threshold import weighted_counts
+    if not pairs:
+        return {}
+    out = weighted_counts(_records(pairs), ["word"], bound, np.random.default_rng(seed), 1024)
+    return {w: (c, s) for w, c, s in zip(out.column("word").to_pylist(),
+                                         out.column("count").to_pylist(),
+                                         out.column(WEIGHT_COLUMN).to_pylist())}
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_users = st.lists(st.sets(st.integers(0, 12), min_size=1, max_size=9), min_size=1, max_size=12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(users=_users, removed=st.integers(0, 11), extra=st.integers(0, 3))
+def test_a_users_weight_vector_has_l2_norm_at_most_one_weight(users, removed, extra):
+    """Add/remove-one-user neighbours through the real kernel (every user within the
+    bound, so no key choice is random): the per-key (count, grid weight) sums differ
+    exactly on the removed user's t keys, by (1, q_t) each, and sum q_t^2 <= S^2."""
+    bound = max(len(u) for u in users) + extra
+    removed %= len(users)
+    pairs = [(f"u{i}", f"k{k}") for i, keys in enumerate(users) for k in sorted(keys)]
+    smaller = [p for p in pairs if p[0] != f"u{removed}"]
+    big, small = _kernel_sums(pairs, bound), _kernel_sums(smaller, bound)
+    t = len(users[removed])
+    q = wg.grid_weight(t)
+    moved = {}
+    for word in set(big) | set(small):
+        c1, w1 = big.get(word, (0, 0))
+        c0, w0 = small.get(word, (0, 0))
+        if (c1, w1) != (c0, w0):
+            moved[word] = (c1 - c0, w1 - w0)
+    assert moved == {f"k{k}": (1, q) for k in users[removed]}
+    assert t * q * q <= 1024 * 1024
+
+
+def test_release_rate_at_the_pre_threshold_matches_the_accounting():
+    """Monte Carlo: a user whose 4 kept keys nobody else holds gets at least one released
+    by the real kernel with probability 1 - beta_4^4, beta from the exact discrete
+    Gaussian CDF (the delta-carrying term of the accounting). 4e5 runs; binomial test,
+    false failure probability 1e-4."""
+    from scipy import stats
+    from transforms.weighted_threshold import weighted_threshold
+    p = wg.calibrate(1.0, 1e-3, 4, count_epsilon=0.5, count_delta=5e-4)
+    q = wg.grid_weight(4)
+    n = 400_000
+    rng = np.random.default_rng(5)
+    keep, _ = weighted_threshold(np.ones(4 * n, dtype=np.int64), np.full(4 * n, q),
+                                 sigma_grid=p.sigma_grid, threshold_grid=p.threshold_grid,
+                                 count_sigma=p.count_sigma, rng=rng)
+    hits = int(keep.reshape(n, 4).any(axis=1).sum())
+    beta = float(discrete_gaussian.cdf(p.threshold_grid - q - 1, p.sigma_grid))
+    expected = 1 - beta ** 4
+    assert -math.expm1(4 * float(wg.log_beta_lower(p.threshold_grid, q, p.sigma_grid))) \
+        >= expected * (1 - 1e-6)
+    assert stats.binomtest(hits, n, expected).pvalue > 1e-4, (hits, n * expected)

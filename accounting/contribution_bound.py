@@ -53,6 +53,7 @@ SCORE_MODELS = {
     "gaussian": "l0",              # GSHM (paper 004 Alg. 1)
     "sample_and_threshold": "l0",  # papers 000/003
     "weighted_sampling": "l0",     # PWS (paper 001): threshold = count kept with prob. 1/2
+    "weighted_gaussian": "l0",     # Gopi et al. 2020: threshold = weight threshold * sqrt(C)
 }
 MODELS = ("l0", "l1")
 
@@ -287,10 +288,11 @@ def make_score(kind, candidates, max_bound, score_params):
             thresholds = shift + scale * np.log(c / (2.0 * delta))
         if noise_scales is None:
             noise_scales = scale
-    misplaced = [f for f in ("sigmas",) if f in params and kind != "gaussian"]
+    misplaced = [f for f in ("sigmas",) if f in params
+                 and kind not in ("gaussian", "weighted_gaussian")]
     if misplaced:
         raise ValueError(f"score_params.{misplaced[0]} does not apply to score {kind!r}")
-    if kind == "gaussian" and params.get("sigmas") is not None:
+    if kind in ("gaussian", "weighted_gaussian") and params.get("sigmas") is not None:
         sigmas = _per_candidate(_aligned(params["sigmas"], cands, "score_params.sigmas"),
                                 len(cands), "score_params.sigmas")
         noise_scales = sigmas * math.sqrt(2.0 / math.pi)
@@ -343,6 +345,12 @@ def _from_calibrations(kind, params_by_bound, candidates):
         return [float(row[name]) for row in rows]
 
     out = {"thresholds": column("threshold")}
+    if kind == "weighted_gaussian":
+        # A key is released at about threshold * sqrt(C) users that keep C keys each (weight
+        # 1/sqrt(C)); its released count has the count column's noise.
+        out["thresholds"] = [t * math.sqrt(int(c)) for t, c in zip(out["thresholds"], candidates)]
+        out["sigmas"] = column("count_sigma")
+        return out
     if kind.startswith("laplace") and all(row.get("scale") is not None for row in rows):
         out["noise_scales"] = column("scale")
     if kind == "gaussian" and all(row.get("sigma") is not None for row in rows):

@@ -41,7 +41,8 @@ GAP_MAX = 10 * SIGMA_MAX
 LAPLACE_THRESHOLD_MAX = 1e12
 L_MAX = 20_000.0
 MAX_KEYS = {"gaussian": 100_000, "laplace": 100_000, "sample_and_threshold": 100_000,
-            "weighted_sampling": 10_000, "heavy_hitters": 100_000, "quantiles": 100_000}
+            "weighted_sampling": 10_000, "heavy_hitters": 100_000, "quantiles": 100_000,
+            "weighted_gaussian": 2048}
 # Kinds calibrated by sample-and-threshold accounting (heavy_hitters and quantiles: one
 # sample-and-threshold histogram per level, each at its stage's budget).
 _SAMPLE_AND_THRESHOLD_KINDS = ("sample_and_threshold", "heavy_hitters", "quantiles")
@@ -115,6 +116,8 @@ def check_release(spec, epsilon, delta, candidates):
                             f"{epsilon:g}) with delta={delta:g}, max_keys_per_user={c} needs "
                             f"sigma > {SIGMA_MAX:g}, the planning limit; use a release "
                             f"epsilon >= {need:.3g}, a larger delta or a smaller bound")
+    if kind == "weighted_gaussian":
+        _check_weighted_gaussian(spec, epsilon, delta, c)
     if kind == "weighted_sampling" and delta / c < WS_KEY_DELTA_MIN:
         raise SpecError("privacy.delta", f"{delta:g} over max_keys_per_user={c} gives a per-key "
                         f"delta below {WS_KEY_DELTA_MIN:g}, the planning limit of "
@@ -144,6 +147,26 @@ def check_release(spec, epsilon, delta, candidates):
                             f"(> {L_MAX:.0f}, the planning limit for {kind}); use a release "
                             f"epsilon >= {need:.3g}"
                             + (f" or max_keys_per_user <= {c_max}" if c_max else ""))
+
+
+def _check_weighted_gaussian(spec, epsilon, delta, c):
+    """weighted_gaussian (accounting.weighted_gaussian): its calibration is O(C^2) per
+    step (C <= 2048: ~2 s); the selection noise sigma * S must be drawable
+    (transforms.samplers.SIGMA_MAX grid units) and the count's sigma within SIGMA_MAX."""
+    from accounting import weighted_gaussian as wg
+    from transforms.samplers import SIGMA_MAX as DRAW_MAX
+    largest = DRAW_MAX / wg.WEIGHT_SCALE
+    if spec.mechanism.get("sigma") is None and wg.gaussian_part(epsilon, largest, c) > delta:
+        raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (selection stage "
+                        f"{epsilon:g}) with delta={delta:g}, max_keys_per_user={c} needs "
+                        f"selection noise sigma > {largest:g} user weights, the planning limit; "
+                        f"use a larger epsilon or delta")
+    count_eps, count_delta = wg.count_budget(epsilon, delta, spec.mechanism["count_fraction"])
+    if not _gaussian_fits(count_eps, count_delta, c, SIGMA_MAX):
+        raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} gives the count stage "
+                        f"epsilon {count_eps:g}, delta {count_delta:g}, which needs count sigma "
+                        f"> {SIGMA_MAX:g} at max_keys_per_user={c}, the planning limit; use a "
+                        f"larger epsilon, delta or mechanism.count_fraction")
 
 
 def _length(epsilon, delta, c):

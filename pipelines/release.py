@@ -209,8 +209,9 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
     elif spec.bounding.model == "l1":
         from transforms.rand_clip import RandClip
         partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
-    else:
-        partial = users | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory)
+    else:   # a kind may bound with weights (weighted_gaussian: WeightedPerUserBound)
+        bounder = getattr(kind_module(spec.kind), "PER_USER_BOUND", PerUserBound)
+        partial = users | "PerUserBound" >> bounder(keys, bound, rng_factory=rng_factory)
     return partial, params
 
 

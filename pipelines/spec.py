@@ -20,7 +20,7 @@ from pipelines.errors import SpecError
 FORMATS = ("parquet", "csv", "jsonl")
 MODELS = ("l0", "l1")
 KINDS = ("gaussian", "laplace", "sample_and_threshold", "weighted_sampling", "heavy_hitters",
-         "quantiles")
+         "quantiles", "weighted_gaussian")
 # Kinds whose input.keys may be empty or left out (one global release).
 KEYLESS_KINDS = ("quantiles",)
 # Output columns the release adds; a key column may not share their names.

@@ -130,6 +130,14 @@ def release_probability(report, counts):
     if kind == "sample_and_threshold":
         from scipy import stats
         return stats.binom.sf(mech["threshold"] - 1, n, mech["sampling_rate"])
+    if kind == "weighted_gaussian":
+        # n users that each kept max_keys_per_user keys (the lightest weight, q_C): the
+        # curve of the heaviest users; lighter users need fewer co-holders
+        from accounting.weighted_gaussian import grid_weight, sf_upper
+        q = grid_weight(int(report["bounding"]["max_keys_per_user"]), mech["scale"])
+        sd = mech["sigma"] * mech["scale"]
+        return np.asarray([sf_upper(mech["threshold_grid"] - int(k) * q, sd) if k > 0 else 0.0
+                           for k in n], dtype=np.float64)
     if kind == "weighted_sampling":
         from accounting import pws
         from transforms.sanitize_sample import _as_parameters
@@ -193,6 +201,13 @@ def noise_in_words(report, keys):
         out.append(f"sampling: each user's contribution to a {key} is kept with probability "
                    f"{_g(mech['sampling_rate'])} (no noise); a {key} is released when its "
                    f"sampled count is at least {mech['threshold']}")
+    elif kind == "weighted_gaussian":
+        out.append(f"selection: each user gives each of their t kept keys the weight "
+                   f"1/sqrt(t); a {key} is released when its total weight plus discrete "
+                   f"Gaussian noise (sigma {_g(mech['sigma'])}) reaches {_g(mech['threshold'])}; "
+                   f"its count of {unit} gets discrete Gaussian noise with sigma "
+                   f"{_g(mech['count_sigma'])}")
+        unit = f"{unit} with {c} keys each"
     elif kind == "weighted_sampling":
         out.append(f"sampling: each {key} is reported with a probability that grows with its "
                    f"count of users (private weighted sampling); released frequencies are "

@@ -67,6 +67,10 @@ def _score(kind, seed=0, dropped_weight="balanced"):
     elif kind == "weighted_sampling":
         params = {"params_by_bound": {c: {"threshold": float(t)}
                                       for c, t in zip(_CANDIDATES, rng.integers(2, 30, k))}}
+    elif kind == "weighted_gaussian":   # thresholds in user weights, the count's sigma
+        params = {"params_by_bound": {
+            c: {"threshold": float(t), "count_sigma": float(sd)}
+            for c, t, sd in zip(_CANDIDATES, rng.uniform(10, 30, k), rng.uniform(5, 90, k))}}
     else:
         params = {"thresholds": list(rng.integers(1, 15, k).astype(float)),
                   "sampling_rates": list(rng.uniform(0.02, 1.0, k))}
@@ -430,3 +434,16 @@ def test_poisson_debias_inverts_h_and_removes_clipping_bias():
     assert math.isclose(cb.poisson_debias(y * 10, 10, 3) / 10, 0.8, rel_tol=1e-8)
     assert cb.poisson_debias(-5.0, 10, 3) == 0.0
     assert cb.poisson_debias(31.0, 10, 3, max_rate=50.0) == 500.0
+
+
+def test_weighted_gaussian_score_reads_weight_threshold_times_sqrt_c_and_count_sigma():
+    """The weighted_gaussian score: a key costs at most threshold * sqrt(C) users (the
+    users of C keys each it needs) or the count column's mean absolute noise."""
+    by_bound = {c: {"kind": "weighted_gaussian", "threshold": 20.0, "count_sigma": 3.0 * c}
+                for c in _CANDIDATES}
+    score = cb.make_score("weighted_gaussian", _CANDIDATES, _MAX_BOUND,
+                          {"epsilon": 0.9, "delta": 1e-6, "params_by_bound": by_bound})
+    c = np.asarray(_CANDIDATES, dtype=float)
+    assert np.allclose(score.thresholds, 20.0 * np.sqrt(c))
+    assert np.allclose(score.noise_scales, 3.0 * c * math.sqrt(2 / math.pi))
+    assert score.model == "l0"

@@ -467,6 +467,87 @@ def count_and_sum(pair, *, sensitivity=4, epsilon=EPSILON, delta=DELTA, mutation
 
 
 # ---------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------
+# Weighted Gaussian selection (transforms.weighted_threshold) through the real l0 bound
+# and grid-weight kernels.
+
+WEIGHTED = "Weighted Gaussian selection (per_user_bound + weighted_threshold, grid weights)"
+
+
+def weighted_gaussian(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DELTA,
+                      mutation="", counts=False, trials=400_000):
+    """One user per trial holding ``user_keys`` (>= keys) keys; the real bound keeps
+    ``keys`` = Delta0 of them and the real kernel gives each the weight q_t. D' has every
+    key at total weight 0 (pair "pre_threshold": the keys are absent without the user)
+    or at T - q_t / 2 ("near_threshold": the user's shift straddles the threshold).
+    Outcome: the number of released keys (selection only; claimed: the selection's
+    budget), or with ``counts`` the released keys' noisy counts of keys far above the
+    threshold (the count stage; claimed: both stages).
+
+    Mutations: "threshold - 1" (one user weight, S grid units, below the calibrated
+    threshold), "sigma / 2", "sensitivity ignored" (every kept key gets weight 1 = S
+    instead of 1/sqrt(t))."""
+    acc = _module("accounting.weighted_gaussian")
+    kernels = _module("transforms.weighted_threshold")
+    bound_l0 = _module("transforms.per_user_bound").bound_l0
+    hashing = _module("transforms.hashing")
+    p = acc.calibrate(epsilon, delta, keys, count_epsilon=epsilon / 2, count_delta=delta / 2)
+    sigma_grid, threshold = p.sigma_grid, p.threshold_grid
+    if mutation == "threshold - 1":
+        threshold -= p.scale
+    elif mutation == "sigma / 2":
+        sigma_grid /= 2
+    elif mutation not in ("", "sensitivity ignored"):
+        raise ValueError(mutation)
+    user_keys = user_keys or keys
+    q = acc.grid_weight(keys, p.scale)
+    if counts:
+        base = threshold + int(40 * sigma_grid)
+    else:
+        base = {"pre_threshold": 0, "near_threshold": threshold - q // 2}[pair]
+    key_hashes = hashing.mix64(np.arange(1, user_keys + 1, dtype=np.uint64))
+
+    def release(rng, added, users_added):
+        weights = (base + added).reshape(-1)
+        user_counts = (1000 + users_added).reshape(-1)
+        keep, values = kernels.weighted_threshold(
+            user_counts, weights, sigma_grid=sigma_grid, threshold_grid=threshold,
+            count_sigma=p.count_sigma, rng=rng)
+        keep &= weights > 0          # a key nobody holds is not in the pipeline
+        keep = keep.reshape(added.shape)
+        values = values.reshape(added.shape)
+        if counts:
+            return auditor.released_count_and_sum(keep, values)
+        return auditor.released_count_and_sum(keep, np.zeros_like(values))
+
+    def run_d(rng, n):
+        users = np.repeat(np.arange(n, dtype=np.uint64), user_keys)
+        kept = bound_l0(hashing.mix64(users + np.uint64(11)), np.tile(key_hashes, n), keys, rng)
+        if mutation == "sensitivity ignored":
+            w = np.full(kept.size, p.scale, dtype=np.int64)
+        else:
+            w = kernels.user_weights(users[kept], p.scale)
+        added = np.zeros((n, user_keys), dtype=np.int64)
+        users_added = np.zeros((n, user_keys), dtype=np.int64)
+        np.add.at(added, (kept // user_keys, kept % user_keys), w)
+        np.add.at(users_added, (kept // user_keys, kept % user_keys), 1)
+        return release(rng, added, users_added)
+
+    def run_d_prime(rng, n):
+        zeros = np.zeros((n, user_keys), dtype=np.int64)
+        return release(rng, zeros, zeros)
+
+    claimed_eps = epsilon + (epsilon / 2 if counts else 0.0)
+    claimed_delta = p.delta + (p.count_delta if counts else 0.0)
+    if mutation:
+        claimed_delta = delta
+    return Scenario(mechanism=WEIGHTED, case=pair + (" + counts" if counts else ""),
+                    claimed_epsilon=claimed_eps, claimed_delta=claimed_delta, run_d=run_d,
+                    run_d_prime=run_d_prime, mutation=mutation, trials=trials,
+                    parameters=f"Delta0={keys}, user with {user_keys} keys, sigma*S="
+                               f"{sigma_grid:.6g}, T={threshold}, q_t={q}")
+
+
 # Registries: (id, builder, power) for honest audits -- power is the smallest fraction
 # of the claimed epsilon the audit must reach (None for pairs whose only privacy cost is
 # a delta-sized event, which a correct mechanism keeps below the claimed delta, so the
@@ -495,6 +576,11 @@ HONEST = [
     ("exponential_mechanism", lambda: exponential_mechanism(), 0.5),
     ("count_and_sum-shift", lambda: count_and_sum("shift"), 0.5),
     ("count_and_sum-pre_threshold", lambda: count_and_sum("pre_threshold"), None),
+    ("weighted_gaussian-pre_threshold", lambda: weighted_gaussian("pre_threshold"), None),
+    ("weighted_gaussian-user_at_bound",
+     lambda: weighted_gaussian("pre_threshold", keys=2, user_keys=6), None),
+    ("weighted_gaussian-near_threshold", lambda: weighted_gaussian("near_threshold"), 0.2),
+    ("weighted_gaussian-counts", lambda: weighted_gaussian("shift", counts=True), 0.15),
 ]
 
 MUTATIONS = [
@@ -523,4 +609,10 @@ MUTATIONS = [
     ("em-sensitivity/2", lambda: exponential_mechanism(mutation="sensitivity / 2")),
     ("em-composition-ignored", lambda: exponential_mechanism(mutation="composition ignored")),
     ("count_and_sum-sum-noise/2", lambda: count_and_sum("shift", mutation="sum noise / 2")),
+    ("weighted_gaussian-threshold-1",
+     lambda: weighted_gaussian("pre_threshold", mutation="threshold - 1")),
+    ("weighted_gaussian-sigma/2",
+     lambda: weighted_gaussian("near_threshold", mutation="sigma / 2", trials=10**6)),
+    ("weighted_gaussian-sensitivity-ignored",
+     lambda: weighted_gaussian("pre_threshold", mutation="sensitivity ignored")),
 ]

@@ -23,8 +23,10 @@ CASES = {
                                   ranks=[0.5, 0.9], domain=[0, 100]),
     "laplace_public_keys_aggregates": dict(kind="laplace", public_keys=True, aggregates=[
         {"column": "amount", "statistic": "sum", "clip": [0, 100]}]),
+    "weighted_gaussian": dict(kind="weighted_gaussian"),
+    "weighted_gaussian_auto": dict(kind="weighted_gaussian", auto=True),
 }
-FAST = ("gaussian", "laplace_public_keys_auto")
+FAST = ("gaussian", "laplace_public_keys_auto", "weighted_gaussian")
 
 
 def _params():

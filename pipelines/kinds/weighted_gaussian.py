@@ -1,0 +1,88 @@
+"""``mechanism.kind: weighted_gaussian`` — weighted Gaussian partition selection with counts.
+
+Gopi et al., "Differentially Private Set Union" (ICML 2020), Thm 5.1, on a fixed-point
+grid with discrete Gaussian noise: each user keeps at most Delta0 = max_keys_per_user
+keys and gives each the weight floor(S/sqrt(t))/S (t = keys kept); a key is released
+when its noisy total weight reaches ``threshold``. Accounting: ``accounting.weighted_gaussian``
+(paper 004's Thm 5.4, per t, for the grid weights and the discrete noise drawn). Every
+released key carries ``count``, its distinct-user count plus independent discrete
+Gaussian noise: a second stage ("count") of the budget, composed by basic composition
+with the selection ("release"). docs/partition_selection.md has the derivation.
+"""
+import pyarrow as pa
+
+from accounting import weighted_gaussian as wg
+from pipelines.errors import CalibrationError, SpecError
+from pipelines.kinds._common import optional_number
+from transforms.weighted_threshold import WeightedPerUserBound, WeightedThreshold
+
+FIELDS = {
+    "sigma": "selection noise standard deviation in user weights (a user's weights have "
+             "l2 norm 1; optional, calibrated if absent)",
+    "threshold": "noisy total weight a key needs to be released (optional; calibrated if absent)",
+    "count_fraction": "share of epsilon and delta spent on the count column, in (0, 1) "
+                      f"(default {wg.DEFAULT_COUNT_FRACTION})",
+}
+OUTPUT_COLUMNS = {"count": pa.int64()}
+COUNT_STAGE = "count"
+# Bounding with weights: pipelines.release uses it in place of PerUserBound.
+PER_USER_BOUND = WeightedPerUserBound
+# sigma * S must stay within the planning limit of the exact tails (pipelines.limits).
+SIGMA_MAX = 1e5 / wg.WEIGHT_SCALE
+
+
+def parse(section):
+    sigma = optional_number(section, "sigma", low=0, low_open=True, high=SIGMA_MAX)
+    threshold = optional_number(section, "threshold", low=0, low_open=True, high=1e6)
+    fraction = optional_number(section, "count_fraction", low=0, high=1, low_open=True,
+                               high_open=True)
+    return {"sigma": sigma, "threshold": threshold,
+            "count_fraction": wg.DEFAULT_COUNT_FRACTION if fraction is None else fraction}
+
+
+def stage_budget(budget, mechanism):
+    """Two stages: "release" (the key selection) gets (1 - f) of what is left and
+    "count" f of it, computed as ``accounting.weighted_gaussian.count_budget`` does so
+    the stages are exactly what the calibration spends."""
+    eps, delta = budget.remaining_epsilon, budget.remaining_delta
+    f = mechanism["count_fraction"]
+    release = budget.spend("release", eps * (1.0 - f), delta * (1.0 - f))
+    count_eps, count_delta = wg.count_budget(release.epsilon, release.delta, f)
+    budget.spend(COUNT_STAGE, count_eps, count_delta)
+    return release
+
+
+def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
+    if model != "l0":
+        raise SpecError("bounding.model", "weighted_gaussian needs bounding.model: l0 "
+                        "(each user counted at most once per key)")
+    count_eps, count_delta = wg.count_budget(epsilon, delta, mech["count_fraction"])
+    try:
+        p = wg.calibrate(epsilon, delta, max_keys_per_user, sigma=mech.get("sigma"),
+                         threshold=mech.get("threshold"), count_epsilon=count_eps,
+                         count_delta=count_delta)
+    except ValueError as exc:
+        text = str(exc)
+        field, _, message = text.partition(": ")
+        if field in ("sigma", "threshold", "count_fraction") and mech.get(field) is not None:
+            raise SpecError(f"mechanism.{field}", message) from None
+        raise CalibrationError(f"weighted_gaussian release at epsilon={epsilon:g}, "
+                               f"delta={delta:g}, max_keys_per_user={max_keys_per_user}: "
+                               f"{text}") from None
+    return {"kind": "weighted_gaussian", "sigma": p.sigma, "threshold": p.threshold,
+            "threshold_grid": p.threshold_grid, "scale": p.scale,
+            "noise": "discrete_gaussian",
+            "count_sigma": p.count_sigma,
+            "accounting": "weighted Gaussian selection (Gopi et al. 2020, Thm 5.1) with grid "
+                          f"weights floor({p.scale}/sqrt(t)) and discrete Gaussian noise "
+                          "sigma*scale: exact per-t Gaussian sparse histogram accounting "
+                          "(paper 004 Thm 5.4, docs/partition_selection.md); count column: "
+                          f"discrete Gaussian mechanism on <= {max_keys_per_user} counts "
+                          "(stage 'count')",
+            "delta_achieved": p.delta,
+            "count_stage": {"epsilon": p.count_epsilon, "delta_achieved": p.count_delta},
+            "count_fraction": mech["count_fraction"]}
+
+
+def release(counts, params, key_columns):
+    return counts | "WeightedThreshold" >> WeightedThreshold(params)

@@ -12,8 +12,9 @@ import apache_beam as beam
 
 from transforms import keyed_random
 
-# Columns of a release batch that are values, not the key (counts and grid sums).
-_VALUE_COLUMN = re.compile(r"^(count|__s\d+)$")
+# Columns of a release batch that are values, not the key (counts, grid sums and
+# weighted_gaussian's grid weights).
+_VALUE_COLUMN = re.compile(r"^(count|__s\d+|__w)$")
 
 
 def identity_columns(table):

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from accounting.weighted_gaussian import grid_weight
-from transforms import samplers
+from transforms import keyed_random, samplers
 from transforms.arrow_coder import TABLE
 from transforms.per_user_bound import bound_table_l0
 from transforms.release_fn import KernelRelease
@@ -61,16 +61,20 @@ def weighted_counts(table, key_columns, max_keys_per_user, rng, scale):
 
 
 class _WeightedBoundFn(beam.DoFn):
-    def __init__(self, key_columns, scale, rng_factory):
+    def __init__(self, key_columns, scale, rng_factory, stage=""):
         self._key_columns = tuple(key_columns)
         self._scale = int(scale)
         self._rng_factory = rng_factory
+        self._stage = stage
 
     def setup(self):
-        self._rng = self._rng_factory() if self._rng_factory else samplers.secure_random()
+        self._rng = keyed_random.worker_rng(self._rng_factory)
 
     def process(self, table, max_keys_per_user):
-        out = weighted_counts(table, self._key_columns, max_keys_per_user, self._rng,
+        # keyed per-user streams (transforms.keyed_random): a recomputed shard keeps the
+        # same keys, as in per_user_bound._BoundL0Fn
+        rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage)
+        out = weighted_counts(table, self._key_columns, max_keys_per_user, rng,
                               self._scale)
         beam.metrics.Metrics.counter("thresher_not_private", "rows_bounded").inc(table.num_rows)
         if out is not None:
@@ -97,7 +101,9 @@ class WeightedPerUserBound(beam.PTransform):
 
     def expand(self, user_shards):
         return user_shards | "BoundL0Weighted" >> beam.ParDo(
-            _WeightedBoundFn(self._key_columns, self._scale, self._rng_factory),
+            _WeightedBoundFn(self._key_columns, self._scale,
+                             keyed_random.resolve(self._rng_factory),
+                             keyed_random.stage_name(user_shards)),
             self._max_keys_per_user).with_output_types(TABLE)
 
 
@@ -114,7 +120,8 @@ def weighted_threshold(counts, weights, *, sigma_grid, threshold_grid, count_sig
     values = np.zeros(counts.size, dtype=np.int64)
     n = int(keep.sum())
     if n:
-        values[keep] = counts[keep] + samplers.discrete_gaussian(rng, count_sigma, n)
+        values[keep] = counts[keep] + samplers.discrete_gaussian(
+            samplers.take(rng, keep), count_sigma, n)   # the kept keys' own streams
     return keep, values
 
 

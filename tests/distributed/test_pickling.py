@@ -39,6 +39,7 @@ VARIANTS = {
     "laplace_l0": {"mechanism": {"kind": "laplace"}},
     "laplace_l1": {"mechanism": {"kind": "laplace"}, "bounding.model": "l1"},
     "auto_bound": {"bounding.max_keys_per_user": "auto"},
+    "weighted_gaussian": {"mechanism": {"kind": "weighted_gaussian"}},
 }
 OWN_PACKAGES = ("transforms", "pipelines", "accounting")
 

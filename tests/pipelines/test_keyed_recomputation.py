@@ -104,6 +104,18 @@ def test_auto_bound_release_is_bit_identical_under_one_secret(tmp_path):
     assert runs["a"][0] != runs["c"][0]   # as above: every key's noise would have to repeat
 
 
+@pytest.mark.parametrize("kind", ["weighted_gaussian"])
+def test_weighted_kinds_are_bit_identical_under_one_secret(tmp_path, kind):
+    """The weighted bound (per-user keyed streams) and the weighted selection + count
+    (per-key keyed streams) draw the same values when a bundle is repeated."""
+    changes = {"mechanism": {"kind": kind}}
+    runs = _run_many(tmp_path, {"a": (SECRET, []),
+                                "b": (SECRET, ["--direct_runner_bundle_repeat=2"]),
+                                "c": (SECRET[::-1], [])}, changes=changes)
+    assert runs["a"][0] == runs["b"][0]
+    assert runs["a"][0] != runs["c"][0]   # every released key's count noise would repeat
+
+
 def test_multi_processing_workers_receive_the_secret(tmp_path, monkeypatch):
     """Two subprocess SDK workers (every DoFn pickled across a process boundary) publish
     what the in-process runner publishes under the same secret."""

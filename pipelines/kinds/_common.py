@@ -1,16 +1,26 @@
 """Field checks shared by the mechanism kinds."""
+from pipelines import declare
 from pipelines.errors import CalibrationError, SpecError
-from pipelines.spec import integer, number
+from pipelines.fields import number
+
+# tau of gaussian and laplace (declared for the schema; read by pre_threshold()).
+PRE_THRESHOLD_LIMIT = 10**9
+
+
+def pre_threshold_field(text):
+    return declare.integer(low=1, high=PRE_THRESHOLD_LIMIT, description=text, default=1)
 
 
 def optional_number(section, name, **bounds):
+    """A number field of a kind that declares it by description only (checked here)."""
     if section.get(name) is None:
         return None
     return number(section[name], f"mechanism.{name}", **bounds)
 
 
 def pre_threshold(section):
-    return integer(section.get("pre_threshold", 1), "mechanism.pre_threshold", low=1, high=10**9)
+    """mechanism.pre_threshold as declared by pre_threshold_field (default 1)."""
+    return int(section.get("pre_threshold", 1))
 
 
 def calibration(call, what):

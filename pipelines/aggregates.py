@@ -30,15 +30,13 @@ import math
 import pyarrow as pa
 
 from accounting import aggregates as acc
-from pipelines import declare
+from pipelines.aggregates_fields import AUTO, AUTO_FIELDS, ENTRY_FIELDS, STATISTICS  # noqa: F401
 from pipelines.errors import CalibrationError, SpecError
 
 FIELD = "aggregates"
-AUTO = "auto"
 AUTO_FIELD = "aggregates_auto"
 AUTO_STAGE = "choose_aggregate_clip"
 DEFAULT_AUTO_EPSILON_FRACTION = 0.1
-STATISTICS = ("sum", "mean")
 KINDS = ("gaussian", "laplace")
 VALUE_PREFIX = "__v"     # prepared per-record value columns (float64, null = dropped)
 SUM_PREFIX = "__s"       # per-key int64 sums on the fixed-point grid
@@ -55,24 +53,6 @@ class AggregateSpec:
     output: str
     sum_index: int         # which noisy sum (unique (column, clip)) it reads
     value_index: int       # which prepared value column (unique column) it reads
-
-
-# One entry of the ``aggregates`` list, and ``aggregates_auto`` (declared for pipelines.schema).
-ENTRY_FIELDS = {
-    "column": declare.string(description="the numeric input column"),
-    "statistic": declare.choice(STATISTICS),
-    "clip": declare.one_of(
-        declare.array(declare.number(), min_items=2, max_items=2),
-        declare.const(AUTO),
-        description="[low, high] bounds each user's total for the key, or auto"),
-}
-AUTO_FIELDS = {
-    "epsilon": declare.number(low=0, low_open=True, description="the clip stage's epsilon, "
-                              "out of privacy.epsilon (default a tenth)"),
-    "quantile": declare.number(low=0, high=1, low_open=True, high_open=True),
-    "min_exponent": declare.integer(low=-900, high=900),
-    "max_exponent": declare.integer(low=-900, high=900),
-}
 
 
 def value_name(k):

@@ -11,12 +11,12 @@ Owners: the top-level sections are declared below; each kind declares its ``mech
 fields (``pipelines/kinds/<kind>.py``: ``FIELDS``), ``input.sample`` is weighted
 sampling's (``SAMPLE_FIELDS``), ``input.public_keys`` and the public-domain mechanism
 fields are ``pipelines.public_keys``', ``budget`` is ``pipelines.ledger``'s, ``aggregates``
-and ``aggregates_auto`` are ``pipelines.aggregates``'. ``thresher validate`` remains the
+and ``aggregates_auto`` are ``pipelines.aggregates``' (declared in
+``pipelines.aggregates_fields``, which loads no numerics). ``thresher validate`` remains the
 authority: a spec the schema accepts may still be refused by a rule across fields, the
 input's columns or the calibration, with the field named.
 """
-from accounting.contribution_bound import DROPPED_WEIGHT_RULES
-from pipelines import aggregates, declare as d, ledger, public_keys
+from pipelines import aggregates_fields, declare as d, ledger, public_keys
 from pipelines import kinds as kinds_pkg
 from pipelines.formats import FORMATS
 
@@ -26,10 +26,13 @@ KINDS = kinds_pkg.KINDS
 MAX_BOUND = 10**7            # bounding.max_keys_per_user
 MAX_AUTO_BOUND = 10**6       # bounding.auto.max_bound
 REQUIRED = ("name", "input", "privacy", "bounding", "mechanism", "output")
+# accounting.contribution_bound.DROPPED_WEIGHT_RULES (a test checks they agree; that module
+# loads scipy.stats, seconds the loader need not spend)
+DROPPED_WEIGHT_RULES = ("balanced", "paper")
 
 
 def _input():
-    from pipelines.kinds.weighted_sampling import SAMPLE_FIELDS
+    from pipelines.kinds._sample_fields import SAMPLE_FIELDS
     column = d.string()
     return d.mapping({
         "path": d.string(description="a file, a glob or a folder; local or a Beam filesystem "
@@ -107,10 +110,11 @@ def sections(kinds=KINDS):
         "mechanism": mechanism_schema(kinds),
         "output": d.mapping({"path": d.string()}, ("path",),
                             description="a folder: released.parquet + release_report.json"),
-        "aggregates": d.array(d.mapping(aggregates.ENTRY_FIELDS, tuple(aggregates.ENTRY_FIELDS)),
+        "aggregates": d.array(d.mapping(aggregates_fields.ENTRY_FIELDS,
+                                        tuple(aggregates_fields.ENTRY_FIELDS)),
                               min_items=1, description="per released key, beside the count "
                                                        "(gaussian, laplace)"),
-        "aggregates_auto": d.mapping(aggregates.AUTO_FIELDS,
+        "aggregates_auto": d.mapping(aggregates_fields.AUTO_FIELDS,
                                      description="the private choice of clip: auto bounds"),
         "budget": d.mapping(ledger.FIELDS, tuple(ledger.FIELDS),
                             description="charge this release to a dataset's total in a ledger"),

@@ -13,7 +13,6 @@ import re
 
 import yaml
 
-from pipelines import aggregates as aggregates_mod
 from pipelines import declare, formats, kinds, ledger, public_keys, schema
 from pipelines.errors import SpecError
 from pipelines.fields import SHORT as _SHORT
@@ -343,6 +342,7 @@ def parse(data, source_text=""):
     if "aggregates_auto" in data and "aggregates" not in data:
         raise SpecError("aggregates_auto", "only applies with aggregates (clip: auto)")
     if "aggregates" in data:
+        from pipelines import aggregates as aggregates_mod   # its calibration loads numerics
         aggregates = aggregates_mod.parse(data["aggregates"], input_spec, mechanism["kind"],
                                           bounding, RESERVED_COLUMNS + ("debiased",))
         input_spec = dataclasses.replace(input_spec, values=tuple(

@@ -21,6 +21,7 @@ import numpy as np
 from accounting import pws
 from pipelines.errors import SpecError
 from pipelines import declare
+from pipelines.kinds import _sample_fields
 from pipelines.kinds._common import calibration
 from transforms.sanitize_sample import OUTPUT_COLUMNS as _TRANSFORM_COLUMNS
 from transforms.sanitize_sample import SanitizeSample
@@ -49,15 +50,8 @@ FIELDS = {
 }
 OUTPUT_COLUMNS = dict(_TRANSFORM_COLUMNS)
 
-# input.sample of a spec whose input is an existing non-private sample (post-processing).
-SAMPLE_FIELDS = {
-    "frequency": declare.string(description="the column holding each sampled key's frequency "
-                                            "(an integer >= 1)"),
-    "scheme": declare.choice(pws.SAMPLING_SCHEMES, description=(
-        "how the sample was drawn: none (every key), ppswor or priority")),
-    "threshold": declare.number(low=0, low_open=True, description=(
-        "the sampling threshold t the sample was drawn with (ppswor and priority)")),
-}
+# input.sample (declared in _sample_fields: the loader reads it without numerics).
+SAMPLE_FIELDS = _sample_fields.SAMPLE_FIELDS
 
 _ACCOUNTING = {
     "optimal": "PWS end-to-end probabilities (paper 001 Alg. 3/4) per key at (eps0, delta0), "

@@ -216,3 +216,13 @@ def test_schema_messages_name_the_path_and_what_is_allowed():
         assert str(err.value).startswith(message), str(err.value)
         assert "\n" not in str(err.value)
     assert declare.dotted(["input", "keys", 0, "x"]) == "input.keys[0].x"
+
+
+def test_schema_copies_agree_with_their_owners():
+    """Literals the schema keeps to avoid loading numerics agree with their owners."""
+    from accounting.contribution_bound import DROPPED_WEIGHT_RULES
+    from pipelines import schema
+    assert tuple(schema.DROPPED_WEIGHT_RULES) == tuple(DROPPED_WEIGHT_RULES)
+    from accounting.pws import SAMPLING_SCHEMES
+    from pipelines.kinds._sample_fields import SCHEMES
+    assert tuple(SCHEMES) == tuple(SAMPLING_SCHEMES)

@@ -1,6 +1,7 @@
-"""One module per release mechanism kind (``mechanism.kind``); see docs/spec.md.
+"""One module per release mechanism kind (``mechanism.kind``).
 
-A kind module declares its own fields; nothing else in thresher lists them:
+A kind is a module here whose name does not start with ``_`` (found at import; nothing
+else lists kinds). It declares its own fields; nothing else in thresher lists them:
 
 - ``FIELDS``: {field name: declaration}. A declaration is a JSON Schema fragment built
   with ``pipelines.declare`` (``declare.number(low=0, low_open=True, description=...)``),
@@ -17,9 +18,21 @@ Kind modules import from ``pipelines.declare``, ``pipelines.fields``, ``pipeline
 loads them by name through :func:`module`).
 """
 import importlib
+import pkgutil
 
-KINDS = ("gaussian", "laplace", "sample_and_threshold", "weighted_sampling", "heavy_hitters",
-         "quantiles")
+# The order kinds are listed in messages and the schema; a kind module not named here (a
+# new one) is found in this package and listed after these, by name.
+_ORDER = ("gaussian", "laplace", "sample_and_threshold", "weighted_sampling", "heavy_hitters",
+          "quantiles")
+
+
+def _discover():
+    found = sorted(m.name for m in pkgutil.iter_modules(__path__)
+                   if not m.ispkg and not m.name.startswith("_"))
+    return tuple(k for k in _ORDER if k in found) + tuple(k for k in found if k not in _ORDER)
+
+
+KINDS = _discover()
 
 
 def module(kind):

@@ -1,7 +1,7 @@
 """Field checks shared by the mechanism kinds."""
 from pipelines import declare
 from pipelines.errors import CalibrationError, SpecError
-from pipelines.fields import number
+from pipelines.fields import integer, number
 
 # tau of gaussian and laplace (declared for the schema; read by pre_threshold()).
 PRE_THRESHOLD_LIMIT = 10**9
@@ -19,8 +19,10 @@ def optional_number(section, name, **bounds):
 
 
 def pre_threshold(section):
-    """mechanism.pre_threshold as declared by pre_threshold_field (default 1)."""
-    return int(section.get("pre_threshold", 1))
+    """mechanism.pre_threshold (default 1); declared by pre_threshold_field, and checked
+    here too for a kind that declares it by description only."""
+    return integer(section.get("pre_threshold", 1), "mechanism.pre_threshold", low=1,
+                   high=PRE_THRESHOLD_LIMIT)
 
 
 def calibration(call, what):

@@ -15,6 +15,7 @@ import collections
 from accounting import sample_threshold
 from pipelines import declare
 from pipelines.errors import CalibrationError, SpecError
+from pipelines.fields import integer
 
 StageTotal = collections.namedtuple("StageTotal", "epsilon delta")
 
@@ -44,8 +45,10 @@ THRESHOLD = declare.integer(low=1, high=10**9, description=(
 
 
 def optional_threshold(section):
+    """mechanism.threshold as THRESHOLD declares it (checked here too for a kind that
+    declares it by description only)."""
     value = section.get("threshold")
-    return None if value is None else int(value)
+    return None if value is None else integer(value, "mechanism.threshold", low=1, high=10**9)
 
 
 def calibrate(mech, *, epsilon, delta, levels, max_keys_per_user, what):

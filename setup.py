@@ -23,16 +23,21 @@ setup(
         "scipy>=1.11",
         "pyarrow>=14",
         "PyYAML>=6",
+        # The spec's JSON Schema is checked with it (pipelines/schema.py): pure Python, and
+        # the same library Beam's own YAML support (apache-beam[yaml]) validates with.
+        "jsonschema>=4.18,<5",
     ],
     extras_require={
         # Test-only oracles: peer libraries are used to cross-check numbers, never at run time.
         # apache-beam[yaml] because the tests run the Beam YAML example.
         "dev": ["pytest>=8", "hypothesis>=6.100", "mpmath>=1.3", "dp-accounting>=0.4",
                 "python-dp>=1.1", "apache-beam[yaml]>=2.60", "matplotlib>=3.7",
-                "jsonschema>=4.18"],
+                "psycopg[binary]>=3.1"],
         # thresher report --html draws its plots with matplotlib.
         "report": ["matplotlib>=3.7"],
         "bench": ["pipeline-dp>=0.2"],
+        # budget.ledger: postgresql://... (pipelines/ledger_postgres.py).
+        "postgres": ["psycopg[binary]>=3.1"],
         "yaml": ["apache-beam[yaml]>=2.60"],
         # Object storage for input.path / output.path (docs/running.md).
         "gcp": ["apache-beam[gcp]>=2.60"],

@@ -30,14 +30,13 @@ import math
 import pyarrow as pa
 
 from accounting import aggregates as acc
+from pipelines.aggregates_fields import AUTO, AUTO_FIELDS, ENTRY_FIELDS, STATISTICS  # noqa: F401
 from pipelines.errors import CalibrationError, SpecError
 
 FIELD = "aggregates"
-AUTO = "auto"
 AUTO_FIELD = "aggregates_auto"
 AUTO_STAGE = "choose_aggregate_clip"
 DEFAULT_AUTO_EPSILON_FRACTION = 0.1
-STATISTICS = ("sum", "mean")
 KINDS = ("gaussian", "laplace")
 VALUE_PREFIX = "__v"     # prepared per-record value columns (float64, null = dropped)
 SUM_PREFIX = "__s"       # per-key int64 sums on the fixed-point grid
@@ -65,12 +64,8 @@ def sum_name(i):
 
 
 def parse(section, input_spec, kind, bounding, reserved=()):
-    """Validate the ``aggregates`` list; returns a tuple of AggregateSpec (SpecError naming
-    the field otherwise)."""
-    from pipelines.spec import _describe, check_fields, choice, number, string
-    if not isinstance(section, list) or not section:
-        raise SpecError(FIELD, f"must be a non-empty list of {{column, statistic, clip}}, got "
-                        f"{_describe(section)}")
+    """The ``aggregates`` list (each entry's fields checked by the schema) with the rules
+    across fields; returns a tuple of AggregateSpec (SpecError naming the field otherwise)."""
     if kind not in KINDS:
         raise SpecError(FIELD, f"aggregates are supported for gaussian and laplace, not {kind!r} "
                         f"(no sound construction for sampled releases yet); remove the field")
@@ -84,15 +79,11 @@ def parse(section, input_spec, kind, bounding, reserved=()):
     taken = set(input_spec.keys) | set(reserved)
     for i, entry in enumerate(section):
         field = f"{FIELD}[{i}]"
-        if not isinstance(entry, dict):
-            raise SpecError(field, f"must be a mapping with column, statistic, clip, got "
-                            f"{_describe(entry)}")
-        check_fields(entry, field, ("column", "statistic", "clip"), ("column", "statistic", "clip"))
-        column = string(entry["column"], f"{field}.column")
+        column = entry["column"]
         if column == input_spec.user or column in input_spec.keys:
             raise SpecError(f"{field}.column", f"{column!r} is the user or a key column; "
                             f"aggregate a value column")
-        statistic = choice(entry["statistic"], f"{field}.statistic", STATISTICS)
+        statistic = entry["statistic"]
         clip = entry["clip"]
         output = f"{column}_{statistic}"
         if output in seen:
@@ -106,11 +97,7 @@ def parse(section, input_spec, kind, bounding, reserved=()):
             out.append(AggregateSpec(column=column, statistic=statistic, clip=AUTO,
                                      output=output, sum_index=sum_index, value_index=value_index))
             continue
-        if not isinstance(clip, list) or len(clip) != 2:
-            raise SpecError(f"{field}.clip", f"must be [low, high] (two numbers), got "
-                            f"{_describe(clip)}")
-        low = number(clip[0], f"{field}.clip[0]")
-        high = number(clip[1], f"{field}.clip[1]")
+        low, high = float(clip[0]), float(clip[1])
         try:
             acc.fixed_point_grid(low, high)
         except ValueError as exc:
@@ -335,26 +322,19 @@ class AutoClipSpec:
 def parse_auto(section, privacy, aggregates):
     """``aggregates_auto: {epsilon, quantile, min_exponent, max_exponent}`` (all optional);
     None when no entry has ``clip: auto``."""
-    from pipelines.spec import _describe, check_fields, integer, number
     has_auto = any(a.clip == AUTO for a in aggregates)
     if section is not None and not has_auto:
         raise SpecError(AUTO_FIELD, "only applies when some aggregates entry has clip: auto")
     if not has_auto:
         return None
     section = section or {}
-    if not isinstance(section, dict):
-        raise SpecError(AUTO_FIELD, f"must be a mapping, got {_describe(section)}")
-    check_fields(section, AUTO_FIELD, ("epsilon", "quantile", "min_exponent", "max_exponent"))
-    if "epsilon" in section:
-        eps = number(section["epsilon"], f"{AUTO_FIELD}.epsilon", low=0, low_open=True)
-    else:
-        eps = DEFAULT_AUTO_EPSILON_FRACTION * privacy.epsilon
-    q = number(section.get("quantile", acc.DEFAULT_AUTO_QUANTILE), f"{AUTO_FIELD}.quantile",
-               low=0, high=1, low_open=True, high_open=True)
-    lo = integer(section.get("min_exponent", acc.DEFAULT_AUTO_MIN_EXPONENT),
-                 f"{AUTO_FIELD}.min_exponent", low=-900, high=900)
-    hi = integer(section.get("max_exponent", acc.DEFAULT_AUTO_MAX_EXPONENT),
-                 f"{AUTO_FIELD}.max_exponent", low=lo, high=900)
+    eps = float(section.get("epsilon", DEFAULT_AUTO_EPSILON_FRACTION * privacy.epsilon))
+    q = float(section.get("quantile", acc.DEFAULT_AUTO_QUANTILE))
+    lo = int(section.get("min_exponent", acc.DEFAULT_AUTO_MIN_EXPONENT))
+    hi = int(section.get("max_exponent", acc.DEFAULT_AUTO_MAX_EXPONENT))
+    if hi < lo:
+        raise SpecError(f"{AUTO_FIELD}.max_exponent", f"must be an integer >= min_exponent "
+                        f"({lo}), got {hi}")
     return AutoClipSpec(epsilon=eps, quantile=q,
                         candidates=tuple(float(c) for c in acc.clip_candidates(lo, hi)))
 

@@ -11,6 +11,7 @@ mistakes worth naming.
 import gzip
 
 from pipelines.errors import InputError, SpecError
+from pipelines.fields import describe
 
 FORMATS = ("parquet", "csv", "jsonl")
 COMPRESSIONS = (".gz",)
@@ -52,12 +53,11 @@ def infer(path, field="input.format"):
 
 def delimiter(value, field="input.delimiter"):
     """A CSV delimiter: one character, not a quote or a line break."""
-    from pipelines.spec import _describe
     if value == "\\t":
         value = "\t"
     if not isinstance(value, str) or len(value) != 1 or value in "\"\r\n":
         raise SpecError(field, f"must be one character (e.g. ',', ';', '|' or a tab written "
-                        f"\"\\t\"), not a quote or line break; got {_describe(value)}")
+                        f"\"\\t\"), not a quote or line break; got {describe(value)}")
     return value
 
 
@@ -71,7 +71,6 @@ def open_local(path):
 def json_input_error(path, exc, handle_opener):
     """An InputError for a JSONL file pyarrow could not parse; names the common mistake of
     a JSON array (``[{...}, {...}]``) where one object per line is expected."""
-    from pipelines.io import _first_line
     first = b""
     try:
         with handle_opener(path) as handle:
@@ -83,7 +82,13 @@ def json_input_error(path, exc, handle_opener):
                           f"object per line, e.g. {{\"user_id\": 1, \"word\": \"a\"}} (convert "
                           f"with: jq -c '.[]' in.json > out.jsonl)")
     return InputError(f"input.path: cannot read {path!r} as jsonl (one JSON object per line): "
-                      f"{_first_line(exc)}")
+                      f"{first_line(exc)}")
+
+
+def first_line(exc):
+    """The first line of an exception's text (its type name when it has none)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def estimate_factor(path):

@@ -4,7 +4,7 @@ A spec may name a ledger and the total (epsilon, delta) that protects one datase
 same users, across every release made from it)::
 
     budget:
-      ledger: ledgers/search-logs.sqlite   # a SQLite file path (database URLs: not yet)
+      ledger: ledgers/search-logs.sqlite   # or postgresql://user@host:5432/db
       dataset: search-logs
       epsilon: 3.0
       delta: 1.0e-6
@@ -36,6 +36,9 @@ counting as spent, the safe side. ``thresher ledger show`` lists such rows.
 
 The ledger is an SQLite file (Python's standard ``sqlite3``); its locking needs a local
 file system (not NFS). A ledger path that does not exist yet is created, with its folder.
+Or it is a PostgreSQL database, given as a ``postgresql://`` URL
+(``pipelines.ledger_postgres``: the same tables; the dataset's row is locked ``FOR
+UPDATE`` where SQLite takes its write lock), shared by runs on several machines.
 """
 import contextlib
 import dataclasses
@@ -48,11 +51,21 @@ import re
 import socket
 import sqlite3
 
+from pipelines import declare, ledger_postgres
 from pipelines.errors import SpecError
 
 log = logging.getLogger("thresher")
 
-FIELDS = ("ledger", "dataset", "epsilon", "delta")
+# The spec's budget section (declared for pipelines.schema; all four are required).
+FIELDS = {
+    "ledger": declare.string(description="a SQLite file path, or a PostgreSQL database URL "
+                                         "(postgresql://user@host:5432/db)"),
+    "dataset": declare.string(description="what the total protects: the same users across "
+                                          "releases"),
+    "epsilon": declare.number(low=0, low_open=True, description="the total over all releases "
+                                                                "on this dataset"),
+    "delta": declare.number(low=0, high=1, high_open=True),
+}
 RESERVED, PUBLISHED, PUBLISH_FAILED = "reserved", "published", "publish_failed"
 BUSY_TIMEOUT_S = 60.0
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:(//|[^\\/])")   # postgresql://..., sqlite:///...
@@ -91,19 +104,16 @@ class BudgetSpec:
 
 
 def parse_section(section, privacy):
-    """Validate the spec's ``budget`` section (``privacy`` is the parsed PrivacySpec)."""
-    from pipelines.spec import _describe, check_fields, number, string
-    if not isinstance(section, dict):
-        raise SpecError("budget", f"must be a mapping with fields {', '.join(FIELDS)}, "
-                                  f"got {_describe(section)}")
-    check_fields(section, "budget", FIELDS, FIELDS)
-    ledger = string(section["ledger"], "budget.ledger")
-    if _URL.match(ledger) and not re.match(r"^[A-Za-z]:[\\/]", ledger):
-        raise SpecError("budget.ledger", f"database URLs are not supported yet, got {ledger!r}; "
-                        f"give the path of a SQLite file (e.g. ledgers/my-dataset.sqlite)")
-    dataset = string(section["dataset"], "budget.dataset")
-    epsilon = number(section["epsilon"], "budget.epsilon", low=0, low_open=True)
-    delta = number(section["delta"], "budget.delta", low=0, high=1, high_open=True)
+    """The spec's ``budget`` section (the schema has checked its fields; ``privacy`` is the
+    parsed PrivacySpec)."""
+    ledger = section["ledger"]
+    if (_URL.match(ledger) and not re.match(r"^[A-Za-z]:[\\/]", ledger)
+            and not ledger_postgres.is_url(ledger)):
+        raise SpecError("budget.ledger", f"the database URLs supported are postgresql://..., "
+                        f"got {ledger_postgres.shown(ledger)!r}; or give the path of a SQLite "
+                        f"file (e.g. ledgers/my-dataset.sqlite)")
+    dataset = section["dataset"]
+    epsilon, delta = float(section["epsilon"]), float(section["delta"])
     if privacy.epsilon > epsilon:
         raise SpecError("budget.epsilon", f"the dataset's total ({epsilon:g}) is smaller than "
                         f"this one release's privacy.epsilon ({privacy.epsilon:g})")
@@ -142,6 +152,8 @@ def _now():
 # ---- the database -------------------------------------------------------------------------
 
 def _connect(path, create):
+    if ledger_postgres.is_url(path):
+        return ledger_postgres.connect(path, create, "budget.ledger" if create else "")
     if create:
         folder = os.path.dirname(os.path.abspath(path))
         try:
@@ -175,7 +187,12 @@ def _file_uri(path):
 
 @contextlib.contextmanager
 def _write_transaction(conn):
-    """BEGIN IMMEDIATE: the write lock is taken before anything is read."""
+    """BEGIN IMMEDIATE: the write lock is taken before anything is read (PostgreSQL: a
+    transaction; ``reserve`` locks the dataset's row in it)."""
+    if hasattr(conn, "write_transaction"):
+        with conn.write_transaction():
+            yield conn
+        return
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
@@ -234,7 +251,7 @@ class Reservation:
             self._finish(PUBLISH_FAILED if self._publishing else None)
         except Exception as exc:  # noqa: BLE001 - the original error matters more
             log.warning("could not update the ledger %s (release %d stays reserved and "
-                        "counts as spent): %s", self.path, self.row_id, exc)
+                        "counts as spent): %s", _shown(self.path), self.row_id, exc)
 
 
 def reserve(plan):
@@ -247,17 +264,22 @@ def reserve(plan):
     conn = _connect(budget.ledger, create=True)
     try:
         with _write_transaction(conn):
-            row = conn.execute("SELECT epsilon, delta FROM datasets WHERE dataset = ?",
-                               (budget.dataset,)).fetchone()
-            if row is None:
-                conn.execute("INSERT INTO datasets VALUES (?, ?, ?, ?)",
-                             (budget.dataset, str(_dec(budget.epsilon)), str(_dec(budget.delta)),
-                              _now()))
+            total = (str(_dec(budget.epsilon)), str(_dec(budget.delta)), _now())
+            if hasattr(conn, "lock_dataset"):
+                row, new = conn.lock_dataset(budget.dataset, total)
+            else:
+                row = conn.execute("SELECT epsilon, delta FROM datasets WHERE dataset = ?",
+                                   (budget.dataset,)).fetchone()
+                new = row is None
+                if new:
+                    conn.execute("INSERT INTO datasets VALUES (?, ?, ?, ?)",
+                                 (budget.dataset, *total))
+            if new:
                 log.info("ledger %s: new dataset %r with total epsilon=%g, delta=%g",
                          budget.ledger, budget.dataset, budget.epsilon, budget.delta)
             elif (decimal.Decimal(row[0]), decimal.Decimal(row[1])) != (
                     _dec(budget.epsilon), _dec(budget.delta)):
-                raise SpecError("budget", f"the ledger {budget.ledger!r} records the total "
+                raise SpecError("budget", f"the ledger {_shown(budget.ledger)!r} records the total "
                                 f"epsilon={_num(row[0]):g}, delta={_num(row[1]):g} for dataset "
                                 f"{budget.dataset!r}; the spec says epsilon={budget.epsilon:g}, "
                                 f"delta={budget.delta:g} (a dataset's total cannot change)")
@@ -269,13 +291,15 @@ def reserve(plan):
                                 f"epsilon={float(spent_eps):g}, delta={float(spent_delta):g} of "
                                 f"its total epsilon={budget.epsilon:g}, delta={budget.delta:g}; "
                                 f"this release needs epsilon={epsilon:g}, delta={delta:g} more "
-                                f"(ledger {budget.ledger}); nothing was read or published")
-            cur = conn.execute(
-                "INSERT INTO releases (dataset, name, epsilon, delta, config_sha256, state, "
-                "reserved_at, host, pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (budget.dataset, spec.name, str(_dec(epsilon)), str(_dec(delta)), sha, RESERVED,
-                 _now(), socket.gethostname(), os.getpid()))
-            row_id = cur.lastrowid
+                                f"(ledger {_shown(budget.ledger)}); nothing was read or published")
+            sql = ("INSERT INTO releases (dataset, name, epsilon, delta, config_sha256, state, "
+                   "reserved_at, host, pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+            params = (budget.dataset, spec.name, str(_dec(epsilon)), str(_dec(delta)), sha,
+                      RESERVED, _now(), socket.gethostname(), os.getpid())
+            if hasattr(conn, "insert_release"):
+                row_id = conn.insert_release(sql, params)
+            else:
+                row_id = conn.execute(sql, params).lastrowid
     finally:
         conn.close()
     return Reservation(budget.ledger, row_id, budget.dataset,
@@ -310,12 +334,13 @@ def summary(path, dataset=None):
         try:
             datasets = conn.execute("SELECT dataset, epsilon, delta FROM datasets "
                                     "ORDER BY dataset").fetchall()
-        except sqlite3.DatabaseError as exc:
-            raise SpecError("", f"{path!r} is not a thresher ledger: {exc}") from None
+        except _database_errors(conn) as exc:
+            raise SpecError("", f"{_shown(path)!r} is not a thresher ledger: {exc}") from None
         if dataset is not None:
             datasets = [d for d in datasets if d[0] == dataset]
             if not datasets:
-                raise SpecError("--dataset", f"no dataset {dataset!r} in the ledger {path!r}")
+                raise SpecError("--dataset", f"no dataset {dataset!r} in the ledger "
+                                             f"{_shown(path)!r}")
         out = []
         for name, eps, delta in datasets:
             rows = conn.execute(
@@ -333,6 +358,16 @@ def summary(path, dataset=None):
         return out
     finally:
         conn.close()
+
+
+def _shown(ledger):
+    return ledger_postgres.shown(ledger) if ledger_postgres.is_url(ledger) else ledger
+
+
+def _database_errors(conn):
+    if hasattr(conn, "lock_dataset"):
+        return ledger_postgres.database_errors()
+    return (sqlite3.DatabaseError,)
 
 
 def format_summary(datasets):

@@ -2,18 +2,22 @@
 a terminal): every few seconds, the elapsed time, the stages Beam is running and the rows
 read so far, then one closing line.
 
-Where the numbers come from:
+Where the numbers come from -- Beam metrics, where the runner has them live:
 
-- stage names: the in-process runner (Beam's FnApiRunner, thresher's default) logs each
-  bundle it runs, with its fused stage's transform labels, on its ``run_bundle`` logger;
-  the reporter listens to that logger and keeps the top-level labels (Read, ShardByUser,
-  PerUserBound, ...);
-- rows read: the reading stage counts every batch it prepares (besides its Beam counter
-  ``rows_read``), so the count is live for in-process runs.
+- the release registers what it runs (:func:`watch`): the in-process runner
+  (``pipelines.live_metrics.LiveMetricsRunner``, Beam's FnApiRunner keeping each finished
+  bundle's metrics) and, once ``Pipeline.run()`` returns, its ``PipelineResult``
+  (distributed runners return at once and report metrics while they run);
+- every line queries ``metrics().query()`` for the reading stage's Beam counter
+  ``rows_read`` and prints the rows with the step that counted them (``Beam metrics:
+  Read/PrepareBatches 20,000``), and the stage running (the fused stage of the bundle in
+  progress, as its top-level labels: Read, ShardByUser, PerUserBound, ...).
 
-On a distributed runner (Dataflow, Flink, Spark) the workers are elsewhere: the lines
-then show the elapsed time only, and the runner's own UI shows its stages. Row counts
-are operator diagnostics, not differentially private, like every count in the log.
+Fallback, for a runner without live metrics (or before its first bundle finishes): the
+stage names the in-process runner logs on its ``run_bundle`` logger, and the rows the
+reading stage counts in this process. On a distributed runner without live metrics the
+lines show the elapsed time only; its own UI shows its stages. Row counts are operator
+diagnostics, not differentially private, like every count in the log.
 """
 import logging
 import os
@@ -28,6 +32,44 @@ DEFAULT_INTERVAL_S = float(os.environ.get("THRESHER_PROGRESS_SECONDS", "5"))
 
 _lock = threading.Lock()
 _rows = [0]
+_sources = []          # what the release runs: objects with metrics() (and current_stage)
+ROWS_METRIC = "rows_read"
+
+
+def watch(source):
+    """Register a runner or PipelineResult whose ``metrics()`` the lines query."""
+    if hasattr(source, "metrics"):
+        with _lock:
+            _sources.append(source)
+
+
+def _labels(text):
+    labels = []
+    for label in _LABEL.findall(str(text or "")):
+        if label not in labels:
+            labels.append(label)
+    return labels
+
+
+def metrics_snapshot():
+    """(rows read by step {step: rows}, stage labels running) from the newest watched
+    source with live metrics; (None, []) when there is none."""
+    from apache_beam.metrics.metric import MetricsFilter
+    with _lock:
+        sources = list(_sources)
+    for source in reversed(sources):
+        try:
+            counters = source.metrics().query(
+                MetricsFilter().with_name(ROWS_METRIC))["counters"]
+        except Exception:  # noqa: BLE001 - a runner without live metrics: fall back
+            continue
+        by_step = {}
+        for result in counters:
+            value = result.committed if result.committed is not None else result.attempted
+            if value:
+                by_step[result.key.step] = by_step.get(result.key.step, 0) + int(value)
+        return by_step, _labels(getattr(source, "current_stage", None))
+    return None, []
 
 
 def count_rows(n):
@@ -52,10 +94,7 @@ class _StageListener(logging.Handler):
             text = str(record.args[0]) if record.args else record.getMessage()
         except Exception:  # noqa: BLE001 - progress must never break a run
             return
-        labels = []
-        for label in _LABEL.findall(text):
-            if label not in labels:
-                labels.append(label)
+        labels = _labels(text)
         if labels:
             self.current = labels
             for label in labels:
@@ -88,6 +127,7 @@ class Reporter:
         self._started = time.time()
         with _lock:
             _rows[0] = 0
+            _sources.clear()
         logger = logging.getLogger(BUNDLE_LOGGER)
         self._logger_state = (logger.level, logger.propagate)
         logger.setLevel(logging.DEBUG)
@@ -97,14 +137,25 @@ class Reporter:
         self._thread.start()
         return self
 
+    def _now(self):
+        """(stage labels, rows read, where the rows come from) at this moment."""
+        by_step, running = metrics_snapshot()
+        stages = ", ".join(running or self._listener.current) or "starting"
+        if by_step:
+            steps = "; ".join(f"{step} {n:,}" for step, n in sorted(by_step.items()))
+            return stages, sum(by_step.values()), f" (Beam metrics: {steps})"
+        return stages, _rows_read(), ""
+
     def _loop(self):
         last = None
         while not self._stop.wait(self.interval):
-            stages = ", ".join(self._listener.current) or "starting"
-            state = (stages, _rows_read())
-            if state != last:
-                self._line(f"{self._elapsed()}: stage {stages}; {state[1]:,} rows read")
-                last = state
+            try:
+                stages, rows, source = self._now()
+            except Exception:  # noqa: BLE001 - progress must never break a run
+                continue
+            if (stages, rows) != last:
+                self._line(f"{self._elapsed()}: stage {stages}; {rows:,} rows read{source}")
+                last = (stages, rows)
             else:
                 self._line(f"{self._elapsed()}: still in stage {stages}")
 
@@ -119,5 +170,12 @@ class Reporter:
         logger.propagate = self._logger_state[1]
         outcome = "finished" if exc_type is None else "stopped"
         stages = ", ".join(self._listener.seen) or "(run on the runner's workers)"
-        self._line(f"{self._elapsed()}: {outcome}; {_rows_read():,} rows read; stages: {stages}")
+        try:
+            by_step = metrics_snapshot()[0]
+        except Exception:  # noqa: BLE001
+            by_step = None
+        rows = sum(by_step.values()) if by_step else _rows_read()
+        with _lock:
+            _sources.clear()
+        self._line(f"{self._elapsed()}: {outcome}; {rows:,} rows read; stages: {stages}")
         return False

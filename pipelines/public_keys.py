@@ -15,48 +15,56 @@ import os
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines import declare
 from pipelines.errors import SpecError
+from pipelines.formats import infer
+from pipelines.paths import input_files
 
 FIELD = "input.public_keys"
 FORMATS = ("parquet", "csv", "jsonl")
 KINDS = ("gaussian", "laplace")
 
+# input.public_keys (declared for pipelines.schema).
+SECTION_FIELDS = {
+    "path": declare.string(description="the file listing every key of the domain (the key "
+                                       "columns, one row per key)"),
+    "format": declare.choice(FORMATS, description="optional: from the file name otherwise"),
+}
+
 # Mechanism fields shared by gaussian and laplace that need input.public_keys.
 MECHANISM_FIELDS = {
-    "debias": "public_keys only: 'poisson' adds a float64 column `debiased` (paper 002 Alg. 5, "
-              "post-processing; docs/contribution_bound.md 'Bounded domains')",
-    "num_users": "public_keys with debias only: the public number of users n of Alg. 5 "
-                 "(not read from the data)",
-    "clamp_negative": "public_keys only: true replaces negative noisy counts by 0 "
-                      "(post-processing; default false)",
+    "debias": declare.choice(("poisson",), description=(
+        "public_keys only: 'poisson' adds a float64 column `debiased` (paper 002 Alg. 5, "
+        "post-processing; docs/contribution_bound.md 'Bounded domains')")),
+    "num_users": declare.integer(low=1, high=10**15, description=(
+        "public_keys with debias only: the public number of users n of Alg. 5 (not read "
+        "from the data)")),
+    "clamp_negative": declare.boolean(description=(
+        "public_keys only: true replaces negative noisy counts by 0 (post-processing; "
+        "default false)")),
 }
 
 
 def parse_section(section):
-    """{path, format} of input.public_keys (format from the extension when absent)."""
-    from pipelines.spec import _describe, check_fields, choice, string
-    if not isinstance(section, dict):
-        raise SpecError(FIELD, f"must be a mapping with path (and format), got {_describe(section)}")
-    check_fields(section, FIELD, ("path", "format"), ("path",))
-    path = string(section["path"], f"{FIELD}.path")
+    """{path, format} of input.public_keys (format from the extension when absent); the
+    schema has checked the fields."""
+    path = section["path"]
     fmt = section.get("format")
     if fmt is None:
-        from pipelines.formats import infer
         fmt, delimiter = infer(path, f"{FIELD}.format")
         if delimiter not in (None, ","):
             raise SpecError(f"{FIELD}.format", f"{path!r}: public keys are read as parquet, "
                             f"comma-separated csv or jsonl")
-    choice(fmt, f"{FIELD}.format", FORMATS)
     return {"path": path, "format": fmt}
 
 
 def parse_mechanism_fields(section):
-    """debias / num_users / clamp_negative of a gaussian or laplace mechanism section."""
-    from pipelines.spec import choice, integer
+    """debias / num_users / clamp_negative of a gaussian or laplace mechanism section: the
+    rules between them (the schema has checked each)."""
     out = {}
     debias = section.get("debias")
     if debias is not None:
-        out["debias"] = choice(debias, "mechanism.debias", ("poisson",))
+        out["debias"] = debias
         if section.get("num_users") is None:
             raise SpecError("mechanism.num_users", "is required with debias: poisson (the "
                             "public number of users n of paper 002 Alg. 5; thresher does not "
@@ -64,11 +72,8 @@ def parse_mechanism_fields(section):
     if section.get("num_users") is not None:
         if debias is None:
             raise SpecError("mechanism.num_users", "only applies with mechanism.debias")
-        out["num_users"] = integer(section["num_users"], "mechanism.num_users", low=1, high=10**15)
-    clamp = section.get("clamp_negative", False)
-    if not isinstance(clamp, bool):
-        raise SpecError("mechanism.clamp_negative", f"must be true or false, got {clamp!r}")
-    if clamp:
+        out["num_users"] = int(section["num_users"])
+    if section.get("clamp_negative", False):
         out["clamp_negative"] = True
     return out
 
@@ -170,7 +175,6 @@ def input_key_types(input_spec):
     strings as strings); None when the input files cannot be listed yet (``thresher plan``
     on a spec whose data is elsewhere: the domain then keeps its own types)."""
     from pipelines import io
-    from pipelines.spec import input_files
     try:
         files = input_files(input_spec)
     except SpecError:

@@ -17,7 +17,7 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from pipelines import io, ledger, publish, released_file, signals
+from pipelines import io, ledger, progress, publish, released_file, signals
 from pipelines.claim import claim
 from pipelines.errors import InputError, ThresherError
 from pipelines.spec import input_files, kind_module
@@ -46,8 +46,8 @@ def pipeline_options(beam_args):
 def _make_runner(runner_name):
     if runner_name:
         return runner_name
-    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-    return FnApiRunner()
+    from pipelines.live_metrics import LiveMetricsRunner
+    return LiveMetricsRunner()     # Beam's FnApiRunner, its metrics readable while it runs
 
 
 def output_schema(spec, files):
@@ -294,12 +294,15 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
     staging = publish.staging_path(final)
     started = time.time()
     try:
-        pipeline = beam.Pipeline(runner=_make_runner(runner_name), options=options)
+        beam_runner = _make_runner(runner_name)
+        pipeline = beam.Pipeline(runner=beam_runner, options=options)
         from transforms import keyed_random
         keyed = rng_factory if isinstance(rng_factory, keyed_random.KeyedSource) else None
         with keyed_random.building(keyed):    # every stage draws from the release secret
             build(pipeline, plan, files, est_rows, staging, rng_factory=rng_factory)
-        result = pipeline.run()
+        progress.watch(beam_runner)       # live metrics of the in-process runner
+        result = pipeline.run()           # returns at once on distributed runners:
+        progress.watch(result)            # their result's metrics are polled meanwhile
         result.wait_until_finish()
         signals.check()                   # a SIGTERM that library code swallowed
         chosen = None

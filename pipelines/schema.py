@@ -1,137 +1,132 @@
-"""The release spec as a JSON Schema (draft 2020-12), for editors and CI linters:
-``thresher schema > thresher.schema.json``.
+"""The release spec as a JSON Schema (draft 2020-12): declared once, here and in the
+modules that own fields, and used twice.
 
-It is generated from the declarations the loader itself uses: the top-level fields
-(``pipelines.spec.TOP_FIELDS``), each kind's ``FIELDS`` (``pipelines/kinds/``), the formats,
-models and kinds, and ``pipelines.ledger.FIELDS``; the types and ranges below mirror the
-checks in ``pipelines.spec``. ``thresher validate`` remains the authority (it also checks
-cross-field rules, the input's columns and the calibration); a spec the schema accepts
-may still be refused there, with the field named.
+- ``thresher schema`` prints it (``thresher schema > thresher.schema.json``) for editors
+  and CI linters;
+- ``pipelines.spec.parse`` checks every spec against it with the jsonschema library
+  (``pipelines.declare.check``) before the rules across fields run, so a field's type,
+  range, choices, and the unknown and missing fields are reported from this declaration.
+
+Owners: the top-level sections are declared below; each kind declares its ``mechanism``
+fields (``pipelines/kinds/<kind>.py``: ``FIELDS``), ``input.sample`` is weighted
+sampling's (``SAMPLE_FIELDS``), ``input.public_keys`` and the public-domain mechanism
+fields are ``pipelines.public_keys``', ``budget`` is ``pipelines.ledger``'s, ``aggregates``
+and ``aggregates_auto`` are ``pipelines.aggregates``' (declared in
+``pipelines.aggregates_fields``, which loads no numerics). ``thresher validate`` remains the
+authority: a spec the schema accepts may still be refused by a rule across fields, the
+input's columns or the calibration, with the field named.
 """
-from pipelines import ledger
-from pipelines import spec as spec_mod
+from pipelines import aggregates_fields, declare as d, ledger, public_keys
+from pipelines import kinds as kinds_pkg
+from pipelines.formats import FORMATS
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
-_NUMBER = {"type": "number"}
-_POSITIVE = {"type": "number", "exclusiveMinimum": 0}
-_STRING = {"type": "string", "minLength": 1}
-
-
-def _object(properties, required=(), description=None):
-    out = {"type": "object", "properties": properties, "additionalProperties": False}
-    if required:
-        out["required"] = list(required)
-    if description:
-        out["description"] = description
-    return out
+MODELS = ("l0", "l1")
+KINDS = kinds_pkg.KINDS
+MAX_BOUND = 10**7            # bounding.max_keys_per_user
+MAX_AUTO_BOUND = 10**6       # bounding.auto.max_bound
+REQUIRED = ("name", "input", "privacy", "bounding", "mechanism", "output")
+# accounting.contribution_bound.DROPPED_WEIGHT_RULES (a test checks they agree; that module
+# loads scipy.stats, seconds the loader need not spend)
+DROPPED_WEIGHT_RULES = ("balanced", "paper")
 
 
 def _input():
-    from pipelines.kinds.weighted_sampling import SAMPLE_FIELDS
-    keys = {"oneOf": [_STRING, {"type": "array", "items": _STRING, "minItems": 1}]}
-    return _object({
-        "path": {**_STRING, "description": "a file, a glob or a folder; local or a Beam "
-                                           "filesystem URL (gs://, s3://)"},
-        "format": {"enum": list(spec_mod.FORMATS),
-                   "description": "optional: from the file name otherwise"},
-        "user": {**_STRING, "description": "the column holding the privacy unit"},
-        "keys": {**keys, "description": "one or more group-by columns"},
+    from pipelines.kinds._sample_fields import SAMPLE_FIELDS
+    column = d.string()
+    return d.mapping({
+        "path": d.string(description="a file, a glob or a folder; local or a Beam filesystem "
+                                     "URL (gs://, s3://)"),
+        "format": d.choice(FORMATS, description="optional: from the file name otherwise"),
+        "user": d.string(description="the column holding the privacy unit (left out with "
+                                     "input.sample)"),
+        "keys": d.one_of(column, d.array(column, unique=True),
+                         description="one or more group-by columns (none: quantiles only)"),
         "delimiter": {"type": "string", "minLength": 1, "maxLength": 2,
                       "description": "csv only: one character (\"\\t\" for a tab)"},
-        "sample": _object({name: {"description": text} for name, text in SAMPLE_FIELDS.items()},
-                          ("frequency", "scheme"),
-                          "an existing weighted sample to sanitize (weighted_sampling only)"),
-        "public_keys": _object({"path": _STRING, "format": {"enum": list(spec_mod.FORMATS)}},
-                               ("path",), "a public key domain (gaussian, laplace)"),
-    }, ("path", "keys"))
+        "sample": d.mapping(SAMPLE_FIELDS, ("frequency", "scheme"),
+                            description="an existing weighted sample to sanitize "
+                                        "(weighted_sampling only)"),
+        "public_keys": d.mapping(public_keys.SECTION_FIELDS, ("path",),
+                                 description="a public key domain (gaussian, laplace, quantiles)"),
+    }, ("path",), **{"if": {"required": ["sample"]}, "else": {"required": ["user"]}})
 
 
 def _privacy():
-    return _object({"epsilon": _POSITIVE,
-                    "delta": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}},
-                   ("epsilon", "delta"), "the release's total (epsilon, delta)")
+    return d.mapping({"epsilon": d.number(low=0, low_open=True),
+                      "delta": d.number(low=0, high=1, low_open=True, high_open=True)},
+                     ("epsilon", "delta"), description="the release's total (epsilon, delta)")
 
 
 def _bounding():
-    return _object({
-        "max_keys_per_user": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 10**7},
-                                        {"const": "auto"}]},
-        "model": {"enum": list(spec_mod.MODELS)},
-        "auto": _object({
-            "epsilon": _POSITIVE,
-            "candidates": {"type": "array", "minItems": 1,
-                           "items": {"type": "integer", "minimum": 1}},
-            "max_bound": {"type": "integer", "minimum": 1, "maximum": 10**6},
-            "dropped_weight": {"oneOf": [{"enum": ["balanced", "paper"]},
-                                         {"type": "number", "minimum": 1, "maximum": 1e6}]},
-        }),
+    return d.mapping({
+        "max_keys_per_user": d.one_of(d.integer(low=1, high=MAX_BOUND), d.const("auto")),
+        "model": d.choice(MODELS, default="l0"),
+        "auto": d.mapping({
+            "epsilon": d.number(low=0, low_open=True, description="the selection stage's "
+                                "epsilon, out of privacy.epsilon (default a tenth)"),
+            "candidates": d.array(d.integer(low=1, high=MAX_AUTO_BOUND), min_items=1,
+                                  unique=True),
+            "max_bound": d.integer(low=1, high=MAX_AUTO_BOUND),
+            "dropped_weight": d.one_of(d.choice(DROPPED_WEIGHT_RULES),
+                                       d.number(low=1, high=1e6)),
+        }, description="the private choice of max_keys_per_user (with max_keys_per_user: auto)"),
     }, ("max_keys_per_user",))
 
 
-def _mechanism():
-    variants = []
-    for kind in spec_mod.KINDS:
-        module = spec_mod.kind_module(kind)
-        props = {"kind": {"const": kind}}
-        for name, text in module.FIELDS.items():
-            props[name] = {"description": text}
-        variants.append(_object(props, ("kind",), (module.__doc__ or "").strip().splitlines()[0]))
+def kind_variant(kind):
+    """The fields of one kind's mechanism section, from its module's FIELDS."""
+    module = kinds_pkg.module(kind)
+    properties = {"kind": d.const(kind), **module.FIELDS}
+    return d.mapping(properties, ("kind", *getattr(module, "REQUIRED", ())),
+                     description=(module.__doc__ or "").strip().splitlines()[0])
+
+
+def mechanism_schema(kinds):
     return {"type": "object", "required": ["kind"],
-            "properties": {"kind": {"enum": list(spec_mod.KINDS)}},
-            "oneOf": variants}
+            "properties": {"kind": d.choice(KINDS)},
+            "allOf": [{"if": {"properties": {"kind": {"const": k}}, "required": ["kind"]},
+                       "then": kind_variant(k)} for k in kinds]}
 
 
-def _budget():
-    return _object({
-        "ledger": {**_STRING, "description": "a SQLite file path (database URLs are not "
-                                             "supported yet)"},
-        "dataset": {**_STRING, "description": "what the total protects: the same users "
-                                              "across releases"},
-        "epsilon": _POSITIVE,
-        "delta": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
-    }, ledger.FIELDS, "charge this release to a dataset's total in a ledger")
+def _keys_optional(kinds):
+    """input.keys is required (one or more) unless the kind reads none (KEYS_OPTIONAL, e.g.
+    quantiles: then it may be left out or empty)."""
+    keyless = [k for k in kinds if getattr(kinds_pkg.module(k), "KEYS_OPTIONAL", False)]
+    return {"if": {"properties": {"mechanism": {"properties": {"kind": {"enum": keyless}},
+                                                "required": ["kind"]}},
+                   "required": ["mechanism"]},
+            "else": {"properties": {"input": {"required": ["keys"],
+                                              "properties": {"keys": {"minItems": 1}}}}}}
 
 
-def _aggregates():
-    from pipelines.aggregates import STATISTICS
-    clip = {"oneOf": [{"type": "array", "items": _NUMBER, "minItems": 2, "maxItems": 2},
-                      {"const": "auto"}],
-            "description": "[low, high] bounds each user's total for the key, or auto"}
-    entry = _object({"column": _STRING, "statistic": {"enum": list(STATISTICS)}, "clip": clip},
-                    ("column", "statistic", "clip"))
-    return {"type": "array", "items": entry, "minItems": 1,
-            "description": "per released key, beside the count (gaussian, laplace)"}
-
-
-def _aggregates_auto():
-    return _object({"epsilon": _POSITIVE, "quantile": _NUMBER,
-                    "min_exponent": {"type": "integer"}, "max_exponent": {"type": "integer"}},
-                   description="the private choice of clip: auto bounds")
-
-
-def json_schema():
-    """The JSON Schema of a release spec (a dict)."""
-    sections = {
-        "name": {**_STRING, "description": "the release's name (in the report)"},
+def sections(kinds=KINDS):
+    return {
+        "name": d.string(description="the release's name (in the report)"),
         "description": {"type": "string"},
         "input": _input(),
         "privacy": _privacy(),
         "bounding": _bounding(),
-        "mechanism": _mechanism(),
-        "output": _object({"path": _STRING}, ("path",),
-                          "a folder: released.parquet + release_report.json"),
-        "budget": _budget(),
-        "aggregates": _aggregates(),
-        "aggregates_auto": _aggregates_auto(),
+        "mechanism": mechanism_schema(kinds),
+        "output": d.mapping({"path": d.string()}, ("path",),
+                            description="a folder: released.parquet + release_report.json"),
+        "aggregates": d.array(d.mapping(aggregates_fields.ENTRY_FIELDS,
+                                        tuple(aggregates_fields.ENTRY_FIELDS)),
+                              min_items=1, description="per released key, beside the count "
+                                                       "(gaussian, laplace)"),
+        "aggregates_auto": d.mapping(aggregates_fields.AUTO_FIELDS,
+                                     description="the private choice of clip: auto bounds"),
+        "budget": d.mapping(ledger.FIELDS, tuple(ledger.FIELDS),
+                            description="charge this release to a dataset's total in a ledger"),
     }
-    missing = set(spec_mod.TOP_FIELDS) ^ set(sections)
-    if missing:      # a field added to the loader without its schema (or the reverse)
-        raise AssertionError(f"schema and spec.TOP_FIELDS disagree on {sorted(missing)}")
-    return {
-        "$schema": DRAFT,
-        "title": "thresher release spec",
-        "type": "object",
-        "properties": {name: sections[name] for name in spec_mod.TOP_FIELDS},
-        "required": ["name", "input", "privacy", "bounding", "mechanism", "output"],
-        "additionalProperties": False,
-    }
+
+
+TOP_FIELDS = ("name", "description", "input", "privacy", "bounding", "mechanism", "output",
+              "aggregates", "aggregates_auto", "budget")
+
+
+def json_schema(kinds=KINDS):
+    """The JSON Schema of a release spec (a dict); ``kinds`` limits the mechanism variants
+    (the loader passes the spec's own kind, so only that kind's module is imported)."""
+    body = d.mapping(sections(kinds), REQUIRED, allOf=[_keys_optional(kinds)])
+    return {"$schema": DRAFT, "title": "thresher release spec", **body}

@@ -1,28 +1,31 @@
 """The release spec: a YAML file describing one differentially private release.
 
 The spec is data. It is read with a safe YAML loader (``!!python/...`` tags are refused,
-duplicate keys are refused), checked field by field, and nothing in it is evaluated as
+duplicate keys are refused), checked against its JSON Schema (``pipelines.schema``, with
+the jsonschema library: types, ranges, choices, unknown and missing fields), then by the
+rules across fields below and in the kinds' ``parse``; nothing in it is evaluated as
 code. Every error names the field and what is allowed; the CLI exits with code 2 on
 them. Validation reads no data (only, in ``check_input``, file names and the schema in
 file metadata).
 """
 import dataclasses
-import glob
-import math
-import os
 import re
-import reprlib
 
 import yaml
 
+from pipelines import declare, formats, kinds, ledger, public_keys, schema
 from pipelines.errors import SpecError
+from pipelines.fields import SHORT as _SHORT
+# The value checkers and path helpers, where they were before (kinds written for an older
+# thresher import them from here; new code imports pipelines.fields / pipelines.paths).
+from pipelines.fields import check_fields, choice, integer, number, string  # noqa: F401
+from pipelines.fields import describe as _describe
+from pipelines.paths import input_files, resolved  # noqa: F401
 
-FORMATS = ("parquet", "csv", "jsonl")
-MODELS = ("l0", "l1")
-KINDS = ("gaussian", "laplace", "sample_and_threshold", "weighted_sampling", "heavy_hitters",
-         "quantiles", "weighted_gaussian")
-# Kinds whose input.keys may be empty or left out (one global release).
-KEYLESS_KINDS = ("quantiles",)
+FORMATS = formats.FORMATS
+MODELS = schema.MODELS
+KINDS = schema.KINDS
+TOP_FIELDS = schema.TOP_FIELDS
 # Output columns the release adds; a key column may not share their names.
 RESERVED_COLUMNS = ("count", "estimate", "token")
 
@@ -185,122 +188,29 @@ def _expanded_size(data):
         return MAX_EXPANDED_NODES + 1
 
 
-# ---- field checkers -------------------------------------------------------------
+# ---- sections (after the schema check: the rules across fields) ----------------------
 
-def _mapping(value, field):
-    if not isinstance(value, dict):
-        raise SpecError(field, f"must be a mapping, got {_describe(value)}")
-    return value
-
-
-def _describe(value):
-    if value is None:
-        return "nothing (null)"
-    return f"{type(value).__name__} {_SHORT.repr(value)}"
-
-
-# Error messages show at most this much of a value (never the expansion of a large one).
-_SHORT = reprlib.Repr()
-_SHORT.maxstring = _SHORT.maxother = 80
-_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 3, 6, 6
-
-
-def check_fields(section, field, allowed, required=()):
-    """Refuse unknown and missing fields of one mapping."""
-    for key in section:
-        if key not in allowed:
-            raise SpecError(f"{field}.{key}" if field else str(key),
-                            f"unknown field; allowed fields of {field or 'the spec'}: "
-                            f"{', '.join(allowed)}")
-    for key in required:
-        if key not in section or section[key] is None:
-            raise SpecError(f"{field}.{key}" if field else key, "is required")
-
-
-def string(value, field):
-    if not isinstance(value, str) or not value.strip():
-        raise SpecError(field, f"must be a non-empty string, got {_describe(value)}")
-    return value
-
-
-def number(value, field, *, low=None, high=None, low_open=False, high_open=False):
-    """A finite real number within [low, high] (open ends where asked)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError(field, f"must be a number, got {_describe(value)}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise SpecError(field, f"must be finite, got {value}")
-    ok = True
-    if low is not None:
-        ok &= value > low if low_open else value >= low
-    if high is not None:
-        ok &= value < high if high_open else value <= high
-    if not ok:
-        lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
-        hi = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
-        rng = " and ".join(p for p in (lo, hi) if p)
-        raise SpecError(field, f"must be {rng}, got {value:g}")
-    return value
-
-
-def integer(value, field, *, low=None, high=None):
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise SpecError(field, f"must be an integer, got {_describe(value)}")
-    if low is not None and value < low:
-        raise SpecError(field, f"must be an integer >= {low}, got {value}")
-    if high is not None and value > high:
-        raise SpecError(field, f"must be an integer <= {high}, got {value}")
-    return value
-
-
-def choice(value, field, allowed):
-    if value not in allowed:
-        raise SpecError(field, f"must be one of {', '.join(allowed)}, got {_describe(value)}")
-    return value
-
-
-# ---- sections ----------------------------------------------------------------------
-
-def _parse_input(section, keys_optional=False):
-    field = "input"
-    _mapping(section, field)
-    check_fields(section, field, ("path", "format", "user", "keys", "sample", "public_keys",
-                                  "delimiter"), ("path",) if keys_optional else ("path", "keys"))
+def _parse_input(section):
     sample = None
-    if section.get("sample") is not None:
+    if "sample" in section:
         from pipelines.kinds.weighted_sampling import parse_sample
         sample = parse_sample(section["sample"])
-        if section.get("user") is not None:
+        if "user" in section:
             raise SpecError("input.user", "must be left out with input.sample: an existing "
                             "sample has one row per key, no user column")
-    elif section.get("user") is None:
-        raise SpecError("input.user", "is required")
-    path = string(section["path"], "input.path")
-    from pipelines import formats
+    path = section["path"]
     fmt, delimiter = section.get("format"), None
     if fmt is None:
         fmt, delimiter = formats.infer(path)
-    choice(fmt, "input.format", FORMATS)
-    if section.get("delimiter") is not None:
+    if "delimiter" in section:
         if fmt != "csv":
             raise SpecError("input.delimiter", f"is only for csv input, not {fmt}")
         delimiter = formats.delimiter(section["delimiter"])
     elif fmt == "csv" and delimiter is None:
         delimiter = formats.infer(path)[1] if _tells_format(path) else ","
-    user = string(section["user"], "input.user") if sample is None else None
-    keys = section.get("keys")
-    if isinstance(keys, str):
-        keys = [keys]
-    if keys_optional and keys in (None, []):
-        keys = []
-    elif not isinstance(keys, list) or not keys:
-        raise SpecError("input.keys", f"must be a non-empty list of column names, got {_describe(keys)}")
-    keys = tuple(string(k, f"input.keys[{i}]") for i, k in enumerate(keys))
-    if len(set(keys)) != len(keys):
-        raise SpecError("input.keys", f"lists a column twice: {list(keys)}")
+    user = section["user"] if sample is None else None
+    keys = section.get("keys", [])
+    keys = (keys,) if isinstance(keys, str) else tuple(keys)
     if user in keys:
         raise SpecError("input.keys", f"must not contain the user column {user!r}")
     for i, k in enumerate(keys):
@@ -310,18 +220,16 @@ def _parse_input(section, keys_optional=False):
                             f"rename the column")
     if sample is not None and sample["frequency"] in keys:
         raise SpecError("input.sample.frequency", "must not be one of input.keys")
-    public_keys = None
-    if section.get("public_keys") is not None:
-        from pipelines import public_keys as public_keys_mod
+    public = None
+    if "public_keys" in section:
         if sample is not None:
             raise SpecError("input.public_keys", "cannot be combined with input.sample")
-        public_keys = public_keys_mod.parse_section(section["public_keys"])
+        public = public_keys.parse_section(section["public_keys"])
     return InputSpec(path=path, format=fmt, user=user, keys=keys, sample=sample,
-                     public_keys=public_keys, delimiter=delimiter or ",")
+                     public_keys=public, delimiter=delimiter or ",")
 
 
 def _tells_format(path):
-    from pipelines import formats
     try:
         formats.infer(path)
         return True
@@ -330,65 +238,41 @@ def _tells_format(path):
 
 
 def _parse_privacy(section):
-    _mapping(section, "privacy")
-    check_fields(section, "privacy", ("epsilon", "delta"), ("epsilon", "delta"))
-    epsilon = number(section["epsilon"], "privacy.epsilon", low=0, low_open=True)
-    delta = number(section["delta"], "privacy.delta", low=0, high=1, low_open=True, high_open=True)
-    return PrivacySpec(epsilon=epsilon, delta=delta)
+    return PrivacySpec(epsilon=float(section["epsilon"]), delta=float(section["delta"]))
 
 
 def _parse_bounding(section, privacy):
-    _mapping(section, "bounding")
-    check_fields(section, "bounding", ("max_keys_per_user", "model", "auto"), ("max_keys_per_user",))
     bound = section["max_keys_per_user"]
     if bound != "auto":
-        if isinstance(bound, str):
-            raise SpecError("bounding.max_keys_per_user",
-                            f"must be a positive integer or \"auto\", got {bound!r}")
-        bound = integer(bound, "bounding.max_keys_per_user", low=1, high=10**7)
-    model = choice(section.get("model", "l0"), "bounding.model", MODELS)
-    auto_section = section.get("auto")
+        bound = int(bound)
     auto = None
     if bound == "auto":
-        auto = _parse_auto(auto_section or {}, privacy)
-    elif auto_section is not None:
+        auto = _parse_auto(section.get("auto", {}), privacy)
+    elif "auto" in section:
         raise SpecError("bounding.auto", "is only allowed with max_keys_per_user: auto")
-    return BoundingSpec(max_keys_per_user=bound, model=model, auto=auto)
+    return BoundingSpec(max_keys_per_user=bound, model=section.get("model", "l0"), auto=auto)
 
 
 def _parse_auto(section, privacy):
     field = "bounding.auto"
-    _mapping(section, field)
-    check_fields(section, field, ("epsilon", "candidates", "max_bound", "dropped_weight"))
-    if "epsilon" in section:
-        eps = number(section["epsilon"], f"{field}.epsilon", low=0, low_open=True)
-    else:
-        eps = DEFAULT_AUTO_EPSILON_FRACTION * privacy.epsilon
+    eps = float(section.get("epsilon", DEFAULT_AUTO_EPSILON_FRACTION * privacy.epsilon))
     if eps >= privacy.epsilon:
         raise SpecError(f"{field}.epsilon", f"is taken from privacy.epsilon and must be smaller "
                         f"than it ({privacy.epsilon:g}), got {eps:g}")
-    max_bound = integer(section.get("max_bound", DEFAULT_AUTO_MAX_BOUND), f"{field}.max_bound",
-                        low=1, high=10**6)
+    max_bound = int(section.get("max_bound", DEFAULT_AUTO_MAX_BOUND))
     if "candidates" in section:
-        cands = section["candidates"]
-        if not isinstance(cands, list) or not cands:
-            raise SpecError(f"{field}.candidates", f"must be a non-empty list of positive "
-                            f"integers, got {_describe(cands)}")
-        cands = [integer(c, f"{field}.candidates[{i}]", low=1, high=max_bound)
-                 for i, c in enumerate(cands)]
-        if len(set(cands)) != len(cands):
-            raise SpecError(f"{field}.candidates", f"lists a value twice: {cands}")
+        cands = [int(c) for c in section["candidates"]]
+        for i, c in enumerate(cands):
+            if c > max_bound:
+                raise SpecError(f"{field}.candidates[{i}]", f"must be an integer <= max_bound "
+                                f"({max_bound}), got {c}")
         cands = tuple(sorted(cands))
     else:
         cands = default_candidates(max_bound)
-    from accounting.contribution_bound import DEFAULT_DROPPED_WEIGHT, DROPPED_WEIGHT_RULES
+    from accounting.contribution_bound import DEFAULT_DROPPED_WEIGHT
     weight = section.get("dropped_weight", DEFAULT_DROPPED_WEIGHT)
-    if isinstance(weight, str):
-        if weight not in DROPPED_WEIGHT_RULES:
-            raise SpecError(f"{field}.dropped_weight", f"must be balanced, paper or a number "
-                            f">= 1, got {_describe(weight)}")
-    else:
-        weight = number(weight, f"{field}.dropped_weight", low=1, high=1e6)
+    if not isinstance(weight, str):
+        weight = float(weight)
     return AutoBoundSpec(epsilon=eps, candidates=cands, max_bound=max_bound,
                          dropped_weight=weight)
 
@@ -401,31 +285,32 @@ def default_candidates(max_bound):
 
 
 def _parse_mechanism(section):
-    _mapping(section, "mechanism")
-    if "kind" not in section:
-        raise SpecError("mechanism.kind", f"is required; one of {', '.join(KINDS)}")
-    kind = choice(section["kind"], "mechanism.kind", KINDS)
-    module = kind_module(kind)
+    kind = section["kind"]
     fields = dict(section)
     del fields["kind"]
-    check_fields(fields, "mechanism", tuple(module.FIELDS))
-    parsed = module.parse(fields)
-    return {"kind": kind, **parsed}
+    return {"kind": kind, **kind_module(kind).parse(fields)}
 
 
 def kind_module(kind):
-    import importlib
-    return importlib.import_module(f"pipelines.kinds.{kind}")
+    return kinds.module(kind)
 
 
-def _parse_output(section):
-    _mapping(section, "output")
-    check_fields(section, "output", ("path",), ("path",))
-    return OutputSpec(path=string(section["path"], "output.path"))
+def parse_mechanism(section):
+    """One ``mechanism`` section alone: checked against its kind's declared fields, then
+    the kind's rules (what ``parse`` does with it; used by tests and tools)."""
+    section = declare.without_nulls(section)
+    kind = section.get("kind") if isinstance(section, dict) else None
+    declare.check(section, schema.mechanism_schema((kind,) if kind in KINDS else ()),
+                  "mechanism")
+    return _parse_mechanism(section)
 
 
-TOP_FIELDS = ("name", "description", "input", "privacy", "bounding", "mechanism", "output",
-              "aggregates", "aggregates_auto", "budget")
+def _spec_schema(data):
+    """The schema the loader checks: with the spec's own kind only (or none when the kind
+    is missing or unknown: the schema then reports that first)."""
+    mechanism = data.get("mechanism")
+    kind = mechanism.get("kind") if isinstance(mechanism, dict) else None
+    return schema.json_schema(kinds=(kind,) if isinstance(kind, str) and kind in KINDS else ())
 
 
 def parse(data, source_text=""):
@@ -433,23 +318,17 @@ def parse(data, source_text=""):
     if not isinstance(data, dict):
         raise SpecError("", f"the spec must be a YAML mapping with fields "
                             f"{', '.join(TOP_FIELDS)}; got {_describe(data)}")
-    check_fields(data, "", TOP_FIELDS,
-                 ("name", "input", "privacy", "bounding", "mechanism", "output"))
-    name = string(data["name"], "name")
-    description = data.get("description", "")
-    if not isinstance(description, str):
-        raise SpecError("description", f"must be a string, got {_describe(description)}")
+    data = declare.without_nulls(data)
+    declare.check(data, _spec_schema(data))
     privacy = _parse_privacy(data["privacy"])
-    kind = data["mechanism"].get("kind") if isinstance(data["mechanism"], dict) else None
-    input_spec = _parse_input(data["input"], keys_optional=kind in KEYLESS_KINDS)
+    input_spec = _parse_input(data["input"])
     bounding = _parse_bounding(data["bounding"], privacy)
     mechanism = _parse_mechanism(data["mechanism"])
     check_spec = getattr(kind_module(mechanism["kind"]), "check_spec", None)
     if check_spec is not None:  # kind-specific checks of the input and bounding (heavy_hitters, quantiles)
         input_spec = check_spec(mechanism, input_spec, bounding, privacy) or input_spec
-    if mechanism["kind"] in ("gaussian", "laplace"):
-        from pipelines import public_keys as public_keys_mod
-        mechanism = public_keys_mod.check_mechanism(mechanism, input_spec, data["mechanism"])
+    if mechanism["kind"] in public_keys.KINDS:
+        mechanism = public_keys.check_mechanism(mechanism, input_spec, data["mechanism"])
     elif input_spec.public_keys is not None and mechanism["kind"] != "quantiles":
         raise SpecError("input.public_keys", f"public_keys is supported for gaussian and "
                         f"laplace (and quantiles), not {mechanism['kind']!r}")
@@ -460,35 +339,28 @@ def parse(data, source_text=""):
     if input_spec.sample is not None:
         mechanism = _presampled_mechanism(mechanism, input_spec.sample, bounding)
     aggregates, aggregates_auto = (), None
-    if data.get("aggregates_auto") is not None and data.get("aggregates") is None:
+    if "aggregates_auto" in data and "aggregates" not in data:
         raise SpecError("aggregates_auto", "only applies with aggregates (clip: auto)")
-    if data.get("aggregates") is not None:
-        from pipelines import aggregates as aggregates_mod
+    if "aggregates" in data:
+        from pipelines import aggregates as aggregates_mod   # its calibration loads numerics
         aggregates = aggregates_mod.parse(data["aggregates"], input_spec, mechanism["kind"],
                                           bounding, RESERVED_COLUMNS + ("debiased",))
         input_spec = dataclasses.replace(input_spec, values=tuple(
             c for c, _ in aggregates_mod.value_columns(aggregates)))
         aggregates_auto = aggregates_mod.parse_auto(data.get("aggregates_auto"), privacy, aggregates)
     return ReleaseSpec(
-        name=name,
-        description=description,
+        name=data["name"],
+        description=data.get("description", ""),
         input=input_spec,
         privacy=privacy,
         bounding=bounding,
         mechanism=mechanism,
-        output=_parse_output(data["output"]),
+        output=OutputSpec(path=data["output"]["path"]),
         source_text=source_text,
         aggregates=aggregates,
         aggregates_auto=aggregates_auto,
-        budget=_parse_budget(data.get("budget"), privacy),
+        budget=ledger.parse_section(data["budget"], privacy) if "budget" in data else None,
     )
-
-
-def _parse_budget(section, privacy):
-    if section is None:
-        return None
-    from pipelines.ledger import parse_section
-    return parse_section(section, privacy)
 
 
 def _presampled_mechanism(mechanism, sample, bounding):
@@ -522,40 +394,3 @@ def load(path):
     return parse(load_yaml(text, source=path), source_text=text)
 
 
-def resolved(path):
-    """" (resolved: /abs/path)" for a relative local path, so an error shows where it looked."""
-    if "://" in path or os.path.isabs(path):
-        return ""
-    return f" (resolved: {os.path.abspath(path)})"
-
-
-def input_files(input_spec):
-    """The files an input path names (a file, a glob, or a folder of files); SpecError if none.
-
-    Remote paths (gs://, s3://, ...) are matched through Beam's FileSystems."""
-    path = input_spec.path
-    if "://" in path:
-        from apache_beam.io.filesystems import FileSystems
-        try:
-            matches = FileSystems.match([path])[0].metadata_list
-        except Exception as exc:  # noqa: BLE001 - any filesystem failure is reported as such
-            raise SpecError("input.path", f"cannot list {path!r}: {exc}") from None
-        files = sorted(m.path for m in matches)
-    elif os.path.isdir(path):
-        files = sorted(os.path.join(path, f) for f in os.listdir(path)
-                       if not f.startswith((".", "_")) and os.path.isfile(os.path.join(path, f)))
-    elif glob.has_magic(path):
-        files = sorted(f for f in glob.glob(path) if os.path.isfile(f))
-    else:
-        files = [path] if os.path.isfile(path) else []
-    if not files:
-        if glob.has_magic(path):
-            what = "matches no files"
-        elif os.path.isdir(path):
-            what = "is a folder with no input files in it (names starting with . or _ are skipped)"
-        elif os.path.exists(path):
-            what = "is not a regular file (a FIFO, socket or device); give a file or a folder"
-        else:
-            what = "does not exist"
-        raise SpecError("input.path", f"{path!r}{resolved(path)} {what}")
-    return files

@@ -1,16 +1,28 @@
 """Field checks shared by the mechanism kinds."""
+from pipelines import declare
 from pipelines.errors import CalibrationError, SpecError
-from pipelines.spec import integer, number
+from pipelines.fields import integer, number
+
+# tau of gaussian and laplace (declared for the schema; read by pre_threshold()).
+PRE_THRESHOLD_LIMIT = 10**9
+
+
+def pre_threshold_field(text):
+    return declare.integer(low=1, high=PRE_THRESHOLD_LIMIT, description=text, default=1)
 
 
 def optional_number(section, name, **bounds):
+    """A number field of a kind that declares it by description only (checked here)."""
     if section.get(name) is None:
         return None
     return number(section[name], f"mechanism.{name}", **bounds)
 
 
 def pre_threshold(section):
-    return integer(section.get("pre_threshold", 1), "mechanism.pre_threshold", low=1, high=10**9)
+    """mechanism.pre_threshold (default 1); declared by pre_threshold_field, and checked
+    here too for a kind that declares it by description only."""
+    return integer(section.get("pre_threshold", 1), "mechanism.pre_threshold", low=1,
+                   high=PRE_THRESHOLD_LIMIT)
 
 
 def calibration(call, what):

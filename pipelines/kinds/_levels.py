@@ -13,8 +13,9 @@ contributions to the level) and reports the delta each level actually spends.
 import collections
 
 from accounting import sample_threshold
+from pipelines import declare
 from pipelines.errors import CalibrationError, SpecError
-from pipelines.spec import integer
+from pipelines.fields import integer
 
 StageTotal = collections.namedtuple("StageTotal", "epsilon delta")
 
@@ -37,7 +38,15 @@ def refuse_auto_bound(bounding, kind):
         raise SpecError("bounding.model", f"{kind} needs bounding.model: l0")
 
 
+SAMPLING_RATE = declare.number(low=0, low_open=True, high=1, description=(
+    "p in (0, 1], the same at every level (optional; calibrated if absent)"))
+THRESHOLD = declare.integer(low=1, high=10**9, description=(
+    "tau >= 1, the same at every level (optional; calibrated if absent)"))
+
+
 def optional_threshold(section):
+    """mechanism.threshold as THRESHOLD declares it (checked here too for a kind that
+    declares it by description only)."""
     value = section.get("threshold")
     return None if value is None else integer(value, "mechanism.threshold", low=1, high=10**9)
 

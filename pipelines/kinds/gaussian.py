@@ -9,15 +9,20 @@ import pyarrow as pa
 
 from accounting import gshm
 from pipelines.errors import SpecError
-from pipelines.kinds._common import (calibration, optional_number, pre_threshold,
+from pipelines import declare
+from pipelines.fields import optional_float
+from pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
                                      public_domain_calibration)
 from pipelines.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
 from transforms.noisy_threshold import NoisyThreshold
 
 FIELDS = {
-    "pre_threshold": "tau: keys with fewer users are never released (integer >= 1, default 1)",
-    "sigma": "noise standard deviation in users (optional; calibrated if absent)",
-    "threshold": "tau*: noisy counts below it are suppressed (optional; calibrated if absent)",
+    "pre_threshold": pre_threshold_field("tau: keys with fewer users are never released "
+                                         "(integer >= 1, default 1)"),
+    "sigma": declare.number(low=0, low_open=True, description=(
+        "noise standard deviation in users (optional; calibrated if absent)")),
+    "threshold": declare.number(description=(
+        "tau*: noisy counts below it are suppressed (optional; calibrated if absent)")),
     **MECHANISM_FIELDS,
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
@@ -25,8 +30,8 @@ OUTPUT_COLUMNS = {"count": pa.int64()}
 
 def parse(section):
     tau = pre_threshold(section)
-    sigma = optional_number(section, "sigma", low=0, low_open=True)
-    threshold = optional_number(section, "threshold")
+    sigma = optional_float(section, "sigma")
+    threshold = optional_float(section, "threshold")
     if threshold is not None and threshold < tau:
         raise SpecError("mechanism.threshold", f"must be >= pre_threshold ({tau}), got {threshold:g}")
     return {**parse_mechanism_fields(section), "pre_threshold": tau, "sigma": sigma, "threshold": threshold}

@@ -26,32 +26,32 @@ import pyarrow.compute as pc
 
 from pipelines.errors import InputError, SpecError
 from pipelines.kinds import _levels
-from pipelines.kinds._common import optional_number
-from pipelines.spec import integer
+from pipelines import declare
+from pipelines.fields import optional_float
 from transforms.heavy_hitters import LEVEL_COLUMN, TrieHeavyHitters, heavy_hitters
 
 DEFAULT_PREFIX_LENGTHS = (2, 4, None)
 DEFAULT_TOP_K = 20
 
 FIELDS = {
-    "top_k": f"how many keys to release at most, by decreasing estimate (integer >= 1, "
-             f"default {DEFAULT_TOP_K})",
-    "prefix_lengths": "increasing prefix lengths in characters, null (the whole key) last "
-                      f"(default {[n for n in DEFAULT_PREFIX_LENGTHS]}; [null] = one level)",
-    "sampling_rate": "p in (0, 1], the same at every level (optional; calibrated if absent)",
-    "threshold": "tau >= 1, the same at every level (optional; calibrated if absent)",
+    "top_k": declare.integer(low=1, high=10**6, default=DEFAULT_TOP_K, description=(
+        f"how many keys to release at most, by decreasing estimate (integer >= 1, default "
+        f"{DEFAULT_TOP_K})")),
+    "prefix_lengths": declare.array(
+        declare.one_of(declare.integer(low=1, high=10**4), {"type": "null"}),
+        min_items=1, max_items=64, description=(
+            "increasing prefix lengths in characters, null (the whole key) last "
+            f"(default {[n for n in DEFAULT_PREFIX_LENGTHS]}; [null] = one level)")),
+    "sampling_rate": _levels.SAMPLING_RATE,
+    "threshold": _levels.THRESHOLD,
 }
 OUTPUT_COLUMNS = {"count": pa.float64(), "rank": pa.int64()}
 
 
 def parse(section):
-    top_k = integer(section.get("top_k", DEFAULT_TOP_K), "mechanism.top_k", low=1, high=10**6)
+    top_k = int(section.get("top_k", DEFAULT_TOP_K))
     lengths = section.get("prefix_lengths", list(DEFAULT_PREFIX_LENGTHS))
-    if not isinstance(lengths, list) or not lengths:
-        raise SpecError("mechanism.prefix_lengths", f"must be a non-empty list of integers "
-                        f">= 1 (null for the whole key, last), got {lengths!r}")
-    parsed = [None if n is None else integer(n, f"mechanism.prefix_lengths[{i}]", low=1, high=10**4)
-              for i, n in enumerate(lengths)]
+    parsed = [None if n is None else int(n) for n in lengths]
     finite = [n for n in parsed if n is not None]
     if finite != sorted(set(finite)) or parsed.count(None) > 1 \
             or (None in parsed and parsed[-1] is not None) or len(parsed) > 64:
@@ -59,7 +59,7 @@ def parse(section):
                         f"whole key) only last, at most 64 levels; got {lengths!r}")
     if parsed[-1] is not None:
         parsed.append(None)  # the released keys are whole keys: the last level is the key
-    rate = optional_number(section, "sampling_rate", low=0, low_open=True, high=1)
+    rate = optional_float(section, "sampling_rate")
     return {"top_k": top_k, "prefix_lengths": parsed, "sampling_rate": rate,
             "threshold": _levels.optional_threshold(section)}
 

@@ -10,15 +10,20 @@ import pyarrow as pa
 
 from accounting import laplace_threshold
 from pipelines.errors import SpecError
-from pipelines.kinds._common import (calibration, optional_number, pre_threshold,
+from pipelines import declare
+from pipelines.fields import optional_float
+from pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
                                      public_domain_calibration)
 from pipelines.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
 from transforms.noisy_threshold import NoisyThreshold
 
 FIELDS = {
-    "pre_threshold": "keys with fewer users (l0) or records (l1) are never released (integer >= 1, default 1)",
-    "scale": "Laplace scale b in users (optional; default sensitivity/epsilon)",
-    "threshold": "tau*: noisy counts below it are suppressed (optional; calibrated if absent)",
+    "pre_threshold": pre_threshold_field("keys with fewer users (l0) or records (l1) are "
+                                         "never released (integer >= 1, default 1)"),
+    "scale": declare.number(low=0, low_open=True, description=(
+        "Laplace scale b in users (optional; default sensitivity/epsilon)")),
+    "threshold": declare.number(description=(
+        "tau*: noisy counts below it are suppressed (optional; calibrated if absent)")),
     **MECHANISM_FIELDS,
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
@@ -26,8 +31,8 @@ OUTPUT_COLUMNS = {"count": pa.int64()}
 
 def parse(section):
     tau = pre_threshold(section)
-    scale = optional_number(section, "scale", low=0, low_open=True)
-    threshold = optional_number(section, "threshold")
+    scale = optional_float(section, "scale")
+    threshold = optional_float(section, "threshold")
     if threshold is not None and threshold < tau:
         raise SpecError("mechanism.threshold", f"must be >= pre_threshold ({tau}), got {threshold:g}")
     return {**parse_mechanism_fields(section), "pre_threshold": tau, "scale": scale, "threshold": threshold}

@@ -44,8 +44,8 @@ import pyarrow.compute as pc
 
 from pipelines.errors import CalibrationError, InputError, SpecError
 from pipelines.kinds import _levels
-from pipelines.kinds._common import optional_number
-from pipelines.spec import choice, integer, number, string
+from pipelines import declare
+from pipelines.fields import optional_float
 
 METHODS = ("hierarchical", "binary_search")
 SELECT_KEYS_STAGE = "select_keys"
@@ -57,55 +57,55 @@ MAX_RANKS = 1000
 DEFAULT_KEY_SELECTION_SHARE = 0.5
 
 FIELDS = {
-    "column": "the numeric input column whose quantiles are released (required)",
-    "ranks": "list of ranks phi in (0, 1), e.g. [0.1, 0.5, 0.9] (required)",
-    "domain": "[low, high]: the public value range; values outside are clamped (required)",
-    "method": f"hierarchical (default) or binary_search",
-    "branching": f"hierarchical: children per node, integer >= 2 (default {DEFAULT_BRANCHING})",
-    "levels": f"hierarchical: number of levels (default {DEFAULT_LEVELS})",
-    "rounds": f"binary_search: number of bisection rounds (default {DEFAULT_ROUNDS})",
-    "key_selection_share": f"with input.keys and no input.public_keys: the share of epsilon and "
-                           f"delta spent finding the keys (default {DEFAULT_KEY_SELECTION_SHARE})",
-    "sampling_rate": "p in (0, 1], the same at every level/round (optional; calibrated if absent)",
-    "threshold": "tau >= 1, the same at every level/round (optional; calibrated if absent)",
+    "column": declare.string(description="the numeric input column whose quantiles are "
+                                         "released (required)"),
+    "ranks": declare.array(declare.number(low=0, high=1, low_open=True, high_open=True),
+                           min_items=1, max_items=MAX_RANKS, unique=True,
+                           description="list of ranks phi in (0, 1), e.g. [0.1, 0.5, 0.9] "
+                                       "(required)"),
+    "domain": declare.array(declare.number(), min_items=2, max_items=2, description=(
+        "[low, high]: the public value range; values outside are clamped (required)")),
+    "method": declare.choice(METHODS, default=DEFAULT_METHOD,
+                             description="hierarchical (default) or binary_search"),
+    "branching": declare.integer(low=2, high=1024, default=DEFAULT_BRANCHING, description=(
+        f"hierarchical: children per node, integer >= 2 (default {DEFAULT_BRANCHING})")),
+    "levels": declare.integer(low=1, high=40, default=DEFAULT_LEVELS, description=(
+        f"hierarchical: number of levels (default {DEFAULT_LEVELS})")),
+    "rounds": declare.integer(low=1, high=60, default=DEFAULT_ROUNDS, description=(
+        f"binary_search: number of bisection rounds (default {DEFAULT_ROUNDS})")),
+    "key_selection_share": declare.number(
+        low=0, high=1, low_open=True, high_open=True, description=(
+            f"with input.keys and no input.public_keys: the share of epsilon and delta spent "
+            f"finding the keys (default {DEFAULT_KEY_SELECTION_SHARE})")),
+    "sampling_rate": declare.number(low=0, low_open=True, high=1, description=(
+        "p in (0, 1], the same at every level/round (optional; calibrated if absent)")),
+    "threshold": declare.integer(low=1, high=10**9, description=(
+        "tau >= 1, the same at every level/round (optional; calibrated if absent)")),
 }
+REQUIRED = ("column", "ranks", "domain")
+KEYS_OPTIONAL = True     # no input.keys: one global release
 OUTPUT_COLUMNS = {"rank": pa.float64(), "value": pa.float64()}
 
 
 def parse(section):
-    for name in ("column", "ranks", "domain"):
-        if section.get(name) is None:
-            raise SpecError(f"mechanism.{name}", "is required for quantiles")
-    column = string(section["column"], "mechanism.column")
-    ranks = section["ranks"]
-    if not isinstance(ranks, list) or not ranks or len(ranks) > MAX_RANKS:
-        raise SpecError("mechanism.ranks", f"must be a non-empty list of at most {MAX_RANKS} "
-                        f"numbers in (0, 1), got {ranks!r}")
-    ranks = [number(r, f"mechanism.ranks[{i}]", low=0, high=1, low_open=True, high_open=True)
-             for i, r in enumerate(ranks)]
-    if len(set(ranks)) != len(ranks):
+    column = section["column"]
+    ranks = [float(r) for r in section["ranks"]]
+    if len(set(ranks)) != len(ranks):      # 1 and 1.0: one rank
         raise SpecError("mechanism.ranks", f"lists a rank twice: {ranks}")
-    domain = section["domain"]
-    if not isinstance(domain, list) or len(domain) != 2:
-        raise SpecError("mechanism.domain", f"must be a list [low, high], got {domain!r}")
-    low = number(domain[0], "mechanism.domain[0]")
-    high = number(domain[1], "mechanism.domain[1]")
+    low, high = (float(v) for v in section["domain"])
     if not low < high:
         raise SpecError("mechanism.domain", f"needs low < high, got [{low:g}, {high:g}]")
-    method = choice(section.get("method", DEFAULT_METHOD), "mechanism.method", METHODS)
+    method = section.get("method", DEFAULT_METHOD)
     out = {"column": column, "ranks": ranks, "domain": [low, high], "method": method,
-           "sampling_rate": optional_number(section, "sampling_rate", low=0, low_open=True, high=1),
+           "sampling_rate": optional_float(section, "sampling_rate"),
            "threshold": _levels.optional_threshold(section)}
     if "key_selection_share" in section:
-        out["key_selection_share"] = number(section["key_selection_share"],
-                                            "mechanism.key_selection_share", low=0, high=1,
-                                            low_open=True, high_open=True)
+        out["key_selection_share"] = float(section["key_selection_share"])
     if method == "hierarchical":
         if "rounds" in section:
             raise SpecError("mechanism.rounds", "is for method: binary_search")
-        branching = integer(section.get("branching", DEFAULT_BRANCHING), "mechanism.branching",
-                            low=2, high=1024)
-        levels = integer(section.get("levels", DEFAULT_LEVELS), "mechanism.levels", low=1, high=40)
+        branching = int(section.get("branching", DEFAULT_BRANCHING))
+        levels = int(section.get("levels", DEFAULT_LEVELS))
         if branching ** levels > 2 ** 24:
             raise SpecError("mechanism.levels", f"branching**levels must be <= 2**24 leaves, "
                             f"got {branching}**{levels}")
@@ -114,8 +114,7 @@ def parse(section):
         for name in ("branching", "levels"):
             if name in section:
                 raise SpecError(f"mechanism.{name}", "is for method: hierarchical")
-        out["rounds"] = integer(section.get("rounds", DEFAULT_ROUNDS), "mechanism.rounds",
-                                low=1, high=60)
+        out["rounds"] = int(section.get("rounds", DEFAULT_ROUNDS))
     return out
 
 

@@ -20,8 +20,8 @@ paper's own recipe (alpha = 1/6).
 """
 from accounting import sample_threshold
 from pipelines.errors import CalibrationError, SpecError
-from pipelines.kinds._common import optional_number
-from pipelines.spec import choice, integer
+from pipelines import declare
+from pipelines.fields import optional_float, optional_int
 from transforms.sample_and_threshold import OUTPUT_COLUMNS as _TRANSFORM_COLUMNS
 from transforms.sample_and_threshold import SampleAndThreshold
 
@@ -32,14 +32,18 @@ PLD_DEFAULT_MAX_KEYS = 64
 PLD_MAX_KEYS = 64
 
 FIELDS = {
-    "sampling_rate": "p in (0, 1]: each (user, key) contribution is kept with probability p "
-                     "(optional; calibrated if absent)",
-    "threshold": "tau >= 1: keys whose sampled count is below tau are suppressed "
-                 "(optional; calibrated if absent)",
-    "accounting": "exact (default), kl (paper 003 Thm 1) or alpha (paper 003, C_alpha form): "
-                  "how delta is computed when calibrating",
-    "composition": "pld or basic: how a user's keys compose (default pld with a fixed "
-                   "max_keys_per_user of 2 to 64, else basic; pld needs accounting: exact)",
+    "sampling_rate": declare.number(low=0, low_open=True, high=1, description=(
+        "p in (0, 1]: each (user, key) contribution is kept with probability p (optional; "
+        "calibrated if absent)")),
+    "threshold": declare.integer(low=1, high=10**9, description=(
+        "tau >= 1: keys whose sampled count is below tau are suppressed (optional; "
+        "calibrated if absent)")),
+    "accounting": declare.choice(sample_threshold.METHODS, default="exact", description=(
+        "exact (default), kl (paper 003 Thm 1) or alpha (paper 003, C_alpha form): how "
+        "delta is computed when calibrating")),
+    "composition": declare.choice(sample_threshold.COMPOSITIONS, description=(
+        "pld or basic: how a user's keys compose (default pld with a fixed "
+        "max_keys_per_user of 2 to 64, else basic; pld needs accounting: exact)")),
 }
 OUTPUT_COLUMNS = dict(_TRANSFORM_COLUMNS)
 
@@ -56,15 +60,11 @@ _PAPER_ALPHA = 1 / 6
 
 
 def parse(section):
-    rate = optional_number(section, "sampling_rate", low=0, low_open=True, high=1)
-    threshold = section.get("threshold")
-    if threshold is not None:
-        threshold = integer(threshold, "mechanism.threshold", low=1, high=10**9)
-    method = choice(section.get("accounting", "exact"), "mechanism.accounting",
-                    sample_threshold.METHODS)
+    rate = optional_float(section, "sampling_rate")
+    threshold = optional_int(section, "threshold")
+    method = section.get("accounting", "exact")
     composition = section.get("composition")
     if composition is not None:
-        composition = choice(composition, "mechanism.composition", sample_threshold.COMPOSITIONS)
         if composition == "pld" and method != "exact":
             raise SpecError("mechanism.composition", "pld needs mechanism.accounting: exact "
                             "(it composes the exact per-key privacy-loss distributions)")

@@ -13,29 +13,34 @@ import pyarrow as pa
 
 from accounting import weighted_gaussian as wg
 from pipelines.errors import CalibrationError, SpecError
-from pipelines.kinds._common import optional_number
+from pipelines import declare
+from pipelines.fields import optional_float
 from transforms.weighted_threshold import WeightedPerUserBound, WeightedThreshold
 
+# sigma * S must stay within the planning limit of the exact tails (pipelines.limits).
+SIGMA_MAX = 1e5 / wg.WEIGHT_SCALE
+
 FIELDS = {
-    "sigma": "selection noise standard deviation in user weights (a user's weights have "
-             "l2 norm 1; optional, calibrated if absent)",
-    "threshold": "noisy total weight a key needs to be released (optional; calibrated if absent)",
-    "count_fraction": "share of epsilon and delta spent on the count column, in (0, 1) "
-                      f"(default {wg.DEFAULT_COUNT_FRACTION})",
+    "sigma": declare.number(low=0, low_open=True, high=SIGMA_MAX, description=(
+        "selection noise standard deviation in user weights (a user's weights have "
+        "l2 norm 1; optional, calibrated if absent)")),
+    "threshold": declare.number(low=0, low_open=True, high=1e6, description=(
+        "noisy total weight a key needs to be released (optional; calibrated if absent)")),
+    "count_fraction": declare.number(low=0, high=1, low_open=True, high_open=True,
+                                     description=(
+        "share of epsilon and delta spent on the count column, in (0, 1) "
+        f"(default {wg.DEFAULT_COUNT_FRACTION})")),
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
 COUNT_STAGE = "count"
 # Bounding with weights: pipelines.release uses it in place of PerUserBound.
 PER_USER_BOUND = WeightedPerUserBound
-# sigma * S must stay within the planning limit of the exact tails (pipelines.limits).
-SIGMA_MAX = 1e5 / wg.WEIGHT_SCALE
 
 
 def parse(section):
-    sigma = optional_number(section, "sigma", low=0, low_open=True, high=SIGMA_MAX)
-    threshold = optional_number(section, "threshold", low=0, low_open=True, high=1e6)
-    fraction = optional_number(section, "count_fraction", low=0, high=1, low_open=True,
-                               high_open=True)
+    sigma = optional_float(section, "sigma")
+    threshold = optional_float(section, "threshold")
+    fraction = optional_float(section, "count_fraction")
     return {"sigma": sigma, "threshold": threshold,
             "count_fraction": wg.DEFAULT_COUNT_FRACTION if fraction is None else fraction}
 

@@ -20,33 +20,38 @@ import numpy as np
 
 from accounting import pws
 from pipelines.errors import SpecError
+from pipelines import declare
+from pipelines.kinds import _sample_fields
 from pipelines.kinds._common import calibration
-from pipelines.spec import choice, integer, number
 from transforms.sanitize_sample import OUTPUT_COLUMNS as _TRANSFORM_COLUMNS
 from transforms.sanitize_sample import SanitizeSample
 
 FIELDS = {
-    "sampling": "weighted sampling scheme: none (a private histogram), ppswor or priority "
-                "(default none)",
-    "sampling_threshold": "t > 0, required for ppswor and priority: a key of count w is "
-                          "sampled with 1 - exp(-w t) (ppswor) or min(1, w t) (priority)",
-    "report": "keys or keys_and_frequencies (default keys_and_frequencies: also a sanitized "
-              "frequency token and an estimate per key)",
-    "estimator": "mle or biased_down (default mle): how the estimate column is computed from "
-                 "the token (paper 001 eq. 11 / Appendix E)",
-    "composition": "optimal or basic (default optimal): how the per-key budgets of a user's "
-                   "<= max_keys_per_user keys compose",
-    "max_frequency": "auto or an integer >= 2 (default auto): size of the probability tables; "
-                     "larger counts are treated as this one (auto: where every key is reported)",
+    "sampling": declare.choice(pws.SAMPLING_SCHEMES, default="none", description=(
+        "weighted sampling scheme: none (a private histogram), ppswor or priority (default "
+        "none)")),
+    "sampling_threshold": declare.number(low=0, low_open=True, description=(
+        "t > 0, required for ppswor and priority: a key of count w is sampled with "
+        "1 - exp(-w t) (ppswor) or min(1, w t) (priority)")),
+    "report": declare.choice(pws.REPORTS, default="keys_and_frequencies", description=(
+        "keys or keys_and_frequencies (default keys_and_frequencies: also a sanitized "
+        "frequency token and an estimate per key)")),
+    "estimator": declare.choice(pws.ESTIMATORS, default="mle", description=(
+        "mle or biased_down (default mle): how the estimate column is computed from the "
+        "token (paper 001 eq. 11 / Appendix E)")),
+    "composition": declare.choice(pws.COMPOSITIONS, default="optimal", description=(
+        "optimal or basic (default optimal): how the per-key budgets of a user's "
+        "<= max_keys_per_user keys compose")),
+    "max_frequency": declare.one_of(
+        declare.const("auto"), declare.integer(low=2, high=pws.MAX_KEEP_LENGTH),
+        default="auto", description=(
+            "auto or an integer >= 2 (default auto): size of the probability tables; larger "
+            "counts are treated as this one (auto: where every key is reported)")),
 }
 OUTPUT_COLUMNS = dict(_TRANSFORM_COLUMNS)
 
-# input.sample of a spec whose input is an existing non-private sample (post-processing).
-SAMPLE_FIELDS = {
-    "frequency": "the column holding each sampled key's frequency (an integer >= 1)",
-    "scheme": "how the sample was drawn: none (every key), ppswor or priority",
-    "threshold": "the sampling threshold t the sample was drawn with (ppswor and priority)",
-}
+# input.sample (declared in _sample_fields: the loader reads it without numerics).
+SAMPLE_FIELDS = _sample_fields.SAMPLE_FIELDS
 
 _ACCOUNTING = {
     "optimal": "PWS end-to-end probabilities (paper 001 Alg. 3/4) per key at (eps0, delta0), "
@@ -61,7 +66,7 @@ _ACCOUNTING = {
 
 
 def parse(section):
-    sampling = choice(section.get("sampling", "none"), "mechanism.sampling", pws.SAMPLING_SCHEMES)
+    sampling = section.get("sampling", "none")
     threshold = section.get("sampling_threshold")
     if sampling == "none":
         if threshold is not None:
@@ -71,38 +76,24 @@ def parse(section):
         if threshold is None:
             raise SpecError("mechanism.sampling_threshold",
                             f"is required with sampling: {sampling} (a number > 0)")
-        threshold = number(threshold, "mechanism.sampling_threshold", low=0, low_open=True)
-    report = choice(section.get("report", "keys_and_frequencies"), "mechanism.report", pws.REPORTS)
-    estimator = choice(section.get("estimator", "mle"), "mechanism.estimator", pws.ESTIMATORS)
+        threshold = float(threshold)
+    report = section.get("report", "keys_and_frequencies")
+    estimator = section.get("estimator", "mle")
     if "estimator" in section and report == "keys":
         raise SpecError("mechanism.estimator", "is only used with report: keys_and_frequencies")
-    composition = choice(section.get("composition", "optimal"), "mechanism.composition",
-                         pws.COMPOSITIONS)
+    composition = section.get("composition", "optimal")
     max_frequency = section.get("max_frequency", "auto")
     if max_frequency != "auto":
-        if isinstance(max_frequency, str):
-            raise SpecError("mechanism.max_frequency",
-                            f"must be an integer >= 2 or \"auto\", got {max_frequency!r}")
-        max_frequency = integer(max_frequency, "mechanism.max_frequency", low=2,
-                                high=pws.MAX_KEEP_LENGTH)
+        max_frequency = int(max_frequency)
     return {"sampling": sampling, "sampling_threshold": threshold, "report": report,
             "estimator": estimator, "composition": composition, "max_frequency": max_frequency}
 
 
 def parse_sample(section):
-    """Validate ``input.sample`` (post-processing path); returns {frequency, scheme, threshold}."""
-    if not isinstance(section, dict):
-        raise SpecError("input.sample", f"must be a mapping with fields {', '.join(SAMPLE_FIELDS)}")
-    for key in section:
-        if key not in SAMPLE_FIELDS:
-            raise SpecError(f"input.sample.{key}",
-                            f"unknown field; allowed fields of input.sample: {', '.join(SAMPLE_FIELDS)}")
-    frequency = section.get("frequency")
-    if not isinstance(frequency, str) or not frequency.strip():
-        raise SpecError("input.sample.frequency", f"must be a column name, got {frequency!r}")
-    if "scheme" not in section:
-        raise SpecError("input.sample.scheme", f"is required; one of {', '.join(pws.SAMPLING_SCHEMES)}")
-    scheme = choice(section["scheme"], "input.sample.scheme", pws.SAMPLING_SCHEMES)
+    """``input.sample`` (post-processing path; the schema has checked SAMPLE_FIELDS):
+    the threshold rule; returns {frequency, scheme, threshold}."""
+    frequency = section["frequency"]
+    scheme = section["scheme"]
     threshold = section.get("threshold")
     if scheme == "none":
         if threshold is not None:
@@ -110,7 +101,7 @@ def parse_sample(section):
     else:
         if threshold is None:
             raise SpecError("input.sample.threshold", f"is required with scheme: {scheme} (a number > 0)")
-        threshold = number(threshold, "input.sample.threshold", low=0, low_open=True)
+        threshold = float(threshold)
     return {"frequency": frequency, "scheme": scheme, "threshold": threshold}
 
 

@@ -137,7 +137,7 @@ def test_progress_lines_name_stages_and_rows(write_spec, small_parquet, capsys):
 
 def test_progress_is_off_without_a_terminal_and_on_when_asked(write_spec, small_parquet, tmp_path):
     spec = write_spec({"input.path": small_parquet})
-    env = dict(os.environ, PYTHONPATH=ROOT, THRESHER_PROGRESS_SECONDS="0.2")
+    env = dict(os.environ, PYTHONPATH=ROOT, THRESHER_PROGRESS_SECONDS="0.05")
     cmd = [sys.executable, "-m", "pipelines.cli", "run", spec]
     quiet = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert quiet.returncode == 0 and "progress" not in quiet.stderr
@@ -145,6 +145,11 @@ def test_progress_is_off_without_a_terminal_and_on_when_asked(write_spec, small_
                           env=env, cwd=ROOT, timeout=300)
     assert loud.returncode == 0, loud.stderr
     assert "thresher: progress" in loud.stderr and "finished; 20,000 rows read" in loud.stderr
+    # while it ran: the stage and the rows from Beam's metrics (tests/pipelines/test_progress_metrics.py)
+    match = re.search(r"stage ([A-Za-z, ]+); ([\d,]+) rows read \(Beam metrics: Read/\w+ ([\d,]+)\)",
+                      loud.stderr)
+    assert match and match.group(1) != "starting", loud.stderr
+    assert int(match.group(2).replace(",", "")) > 0
 
 
 def test_relative_path_errors_print_the_resolved_path(write_spec, capsys, tmp_path, monkeypatch):

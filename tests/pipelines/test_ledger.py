@@ -182,8 +182,8 @@ def test_a_dataset_total_cannot_change(tmp_path, tiny):
 
 
 @pytest.mark.parametrize("changes, field", [
-    ({"ledger": "postgresql://db.example/ledger"}, "budget.ledger: database URLs are not supported"),
-    ({"ledger": "sqlite:///l.sqlite"}, "budget.ledger: database URLs are not supported"),
+    ({"ledger": "sqlite:///l.sqlite"}, "budget.ledger: the database URLs supported are postgresql://"),
+    ({"ledger": "mysql://u:pw@db.example/l"}, "budget.ledger: the database URLs supported are postgresql://"),
     ({"epsilon": 0.5}, "budget.epsilon:"),
     ({"delta": 1.0}, "budget.delta:"),
     ({"datset": "x"}, "budget.datset: unknown field"),

@@ -120,10 +120,11 @@ def test_schema_sections_list_the_loaders_fields(section):
 
 @pytest.mark.parametrize("kind", spec_mod.KINDS)
 def test_schema_lists_each_kinds_fields(kind):
-    variant = next(v for v in json_schema()["properties"]["mechanism"]["oneOf"]
-                   if v["properties"]["kind"] == {"const": kind})
+    variant = next(v["then"] for v in json_schema()["properties"]["mechanism"]["allOf"]
+                   if v["if"]["properties"]["kind"] == {"const": kind})
+    assert variant["properties"]["kind"] == {"const": kind}
     data = _with("mechanism", {"kind": kind, "zzz_unknown": 1})
-    assert set(variant["properties"]) - {"kind"} == _loader_fields("mechanism", data)
+    assert set(variant["properties"]) == _loader_fields("mechanism", data)
 
 
 @pytest.mark.parametrize("changes", [
@@ -141,3 +142,102 @@ def test_specs_the_loader_accepts_validate(validator, changes):
     data.update(changes)
     spec_mod.parse(data)
     assert list(validator.iter_errors(data)) == []
+
+
+def _wrong_values(declaration):
+    """Values a declaration refuses: one of the wrong type, and one past each end."""
+    kind = declaration.get("type")
+    if "enum" in declaration or "const" in declaration:
+        yield "zzz_not_a_choice"
+    if kind in ("number", "integer"):
+        yield "zzz_text"
+        for key, step in (("minimum", -1), ("exclusiveMinimum", 0), ("maximum", 1),
+                          ("exclusiveMaximum", 0)):
+            if key in declaration:
+                yield declaration[key] + step
+    if kind == "integer":
+        yield 1.5
+    if kind == "boolean":
+        yield "yes"
+    if kind == "array":
+        yield "zzz_not_a_list"
+
+
+@pytest.mark.parametrize("kind", spec_mod.KINDS)
+def test_each_kinds_declared_fields_are_what_the_loader_enforces(kind):
+    """One declaration, two uses: for every field a kind declares with a type, range or
+    choice, a value the declaration refuses is refused by ``thresher validate``'s loader,
+    naming the field and saying what the declaration allows (pipelines.declare.allowed)."""
+    from pipelines import declare, kinds
+    module = kinds.module(kind)
+    base = {"kind": kind, **({"column": "v", "ranks": [0.5], "domain": [0, 1]}
+                             if kind == "quantiles" else {})}
+    checked = 0
+    for name, declaration in module.FIELDS.items():
+        declaration = declare.field(declaration)
+        for value in _wrong_values(declaration):
+            with pytest.raises(spec_mod.SpecError) as err:
+                spec_mod.parse_mechanism({**base, name: value})
+            assert err.value.field.startswith(f"mechanism.{name}"), (name, value, str(err.value))
+            if err.value.field == f"mechanism.{name}":
+                assert (declare.allowed(declaration) in err.value.message
+                        or "must be" in err.value.message), str(err.value)
+            checked += 1
+    if kind in kinds._ORDER:        # thresher's own kinds declare types, ranges, choices
+        assert checked >= 3, kind
+    elif not checked:
+        pytest.skip(f"{kind} declares its fields by description only (its parse() checks them)")
+
+
+def test_a_new_kind_module_is_found(tmp_path, monkeypatch):
+    """Adding a kind is adding its module: the package lists every module not starting
+    with _, thresher's own kinds first."""
+    from pipelines import kinds
+    (tmp_path / "zz_new_kind.py").write_text("FIELDS = {}\n")
+    (tmp_path / "_zz_helper.py").write_text("\n")
+    monkeypatch.setattr(kinds, "__path__", [*kinds.__path__, str(tmp_path)])
+    found = kinds._discover()
+    assert found[:len(kinds._ORDER)] == kinds._ORDER
+    assert "zz_new_kind" in found and "_zz_helper" not in found
+
+
+def test_a_kind_may_declare_a_field_by_description_only():
+    """A field declared by its text alone (kinds written before the schema) accepts any
+    value in the schema; the kind's parse() checks it."""
+    from pipelines import declare
+    variant = declare.mapping({"kind": declare.const("k"), "x": "free text"}, ("kind",))
+    assert variant["properties"]["x"] == {"description": "free text"}
+    declare.check({"kind": "k", "x": [1, "anything"]}, variant, "mechanism")
+    with pytest.raises(spec_mod.SpecError, match="mechanism.y: unknown field"):
+        declare.check({"kind": "k", "y": 1}, variant, "mechanism")
+
+
+def test_schema_messages_name_the_path_and_what_is_allowed():
+    from pipelines import declare
+    cases = [
+        ({"privacy": {"epsilon": "1e-8", "delta": 1e-8}}, "privacy.epsilon: must be a number > 0, got str '1e-8'"),
+        ({"bounding": {"max_keys_per_user": 0}}, "bounding.max_keys_per_user: must be an integer >= 1 and <= 10000000, got 0"),
+        ({"bounding": {"max_keys_per_user": "many"}}, "bounding.max_keys_per_user: must be an integer >= 1 and <= 10000000 or \"auto\", got str 'many'"),
+        ({"input": {"path": "a.csv", "user": "u", "keys": ["a", 3]}}, "input.keys[1]: must be a non-empty string, got int 3"),
+        ({"privacy": {"epsilon": float("inf"), "delta": 1e-8}}, "privacy.epsilon: must be finite, got inf"),
+        ({"mechanism": {"kind": "gausian"}}, "mechanism.kind: must be one of gaussian, laplace"),
+        ({"mechanism": {}}, "mechanism.kind: is required; one of gaussian, laplace"),
+    ]
+    for change, message in cases:
+        data = copy.deepcopy(BASE_SPEC)
+        data.update(change)
+        with pytest.raises(spec_mod.SpecError) as err:
+            spec_mod.parse(data)
+        assert str(err.value).startswith(message), str(err.value)
+        assert "\n" not in str(err.value)
+    assert declare.dotted(["input", "keys", 0, "x"]) == "input.keys[0].x"
+
+
+def test_schema_copies_agree_with_their_owners():
+    """Literals the schema keeps to avoid loading numerics agree with their owners."""
+    from accounting.contribution_bound import DROPPED_WEIGHT_RULES
+    from pipelines import schema
+    assert tuple(schema.DROPPED_WEIGHT_RULES) == tuple(DROPPED_WEIGHT_RULES)
+    from accounting.pws import SAMPLING_SCHEMES
+    from pipelines.kinds._sample_fields import SCHEMES
+    assert tuple(SCHEMES) == tuple(SAMPLING_SCHEMES)

@@ -33,7 +33,7 @@ def _validate(path, capsys):
     ({"bounding.max_keys_per_user": "auto", "bounding.auto": {"dropped_weight": "heavy"}},
      "bounding.auto.dropped_weight", "balanced, paper or a number"),
     ({"bounding.max_keys_per_user": "auto", "bounding.auto": {"dropped_weight": True}},
-     "bounding.auto.dropped_weight", "must be a number"),
+     "bounding.auto.dropped_weight", "balanced, paper or a number >= 1"),
     ({"mechanism.kind": "cauchy"}, "mechanism.kind", "gaussian, laplace"),
     ({"mechanism.pre_threshold": 0}, "mechanism.pre_threshold", ">= 1"),
     ({"mechanism.sigma": -2}, "mechanism.sigma", "> 0"),

@@ -12,6 +12,7 @@ from accounting import sample_threshold as acc
 from pipelines import cli
 from pipelines.errors import CalibrationError, SpecError
 from pipelines.kinds import sample_and_threshold as kind
+from pipelines.spec import parse_mechanism
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(ROOT, "configs", "examples", "data", "quickstart.parquet")
@@ -41,7 +42,7 @@ def test_parse_defaults_and_values():
 ])
 def test_parse_errors_name_the_field(section, field, message):
     with pytest.raises(SpecError) as err:
-        kind.parse(section)
+        parse_mechanism({"kind": "sample_and_threshold", **section})
     assert err.value.field == field
     assert message in err.value.message
 

@@ -9,7 +9,9 @@ from apache_beam.testing.util import assert_that
 
 from accounting import pws
 from pipelines.errors import CalibrationError, SpecError
+from pipelines import declare
 from pipelines.kinds import weighted_sampling as ws
+from pipelines.spec import parse_mechanism
 
 
 def test_parse_defaults():
@@ -32,7 +34,7 @@ def test_parse_defaults():
 ])
 def test_parse_errors_name_the_field(section, field, message):
     with pytest.raises(SpecError) as err:
-        ws.parse(section)
+        parse_mechanism({"kind": "weighted_sampling", **section})
     assert err.value.field == field
     assert message in err.value.message
 
@@ -83,6 +85,9 @@ def test_sample_section_parsing_and_mechanism_merge():
                             "input.sample.threshold"),
                            ({"frequency": "n", "scheme": "none", "rate": 1}, "input.sample.rate")]:
         with pytest.raises(SpecError) as err:
+            # the schema's input.sample (declared by ws.SAMPLE_FIELDS), then its rules
+            declare.check(section, declare.mapping(ws.SAMPLE_FIELDS, ("frequency", "scheme")),
+                          "input.sample")
             ws.parse_sample(section)
         assert err.value.field == field
 

@@ -1,0 +1,115 @@
+"""The pipelines package imports without cycles: every import between its modules, at the
+top of a file or inside a function, and the kinds that ``pipelines.kinds.module`` loads by
+name, form a graph with no cycle; and each module imports alone in a fresh interpreter."""
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT
+
+PACKAGE = os.path.join(ROOT, "pipelines")
+
+
+def _modules():
+    found = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                found[module.removesuffix(".__init__")] = path
+    return found
+
+
+def _graph():
+    """{module: modules it imports}, function-local imports included; the kinds registry
+    (``importlib.import_module`` in pipelines/kinds/__init__.py) imports every kind."""
+    modules = _modules()
+    edges = {m: set() for m in modules}
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Import):
+                edges[module].update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                subs = {f"{node.module}.{a.name}" for a in node.names} & set(modules)
+                edges[module].update(subs)
+                if node.module in modules and len(subs) < len(node.names):
+                    edges[module].add(node.module)      # names defined in the module itself
+            elif (isinstance(node, ast.Attribute) and node.attr == "import_module"
+                  and module == "pipelines.kinds"):
+                edges[module].update(m for m in modules if m.startswith("pipelines.kinds.")
+                                     and not m.rpartition(".")[2].startswith("_"))
+    for module in edges:
+        edges[module].discard(module)
+    return edges
+
+
+def _cycle(edges):
+    """One cycle as a list of modules, or None (depth-first search)."""
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in sorted(edges[m]):
+            if state.get(n) == "open":
+                return stack[stack.index(n):] + [n]
+            if n not in state:
+                found = visit(n)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = "done"
+        return None
+
+    for m in sorted(edges):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_the_graph_sees_the_imports():
+    """The checker finds what it must (so an empty result means something)."""
+    edges = _graph()
+    assert "pipelines.fields" in edges["pipelines.spec"]
+    assert "pipelines.kinds.gaussian" in edges["pipelines.kinds"]
+    assert "pipelines.public_keys" in edges["pipelines.kinds.gaussian"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_import_cycle_in_pipelines():
+    cycle = _cycle(_graph())
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_spec_kinds_and_public_keys_do_not_import_each_other_back():
+    edges = _graph()
+    kinds = [m for m in edges if m.startswith("pipelines.kinds.")]
+    for kind in kinds:
+        assert "pipelines.spec" not in edges[kind], kind
+    assert "pipelines.spec" not in edges["pipelines.public_keys"]
+    assert not any(m.startswith("pipelines.kinds") for m in edges["pipelines.public_keys"])
+
+
+# The modules of the former circle (spec <-> kinds <-> public_keys, through formats, ledger
+# and aggregates); every other module under the slow mark (a fresh interpreter costs ~2 s).
+CIRCLE = ("pipelines.spec", "pipelines.schema", "pipelines.public_keys", "pipelines.formats",
+          "pipelines.ledger", "pipelines.aggregates", "pipelines.kinds")
+
+
+def _circle(module):
+    return module in CIRCLE or module.startswith("pipelines.kinds.")
+
+
+@pytest.mark.parametrize("module", [
+    m if _circle(m) else pytest.param(m, marks=pytest.mark.slow) for m in sorted(_modules())])
+def test_each_module_imports_alone(module):
+    """A fresh interpreter imports the module by itself (no hidden order dependence)."""
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

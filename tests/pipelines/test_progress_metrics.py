@@ -1,0 +1,70 @@
+"""Progress lines from Beam metrics: real runs on thresher's default runner (Beam's
+FnApiRunner, as pipelines.live_metrics.LiveMetricsRunner) print the stage running and the
+rows read as Beam's own MetricResults report them while the pipeline runs."""
+import io
+import re
+
+from pipelines import progress
+from pipelines import spec as spec_mod
+from pipelines.live_metrics import LiveMetricsRunner
+from pipelines.plan import make_plan
+from pipelines.release import run
+
+_METRICS_LINE = re.compile(r"stage ([A-Za-z, ]+); ([\d,]+) rows read \(Beam metrics: "
+                           r"(Read/[A-Za-z]+) ([\d,]+)\)")
+
+
+def test_lines_take_rows_and_stages_from_beam_metrics(write_spec, small_parquet, monkeypatch):
+    """With the process-local row counter switched off, the rows in the lines can only
+    come from the runner's Beam metrics (the ``rows_read`` counter of the Read step)."""
+    monkeypatch.setattr(progress, "count_rows", lambda n: None)
+    plan = make_plan(spec_mod.load(write_spec({"input.path": small_parquet})))
+    stream = io.StringIO()
+    with progress.Reporter(True, stream=stream, interval=0.05):
+        run(plan)
+    text = stream.getvalue()
+    found = [m.groups() for m in _METRICS_LINE.finditer(text)]
+    assert found, text
+    for stages, rows, step, step_rows in found:
+        assert stages and stages != "starting"
+        assert int(rows.replace(",", "")) == int(step_rows.replace(",", "")) == 20_000
+    assert text.strip().splitlines()[-1].startswith("thresher: progress ")
+    assert "finished; 20,000 rows read" in text
+
+
+_LIVE = {}     # the runner and what the later stage saw (in-process runner: same process)
+
+
+def _count(x):
+    from apache_beam.metrics.metric import Metrics
+    Metrics.counter("t", "n").inc(x)
+    return x
+
+
+def _peek(x):
+    from apache_beam.metrics.metric import MetricsFilter
+    _LIVE["seen"].append([r.committed for r in _LIVE["runner"].metrics().query(
+        MetricsFilter().with_name("n"))["counters"]])
+    return x
+
+
+def test_live_runner_metrics_match_the_results():
+    """LiveMetricsRunner's metrics() during and after a run are Beam's MetricResults: the
+    same counter totals the PipelineResult reports."""
+    import apache_beam as beam
+    from apache_beam.metrics.metric import MetricsFilter
+
+    runner = LiveMetricsRunner()
+    _LIVE.update(runner=runner, seen=[])
+    seen = _LIVE["seen"]
+    p = beam.Pipeline(runner=runner)
+    done = (p | beam.Create([1, 2, 3, 4]) | "Count" >> beam.Map(_count)
+            | beam.combiners.ToList())
+    _ = done | "Peek" >> beam.Map(_peek)         # a later stage: Count's bundle has finished
+    result = p.run()
+    result.wait_until_finish()
+    final = result.metrics().query(MetricsFilter().with_name("n"))["counters"]
+    assert [r.committed for r in final] == [10]
+    assert seen == [[10]]                       # read live, while the pipeline ran
+    assert [r.committed for r in runner.metrics().query(
+        MetricsFilter().with_name("n"))["counters"]] == [10]

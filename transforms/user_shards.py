@@ -24,8 +24,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.utils.windowed_value import WindowedValue
 
+from transforms import spill
 from transforms.arrow_coder import SHARD_AND_TABLE, TABLE
 from transforms.hashing import hash_columns, mix64
+
+SHARD_AND_PATH = beam.typehints.Tuple[int, str]
 
 USER_COLUMN = "__user"
 USER_ID_COLUMN = "__user_id"
@@ -71,10 +74,11 @@ COALESCE_ROWS = 1 << 20
 
 
 class _SplitByUser(beam.DoFn):
-    def __init__(self, num_shards, coalesce_rows=None, drop_key_hash=False):
+    def __init__(self, num_shards, coalesce_rows=None, drop_key_hash=False, spill_dir=None):
         self._num_shards = num_shards
         self._coalesce_rows = COALESCE_ROWS if coalesce_rows is None else coalesce_rows
         self._drop_key_hash = drop_key_hash
+        self._spill_dir = spill_dir
 
     def start_bundle(self):
         self._pending = {}  # window -> [tables]
@@ -87,7 +91,12 @@ class _SplitByUser(beam.DoFn):
         user_hash = table.column(USER_COLUMN).to_numpy()
         if self._drop_key_hash and KEY_HASH_COLUMN in table.column_names:
             table = table.drop_columns([KEY_HASH_COLUMN])   # recomputed after the shuffle
-        yield from split_by_shard(table, user_shard_of(user_hash, self._num_shards), self._num_shards)
+        pieces = split_by_shard(table, user_shard_of(user_hash, self._num_shards), self._num_shards)
+        if self._spill_dir is None:
+            yield from pieces
+            return
+        for shard, piece in pieces:   # (shard, file name): the bytes stay on disk
+            yield shard, spill.write_piece(piece, self._spill_dir)
 
     def process(self, table, window=beam.DoFn.WindowParam):
         if table.num_rows >= self._coalesce_rows:
@@ -139,9 +148,11 @@ def _hash_is_exact(hashes, ids):
     return len(pc.unique(hashes)) == len(pc.unique(ids))
 
 
-def _concat_shard(shard_and_tables, key_columns=None):
+def _concat_shard(shard_and_tables, key_columns=None, after=None):
+    # ``after``: an unused side input that orders this step after its producer
     _, tables = shard_and_tables
-    table = concat(list(tables))
+    tables = [spill.read_piece(t) if isinstance(t, str) else t for t in tables]
+    table = concat(tables)
     if table is not None:
         table = exact_user_ids(table)
         if key_columns is not None and KEY_HASH_COLUMN not in table.column_names:
@@ -159,12 +170,13 @@ def with_key_hash(table, key_columns):
 class ShardByUser(beam.PTransform):
     """Hash-shard record batches by user so each output element has whole users."""
 
-    def __init__(self, num_shards, key_columns=None, label=None):
+    def __init__(self, num_shards, key_columns=None, spill_dir=None, label=None):
         super().__init__(label)
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self._num_shards = int(num_shards)
         self._key_columns = tuple(key_columns) if key_columns is not None else None
+        self._spill_dir = spill_dir
 
     def expand(self, batches):
         grouped = self.grouped(batches)
@@ -173,15 +185,22 @@ class ShardByUser(beam.PTransform):
     def grouped(self, batches):
         """The shuffle alone: PCollection[(shard, [Table])]. With ``key_columns`` the
         ``__key`` hash does not travel (8 of the ~36 bytes a string row moves): it is
-        recomputed from the key columns in :meth:`concat`."""
+        recomputed from the key columns in :meth:`concat`. With ``spill_dir`` (a local
+        folder every worker can reach) the pieces are written there and only their file
+        names are shuffled (:mod:`transforms.spill`)."""
+        split = _SplitByUser(self._num_shards, drop_key_hash=self._key_columns is not None,
+                             spill_dir=self._spill_dir)
         return (batches
-                | "SplitByUserHash" >> beam.ParDo(
-                    _SplitByUser(self._num_shards, drop_key_hash=self._key_columns is not None)
-                ).with_output_types(SHARD_AND_TABLE)
+                | "SplitByUserHash" >> beam.ParDo(split).with_output_types(
+                    SHARD_AND_PATH if self._spill_dir is not None else SHARD_AND_TABLE)
                 | "GroupUserShards" >> beam.GroupByKey())                          # (shard, [Table])
 
-    def concat(self):
+    def concat(self, after=None):
         """(shard, [Table]) -> one Table of whole users (exact ids, ``__key`` present).
         Applying it twice to :meth:`grouped`'s output gives two consumers their own copy
-        without the runner materialising the concatenated shards between stages."""
-        return beam.FlatMap(_concat_shard, key_columns=self._key_columns).with_output_types(TABLE)
+        without the runner materialising the concatenated shards between stages.
+        ``after``: a side input (its value is not used) that this step must wait for, so
+        that it runs in its consumer's stage rather than fused with the other consumer."""
+        extra = {} if after is None else {"after": after}
+        return beam.FlatMap(_concat_shard, key_columns=self._key_columns,
+                            **extra).with_output_types(TABLE)

@@ -33,7 +33,6 @@ The key-cardinality data keep the user column of the main data set and replace t
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -125,8 +124,9 @@ def _measure_main(out, cmd):
 # ---- thresher ---------------------------------------------------------------------------------
 
 def thresher_command():
-    exe = shutil.which("thresher")
-    return [exe] if exe else [sys.executable, "-m", "pipelines.cli"]
+    """The checkout's thresher (``python -m pipelines.cli`` run from ROOT), never an
+    installed ``thresher`` of another version found on PATH."""
+    return [sys.executable, "-m", "pipelines.cli"]
 
 
 def kind_available(kind):

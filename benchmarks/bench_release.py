@@ -33,7 +33,6 @@ The key-cardinality data keep the user column of the main data set and replace t
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -125,8 +124,9 @@ def _measure_main(out, cmd):
 # ---- thresher ---------------------------------------------------------------------------------
 
 def thresher_command():
-    exe = shutil.which("thresher")
-    return [exe] if exe else [sys.executable, "-m", "pipelines.cli"]
+    """The checkout's thresher (``python -m pipelines.cli`` run from ROOT), never an
+    installed ``thresher`` of another version found on PATH."""
+    return [sys.executable, "-m", "pipelines.cli"]
 
 
 def kind_available(kind):
@@ -343,6 +343,13 @@ def main_table(args, work):
         ratio = (f"{m['wall'] / fl['compute']:.1f}x ({m['cpu'] / fl['compute_cpu']:.1f}x cpu)"
                  if _ok(fl) and _ok(m) else "")
         row(f"thresher {kind}, C={bound}", rows, m, ratio)
+    for kind in args.kinds:
+        fixed, auto_m = results.get((kind, BOUND)), results.get((kind, "auto"))
+        if _ok(fixed) and _ok(auto_m):
+            print(f"#   {kind}: auto / C={BOUND}: wall {auto_m['wall'] / fixed['wall']:.2f}x, "
+                  f"cpu {auto_m['cpu'] / fixed['cpu']:.2f}x, peak RSS "
+                  f"{auto_m['rss_mb'] / fixed['rss_mb']:.2f}x (targets: time <= 1.25x, "
+                  f"memory <= 1.1x)")
     if fl is not None:
         row("floor: numpy/pyarrow in process", rows, fl, "1.0x", seconds=fl["compute"])
         phases = ", ".join(f"{k} {v:.2f}" for k, v in fl.get("phases", {}).items())
@@ -412,6 +419,69 @@ def scaling_table(args, work):
           "the previous; of floor rows: thresher wall / floor compute wall")
 
 
+def startup_table(args, work, repeats=3):
+    """Fixed cost of one run: ``thresher run`` on a 1,000-row input against
+    ``python -c "import apache_beam"`` (the least any Beam pipeline pays), best of
+    ``repeats`` fresh processes each (the minimum is the least load-disturbed)."""
+    rows = 1000
+    data = ensure_data(args.data_dir, rows, args.seed)
+    print(f"\n## Start-up: thresher run on {rows:,} rows vs importing Beam (best of {repeats})")
+    print(HEADER)
+    beam_runs = [measure([sys.executable, "-c", "import apache_beam"]) for _ in range(repeats)]
+    runs = [run_thresher(work, f"startup_{rows}", data, "gaussian", BOUND)
+            for _ in range(repeats)]
+    beam_best = min(beam_runs, key=lambda m: m["wall"])
+    best = min(runs, key=lambda m: m["wall"])
+    label = 'python -c "import apache_beam"'
+    print(f"{label:<38} {'':>10} {beam_best['wall']:>8.2f} "
+          f"{beam_best['cpu']:>7.2f} {'':>10} {beam_best['rss_mb']:>11,.0f} {'':>18} {'':>7} "
+          f"{beam_best['load'][0]:>5.1f}->{beam_best['load'][1]:<4.1f}", flush=True)
+    if _ok(best):
+        extra = (f"+{best['wall'] - beam_best['wall']:.2f} s (+{best['cpu'] - beam_best['cpu']:.2f} cpu)")
+        row("thresher run, gaussian C=8", rows, best, extra)
+        print(f"#   thresher run beyond import apache_beam: {best['wall'] - beam_best['wall']:.2f} s "
+              f"wall, {best['cpu'] - beam_best['cpu']:.2f} s cpu (target: <= 0.5 s)")
+    else:
+        row("thresher run, gaussian C=8", rows, best)
+
+
+def large_table(args, work):
+    """Rows beyond the main table (default 3e7 and 1e8): thresher gaussian C=8 and the
+    floor; PipelineDP only up to --peer-max rows (about 50 us/row here: 1e7 rows already
+    take ~9 minutes, 1e8 would take ~1.5 hours); the floor only up to --floor-max rows
+    (it holds the whole input in memory: ~1.2 GB per 1e7 rows)."""
+    print(f"\n## Large inputs (thresher gaussian, C={BOUND}; PipelineDP and floor where run)")
+    print(HEADER)
+    for rows in args.large:
+        if rows > args.large_max:
+            print(f"{'thresher gaussian':<38} {rows:>10} skipped: above --large-max "
+                  f"{args.large_max:,} rows (peak RSS grows ~50-70 B per input row on the "
+                  f"in-process runner; see docs/performance.md)")
+            continue
+        data = ensure_data(args.data_dir, rows, args.seed)
+        m = run_thresher(work, f"large_gaussian_{rows}", data, "gaussian", BOUND)
+        row("thresher gaussian", rows, m, f"{m['rss_mb'] * 2**20 / rows:.0f} B/row peak"
+            if _ok(m) else "")
+        if rows > args.peer_max:
+            print(f"{'PipelineDP DPEngine+BeamBackend count':<38} {rows:>10} skipped: above "
+                  f"--peer-max {args.peer_max:,} rows (~50 us/row: "
+                  f"{rows * 50e-6 / 60:.0f} min expected)")
+        else:
+            peer = run_pipelinedp(work, data)
+            row("PipelineDP DPEngine+BeamBackend count", rows, peer,
+                f"{peer['wall'] / m['wall']:.0f}x thresher" if _ok(peer) and _ok(m) else "")
+        if not _ok(m):
+            continue
+        if rows > args.floor_max:
+            print(f"{'floor':<38} {rows:>10} skipped: above --floor-max {args.floor_max:,} "
+                  f"rows (the floor holds the whole input in memory)")
+            continue
+        mech = m["report"]["mechanism"]
+        fl = run_floor(data, mech["sigma"], mech["threshold"])
+        row("floor", rows, fl, (f"thresher {m['wall'] / fl['compute']:.1f}x" if _ok(fl) else ""),
+            seconds=fl["compute"] if _ok(fl) else None)
+
+
 def keys_table(args, work):
     rows = args.key_rows
     print(f"\n## Distinct keys at {rows:,} rows (thresher gaussian, C={BOUND})")
@@ -444,8 +514,16 @@ def main(argv=None):
     parser.add_argument("--kinds", type=lambda s: s.split(","), default=list(KINDS))
     parser.add_argument("--seed", type=int, default=8)
     parser.add_argument("--data-dir", default=os.path.join(ROOT, "benchmarks", "data"))
-    parser.add_argument("--only", default="main,peer,scaling,keys",
-                        help="comma-separated subset of: main, peer, scaling, keys")
+    parser.add_argument("--large", type=_ints, default=[30_000_000, 100_000_000])
+    parser.add_argument("--large-max", type=lambda s: int(float(s)), default=30_000_000,
+                        help="rows above which the large table is not run (memory)")
+    parser.add_argument("--peer-max", type=lambda s: int(float(s)), default=10_000_000,
+                        help="rows above which PipelineDP is not run (time)")
+    parser.add_argument("--floor-max", type=lambda s: int(float(s)), default=30_000_000,
+                        help="rows above which the floor is not run (memory)")
+    parser.add_argument("--only", default="main,peer,scaling,keys,startup,large",
+                        help="comma-separated subset of: main, peer, scaling, keys, startup, "
+                             "large")
     args = parser.parse_args(argv)
     args.key_rows = args.key_rows or args.rows
     args.data_dir = os.path.abspath(args.data_dir)
@@ -463,6 +541,10 @@ def main(argv=None):
         scaling_table(args, work)
     if "keys" in only:
         keys_table(args, work)
+    if "startup" in only:
+        startup_table(args, work)
+    if "large" in only:
+        large_table(args, work)
     return 0
 
 

@@ -169,6 +169,8 @@ def main(argv=None):
         print("thresher: error: Beam options after -- are only for 'thresher run'", file=sys.stderr)
         return EXIT_USAGE
     _configure_logging(args.debug, getattr(args, "quiet", False))
+    from pipelines import process
+    process.prepare(args.command)
     restore = signals.install(_stop_children) if args.command == "run" else (lambda: None)
     interrupted = []
     restore_sigint = _watch_sigint(interrupted)

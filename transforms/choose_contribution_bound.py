@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from accounting import contribution_bound
-from transforms import keyed_random
+from transforms import keyed_random, spill
 from transforms.arrow_coder import SHARD_AND_TABLE
 from transforms.hashing import hash_columns
 from transforms.per_user_bound import _order_by_user, _runs
@@ -279,12 +279,13 @@ class ContributionBoundSums(beam.PTransform):
     ``accounting.contribution_bound.score_values``."""
 
     def __init__(self, key_columns, score, *, num_key_shards=_DEFAULT_KEY_SHARDS,
-                 user_column=USER_COLUMN, label=None):
+                 user_column=USER_COLUMN, spill_dir=None, label=None):
         super().__init__(label)
         self._key_columns = list(key_columns)
         self._score = score
         self._num_key_shards = int(num_key_shards)
         self._user_column = user_column
+        self._spill_dir = spill_dir   # the partials' shuffle through files (transforms/spill.py)
 
     def expand(self, tables):
         k = len(self._score.candidates)
@@ -298,7 +299,7 @@ class ContributionBoundSums(beam.PTransform):
             lambda v, k=k: np.vstack([v.astype(np.float64), np.zeros(k)]))
         # (shard, [partials]) -> key costs[K] of the shard's keys
         costs = (stats.partials
-                 | "ShardByKey" >> beam.GroupByKey()
+                 | "ShardByKey" >> spill.group_by_key(self._spill_dir)
                  | "SumByKey" >> beam.MapTuple(
                      lambda _, parts, key_columns=key_columns, score=score: np.vstack(
                          [np.zeros(len(score.candidates)),
@@ -331,11 +332,13 @@ class ChooseContributionBound(beam.PTransform):
         exp(-epsilon V / Delta) (every score here is monotone: adding a user never
         decreases V(C); docs/contribution_bound.md). False gives exp(-epsilon V / 2 Delta).
       rng_factory: tests only (a seeded generator factory).
+      spill_dir: a local folder for the key-shard partials' shuffle (the in-process
+        runner, ``transforms.spill``); None uses the runner's GroupByKey.
     """
 
     def __init__(self, key_columns, *, candidates, epsilon, model, score, score_params,
                  max_bound, monotone=True, rng_factory=None, user_column=USER_COLUMN,
-                 num_key_shards=_DEFAULT_KEY_SHARDS, label=None, stage=None):
+                 num_key_shards=_DEFAULT_KEY_SHARDS, spill_dir=None, label=None, stage=None):
         super().__init__(label)
         self._stage = stage   # the draw's stage identity; default: this transform's label
         if model not in contribution_bound.MODELS:
@@ -359,6 +362,7 @@ class ChooseContributionBound(beam.PTransform):
         self._rng_factory = rng_factory
         self._user_column = user_column
         self._num_key_shards = int(num_key_shards)
+        self._spill_dir = spill_dir
 
     @property
     def sensitivity(self):
@@ -371,7 +375,7 @@ class ChooseContributionBound(beam.PTransform):
     def expand(self, tables):
         sums = tables | "Scores" >> ContributionBoundSums(
             self._key_columns, self.score, num_key_shards=self._num_key_shards,
-            user_column=self._user_column)
+            user_column=self._user_column, spill_dir=self._spill_dir)
         stage = self._stage or keyed_random.stage_name(tables)
         return (sums
                 | "ExponentialMechanism" >> beam.ParDo(_ExponentialMechanismFn(

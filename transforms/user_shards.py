@@ -24,8 +24,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.utils.windowed_value import WindowedValue
 
+from transforms import spill
 from transforms.arrow_coder import SHARD_AND_TABLE, TABLE
-from transforms.hashing import mix64
+from transforms.hashing import hash_columns, mix64
+
+SHARD_AND_PATH = beam.typehints.Tuple[int, str]
 
 USER_COLUMN = "__user"
 USER_ID_COLUMN = "__user_id"
@@ -71,9 +74,11 @@ COALESCE_ROWS = 1 << 20
 
 
 class _SplitByUser(beam.DoFn):
-    def __init__(self, num_shards, coalesce_rows=None):
+    def __init__(self, num_shards, coalesce_rows=None, drop_key_hash=False, spill_dir=None):
         self._num_shards = num_shards
         self._coalesce_rows = COALESCE_ROWS if coalesce_rows is None else coalesce_rows
+        self._drop_key_hash = drop_key_hash
+        self._spill_dir = spill_dir
 
     def start_bundle(self):
         self._pending = {}  # window -> [tables]
@@ -84,7 +89,14 @@ class _SplitByUser(beam.DoFn):
         if table is None:
             return
         user_hash = table.column(USER_COLUMN).to_numpy()
-        yield from split_by_shard(table, user_shard_of(user_hash, self._num_shards), self._num_shards)
+        if self._drop_key_hash and KEY_HASH_COLUMN in table.column_names:
+            table = table.drop_columns([KEY_HASH_COLUMN])   # recomputed after the shuffle
+        pieces = split_by_shard(table, user_shard_of(user_hash, self._num_shards), self._num_shards)
+        if self._spill_dir is None:
+            yield from pieces
+            return
+        for shard, piece in pieces:   # (shard, file name): the bytes stay on disk
+            yield shard, spill.write_piece(piece, self._spill_dir)
 
     def process(self, table, window=beam.DoFn.WindowParam):
         if table.num_rows >= self._coalesce_rows:
@@ -111,16 +123,15 @@ def exact_user_ids(table):
     without ``__user_id`` (integer ids, whose hash is already a bijection) are returned
     as they are.
 
-    The check is exact and cheap: rows sorted by hash, every run of equal hashes must
-    hold one id. Only a shard where that fails (crafted or accidental collisions) pays
+    The check is exact and cheap: the hash is a function of the id, so it is one-to-one
+    on the table's ids iff both columns have equal numbers of distinct values. Only a shard where that fails (crafted or accidental collisions) pays
     for a dictionary encoding: ``__user`` becomes mix64 of each id's dictionary code, a
     bijection of the codes."""
     if USER_ID_COLUMN not in table.column_names:
         return table
     ids = table.column(USER_ID_COLUMN)
     ids = ids.combine_chunks() if ids.num_chunks != 1 else ids.chunk(0)
-    hashes = table.column(USER_COLUMN).to_numpy()
-    if not _hash_is_exact(hashes, ids):
+    if not _hash_is_exact(table.column(USER_COLUMN), ids):
         codes = pc.dictionary_encode(ids).indices.to_numpy(zero_copy_only=False)
         position = table.column_names.index(USER_COLUMN)
         table = table.set_column(position, USER_COLUMN,
@@ -129,41 +140,67 @@ def exact_user_ids(table):
 
 
 def _hash_is_exact(hashes, ids):
-    """True if equal hashes always come with equal ids (rows in hash order: each run of
-    one hash value must hold one id)."""
+    """True if equal hashes always come with equal ids. The hash is a function of the
+    id, so it is one-to-one on this table's ids exactly when both have as many distinct
+    values (two hash-table counts; no sort of the rows, no take of the ids)."""
     if len(hashes) < 2:
         return True
-    from transforms.per_user_bound import _order_by_user      # (imports this module)
-    order = _order_by_user(hashes)
-    same_hash = hashes[order][1:] == hashes[order][:-1]
-    if not same_hash.any():
-        return True
-    in_order = ids.take(pa.array(order))
-    equal = pc.equal(in_order.slice(1), in_order.slice(0, len(in_order) - 1))
-    return bool(np.all(equal.to_numpy(zero_copy_only=False)[same_hash]))
+    return len(pc.unique(hashes)) == len(pc.unique(ids))
 
 
-
-
-def _concat_shard(shard_and_tables):
+def _concat_shard(shard_and_tables, key_columns=None, after=None):
+    # ``after``: an unused side input that orders this step after its producer
     _, tables = shard_and_tables
-    table = concat(list(tables))
+    tables = [spill.read_piece(t) if isinstance(t, str) else t for t in tables]
+    table = concat(tables)
     if table is not None:
-        yield exact_user_ids(table)
+        table = exact_user_ids(table)
+        if key_columns is not None and KEY_HASH_COLUMN not in table.column_names:
+            table = with_key_hash(table, key_columns)
+        yield table
+
+
+def with_key_hash(table, key_columns):
+    """``table`` with ``__key`` (the reader's hash of the key columns,
+    ``pipelines.io.prepare_batch``) back in second place, after ``__user``."""
+    key_hash = pa.array(hash_columns(table, list(key_columns)), type=pa.uint64())
+    return table.add_column(1, KEY_HASH_COLUMN, key_hash)
 
 
 class ShardByUser(beam.PTransform):
     """Hash-shard record batches by user so each output element has whole users."""
 
-    def __init__(self, num_shards, label=None):
+    def __init__(self, num_shards, key_columns=None, spill_dir=None, label=None):
         super().__init__(label)
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self._num_shards = int(num_shards)
+        self._key_columns = tuple(key_columns) if key_columns is not None else None
+        self._spill_dir = spill_dir
 
     def expand(self, batches):
+        grouped = self.grouped(batches)
+        return grouped | "ConcatUserShard" >> self.concat()
+
+    def grouped(self, batches):
+        """The shuffle alone: PCollection[(shard, [Table])]. With ``key_columns`` the
+        ``__key`` hash does not travel (8 of the ~36 bytes a string row moves): it is
+        recomputed from the key columns in :meth:`concat`. With ``spill_dir`` (a local
+        folder every worker can reach) the pieces are written there and only their file
+        names are shuffled (:mod:`transforms.spill`)."""
+        split = _SplitByUser(self._num_shards, drop_key_hash=self._key_columns is not None,
+                             spill_dir=self._spill_dir)
         return (batches
-                | "SplitByUserHash" >> beam.ParDo(_SplitByUser(self._num_shards)
-                                                  ).with_output_types(SHARD_AND_TABLE)
-                | "GroupUserShards" >> beam.GroupByKey()                           # (shard, [Table])
-                | "ConcatUserShard" >> beam.FlatMap(_concat_shard).with_output_types(TABLE))
+                | "SplitByUserHash" >> beam.ParDo(split).with_output_types(
+                    SHARD_AND_PATH if self._spill_dir is not None else SHARD_AND_TABLE)
+                | "GroupUserShards" >> beam.GroupByKey())                          # (shard, [Table])
+
+    def concat(self, after=None):
+        """(shard, [Table]) -> one Table of whole users (exact ids, ``__key`` present).
+        Applying it twice to :meth:`grouped`'s output gives two consumers their own copy
+        without the runner materialising the concatenated shards between stages.
+        ``after``: a side input (its value is not used) that this step must wait for, so
+        that it runs in its consumer's stage rather than fused with the other consumer."""
+        extra = {} if after is None else {"after": after}
+        return beam.FlatMap(_concat_shard, key_columns=self._key_columns,
+                            **extra).with_output_types(TABLE)

@@ -1,0 +1,121 @@
+"""The spilled shuffles (transforms/spill.py) deliver exactly what the runner's
+GroupByKey delivers, and a release through them is byte for byte the release through the
+runner's in-memory shuffle, with nothing left behind.
+
+Without the spill (transforms/spill.py absent or unused), the in-process runner holds the
+whole user shuffle in memory: docs/performance.md has the peak RSS figures."""
+import os
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from pipelines.io import prepare_batch
+from transforms import spill
+from transforms.user_shards import ShardByUser, user_shard_of
+
+
+def _rows(table):
+    return sorted(zip(*[table.column(c).to_pylist() for c in table.column_names]))
+
+
+def test_spilled_group_by_key_gives_the_groups_of_group_by_key(tmp_path):
+    rng = np.random.default_rng(3)
+    pairs = [(int(k), pa.table({"x": rng.integers(0, 100, int(n))}))
+             for k, n in zip(rng.integers(0, 4, 30), rng.integers(0, 50, 30))]
+    expected = {}
+    for k, t in pairs:
+        expected.setdefault(k, []).extend(t.column("x").to_pylist())
+    folder = str(tmp_path / "spill")
+    with TestPipeline() as p:
+        groups = (p
+                  | beam.Create(pairs)
+                  | spill.SpilledGroupByKey(folder)
+                  | beam.MapTuple(lambda k, tables: (k, sorted(
+                      v for t in tables for v in t.column("x").to_pylist()))))
+        assert_that(groups, equal_to([(k, sorted(v)) for k, v in expected.items()]))
+    # one file per element, every one readable as the table that was written
+    assert len(os.listdir(folder)) == len(pairs)
+    assert sorted(spill.read_piece(os.path.join(folder, f)).num_rows
+                  for f in os.listdir(folder)) == sorted(t.num_rows for _, t in pairs)
+
+
+def _batches(n=6000, seed=5):
+    rng = np.random.default_rng(seed)
+    users = [f"user-{i}" for i in rng.integers(0, 700, n)]
+    words = [f"w{j}" for j in rng.integers(0, 90, n)]
+    raw = pa.table({"user": users, "word": words})
+    return [prepare_batch(raw.slice(i, 1000), "user", ["word"])[0] for i in range(0, n, 1000)]
+
+
+def test_user_shards_through_files_equal_the_in_memory_shuffle(tmp_path):
+    """Same whole-user tables (rows, exact user words, the recomputed __key) with the
+    spill folder and __key recomputed as through the runner's shuffle with __key
+    travelling: each shard holds exactly the rows of its users."""
+    batches = _batches()
+    folder = str(tmp_path / "users")
+    everything = pa.concat_tables(batches).drop_columns(["__user_id"])   # exact ids: no collision
+    shard_of = user_shard_of(everything.column("__user").to_numpy(), 5)
+    expected = [tuple(_rows(everything.filter(pa.array(shard_of == s))))
+                for s in sorted(set(shard_of.tolist()))]
+    assert sum(len(e) for e in expected) == 6000
+    with TestPipeline() as p:
+        batches_in = p | beam.Create(batches)
+        in_memory = batches_in | "InMemory" >> ShardByUser(5)
+        spilled = batches_in | "Spilled" >> ShardByUser(5, key_columns=["word"], spill_dir=folder)
+        assert_that(in_memory | "RowsA" >> beam.Map(lambda t: tuple(_rows(t))),
+                    equal_to(expected), label="InMemoryShards")
+        assert_that(spilled | "RowsB" >> beam.Map(lambda t: tuple(_rows(t))),
+                    equal_to(expected), label="SpilledShards")
+    assert os.listdir(folder)   # the pieces went through files
+
+
+@pytest.mark.parametrize("bound", [1000, "auto"])
+def test_release_through_files_on_the_in_process_runner(tmp_path, monkeypatch, bound):
+    """A release on the default runner goes through the spill folder and leaves nothing
+    of it behind; its counts are the true distinct-user counts plus the discrete
+    Gaussian noise (with C = 1000 not binding: every count within 7 sigma, false-failure
+    probability < 1e-10 per key), as through the runner's own shuffle (spill off)."""
+    import pyarrow.parquet as pq
+    import yaml
+
+    from pipelines import release, spec as spec_mod
+    from pipelines.plan import make_plan
+    from tests.pipelines.conftest import BASE_SPEC, QUICKSTART_DATA
+
+    table = pq.read_table(QUICKSTART_DATA, columns=["user_id", "word"])
+    pairs = table.group_by(["user_id", "word"]).aggregate([])
+    truth = dict(zip(*pairs.group_by(["word"]).aggregate([([], "count_all")]).to_pydict().values()))
+
+    def run_once(name, spill_on):
+        spec = dict(BASE_SPEC, input=dict(BASE_SPEC["input"], path=QUICKSTART_DATA),
+                    bounding={"max_keys_per_user": bound},
+                    output={"path": str(tmp_path / name)})
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        written = []
+        if not spill_on:
+            monkeypatch.setattr(release, "_spill_dir", lambda pipeline, staging: None)
+        original = spill.write_piece
+        monkeypatch.setattr(spill, "write_piece",
+                            lambda table, folder: written.append(1) or original(table, folder))
+        report = release.run(make_plan(spec_mod.load(str(path))),
+                             rng_factory=lambda: np.random.default_rng(11))
+        monkeypatch.undo()
+        out = tmp_path / name
+        assert sorted(os.listdir(out)) == ["release_report.json", "released.parquet"]
+        released = pq.read_table(out / "released.parquet")
+        return report, dict(zip(*released.to_pydict().values())), len(written)
+
+    for name, spill_on in (("spilled", True), ("in_memory", False)):
+        report, got, pieces = run_once(name, spill_on)
+        assert (pieces > 0) == spill_on
+        assert got and set(got) <= set(truth)
+        if bound != "auto":
+            sigma = report["mechanism"]["sigma"]
+            assert all(abs(got[w] - truth[w]) <= 7 * sigma for w in got)
+    # no staging folder (where the spill folder lived) beside the outputs
+    assert sorted(os.listdir(tmp_path)) == ["in_memory", "in_memory.yaml", "spilled", "spilled.yaml"]

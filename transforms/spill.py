@@ -1,0 +1,77 @@
+"""Spilled shuffle pieces: Arrow IPC files in a scratch folder, so that a shuffle moves
+file names instead of bytes.
+
+Why: Beam's in-process runner (FnApiRunner) keeps every shuffle in memory, and holds each
+shuffled byte three to four times (the grouped buffer, its re-encoded output, the data
+channel's copy for the worker, the decoded element), so the user shuffle of a release —
+every input row — made peak RSS grow by ~110-160 bytes per input row (docs/performance.md).
+With a spill folder each user-shard piece is written once to a file and only
+``(shard, file name)`` goes through the GroupByKey; the consumer reads one shard's pieces
+at a time. Memory then holds one shard (~1e6 rows, ``pipelines.io.num_shards_for``),
+not the input.
+
+The pieces are written by the splitting DoFn under fresh random names, so a retried or
+repeated bundle writes new files and only the names its committed output carries are
+read; unread files are removed with the folder (``pipelines.release`` puts it under the
+release's staging folder as ``beam-temp-user-shuffle``, which is deleted after the
+pipeline and with the staging folder on failure). Nothing in the folder is published.
+The same tables reach the consumers as through the in-memory shuffle, so the release is
+unchanged (tests/transforms/test_spill.py).
+"""
+import os
+import uuid
+
+import apache_beam as beam
+import pyarrow as pa
+
+SPILL_FOLDER = "beam-temp-user-shuffle"
+
+
+def write_piece(table, folder):
+    """Write ``table`` to a new Arrow IPC file in ``folder``; returns its path."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{uuid.uuid4().hex}.arrow")
+    with pa.OSFile(path + ".part", "wb") as sink:
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    os.replace(path + ".part", path)   # a reader never sees a half-written piece
+    return path
+
+
+def read_piece(path):
+    """The table written by :func:`write_piece` (read into memory, not mapped)."""
+    with pa.OSFile(path, "rb") as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+def _spill_value(key_and_table, folder):
+    key, table = key_and_table
+    return key, write_piece(table, folder)
+
+
+def _read_values(key_and_paths):
+    key, paths = key_and_paths
+    return key, [read_piece(path) for path in paths]
+
+
+class SpilledGroupByKey(beam.PTransform):
+    """GroupByKey of (key, pyarrow.Table) pairs whose tables travel as files in
+    ``folder`` (see the module docstring): PCollection[(key, Table)] ->
+    PCollection[(key, [Table])], the same groups as ``beam.GroupByKey()``. The writing
+    step fuses with the producer, so the runner holds only file names."""
+
+    def __init__(self, folder, label=None):
+        super().__init__(label)
+        self._folder = folder
+
+    def expand(self, pairs):
+        return (pairs
+                | "Spill" >> beam.Map(_spill_value, folder=self._folder)
+                | "GroupByKey" >> beam.GroupByKey()
+                | "Read" >> beam.Map(_read_values))
+
+
+def group_by_key(folder):
+    """``SpilledGroupByKey(folder)``, or the runner's ``beam.GroupByKey()`` when
+    ``folder`` is None."""
+    return beam.GroupByKey() if folder is None else SpilledGroupByKey(folder)

@@ -10,7 +10,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines.io import prepare_batch
@@ -30,7 +30,7 @@ def test_spilled_group_by_key_gives_the_groups_of_group_by_key(tmp_path):
     for k, t in pairs:
         expected.setdefault(k, []).extend(t.column("x").to_pylist())
     folder = str(tmp_path / "spill")
-    with TestPipeline() as p:
+    with test_pipeline.TestPipeline() as p:
         groups = (p
                   | beam.Create(pairs)
                   | spill.SpilledGroupByKey(folder)
@@ -62,7 +62,7 @@ def test_user_shards_through_files_equal_the_in_memory_shuffle(tmp_path):
     expected = [tuple(_rows(everything.filter(pa.array(shard_of == s))))
                 for s in sorted(set(shard_of.tolist()))]
     assert sum(len(e) for e in expected) == 6000
-    with TestPipeline() as p:
+    with test_pipeline.TestPipeline() as p:
         batches_in = p | beam.Create(batches)
         in_memory = batches_in | "InMemory" >> ShardByUser(5)
         spilled = batches_in | "Spilled" >> ShardByUser(5, key_columns=["word"], spill_dir=folder)

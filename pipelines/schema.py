@@ -64,6 +64,7 @@ def _bounding():
             "max_bound": {"type": "integer", "minimum": 1, "maximum": 10**6},
             "dropped_weight": {"oneOf": [{"enum": ["balanced", "paper"]},
                                          {"type": "number", "minimum": 1, "maximum": 1e6}]},
+            "objective": {"enum": ["keys", "l1"]},
         }),
     }, ("max_keys_per_user",))
 

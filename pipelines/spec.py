@@ -28,6 +28,10 @@ RESERVED_COLUMNS = ("count", "estimate", "token")
 
 DEFAULT_AUTO_EPSILON_FRACTION = 0.1
 DEFAULT_AUTO_MAX_BOUND = 128
+# bounding.auto.objective: keys (the smoothed count of keys the release publishes) or l1
+# (paper 002's error bound); the default from the docstring-corpus measurements in
+# docs/contribution_bound.md section 1b.
+DEFAULT_AUTO_OBJECTIVE = "keys"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +67,7 @@ class AutoBoundSpec:
     candidates: tuple       # candidate bounds C, increasing
     max_bound: int
     dropped_weight: object = "balanced"   # "balanced" | "paper" | a number >= 1
+    objective: str = "keys"                # "keys" | "l1" (accounting.contribution_bound)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,7 +364,8 @@ def _parse_bounding(section, privacy):
 def _parse_auto(section, privacy):
     field = "bounding.auto"
     _mapping(section, field)
-    check_fields(section, field, ("epsilon", "candidates", "max_bound", "dropped_weight"))
+    check_fields(section, field, ("epsilon", "candidates", "max_bound", "dropped_weight",
+                                  "objective"))
     if "epsilon" in section:
         eps = number(section["epsilon"], f"{field}.epsilon", low=0, low_open=True)
     else:
@@ -389,8 +395,14 @@ def _parse_auto(section, privacy):
                             f">= 1, got {_describe(weight)}")
     else:
         weight = number(weight, f"{field}.dropped_weight", low=1, high=1e6)
+    from accounting.contribution_bound import OBJECTIVES
+    objective = choice(section.get("objective", DEFAULT_AUTO_OBJECTIVE), f"{field}.objective",
+                       OBJECTIVES)
+    if objective != "l1" and "dropped_weight" in section:
+        raise SpecError(f"{field}.dropped_weight", f"weighs the l1 error score and only "
+                        f"applies with {field}.objective: l1 (the objective is {objective})")
     return AutoBoundSpec(epsilon=eps, candidates=cands, max_bound=max_bound,
-                         dropped_weight=weight)
+                         dropped_weight=weight, objective=objective)
 
 
 def default_candidates(max_bound):

@@ -203,18 +203,24 @@ def pdp_best(rows, words, epsilon):
     counted, select = pdp_configs()
     best_c = (-1, None, [])
     for l0, strategy, noise, post in counted:
+        t0 = time.perf_counter()
         try:
             out = pdp_counted(rows, epsilon, l0, strategy, noise, post)
         except Exception as e:   # a combination PipelineDP refuses
             print(f"#   PipelineDP refused l0={l0} {strategy.value} {noise.value} "
                   f"post={post}: {str(e).splitlines()[0][:100]}", flush=True)
             continue
+        config = f"l0={l0}, {strategy.value}, {noise.value}" + (", post-agg" if post else "")
+        print(f"#   eps={epsilon:g} PipelineDP counted {config}: {len(out)} keys, "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
         if len(out) > best_c[0]:
-            config = f"l0={l0}, {strategy.value}, {noise.value}" + (", post-agg" if post else "")
             best_c = (len(out), config, [(words[k], v) for k, v in out])
     best_s = (-1, None)
     for l0, strategy in select:
+        t0 = time.perf_counter()
         n = len(pdp_select(rows, epsilon, l0, strategy))
+        print(f"#   eps={epsilon:g} PipelineDP select_partitions l0={l0}, {strategy.value}: "
+              f"{n} keys, {time.perf_counter() - t0:.0f} s", flush=True)
         if n > best_s[0]:
             best_s = (n, f"l0={l0}, {strategy.value}")
     return best_c, best_s

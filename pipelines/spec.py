@@ -465,6 +465,12 @@ def parse(data, source_text=""):
     elif input_spec.public_keys is not None and mechanism["kind"] != "quantiles":
         raise SpecError("input.public_keys", f"public_keys is supported for gaussian and "
                         f"laplace (and quantiles), not {mechanism['kind']!r}")
+    auto_section = data["bounding"].get("auto") if isinstance(data["bounding"], dict) else None
+    if input_spec.public_keys is not None and isinstance(auto_section, dict) \
+            and "objective" in auto_section:
+        raise SpecError("bounding.auto.objective", "does not apply with input.public_keys "
+                        "(every public key is released; the bound follows the bounded-domain "
+                        "rules, docs/contribution_bound.md section 4)")
     if mechanism.get("debias") and "debiased" in input_spec.keys:
         raise SpecError(f"input.keys[{input_spec.keys.index('debiased')}]",
                         "'debiased' is the output column that mechanism.debias adds; rename "

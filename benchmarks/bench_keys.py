@@ -24,15 +24,16 @@ For each epsilon in {0.5, 1, 2} and delta = 1e-6 the script prints
 - PipelineDP 0.3.1 (``LocalBackend``, same rows, same (epsilon, delta)): its best counted
   release (``DPEngine.aggregate`` with PRIVACY_ID_COUNT and Laplace noise, max over its
   four partition-selection strategies and l0 =
-  ``max_partitions_contributed`` in {16, 64}; the Laplace/Gaussian thresholding strategies
-  are also run with ``post_aggregation_thresholding``, which reuses the count's noise for
-  selection) and its best keys-only ``select_partitions`` (max over the strategies and
-  l0), each with the configuration that won.
+  ``max_partitions_contributed`` in {16, 64}, selection before aggregation as issue 15
+  measured it); on a row of its own its best with ``post_aggregation_thresholding``
+  (Laplace/Gaussian thresholding on the count's own noise); and its best keys-only
+  ``select_partitions`` (max over the strategies and l0), each with the configuration
+  that won. Every configuration's figure is printed as it finishes.
 
 All releases draw fresh noise, so a figure is one draw: rerun to see the spread (a few
 keys). ``--quick`` runs epsilon = 1 only.
 
-    python benchmarks/bench_keys.py              # 3 epsilons, about 5 minutes on 2 shared cores
+    python benchmarks/bench_keys.py              # 3 epsilons; PipelineDP's 20 runs per epsilon dominate
     python benchmarks/bench_keys.py --quick      # epsilon = 1 only
 """
 import argparse
@@ -198,10 +199,12 @@ def pdp_select(rows, epsilon, l0, strategy):
 
 
 def pdp_best(rows, words, epsilon):
-    """(best counted: (keys, config, released [(word, count)]), best select: (keys, config))."""
+    """{"counted": best over the four strategies and l0 (selection before aggregation),
+    "post-agg": best with post_aggregation_thresholding, "select": best keys-only}, each
+    (keys, config, released [(word, count)] or [])."""
     _memoise_weighted_gaussian()
     counted, select = pdp_configs()
-    best_c = (-1, None, [])
+    best = {"counted": (-1, None, []), "post-agg": (-1, None, []), "select": (-1, None, [])}
     for l0, strategy, noise, post in counted:
         t0 = time.perf_counter()
         try:
@@ -213,17 +216,17 @@ def pdp_best(rows, words, epsilon):
         config = f"l0={l0}, {strategy.value}, {noise.value}" + (", post-agg" if post else "")
         print(f"#   eps={epsilon:g} PipelineDP counted {config}: {len(out)} keys, "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
-        if len(out) > best_c[0]:
-            best_c = (len(out), config, [(words[k], v) for k, v in out])
-    best_s = (-1, None)
+        which = "post-agg" if post else "counted"
+        if len(out) > best[which][0]:
+            best[which] = (len(out), config, [(words[k], v) for k, v in out])
     for l0, strategy in select:
         t0 = time.perf_counter()
         n = len(pdp_select(rows, epsilon, l0, strategy))
         print(f"#   eps={epsilon:g} PipelineDP select_partitions l0={l0}, {strategy.value}: "
               f"{n} keys, {time.perf_counter() - t0:.0f} s", flush=True)
-        if n > best_s[0]:
-            best_s = (n, f"l0={l0}, {strategy.value}")
-    return best_c, best_s
+        if n > best["select"][0]:
+            best["select"] = (n, f"l0={l0}, {strategy.value}", [])
+    return best
 
 
 # ---- main ----------------------------------------------------------------------------------
@@ -267,13 +270,17 @@ def main(argv=None):
                       f"{seconds:.1f} s, load {load_avg():.2f}", flush=True)
             if not args.no_peer:
                 t0 = time.perf_counter()
-                (nc, cc, rel), (ns, cs) = pdp_best(rows, words, eps)
-                med, p90 = error_figures(rel, truth)
-                results[(eps, "PipelineDP best counted")] = (nc, cc, med, p90)
-                results[(eps, "PipelineDP best select_partitions")] = (ns, cs, float("nan"),
-                                                                        float("nan"))
-                print(f"# eps={eps:g} PipelineDP: counted {nc} ({cc}), select {ns} ({cs}), "
-                      f"{time.perf_counter() - t0:.0f} s, load {load_avg():.2f}", flush=True)
+                best = pdp_best(rows, words, eps)
+                for which, name in (("counted", "PipelineDP best counted"),
+                                    ("post-agg", "PipelineDP best counted, post-aggregation "
+                                                 "thresholding"),
+                                    ("select", "PipelineDP best select_partitions")):
+                    n, config, rel = best[which]
+                    med, p90 = error_figures(rel, truth) if rel else (float("nan"),) * 2
+                    results[(eps, name)] = (n, config, med, p90)
+                print(f"# eps={eps:g} PipelineDP: " + ", ".join(
+                    f"{w} {best[w][0]} ({best[w][1]})" for w in best)
+                    + f"; {time.perf_counter() - t0:.0f} s, load {load_avg():.2f}", flush=True)
     names = []
     for (_, name) in results:
         if name not in names:

@@ -223,3 +223,21 @@ def test_plan_text_states_the_selection_weights_and_sensitivity(write_spec, smal
     out = capsys.readouterr().out
     assert ("  selection: score gaussian, objective l1, dropped_weight 2 (paper), suppressed_weight 1, "
             "sensitivity 255\n") in out
+
+
+def test_plan_states_the_default_key_objective_and_its_sensitivity(write_spec, small_parquet,
+                                                                   capsys):
+    """bounding.auto.objective defaults to keys: the plan text and the plan's JSON name it
+    with Delta = max_C C / (max(sigma_C, 1) sqrt(2 pi)) from the calibrated sigmas."""
+    path = write_spec({"input.path": small_parquet, "bounding.max_keys_per_user": "auto"})
+    plan = make_plan(spec_mod.load(path))
+    want = max(c / (max(p["sigma"], 1.0) * math.sqrt(2 * math.pi))
+               for c, p in plan.params_by_bound.items())
+    assert main(["plan", path]) == 0
+    out = capsys.readouterr().out
+    assert (f"  selection: score gaussian, objective keys (smoothed count of released keys), "
+            f"sensitivity {want:.6g}\n") in out
+    assert main(["plan", path, "--json"]) == 0
+    selection = json.loads(capsys.readouterr().out)["bounding"]["selection"]
+    assert selection["objective"] == "keys"
+    assert selection["sensitivity"] == pytest.approx(want, rel=1e-12)

@@ -71,6 +71,8 @@ DEFAULT_SELECTION_FRACTION = 0.1
 # weights) or "keys" (a smoothed count of the keys the release is expected to publish,
 # docs/contribution_bound.md section 1b).
 OBJECTIVES = ("keys", "l1")
+# make_score's default, the V(C) of paper 002; the spec's default is
+# pipelines.spec.DEFAULT_AUTO_OBJECTIVE (keys).
 DEFAULT_OBJECTIVE = "l1"
 
 
@@ -382,7 +384,7 @@ def make_score(kind, candidates, max_bound, score_params):
         thresholds=tuple(float(x) for x in thresholds),
         noise_scales=None if noise_scales is None else tuple(float(x) for x in noise_scales),
         sampling_rates=None if rates is None else tuple(float(x) for x in rates))
-    objective = params.get("objective", "l1")
+    objective = params.get("objective", DEFAULT_OBJECTIVE)
     if objective not in OBJECTIVES:
         raise ValueError(f"score_params.objective must be one of {OBJECTIVES}, got {objective!r}")
     if objective == "keys":

@@ -42,7 +42,7 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 from accounting import search, selection
 
@@ -68,6 +68,13 @@ DEFAULT_DROPPED_WEIGHT = "balanced"
 # Default share of the total epsilon spent on choosing C (paper 002 Sec. 7.2 uses
 # epsilon' = 0.1 beside epsilon = 1).
 DEFAULT_SELECTION_FRACTION = 0.1
+# What the automatic bound optimises: "l1" (paper 002's error bound V(C), thresher's
+# weights) or "keys" (a smoothed count of the keys the release is expected to publish,
+# docs/contribution_bound.md section 1b).
+OBJECTIVES = ("keys", "l1")
+# make_score's default, the V(C) of paper 002; the spec's default is
+# pipelines.spec.DEFAULT_AUTO_OBJECTIVE (keys).
+DEFAULT_OBJECTIVE = "l1"
 
 
 def default_candidates(max_bound=DEFAULT_MAX_BOUND, ratio=math.sqrt(2.0)):
@@ -102,6 +109,51 @@ def score_sensitivity(candidates, max_bound, dropped_weight=PAPER_DROPPED_WEIGHT
     w = _dropped_weight_value(dropped_weight)
     s = _suppressed_weight_value(suppressed_weight, w)
     return float(np.max(w * (float(max_bound) - candidates) + s * candidates))
+
+
+SQRT_2PI = math.sqrt(2.0 * math.pi)
+
+
+def key_release_utility(expected_counts, caps, widths):
+    """u_C(h) = Phi((h - T(C)) / s(C)) - Phi(-T(C) / s(C)) for an array of expected
+    bounded counts h, shape (keys, candidates): a smoothed indicator that a key of
+    expected bounded count h clears the cost cap T(C) (for a Gaussian release with
+    s = sigma and T the threshold, Phi((h - T)/s) is the probability the key is
+    published). 0 at h = 0 (a key nobody holds adds nothing), non-decreasing, below 1,
+    and (1 / (s sqrt(2 pi)))-Lipschitz in h (docs/contribution_bound.md section 1b)."""
+    h = np.asarray(expected_counts, dtype=np.float64)
+    t = np.asarray(caps, dtype=np.float64)
+    s = np.asarray(widths, dtype=np.float64)
+    return special.ndtr((h - t) / s) - special.ndtr(-t / s)
+
+
+def keys_score_sensitivity(candidates, widths):
+    """Delta of the key-count score U(C) = sum_j u_C(h_j(C)): max over C of
+    C / (s(C) sqrt(2 pi)).
+
+    Adding or removing one user i changes h_j(C) by N_ij min(1, C / w_i) >= 0 on the
+    user's keys only, at most min(w_i, C) <= C in total, and u_C is
+    (1 / (s(C) sqrt(2 pi)))-Lipschitz, so U(C) moves by at most C / (s(C) sqrt(2 pi)),
+    in the same direction for every C (docs/contribution_bound.md, Prop. 3)."""
+    c = np.asarray(candidates, dtype=np.float64)
+    s = np.asarray(widths, dtype=np.float64)
+    return float(np.max(c / (s * SQRT_2PI)))
+
+
+def default_key_widths(kind, caps, noise_scales):
+    """s(C) of the key-count score: the standard deviation of a released count where the
+    release adds noise (Gaussian: sigma = mean absolute noise / sqrt(2/pi); Laplace:
+    sqrt(2) b), else a quarter of the cost cap T(C) (sample-and-threshold, weighted
+    sampling: a key well below the cap is rarely published, well above it nearly
+    always); never below 1 (so the sensitivity is at most C_m / sqrt(2 pi))."""
+    caps = np.asarray(caps, dtype=np.float64)
+    if noise_scales is not None and kind.startswith("laplace"):
+        widths = np.asarray(noise_scales, dtype=np.float64) * math.sqrt(2.0)
+    elif noise_scales is not None:   # Gaussian noise: mean absolute noise sigma sqrt(2/pi)
+        widths = np.asarray(noise_scales, dtype=np.float64) / math.sqrt(2.0 / math.pi)
+    else:
+        widths = caps / 4.0
+    return np.maximum(widths, 1.0)
 
 
 def balanced_dropped_weight(caps, noise_scales):
@@ -164,10 +216,22 @@ class BoundScore:
     sampling_rates: tuple = None
     dropped_weight: float = PAPER_DROPPED_WEIGHT
     suppressed_weight: float = 1.0
+    objective: str = "l1"
+    key_widths: tuple = None
 
     def __post_init__(self):
         if self.kind not in SCORE_MODELS:
             raise ValueError(f"score must be one of {sorted(SCORE_MODELS)}, got {self.kind!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.objective == "keys":
+            widths = _per_candidate(self.key_widths, len(self.candidates),
+                                    "score_params.key_widths")
+            if not np.all(widths >= 1.0):
+                raise ValueError(f"score_params.key_widths must all be >= 1, got "
+                                 f"{widths.tolist()}")
+        elif self.key_widths is not None:
+            raise ValueError("score_params.key_widths only applies to objective 'keys'")
         candidates = _candidate_array(self.candidates, self.max_bound)
         _suppressed_weight_value(self.suppressed_weight,
                                  _dropped_weight_value(self.dropped_weight))
@@ -202,6 +266,8 @@ class BoundScore:
 
     @property
     def sensitivity(self):
+        if self.objective == "keys":
+            return keys_score_sensitivity(self.candidates, self.key_widths)
         return score_sensitivity(self.candidates, self.max_bound, self.dropped_weight,
                                  self.suppressed_weight)
 
@@ -229,6 +295,8 @@ class BoundScore:
         non-decreasing and s-Lipschitz in h."""
         h = np.asarray(expected_counts, dtype=np.float64)
         caps = self.caps()
+        if self.objective == "keys":
+            return key_release_utility(h, caps, self.key_widths)
         weighted = self.suppressed_weight * h
         if self.kind != "sample_and_threshold":
             return np.minimum(weighted, caps)
@@ -237,7 +305,11 @@ class BoundScore:
         return np.minimum(weighted, caps + sampling_sd)
 
     def values(self, dropped, key_cost_sums):
-        """V(C) = w * dropped(C) + sum over keys of cost_C(h_j(C)) (w = 2 in the paper)."""
+        """V(C) = w * dropped(C) + sum over keys of cost_C(h_j(C)) (w = 2 in the paper);
+        with objective "keys", V(C) = -U(C), minus the smoothed key count (the dropped
+        contributions do not enter)."""
+        if self.objective == "keys":
+            return -np.asarray(key_cost_sums, dtype=np.float64)
         return self.dropped_weight * np.asarray(dropped, dtype=np.float64) + np.asarray(
             key_cost_sums, dtype=np.float64)
 
@@ -260,13 +332,16 @@ def make_score(kind, candidates, max_bound, score_params):
       any kind: ``dropped_weight``: "balanced" (default; w = ``balanced_dropped_weight``),
         "paper" (w = 2 and s = 1: paper 002's V exactly) or a number w >= 1; except for
         "paper" the suppressed-key weight s is w.
+      any kind: ``objective``: "l1" (default here: the error bound V(C)) or "keys" (the
+        smoothed key count U(C), ``key_release_utility``, widths ``default_key_widths``;
+        ``dropped_weight`` is then unused).
     Explicit per-candidate values win over ``params_by_bound``, which wins over the
     epsilon/delta formulas (``epsilon``/``delta`` are accepted and ignored otherwise).
     """
     if kind not in SCORE_MODELS:
         raise ValueError(f"score must be one of {sorted(SCORE_MODELS)}, got {kind!r}")
     allowed = {"epsilon", "delta", "thresholds", "sigmas", "noise_scales", "sampling_rates",
-               "params_by_bound", "dropped_weight"}
+               "params_by_bound", "dropped_weight", "objective"}
     params = dict(score_params or {})
     unknown = sorted(set(params) - allowed)
     if unknown:
@@ -311,6 +386,13 @@ def make_score(kind, candidates, max_bound, score_params):
         thresholds=tuple(float(x) for x in thresholds),
         noise_scales=None if noise_scales is None else tuple(float(x) for x in noise_scales),
         sampling_rates=None if rates is None else tuple(float(x) for x in rates))
+    objective = params.get("objective", DEFAULT_OBJECTIVE)
+    if objective not in OBJECTIVES:
+        raise ValueError(f"score_params.objective must be one of {OBJECTIVES}, got {objective!r}")
+    if objective == "keys":
+        widths = default_key_widths(kind, score.caps(), score.noise_scales)
+        return dataclasses.replace(score, objective="keys",
+                                   key_widths=tuple(float(x) for x in widths))
     rule = params.get("dropped_weight", DEFAULT_DROPPED_WEIGHT)
     if isinstance(rule, str) and rule not in DROPPED_WEIGHT_RULES:
         raise ValueError(f"dropped_weight must be one of {DROPPED_WEIGHT_RULES} or a number "

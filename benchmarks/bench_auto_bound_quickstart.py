@@ -39,7 +39,7 @@ SPEC = """
 name: quickstart-auto
 input: {{path: {data}, user: user_id, keys: [word]}}
 privacy: {{epsilon: 1.0, delta: 1.0e-8}}
-bounding: {{max_keys_per_user: auto, auto: {{dropped_weight: {rule}}}}}
+bounding: {{max_keys_per_user: auto, auto: {{objective: l1, dropped_weight: {rule}}}}}
 mechanism: {{kind: {kind}}}
 output: {{path: {out}}}
 """

@@ -62,7 +62,8 @@ class Plan:
         stage = self.release_stage
         return {"epsilon": stage.epsilon, "delta": stage.delta,
                 "params_by_bound": dict(self.params_by_bound),
-                "dropped_weight": self.spec.bounding.auto.dropped_weight}
+                "dropped_weight": self.spec.bounding.auto.dropped_weight,
+                "objective": self.spec.bounding.auto.objective}
 
     def bound_score(self):
         """The accounting.contribution_bound.BoundScore ChooseContributionBound uses."""
@@ -102,14 +103,17 @@ class Plan:
                                 "Bounded domains)"}
             else:
                 score = self.bound_score()
-                bounding["selection"] = {
-                    "epsilon": self.select_stage.epsilon,
-                    "score": score.kind,
+                weights = {} if score.objective == "keys" else {
                     "dropped_weight": score.dropped_weight,
                     "suppressed_weight": score.suppressed_weight,
                     "dropped_weight_rule": (spec.bounding.auto.dropped_weight
                                             if isinstance(spec.bounding.auto.dropped_weight, str)
-                                            else "spec"),
+                                            else "spec")}
+                bounding["selection"] = {
+                    "epsilon": self.select_stage.epsilon,
+                    "score": score.kind,
+                    "objective": score.objective,
+                    **weights,
                     "sensitivity": score.sensitivity,
                     "exponent": "epsilon * score / sensitivity (scores monotone in the data; "
                                 "docs/contribution_bound.md)"}

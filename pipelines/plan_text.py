@@ -69,8 +69,12 @@ def format_plan(plan, report):
         for bound, why in plan.excluded_bounds.items():
             out.append(f"  C={bound}: excluded ({why})")
         selection = report["bounding"].get("selection", {})
-        if "dropped_weight" in selection:
-            out.append(f"  selection: score {selection['score']}, dropped_weight "
+        if selection.get("objective") == "keys":
+            out.append(f"  selection: score {selection['score']}, objective keys (smoothed "
+                       f"count of released keys), sensitivity {selection['sensitivity']:.6g}")
+        elif "dropped_weight" in selection:
+            out.append(f"  selection: score {selection['score']}, objective "
+                       f"{selection.get('objective', 'l1')}, dropped_weight "
                        f"{selection['dropped_weight']:.4g} ({selection['dropped_weight_rule']}), "
                        f"suppressed_weight {selection['suppressed_weight']:.4g}, sensitivity "
                        f"{selection['sensitivity']:.6g}")

@@ -29,6 +29,7 @@ REQUIRED = ("name", "input", "privacy", "bounding", "mechanism", "output")
 # accounting.contribution_bound.DROPPED_WEIGHT_RULES (a test checks they agree; that module
 # loads scipy.stats, seconds the loader need not spend)
 DROPPED_WEIGHT_RULES = ("balanced", "paper")
+OBJECTIVES = ("keys", "l1")      # accounting.contribution_bound.OBJECTIVES (tested, as above)
 
 
 def _input():
@@ -70,6 +71,9 @@ def _bounding():
             "max_bound": d.integer(low=1, high=MAX_AUTO_BOUND),
             "dropped_weight": d.one_of(d.choice(DROPPED_WEIGHT_RULES),
                                        d.number(low=1, high=1e6)),
+            "objective": d.choice(OBJECTIVES, default="keys", description=(
+                "what the chosen bound maximises: keys (the expected number of released "
+                "keys) or l1 (minus the l1 error of the counts)")),
         }, description="the private choice of max_keys_per_user (with max_keys_per_user: auto)"),
     }, ("max_keys_per_user",))
 

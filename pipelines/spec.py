@@ -31,6 +31,10 @@ RESERVED_COLUMNS = ("count", "estimate", "token")
 
 DEFAULT_AUTO_EPSILON_FRACTION = 0.1
 DEFAULT_AUTO_MAX_BOUND = 128
+# bounding.auto.objective: keys (the smoothed count of keys the release publishes) or l1
+# (paper 002's error bound); the default from the docstring-corpus measurements in
+# docs/contribution_bound.md section 1b.
+DEFAULT_AUTO_OBJECTIVE = "keys"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +70,7 @@ class AutoBoundSpec:
     candidates: tuple       # candidate bounds C, increasing
     max_bound: int
     dropped_weight: object = "balanced"   # "balanced" | "paper" | a number >= 1
+    objective: str = "keys"                # "keys" | "l1" (accounting.contribution_bound)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,8 +278,12 @@ def _parse_auto(section, privacy):
     weight = section.get("dropped_weight", DEFAULT_DROPPED_WEIGHT)
     if not isinstance(weight, str):
         weight = float(weight)
+    objective = section.get("objective", DEFAULT_AUTO_OBJECTIVE)
+    if objective != "l1" and "dropped_weight" in section:
+        raise SpecError(f"{field}.dropped_weight", f"weighs the l1 error score and only "
+                        f"applies with {field}.objective: l1 (the objective is {objective})")
     return AutoBoundSpec(epsilon=eps, candidates=cands, max_bound=max_bound,
-                         dropped_weight=weight)
+                         dropped_weight=weight, objective=objective)
 
 
 def default_candidates(max_bound):
@@ -332,6 +341,12 @@ def parse(data, source_text=""):
     elif input_spec.public_keys is not None and mechanism["kind"] != "quantiles":
         raise SpecError("input.public_keys", f"public_keys is supported for gaussian and "
                         f"laplace (and quantiles), not {mechanism['kind']!r}")
+    auto_section = data["bounding"].get("auto") if isinstance(data["bounding"], dict) else None
+    if input_spec.public_keys is not None and isinstance(auto_section, dict) \
+            and "objective" in auto_section:
+        raise SpecError("bounding.auto.objective", "does not apply with input.public_keys "
+                        "(every public key is released; the bound follows the bounded-domain "
+                        "rules, docs/contribution_bound.md section 4)")
     if mechanism.get("debias") and "debiased" in input_spec.keys:
         raise SpecError(f"input.keys[{input_spec.keys.index('debiased')}]",
                         "'debiased' is the output column that mechanism.debias adds; rename "

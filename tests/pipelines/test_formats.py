@@ -38,7 +38,7 @@ def test_exponent_floats_are_numbers(tmp_path, small_parquet, epsilon, delta):
 
 def test_exponent_floats_in_nested_sections(write_spec, tmp_path):
     text = open(write_spec()).read().replace("max_keys_per_user: 8", (
-        "max_keys_per_user: auto\n  auto: {epsilon: 1e-1, dropped_weight: 2e0}"))
+        "max_keys_per_user: auto\n  auto: {epsilon: 1e-1, dropped_weight: 2e0, objective: l1}"))
     spec = spec_mod.parse(spec_mod.load_yaml(text), text)
     assert spec.bounding.auto.epsilon == 0.1 and spec.bounding.auto.dropped_weight == 2.0
 

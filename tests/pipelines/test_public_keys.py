@@ -76,6 +76,8 @@ def _write(tmp, table, name="keys.parquet"):
     ({"mechanism": {"kind": "laplace", "debias": "poisson"}}, "mechanism.num_users"),
     ({"mechanism": {"kind": "laplace", "debias": "gamma", "num_users": 5}}, "mechanism.debias"),
     ({"mechanism": {"kind": "laplace", "clamp_negative": "yes"}}, "mechanism.clamp_negative"),
+    ({"bounding": {"max_keys_per_user": "auto", "auto": {"objective": "keys"}}},
+     "bounding.auto.objective"),
 ])
 def test_public_keys_mechanism_errors(write_spec, tmp_path, changes, field):
     keys = _write(tmp_path, pa.table({"word": ["a", "b"]}))

@@ -178,10 +178,13 @@ def test_every_kind_with_fixed_and_auto_bound(write_spec, small_parquet, tmp_pat
         assert stages[1]["delta"] == 1e-8 and stages[0]["delta"] == 0
         assert report["mechanism"] == plan.params_by_bound[chosen]
         selection = report["bounding"]["selection"]
-        w = selection["dropped_weight"]
-        assert selection["dropped_weight_rule"] == "balanced" and w >= 1
-        assert selection["suppressed_weight"] == w
-        assert selection["sensitivity"] == pytest.approx(w * 128, rel=1e-12)
+        # the default objective: the smoothed key count, Delta = max_C C / (s(C) sqrt(2 pi))
+        assert selection["objective"] == "keys" and "dropped_weight" not in selection
+        assert 0 < selection["sensitivity"] <= 128 / math.sqrt(2 * math.pi)
+        if spec.kind == "gaussian":
+            want = max(c / (max(p["sigma"], 1.0) * math.sqrt(2 * math.pi))
+                       for c, p in plan.params_by_bound.items())
+            assert selection["sensitivity"] == pytest.approx(want, rel=1e-12)
     else:
         assert report["bounding"]["chosen_by"] == "spec"
         assert report["bounding"]["max_keys_per_user"] == 8
@@ -196,7 +199,8 @@ def test_dropped_weight_from_the_spec_reaches_the_report_and_the_selection_stage
     stage draws with that sensitivity (its operator log line, not private, states it)."""
     spec = spec_mod.load(write_spec({"input.path": small_parquet,
                                      "bounding.max_keys_per_user": "auto",
-                                     "bounding.auto": {"dropped_weight": weight}}))
+                                     "bounding.auto": {"dropped_weight": weight,
+                                                       "objective": "l1"}}))
     plan = make_plan(spec)
     # An in-process CLI run earlier in the session stops "thresher" propagating to the root
     # logger, where caplog listens.
@@ -214,8 +218,26 @@ def test_dropped_weight_from_the_spec_reaches_the_report_and_the_selection_stage
 
 def test_plan_text_states_the_selection_weights_and_sensitivity(write_spec, small_parquet, capsys):
     path = write_spec({"input.path": small_parquet, "bounding.max_keys_per_user": "auto",
-                       "bounding.auto": {"dropped_weight": "paper"}})
+                       "bounding.auto": {"dropped_weight": "paper", "objective": "l1"}})
     assert main(["plan", path]) == 0
     out = capsys.readouterr().out
-    assert ("  selection: score gaussian, dropped_weight 2 (paper), suppressed_weight 1, "
+    assert ("  selection: score gaussian, objective l1, dropped_weight 2 (paper), suppressed_weight 1, "
             "sensitivity 255\n") in out
+
+
+def test_plan_states_the_default_key_objective_and_its_sensitivity(write_spec, small_parquet,
+                                                                   capsys):
+    """bounding.auto.objective defaults to keys: the plan text and the plan's JSON name it
+    with Delta = max_C C / (max(sigma_C, 1) sqrt(2 pi)) from the calibrated sigmas."""
+    path = write_spec({"input.path": small_parquet, "bounding.max_keys_per_user": "auto"})
+    plan = make_plan(spec_mod.load(path))
+    want = max(c / (max(p["sigma"], 1.0) * math.sqrt(2 * math.pi))
+               for c, p in plan.params_by_bound.items())
+    assert main(["plan", path]) == 0
+    out = capsys.readouterr().out
+    assert (f"  selection: score gaussian, objective keys (smoothed count of released keys), "
+            f"sensitivity {want:.6g}\n") in out
+    assert main(["plan", path, "--json"]) == 0
+    selection = json.loads(capsys.readouterr().out)["bounding"]["selection"]
+    assert selection["objective"] == "keys"
+    assert selection["sensitivity"] == pytest.approx(want, rel=1e-12)

@@ -131,7 +131,8 @@ def test_schema_lists_each_kinds_fields(kind):
     {"mechanism": {"kind": "laplace", "scale": 4.0}},
     {"mechanism": {"kind": "sample_and_threshold", "accounting": "kl"}},
     {"mechanism": {"kind": "weighted_sampling", "report": "keys"}},
-    {"bounding": {"max_keys_per_user": "auto", "auto": {"max_bound": 64, "dropped_weight": 2}}},
+    {"bounding": {"max_keys_per_user": "auto", "auto": {"max_bound": 64, "dropped_weight": 2,
+                                                               "objective": "l1"}}},
     {"bounding": {"max_keys_per_user": 4, "model": "l1"}, "mechanism": {"kind": "laplace"}},
     {"input": {"path": "d/*.tsv", "user": "u", "keys": "k", "delimiter": "\t"}},
     {"budget": {"ledger": "l.sqlite", "dataset": "d", "epsilon": 3, "delta": 1e-6}},
@@ -238,6 +239,8 @@ def test_schema_copies_agree_with_their_owners():
     from accounting.contribution_bound import DROPPED_WEIGHT_RULES
     from pipelines import schema
     assert tuple(schema.DROPPED_WEIGHT_RULES) == tuple(DROPPED_WEIGHT_RULES)
+    from accounting.contribution_bound import OBJECTIVES
+    assert tuple(schema.OBJECTIVES) == tuple(OBJECTIVES)
     from accounting.pws import SAMPLING_SCHEMES
     from pipelines.kinds._sample_fields import SCHEMES
     assert tuple(SCHEMES) == tuple(SAMPLING_SCHEMES)

@@ -37,7 +37,7 @@ def _score(kind, seed=0, objective="keys"):
         params = {"epsilon": 1.0, "delta": 1e-5}
     elif kind == "laplace_l0":
         params = {"epsilon": 0.5, "delta": 1e-6}
-    elif kind == "gaussian":
+    elif kind in ("gaussian", "weighted_gaussian"):
         params = {"thresholds": list(rng.uniform(2, 40, k)),
                   "sigmas": list(rng.uniform(0.2, 9, k))}
     elif kind == "weighted_sampling":

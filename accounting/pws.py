@@ -827,6 +827,23 @@ def _beyond_clip_bound(outcomes):
 
 # --------------------------------------------------------------------------- calibration
 
+def rounding_excess(key_epsilon, key_delta, report="keys_and_frequencies"):
+    """Planning estimate of what float rounding adds to :func:`realized_delta` (the
+    verification itself is exact; this only predicts whether it can pass). Keys only: the
+    slack 2^-50 (1 + e^eps0) it adds. With frequencies: each of the ~2L + 4 tokens of a
+    row is rounded to the 2^-53 grid and the divergence weighs one side by e^eps0, so
+    ~c (2L + 4) 2^-53 (1 + e^eps0); c was measured at 0.07 - 0.16 for eps0 in 0.05 .. 5
+    (up to 0.14 at the largest tables) and is taken as 0.25. Calibration cannot pass when it
+    exceeds key_delta."""
+    if key_epsilon > 700:
+        return math.inf
+    if report == "keys":
+        return _KEYS_ONLY_SLACK * (1.0 + math.exp(key_epsilon))
+    # rows span ~2L + 4 tokens, at most ~sqrt(2 MAX_TABLE_ENTRIES) in a clipped table
+    width = min(2 * max(pws_L(key_epsilon, key_delta), 0.0) + 4, math.sqrt(2 * MAX_TABLE_ENTRIES))
+    return 0.25 * width * 2.0 ** -53 * (1.0 + math.exp(key_epsilon))
+
+
 @dataclasses.dataclass(frozen=True)
 class PWSParameters:
     """Calibrated parameters of one PWS release (hashable: tables are rebuilt from it).
@@ -968,6 +985,11 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
         if realized <= budget.key_delta:
             break
         margin = max(2 * margin, 4 * (realized - table_delta) / budget.key_delta)
+        if margin >= 1.0:   # tables at delta <= 0: float rounding alone exceeds key_delta
+            raise ValueError(
+                f"the per-key delta {budget.key_delta:g} at per-key epsilon "
+                f"{budget.key_epsilon:g} is below what floating-point sampling can verify "
+                f"(realized {realized:g}); use a larger delta or a smaller epsilon")
     else:
         raise ValueError("PWS tables could not be verified within the per-key delta "
                            f"{budget.key_delta:g} (realized {realized:g})")

@@ -195,6 +195,13 @@ SPEC_CASES = [
                                            "mechanism": {"kind": "weighted_sampling",
                                                          "report": "keys"}}, 2,
      ("privacy.epsilon", "floating-point rounding", "or less")),
+    # accepted: the largest bound (plans in seconds since the estimators read the band along
+    # its diagonals; 1.5 GB before) and the smallest delta suggested above at C = 1
+    ("weighted_sampling_C_1e4", {"bounding": {"max_keys_per_user": 10**4},
+                                 "mechanism": {"kind": "weighted_sampling"}}, 0, ()),
+    ("weighted_sampling_delta_1.4e-14", {"privacy": {"delta": 1.4e-14},
+                                         "bounding": {"max_keys_per_user": 1},
+                                         "mechanism": {"kind": "weighted_sampling"}}, 0, ()),
     ("ppswor_threshold_1e-300", {"mechanism": {"kind": "weighted_sampling", "sampling": "ppswor",
                                                "sampling_threshold": 1e-300}}, 2,
      ("mechanism.sampling_threshold",)),
@@ -584,6 +591,12 @@ BOUNDARY_SPECS = [
                                      "mechanism": {"kind": "sample_and_threshold"}}),
     ("weighted_sampling_C_limit", {"bounding": {"max_keys_per_user": 10_000},
                                    "mechanism": {"kind": "weighted_sampling"}}),
+    ("weighted_sampling_biased_down_C_1000", {"bounding": {"max_keys_per_user": 1000},
+                                              "mechanism": {"kind": "weighted_sampling",
+                                                            "estimator": "biased_down"}}),
+    ("weighted_sampling_smallest_epsilon", {"privacy": {"epsilon": 1e-3},
+                                            "bounding": {"max_keys_per_user": 1},
+                                            "mechanism": {"kind": "weighted_sampling"}}),
 ]
 
 

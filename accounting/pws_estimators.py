@@ -126,28 +126,44 @@ def mle(band, keep, g, columns=None):
     return a
 
 
-def _suffix_sums(band):
-    """Per stored entry (i, j): sum_{h >= j} pi_{i,h} over row i's stored entries, summed
-    from the row's last entry down (the order of ``np.cumsum(row[::-1])[::-1]``)."""
-    suffix = np.zeros(len(band.values))
-    owned = np.arange(band.owned)
-    lengths = band.lengths[:band.owned]
+def _row_suffix(band, r):
+    """S_{r, .} of one row: its stored entries' sums from the row's last entry down."""
+    s, n = band.starts[r], band.lengths[r]
+    return np.cumsum(band.values[s:s + n][::-1])[::-1]
+
+
+def _boundary_suffixes(band, step):
+    """S_{i, B} at the block boundaries B = 1 + step, 1 + 2 step, .. inside each owned row
+    (the sums from the row's end down to column B, in the order of a full reversed cumsum:
+    each block then continues them exactly). Returns (pointer per row, values): row i's
+    boundaries are its columns B in lo_i < B <= last_i, in increasing order."""
+    owned = band.owned
+    lo, lengths = band.lo[:owned], band.lengths[:owned]
+    first_b = np.where(lengths > 0, (lo - 1) // step + 1, 0)           # first B index > lo - 1
+    last_col = lo + lengths - 1
+    count = np.where(lengths > 0, np.maximum(0, (last_col - 1) // step - first_b + 1), 0)
+    ptr = np.zeros(owned + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(count)
+    out = np.zeros(int(ptr[-1]))
     widest = int(lengths.max(initial=0))
     if widest == 0:
-        return suffix
-    step = max(1, BLOCK_ENTRIES // widest)
-    for r0 in range(0, band.owned, step):
-        rows = owned[r0:r0 + step]
+        return ptr, out
+    chunk = max(1, BLOCK_ENTRIES // widest)
+    for r0 in range(0, owned, chunk):
+        rows = np.arange(r0, min(owned, r0 + chunk))
         ln = lengths[rows]
         w = int(ln.max(initial=0))
-        if w == 0:
+        if w == 0 or not count[rows].any():
             continue
         k = np.arange(w)[None, :]
         mask = k < ln[:, None]
         idx = np.where(mask, band.starts[rows][:, None] + ln[:, None] - 1 - k, 0)
-        cum = np.cumsum(np.where(mask, band.values[idx], 0.0), axis=1)
-        suffix[idx[mask]] = cum[mask]
-    return suffix
+        cum = np.cumsum(np.where(mask, band.values[idx], 0.0), axis=1)    # cum[., t]: column last - t
+        rr = np.repeat(rows, count[rows])
+        m = np.arange(len(rr)) - np.repeat(ptr[rows] - ptr[rows[0]], count[rows])
+        cols = 1 + step * (first_b[rr] + m)
+        out[ptr[rows[0]]:ptr[rows[-1] + 1]] = cum[rr - r0, last_col[rr] - cols]
+    return ptr, out
 
 
 def biased_down(band, g, columns=None):
@@ -155,16 +171,21 @@ def biased_down(band, g, columns=None):
     a_j = min over rows i with pi_{i,j} > 0 of (g(i) - sum_{h<j} a_h pi_{i,h}) / S_{i,j},
     S_{i,j} = sum_{h>=j} pi_{i,h} (the suffix sum; pi_i - sum_{h<j} pi_{i,h} without the
     cancellation). Columns with no positive entry keep a_j = 0. Sequential in j; each
-    step touches the W rows of column j. Returns a_0 .. a_{columns - 1}."""
+    step touches the W rows of column j. The suffix sums are formed block by block from
+    the sums at the block's right boundary (:func:`_boundary_suffixes`), so no per-entry
+    copy of the table is held. Returns a_0 .. a_{columns - 1}."""
     n = band.n_rows if columns is None else columns
     a = np.zeros(n)
     numer = np.array(g, dtype=np.float64, copy=True)
-    suffix = _suffix_sums(band)
     width = band.width
-    for j0, j1 in _blocks(1, n, width):
+    step = max(1, min(BLOCK_ENTRIES // width, int(np.sqrt(BLOCK_ENTRIES))))
+    ptr, carries = _boundary_suffixes(band, step)
+    shared = {}                                   # full suffix rows of shared storage
+    for j0 in range(1, n, step):
+        j1 = min(n, j0 + step)
         valid, pos = _gather(band, width, j0, j1)
         probs = np.where(valid, band.values[pos], 0.0)
-        sums = np.where(valid, suffix[pos], 1.0)
+        sums = _block_suffixes(band, width, j0, j1, step, ptr, carries, shared, valid)
         for c in range(j1 - j0):
             j = j0 + c
             seg = numer[j:j + width]
@@ -178,3 +199,38 @@ def biased_down(band, g, columns=None):
             stored = valid[c, :span]
             seg[stored] -= a_j * p[stored]
     return a
+
+
+def _block_suffixes(band, width, j0, j1, step, ptr, carries, shared, valid):
+    """S_{j+d, j} for the block's columns j0..j1-1 and diagonals d (1.0 where not stored):
+    rows j0 .. j1+W-2 as a (rows x columns) block, columns reversed, each row's cumulative
+    sum starting from its sum at column j1 (0 when the row ends before j1)."""
+    nb = j1 - j0
+    rows = np.arange(j0, min(band.n_rows, j1 + width - 1))
+    lo, lengths, starts = band.lo[rows], band.lengths[rows], band.starts[rows]
+    last = lo + lengths - 1
+    carry = np.zeros(len(rows))
+    # rows with entries at columns < j1 and >= j1: their sums at j1 continue into the block
+    reach = (lengths > 0) & (lo < j1) & (j1 <= last)
+    own = reach & (rows < band.owned) & ((j1 - 1) % step == 0)   # j1 on the boundary grid
+    if own.any():
+        r = rows[own]
+        b_first = (lo[own] - 1) // step + 1
+        carry[own] = carries[ptr[r] + ((j1 - 1) // step - b_first)]
+    for i in np.flatnonzero(reach & ~own):     # shared storage (the shift rows), last block
+        key = int(starts[i])
+        if key not in shared:
+            shared.clear()
+            shared[key] = _row_suffix(band, int(rows[i]))
+        carry[i] = shared[key][j1 - lo[i]]
+    k = j1 - 1 - np.arange(nb)[None, :]                   # columns j1-1 .. j0
+    off = k - lo[:, None]
+    inside = (off >= 0) & (off < lengths[:, None])
+    block = np.zeros((len(rows), nb + 1))
+    block[:, 0] = carry
+    block[:, 1:] = np.where(inside, band.values[np.where(inside, starts[:, None] + off, 0)], 0.0)
+    cum = np.cumsum(block, axis=1)
+    c = np.arange(nb)[:, None]
+    d = np.arange(width)[None, :]
+    row_idx = np.minimum(c + d, len(rows) - 1)
+    return np.where(valid, cum[row_idx, nb - c], 1.0)

@@ -116,3 +116,21 @@ def test_release_tables_memory_is_a_small_multiple_of_the_band(estimator):
         tracemalloc.stop()
     assert tables.band is band and p.beyond_table == "shift"
     assert peak < 2 * band.values.nbytes + (64 << 20), peak
+
+
+@pytest.mark.parametrize("block", [7, 64, 1000])
+def test_block_size_does_not_change_a_bit(monkeypatch, block):
+    """The blocks (and, for the biased-down estimator, the sums carried across block
+    boundaries and the shared shift rows) give the same floats for any block size,
+    including a last block that ends off the boundary grid (``columns``)."""
+    monkeypatch.setattr(pws_estimators, "BLOCK_ENTRIES", block)
+    band = pws._build_band(pws.sampling_probabilities(200, sampling="priority",
+                                                      sampling_threshold=0.02), 0.3, 1e-4)
+    width = len(band.row(200))
+    for extra, columns in ((0, None), (3 * width, 200 + 2 * width + 1), (5, 203)):
+        extended = pws._shift_extend(band, extra) if extra else band
+        table = pws._band_to_csr(extended)
+        for estimator in ("mle", "biased_down"):
+            expected = _by_columns(table, estimator, extended.keep)[:columns]
+            got = pws._band_estimates(estimator, band, extra=extra, columns=columns)
+            assert np.array_equal(got, expected), (estimator, extra, columns)

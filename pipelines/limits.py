@@ -17,7 +17,8 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
   per-key budget (eps0, delta0) is (epsilon/C, delta/C) (sample_and_threshold; for
   weighted_sampling that of ``accounting.pws.per_key_budget``) and the threshold, the
   binomial sums and the PWS tables all grow with L(eps0, delta0) ~ ln(eps0/delta0)/eps0
-  (PWS eq. 4), so L <= L_MAX = 20,000 (seconds, <= ~1.5 GB for the PWS tables, whose stored
+  (PWS eq. 4), so L <= L_MAX = 20,000 (seconds; a weighted_sampling plan peaks at ~450 MB
+  RSS with the largest PWS tables, measured, whose stored
   entries are capped at accounting.pws.MAX_TABLE_ENTRIES anyway). The exact optimal
   composition of weighted_sampling is O(C) per evaluation: C <= 1e4; its per-key delta
   must stay far above float granularity (delta / C >= 1e-15), and a ppswor/priority

@@ -40,7 +40,7 @@ import numpy as np
 import scipy.sparse
 import scipy.stats
 
-from accounting import search
+from accounting import pws_estimators, search
 
 SAMPLING_SCHEMES = ("none", "ppswor", "priority")
 REPORTS = ("keys", "keys_and_frequencies")
@@ -214,6 +214,11 @@ class _Band:
     def max_frequency(self):
         return len(self.keep) - 1
 
+    @property
+    def shape(self):
+        """That of the table T (rows and columns 0 .. M)."""
+        return (len(self.keep), len(self.keep))
+
     def row(self, i):
         return self.values[self.indptr[i]:self.indptr[i + 1]]
 
@@ -275,12 +280,16 @@ def _build_band(q, epsilon, delta, *, stop_when_stationary=False, max_entries=No
     """Alg. 4 rows for the given q_0..q_M. With ``stop_when_stationary`` the build stops
     at the first row i with pi_{i-1} = pi_i = 1 whose row equals row i-1 shifted by one
     to a relative 1e-12. With ``max_entries`` it stops before the stored entries would
-    exceed it (the band then ends at the last row that fits)."""
+    exceed it (the band then ends at the last row that fits); the rows are then written
+    into one buffer of that size as they are built (its untouched tail is never paged
+    in), so the build holds one copy of the band, not the rows and their concatenation."""
     pi = _alg3(q, epsilon, delta)
     up_factor, down_factor = math.exp(epsilon), math.exp(-epsilon)
     m = len(q) - 1
     los = np.zeros(m + 1, dtype=np.int64)
-    rows = [np.zeros(0)]
+    lengths = [0]
+    buffer = None if max_entries is None else np.empty(int(max_entries))
+    rows = []
     lo, prev, total, stationary = 1, np.zeros(0), 0, False
     for i in range(1, m + 1):
         lo, row = _next_row(prev, lo, pi[i - 1], pi[i], up_factor, down_factor, delta)
@@ -288,7 +297,11 @@ def _build_band(q, epsilon, delta, *, stop_when_stationary=False, max_entries=No
             m = i - 1
             break
         los[i] = lo
-        rows.append(row)
+        if buffer is None:
+            rows.append(row)
+        else:
+            buffer[total:total + len(row)] = row
+        lengths.append(len(row))
         total += len(row)
         if stop_when_stationary and _rows_stationary(prev, los[i - 1], row, lo, pi[i - 1], pi[i]):
             m = i
@@ -296,8 +309,14 @@ def _build_band(q, epsilon, delta, *, stop_when_stationary=False, max_entries=No
             break
         prev = row
     indptr = np.zeros(m + 2, dtype=np.int64)
-    indptr[1:] = np.cumsum([len(r) for r in rows])
-    return _Band(keep=pi[:m + 1], lo=los[:m + 1], indptr=indptr, values=np.concatenate(rows),
+    indptr[1:] = np.cumsum(lengths)
+    if buffer is None:
+        values = np.concatenate(rows) if rows else np.zeros(0)
+    else:
+        values = buffer[:total]
+        if total < len(buffer) // 4:      # release the buffer when the band is small
+            values = values.copy()
+    return _Band(keep=pi[:m + 1], lo=los[:m + 1], indptr=indptr, values=values,
                  stationary=stationary)
 
 
@@ -360,12 +379,22 @@ def mle_estimates(frequency_table, keep_probabilities=None, *, statistic=None):
     a_j = g(i*) / pi_{i*} with i* = argmax_i pi_{i,j} (the smallest such i on ties);
     a_0 = 0 (key not reported). ``statistic`` is g (vectorised, default g(w) = w).
     ``keep_probabilities`` defaults to the row sums of the table.
-    Returns a_0 .. a_M.
+    Returns a_0 .. a_M. Banded tables (every table this module builds) are read along
+    their diagonals (``accounting.pws_estimators``); others column by column.
     """
     tokens = _token_part(frequency_table)
     n = tokens.shape[0]
     keep = _table_keep(tokens) if keep_probabilities is None else np.asarray(keep_probabilities)
     g = _statistic_values(statistic, n)
+    band = pws_estimators.from_csr(scipy.sparse.csr_array(frequency_table))
+    if band is not None:
+        return pws_estimators.mle(band, keep, g)
+    return _mle_by_columns(tokens, keep, g)
+
+
+def _mle_by_columns(tokens, keep, g):
+    """eq. (11) from a compressed-column copy of the token columns (any sparsity)."""
+    n = tokens.shape[0]
     csc = tokens.tocsc()
     csc.sort_indices()
     a = np.zeros(n)
@@ -391,12 +420,21 @@ def biased_down_estimates(frequency_table, keep_probabilities=None, *, statistic
           (g(i) - sum_{h<j} a_h pi_{i,h}) / (pi_i - sum_{h<j} pi_{i,h}),
     non-decreasing in j and never biased up (Lemma E.1). The denominator is the suffix sum
     sum_{h>=j} pi_{i,h}, computed directly to avoid cancellation. Returns a_0 .. a_M (a_0 = 0).
+    Banded tables are read along their diagonals (``accounting.pws_estimators``).
     """
+    del keep_probabilities  # the suffix sums of the rows carry pi_i
     tokens = _token_part(frequency_table)
+    g = _statistic_values(statistic, tokens.shape[0])
+    band = pws_estimators.from_csr(scipy.sparse.csr_array(frequency_table))
+    if band is not None:
+        return pws_estimators.biased_down(band, g)
+    return _biased_down_by_columns(tokens, g)
+
+
+def _biased_down_by_columns(tokens, g):
+    """eq. (41) from compressed-column copies of the token columns (any sparsity)."""
     tokens.sort_indices()
     n = tokens.shape[0]
-    g = _statistic_values(statistic, n)
-    del keep_probabilities  # the suffix sums of the rows carry pi_i
     lengths = np.diff(tokens.indptr)
     # per stored entry (i, j): the suffix sum of row i from column j, row by row
     suffix_data = np.empty_like(tokens.data)
@@ -572,8 +610,18 @@ def _quantized(p):
     return np.ceil(np.clip(p, 0.0, 1.0) * _GRID) / _GRID
 
 
+def is_band(table):
+    """True for the banded rows ``ReleaseTables.band`` (what the sanitizer reads)."""
+    return isinstance(table, _Band)
+
+
 def row_cdf(frequency_table, i):
-    """(token columns, cumulative probabilities) of row i, exactly as the sanitizer uses them."""
+    """(token columns, cumulative probabilities) of row i, exactly as the sanitizer uses
+    them; the table is a CSR with sorted indices or a band (:func:`is_band`), which give
+    the same numbers (the same row entries summed in the same order)."""
+    if isinstance(frequency_table, _Band):
+        values = frequency_table.row(i)
+        return frequency_table.lo[i] + np.arange(len(values), dtype=np.int64), np.cumsum(values)
     t = frequency_table
     s, e = t.indptr[i], t.indptr[i + 1]
     cols, vals = t.indices[s:e], t.data[s:e]
@@ -694,7 +742,7 @@ def _band_layout(t):
     return lo, lengths
 
 
-def _realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_entries=1 << 21):
+def _realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_entries=1 << 19):
     """Vectorised :func:`realized_delta` over a banded table (row i's tokens are
     data[starts[i]:starts[i] + lengths[i]], columns lo[i]..), in chunks of rows. Row-wise
     cumulative sums along axis 1 of a zero-padded block are the same sequential sums as the
@@ -778,6 +826,23 @@ def _beyond_clip_bound(outcomes):
 
 
 # --------------------------------------------------------------------------- calibration
+
+def rounding_excess(key_epsilon, key_delta, report="keys_and_frequencies"):
+    """Planning estimate of what float rounding adds to :func:`realized_delta` (the
+    verification itself is exact; this only predicts whether it can pass). Keys only: the
+    slack 2^-50 (1 + e^eps0) it adds. With frequencies: each of the ~2L + 4 tokens of a
+    row is rounded to the 2^-53 grid and the divergence weighs one side by e^eps0, so
+    ~c (2L + 4) 2^-53 (1 + e^eps0); c was measured at 0.07 - 0.16 for eps0 in 0.05 .. 5
+    (up to 0.14 at the largest tables) and is taken as 0.25. Calibration cannot pass when it
+    exceeds key_delta."""
+    if key_epsilon > 700:
+        return math.inf
+    if report == "keys":
+        return _KEYS_ONLY_SLACK * (1.0 + math.exp(key_epsilon))
+    # rows span ~2L + 4 tokens, at most ~sqrt(2 MAX_TABLE_ENTRIES) in a clipped table
+    width = min(2 * max(pws_L(key_epsilon, key_delta), 0.0) + 4, math.sqrt(2 * MAX_TABLE_ENTRIES))
+    return 0.25 * width * 2.0 ** -53 * (1.0 + math.exp(key_epsilon))
+
 
 @dataclasses.dataclass(frozen=True)
 class PWSParameters:
@@ -920,6 +985,11 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
         if realized <= budget.key_delta:
             break
         margin = max(2 * margin, 4 * (realized - table_delta) / budget.key_delta)
+        if margin >= 1.0:   # tables at delta <= 0: float rounding alone exceeds key_delta
+            raise ValueError(
+                f"the per-key delta {budget.key_delta:g} at per-key epsilon "
+                f"{budget.key_epsilon:g} is below what floating-point sampling can verify "
+                f"(realized {realized:g}); use a larger delta or a smaller epsilon")
     else:
         raise ValueError("PWS tables could not be verified within the per-key delta "
                            f"{budget.key_delta:g} (realized {realized:g})")
@@ -967,8 +1037,9 @@ def _periodic_tail(a, window):
 class ReleaseTables:
     """Everything a sanitizer needs, rebuilt deterministically from :class:`PWSParameters`.
 
-    ``keep`` = pi_0..pi_M; ``table`` = the Alg. 4 table (None when only keys are reported);
-    ``estimates`` = a_0..a_K of the chosen estimator. With beyond_table "clip", K = M. With
+    ``keep`` = pi_0..pi_M; ``band`` = the Alg. 4 rows (None when only keys are reported),
+    which the sanitizer reads (:func:`row_cdf`); ``table`` = the same as a sparse matrix
+    (:func:`frequency_table`'s form), built on first use only; ``estimates`` = a_0..a_K of the chosen estimator. With beyond_table "clip", K = M. With
     "shift" the estimators are computed on the table extended by shifted copies of row M
     (the rows larger counts really use), K = M + 3W (W = width of row M), and larger tokens
     are extrapolated by the period found in the tail: a_{j+P} = a_j + increment (P = 1 for
@@ -976,10 +1047,14 @@ class ReleaseTables:
 
     params: PWSParameters
     keep: np.ndarray
-    table: object
+    band: object
     estimates: object
     period: int = 1
     increment: float = 0.0
+
+    @functools.cached_property
+    def table(self):
+        return None if self.band is None else _band_to_csr(self.band)
 
     def sampling_probabilities(self, frequencies):
         """q at each frequency (post-processing path)."""
@@ -995,6 +1070,19 @@ class ReleaseTables:
         return self.estimates[tokens - steps * self.period] + steps * self.increment
 
 
+def _band_estimates(estimator, band, extra=0, columns=None):
+    """a_0 .. a_{columns-1} of the estimator (g(w) = w) on the band extended by ``extra``
+    shifted copies of its last row (:func:`_shift_extend`, without materialising them),
+    read along the diagonals (``accounting.pws_estimators``): the same numbers as
+    :func:`mle_estimates` / :func:`biased_down_estimates` of the extended table's CSR."""
+    rows = pws_estimators.from_rows(band.lo, band.indptr, band.values, extra)
+    g = _statistic_values(None, rows.n_rows)
+    if estimator == "mle":
+        keep = np.concatenate([band.keep, np.full(extra, band.keep[-1])])
+        return pws_estimators.mle(rows, keep, g, columns)
+    return pws_estimators.biased_down(rows, g, columns)
+
+
 @functools.lru_cache(maxsize=4)
 def release_tables(params):
     """Build (and cache per process) the tables of a calibrated release. Deterministic."""
@@ -1002,23 +1090,24 @@ def release_tables(params):
                                sampling_threshold=params.sampling_threshold)
     if params.report == "keys":
         keep = _alg3(q, params.key_epsilon, params.table_delta)
-        return ReleaseTables(params=params, keep=keep, table=None, estimates=None)
+        return ReleaseTables(params=params, keep=keep, band=None, estimates=None)
     band = _BANDS.get((params.sampling, params.sampling_threshold, params.key_epsilon,
                        params.table_delta, params.max_frequency))
     if band is None:
-        band = _build_band(q, params.key_epsilon, params.table_delta)
-    table = _band_to_csr(band)
-    estimator = mle_estimates if params.estimator == "mle" else biased_down_estimates
+        band = _build_band(q, params.key_epsilon, params.table_delta,
+                           max_entries=MAX_TABLE_ENTRIES)
+        if band.max_frequency < params.max_frequency:
+            raise ValueError(f"max_frequency {params.max_frequency} needs a frequency table of "
+                             f"more than {MAX_TABLE_ENTRIES} entries")
     if params.beyond_table != "shift":
-        return ReleaseTables(params=params, keep=band.keep, table=table,
-                             estimates=estimator(table, band.keep))
+        return ReleaseTables(params=params, keep=band.keep, band=band,
+                             estimates=_band_estimates(params.estimator, band))
     width = len(band.row(band.max_frequency))
-    extended = _shift_extend(band, 4 * width)
-    estimates = estimator(_band_to_csr(extended), extended.keep)[
-        :params.max_frequency + 3 * width + 1]
+    estimates = _band_estimates(params.estimator, band, extra=4 * width,
+                                columns=params.max_frequency + 3 * width + 1)
     tail = _periodic_tail(estimates, width)
     if tail is None:
         raise ValueError("PWS estimates are not periodic beyond the table; "
                          "set mechanism.max_frequency explicitly")
-    return ReleaseTables(params=params, keep=band.keep, table=table, estimates=estimates,
+    return ReleaseTables(params=params, keep=band.keep, band=band, estimates=estimates,
                          period=tail[0], increment=tail[1])

@@ -17,11 +17,15 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
   per-key budget (eps0, delta0) is (epsilon/C, delta/C) (sample_and_threshold; for
   weighted_sampling that of ``accounting.pws.per_key_budget``) and the threshold, the
   binomial sums and the PWS tables all grow with L(eps0, delta0) ~ ln(eps0/delta0)/eps0
-  (PWS eq. 4), so L <= L_MAX = 20,000 (seconds, <= ~1.5 GB for the PWS tables, whose stored
+  (PWS eq. 4), so L <= L_MAX = 20,000 (seconds; a weighted_sampling plan peaks at ~450 MB
+  RSS with the largest PWS tables, measured, whose stored
   entries are capped at accounting.pws.MAX_TABLE_ENTRIES anyway). The exact optimal
   composition of weighted_sampling is O(C) per evaluation: C <= 1e4; its per-key delta
   must stay far above float granularity (delta / C >= 1e-15), and a ppswor/priority
-  sampling threshold must be >= 1e-6 (q_i ~ i t: tables grow as 1/t).
+  sampling threshold must be >= 1e-6 (q_i ~ i t: tables grow as 1/t). The float rounding
+  of the sampled distributions (``accounting.pws.rounding_excess``, ~ width 2^-53 e^eps0)
+  must stay below the per-key delta, or no table can be verified: refused naming
+  privacy.delta (the smallest delta that works) or privacy.epsilon (the largest).
   A fixed sample_and_threshold threshold is <= L_MAX.
 * every kind: privacy.epsilon <= 100 (e^epsilon overflows a float near 709; no release
   is meaningfully private beyond single digits) and privacy.delta >= 1e-100.
@@ -129,6 +133,7 @@ def check_release(spec, epsilon, delta, candidates):
         budget = per_key_budget(epsilon, delta, c,
                                 composition=spec.mechanism.get("composition", "optimal"))
         length = _length(budget.key_epsilon, budget.key_delta, 1)
+        _check_rounding(spec, epsilon, delta, c, budget)
         if length > L_MAX:
             raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage "
                             f"{epsilon:g}) with delta={delta:g} and max_keys_per_user={c} gives "
@@ -167,6 +172,32 @@ def _check_weighted_gaussian(spec, epsilon, delta, c):
                         f"epsilon {count_eps:g}, delta {count_delta:g}, which needs count sigma "
                         f"> {SIGMA_MAX:g} at max_keys_per_user={c}, the planning limit; use a "
                         f"larger epsilon, delta or mechanism.count_fraction")
+
+
+def _check_rounding(spec, epsilon, delta, c, budget):
+    """weighted_sampling verifies the sampled (float) distributions exactly; their rounding
+    adds ~``accounting.pws.rounding_excess`` to the per-key delta, which grows as
+    e^eps0: beyond the per-key delta no table can pass (it used to loop; issue 18)."""
+    from accounting.pws import rounding_excess
+    report = spec.mechanism.get("report", "keys_and_frequencies")
+    e0, d0 = budget.key_epsilon, budget.key_delta
+    excess = rounding_excess(e0, d0, report)
+    if excess <= d0:
+        return
+    where = (f"epsilon={spec.privacy.epsilon:g} (release stage {epsilon:g}), delta={delta:g} and "
+             f"max_keys_per_user={c} give per-key epsilon {e0:.3g} and delta {d0:.3g}; "
+             f"floating-point rounding of the sampled distributions adds ~{excess:.2g} at that "
+             f"epsilon, more than the per-key delta (the planning limit of weighted_sampling)")
+    # smallest delta (the per-key delta scales with it) and largest epsilon that fit, x2 safety
+    factor = _smallest(lambda f: rounding_excess(e0, d0 * f, report) <= d0 * f / 2, 1.0)
+    if factor == factor and delta * factor < 1.0:
+        raise SpecError("privacy.delta", f"{where}; use delta >= "
+                        f"{delta * factor:.2g} or a smaller epsilon")
+    scale = 1.0
+    while scale > 1e-6 and rounding_excess(e0 * scale, d0, report) > d0 / 2:
+        scale /= 1.25
+    raise SpecError("privacy.epsilon", f"{where}; use a release epsilon of about "
+                    f"{epsilon * scale:.3g} or less")
 
 
 def _length(epsilon, delta, c):

@@ -2,10 +2,11 @@
 
 The kernels of ``mechanism.kind: quantiles`` beside their Beam transforms:
 
-* :func:`level_cells` / :func:`hierarchy_release` (kernel) / :class:`KeyedHierarchy`
-  (Beam): the beta-ary hierarchical histogram of ``transforms.quantiles`` with the cells
-  (key columns..., bucket) at each level 1..L, so one release answers every key's
-  quantiles. Each level is a sample-and-threshold histogram with fresh Poisson sampling.
+* :func:`hierarchy_release` (kernel) / :class:`KeyedHierarchy` (Beam): the beta-ary
+  hierarchical histogram of ``transforms.quantiles`` (``level_cells``,
+  ``release_levels``, ``LevelHistograms``) with the cells (key columns..., bucket) at
+  each level 1..L, so one release answers every key's quantiles. Each level is a
+  sample-and-threshold histogram with fresh Poisson sampling.
 * :func:`hierarchy_quantiles`: post-processing -- per key, ``transforms.quantiles.RangeAnswers``
   on the key's released rows, the first leaf boundary whose estimated rank reaches
   phi * total (greedy decomposition, at most L (beta - 1) nodes).
@@ -23,13 +24,11 @@ every split and one >= hi on the right -- the same clamping.
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from transforms import hashing
 from transforms.aggregate import SumCountsPerKey
-from transforms.heavy_hitters import LEVEL_COLUMN
-from transforms.quantiles import BUCKET_COLUMN, RangeAnswers, bucket_of
-from transforms.sample_and_threshold import SampleAndThreshold, release_table
+from transforms.quantiles import LevelHistograms, RangeAnswers, _grouped, release_levels
+from transforms.sample_and_threshold import SampleAndThreshold
 from transforms.user_shards import KEY_HASH_COLUMN
 
 RANK_COLUMN = "rank"
@@ -38,36 +37,11 @@ SIDE_COLUMN = "__side"
 RANK_INDEX_COLUMN = "__rank_index"
 
 
-def _grouped(columns, count, group_by):
-    table = pa.table({**columns, "count": count})
-    if table.num_rows == 0:
-        return pa.table({**{k: v.slice(0, 0) if hasattr(v, "slice") else v for k, v in columns.items()},
-                         "count": pa.array([], pa.int64())})
-    grouped = table.group_by(group_by, use_threads=False).aggregate([("count", "sum")])
-    return grouped.rename_columns(group_by + ["count"]).select(group_by + ["count"])
-
-
-def level_cells(table, keys, value_column, *, lo, hi, branching, level):
-    """Table(keys..., bucket, count): per (key, level-``level`` bucket) sums of ``count``."""
-    values = table.column(value_column).to_numpy(zero_copy_only=False).astype(np.float64)
-    buckets = bucket_of(values, lo=lo, hi=hi, branching=branching, level=level)
-    columns = {k: table.column(k) for k in keys}
-    columns[BUCKET_COLUMN] = pa.array(buckets, pa.int64())
-    return _grouped(columns, table.column("count"), list(keys) + [BUCKET_COLUMN])
-
-
-def _with_level(table, level):
-    return table.add_column(0, LEVEL_COLUMN, pa.array(np.full(table.num_rows, level, np.int32)))
-
-
 def hierarchy_release(table, keys, value_column, *, lo, hi, branching, levels, params, rng):
     """Kernel: every level 1..L of the keyed hierarchy on one in-memory table of
     per-(key, value) counts. Returns Table(level, keys..., bucket, count, estimate)."""
-    out = []
-    for level in range(1, levels + 1):
-        cells = level_cells(table, keys, value_column, lo=lo, hi=hi, branching=branching, level=level)
-        out.append(_with_level(release_table(cells, params, rng), level))
-    return pa.concat_tables(out)
+    return release_levels(table, keys, value_column, lo=lo, hi=hi, branching=branching,
+                          levels=levels, params=params, rng=rng)
 
 
 def _key_tuples(table, keys):
@@ -96,34 +70,10 @@ def hierarchy_quantiles(released, keys, key_list, ranks, *, lo, hi, branching, l
     return out
 
 
-def _cells_with_hash(table, keys, value_column, lo, hi, branching, level):
-    out = level_cells(table, keys, value_column, lo=lo, hi=hi, branching=branching, level=level)
-    cols = list(keys) + [BUCKET_COLUMN]
-    return out.append_column(KEY_HASH_COLUMN, pa.array(hashing.hash_columns(out, cols), pa.uint64()))
-
-
-class KeyedHierarchy(beam.PTransform):
+class KeyedHierarchy(LevelHistograms):
     """Per-(key, value) counts -> Table(level, keys..., bucket, count, estimate): L
-    sample-and-threshold levels of the beta-ary hierarchy, fresh sampling each."""
-
-    def __init__(self, keys, value_column, *, lo, hi, branching, levels, params, num_shards=16,
-                 rng_factory=None, label=None):
-        super().__init__(label)
-        self._keys, self._column = list(keys), value_column
-        self._lo, self._hi, self._branching, self._levels = float(lo), float(hi), int(branching), int(levels)
-        self._params, self._num_shards, self._rng_factory = params, int(num_shards), rng_factory
-
-    def expand(self, counts):
-        levels = []
-        for level in range(1, self._levels + 1):
-            levels.append(
-                counts
-                | f"Cells{level}" >> beam.Map(_cells_with_hash, self._keys, self._column, self._lo,
-                                              self._hi, self._branching, level)
-                | f"SumPerCell{level}" >> SumCountsPerKey(self._keys + [BUCKET_COLUMN], self._num_shards)
-                | f"SampleAndThreshold{level}" >> SampleAndThreshold(self._params, self._rng_factory)
-                | f"Level{level}" >> beam.Map(_with_level, level))
-        return levels | "FlattenLevels" >> beam.Flatten()
+    sample-and-threshold levels of the beta-ary hierarchy, fresh sampling each
+    (``transforms.quantiles.LevelHistograms`` with the key columns)."""
 
 
 # ---- binary search (paper 003 Sec. 4.2, "Single quantiles via interactive search") --------

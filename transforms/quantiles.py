@@ -7,7 +7,9 @@ Two recipes on top of the sample-and-threshold kernel:
   beta**l equal-width buckets; each level is a sample-and-threshold histogram with fresh
   sampling (L levels compose: paper 003 Lemma 1). :class:`RangeAnswers` answers rank,
   range and quantile queries from the released rows by the greedy beta-ary decomposition
-  (at most beta - 1 nodes per level).
+  (at most beta - 1 nodes per level). The same levels per key (cells (keys..., bucket)):
+  :func:`release_levels` / :class:`LevelHistograms`, which ``transforms.quantile_release``
+  uses for ``mechanism.kind: quantiles``.
 * :func:`binary_search_quantile`: the interactive search of paper 003 Sec. 4.2 (Lemma
   "single quantiles"): ``rounds`` two-bucket histograms [lo, t) / [t, hi), each a fresh
   sample-and-threshold release, bisecting t towards the phi-quantile.
@@ -59,36 +61,86 @@ def bucket_of(values, *, lo, hi, branching, level):
     return np.clip(idx, 0, n - 1).astype(np.int64)
 
 
+def _grouped(columns, count, group_by):
+    """Table(group_by..., count): sums of ``count`` per group (an empty table keeps the types)."""
+    table = pa.table({**columns, "count": count})
+    if table.num_rows == 0:
+        return pa.table({**{k: v.slice(0, 0) if hasattr(v, "slice") else v for k, v in columns.items()},
+                         "count": pa.array([], pa.int64())})
+    grouped = table.group_by(group_by, use_threads=False).aggregate([("count", "sum")])
+    return grouped.rename_columns(group_by + ["count"]).select(group_by + ["count"])
+
+
+def level_cells(table, keys, value_column, *, lo, hi, branching, level):
+    """Table(keys..., bucket, count): per (key, level-``level`` bucket) sums of ``count``;
+    ``keys`` = [] gives the global hierarchy's per-bucket counts."""
+    values = table.column(value_column).to_numpy(zero_copy_only=False).astype(np.float64)
+    buckets = bucket_of(values, lo=lo, hi=hi, branching=branching, level=level)
+    columns = {k: table.column(k) for k in keys}
+    columns[BUCKET_COLUMN] = pa.array(buckets, pa.int64())
+    return _grouped(columns, table.column("count"), list(keys) + [BUCKET_COLUMN])
+
+
 def level_counts(table, value_column, *, lo, hi, branching, level):
     """Table(bucket, count): per-bucket sums of ``count`` at one level."""
-    values = table.column(value_column).to_numpy(zero_copy_only=False)
-    buckets = bucket_of(values, lo=lo, hi=hi, branching=branching, level=level)
-    grouped = pa.table({BUCKET_COLUMN: buckets, "count": table.column("count")}).group_by(
-        BUCKET_COLUMN, use_threads=False).aggregate([("count", "sum")])
-    return grouped.rename_columns([BUCKET_COLUMN, "count"]).select([BUCKET_COLUMN, "count"])
+    return level_cells(table, [], value_column, lo=lo, hi=hi, branching=branching, level=level)
 
 
 def _with_level(table, level):
     return table.add_column(0, LEVEL_COLUMN, pa.array(np.full(table.num_rows, level, np.int32)))
 
 
-def hierarchical_release(table, value_column, *, lo, hi, branching, levels, params, rng):
-    """Kernel: release every level (1..L) of the hierarchy from one in-memory table of
-    per-value counts. Returns Table(level, bucket, count, estimate)."""
+def release_levels(table, keys, value_column, *, lo, hi, branching, levels, params, rng):
+    """Kernel: every level 1..L of the (keyed) hierarchy on one in-memory table of
+    per-(key, value) counts. Returns Table(level, keys..., bucket, count, estimate)."""
     _check_domain(lo, hi, branching, levels)
     out = []
     for level in range(1, levels + 1):
-        counts = level_counts(table, value_column, lo=lo, hi=hi, branching=branching, level=level)
-        out.append(_with_level(release_table(counts, params, rng), level))
+        cells = level_cells(table, keys, value_column, lo=lo, hi=hi, branching=branching, level=level)
+        out.append(_with_level(release_table(cells, params, rng), level))
     return pa.concat_tables(out)
 
 
-def _level_with_hash(table, value_column, lo, hi, branching, level):
-    out = level_counts(table, value_column, lo=lo, hi=hi, branching=branching, level=level)
-    return out.append_column(KEY_HASH_COLUMN, pa.array(hashing.hash_columns(out, [BUCKET_COLUMN])))
+def hierarchical_release(table, value_column, *, lo, hi, branching, levels, params, rng):
+    """Kernel: release every level (1..L) of the hierarchy from one in-memory table of
+    per-value counts. Returns Table(level, bucket, count, estimate)."""
+    return release_levels(table, [], value_column, lo=lo, hi=hi, branching=branching,
+                          levels=levels, params=params, rng=rng)
 
 
-class HierarchicalHistogram(beam.PTransform):
+def _cells_with_hash(table, keys, value_column, lo, hi, branching, level):
+    out = level_cells(table, keys, value_column, lo=lo, hi=hi, branching=branching, level=level)
+    return out.append_column(KEY_HASH_COLUMN, pa.array(
+        hashing.hash_columns(out, list(keys) + [BUCKET_COLUMN]), pa.uint64()))
+
+
+class LevelHistograms(beam.PTransform):
+    """Per-(key, value) counts -> Table(level, keys..., bucket, count, estimate): L
+    sample-and-threshold levels of the beta-ary hierarchy, fresh sampling each (paper 003
+    Sec. 4.2; L levels compose, Lemma 1). ``keys`` = [] is the global hierarchy."""
+
+    def __init__(self, keys, value_column, *, lo, hi, branching, levels, params, num_shards=16,
+                 rng_factory=None, label=None):
+        super().__init__(label)
+        _check_domain(lo, hi, branching, levels)
+        self._keys, self._column = list(keys), value_column
+        self._lo, self._hi, self._branching, self._levels = float(lo), float(hi), int(branching), int(levels)
+        self._params, self._num_shards, self._rng_factory = params, int(num_shards), rng_factory
+
+    def expand(self, counts):
+        levels = []
+        for level in range(1, self._levels + 1):
+            levels.append(
+                counts
+                | f"Cells{level}" >> beam.Map(_cells_with_hash, self._keys, self._column, self._lo,
+                                              self._hi, self._branching, level)
+                | f"SumPerCell{level}" >> SumCountsPerKey(self._keys + [BUCKET_COLUMN], self._num_shards)
+                | f"SampleAndThreshold{level}" >> SampleAndThreshold(self._params, self._rng_factory)
+                | f"Level{level}" >> beam.Map(_with_level, level))
+        return levels | "FlattenLevels" >> beam.Flatten()
+
+
+class HierarchicalHistogram(LevelHistograms):
     """Sample-and-threshold hierarchy over a numeric column (paper 003 Sec. 4.2).
 
     Input: PCollection[pyarrow.Table] with ``value_column`` and int64 ``count``. Output:
@@ -98,23 +150,8 @@ class HierarchicalHistogram(beam.PTransform):
 
     def __init__(self, value_column, *, lo, hi, branching, levels, params, num_shards=16,
                  rng_factory=None, label=None):
-        super().__init__(label)
-        _check_domain(lo, hi, branching, levels)
-        self._column, self._lo, self._hi = value_column, float(lo), float(hi)
-        self._branching, self._levels = int(branching), int(levels)
-        self._params, self._num_shards, self._rng_factory = params, int(num_shards), rng_factory
-
-    def expand(self, counts):
-        levels = []
-        for level in range(1, self._levels + 1):
-            levels.append(
-                counts
-                | f"Buckets{level}" >> beam.Map(_level_with_hash, self._column, self._lo,
-                                                self._hi, self._branching, level)  # Table(bucket, count, __key)
-                | f"SumPerBucket{level}" >> SumCountsPerKey([BUCKET_COLUMN], self._num_shards)
-                | f"SampleAndThreshold{level}" >> SampleAndThreshold(self._params, self._rng_factory)
-                | f"Level{level}" >> beam.Map(_with_level, level))                  # Table(level, bucket, count, estimate)
-        return levels | "FlattenLevels" >> beam.Flatten()
+        super().__init__([], value_column, lo=lo, hi=hi, branching=branching, levels=levels,
+                         params=params, num_shards=num_shards, rng_factory=rng_factory, label=label)
 
 
 class RangeAnswers:

@@ -54,8 +54,8 @@ def sanitize(frequencies, *, keep_probabilities, frequency_table=None, rng,
 
     frequencies: int array (w >= 1) of the input keys.
     keep_probabilities: pi_0..pi_M (``accounting.pws.keep_probabilities``).
-    frequency_table: the (M+1) x (M+1) table T[i, j] = pi_{i,j} (sparse or dense) to also
-        release tokens; None releases keys only.
+    frequency_table: the (M+1) x (M+1) table T[i, j] = pi_{i,j} (sparse or dense, or the
+        banded rows ``ReleaseTables.band``) to also release tokens; None releases keys only.
     rng: ``samplers.SecureRandom`` or a seeded numpy Generator (tests).
     sampling_probabilities: None for the one-step path; for the post-processing path, the
         probability q_w with which each input key was sampled (array like ``frequencies``).
@@ -94,7 +94,8 @@ def sanitize(frequencies, *, keep_probabilities, frequency_table=None, rng,
         p = keep_p[row] if q is None else keep_p[row] / q
         return samplers.bernoulli(rng, p), tokens
     table = frequency_table
-    if not (isinstance(table, scipy.sparse.csr_array) and table.has_sorted_indices):
+    if not pws.is_band(table) and not (isinstance(table, scipy.sparse.csr_array)
+                                       and table.has_sorted_indices):
         table = scipy.sparse.csr_array(table)
         table.sort_indices()
     if table.shape[0] != m + 1:
@@ -143,12 +144,12 @@ def sanitize_table(table, tables, rng, *, key_columns, frequency_column="count")
     w = _frequencies(_column_numpy(table, frequency_column)) if table.num_rows else \
         np.zeros(0, dtype=np.int64)
     q = tables.sampling_probabilities(w) if params.presampled else None
-    keep, tokens = sanitize(w, keep_probabilities=tables.keep, frequency_table=tables.table,
+    keep, tokens = sanitize(w, keep_probabilities=tables.keep, frequency_table=tables.band,
                             rng=rng, sampling_probabilities=q, beyond_table=params.beyond_table)
     mask = pa.array(keep, type=pa.bool_())
     out = table.select(list(key_columns)).filter(mask)
     kept = int(keep.sum())
-    if tables.table is None:
+    if tables.band is None:
         token_col = pa.nulls(kept, type=pa.int64())
         estimate_col = pa.nulls(kept, type=pa.float64())
     else:

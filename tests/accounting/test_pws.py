@@ -575,3 +575,27 @@ def test_estimators_take_dense_and_int32_indexed_tables(layout, sampling, t):
     assert np.allclose(mle, naive_mle(table, pi), rtol=1e-12)
     assert mle[1] < mle[m]          # the bug gave g(M)/pi_M for every token
     assert np.allclose(pws.biased_down_estimates(given), naive_biased_down(table, pi), rtol=1e-7)
+
+
+@pytest.mark.parametrize("eps,delta,report", [(1.0, 1e-15, "keys_and_frequencies"),
+                                              (20.0, 1e-8, "keys_and_frequencies"),
+                                              (100.0, 1e-8, "keys_and_frequencies"),
+                                              (20.0, 1e-8, "keys")])
+def test_calibration_below_float_granularity_stops_with_an_error(eps, delta, report):
+    """When the rounding of the sampled distributions alone exceeds the per-key delta the
+    margin would reach 1 (tables at delta <= 0): calibrate says so instead of looping
+    (issue 18: these plans ran until killed). pipelines.limits refuses such specs first,
+    using rounding_excess, which must then exceed the per-key delta."""
+    with pytest.raises(ValueError, match="below what floating-point sampling can verify"):
+        pws.calibrate(eps, delta, 1, report=report)
+    assert pws.rounding_excess(eps, delta, report) > delta
+
+
+@pytest.mark.parametrize("eps,delta,c,report", [(1.0, 7.5e-15, 1, "keys_and_frequencies"),
+                                                (1.0, 1e-8, 10_000, "keys_and_frequencies"),
+                                                (12.0, 1e-8, 1, "keys"),
+                                                (10.0, 1e-8, 1, "keys_and_frequencies")])
+def test_rounding_excess_accepts_what_calibrates(eps, delta, c, report):
+    """The planning estimate is not so pessimistic that it refuses what verifies."""
+    p = pws.calibrate(eps, delta, c, report=report)
+    assert pws.rounding_excess(p.key_epsilon, p.key_delta, report) <= p.key_delta

@@ -2,7 +2,7 @@
 levels; quantiles: hierarchical levels), with one mutation each that the auditor catches.
 
 The trials run through the kinds' own kernels: the cells of each level come from
-``transforms.heavy_hitters.prefix_counts`` / ``transforms.quantile_release.level_cells``
+``transforms.heavy_hitters.prefix_counts`` / ``transforms.quantiles.level_cells``
 on the neighbouring inputs D (with the user) and D' (without), and every trial's cells are
 released by ``transforms.sample_and_threshold.release_table`` (one call for all trials:
 the trial index is a key column, so each (trial, cell) is an independent key) with the
@@ -23,7 +23,7 @@ from accounting import sample_threshold as acc
 from tests.audit import auditor
 from tests.audit.scenarios import DELTA, EPSILON, Scenario
 from transforms.heavy_hitters import prefix_counts
-from transforms.quantile_release import level_cells
+from transforms.quantiles import level_cells
 from transforms.sample_and_threshold import release_table
 
 pytestmark = pytest.mark.audit

@@ -64,10 +64,11 @@ json.dump(results, sys.stdout)
 """
 
 
-def run_batch(argvs):
-    """Run each argv through the CLI in one capped child interpreter; list of results."""
+def run_batch(argvs, prefix=()):
+    """Run each argv through the CLI in one capped child interpreter (started through the
+    ``prefix`` command, e.g. setpriv or unshare, if given); list of results."""
     driver = _DRIVER.format(cap=MEMORY_CAP, seconds=CASE_SECONDS)
-    proc = subprocess.run([sys.executable, "-c", driver], cwd=ROOT, input=json.dumps(argvs),
+    proc = subprocess.run([*prefix, sys.executable, "-c", driver], cwd=ROOT, input=json.dumps(argvs),
                           capture_output=True, text=True, timeout=CASE_SECONDS * len(argvs) + 60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
@@ -100,8 +101,9 @@ class Case:
     """One hostile case: a folder with a spec (and data); the expected outcome."""
 
     def __init__(self, root, name, *, command="plan", spec=None, text=None, code=2, needles=(),
-                 data=None, check=None):
+                 data=None, check=None, preexisting=False):
         self.name, self.command, self.code, self.needles, self.check = name, command, code, needles, check
+        self.preexisting = preexisting          # output.path is a folder made before the run
         self.folder = os.path.join(root, name)
         os.makedirs(self.folder)
         if data is not None:
@@ -125,7 +127,10 @@ class Case:
         left = after - self.before - ({"out"} if self.code == 0 and self.command == "run" else set())
         assert not left, f"case {self.name} left {sorted(left)}"
         if self.code != 0 and self.command == "run":
-            assert not os.path.exists(self.output), where
+            if self.preexisting:
+                assert os.listdir(self.output) == [], where
+            else:
+                assert not os.path.exists(self.output), where
         if self.check:
             self.check(self, result)
 
@@ -178,6 +183,25 @@ SPEC_CASES = [
     ("weighted_sampling_delta_1e-30", {"privacy": {"delta": 1e-30},
                                        "mechanism": {"kind": "weighted_sampling"}}, 2,
      ("privacy.delta",)),
+    # float rounding of the sampled distributions exceeds the per-key delta (looped forever)
+    ("weighted_sampling_delta_1e-15", {"privacy": {"delta": 1e-15},
+                                       "bounding": {"max_keys_per_user": 1},
+                                       "mechanism": {"kind": "weighted_sampling"}}, 2,
+     ("privacy.delta", "floating-point rounding", "use delta >=")),
+    ("weighted_sampling_epsilon_100", {"privacy": {"epsilon": 100},
+                                       "mechanism": {"kind": "weighted_sampling"}}, 2,
+     ("privacy.epsilon", "floating-point rounding", "or less")),
+    ("weighted_sampling_keys_epsilon_60", {"privacy": {"epsilon": 60},
+                                           "mechanism": {"kind": "weighted_sampling",
+                                                         "report": "keys"}}, 2,
+     ("privacy.epsilon", "floating-point rounding", "or less")),
+    # accepted: the largest bound (plans in seconds since the estimators read the band along
+    # its diagonals; 1.5 GB before) and the smallest delta suggested above at C = 1
+    ("weighted_sampling_C_1e4", {"bounding": {"max_keys_per_user": 10**4},
+                                 "mechanism": {"kind": "weighted_sampling"}}, 0, ()),
+    ("weighted_sampling_delta_1.4e-14", {"privacy": {"delta": 1.4e-14},
+                                         "bounding": {"max_keys_per_user": 1},
+                                         "mechanism": {"kind": "weighted_sampling"}}, 0, ()),
     ("ppswor_threshold_1e-300", {"mechanism": {"kind": "weighted_sampling", "sampling": "ppswor",
                                                "sampling_threshold": 1e-300}}, 2,
      ("mechanism.sampling_threshold",)),
@@ -376,6 +400,106 @@ def test_run_case(run_results, name):
     case.verify(result)
 
 
+# ---- outputs that cannot be written: immutable, read-only (permission bits), read-only mount
+
+def _locked(folder):
+    """Input data and an empty folder ``locked`` that the cases make unwritable."""
+    _words(folder)
+    os.makedirs(os.path.join(folder, "locked"))
+
+
+def _locked_cases(root, tag, reason):
+    """validate and run with output.path inside ``locked``, and run with output.path the
+    ``locked`` folder itself (an existing release folder that cannot be replaced)."""
+    cases = []
+    for command, inside in (("validate", True), ("run", True), ("run", False)):
+        name = f"{tag}_{command}_{'inside' if inside else 'itself'}"
+        locked = os.path.join(root, name, "locked")
+        output = os.path.join(locked, "out") if inside else locked
+        cases.append(Case(root, name, command=command, data=_locked,
+                          spec={"output": {"path": output}}, preexisting=not inside,
+                          needles=("output.path", "cannot be written", reason)))
+    return cases
+
+
+def _verify_locked(cases, results):
+    for case, result in zip(cases, results):
+        case.verify(result)
+        locked = os.path.join(case.folder, "locked")
+        assert os.listdir(locked) == [], (case.name, os.listdir(locked))
+
+
+def _chattr(flag, path):
+    return subprocess.run(["chattr", flag, path], capture_output=True, text=True)
+
+
+def test_immutable_output_folder_is_refused_by_validate_and_run(tmp_path):
+    """chattr +i binds root too: nothing can be created in (or renamed from) the folder."""
+    root = str(tmp_path)
+    probe = os.path.join(root, "probe")
+    os.mkdir(probe)
+    try:
+        attr = _chattr("+i", probe)
+    except FileNotFoundError:
+        pytest.skip("chattr is not installed")
+    if attr.returncode != 0:
+        pytest.skip(f"this file system does not take chattr +i: {attr.stderr.strip()}")
+    _chattr("-i", probe)
+    cases = _locked_cases(root, "immutable", "Operation not permitted")
+    locked = [os.path.join(c.folder, "locked") for c in cases]
+    for path in locked:
+        assert _chattr("+i", path).returncode == 0
+    try:
+        results = run_batch([c.argv() for c in cases])
+    finally:
+        for path in locked:
+            _chattr("-i", path)
+    _verify_locked(cases, results)
+
+
+def test_read_only_output_folder_is_refused_for_an_unprivileged_user(tmp_path):
+    """Permission bits r-x: the CLI runs without the capabilities that let root ignore
+    them (setpriv drops CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH from the bounding set; the
+    files stay readable to the owner, root, so Python and the checkout still load)."""
+    root = str(tmp_path)
+    prefix = ()
+    if os.geteuid() == 0:
+        prefix = ("setpriv", "--bounding-set=-dac_override,-dac_read_search")
+        try:
+            probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
+        except FileNotFoundError:
+            pytest.skip("setpriv is not installed (needed to drop root's override)")
+        if probe.returncode != 0:
+            pytest.skip(f"setpriv cannot drop capabilities here: {probe.stderr.strip()}")
+    cases = _locked_cases(root, "read_only", "Permission denied")
+    for case in cases:
+        os.chmod(os.path.join(case.folder, "locked"), 0o555)
+    try:
+        results = run_batch([c.argv() for c in cases], prefix=prefix)
+    finally:
+        for case in cases:
+            os.chmod(os.path.join(case.folder, "locked"), 0o755)
+    _verify_locked(cases, results)
+
+
+def test_output_on_a_read_only_mount_is_refused(tmp_path):
+    """A read-only bind mount of the folder in a private mount namespace (unshare -m)."""
+    root = str(tmp_path)
+    cases = _locked_cases(root, "read_only_mount", "Read-only file system")
+    mounts = " && ".join(f"mount --bind {p} {p} && mount -o remount,bind,ro {p}"
+                         for p in (os.path.join(c.folder, "locked") for c in cases))
+    prefix = ("unshare", "-m", "sh", "-c", f'{mounts} && exec "$0" "$@"')
+    try:
+        probe = subprocess.run(["unshare", "-m", "sh", "-c",
+                                f"mount --bind {root} {root} && mount -o remount,bind,ro {root}"],
+                               capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.skip("unshare is not installed")
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a read-only mount here: {probe.stderr.strip()}")
+    _verify_locked(cases, run_batch([c.argv() for c in cases], prefix=prefix))
+
+
 # ---- multi-process runs and Ctrl-C (own processes; slow) -----------------------------------
 
 def _capped(argv, **kw):
@@ -467,6 +591,12 @@ BOUNDARY_SPECS = [
                                      "mechanism": {"kind": "sample_and_threshold"}}),
     ("weighted_sampling_C_limit", {"bounding": {"max_keys_per_user": 10_000},
                                    "mechanism": {"kind": "weighted_sampling"}}),
+    ("weighted_sampling_biased_down_C_1000", {"bounding": {"max_keys_per_user": 1000},
+                                              "mechanism": {"kind": "weighted_sampling",
+                                                            "estimator": "biased_down"}}),
+    ("weighted_sampling_smallest_epsilon", {"privacy": {"epsilon": 1e-3},
+                                            "bounding": {"max_keys_per_user": 1},
+                                            "mechanism": {"kind": "weighted_sampling"}}),
 ]
 
 

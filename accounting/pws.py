@@ -537,7 +537,7 @@ def composed_delta(key_epsilon, key_delta, max_keys_per_user, epsilon):
 
     Every (eps0, delta0)-DP mechanism is dominated by the pair P = (delta0,
     (1-delta0) e^eps0/(1+e^eps0), (1-delta0)/(1+e^eps0), 0), Q = P reversed (Kairouz, Oh &
-    Viswanath 2015, Thm 2.?/3.3); the hockey-stick divergence of the C-fold product is
+    Viswanath 2015, Thm 3.3); the hockey-stick divergence of the C-fold product is
     1 - (1-delta0)^C + (1-delta0)^C sum_l Binom(C, l; p) max(0, 1 - e^{eps - (C-2l) eps0}),
     p = 1/(1+e^eps0). A user with <= C keys changes <= C independent per-key mechanisms.
     """
@@ -546,7 +546,8 @@ def composed_delta(key_epsilon, key_delta, max_keys_per_user, epsilon):
     p_flip = 1.0 / (1.0 + math.exp(key_epsilon))
     weights = scipy.stats.binom.pmf(l, c, p_flip)
     loss = (c - 2 * l) * key_epsilon
-    rr = float(np.sum(weights * np.maximum(0.0, -np.expm1(epsilon - loss))))
+    with np.errstate(over="ignore"):   # expm1 -> inf where the term is clipped to 0 anyway
+        rr = float(np.sum(weights * np.maximum(0.0, -np.expm1(epsilon - loss))))
     log_none_lost = c * math.log1p(-key_delta)   # (1 - delta0)^C without cancellation
     return -math.expm1(log_none_lost) + math.exp(log_none_lost) * rr
 

@@ -97,13 +97,18 @@ def sparse_histogram_delta(epsilon, log_beta, max_keys_per_user, shift_delta, me
 # GSHM with Gaussian or discrete Gaussian noise.
 
 
-def _check(epsilon, sigma, max_keys_per_user, noise, method, extra_mu, aggregates=()):
+def check_release_arguments(epsilon, sigma, max_keys_per_user):
+    """The arguments every sparse-histogram accounting takes (also weighted_gaussian's)."""
     if not (math.isfinite(epsilon) and epsilon >= 0):
         raise ValueError(f"epsilon must be >= 0, got {epsilon}")
     if not (math.isfinite(sigma) and sigma > 0):
         raise ValueError(f"sigma must be > 0, got {sigma}")
     if int(max_keys_per_user) != max_keys_per_user or max_keys_per_user < 1:
         raise ValueError(f"max_keys_per_user must be an integer >= 1, got {max_keys_per_user}")
+
+
+def _check(epsilon, sigma, max_keys_per_user, noise, method, extra_mu, aggregates=()):
+    check_release_arguments(epsilon, sigma, max_keys_per_user)
     if noise not in NOISES:
         raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")
     if method not in METHODS:

@@ -175,12 +175,7 @@ def shift_delta(epsilon, count, shift, sigma_grid):
 
 
 def _check(epsilon, sigma, max_keys_per_user, scale):
-    if not (math.isfinite(epsilon) and epsilon >= 0):
-        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
-    if not (math.isfinite(sigma) and sigma > 0):
-        raise ValueError(f"sigma must be > 0, got {sigma}")
-    if int(max_keys_per_user) != max_keys_per_user or max_keys_per_user < 1:
-        raise ValueError(f"max_keys_per_user must be an integer >= 1, got {max_keys_per_user}")
+    gshm.check_release_arguments(epsilon, sigma, max_keys_per_user)
     if int(scale) != scale or scale < 1 or (int(scale) & (int(scale) - 1)):
         raise ValueError(f"scale must be a power of two, got {scale}")
 

@@ -2,7 +2,6 @@
 past the dataset's total, reservations released on refusals and kept once publishing
 began, and concurrent runs decided by SQLite transactions — with real processes."""
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pipelines.plan import make_plan
 from pipelines.release import run
 
 from .conftest import QUICKSTART_DATA, ROOT
+from .ledger_race import assert_exactly_two_reserved, race
 
 
 def _spec_text(name, data, out, ledger_path, *, epsilon=1.0, total=2.5, dataset="ds",
@@ -117,19 +117,8 @@ def test_reservations_race_in_one_transaction(tmp_path, tiny):
     (a check-then-write would let more through)."""
     ledger_path = tmp_path / "race.sqlite"
     text = _spec_text("race", tiny, tmp_path / "o", ledger_path, total=2.5)
-    ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(6), ctx.Queue()
-    procs = [ctx.Process(target=_reserve_in_child, args=(text, barrier, results)) for _ in range(6)]
-    for p in procs:
-        p.start()
-    outcomes = [results.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-    assert outcomes.count("reserved") == 2, outcomes
-    assert all(o.startswith("refused: budget:") for o in outcomes if o != "reserved")
-    shown = ledger.summary(str(ledger_path))[0]
-    assert shown["spent"]["epsilon"] == 2.0
-    assert [r["state"] for r in shown["releases"]] == ["reserved", "reserved"]
+    outcomes = race("spawn", _reserve_in_child, text)
+    assert_exactly_two_reserved(outcomes, str(ledger_path))
 
 
 def _plan(tmp_path, tiny, name="x", **kw):

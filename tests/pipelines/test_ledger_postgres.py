@@ -4,7 +4,6 @@ root): releases charged across runs, the third refused past the total, ``ledger 
 --json``, and concurrent reservations decided by a row lock -- with real processes."""
 import glob
 import json
-import multiprocessing
 import os
 import pwd
 import shutil
@@ -20,6 +19,7 @@ from pipelines import spec as spec_mod
 from pipelines.cli import main
 from pipelines.plan import make_plan
 
+from .ledger_race import assert_exactly_two_reserved, race
 from .test_ledger import _cli, _finish, _spec_text, tiny  # noqa: F401
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
@@ -142,19 +142,8 @@ def test_reservations_race_on_the_row_lock(tmp_path, tiny, url):  # noqa: F811
     tables are not even created), with room for two: exactly two get it. (Forked with the
     plan made here, so the race is between the reservations alone.)"""
     plan = _plan_for(tmp_path, tiny, url, "race", total=2.5)
-    ctx = multiprocessing.get_context("fork")
-    barrier, results = ctx.Barrier(6), ctx.Queue()
-    procs = [ctx.Process(target=_reserve_forked, args=(plan, barrier, results)) for _ in range(6)]
-    for p in procs:
-        p.start()
-    outcomes = [results.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-    assert outcomes.count("reserved") == 2, outcomes
-    assert all(o.startswith("refused: budget:") for o in outcomes if o != "reserved"), outcomes
-    shown = ledger.summary(url)[0]
-    assert shown["spent"]["epsilon"] == 2.0
-    assert [r["state"] for r in shown["releases"]] == ["reserved", "reserved"]
+    outcomes = race("fork", _reserve_forked, plan)
+    assert_exactly_two_reserved(outcomes, url)
 
 
 def test_refusal_releases_and_commit_keeps(tmp_path, tiny, url, capsys):  # noqa: F811

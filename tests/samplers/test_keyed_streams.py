@@ -30,15 +30,6 @@ def _streams(stage, n=N, offset=0, secret=SECRET):
     return keyed_random.KeyedSource(secret).rows(stage, ids).view
 
 
-@pytest.fixture
-def fresh_caches():
-    samplers._cached_geometric.cache_clear()
-    samplers._cached_gaussian.cache_clear()
-    yield
-    samplers._cached_geometric.cache_clear()
-    samplers._cached_gaussian.cache_clear()
-
-
 @pytest.mark.parametrize("sigma", [0.5, 3.7, 1000.0])
 def test_discrete_gaussian_pmf_from_row_streams(sigma):
     draws = samplers.discrete_gaussian(_streams(f"g{sigma}"), sigma, N)

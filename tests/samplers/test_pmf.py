@@ -23,16 +23,6 @@ def _rng(seed):
 
 
 @pytest.fixture
-def fresh_caches():
-    """Samplers built under patched constants must not leak into other tests."""
-    samplers._cached_geometric.cache_clear()
-    samplers._cached_gaussian.cache_clear()
-    yield
-    samplers._cached_geometric.cache_clear()
-    samplers._cached_gaussian.cache_clear()
-
-
-@pytest.fixture
 def slow_path_calls(monkeypatch):
     """Counts exact slow-path resolutions of ties."""
     calls = {"resolve": 0}

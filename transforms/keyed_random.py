@@ -26,7 +26,7 @@ rows, and a recomputation draws the very same words. The exact samplers of
 ``transforms.samplers`` consume these words unchanged (:class:`RowStreams` gives every
 row its own stream, so vectorised sampling takes one word per row per round), so the
 noise laws stay exact; the privacy guarantee becomes computational (an adversary who
-cannot distinguish BLAKE2b from a random function sees exactly distributed noise).
+cannot distinguish SHAKE256 from a random function sees exactly distributed noise).
 """
 import contextlib
 import hashlib

@@ -125,14 +125,21 @@ def exact_user_ids(table):
 
     The check is exact and cheap: the hash is a function of the id, so it is one-to-one
     on the table's ids iff both columns have equal numbers of distinct values. Only a shard where that fails (crafted or accidental collisions) pays
-    for a dictionary encoding: ``__user`` becomes mix64 of each id's dictionary code, a
-    bijection of the codes."""
+    for a dictionary encoding: ``__user`` becomes mix64 of each id's rank among the
+    shard's distinct ids in sorted order, a bijection of the ranks. The rank, unlike the
+    order of first appearance, does not depend on row order, so a recomputed or
+    re-bundled shard gives every user the same ``__user`` and hence the same keyed
+    stream (``transforms.keyed_random``)."""
     if USER_ID_COLUMN not in table.column_names:
         return table
     ids = table.column(USER_ID_COLUMN)
     ids = ids.combine_chunks() if ids.num_chunks != 1 else ids.chunk(0)
     if not _hash_is_exact(table.column(USER_COLUMN), ids):
-        codes = pc.dictionary_encode(ids).indices.to_numpy(zero_copy_only=False)
+        encoded = pc.dictionary_encode(ids)
+        order = pc.array_sort_indices(encoded.dictionary).to_numpy(zero_copy_only=False)
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        codes = rank[encoded.indices.to_numpy(zero_copy_only=False)]
         position = table.column_names.index(USER_COLUMN)
         table = table.set_column(position, USER_COLUMN,
                                  pa.array(mix64(codes.astype(np.uint64)), type=pa.uint64()))

@@ -41,6 +41,30 @@ def test_colliding_user_ids_are_two_users_in_their_shard():
     assert users[0] == users[2] and users[0] != users[1] and len(set(users)) == 3
 
 
+def test_keyed_draws_in_a_colliding_shard_ignore_row_order():
+    """In a shard where two ids collide, a user's kept keys under one release secret are
+    the same whatever the order of the shard's rows (exact identities are ranks of the
+    sorted ids, not the order of first appearance)."""
+    from transforms import keyed_random
+    a, b = colliding_pair("c")
+    pair = pa.table({"user_id": [a, b], "word": ["p1", "p2"]})
+    x = pa.table({"user_id": ["x"] * 6, "word": [f"w{i}" for i in range(6)]})
+    source = keyed_random.KeyedSource(b"test-only secret for row order..")
+
+    def kept_words_of_x(table):
+        prepared, _ = pio.prepare_batch(table, "user_id", ["word"])
+        exact = exact_user_ids(prepared)
+        kept = bound_table_l0(exact, ["word"], 2, keyed_random.StageSource(source, "S"))
+        words = exact.column("word").take(pa.array(kept)).to_pylist()
+        ids = table.column("user_id").take(pa.array(kept)).to_pylist()
+        return sorted(w for w, u in zip(words, ids) if u == "x")
+
+    after = kept_words_of_x(pa.concat_tables([pair, x]))
+    before = kept_words_of_x(pa.concat_tables([x, pair]))
+    assert len(after) == 2
+    assert after == before
+
+
 def test_integer_ids_need_no_exact_column():
     prepared, _ = pio.prepare_batch(
         pa.table({"user_id": pa.array([1, 2**64 - 1, 1], pa.uint64()), "word": ["a", "b", "c"]}),

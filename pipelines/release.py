@@ -110,9 +110,15 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
 def _spill_dir(pipeline, staging):
     """Where the in-process runner's user shuffle spills (transforms/spill.py): a
     ``beam-temp-*`` folder in the local staging folder, removed with Beam's scratch after
-    the pipeline. None (the runner's own shuffle) for any other runner or a remote output."""
+    the pipeline. None (the runner's own shuffle) for any other runner, a remote output,
+    or SDK workers that may not share this machine's disk (``--environment_type`` other
+    than the in-process ones)."""
+    from apache_beam.options.pipeline_options import PortableOptions
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-    if isinstance(pipeline.runner, FnApiRunner) and not publish.is_remote(staging):
+    environment = (pipeline.options.view_as(PortableOptions).environment_type or "").upper()
+    same_machine = environment in ("", "EMBEDDED", "LOOPBACK", "PROCESS")
+    if isinstance(pipeline.runner, FnApiRunner) and same_machine \
+            and not publish.is_remote(staging):
         from transforms.spill import SPILL_FOLDER
         return os.path.join(os.path.abspath(staging), SPILL_FOLDER)
     return None

@@ -119,3 +119,20 @@ def test_release_through_files_on_the_in_process_runner(tmp_path, monkeypatch, b
             assert all(abs(got[w] - truth[w]) <= 7 * sigma for w in got)
     # no staging folder (where the spill folder lived) beside the outputs
     assert sorted(os.listdir(tmp_path)) == ["in_memory", "in_memory.yaml", "spilled", "spilled.yaml"]
+
+
+@pytest.mark.parametrize("flags, spills", [
+    ([], True),
+    (["--direct_running_mode=multi_processing"], True),      # workers on this machine
+    (["--environment_type=EXTERNAL", "--environment_config=localhost:1"], False),
+    (["--environment_type=DOCKER"], False),
+])
+def test_spill_only_where_the_workers_share_this_disk(tmp_path, flags, spills):
+    """The in-process runner with SDK workers elsewhere (EXTERNAL, DOCKER) keeps Beam's
+    shuffle: a spill file written here could not be read there."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from pipelines import release
+    from pipelines.live_metrics import LiveMetricsRunner
+    pipeline = beam.Pipeline(runner=LiveMetricsRunner(), options=PipelineOptions(flags))
+    folder = release._spill_dir(pipeline, str(tmp_path / "staging"))
+    assert (folder is not None) == spills

@@ -2,6 +2,7 @@
 against independent computations (brute-force joint sums over exact pmfs; dp_accounting's
 PLD for the continuous analogue)."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -99,7 +100,10 @@ def test_joint_shift_delta_is_close_to_dp_accounting_pld_for_large_grids():
     (count: discrete, so compared against the exact discrete count alone times the
     continuous sum coordinate is not available there; we compare the whole vector with the
     continuous Gaussian of the same mu, which the discrete count matches within 1%)."""
-    pld = pytest.importorskip("dp_accounting.pld.privacy_loss_distribution")
+    if os.environ.get("CI"):   # the dev extra installs it: CI never skips this cross-check
+        from dp_accounting.pld import privacy_loss_distribution as pld
+    else:
+        pld = pytest.importorskip("dp_accounting.pld.privacy_loss_distribution")
     sigma, rows, d = 6.0, 3, 4096
     columns = ((d, d * sigma),)
     count_pld = pld.from_gaussian_mechanism(sigma, sensitivity=1.0,
@@ -120,7 +124,9 @@ def test_gshm_calibration_with_aggregates_meets_its_delta_and_costs_noise():
     for p in (with_sum, two):
         assert p.delta <= 1e-6
     assert plain.sigma < with_sum.sigma < two.sigma
-    # recomputed independently: Thm 5.4 with the joint shift at the calibrated parameters
+    # the calibration reports the delta Thm 5.4 gives at its own parameters (a consistency
+    # check of calibrate; joint_shift_delta itself is checked against brute force and
+    # dp_accounting above)
     d = gshm.delta(1.0, with_sum.sigma, with_sum.threshold_gap, 3, noise="discrete_gaussian",
                    aggregates=((4096, 1.0),))
     assert d == pytest.approx(with_sum.delta, rel=1e-12) and d <= 1e-6

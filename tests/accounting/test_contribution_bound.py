@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accounting import contribution_bound as cb
+from tests.accounting.score_fixtures import CANDIDATES, MAX_BOUND, score_params
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -51,29 +52,11 @@ def _paper_v_literal(dataset, c, epsilon, delta, c_max, weight=2.0, suppressed=1
     return weight * dropped + math.fsum(min(suppressed * v, t) for v in per_key.values())
 
 
-_MAX_BOUND = 24
-_CANDIDATES = (1, 2, 3, 5, 8, 13, 24)
+_MAX_BOUND, _CANDIDATES = MAX_BOUND, CANDIDATES
 
 
 def _score(kind, seed=0, dropped_weight="balanced"):
-    rng = np.random.default_rng(seed)
-    k = len(_CANDIDATES)
-    if kind == "laplace_l1":
-        params = {"epsilon": 1.0, "delta": 1e-5}
-    elif kind == "laplace_l0":
-        params = {"epsilon": 0.5, "delta": 1e-6}
-    elif kind == "gaussian":
-        params = {"thresholds": list(rng.uniform(2, 40, k)), "sigmas": list(rng.uniform(1, 9, k))}
-    elif kind == "weighted_sampling":
-        params = {"params_by_bound": {c: {"threshold": float(t)}
-                                      for c, t in zip(_CANDIDATES, rng.integers(2, 30, k))}}
-    elif kind == "weighted_gaussian":   # thresholds in user weights, the count's sigma
-        params = {"params_by_bound": {
-            c: {"threshold": float(t), "count_sigma": float(sd)}
-            for c, t, sd in zip(_CANDIDATES, rng.uniform(10, 30, k), rng.uniform(5, 90, k))}}
-    else:
-        params = {"thresholds": list(rng.integers(1, 15, k).astype(float)),
-                  "sampling_rates": list(rng.uniform(0.02, 1.0, k))}
+    params = score_params(kind, seed)
     params["dropped_weight"] = dropped_weight
     return cb.make_score(kind, _CANDIDATES, _MAX_BOUND, params)
 

@@ -44,6 +44,9 @@ def test_two_concurrent_runs_publish_once(tmp_path):
     assert codes == [0, 2], results
     loser = next(err for code, _, err in results if code == 2)
     assert "output.path" in loser and "Traceback" not in loser
+    # refused by the claim while the winner ran (not afterwards, by "already holds a
+    # release", which a run with no exclusion at all would also print)
+    assert "another thresher run is writing" in loser, loser
     assert "operator diagnostics" not in loser
     assert os.path.exists(os.path.join(out, "release_report.json"))
     assert not glob.glob(out + ".tmp-*") and not os.path.exists(out + ".lock")

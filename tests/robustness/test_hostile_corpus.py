@@ -441,6 +441,7 @@ def test_immutable_output_folder_is_refused_by_validate_and_run(tmp_path):
     try:
         attr = _chattr("+i", probe)
     except FileNotFoundError:
+        assert not os.environ.get("CI"), "chattr is not installed"  # Debian: required
         pytest.skip("chattr is not installed")
     if attr.returncode != 0:
         pytest.skip(f"this file system does not take chattr +i: {attr.stderr.strip()}")
@@ -468,6 +469,7 @@ def test_read_only_output_folder_is_refused_for_an_unprivileged_user(tmp_path):
         try:
             probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
         except FileNotFoundError:
+            assert not os.environ.get("CI"), "setpriv is not installed (needed to drop root's override)"  # Debian: required
             pytest.skip("setpriv is not installed (needed to drop root's override)")
         if probe.returncode != 0:
             pytest.skip(f"setpriv cannot drop capabilities here: {probe.stderr.strip()}")
@@ -494,6 +496,7 @@ def test_output_on_a_read_only_mount_is_refused(tmp_path):
                                 f"mount --bind {root} {root} && mount -o remount,bind,ro {root}"],
                                capture_output=True, text=True)
     except FileNotFoundError:
+        assert not os.environ.get("CI"), "unshare is not installed"  # Debian: required
         pytest.skip("unshare is not installed")
     if probe.returncode != 0:
         pytest.skip(f"cannot make a read-only mount here: {probe.stderr.strip()}")
@@ -544,13 +547,13 @@ def test_ctrl_c_is_rc_130_and_publishes_nothing(tmp_path, target):
             and time.time() < deadline:
         time.sleep(0.05)
     time.sleep(1.5)
+    if proc.poll() is not None:    # only a run that ended before the signal may skip
+        pytest.skip(f"the release ended (rc {proc.returncode}) before the interrupt was sent")
     if target == "cli_process":
         proc.send_signal(signal.SIGINT)
     else:
         os.killpg(proc.pid, signal.SIGINT)     # the group the child leads (its own session)
     _, err = proc.communicate(timeout=CASE_SECONDS * 2)
-    if proc.returncode == 0 or os.path.exists(os.path.join(folder, "out")):
-        pytest.skip("the release finished before the interrupt")
     assert proc.returncode == 130, err
     assert "interrupted; nothing was published" in err
     assert "Traceback" not in err, err
@@ -602,8 +605,7 @@ BOUNDARY_SPECS = [
 
 @pytest.mark.slow
 def test_specs_at_the_limits_plan_within_the_caps(tmp_path):
-    """What the limits accept plans under the 3 GB cap and well inside 60 s each."""
+    """What the limits accept plans under the 3 GB cap and inside 60 s each (the alarm)."""
     cases = [Case(str(tmp_path), name, spec=sections, code=0) for name, sections in BOUNDARY_SPECS]
     for case, result in zip(cases, run_batch([c.argv() for c in cases])):
         case.verify(result)
-        assert result["seconds"] < 30, (case.name, result["seconds"])

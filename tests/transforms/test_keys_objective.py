@@ -22,30 +22,16 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from accounting import contribution_bound as cb
+from tests.accounting.score_fixtures import CANDIDATES, MAX_BOUND, score_params
 from transforms.choose_contribution_bound import (
     ContributionBoundSums, shard_key_costs, table_statistics)
 
-_CANDIDATES = (1, 2, 3, 5, 8, 13, 24)
-_MAX_BOUND = 24
+_CANDIDATES, _MAX_BOUND = CANDIDATES, MAX_BOUND
 _SHARDS = 3
 
 
 def _score(kind, seed=0, objective="keys"):
-    rng = np.random.default_rng(seed)
-    k = len(_CANDIDATES)
-    if kind == "laplace_l1":
-        params = {"epsilon": 1.0, "delta": 1e-5}
-    elif kind == "laplace_l0":
-        params = {"epsilon": 0.5, "delta": 1e-6}
-    elif kind in ("gaussian", "weighted_gaussian"):
-        params = {"thresholds": list(rng.uniform(2, 40, k)),
-                  "sigmas": list(rng.uniform(0.2, 9, k))}
-    elif kind == "weighted_sampling":
-        params = {"params_by_bound": {c: {"threshold": float(t)}
-                                      for c, t in zip(_CANDIDATES, rng.integers(2, 30, k))}}
-    else:
-        params = {"thresholds": list(rng.integers(1, 15, k).astype(float)),
-                  "sampling_rates": list(rng.uniform(0.02, 1.0, k))}
+    params = score_params(kind, seed, sigma_low=0.2)
     params["objective"] = objective
     return cb.make_score(kind, _CANDIDATES, _MAX_BOUND, params)
 

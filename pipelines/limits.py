@@ -143,15 +143,39 @@ def check_release(spec, epsilon, delta, candidates):
                             f"release epsilon of about {epsilon * length / L_MAX:.3g} or more, "
                             f"or a smaller max_keys_per_user")
     if kind in _SAMPLE_AND_THRESHOLD_KINDS:
-        if _length(epsilon, delta, c) > L_MAX:
-            need = _smallest(lambda e: _length(e, delta, c) <= L_MAX, epsilon)
-            c_max = _largest_bound(lambda k: _length(epsilon, delta, k) <= L_MAX, c)
-            raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage "
-                            f"{epsilon:g}) with delta={delta:g} and max_keys_per_user={c} needs "
-                            f"thresholds/tables of ~{_length(epsilon, delta, c):.3g} counts "
-                            f"(> {L_MAX:.0f}, the planning limit for {kind}); use a release "
-                            f"epsilon >= {need:.3g}"
-                            + (f" or max_keys_per_user <= {c_max}" if c_max else ""))
+        _check_levels(spec, epsilon, delta, c, field)
+
+
+def _check_levels(spec, epsilon, delta, c, field):
+    """Sample-and-threshold kinds calibrate one contribution at epsilon / (levels * C'),
+    C' = c * per_key (``accounting.sample_threshold.calibrate_levels``): the table length
+    and the O(C') calibration are checked at what is actually calibrated."""
+    kind = spec.kind
+    structure = getattr(_kind_module(kind), "level_structure", None)
+    levels, per_key = structure(spec.mechanism) if structure else (1, 1)
+
+    def length(e, k):
+        return _length(e / levels, delta / levels, k * per_key)
+
+    if c * per_key > MAX_KEYS[kind]:
+        raise SpecError(field, f"times the {per_key} contributions per level a user makes "
+                        f"must be <= {MAX_KEYS[kind]} for {kind} (the planning limit: "
+                        f"calibration is O(contributions) per step), got {c} x {per_key}")
+    if length(epsilon, c) > L_MAX:
+        need = _smallest(lambda e: length(e, c) <= L_MAX, epsilon)
+        c_max = _largest_bound(lambda k: length(epsilon, k) <= L_MAX, c)
+        split = f" over {levels} levels" if levels > 1 else ""
+        raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage "
+                        f"{epsilon:g}{split}) with delta={delta:g} and max_keys_per_user={c} "
+                        f"needs thresholds/tables of ~{length(epsilon, c):.3g} counts "
+                        f"(> {L_MAX:.0f}, the planning limit for {kind}); use a release "
+                        f"epsilon >= {need:.3g}"
+                        + (f" or max_keys_per_user <= {c_max}" if c_max else ""))
+
+
+def _kind_module(kind):
+    from pipelines import kinds
+    return kinds.module(kind)
 
 
 def _check_weighted_gaussian(spec, epsilon, delta, c):

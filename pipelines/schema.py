@@ -25,6 +25,7 @@ MODELS = ("l0", "l1")
 KINDS = kinds_pkg.KINDS
 MAX_BOUND = 10**7            # bounding.max_keys_per_user
 MAX_AUTO_BOUND = 10**6       # bounding.auto.max_bound
+MAX_CANDIDATES = 64          # bounding.auto.candidates (each is calibrated by the plan)
 REQUIRED = ("name", "input", "privacy", "bounding", "mechanism", "output")
 # accounting.contribution_bound.DROPPED_WEIGHT_RULES (a test checks they agree; that module
 # loads scipy.stats, seconds the loader need not spend)
@@ -67,7 +68,9 @@ def _bounding():
             "epsilon": d.number(low=0, low_open=True, description="the selection stage's "
                                 "epsilon, out of privacy.epsilon (default a tenth)"),
             "candidates": d.array(d.integer(low=1, high=MAX_AUTO_BOUND), min_items=1,
-                                  unique=True),
+                                  max_items=MAX_CANDIDATES, unique=True, description=(
+                                      "the bounds to choose from; each is calibrated when "
+                                      f"planning, so at most {MAX_CANDIDATES}")),
             "max_bound": d.integer(low=1, high=MAX_AUTO_BOUND),
             "dropped_weight": d.one_of(d.choice(DROPPED_WEIGHT_RULES),
                                        d.number(low=1, high=1e6)),

@@ -59,14 +59,17 @@ def hierarchy_quantiles(released, keys, key_list, ranks, *, lo, hi, branching, l
     out = {k: [] for k in keys}
     out[RANK_COLUMN], out[VALUE_COLUMN] = [], []
     for kt in key_list:
-        rows = released.take(pa.array(by_key[kt])) if kt in by_key else None
-        answers = RangeAnswers(rows, lo=lo, hi=hi, branching=branching, levels=levels)
-        known = answers.total() > 0
+        answers = None
+        if kt in by_key:      # a key with nothing released needs no hierarchy (null values)
+            rows = released.take(pa.array(by_key[kt]))
+            answers = RangeAnswers(rows, lo=lo, hi=hi, branching=branching, levels=levels)
+            if not answers.total() > 0:
+                answers = None
         for phi in ranks:
             for k, v in zip(keys, kt):
                 out[k].append(v)
             out[RANK_COLUMN].append(float(phi))
-            out[VALUE_COLUMN].append(answers.quantile(phi) if known else None)
+            out[VALUE_COLUMN].append(answers.quantile(phi) if answers is not None else None)
     return out
 
 

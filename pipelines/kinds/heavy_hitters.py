@@ -78,8 +78,14 @@ def stage_names(mechanism):
             for i, n in enumerate(mechanism["prefix_lengths"])]
 
 
+def level_structure(mechanism):
+    """(levels, contributions per level per unit of max_keys_per_user): one histogram per
+    prefix length, one contribution per kept key in each (pipelines.limits reads it)."""
+    return len(mechanism["prefix_lengths"]), 1
+
+
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
-    levels = len(mech["prefix_lengths"])
+    levels, _ = level_structure(mech)
     params = _levels.calibrate(mech, epsilon=epsilon, delta=delta, levels=levels,
                                max_keys_per_user=max_keys_per_user,
                                what="heavy_hitters (TrieHH++) release")

@@ -83,6 +83,7 @@ FIELDS = {
         "tau >= 1, the same at every level/round (optional; calibrated if absent)")),
 }
 REQUIRED = ("column", "ranks", "domain")
+MAX_LEAVES = 2 ** 20
 KEYS_OPTIONAL = True     # no input.keys: one global release
 OUTPUT_COLUMNS = {"rank": pa.float64(), "value": pa.float64()}
 
@@ -106,9 +107,11 @@ def parse(section):
             raise SpecError("mechanism.rounds", "is for method: binary_search")
         branching = int(section.get("branching", DEFAULT_BRANCHING))
         levels = int(section.get("levels", DEFAULT_LEVELS))
-        if branching ** levels > 2 ** 24:
-            raise SpecError("mechanism.levels", f"branching**levels must be <= 2**24 leaves, "
-                            f"got {branching}**{levels}")
+        if branching ** levels > MAX_LEAVES:
+            # the post-processing answers ranks over a dense array of the leaves, per
+            # released key (transforms.quantiles.RangeAnswers: ~0.2 s at 2**20, 3.4 s at 2**24)
+            raise SpecError("mechanism.levels", f"branching**levels must be <= 2**20 leaves "
+                            f"(the planning limit), got {branching}**{levels}")
         out.update(branching=branching, levels=levels)
     else:
         for name in ("branching", "levels"):
@@ -152,6 +155,15 @@ def _steps(mechanism):
     return mechanism["levels"] if mechanism["method"] == "hierarchical" else mechanism["rounds"]
 
 
+def level_structure(mechanism):
+    """(levels, contributions of one user per level per key bound): the histograms the
+    budget is split over and how many contributions each level takes per unit of
+    max_keys_per_user (binary search: one per rank). Calibration and the planning limits
+    (pipelines.limits) both read it."""
+    per_key = 1 if mechanism["method"] == "hierarchical" else len(mechanism["ranks"])
+    return _steps(mechanism), per_key
+
+
 def stage_names(mechanism):
     what = "level" if mechanism["method"] == "hierarchical" else "round"
     return [f"{what}_{i}" for i in range(1, _steps(mechanism) + 1)]
@@ -167,8 +179,9 @@ def stage_budget(budget, mechanism):
 
 
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
-    per_step = max_keys_per_user * (1 if mech["method"] == "hierarchical" else len(mech["ranks"]))
-    params = _levels.calibrate(mech, epsilon=epsilon, delta=delta, levels=_steps(mech),
+    levels, per_key = level_structure(mech)
+    per_step = max_keys_per_user * per_key
+    params = _levels.calibrate(mech, epsilon=epsilon, delta=delta, levels=levels,
                                max_keys_per_user=per_step, what=f"quantiles ({mech['method']}) release")
     out = {"kind": "quantiles", "method": mech["method"], "column": mech["column"],
            "ranks": list(mech["ranks"]), "domain": list(mech["domain"])}

@@ -42,6 +42,9 @@ from scipy import special
 
 from accounting.sample_threshold import _cdf, _sf, add_quantile, kl_divergence, remove_quantile
 
+# The largest threshold whose per-k remove-direction bounds are computed exactly (k <= 2**20).
+MAX_TAU = 1 << 20
+
 # Grid: the composed loss is tracked on [0, epsilon + _HEADROOM]; mass above goes to +inf
 # (at most e^-_HEADROOM of that mass is overcharged).
 _HEADROOM = 3.0
@@ -106,6 +109,9 @@ def survival_bound(p, tau, direction, xs):
     """
     xs = np.asarray(xs, dtype=np.float64)
     p, tau = float(p), int(tau)
+    if tau > MAX_TAU:
+        raise ValueError(f"tau must be <= {MAX_TAU} (the exact per-k range of the remove "
+                         f"direction), got {tau}")
     if direction not in ("add", "remove"):
         raise ValueError(f"direction must be 'add' or 'remove', got {direction!r}")
     if p >= 1.0:
@@ -118,7 +124,7 @@ def survival_bound(p, tau, direction, xs):
         # a_k <= -ln(1 - p) always (P[Bin(k,p) < tau] >= (1 - p) P[Bin(k-1,p) < tau]);
         # computed exactly while P[Bin(k-1, p) < tau] is not negligible.
         a_cap = -math.log1p(-p)
-        k_top = min(k_max, int(20 * tau / p) + 1000, 1 << 20)
+        k_top = min(k_max, int(20 * tau / p) + 1000, MAX_TAU)
         ks = np.arange(tau, k_top + 1, dtype=np.int64)
         with np.errstate(divide="ignore", invalid="ignore"):
             a_k = np.log(_cdf(tau - 1, ks - 1, p)) - np.log(_cdf(tau - 1, ks, p))

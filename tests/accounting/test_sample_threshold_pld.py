@@ -118,3 +118,10 @@ def test_pld_refuses_bounds_it_does_not_compose():
         acc.calibrate(1.0, 1e-8, 2, method="kl", composition="pld")
     with pytest.raises(ValueError, match="composition must be one of"):
         acc.calibrate(1.0, 1e-8, 2, composition="rdp")
+
+
+def test_thresholds_beyond_the_exact_range_are_refused_with_a_value_error():
+    """Above 2**20 the remove direction's exact per-k range would be empty: a clear
+    ValueError, not an IndexError from an empty array."""
+    with pytest.raises(ValueError, match="tau must be <="):
+        pld.user_delta(1.0, 0.5, pld.MAX_TAU + 1, 4)

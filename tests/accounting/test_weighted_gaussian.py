@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from accounting import discrete_gaussian, weighted_gaussian as wg
+from accounting import discrete_gaussian, gshm, weighted_gaussian as wg
 from tests.accounting import threshold_brute_force as brute
 
 
@@ -150,3 +150,22 @@ def test_calibration_refusals_name_the_field():
     # given a threshold only: a sigma is found that meets it
     p = wg.calibrate(1.0, 1e-6, 16, threshold=30.0, count_epsilon=0.3, count_delta=1e-7)
     assert p.delta <= 1e-6
+
+
+@pytest.mark.parametrize("epsilon, sigma, threshold", [
+    (1.0, 4.225, 22.0),    # the calibrated setting at delta = 1e-6: the Gaussian part dominates
+    (1.0, 10.0, 40.0),     # the threshold term dominates
+    (1.0, 10.0, 45.0),
+    (0.5, 6.0, 30.0),
+])
+def test_production_grid_matches_the_continuous_sparse_histogram_at_one_key(epsilon, sigma, threshold):
+    """At S = 1024 (what the pipeline draws: grid noise sd ~ 4,300, the Lemma B tail
+    paths) and Delta0 = 1, a user's one key has weight exactly one user, so the selection
+    is the Gaussian sparse histogram mechanism with gap threshold - 1 (paper 004), whose
+    delta gshm computes from the continuous normal's tails. The grid noise's delta may
+    exceed it by the discretisation only (relative 1e-3) and never fall below it."""
+    scale = wg.WEIGHT_SCALE
+    ours = wg.delta(epsilon, sigma, int(threshold * scale), 1)
+    reference = gshm.delta(epsilon, sigma, threshold - 1.0, 1, noise="gaussian")
+    assert reference > 0
+    assert reference * (1 - 1e-6) <= ours <= reference * (1 + 1e-3), (ours, reference)

@@ -382,11 +382,12 @@ def mle_estimates(frequency_table, keep_probabilities=None, *, statistic=None):
     Returns a_0 .. a_M. Banded tables (every table this module builds) are read along
     their diagonals (``accounting.pws_estimators``); others column by column.
     """
-    tokens = _token_part(frequency_table)
-    n = tokens.shape[0]
+    table = scipy.sparse.csr_array(frequency_table)
+    g = _statistic_values(statistic, table.shape[0])
+    band = pws_estimators.from_csr(table)
+    # the token columns' copy is made only where it is read (no keep given, or no band)
+    tokens = None if band is not None and keep_probabilities is not None else _token_part(table)
     keep = _table_keep(tokens) if keep_probabilities is None else np.asarray(keep_probabilities)
-    g = _statistic_values(statistic, n)
-    band = pws_estimators.from_csr(scipy.sparse.csr_array(frequency_table))
     if band is not None:
         return pws_estimators.mle(band, keep, g)
     return _mle_by_columns(tokens, keep, g)
@@ -423,12 +424,12 @@ def biased_down_estimates(frequency_table, keep_probabilities=None, *, statistic
     Banded tables are read along their diagonals (``accounting.pws_estimators``).
     """
     del keep_probabilities  # the suffix sums of the rows carry pi_i
-    tokens = _token_part(frequency_table)
-    g = _statistic_values(statistic, tokens.shape[0])
-    band = pws_estimators.from_csr(scipy.sparse.csr_array(frequency_table))
+    table = scipy.sparse.csr_array(frequency_table)
+    g = _statistic_values(statistic, table.shape[0])
+    band = pws_estimators.from_csr(table)
     if band is not None:
         return pws_estimators.biased_down(band, g)
-    return _biased_down_by_columns(tokens, g)
+    return _biased_down_by_columns(_token_part(table), g)
 
 
 def _biased_down_by_columns(tokens, g):

@@ -341,7 +341,7 @@ def make_score(kind, candidates, max_bound, score_params):
     if kind not in SCORE_MODELS:
         raise ValueError(f"score must be one of {sorted(SCORE_MODELS)}, got {kind!r}")
     allowed = {"epsilon", "delta", "thresholds", "sigmas", "noise_scales", "sampling_rates",
-               "params_by_bound", "dropped_weight", "objective"}
+               "params_by_bound", "dropped_weight", "objective", "selection_widths"}
     params = dict(score_params or {})
     unknown = sorted(set(params) - allowed)
     if unknown:
@@ -391,6 +391,8 @@ def make_score(kind, candidates, max_bound, score_params):
         raise ValueError(f"score_params.objective must be one of {OBJECTIVES}, got {objective!r}")
     if objective == "keys":
         widths = default_key_widths(kind, score.caps(), score.noise_scales)
+        if params.get("selection_widths") is not None:   # weighted_gaussian's selection noise
+            widths = np.maximum(np.asarray(params["selection_widths"], dtype=np.float64), 1.0)
         return dataclasses.replace(score, objective="keys",
                                    key_widths=tuple(float(x) for x in widths))
     rule = params.get("dropped_weight", DEFAULT_DROPPED_WEIGHT)
@@ -432,6 +434,11 @@ def _from_calibrations(kind, params_by_bound, candidates):
         # 1/sqrt(C)); its released count has the count column's noise.
         out["thresholds"] = [t * math.sqrt(int(c)) for t, c in zip(out["thresholds"], candidates)]
         out["sigmas"] = column("count_sigma")
+        if all(row.get("sigma") is not None for row in rows):
+            # whether a key is published depends on the selection noise: sigma user
+            # weights, i.e. sigma * sqrt(C) users of weight 1/sqrt(C) (the keys objective)
+            out["selection_widths"] = [float(row["sigma"]) * math.sqrt(int(c))
+                                       for row, c in zip(rows, candidates)]
         return out
     if kind.startswith("laplace") and all(row.get("scale") is not None for row in rows):
         out["noise_scales"] = column("scale")

@@ -24,10 +24,11 @@ def score_params(kind, seed=0, sigma_low=1.0):
     if kind == "weighted_sampling":
         return {"params_by_bound": {c: {"threshold": float(t)}
                                     for c, t in zip(CANDIDATES, rng.integers(2, 30, k))}}
-    if kind == "weighted_gaussian":   # thresholds in user weights, the count's sigma
+    if kind == "weighted_gaussian":   # in user weights: threshold, selection sigma; count's sigma
         return {"params_by_bound": {
-            c: {"threshold": float(t), "count_sigma": float(sd)}
-            for c, t, sd in zip(CANDIDATES, rng.uniform(10, 30, k), rng.uniform(5, 90, k))}}
+            c: {"threshold": float(t), "sigma": float(sel), "count_sigma": float(sd)}
+            for c, t, sel, sd in zip(CANDIDATES, rng.uniform(10, 30, k), rng.uniform(0.3, 6, k),
+                                     rng.uniform(5, 90, k))}}
     if kind == "sample_and_threshold":
         return {"thresholds": list(rng.integers(1, 15, k).astype(float)),
                 "sampling_rates": list(rng.uniform(0.02, 1.0, k))}

@@ -189,3 +189,14 @@ def test_beam_sums_of_the_keys_score_equal_the_one_process_reference():
         sums = (pipeline | beam.Create(tables)
                 | ContributionBoundSums(["word"], score, num_key_shards=3))
         assert_that(sums, check)
+
+
+def test_weighted_gaussian_key_widths_are_its_selection_noise_in_users():
+    """Whether a weighted_gaussian key is published depends on the selection noise:
+    sigma user weights, i.e. sigma * sqrt(C) users of weight 1/sqrt(C) each (not the
+    count column's noise); floored at 1 like every width."""
+    params = score_params("weighted_gaussian", seed=3)
+    score = cb.make_score("weighted_gaussian", _CANDIDATES, _MAX_BOUND, {**params, "objective": "keys"})
+    rows = params["params_by_bound"]
+    expected = [max(rows[c]["sigma"] * math.sqrt(c), 1.0) for c in _CANDIDATES]
+    assert score.key_widths == pytest.approx(tuple(expected), rel=1e-12)

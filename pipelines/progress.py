@@ -33,6 +33,7 @@ DEFAULT_INTERVAL_S = float(os.environ.get("THRESHER_PROGRESS_SECONDS", "5"))
 _lock = threading.Lock()
 _rows = [0]
 _sources = []          # what the release runs: objects with metrics() (and current_stage)
+_active = [False]      # a Reporter is running: only then are sources kept (else they leak)
 ROWS_METRIC = "rows_read"
 
 
@@ -40,7 +41,8 @@ def watch(source):
     """Register a runner or PipelineResult whose ``metrics()`` the lines query."""
     if hasattr(source, "metrics"):
         with _lock:
-            _sources.append(source)
+            if _active[0]:
+                _sources.append(source)
 
 
 def _labels(text):
@@ -128,6 +130,7 @@ class Reporter:
         with _lock:
             _rows[0] = 0
             _sources.clear()
+            _active[0] = True
         logger = logging.getLogger(BUNDLE_LOGGER)
         self._logger_state = (logger.level, logger.propagate)
         logger.setLevel(logging.DEBUG)
@@ -177,5 +180,6 @@ class Reporter:
         rows = sum(by_step.values()) if by_step else _rows_read()
         with _lock:
             _sources.clear()
+            _active[0] = False
         self._line(f"{self._elapsed()}: {outcome}; {rows:,} rows read; stages: {stages}")
         return False

@@ -68,3 +68,18 @@ def test_live_runner_metrics_match_the_results():
     assert seen == [[10]]                       # read live, while the pipeline ran
     assert [r.committed for r in runner.metrics().query(
         MetricsFilter().with_name("n"))["counters"]] == [10]
+
+
+def test_runs_without_progress_keep_no_runner_alive():
+    """watch() outside a Reporter (progress off: tests, schedulers) keeps no reference to
+    the run's runner or result; inside one it does, until the Reporter ends."""
+    class Source:
+        def metrics(self):
+            raise RuntimeError("not queried here")
+
+    progress.watch(Source())
+    assert progress._sources == []
+    with progress.Reporter(True, stream=io.StringIO(), interval=60):
+        progress.watch(Source())
+        assert len(progress._sources) == 1
+    assert progress._sources == []

@@ -22,9 +22,14 @@ class _SplitByKey(beam.DoFn):
         yield from split_by_shard(table, shard, self._num_shards)
 
 
-def _sum_shard(shard_and_tables, key_columns):
+def shard_table(shard_and_tables):
+    """One key shard's grouped pieces as one table (None if empty)."""
     _, tables = shard_and_tables
-    table = concat(list(tables))
+    return concat(list(tables))
+
+
+def _sum_shard(shard_and_tables, key_columns):
+    table = shard_table(shard_and_tables)
     if table is None:
         return
     keys = list(key_columns) + [KEY_HASH_COLUMN]
@@ -36,6 +41,12 @@ def _sum_shard(shard_and_tables, key_columns):
 
 
 class SumCountsPerKey(beam.PTransform):
+    """Shuffle tables by key hash and combine each key shard (``per_shard``; here: sum the
+    counts per key). Subclasses change only ``step`` and ``per_shard``."""
+
+    step = "SumPerKey"
+    per_shard = staticmethod(_sum_shard)
+
     def __init__(self, key_columns, num_shards, label=None):
         super().__init__(label)
         self._key_columns = tuple(key_columns)
@@ -46,5 +57,5 @@ class SumCountsPerKey(beam.PTransform):
                 | "SplitByKeyHash" >> beam.ParDo(_SplitByKey(self._num_shards)
                                                  ).with_output_types(SHARD_AND_TABLE)
                 | "GroupKeyShards" >> beam.GroupByKey()                          # (shard, [Table])
-                | "SumPerKey" >> beam.FlatMap(_sum_shard, key_columns=self._key_columns
-                                              ).with_output_types(TABLE))
+                | self.step >> beam.FlatMap(type(self).per_shard, key_columns=self._key_columns
+                                            ).with_output_types(TABLE))

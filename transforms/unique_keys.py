@@ -7,13 +7,11 @@ Input: PCollection[pyarrow.Table] of (``__key``, key columns, ``count``) batches
 columns, ``count``), each key exactly once, sharded by the key hash like
 ``transforms.aggregate.SumCountsPerKey``.
 """
-import apache_beam as beam
 import pyarrow.compute as pc
 
 from pipelines.errors import InputError
-from transforms.aggregate import _SplitByKey
-from transforms.arrow_coder import SHARD_AND_TABLE, TABLE
-from transforms.user_shards import KEY_HASH_COLUMN, concat
+from transforms.aggregate import SumCountsPerKey, shard_table
+from transforms.user_shards import KEY_HASH_COLUMN
 
 
 def unique_rows(table, key_columns):
@@ -30,23 +28,14 @@ def unique_rows(table, key_columns):
 
 
 def _unique_shard(shard_and_tables, key_columns):
-    _, tables = shard_and_tables
-    table = concat(list(tables))
+    table = shard_table(shard_and_tables)
     if table is None:
         return
     yield unique_rows(table, key_columns).combine_chunks()
 
 
-class OneRowPerKey(beam.PTransform):
-    def __init__(self, key_columns, num_shards, label=None):
-        super().__init__(label)
-        self._key_columns = tuple(key_columns)
-        self._num_shards = int(num_shards)
+class OneRowPerKey(SumCountsPerKey):
+    """The key shuffle of ``SumCountsPerKey``, each shard checked for one row per key."""
 
-    def expand(self, rows):
-        return (rows
-                | "SplitByKeyHash" >> beam.ParDo(_SplitByKey(self._num_shards)
-                                                 ).with_output_types(SHARD_AND_TABLE)
-                | "GroupKeyShards" >> beam.GroupByKey()
-                | "OneRowPerKey" >> beam.FlatMap(_unique_shard, key_columns=self._key_columns
-                                                 ).with_output_types(TABLE))
+    step = "OneRowPerKey"
+    per_shard = staticmethod(_unique_shard)

@@ -76,15 +76,17 @@ def keyed_priorities(table, user_codes, streams):
     salted pseudorandom permutation of :mod:`transforms.per_user_bound` (rank of a key =
     mix64(key hash XOR s_u)), extended with the copy number so that identical records
     keep distinct priorities (copies are interchangeable, so numbering them in row order
-    changes nothing). Two different records of one user whose public hashes collide are
-    numbered as copies, in row order: only then can a recomputation in another row order
-    keep the other of the two."""
+    changes nothing). Two different records of one user whose hashes collide (a crafted
+    collision) are numbered in the order of their values (:func:`_content_order`), so the
+    kept records never depend on row order."""
     record = hash_columns(table, table.column_names)
     order = np.lexsort((record, user_codes))
-    users, records = user_codes[order], record[order]
     n = len(order)
-    new_user = np.r_[True, users[1:] != users[:-1]] if n else np.zeros(0, bool)
-    new_record = new_user | (np.r_[True, records[1:] != records[:-1]] if n else new_user)
+    new_user, new_record = _runs(user_codes[order], record[order])
+    if n and not new_record.all() and not _copies_are_identical(table, order, new_record):
+        order = _content_order(table, user_codes, record)
+        new_user, new_record = _runs(user_codes[order], record[order])
+    records = record[order]
     first_rows = order[new_user]
     salts = samplers.uniform_priorities(
         keyed_random.rows_of(streams, first_rows, "user"), len(first_rows))
@@ -94,6 +96,41 @@ def keyed_priorities(table, user_codes, streams):
     priorities = np.empty(n, dtype=np.uint64)
     priorities[order] = mix64(inner + copy.astype(np.uint64))
     return priorities
+
+
+def _runs(users, records):
+    """Starts of the user runs and of the (user, record hash) runs of sorted arrays."""
+    n = len(users)
+    new_user = np.r_[True, users[1:] != users[:-1]] if n else np.zeros(0, bool)
+    new_record = new_user | (np.r_[True, records[1:] != records[:-1]] if n else new_user)
+    return new_user, new_record
+
+
+def _copies_are_identical(table, order, new_record):
+    """Whether every row sorted into a (user, record hash) run holds the same values as
+    the run's first row (true copies), in every column; nulls equal nulls."""
+    position = np.arange(len(order))
+    start = np.maximum.accumulate(np.where(new_record, position, 0))
+    repeat = ~new_record
+    rows, firsts = pa.array(order[repeat]), pa.array(order[start[repeat]])
+    for name in table.column_names:
+        column = table.column(name)
+        a, b = column.take(rows), column.take(firsts)
+        equal = pc.or_kleene(pc.equal(a, b), pc.and_(pc.is_null(a), pc.is_null(b)))
+        if not pc.all(pc.fill_null(equal, False)).as_py():
+            return False
+    return True
+
+
+def _content_order(table, user_codes, record):
+    """Row order by (user, record hash, the record's values): rows whose hashes collide
+    but whose values differ are ordered by value, never by position."""
+    keyed = table.append_column("__user_code", pa.array(user_codes)).append_column(
+        "__record_hash", pa.array(record, pa.uint64()))
+    sort_keys = [("__user_code", "ascending"), ("__record_hash", "ascending")] + [
+        (name, "ascending") for name in table.column_names]
+    return pc.sort_indices(keyed, sort_keys=sort_keys,
+                           null_placement="at_end").to_numpy().astype(np.int64)
 
 
 def user_codes_of(table, user_column=USER_COLUMN):

@@ -76,3 +76,26 @@ def test_per_user_bound_is_uniform_over_distinct_keys_and_ignores_bundling():
         alone = _table(["c", "a", "b", "a"], users=1, first_user=user)
         got = alone.take(pa.array(bound_table_l0(alone, ["word"], 1, _source())))
         assert got.column("word").to_pylist() == [by_user[user]]
+
+
+def test_rand_clip_ignores_row_order_when_different_records_collide(monkeypatch):
+    """A crafted collision: every record of a user hashes alike (the record hash patched
+    to a constant), so only the values can tell 'a' from 'b'. The kept record of each
+    user (C = 1) must be the same in every row order; before the fix the copy numbering
+    followed row order, so the first row was always kept and a reversed table kept the
+    other record for every user."""
+    from transforms import rand_clip
+
+    def colliding(table, columns, salt=0):
+        return np.full(table.num_rows, 12345, dtype=np.uint64)
+
+    monkeypatch.setattr(rand_clip, "hash_columns", colliding)
+    table = _table(["a", "b"], users=2_000)
+    kept = dict(_kept_words(rand_clip_table(table, 1, _source())))
+    reverse = table.take(pa.array(np.arange(table.num_rows)[::-1]))
+    shuffled = table.take(pa.array(np.random.default_rng(5).permutation(table.num_rows)))
+    for other in (reverse, shuffled):
+        assert dict(_kept_words(rand_clip_table(other, 1, _source()))) == kept
+    # both records are kept by some users (a user keeps 'a' with probability 1/2: all
+    # 2,000 alike has probability 2 * 2^-2000)
+    assert set(kept.values()) == {"a", "b"}

@@ -43,11 +43,12 @@ delta falls as every beta_t grows, so both bounds err on the safe side.
 tests/accounting/test_weighted_gaussian.py checks delta_q against direct convolutions
 and the whole delta against brute-force sums over every joint outcome of small releases.
 
-The count column: the released keys' distinct-user counts get a second, independent
-N_Z(0, sigma_c^2) each; for a fixed released set a user moves at most Delta0 of those
-counts by 1, so that stage is the discrete Gaussian mechanism of
-``discrete_gaussian.composed_shift_delta(eps_c, sigma_c, Delta0)`` and the two stages
-compose by (adaptive) basic composition.
+The count column: the released keys' counts get a second, independent N_Z(0, sigma_c^2)
+each. A user counts in at most C_c = min(Delta0, count_keys_per_user) of its kept keys
+(a uniformly random C_c of them; all of them when count_keys_per_user is None), so for a
+fixed released set a user moves at most C_c of those counts by 1: that stage is the
+discrete Gaussian mechanism of ``discrete_gaussian.composed_shift_delta(eps_c, sigma_c,
+C_c)`` and the two stages compose by (adaptive) basic composition.
 """
 import dataclasses
 import math
@@ -258,6 +259,7 @@ class WeightedGaussianParameters:
     count_sigma: float
     count_epsilon: float
     count_delta: float
+    count_keys_per_user: int = None    # C_c: counts a user moves (None: Delta0)
 
     def __post_init__(self):
         if not (math.isfinite(self.sigma) and self.sigma > 0):
@@ -293,12 +295,20 @@ def count_sigma(epsilon, delta_target, max_keys_per_user):
     return gshm.default_sigma(epsilon, delta_target, int(max_keys_per_user))
 
 
+def count_bound(max_keys_per_user, count_keys_per_user=None):
+    """C_c = min(Delta0, count_keys_per_user): how many counts one user moves (Delta0
+    when count_keys_per_user is None)."""
+    c = int(max_keys_per_user)
+    return c if count_keys_per_user is None else min(c, int(count_keys_per_user))
+
+
 def calibrate(epsilon, delta_target, max_keys_per_user, *, sigma=None, threshold=None,
-              count_epsilon, count_delta, scale=WEIGHT_SCALE):
+              count_epsilon, count_delta, count_keys_per_user=None, scale=WEIGHT_SCALE):
     """Selection parameters meeting (epsilon, delta_target) and the count's sigma meeting
-    (count_epsilon, count_delta). Given neither sigma nor threshold: the smallest sigma
-    at which a threshold exists and the smallest threshold there; given one, the other;
-    given both, checked. ``threshold`` is in user-weight units (rounded up to the grid).
+    (count_epsilon, count_delta) for counts of which a user moves at most
+    ``count_bound(max_keys_per_user, count_keys_per_user)``. Given neither sigma nor
+    threshold: the smallest sigma at which a threshold exists and the smallest threshold
+    there; given one, the other; given both, checked. ``threshold`` is in user-weight units (rounded up to the grid).
     Raises ValueError("sigma: ..." / "threshold: ...") naming what would work."""
     epsilon = float(epsilon)
     if not (math.isfinite(epsilon) and epsilon > 0):
@@ -349,15 +359,19 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, sigma=None, threshold
     achieved = delta(epsilon, sigma, t_grid, c, scale=scale)
     if achieved > delta_target:      # never: every branch checked it
         raise ValueError(f"sigma: the calibrated parameters do not meet {budget}")
-    c_sigma = count_sigma(count_epsilon, count_delta, c)
+    c_count = count_bound(c, count_keys_per_user)
+    if c_count < 1:
+        raise ValueError(f"count_keys_per_user: must be >= 1, got {count_keys_per_user}")
+    c_sigma = count_sigma(count_epsilon, count_delta, c_count)
     if c_sigma is None:
         raise ValueError(f"count_fraction: no count noise meets (epsilon={count_epsilon:g}, "
                          f"delta={count_delta:g})")
-    c_delta = float(dg.composed_shift_delta(count_epsilon, c_sigma, c))
+    c_delta = float(dg.composed_shift_delta(count_epsilon, c_sigma, c_count))
     return WeightedGaussianParameters(
         sigma=float(sigma), threshold_grid=int(t_grid), scale=int(scale),
         max_keys_per_user=c, epsilon=epsilon, delta=achieved, count_sigma=float(c_sigma),
-        count_epsilon=float(count_epsilon), count_delta=c_delta)
+        count_epsilon=float(count_epsilon), count_delta=c_delta,
+        count_keys_per_user=c_count)
 
 
 def gopi_threshold(epsilon, delta_target, max_keys_per_user):

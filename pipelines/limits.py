@@ -191,11 +191,12 @@ def _check_weighted_gaussian(spec, epsilon, delta, c):
                         f"selection noise sigma > {largest:g} user weights, the planning limit; "
                         f"use a larger epsilon or delta")
     count_eps, count_delta = wg.count_budget(epsilon, delta, spec.mechanism["count_fraction"])
-    if not _gaussian_fits(count_eps, count_delta, c, SIGMA_MAX):
+    counted = wg.count_bound(c, spec.mechanism.get("count_keys_per_user"))
+    if not _gaussian_fits(count_eps, count_delta, counted, SIGMA_MAX):
         raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} gives the count stage "
                         f"epsilon {count_eps:g}, delta {count_delta:g}, which needs count sigma "
-                        f"> {SIGMA_MAX:g} at max_keys_per_user={c}, the planning limit; use a "
-                        f"larger epsilon, delta or mechanism.count_fraction")
+                        f"> {SIGMA_MAX:g} at {counted} counts per user, the planning limit; use "
+                        f"a larger epsilon, delta or mechanism.count_fraction")
 
 
 def _check_rounding(spec, epsilon, delta, c, budget):

@@ -258,8 +258,11 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
         from transforms.rand_clip import RandClip
         partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
     else:   # a kind may bound with weights (weighted_gaussian: WeightedPerUserBound)
-        bounder = getattr(kind_module(spec.kind), "PER_USER_BOUND", PerUserBound)
-        partial = users | "PerUserBound" >> bounder(keys, bound, rng_factory=rng_factory)
+        module = kind_module(spec.kind)
+        bounder = getattr(module, "PER_USER_BOUND", PerUserBound)
+        options = getattr(module, "bound_options", lambda mechanism: {})(spec.mechanism)
+        partial = users | "PerUserBound" >> bounder(keys, bound, rng_factory=rng_factory,
+                                                    **options)
     return partial, params
 
 

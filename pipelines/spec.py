@@ -31,6 +31,8 @@ RESERVED_COLUMNS = ("count", "estimate", "token")
 
 DEFAULT_AUTO_EPSILON_FRACTION = 0.1
 DEFAULT_AUTO_MAX_BOUND = 128
+# A kind module may set its own AUTO_MAX_BOUND (weighted_gaussian: 1024, whose noise does
+# not grow with the bound; docs/partition_selection.md section 5).
 # bounding.auto.objective: keys (the smoothed count of keys the release publishes) or l1
 # (paper 002's error bound); the default from the docstring-corpus measurements in
 # docs/contribution_bound.md section 1b.
@@ -246,25 +248,31 @@ def _parse_privacy(section):
     return PrivacySpec(epsilon=float(section["epsilon"]), delta=float(section["delta"]))
 
 
-def _parse_bounding(section, privacy):
+def auto_max_bound(kind):
+    """The default bounding.auto.max_bound of a kind: its module's AUTO_MAX_BOUND, else
+    DEFAULT_AUTO_MAX_BOUND."""
+    return getattr(kind_module(kind), "AUTO_MAX_BOUND", DEFAULT_AUTO_MAX_BOUND)
+
+
+def _parse_bounding(section, privacy, default_max_bound=DEFAULT_AUTO_MAX_BOUND):
     bound = section["max_keys_per_user"]
     if bound != "auto":
         bound = int(bound)
     auto = None
     if bound == "auto":
-        auto = _parse_auto(section.get("auto", {}), privacy)
+        auto = _parse_auto(section.get("auto", {}), privacy, default_max_bound)
     elif "auto" in section:
         raise SpecError("bounding.auto", "is only allowed with max_keys_per_user: auto")
     return BoundingSpec(max_keys_per_user=bound, model=section.get("model", "l0"), auto=auto)
 
 
-def _parse_auto(section, privacy):
+def _parse_auto(section, privacy, default_max_bound=DEFAULT_AUTO_MAX_BOUND):
     field = "bounding.auto"
     eps = float(section.get("epsilon", DEFAULT_AUTO_EPSILON_FRACTION * privacy.epsilon))
     if eps >= privacy.epsilon:
         raise SpecError(f"{field}.epsilon", f"is taken from privacy.epsilon and must be smaller "
                         f"than it ({privacy.epsilon:g}), got {eps:g}")
-    max_bound = int(section.get("max_bound", DEFAULT_AUTO_MAX_BOUND))
+    max_bound = int(section.get("max_bound", default_max_bound))
     if "candidates" in section:
         cands = [int(c) for c in section["candidates"]]
         for i, c in enumerate(cands):
@@ -331,7 +339,7 @@ def parse(data, source_text=""):
     declare.check(data, _spec_schema(data))
     privacy = _parse_privacy(data["privacy"])
     input_spec = _parse_input(data["input"])
-    bounding = _parse_bounding(data["bounding"], privacy)
+    bounding = _parse_bounding(data["bounding"], privacy, auto_max_bound(data["mechanism"]["kind"]))
     mechanism = _parse_mechanism(data["mechanism"])
     check_spec = getattr(kind_module(mechanism["kind"]), "check_spec", None)
     if check_spec is not None:  # kind-specific checks of the input and bounding (heavy_hitters, quantiles)

@@ -8,6 +8,9 @@ Two steps, each a numpy kernel beside its Beam transform:
    q_t = floor(S / sqrt(t)), t the user's number of kept keys
    (``accounting.weighted_gaussian.grid_weight``). Per shard of whole users the output
    is one row per key: ``count`` (kept users) and ``__w`` (their summed weights, int64).
+   With ``count_keys_per_user`` = C_c, a user counts in ``count`` for only C_c of its
+   kept keys (the same l0 kernel applied to its kept rows at C_c: a uniformly random
+   C_c of them) while its weight goes to all of them.
    ``transforms.aggregate.SumCountsPerKey`` then sums both columns across shards.
 2. :class:`WeightedThreshold` — per key, draws Z ~ N_Z(0, (sigma S)^2) and releases the
    key when __w + Z >= T (grid threshold); every released key's ``count`` gets an
@@ -29,6 +32,7 @@ from transforms.release_fn import KernelRelease
 from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 WEIGHT_COLUMN = "__w"
+_COUNTED_COLUMN = "__c"   # 1 where the kept row also counts in ``count``
 
 
 def user_weights(user_ids, scale):
@@ -41,31 +45,40 @@ def user_weights(user_ids, scale):
     return grid_weight(counts, scale)[inverse.reshape(-1)].astype(np.int64)
 
 
-def weighted_counts(table, key_columns, max_keys_per_user, rng, scale):
+def weighted_counts(table, key_columns, max_keys_per_user, rng, scale,
+                    count_keys_per_user=None):
     """One shard of whole users -> (key columns, __key, count, __w): the l0 bound of
     ``per_user_bound.bound_table_l0``, then per key the number of kept users and the sum
-    of their grid weights. None if nothing is kept."""
+    of their grid weights. With ``count_keys_per_user`` C_c, ``count`` has each user in
+    at most C_c of its kept keys (``bound_table_l0`` again on the kept rows at C_c).
+    None if nothing is kept."""
     kept = bound_table_l0(table, key_columns, int(max_keys_per_user), rng)
     if len(kept) == 0:
         return None
     rows = table.take(pa.array(kept))
     weights = user_weights(rows.column(USER_COLUMN).to_numpy(), scale)
+    counted = np.ones(len(kept), dtype=np.int64)
+    if count_keys_per_user is not None and int(count_keys_per_user) < int(max_keys_per_user):
+        counted[:] = 0
+        counted[bound_table_l0(rows, key_columns, int(count_keys_per_user), rng)] = 1
     group = list(key_columns) + [KEY_HASH_COLUMN]
     rows = rows.select(group).append_column(WEIGHT_COLUMN, pa.array(weights, type=pa.int64()))
+    rows = rows.append_column(_COUNTED_COLUMN, pa.array(counted, type=pa.int64()))
     grouped = rows.group_by(group, use_threads=False).aggregate(
-        [([], "count_all"), (WEIGHT_COLUMN, "sum")])
+        [(_COUNTED_COLUMN, "sum"), (WEIGHT_COLUMN, "sum")])
     # aggregate() puts the aggregates first, then the group keys
-    grouped = grouped.select(["count_all", f"{WEIGHT_COLUMN}_sum"] + group)
+    grouped = grouped.select([f"{_COUNTED_COLUMN}_sum", f"{WEIGHT_COLUMN}_sum"] + group)
     grouped = grouped.rename_columns(["count", WEIGHT_COLUMN] + group)
     return grouped.select(group + ["count", WEIGHT_COLUMN]).combine_chunks()
 
 
 class _WeightedBoundFn(beam.DoFn):
-    def __init__(self, key_columns, scale, rng_factory, stage=""):
+    def __init__(self, key_columns, scale, rng_factory, stage="", count_keys_per_user=None):
         self._key_columns = tuple(key_columns)
         self._scale = int(scale)
         self._rng_factory = rng_factory
         self._stage = stage
+        self._count_keys_per_user = count_keys_per_user
 
     def setup(self):
         self._rng = keyed_random.worker_rng(self._rng_factory)
@@ -75,11 +88,11 @@ class _WeightedBoundFn(beam.DoFn):
         # same keys, as in per_user_bound._BoundL0Fn
         rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage)
         out = weighted_counts(table, self._key_columns, max_keys_per_user, rng,
-                              self._scale)
+                              self._scale, self._count_keys_per_user)
         beam.metrics.Metrics.counter("thresher_not_private", "rows_bounded").inc(table.num_rows)
         if out is not None:
             beam.metrics.Metrics.counter("thresher_not_private", "contributions_kept").inc(
-                int(np.asarray(out.column("count")).sum()))
+                int(np.asarray(out.column("count")).sum()))   # those counted
             yield out
 
 
@@ -88,22 +101,27 @@ class WeightedPerUserBound(beam.PTransform):
 
     Input: PCollection[pyarrow.Table] from ``ShardByUser`` (whole users per element).
     Output: PCollection[pyarrow.Table] of partial sums — key columns, ``__key``, int64
-    ``count`` and int64 ``__w``. ``max_keys_per_user`` is an int or a side input."""
+    ``count`` and int64 ``__w``. ``max_keys_per_user`` is an int or a side input;
+    ``count_keys_per_user`` (an int, or None for all kept keys) caps the keys a user
+    counts in."""
 
     def __init__(self, key_columns, max_keys_per_user, rng_factory=None, label=None,
-                 scale=None):
+                 scale=None, count_keys_per_user=None):
         super().__init__(label)
         from accounting.weighted_gaussian import WEIGHT_SCALE
         self._key_columns = tuple(key_columns)
         self._max_keys_per_user = max_keys_per_user
         self._rng_factory = rng_factory
         self._scale = WEIGHT_SCALE if scale is None else int(scale)
+        self._count_keys_per_user = (None if count_keys_per_user is None
+                                     else int(count_keys_per_user))
 
     def expand(self, user_shards):
         return user_shards | "BoundL0Weighted" >> beam.ParDo(
             _WeightedBoundFn(self._key_columns, self._scale,
                              keyed_random.resolve(self._rng_factory),
-                             keyed_random.stage_name(user_shards)),
+                             keyed_random.stage_name(user_shards),
+                             self._count_keys_per_user),
             self._max_keys_per_user).with_output_types(TABLE)
 
 

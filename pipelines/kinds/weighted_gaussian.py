@@ -7,18 +7,30 @@ when its noisy total weight reaches ``threshold``. Accounting: ``accounting.weig
 (paper 004's Thm 5.4, per t, for the grid weights and the discrete noise drawn). Every
 released key carries ``count``, its distinct-user count plus independent discrete
 Gaussian noise: a second stage ("count") of the budget, composed by basic composition
-with the selection ("release"). docs/partition_selection.md has the derivation.
+with the selection ("release"); a user counts in at most ``count_keys_per_user`` of its
+kept keys. docs/partition_selection.md has the derivation and (section 5) the
+measurements behind the defaults: ``bounding.auto.max_bound`` 1024 (AUTO_MAX_BOUND),
+``count_fraction`` 0.1 and ``count_keys_per_user`` 128.
 """
 import pyarrow as pa
 
 from accounting import weighted_gaussian as wg
 from pipelines.errors import CalibrationError, SpecError
 from pipelines import declare
-from pipelines.fields import optional_float
+from pipelines.fields import optional_float, optional_int
 from transforms.weighted_threshold import WeightedPerUserBound, WeightedThreshold
 
 # sigma * S must stay within the planning limit of the exact tails (pipelines.limits).
 SIGMA_MAX = 1e5 / wg.WEIGHT_SCALE
+# Defaults of this kind (docs/partition_selection.md section 5, measured on the docstring
+# corpus): the selection's noise does not grow with the bound, so the automatic bound
+# searches up to 1024 (21 candidates; the plan calibrates them in a few seconds); most of
+# the budget goes to the selection (count_fraction 0.1), and the count column, whose
+# noise does grow with the keys a user counts in, caps those at 128 (no cap below it:
+# at bounds <= 128 the counts are those of every kept key).
+AUTO_MAX_BOUND = 1024
+DEFAULT_COUNT_FRACTION = 0.1
+DEFAULT_COUNT_KEYS_PER_USER = 128
 
 FIELDS = {
     "sigma": declare.number(low=0, low_open=True, high=SIGMA_MAX, description=(
@@ -29,7 +41,10 @@ FIELDS = {
     "count_fraction": declare.number(low=0, high=1, low_open=True, high_open=True,
                                      description=(
         "share of epsilon and delta spent on the count column, in (0, 1) "
-        f"(default {wg.DEFAULT_COUNT_FRACTION})")),
+        f"(default {DEFAULT_COUNT_FRACTION})")),
+    "count_keys_per_user": declare.integer(low=1, high=10**7, description=(
+        "a user counts in the count column for at most this many of its kept keys "
+        f"(chosen uniformly at random; default {DEFAULT_COUNT_KEYS_PER_USER})")),
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
 COUNT_STAGE = "count"
@@ -41,8 +56,16 @@ def parse(section):
     sigma = optional_float(section, "sigma")
     threshold = optional_float(section, "threshold")
     fraction = optional_float(section, "count_fraction")
+    count_keys = optional_int(section, "count_keys_per_user")
     return {"sigma": sigma, "threshold": threshold,
-            "count_fraction": wg.DEFAULT_COUNT_FRACTION if fraction is None else fraction}
+            "count_fraction": DEFAULT_COUNT_FRACTION if fraction is None else fraction,
+            "count_keys_per_user": (DEFAULT_COUNT_KEYS_PER_USER if count_keys is None
+                                    else count_keys)}
+
+
+def bound_options(mechanism):
+    """Keyword arguments of PER_USER_BOUND beyond the bound (pipelines.release)."""
+    return {"count_keys_per_user": mechanism["count_keys_per_user"]}
 
 
 def stage_budget(budget, mechanism):
@@ -65,7 +88,8 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     try:
         p = wg.calibrate(epsilon, delta, max_keys_per_user, sigma=mech.get("sigma"),
                          threshold=mech.get("threshold"), count_epsilon=count_eps,
-                         count_delta=count_delta)
+                         count_delta=count_delta,
+                         count_keys_per_user=mech["count_keys_per_user"])
     except ValueError as exc:
         text = str(exc)
         field, _, message = text.partition(": ")
@@ -82,11 +106,13 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
                           f"weights floor({p.scale}/sqrt(t)) and discrete Gaussian noise "
                           "sigma*scale: exact per-t Gaussian sparse histogram accounting "
                           "(paper 004 Thm 5.4, docs/partition_selection.md); count column: "
-                          f"discrete Gaussian mechanism on <= {max_keys_per_user} counts "
+                          f"discrete Gaussian mechanism on <= {p.count_keys_per_user} counts "
                           "(stage 'count')",
             "delta_achieved": p.delta,
-            "count_stage": {"epsilon": p.count_epsilon, "delta_achieved": p.count_delta},
-            "count_fraction": mech["count_fraction"]}
+            "count_stage": {"epsilon": p.count_epsilon, "delta_achieved": p.count_delta,
+                            "counts_per_user": p.count_keys_per_user},
+            "count_fraction": mech["count_fraction"],
+            "count_keys_per_user": mech["count_keys_per_user"]}
 
 
 def release(counts, params, key_columns):

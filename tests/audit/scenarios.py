@@ -475,7 +475,7 @@ WEIGHTED = "Weighted Gaussian selection (per_user_bound + weighted_threshold, gr
 
 
 def weighted_gaussian(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DELTA,
-                      mutation="", counts=False, trials=400_000):
+                      mutation="", counts=False, trials=400_000, count_cap=None):
     """One user per trial holding ``user_keys`` (>= keys) keys; the real bound keeps
     ``keys`` = Delta0 of them and the real kernel gives each the weight q_t. D' has every
     key at total weight 0 (pair "pre_threshold": the keys are absent without the user)
@@ -484,20 +484,26 @@ def weighted_gaussian(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DE
     budget), or with ``counts`` the released keys' noisy counts of keys far above the
     threshold (the count stage; claimed: both stages).
 
+    ``count_cap``: the user counts in a random ``count_cap`` of its kept keys (the l0
+    kernel again on the kept rows, as ``weighted_counts`` does), the count calibrated for
+    min(keys, count_cap) counts (``count_keys_per_user``).
+
     Mutations: "threshold - 1" (one user weight, S grid units, below the calibrated
     threshold), "sigma / 2", "sensitivity ignored" (every kept key gets weight 1 = S
-    instead of 1/sqrt(t))."""
+    instead of 1/sqrt(t)), "count cap ignored" (count sigma for ``count_cap`` counts, the
+    user counted in every kept key)."""
     acc = _module("accounting.weighted_gaussian")
     kernels = _module("transforms.weighted_threshold")
     bound_l0 = _module("transforms.per_user_bound").bound_l0
     hashing = _module("transforms.hashing")
-    p = acc.calibrate(epsilon, delta, keys, count_epsilon=epsilon / 2, count_delta=delta / 2)
+    p = acc.calibrate(epsilon, delta, keys, count_epsilon=epsilon / 2, count_delta=delta / 2,
+                      count_keys_per_user=count_cap)
     sigma_grid, threshold = p.sigma_grid, p.threshold_grid
     if mutation == "threshold - 1":
         threshold -= p.scale
     elif mutation == "sigma / 2":
         sigma_grid /= 2
-    elif mutation not in ("", "sensitivity ignored"):
+    elif mutation not in ("", "sensitivity ignored", "count cap ignored"):
         raise ValueError(mutation)
     user_keys = user_keys or keys
     q = acc.grid_weight(keys, p.scale)
@@ -530,7 +536,11 @@ def weighted_gaussian(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DE
         added = np.zeros((n, user_keys), dtype=np.int64)
         users_added = np.zeros((n, user_keys), dtype=np.int64)
         np.add.at(added, (kept // user_keys, kept % user_keys), w)
-        np.add.at(users_added, (kept // user_keys, kept % user_keys), 1)
+        counted = kept
+        if count_cap is not None and mutation != "count cap ignored":
+            counted = kept[bound_l0(hashing.mix64(users[kept] + np.uint64(11)),
+                                    np.tile(key_hashes, n)[kept], count_cap, rng)]
+        np.add.at(users_added, (counted // user_keys, counted % user_keys), 1)
         return release(rng, added, users_added)
 
     def run_d_prime(rng, n):
@@ -541,7 +551,8 @@ def weighted_gaussian(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DE
     claimed_delta = p.delta + (p.count_delta if counts else 0.0)
     if mutation:
         claimed_delta = delta
-    return Scenario(mechanism=WEIGHTED, case=pair + (" + counts" if counts else ""),
+    return Scenario(mechanism=WEIGHTED, case=pair + (" + counts" if counts else "")
+                    + (f" (count cap {count_cap})" if count_cap is not None else ""),
                     claimed_epsilon=claimed_eps, claimed_delta=claimed_delta, run_d=run_d,
                     run_d_prime=run_d_prime, mutation=mutation, trials=trials,
                     parameters=f"Delta0={keys}, user with {user_keys} keys, sigma*S="
@@ -581,6 +592,8 @@ HONEST = [
      lambda: weighted_gaussian("pre_threshold", keys=2, user_keys=6), None),
     ("weighted_gaussian-near_threshold", lambda: weighted_gaussian("near_threshold"), 0.2),
     ("weighted_gaussian-counts", lambda: weighted_gaussian("shift", counts=True), 0.15),
+    ("weighted_gaussian-counts-capped",
+     lambda: weighted_gaussian("shift", keys=4, counts=True, count_cap=1), 0.05),
 ]
 
 MUTATIONS = [
@@ -615,4 +628,7 @@ MUTATIONS = [
      lambda: weighted_gaussian("near_threshold", mutation="sigma / 2", trials=10**6)),
     ("weighted_gaussian-sensitivity-ignored",
      lambda: weighted_gaussian("pre_threshold", mutation="sensitivity ignored")),
+    ("weighted_gaussian-count-cap-ignored",
+     lambda: weighted_gaussian("shift", keys=16, counts=True, count_cap=1,
+                               mutation="count cap ignored")),
 ]

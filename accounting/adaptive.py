@@ -44,7 +44,7 @@ ROUNDS_ALLOWED = (2, 3)
 DEFAULT_ROUNDS = 2
 # The share of the selection budget (epsilon and delta) of each round: the first round
 # only has to find the head keys (docs/partition_selection.md, "adaptive", measured).
-DEFAULT_ROUND_FRACTIONS = {2: (0.3, 0.7), 3: (0.2, 0.3, 0.5)}
+DEFAULT_ROUND_FRACTIONS = {2: (0.1, 0.9), 3: (0.05, 0.15, 0.8)}
 DEFAULT_COUNT_FRACTION = wg.DEFAULT_COUNT_FRACTION
 
 

@@ -46,7 +46,7 @@ LAPLACE_THRESHOLD_MAX = 1e12
 L_MAX = 20_000.0
 MAX_KEYS = {"gaussian": 100_000, "laplace": 100_000, "sample_and_threshold": 100_000,
             "weighted_sampling": 10_000, "heavy_hitters": 100_000, "quantiles": 100_000,
-            "weighted_gaussian": 2048}
+            "weighted_gaussian": 2048, "adaptive": 2048}
 # Kinds calibrated by sample-and-threshold accounting (heavy_hitters and quantiles: one
 # sample-and-threshold histogram per level, each at its stage's budget).
 _SAMPLE_AND_THRESHOLD_KINDS = ("sample_and_threshold", "heavy_hitters", "quantiles")
@@ -122,6 +122,8 @@ def check_release(spec, epsilon, delta, candidates):
                             f"epsilon >= {need:.3g}, a larger delta or a smaller bound")
     if kind == "weighted_gaussian":
         _check_weighted_gaussian(spec, epsilon, delta, c)
+    if kind == "adaptive":
+        _check_adaptive(spec, epsilon, delta, c)
     if kind == "weighted_sampling" and delta / c < WS_KEY_DELTA_MIN:
         raise SpecError("privacy.delta", f"{delta:g} over max_keys_per_user={c} gives a per-key "
                         f"delta below {WS_KEY_DELTA_MIN:g}, the planning limit of "
@@ -264,3 +266,28 @@ def _largest_bound(ok, c):
         return 0
     first_bad = smallest_integer(lambda k: not ok(k), 1, c)
     return (c if first_bad is None else first_bad) - 1
+
+
+def _check_adaptive(spec, epsilon, delta, c):
+    """adaptive (accounting.adaptive): every round is a weighted_gaussian calibration
+    (O(C^2) per step, C <= 2048, at most 3 rounds) whose noise sigma * S must be drawable;
+    the count's sigma within SIGMA_MAX. ``epsilon``, ``delta``: round 1's stage."""
+    from accounting import adaptive as ad
+    from accounting import weighted_gaussian as wg
+    from transforms.samplers import SIGMA_MAX as DRAW_MAX
+    mech = spec.mechanism
+    largest = DRAW_MAX / wg.WEIGHT_SCALE
+    rounds, (count_eps, count_delta) = ad.stage_budgets(
+        epsilon, delta, mech["round_fractions"], mech["count_fraction"])
+    for i, (e, d) in enumerate(rounds, start=1):
+        if wg.gaussian_part(e, largest, c) > d:
+            raise SpecError("mechanism.round_fractions", f"round {i} gets epsilon {e:g}, "
+                            f"delta {d:g} (privacy.epsilon {spec.privacy.epsilon:g}), which "
+                            f"needs selection noise sigma > {largest:g} user weights at "
+                            f"max_keys_per_user={c}, the planning limit; give the round a "
+                            f"larger share or use a larger privacy.epsilon or delta")
+    if not _gaussian_fits(count_eps, count_delta, c, SIGMA_MAX):
+        raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} gives the count stage "
+                        f"epsilon {count_eps:g}, delta {count_delta:g}, which needs count sigma "
+                        f"> {SIGMA_MAX:g} at max_keys_per_user={c}, the planning limit; use a "
+                        f"larger epsilon, delta or mechanism.count_fraction")

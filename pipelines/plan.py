@@ -54,7 +54,7 @@ class Plan:
         spec = self.spec
         if spec.kind == "laplace":
             return "laplace_l1" if spec.bounding.model == "l1" else "laplace_l0"
-        return spec.kind
+        return getattr(kind_module(spec.kind), "SCORE", spec.kind)   # adaptive: weighted_gaussian's
 
     def score_params(self):
         """score_params for accounting.contribution_bound.make_score: the release stage's

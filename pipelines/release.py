@@ -149,6 +149,11 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
             score_params=plan.score_params(), max_bound=spec.bounding.auto.max_bound,
             rng_factory=rng_factory, spill_dir=spill_dir)                      # one int
     users = shards.users(chosen, min(plan.candidates))                     # Table of whole users
+    if hasattr(kind_module(spec.kind), "release_users"):   # adaptive: rounds over the users
+        bound, params = _bound_and_params(users, plan, chosen)
+        return kind_module(spec.kind).release_users(
+            users, beam.pvalue.AsSingleton(params), bound, keys, num_shards, spec.mechanism,
+            rng_factory=rng_factory), chosen
     clips = _choose_clips(users, plan, rng_factory, clip_sink)
     partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
@@ -238,12 +243,7 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
     that C. Returns (partial per-key counts, parameters as a one-element PCollection)."""
     spec = plan.spec
     keys = list(spec.input.keys)
-    if chosen is not None:
-        bound = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
-        params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
-    else:
-        bound = spec.bounding.max_keys_per_user
-        params = users.pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
+    bound, params = _bound_and_params(users, plan, chosen)
     if spec.aggregates:   # l0 bound carrying each kept user's clamped grid totals
         from pipelines.aggregates import apply_clips, sum_columns
         from transforms.aggregate_values import PerUserBoundWithValues
@@ -264,6 +264,18 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
         partial = users | "PerUserBound" >> bounder(keys, bound, rng_factory=rng_factory,
                                                     **options)
     return partial, params
+
+
+def _bound_and_params(users, plan, chosen):
+    """The bound C (the spec's int, or the chosen one as a side input) and the
+    mechanism's parameters for it (a one-element PCollection)."""
+    if chosen is not None:
+        bound = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
+        params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
+    else:
+        bound = plan.spec.bounding.max_keys_per_user
+        params = users.pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
+    return bound, params
 
 
 def _params_for(bound, table):

@@ -208,6 +208,15 @@ def noise_in_words(report, keys):
                    f"its count of {unit} gets discrete Gaussian noise with sigma "
                    f"{_g(mech['count_sigma'])}")
         unit = f"{unit} with {c} keys each"
+    elif kind == "adaptive":
+        rounds = mech["rounds"]
+        out.append(f"selection: {len(rounds)} rounds; in each, every user gives each of "
+                   f"their t kept keys not released before the weight 1/sqrt(t), and a {key} "
+                   f"is released when its total weight plus discrete Gaussian noise reaches "
+                   f"the round's threshold (" + ", ".join(
+                       f"sigma {_g(r['sigma'])}, threshold {_g(r['threshold'])}"
+                       for r in rounds) + f"); its count of {unit} gets discrete Gaussian "
+                   f"noise with sigma {_g(mech['count_sigma'])}")
     elif kind == "weighted_sampling":
         out.append(f"sampling: each {key} is reported with a probability that grows with its "
                    f"count of users (private weighted sampling); released frequencies are "

@@ -23,7 +23,7 @@ import pkgutil
 # The order kinds are listed in messages and the schema; a kind module not named here (a
 # new one) is found in this package and listed after these, by name.
 _ORDER = ("gaussian", "laplace", "sample_and_threshold", "weighted_sampling", "heavy_hitters",
-          "quantiles", "weighted_gaussian")
+          "quantiles", "weighted_gaussian", "adaptive")
 
 
 def _discover():

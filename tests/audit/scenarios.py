@@ -559,6 +559,106 @@ def weighted_gaussian(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DE
                                f"{sigma_grid:.6g}, T={threshold}, q_t={q}")
 
 
+# Adaptive weighting over rounds (transforms.adaptive_rounds) through the real l0 bound,
+# grid-weight, removal and round-threshold kernels.
+
+ADAPTIVE = "Adaptive rounds (weighted Gaussian on the keys not yet released)"
+
+
+def adaptive(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DELTA, mutation="",
+             trials=400_000, outcome="per_round"):
+    """One user per trial holding ``user_keys`` (>= keys) keys; the real bound keeps
+    Delta0 = ``keys`` of them for round 1 with weights q_t; round 2 runs on the user's
+    keys minus those round 1 released (``rows_not_released`` on the real key hashes),
+    bounded again, with weights q_t' (t' the keys left). D' has every key at total weight
+    0 in both rounds ("pre_threshold": the keys are absent without the user) or at
+    T_r - q_t / 2 in round r ("near_threshold"). Outcome: (keys released in round 1,
+    keys released in round 2), or with ``outcome="total"`` their sum (an ordered code). Claimed: both rounds' budgets (basic composition), at
+    round_fractions (0.5, 0.5) of (epsilon, delta).
+
+    Mutations: "threshold - 1" (both rounds' thresholds one user weight lower),
+    "sigma / 2" (both rounds), "sensitivity ignored" (round 2 gives every remaining key
+    weight 1 = S instead of 1/sqrt(t'))."""
+    acc = _module("accounting.adaptive")
+    wg_acc = _module("accounting.weighted_gaussian")
+    rounds_k = _module("transforms.adaptive_rounds")
+    kernels = _module("transforms.weighted_threshold")
+    bound_l0 = _module("transforms.per_user_bound").bound_l0
+    hashing = _module("transforms.hashing")
+    p = acc.calibrate(epsilon / 2, delta / 2, keys, fractions=(0.5, 0.5))
+    scale = p.scale
+    sigmas = [r.sigma * scale for r in p.rounds]
+    thresholds = [r.threshold_grid for r in p.rounds]
+    if mutation == "threshold - 1":
+        thresholds = [t - scale for t in thresholds]
+    elif mutation == "sigma / 2":
+        sigmas = [s / 2 for s in sigmas]
+    elif mutation not in ("", "sensitivity ignored"):
+        raise ValueError(mutation)
+    user_keys = user_keys or keys
+    q = wg_acc.grid_weight(keys, scale)
+    bases = [0, 0] if pair == "pre_threshold" else [t - q // 2 for t in thresholds]
+    key_hashes = hashing.mix64(np.arange(1, user_keys + 1, dtype=np.uint64))
+
+    def select(rng, r, added, alive):
+        weights = (bases[r] + added).reshape(-1)
+        keep = rounds_k.select_keys(weights, sigma_grid=sigmas[r],
+                                    threshold_grid=thresholds[r], rng=rng)
+        return keep.reshape(added.shape) & (bases[r] + added > 0) & alive
+
+    def user_round(rng, n, alive, r):
+        """The user's weights on their keys still alive (not released), via the kernels."""
+        users = np.repeat(np.arange(n, dtype=np.uint64), user_keys)
+        flat_alive = alive.reshape(-1)
+        rows = np.flatnonzero(flat_alive)
+        kept = rows[bound_l0(hashing.mix64(users[rows] + np.uint64(11 + r)),
+                             np.tile(key_hashes, n)[rows], keys, rng)]
+        if mutation == "sensitivity ignored" and r == 1:
+            w = np.full(kept.size, scale, dtype=np.int64)
+        else:
+            w = kernels.user_weights(users[kept], scale)
+        added = np.zeros((n, user_keys), dtype=np.int64)
+        np.add.at(added, (kept // user_keys, kept % user_keys), w)
+        return added
+
+    def removal(released):
+        """The real ``released_mask`` over every trial's (trial, key) rows: each trial is
+        its own release, so its keys get hashes of their own."""
+        import pyarrow as pa
+        n = released.shape[0]
+        row_hashes = hashing.mix64(np.arange(1, n * user_keys + 1, dtype=np.uint64))
+        hashes = np.sort(row_hashes[released.reshape(-1)])
+        mask = rounds_k.released_mask(pa.table({"__key": row_hashes}), hashes)
+        return ~mask.reshape(released.shape)
+
+    def run(rng, n, with_user):
+        alive = np.ones((n, user_keys), dtype=bool)
+        zeros = np.zeros((n, user_keys), dtype=np.int64)
+        added = user_round(rng, n, alive, 0) if with_user else zeros
+        r1 = select(rng, 0, added, alive)
+        alive = removal(r1)
+        added = user_round(rng, n, alive, 1) if with_user else zeros
+        r2 = select(rng, 1, added, alive)
+        if outcome == "total":
+            return (r1.sum(axis=1) + r2.sum(axis=1)).astype(np.int64)
+        return r1.sum(axis=1).astype(np.int64) * (user_keys + 1) + r2.sum(axis=1)
+
+    def run_d(rng, n):
+        return run(rng, n, True)
+
+    def run_d_prime(rng, n):
+        return run(rng, n, False)
+
+    claimed_eps = sum(r.epsilon for r in p.rounds)
+    claimed_delta = sum(r.delta for r in p.rounds) if not mutation else delta
+    return Scenario(mechanism=ADAPTIVE, case=pair, claimed_epsilon=claimed_eps,
+                    claimed_delta=claimed_delta, run_d=run_d, run_d_prime=run_d_prime,
+                    mutation=mutation, trials=trials,
+                    events="both" if outcome == "total" else "likelihood",
+                    parameters=f"Delta0={keys}, user with {user_keys} keys, sigma*S="
+                               f"{[round(s, 1) for s in sigmas]}, T={thresholds}, q_t={q}")
+
+
 # Registries: (id, builder, power) for honest audits -- power is the smallest fraction
 # of the claimed epsilon the audit must reach (None for pairs whose only privacy cost is
 # a delta-sized event, which a correct mechanism keeps below the claimed delta, so the
@@ -594,6 +694,9 @@ HONEST = [
     ("weighted_gaussian-counts", lambda: weighted_gaussian("shift", counts=True), 0.15),
     ("weighted_gaussian-counts-capped",
      lambda: weighted_gaussian("shift", keys=4, counts=True, count_cap=1), 0.05),
+    ("adaptive-pre_threshold", lambda: adaptive("pre_threshold"), None),
+    ("adaptive-user_at_bound", lambda: adaptive("pre_threshold", keys=2, user_keys=6), None),
+    ("adaptive-near_threshold", lambda: adaptive("near_threshold"), 0.1),
 ]
 
 MUTATIONS = [
@@ -631,4 +734,9 @@ MUTATIONS = [
     ("weighted_gaussian-count-cap-ignored",
      lambda: weighted_gaussian("shift", keys=16, counts=True, count_cap=1,
                                mutation="count cap ignored")),
+    ("adaptive-threshold-1", lambda: adaptive("pre_threshold", mutation="threshold - 1")),
+    ("adaptive-sigma/2",
+     lambda: adaptive("near_threshold", keys=16, mutation="sigma / 2", trials=10**6)),
+    ("adaptive-round2-sensitivity-ignored",
+     lambda: adaptive("near_threshold", keys=16, mutation="sensitivity ignored")),
 ]

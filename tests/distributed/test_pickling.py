@@ -40,6 +40,7 @@ VARIANTS = {
     "laplace_l1": {"mechanism": {"kind": "laplace"}, "bounding.model": "l1"},
     "auto_bound": {"bounding.max_keys_per_user": "auto"},
     "weighted_gaussian": {"mechanism": {"kind": "weighted_gaussian"}},
+    "adaptive": {"mechanism": {"kind": "adaptive"}},
 }
 OWN_PACKAGES = ("transforms", "pipelines", "accounting")
 

@@ -104,7 +104,7 @@ def test_auto_bound_release_is_bit_identical_under_one_secret(tmp_path):
     assert runs["a"][0] != runs["c"][0]   # as above: every key's noise would have to repeat
 
 
-@pytest.mark.parametrize("kind", ["weighted_gaussian"])
+@pytest.mark.parametrize("kind", ["weighted_gaussian", "adaptive"])
 def test_weighted_kinds_are_bit_identical_under_one_secret(tmp_path, kind):
     """The weighted bound (per-user keyed streams) and the weighted selection + count
     (per-key keyed streams) draw the same values when a bundle is repeated."""

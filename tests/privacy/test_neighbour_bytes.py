@@ -25,8 +25,10 @@ CASES = {
         {"column": "amount", "statistic": "sum", "clip": [0, 100]}]),
     "weighted_gaussian": dict(kind="weighted_gaussian"),
     "weighted_gaussian_auto": dict(kind="weighted_gaussian", auto=True),
+    "adaptive": dict(kind="adaptive"),
+    "adaptive_auto": dict(kind="adaptive", auto=True),
 }
-FAST = ("gaussian", "laplace_public_keys_auto", "weighted_gaussian")
+FAST = ("gaussian", "laplace_public_keys_auto", "weighted_gaussian", "adaptive")
 
 
 def _params():

@@ -1,0 +1,241 @@
+"""mechanism.kind: adaptive end to end: the plan's stages recomputed independently, real
+CLI runs (fixed and automatic bound), the Beam transforms on the FnApiRunner and the
+DirectRunner against a numpy reference of both rounds, spec errors (exit code 2, field
+named), and a property test of every round's per-user weight vectors through the
+pipeline's own kernels."""
+import json
+import math
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.testing.util import assert_that, equal_to
+from hypothesis import given, settings, strategies as st
+
+from accounting import discrete_gaussian, weighted_gaussian as wg
+from pipelines import spec as spec_mod
+from pipelines.plan import make_plan
+from transforms import adaptive_rounds as ar
+from transforms.user_shards import ShardByUser
+from transforms.weighted_threshold import WEIGHT_COLUMN, weighted_counts
+
+from tests.kinds.test_weighted_gaussian_kind import _data, _load, _records
+
+
+def _spec(tmp_path, data, bound=8, **mech):
+    return {"name": "ad", "input": {"path": data, "user": "user", "keys": ["word"]},
+            "privacy": {"epsilon": 1.0, "delta": 1e-6},
+            "bounding": {"max_keys_per_user": bound},
+            "mechanism": {"kind": "adaptive", **mech},
+            "output": {"path": str(tmp_path / "out")}}
+
+
+def test_plan_has_one_stage_per_round_and_the_count(tmp_path):
+    plan = make_plan(_load(tmp_path, _spec(tmp_path, "x.parquet", bound=16,
+                                           round_fractions=[0.2, 0.8], count_fraction=0.2)))
+    report = plan.report()
+    stages = {s["name"]: s for s in report["privacy"]["stages"]}
+    assert list(stages) == ["release", "round_2", "count"]
+    assert math.isclose(sum(s["epsilon"] for s in stages.values()), 1.0, rel_tol=1e-12)
+    assert math.isclose(sum(s["delta"] for s in stages.values()), 1e-6, rel_tol=1e-12)
+    assert math.isclose(stages["release"]["epsilon"], 0.8 * 0.2, rel_tol=1e-12)
+    assert math.isclose(stages["round_2"]["epsilon"], 0.8 * 0.8, rel_tol=1e-12)
+    assert math.isclose(stages["count"]["delta"], 0.2e-6, rel_tol=1e-12)
+    mech = report["mechanism"]
+    assert [r["stage"] for r in mech["rounds"]] == ["release", "round_2"]
+    for r in mech["rounds"]:   # recomputed by the weighted Gaussian accounting
+        stage = stages[r["stage"]]
+        assert r["epsilon"] == stage["epsilon"]
+        assert wg.delta(stage["epsilon"], r["sigma"], r["threshold_grid"], 16) <= stage["delta"]
+    assert discrete_gaussian.composed_shift_delta(stages["count"]["epsilon"], mech["count_sigma"],
+                                                  16) <= stages["count"]["delta"]
+
+
+def test_cli_run_fixed_bound_releases_keys_with_noisy_counts(tmp_path, cli):
+    data = _data(tmp_path)
+    done = cli(_spec(tmp_path, data, bound=8))
+    assert done.returncode == 0, done.stderr
+    table = pq.read_table(tmp_path / "out" / "released.parquet")
+    assert table.column_names == ["word", "count"]
+    assert table.schema.field("count").type == pa.int64()
+    words = table.column("word").to_pylist()
+    assert len(words) == len(set(words)) > 0          # each key once, rounds disjoint
+    report = json.loads((tmp_path / "out" / "release_report.json").read_text())
+    assert report["mechanism"]["kind"] == "adaptive"
+    assert [s["name"] for s in report["privacy"]["stages"]] == ["release", "round_2", "count"]
+
+
+def test_cli_run_auto_bound_three_rounds(tmp_path, cli):
+    data = _data(tmp_path)
+    spec = _spec(tmp_path, data, bound="auto", rounds=3)
+    spec["bounding"]["auto"] = {"max_bound": 32}
+    done = cli(spec)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "out" / "release_report.json").read_text())
+    assert report["bounding"]["chosen_by"] == "exponential_mechanism"
+    assert report["bounding"]["selection"]["score"] == "weighted_gaussian"
+    assert [s["name"] for s in report["privacy"]["stages"]] == [
+        "choose_contribution_bound", "release", "round_2", "round_3", "count"]
+    assert report["released_keys"] > 0
+
+
+@pytest.mark.parametrize("mech, field, words", [
+    ({"rounds": 1}, "mechanism.rounds", "weighted_gaussian"),
+    ({"rounds": 4}, "mechanism.rounds", ""),
+    ({"round_fractions": [0.5, 0.6]}, "mechanism.round_fractions", "sum to 1"),
+    ({"round_fractions": [0.2, 0.3, 0.5]}, "mechanism.round_fractions", "one entry per round"),
+    ({"count_fraction": 1.5}, "mechanism.count_fraction", ""),
+    ({"threshold": 3.0}, "mechanism", ""),
+    # round 1 at epsilon 5e-5 needs noise beyond the sampler's range
+    ({"round_fractions": [0.0001, 0.9999]}, "mechanism.round_fractions", "round 1"),
+])
+def test_spec_errors_name_the_field(tmp_path, cli, mech, field, words):
+    spec = _spec(tmp_path, "x.parquet", **mech)
+    spec["privacy"]["epsilon"] = 0.5
+    done = cli(spec, command="plan")
+    assert done.returncode == 2, done.stderr
+    assert field in done.stderr and words in done.stderr and "Traceback" not in done.stderr
+
+
+def test_bound_above_the_planning_limit_and_the_l1_model_are_refused(tmp_path, cli):
+    done = cli(_spec(tmp_path, "x.parquet", bound=4096), command="plan")
+    assert done.returncode == 2 and "bounding.max_keys_per_user" in done.stderr
+    spec = _spec(tmp_path, "x.parquet")
+    spec["bounding"]["model"] = "l1"
+    done = cli(spec, command="plan", name="l1.yaml")
+    assert done.returncode == 2 and "bounding.model" in done.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# The Beam transforms against a numpy reference of both rounds.
+
+def _reference(users, bound, t1, t2):
+    """Every user within the bound (no random choice): round 1 releases the keys whose
+    summed grid weight reaches t1; round 2 the keys not in R1 whose weights re-spread over
+    each user's remaining keys reach t2; counts are distinct users."""
+    def weights(sets):
+        w = {}
+        for keys in sets:
+            for k in keys:
+                w[k] = w.get(k, 0) + wg.grid_weight(len(keys))
+        return w
+    w1 = weights(users)
+    r1 = {k for k, v in w1.items() if v >= t1}
+    w2 = weights([set(keys) - r1 for keys in users if set(keys) - r1])
+    r2 = {k for k, v in w2.items() if v >= t2}
+    counts = {}
+    for keys in users:
+        for k in keys:
+            counts[k] = counts.get(k, 0) + 1
+    return r1, r2, sorted((k, counts[k]) for k in r1 | r2)
+
+
+def _fixture_users():
+    """Heavy keys h0..h3 (150 users hold each), a tail t0..t9 held by light users whose
+    other keys are heavy: in round 2 those users' whole weight goes to their tail key."""
+    users = []
+    rng = np.random.default_rng(5)
+    for u in range(150):
+        users.append({f"h{j}" for j in range(4)})
+    for i in range(10):
+        for u in range(4 + i):
+            users.append({f"t{i}", f"h{int(rng.integers(0, 4))}", f"h{(i + u) % 4}"})
+    return users
+
+
+@pytest.mark.parametrize("runner", [FnApiRunner, BundleBasedDirectRunner])
+def test_adaptive_release_on_beam_matches_the_reference(runner):
+    users = _fixture_users()
+    bound, scale = 4, 1024
+    t1, t2 = 60 * scale, 6 * scale
+    r1, r2, want = _reference(users, bound, t1, t2)
+    assert r1 == {"h0", "h1", "h2", "h3"} and r2 and r2 < {f"t{i}" for i in range(10)}
+    # had round 2 kept R1's keys, it would release them again and weigh the tail less
+    assert _reference(users, bound, 10**9, t2)[1] != r2
+    pairs = [(f"u{i}", k) for i, keys in enumerate(users) for k in sorted(keys)]
+    params = {"rounds": [{"sigma": 1e-3, "threshold_grid": t1},
+                         {"sigma": 1e-3, "threshold_grid": t2}],
+              "scale": scale, "count_sigma": 1e-3}
+
+    def rows(table):
+        return list(zip(table.column("word").to_pylist(), table.column("count").to_pylist()))
+
+    with beam.Pipeline(runner=runner()) as p:
+        released = (p | beam.Create([_records(pairs)])
+                    | ShardByUser(3)
+                    | ar.AdaptiveRelease(["word"], params, bound, 2, 3,
+                                         rng_factory=lambda: np.random.default_rng(1)))
+        assert_that(released | beam.FlatMap(rows), equal_to(want))
+
+
+# ---------------------------------------------------------------------------------------
+# Property: every round's per-user weight vector, through the pipeline's own kernels.
+
+def _round_sums(pairs, released, bound):
+    """Per-key (count, grid weight) of one round: ``rows_not_released`` then the
+    weighted bound kernel (``weighted_counts``) on one shard of whole users."""
+    if not pairs:
+        return {}
+    table = _records(pairs)
+    hashes = ar.released_hashes([pa.table({"word": sorted(released)})], ["word"]) \
+        if released else ar.released_hashes([], ["word"])
+    table = ar.rows_not_released(table, hashes)
+    if table.num_rows == 0:
+        return {}
+    out = weighted_counts(table, ["word"], bound, np.random.default_rng(0), 1024)
+    return {w: (c, s) for w, c, s in zip(out.column("word").to_pylist(),
+                                         out.column("count").to_pylist(),
+                                         out.column(WEIGHT_COLUMN).to_pylist())}
+
+
+_users = st.lists(st.sets(st.integers(0, 12), min_size=1, max_size=9), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(users=_users, removed=st.integers(0, 11), extra=st.integers(0, 3),
+       released=st.sets(st.integers(0, 12), max_size=13), adversarial=st.booleans())
+def test_each_rounds_user_vector_has_l2_norm_at_most_one_and_only_its_own_keys(
+        users, removed, extra, released, adversarial):
+    """Add/remove-one-user neighbours, for any round-1 output R1 (random, or adversarial:
+    R1 = all but one of the removed user's keys, so the user's whole weight lands on one
+    key in round 2): the round-2 per-key sums with and without the user differ exactly on
+    the user's keys outside R1, by (1, q_t') each with t' their number, and
+    t' q_t'^2 <= S^2; every other user's contribution is the same on both sides (their
+    round-2 input depends on their own keys and R1 only)."""
+    bound = max(len(u) for u in users) + extra
+    removed %= len(users)
+    mine = users[removed]
+    if adversarial:
+        released = set(sorted(mine)[1:])
+    pairs = [(f"u{i}", f"k{k}") for i, keys in enumerate(users) for k in sorted(keys)]
+    smaller = [p for p in pairs if p[0] != f"u{removed}"]
+    r1 = {f"k{k}" for k in released}
+    for r in (set(), r1):                     # round 1 (nothing released yet), round 2
+        big, small = _round_sums(pairs, r, bound), _round_sums(smaller, r, bound)
+        left = [k for k in mine if f"k{k}" not in r]
+        moved = {}
+        for word in set(big) | set(small):
+            c1, w1 = big.get(word, (0, 0))
+            c0, w0 = small.get(word, (0, 0))
+            if (c1, w1) != (c0, w0):
+                moved[word] = (c1 - c0, w1 - w0)
+        if not left:
+            assert moved == {}
+            continue
+        q = wg.grid_weight(len(left))
+        assert moved == {f"k{k}": (1, q) for k in left}
+        assert len(left) * q * q <= 1024 * 1024
+        assert not (set(big) & r)             # released keys carry no weight any more
+
+
+def test_released_hashes_match_the_readers_key_hash():
+    """Round 2 matches released keys (key columns from SumCountsPerKey) to user rows by
+    ``__key``: the reader's hash of the same key values, whatever the string type."""
+    records = _records([("u1", "alpha"), ("u2", "beta"), ("u3", "gamma")])
+    released = pa.table({"word": pa.array(["beta", "zeta"], pa.large_string())})
+    mask = ar.released_mask(records, ar.released_hashes([released], ["word"]))
+    assert [w for w, m in zip(records.column("word").to_pylist(), mask) if m] == ["beta"]

@@ -55,6 +55,8 @@ _U = np.finfo(np.float64).eps / 2
 DELTA0_FRACTIONS = (0.9, 0.7, 0.5, 0.35, 0.2, 0.1, 0.05, 0.02, 0.01)
 # The Gaussian part is solved for delta_G <= rest (1 - _SOLVE_MARGIN): float slack.
 _SOLVE_MARGIN = 1e-6
+# Pairs verified per block (bounded memory on tables of up to accounting.pws.MAX_KEEP_LENGTH).
+_CHUNK = 1 << 18
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,15 +211,19 @@ def verify(reported, mu, delta0, *, beyond_gap=0.0, relative_error=0.0):
         return False
     if beyond_gap > delta0:   # |b - a| <= delta0 satisfies (1): U(x) >= x + delta0
         return False
-    hi = np.minimum(1.0, r * (1.0 + relative_error))
-    lo = r * (1.0 - relative_error)
-    comp_hi = np.nextafter(1.0 - lo, 2.0).clip(0.0, 1.0)    # >= 1 - x
-    comp_lo = np.nextafter(1.0 - hi, -1.0).clip(0.0, 1.0)   # <= 1 - x
-    ok = (_within(hi[1:], lo[:-1], mu, delta0)                 # b <= U(a)
-          & _within(hi[:-1], lo[1:], mu, delta0)               # a <= U(b)
-          & _within(comp_hi[1:], comp_lo[:-1], mu, delta0)     # 1 - b <= U(1 - a)
-          & _within(comp_hi[:-1], comp_lo[1:], mu, delta0))    # 1 - a <= U(1 - b)
-    return bool(ok.all())
+    for start in range(0, len(r) - 1, _CHUNK):   # pairs (start .. end-1, +1): bounded memory
+        part = r[start:start + _CHUNK + 1]
+        hi = np.minimum(1.0, part * (1.0 + relative_error))
+        lo = part * (1.0 - relative_error)
+        comp_hi = np.nextafter(1.0 - lo, 2.0).clip(0.0, 1.0)    # >= 1 - x
+        comp_lo = np.nextafter(1.0 - hi, -1.0).clip(0.0, 1.0)   # <= 1 - x
+        ok = (_within(hi[1:], lo[:-1], mu, delta0)                 # b <= U(a)
+              & _within(hi[:-1], lo[1:], mu, delta0)               # a <= U(b)
+              & _within(comp_hi[1:], comp_lo[:-1], mu, delta0)     # 1 - b <= U(1 - a)
+              & _within(comp_hi[:-1], comp_lo[1:], mu, delta0))    # 1 - a <= U(1 - b)
+        if not ok.all():
+            return False
+    return True
 
 
 def half_frequency(keep):

@@ -35,9 +35,8 @@ dominated by the C-fold product, whose hockey-stick divergence is at most
 (exact Bernoulli coins of the float pi_i, or q_i x fl(pi_i / q_i) on a pre-sampled input)
 is verified against (1) with directed bounds on every rounding (:func:`verify`).
 
-``calibrate`` returns the better of this table and ``optimal``'s (smaller frequency where
-pi reaches 1/2, then smaller saturation), so ``pld`` is never worse than ``optimal`` by
-that measure. Keys only: the Alg. 4 frequency tokens are built for (eps0, delta0) and keep
+``calibrate`` uses this table only where it is no worse than ``optimal``'s at every
+frequency (up to delta, :func:`no_worse`), else optimal's tables. Keys only: the Alg. 4 frequency tokens are built for (eps0, delta0) and keep
 ``optimal``.
 """
 import dataclasses
@@ -265,9 +264,9 @@ def build(q_fn, budget, max_length, *, presampled=False):
 def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_threshold=None,
               report="keys", estimator="mle", max_frequency=None, presampled=False):
     """``composition: pld`` of accounting.pws.calibrate: the better of the ``optimal``
-    release and the table (2) of :func:`best_budget` (used when it reaches pi >= 1/2 no
-    later, and saturates no later, than optimal's: so the Gaussian table is never longer
-    than the one the planning limits already admit). Keys only (frequencies: ValueError).
+    release and the table (2) of :func:`best_budget` (used when :func:`no_worse`: at every
+    frequency at least optimal's probability minus delta, and never longer than the table
+    the planning limits already admit). Keys only (frequencies: ValueError).
     Returns accounting.pws.PWSParameters (composition "pld"; ``key_mu`` set when the
     Gaussian table is used, else the optimal parameters)."""
     from accounting import pws
@@ -293,8 +292,7 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
     if built is None:
         return fallback
     keep, mu_build, d_build = built
-    opt_keep = pws.release_tables(opt).keep
-    if half_frequency(keep) > half_frequency(opt_keep) or len(keep) > len(opt_keep):
+    if not no_worse(keep, pws.release_tables(opt).keep, delta):
         return fallback
     spent = composed_delta(epsilon, budget.mu, budget.delta0, c)
     if spent > delta:  # cannot happen: budgets() checked it
@@ -308,6 +306,18 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
         delta_realized=spent, max_frequency=len(keep) - 1, saturation_frequency=len(keep) - 1,
         beyond_table="clip", presampled=bool(presampled), key_mu=mu_build,
         key_mu_verified=budget.mu)
+
+
+def no_worse(keep, optimal_keep, delta):
+    """The Gaussian table is used only if, at every frequency, it reports a key with
+    probability at least optimal's minus delta (the release's own delta: at C >= 4 the
+    Gaussian table starts from a smaller delta0, lower by < 3e-9 at frequencies 1-5 at
+    delta = 1e-8), reaches 1/2 no later and saturates no later."""
+    n = len(optimal_keep)
+    if len(keep) > n or half_frequency(keep) > half_frequency(optimal_keep):
+        return False
+    padded = np.concatenate([keep, np.ones(n - len(keep))])
+    return bool(np.all(padded >= optimal_keep - delta))
 
 
 def per_key_epsilon(mu, delta0):

@@ -149,14 +149,18 @@ def test_verification_catches_a_table_built_for_a_larger_mu_or_delta0():
 @pytest.mark.parametrize("epsilon,delta,c", [(1.0, 1e-8, 2), (1.0, 1e-8, 3), (1.0, 1e-8, 8),
                                              (1.0, 1e-8, 64), (0.5, 1e-6, 16), (2.0, 1e-10, 128)])
 def test_pld_is_never_worse_than_optimal(sampling, threshold, epsilon, delta, c):
-    """pld's keep table reaches 1/2 and saturates no later than optimal's (the fallback
-    guarantees it), and its composed delta is within the budget."""
+    """pld's keep table reports every frequency with at least optimal's probability minus
+    delta, reaches 1/2 and saturates no later (the fallback guarantees it), and its
+    composed delta is within the budget. At C = 2, 3 (delta 1e-8) optimal's tables are
+    used: the Gaussian table would be lower in the upper half."""
     kw = dict(report="keys", sampling=sampling, sampling_threshold=threshold)
     pld_p = pws.calibrate(epsilon, delta, c, composition="pld", **kw)
     opt_p = pws.calibrate(epsilon, delta, c, composition="optimal", **kw)
     pld_keep, opt_keep = pws.release_tables(pld_p).keep, pws.release_tables(opt_p).keep
     assert pws_pld.half_frequency(pld_keep) <= pws_pld.half_frequency(opt_keep)
     assert len(pld_keep) <= len(opt_keep)
+    padded = np.concatenate([pld_keep, np.ones(len(opt_keep) - len(pld_keep))])
+    assert np.all(padded >= opt_keep - delta)   # at every frequency, up to delta
     assert pld_p.delta_realized <= delta and pld_p.composition == "pld"
     if pld_p.key_mu is not None:
         assert pws_pld.verify(pld_keep, pld_p.key_mu_verified, pld_p.key_delta_realized)
@@ -193,6 +197,16 @@ def test_presampled_pld_verifies_the_post_processing_coins():
 def test_frequencies_refuse_pld():
     with pytest.raises(ValueError, match="report: keys"):
         pws.calibrate(1.0, 1e-8, 8, report="keys_and_frequencies", composition="pld")
+
+
+def test_fallback_where_the_gaussian_table_is_lower_somewhere():
+    """C = 3, delta = 1e-8: the Gaussian table reaches 1/2 at the same frequency but is
+    lower than optimal's above it (by up to ~0.19), so pld releases with optimal's."""
+    budget = pws_pld.best_budget(1.0, 1e-8, 3)
+    keep, _, _ = pws_pld.build(lambda m: pws.sampling_probabilities(m), budget, 10_000)
+    opt = pws.release_tables(pws.calibrate(1.0, 1e-8, 3, report="keys")).keep
+    assert not pws_pld.no_worse(keep, opt, 1e-8)
+    assert pws.calibrate(1.0, 1e-8, 3, report="keys", composition="pld").key_mu is None
 
 
 def test_single_key_and_fixed_max_frequency_fall_back_to_optimal_tables():

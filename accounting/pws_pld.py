@@ -54,6 +54,10 @@ _U = np.finfo(np.float64).eps / 2
 DELTA0_FRACTIONS = (0.9, 0.7, 0.5, 0.35, 0.2, 0.1, 0.05, 0.02, 0.01)
 # The Gaussian part is solved for delta_G <= rest (1 - _SOLVE_MARGIN): float slack.
 _SOLVE_MARGIN = 1e-6
+# Longest Gaussian table built (frequencies): beyond it (tables stretched by a small
+# ppswor/priority sampling threshold) pld keeps optimal's tables, bounding its extra
+# planning cost to ~1 s.
+MAX_LENGTH = 1 << 20
 # Pairs verified per block (bounded memory on tables of up to accounting.pws.MAX_KEEP_LENGTH).
 _CHUNK = 1 << 18
 
@@ -192,10 +196,14 @@ def _within(b, x, mu, delta0):
     x = np.asarray(x, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         z = special.ndtri(x) + mu
-        direct = b <= (special.ndtr(z) * (1.0 - RHO) + delta0) * (1.0 - 4 * _U)
-        one_minus_b = np.nextafter(1.0 - b, -1.0).clip(0.0, 1.0)       # <= 1 - b
-        comp = (one_minus_b + delta0) * (1.0 - 4 * _U) >= special.ndtr(-z) * (1.0 + RHO)
-    return np.where(z <= 0, direct, comp)
+        low = z <= 0
+        out = np.empty(len(z), dtype=bool)
+        out[low] = b[low] <= (special.ndtr(z[low]) * (1.0 - RHO) + delta0) * (1.0 - 4 * _U)
+        high = ~low
+        one_minus_b = np.nextafter(1.0 - b[high], -1.0).clip(0.0, 1.0)   # <= 1 - b
+        out[high] = ((one_minus_b + delta0) * (1.0 - 4 * _U)
+                     >= special.ndtr(-z[high]) * (1.0 + RHO))
+    return out
 
 
 def verify(reported, mu, delta0, *, beyond_gap=0.0, relative_error=0.0):
@@ -204,7 +212,12 @@ def verify(reported, mu, delta0, *, beyond_gap=0.0, relative_error=0.0):
     beyond the table (counts > M, whose reporting probabilities differ by at most
     ``beyond_gap``) do too. ``relative_error`` bounds the float error of ``reported``
     itself (q x fl(pi / q) on a pre-sampled input). Directed bounds: the side that must be
-    small is rounded up, the other down; complements 1 - x are moved one float outwards."""
+    small is rounded up, the other down; complements 1 - x are moved one float outwards.
+
+    Of the four conditions two hold by themselves for an increasing pair (a <= b, both
+    exact values): a <= b <= b + delta0 <= U(b) and 1 - b <= 1 - a <= U(1 - a), since
+    Phi(Phi^-1(x) + mu) >= x. They are evaluated only for pairs not certified increasing
+    (a's upper bound above b's lower bound)."""
     r = np.asarray(reported, dtype=np.float64)
     if len(r) < 2 or r[0] != 0.0 or not np.all((r >= 0) & (r <= 1)):
         return False
@@ -217,11 +230,13 @@ def verify(reported, mu, delta0, *, beyond_gap=0.0, relative_error=0.0):
         comp_hi = np.nextafter(1.0 - lo, 2.0).clip(0.0, 1.0)    # >= 1 - x
         comp_lo = np.nextafter(1.0 - hi, -1.0).clip(0.0, 1.0)   # <= 1 - x
         ok = (_within(hi[1:], lo[:-1], mu, delta0)                 # b <= U(a)
-              & _within(hi[:-1], lo[1:], mu, delta0)               # a <= U(b)
-              & _within(comp_hi[1:], comp_lo[:-1], mu, delta0)     # 1 - b <= U(1 - a)
               & _within(comp_hi[:-1], comp_lo[1:], mu, delta0))    # 1 - a <= U(1 - b)
         if not ok.all():
             return False
+        odd = np.flatnonzero(hi[:-1] > lo[1:])                     # not certified a <= b
+        if len(odd) and not (_within(hi[odd], lo[odd + 1], mu, delta0).all()     # a <= U(b)
+                             and _within(comp_hi[odd + 1], comp_lo[odd], mu, delta0).all()):
+            return False                                           # 1 - b <= U(1 - a)
     return True
 
 
@@ -279,7 +294,8 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
                         report=report, estimator=estimator, composition="optimal",
                         max_frequency=max_frequency, presampled=presampled)
     fallback = dataclasses.replace(opt, composition="pld")
-    if c == 1 or max_frequency is not None or opt.saturation_frequency is None:
+    if c == 1 or max_frequency is not None or opt.saturation_frequency is None \
+            or opt.max_frequency > MAX_LENGTH:
         return fallback
     budget = best_budget(epsilon, delta, c)
     if budget is None:

@@ -214,3 +214,12 @@ def test_single_key_and_fixed_max_frequency_fall_back_to_optimal_tables():
     assert one.key_mu is None and one.composition == "pld"
     fixed = pws.calibrate(1.0, 1e-8, 8, report="keys", composition="pld", max_frequency=50)
     assert fixed.key_mu is None
+
+
+def test_tables_longer_than_max_length_keep_optimal(monkeypatch):
+    """The planning bound: optimal's table longer than pws_pld.MAX_LENGTH frequencies (a
+    small sampling threshold) -> pld builds no Gaussian table and uses optimal's."""
+    assert pws.calibrate(1.0, 1e-8, 8, report="keys", composition="pld").key_mu is not None
+    monkeypatch.setattr(pws_pld, "MAX_LENGTH", 200)     # optimal's table at C = 8: 285
+    p = pws.calibrate(1.0, 1e-8, 8, report="keys", composition="pld")
+    assert p.key_mu is None and p.composition == "pld" and p.max_frequency == 285

@@ -24,14 +24,14 @@ so the largest reporting probabilities are (the analogue of Alg. 3, eqs. 16-17)
     U^-1(y) = Phi(Phi^-1(y - delta0) - mu) (y > delta0; else 0).                     (2)
 
 Composition: g is the tradeoff of an explicit pair (P*, Q*) (Q* moves the delta0 of
-N(mu, 1)'s lowest losses to an outcome P* never produces); by Blackwell's theorem (DRS
-Thm 2.10) every per-key pair is a post-processing of (P*, Q*), so a user's <= C keys are
+N(mu, 1)'s lowest losses to an outcome P* never produces); by Blackwell's theorem (as stated
+in DRS §2) every per-key pair is a post-processing of (P*, Q*), so a user's <= C keys are
 dominated by the C-fold product, whose hockey-stick divergence is at most
 
     delta(eps) <= 1 - (1 - delta0)^C + delta_G(eps; mu sqrt(C)),
     delta_G(eps; m) = Phi(-eps/m + m/2) - e^eps Phi(-eps/m - m/2)                    (3)
 
-(DRS Cor. 2.13 and Cor. 3.3: G_mu^{(x)C} = G_{mu sqrt C}). The table actually sampled
+(DRS: the (eps, delta) form of mu-GDP, and G_mu^{(x)C} = G_{mu sqrt C}). The table actually sampled
 (exact Bernoulli coins of the float pi_i, or q_i x fl(pi_i / q_i) on a pre-sampled input)
 is verified against (1) with directed bounds on every rounding (:func:`verify`).
 
@@ -73,8 +73,7 @@ class GaussianBudget:
 
 
 def gaussian_delta(epsilon, mu):
-    """delta_G(eps; mu) of (3), the mu-GDP hockey-stick divergence (DRS Cor. 2.13; Balle &
-    Wang 2018 Thm. 8), rounded up (each ndtr term has relative error << 1e-12)."""
+    """delta_G(eps; mu) of (3), the mu-GDP hockey-stick divergence (DRS; Balle & Wang 2018), rounded up (each ndtr term has relative error << 1e-12)."""
     if mu <= 0:
         return 0.0
     first = float(special.ndtr(-epsilon / mu + mu / 2))

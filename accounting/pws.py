@@ -45,7 +45,7 @@ from accounting import pws_estimators, search
 SAMPLING_SCHEMES = ("none", "ppswor", "priority")
 REPORTS = ("keys", "keys_and_frequencies")
 ESTIMATORS = ("mle", "biased_down")
-COMPOSITIONS = ("optimal", "basic")
+COMPOSITIONS = ("pld", "optimal", "basic")
 
 # Largest table the automatic choice of max_frequency builds: keep probabilities (one
 # float per frequency) and banded frequency tables (stored entries).
@@ -583,6 +583,8 @@ def per_key_budget(epsilon, delta, max_keys_per_user, *, composition="optimal"):
     c = int(max_keys_per_user)
     if c == 1:
         return PerKeyBudget(float(epsilon), float(delta), "single key", 1)
+    if composition == "pld":   # the (eps0, delta0) tables pld falls back to (accounting.pws_pld)
+        composition = "optimal"
     basic = PerKeyBudget(epsilon / c, delta / c, "basic", c)
     if composition == "basic":
         return basic
@@ -874,6 +876,10 @@ class PWSParameters:
     saturation_frequency: int | None
     beyond_table: str
     presampled: bool = False
+    # composition "pld" with the Gaussian-tradeoff table (accounting.pws_pld): its mu; the
+    # keep table is then pws_pld.keep_probabilities(q, key_mu, table_delta).
+    key_mu: float | None = None
+    key_mu_verified: float | None = None   # the mu the table is verified against (>= key_mu)
 
     def as_dict(self):
         return dataclasses.asdict(self)
@@ -966,6 +972,12 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
         raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
     if max_frequency is not None:
         _check_max_frequency(max_frequency)
+    if composition == "pld":
+        from accounting import pws_pld
+        return pws_pld.calibrate(epsilon, delta, max_keys_per_user, sampling=sampling,
+                                 sampling_threshold=sampling_threshold, report=report,
+                                 estimator=estimator, max_frequency=max_frequency,
+                                 presampled=presampled)
     budget = per_key_budget(epsilon, delta, max_keys_per_user, composition=composition)
 
     def q_fn(m):
@@ -1090,6 +1102,10 @@ def release_tables(params):
     """Build (and cache per process) the tables of a calibrated release. Deterministic."""
     q = sampling_probabilities(params.max_frequency, sampling=params.sampling,
                                sampling_threshold=params.sampling_threshold)
+    if params.report == "keys" and params.key_mu is not None:
+        from accounting import pws_pld
+        keep = pws_pld.keep_probabilities(q, params.key_mu, params.table_delta)
+        return ReleaseTables(params=params, keep=keep, band=None, estimates=None)
     if params.report == "keys":
         keep = _alg3(q, params.key_epsilon, params.table_delta)
         return ReleaseTables(params=params, keep=keep, band=None, estimates=None)

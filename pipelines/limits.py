@@ -133,7 +133,7 @@ def check_release(spec, epsilon, delta, candidates):
         # The per-key budget itself (exact optimal composition: O(C) per step, C <= 1e4).
         from accounting.pws import per_key_budget
         budget = per_key_budget(epsilon, delta, c,
-                                composition=spec.mechanism.get("composition", "optimal"))
+                                composition=spec.mechanism.get("composition") or "optimal")
         length = _length(budget.key_epsilon, budget.key_delta, 1)
         _check_rounding(spec, epsilon, delta, c, budget)
         if length > L_MAX:

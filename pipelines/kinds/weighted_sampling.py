@@ -11,6 +11,9 @@ Each key's sanitizer is (eps0, delta0)-DP between neighbouring counts; a user to
 most C keys, changing each by one, so the release composes C such mechanisms
 (``accounting.pws.per_key_budget``: exact optimal composition, or basic). The tables are
 verified exactly for the distributions actually sampled (``accounting.pws.realized_delta``).
+``composition: pld`` (the default with ``report: keys``) builds the keep table for a
+Gaussian per-key tradeoff instead and composes the keys' privacy-loss distributions
+(``accounting.pws_pld``), falling back to the optimal tables where they are not better.
 
 Post-processing path (PWS §1.1): :func:`sanitize_existing_sample` releases the private
 version of an existing non-private weighted sample (a table of key columns and a frequency
@@ -39,9 +42,11 @@ FIELDS = {
     "estimator": declare.choice(pws.ESTIMATORS, default="mle", description=(
         "mle or biased_down (default mle): how the estimate column is computed from the "
         "token (paper 001 eq. 11 / Appendix E)")),
-    "composition": declare.choice(pws.COMPOSITIONS, default="optimal", description=(
-        "optimal or basic (default optimal): how the per-key budgets of a user's "
-        "<= max_keys_per_user keys compose")),
+    "composition": declare.choice(pws.COMPOSITIONS, description=(
+        "pld, optimal or basic (default pld with report: keys, optimal with "
+        "keys_and_frequencies): how a user's <= max_keys_per_user keys compose; pld "
+        "(report: keys only) composes the keys' privacy-loss distributions (Gaussian-"
+        "tradeoff tables, never worse than optimal)")),
     "max_frequency": declare.one_of(
         declare.const("auto"), declare.integer(low=2, high=pws.MAX_KEEP_LENGTH),
         default="auto", description=(
@@ -57,6 +62,14 @@ _ACCOUNTING = {
     "optimal": "PWS end-to-end probabilities (paper 001 Alg. 3/4) per key at (eps0, delta0), "
                "verified exactly for the sampled distributions; a user's <= C keys composed "
                "exactly (optimal composition, Kairouz-Oh-Viswanath 2015 Thm 3.3)",
+    "pld": "PWS reporting probabilities for the per-key tradeoff max(0, G_mu - delta0) "
+           "(accounting.pws_pld, eq. (2)), every pair of neighbouring counts verified for the "
+           "sampled coins; a user's <= C keys composed by Blackwell domination: delta <= "
+           "1 - (1 - delta0)^C + delta_G(eps; mu sqrt C)",
+    "pld (optimal tables)": "composition pld fell back to the optimal tables (no better "
+           "here): PWS end-to-end probabilities (paper 001 Alg. 3) per key at (eps0, delta0), "
+           "verified exactly for the sampled distributions; a user's <= C keys composed "
+           "exactly (optimal composition, Kairouz-Oh-Viswanath 2015 Thm 3.3)",
     "basic": "PWS end-to-end probabilities (paper 001 Alg. 3/4) per key at (epsilon/C, delta/C), "
              "verified exactly for the sampled distributions; basic composition over a user's "
              "<= C keys",
@@ -81,7 +94,11 @@ def parse(section):
     estimator = section.get("estimator", "mle")
     if "estimator" in section and report == "keys":
         raise SpecError("mechanism.estimator", "is only used with report: keys_and_frequencies")
-    composition = section.get("composition", "optimal")
+    composition = section.get("composition") or ("pld" if report == "keys" else "optimal")
+    if composition == "pld" and report != "keys":
+        raise SpecError("mechanism.composition", "pld needs report: keys (the frequency tokens "
+                        "of Alg. 4 are built for an (eps0, delta0) per-key budget); use "
+                        "composition: optimal or basic")
     max_frequency = section.get("max_frequency", "auto")
     if max_frequency != "auto":
         max_frequency = int(max_frequency)
@@ -125,7 +142,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
             epsilon, delta, max_keys_per_user, sampling=mech.get("sampling", "none"),
             sampling_threshold=mech.get("sampling_threshold"),
             report=mech.get("report", "keys_and_frequencies"), estimator=mech.get("estimator", "mle"),
-            composition=mech.get("composition", "optimal"),
+            composition=mech.get("composition") or "optimal",
             max_frequency=None if max_frequency == "auto" else max_frequency,
             presampled=bool(mech.get("presampled", False))),
         f"weighted_sampling release at epsilon={epsilon:g}, delta={delta:g}, "
@@ -138,7 +155,8 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     out = {"kind": "weighted_sampling", **params.as_dict(),
            "delta_achieved": params.delta_realized,
            "threshold": int(half[0]) if len(half) else params.max_frequency,
-           "accounting": _ACCOUNTING[params.composition],
+           "accounting": _ACCOUNTING[params.composition if params.composition != "pld"
+                                     or params.key_mu is not None else "pld (optimal tables)"],
            "comparison": {
                "basic_composition_key_epsilon": epsilon / max_keys_per_user,
                "sbh_threshold": pws.sbh_threshold(params.key_epsilon, params.key_delta),

@@ -328,38 +328,73 @@ def sample_and_threshold(*, keys=1, epsilon=EPSILON, delta=DELTA, mutation="", k
 PWS = "SanitizeSample (PWS)"
 
 
-def pws(*, keys=1, frequency=1, report="keys", epsilon=EPSILON, delta=DELTA, mutation=""):
+def _worst_frequency(keep, keys, epsilon):
+    """The frequency i whose pair (pi_{i-1}, pi_i), on all ``keys`` keys at once, has the
+    largest exact hockey-stick divergence at epsilon (the number of reported keys is a
+    sufficient statistic: a binomial sum), in either direction."""
+    from scipy import stats
+    k = np.arange(keys + 1)
+    e = math.exp(epsilon)
+    best, best_i = -1.0, 1
+    for i in range(1, len(keep)):
+        pa, pb = stats.binom.pmf(k, keys, keep[i - 1]), stats.binom.pmf(k, keys, keep[i])
+        d = max(np.maximum(0, pb - e * pa).sum(), np.maximum(0, pa - e * pb).sum())
+        if d > best:
+            best, best_i = d, i
+    return best_i
+
+
+def pws(*, keys=1, frequency=1, report="keys", epsilon=EPSILON, delta=DELTA, mutation="",
+        composition="optimal"):
     """One key per user-key at frequency i (D) vs i - 1 (D'; i = 1 means the key is absent
     from D'). Mutation "composition ignored": tables built for 1 key per user while the
-    user's ``keys`` keys all move."""
+    user's ``keys`` keys all move. ``composition="pld"`` (accounting.pws_pld, keys only):
+    the Gaussian-tradeoff table; its "composition ignored" mutation builds that table for
+    the Gaussian budget of one key (mu from the whole epsilon) while ``keys`` keys move.
+    ``frequency="worst"``: the frequency of :func:`_worst_frequency` at epsilon / 2."""
     sanitize = _module("transforms.sanitize_sample").sanitize
     acc = _module("accounting.pws")
     calibrated_keys = 1 if mutation == "composition ignored" else keys
     if mutation not in ("", "composition ignored"):
         raise ValueError(mutation)
-    params = acc.calibrate(epsilon, delta, calibrated_keys, report=report)
-    tables = acc.release_tables(params)
+    if composition == "pld" and mutation:
+        pld = _module("accounting.pws_pld")
+        budget = pld.best_budget(epsilon, delta, 1)
+        keep, mu, _ = pld.build(lambda m: acc.sampling_probabilities(m), budget, 100_000)
+        table, described = None, f"pld table for 1 key (mu={mu:.3g})"
+    else:
+        params = acc.calibrate(epsilon, delta, calibrated_keys, report=report,
+                               composition=composition)
+        tables = acc.release_tables(params)
+        keep, table = tables.keep, tables.table
+        described = (f"key mu={params.key_mu:.3g}, delta0={params.key_delta_realized:.3g}"
+                     if params.key_mu is not None else
+                     f"key eps={params.key_epsilon:.3g}, key delta={params.key_delta:.3g}")
+        if composition == "pld":
+            assert params.key_mu is not None, "the pld scenario must audit the Gaussian table"
+    if frequency == "worst":
+        frequency = _worst_frequency(keep, keys, epsilon / 2)
 
     def runner(freq):
         def run(rng, n):
             if freq == 0:
                 return auditor.released_count_and_sum(np.zeros((n, keys), bool),
                                                       np.zeros((n, keys), np.int64))
-            keep, tokens = sanitize(np.full(n * keys, freq, dtype=np.int64),
-                                    keep_probabilities=tables.keep,
-                                    frequency_table=tables.table, rng=rng)
-            tokens = np.where(keep, tokens, 0) if report == "keys" else tokens
-            codes = auditor.released_count_and_sum(keep.reshape(n, keys), tokens.reshape(n, keys))
-            return codes
+            keep_out, tokens = sanitize(np.full(n * keys, freq, dtype=np.int64),
+                                        keep_probabilities=keep, frequency_table=table, rng=rng)
+            tokens = np.where(keep_out, tokens, 0) if report == "keys" else tokens
+            return auditor.released_count_and_sum(keep_out.reshape(n, keys),
+                                                   tokens.reshape(n, keys))
         return run
 
-    return Scenario(mechanism=PWS, case=f"frequency {frequency} vs {frequency - 1}",
+    return Scenario(mechanism=PWS, case=f"frequency {frequency} vs {frequency - 1}"
+                    + (f", {keys} keys" if keys > 1 else ""),
                     claimed_epsilon=epsilon,
                     claimed_delta=params.delta_realized if not mutation else delta,
                     run_d=runner(frequency), run_d_prime=runner(frequency - 1),
                     mutation=mutation, events="likelihood" if report != "keys" else "both",
-                    parameters=f"report={report}, {keys} key(s), key eps={params.key_epsilon:.3g}, "
-                               f"key delta={params.key_delta:.3g}")
+                    parameters=f"report={report}, {keys} key(s), composition={composition}, "
+                               + described)
 
 
 # ---------------------------------------------------------------------------------------
@@ -684,6 +719,7 @@ HONEST = [
      lambda: sample_and_threshold(keys=3, trials=400_000, composition="pld"), 0.2),
     ("pws-keys-frequency1", lambda: pws(), None),
     ("pws-frequencies-frequency3", lambda: pws(report="keys_and_frequencies", frequency=3), 0.5),
+    ("pws-keys-3keys-pld", lambda: pws(keys=3, frequency="worst", composition="pld"), 0.4),
     ("exponential_mechanism", lambda: exponential_mechanism(), 0.5),
     ("count_and_sum-shift", lambda: count_and_sum("shift"), 0.5),
     ("count_and_sum-pre_threshold", lambda: count_and_sum("pre_threshold"), None),
@@ -720,6 +756,8 @@ MUTATIONS = [
      lambda: sample_and_threshold(keys=8, k="threshold", mutation="composition ignored",
                                   trials=400_000)),
     ("pws-composition-ignored", lambda: pws(keys=3, mutation="composition ignored")),
+    ("pws-pld-composition-ignored",
+     lambda: pws(keys=8, frequency="worst", composition="pld", mutation="composition ignored")),
     ("em-monotone-factor",
      lambda: exponential_mechanism(mutation="monotone factor on non-monotone scores")),
     ("em-sensitivity/2", lambda: exponential_mechanism(mutation="sensitivity / 2")),

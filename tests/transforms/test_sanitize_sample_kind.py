@@ -20,6 +20,37 @@ def test_parse_defaults():
                             "composition": "optimal", "max_frequency": "auto"}
 
 
+def test_default_composition_follows_the_report():
+    """pld (accounting.pws_pld) is the default with report: keys; the frequency tokens keep
+    optimal, and pld with them is refused naming mechanism.composition."""
+    assert ws.parse({"report": "keys"})["composition"] == "pld"
+    assert ws.parse({"report": "keys", "composition": "basic"})["composition"] == "basic"
+    assert ws.parse({})["composition"] == "optimal"
+    with pytest.raises(SpecError) as err:
+        parse_mechanism({"kind": "weighted_sampling", "composition": "pld"})
+    assert err.value.field == "mechanism.composition" and "report: keys" in err.value.message
+
+
+def test_calibrate_pld_reports_its_table_and_beats_optimal():
+    """eps = 1, delta = 1e-8, C = 8: the pld table reaches pi >= 1/2 at 88, optimal at 143;
+    the report carries mu and round-trips to the same release tables."""
+    out = ws.calibrate(ws.parse({"report": "keys"}), epsilon=1.0, delta=1e-8,
+                       max_keys_per_user=8, model="l0")
+    opt = ws.calibrate(ws.parse({"report": "keys", "composition": "optimal"}), epsilon=1.0,
+                       delta=1e-8, max_keys_per_user=8, model="l0")
+    json.dumps(out)
+    assert out["composition"] == "pld" and out["key_mu"] > 0
+    assert "Blackwell" in out["accounting"]
+    assert (out["threshold"], opt["threshold"]) == (88, 143)
+    assert out["delta_achieved"] <= 1e-8
+    params = pws.PWSParameters.from_dict(out)
+    keep = pws.release_tables(params).keep
+    assert keep[88] >= 0.5 > keep[87] and len(keep) - 1 == out["max_frequency"]
+    one = ws.calibrate(ws.parse({"report": "keys"}), epsilon=1.0, delta=1e-8,
+                       max_keys_per_user=2, model="l0")
+    assert one["key_mu"] is None and one["accounting"].startswith("composition pld fell back")
+
+
 @pytest.mark.parametrize("section,field,message", [
     ({"sampling": "bernoulli"}, "mechanism.sampling", "must be one of none, ppswor, priority"),
     ({"sampling": "ppswor"}, "mechanism.sampling_threshold", "is required"),
@@ -28,7 +59,7 @@ def test_parse_defaults():
     ({"report": "frequencies"}, "mechanism.report", "keys, keys_and_frequencies"),
     ({"estimator": "mean"}, "mechanism.estimator", "mle, biased_down"),
     ({"report": "keys", "estimator": "mle"}, "mechanism.estimator", "only used"),
-    ({"composition": "advanced"}, "mechanism.composition", "optimal, basic"),
+    ({"composition": "advanced"}, "mechanism.composition", "pld, optimal, basic"),
     ({"max_frequency": 1}, "mechanism.max_frequency", ">= 2"),
     ({"max_frequency": "big"}, "mechanism.max_frequency", "auto"),
 ])

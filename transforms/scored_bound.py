@@ -51,14 +51,30 @@ def candidate_buckets(rank_in_user, candidates):
     return np.searchsorted(np.asarray(candidates, dtype=np.int64), rank_in_user, side="right")
 
 
-def bucket_counts(table, key_columns, rows, buckets):
+def bucket_counts(table, key_columns, rows, buckets, key_hash=None):
     """(key columns, ``__key``, ``__bucket`` int16, int64 ``count``): the distinct
-    (user, key) pairs at ``rows`` counted per key and bucket."""
-    kept = table.select(list(key_columns) + [KEY_HASH_COLUMN]).take(pa.array(rows))
-    kept = kept.append_column(BUCKET_COLUMN, pa.array(buckets.astype(np.int16)))
-    columns = list(key_columns) + [KEY_HASH_COLUMN, BUCKET_COLUMN]
-    grouped = kept.group_by(columns, use_threads=False).aggregate([([], "count_all")])
-    return grouped.rename_columns(columns + ["count"]).combine_chunks()
+    (user, key) pairs at ``rows`` counted per key and bucket.
+
+    ``key_hash``: the table's ``__key`` as a numpy array, given only when it is one-to-one
+    on the table's keys (``per_user_bound.key_hash_is_exact``); the rows are then grouped
+    on (hash, bucket) alone and the key columns taken once per group, instead of hashing
+    the key strings again in the group-by."""
+    buckets = pa.array(buckets.astype(np.int16))
+    if key_hash is None:
+        kept = table.select(list(key_columns) + [KEY_HASH_COLUMN]).take(pa.array(rows))
+        kept = kept.append_column(BUCKET_COLUMN, buckets)
+        columns = list(key_columns) + [KEY_HASH_COLUMN, BUCKET_COLUMN]
+        grouped = kept.group_by(columns, use_threads=False).aggregate([([], "count_all")])
+        return grouped.rename_columns(columns + ["count"]).combine_chunks()
+    pairs = pa.table({KEY_HASH_COLUMN: pa.array(key_hash[rows], pa.uint64()),
+                      BUCKET_COLUMN: buckets, "__row": pa.array(rows, pa.int64())})
+    grouped = pairs.group_by([KEY_HASH_COLUMN, BUCKET_COLUMN], use_threads=False).aggregate(
+        [("__row", "min"), ([], "count_all")])
+    first = grouped.column("__row_min").combine_chunks()
+    out = table.select(list(key_columns)).take(first)
+    out = out.append_column(KEY_HASH_COLUMN, grouped.column(KEY_HASH_COLUMN))
+    out = out.append_column(BUCKET_COLUMN, grouped.column(BUCKET_COLUMN))
+    return out.append_column("count", grouped.column("count_all")).combine_chunks()
 
 
 def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHARDS):
@@ -76,7 +92,8 @@ def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHA
     bound_rng = keyed_random.bind(rng, table, user=[USER_COLUMN],
                                   pair=[USER_COLUMN, *key_columns])
     key_hash = np.asarray(table.column(KEY_HASH_COLUMN).to_numpy(), dtype=np.uint64)
-    if key_hash_is_exact(table, key_columns):
+    exact = key_hash_is_exact(table, key_columns)
+    if exact:
         ranks = l0_ranks(users, key_hash, bound_rng)
         pairs = ranks.distinct
         pair_rows = ranks.order[pairs]
@@ -96,7 +113,8 @@ def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHA
     kept = buckets < len(candidates)
     counts = None
     if kept.any():
-        counts = bucket_counts(table, key_columns, pair_rows[kept], buckets[kept])
+        counts = bucket_counts(table, key_columns, pair_rows[kept], buckets[kept],
+                               key_hash if exact else None)
     return counts, dropped, partials
 
 

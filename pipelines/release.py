@@ -153,7 +153,8 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     users = shards.users(chosen, min(plan.candidates))                     # Table of whole users
     clips = _choose_clips(users, plan, rng_factory, clip_sink)
     partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
-    counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
+    counts = partial | "SumCountsPerKey" >> SumCountsPerKey(
+        keys, num_shards, spill_dir=spill_dir)                              # Table(keys, count)
     if spec.aggregates:   # counts and grid sums (pipelines/aggregates.py)
         from transforms.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
@@ -191,7 +192,7 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
     chosen = bounder.statistics(scored) | "ChooseContributionBound" >> choose    # one int
     partial = bounder.select(scored["buckets"], chosen, min(plan.candidates))
     params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
-    counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)
+    counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards, spill_dir=spill_dir)
     released = kind_module(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys)
     return released, chosen
 
@@ -222,7 +223,8 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
             zero_sums, num_sums=len(sum_columns(spec.aggregates)))
     counts = ((partial, zeros)
               | "WithDomainKeys" >> beam.Flatten()
-              | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards))      # every domain key once
+              | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards,
+                                                   spill_dir=spill_dir))  # every domain key once
     if spec.aggregates:
         from transforms.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(

@@ -139,6 +139,8 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
         return kind_module(spec.kind).release_stages(records, plan, num_shards, rng_factory), None
     if plan.domain is not None:
         return _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink, spill_dir)
+    if _one_pass_auto(spec):
+        return _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir)
     shards = _UserShards(records, num_shards, keys, spec.auto_bound, spill_dir)
     chosen = None
     if spec.auto_bound:
@@ -156,11 +158,46 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
             rng_factory=rng_factory), chosen
     clips = _choose_clips(users, plan, rng_factory, clip_sink)
     partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
-    counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)  # Table(keys, count)
+    counts = partial | "SumCountsPerKey" >> SumCountsPerKey(
+        keys, num_shards, spill_dir=spill_dir)                              # Table(keys, count)
     if spec.aggregates:   # counts and grid sums (pipelines/aggregates.py)
         from transforms.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
             beam.pvalue.AsSingleton(params), rng_factory=rng_factory), chosen
+    released = kind_module(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys)
+    return released, chosen
+
+
+def _one_pass_auto(spec):
+    """``auto`` with plain l0 bounding (PerUserBound): bounded and scored in one pass."""
+    return (spec.auto_bound and not spec.aggregates and spec.bounding.model == "l0"
+            and getattr(kind_module(spec.kind), "PER_USER_BOUND", PerUserBound) is PerUserBound)
+
+
+def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
+    """``max_keys_per_user: auto`` in one pass over the user shards
+    (transforms/scored_bound.py): the bounding pass sorts each shard once and emits both
+    the score's statistics and per-key counts for every candidate C; the chosen C then
+    selects its counts. Same draws and same released bytes as bounding after the choice,
+    without concatenating, checking and hashing the shards a second time."""
+    from transforms.choose_contribution_bound import ChooseContributionBound
+    from transforms.scored_bound import ScoredPerUserBound
+    spec = plan.spec
+    keys = list(spec.input.keys)
+    users = records | "ShardByUser" >> ShardByUser(num_shards, key_columns=keys,
+                                                   spill_dir=spill_dir)
+    choose = ChooseContributionBound(
+        keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
+        model=spec.bounding.model, score=plan.score_name,
+        score_params=plan.score_params(), max_bound=spec.bounding.auto.max_bound,
+        rng_factory=rng_factory, spill_dir=spill_dir)
+    bounder = ScoredPerUserBound(keys, choose.score, rng_factory=rng_factory,
+                                 spill_dir=spill_dir)
+    scored = users | "PerUserBound" >> bounder     # the fixed pipeline's label: same salts
+    chosen = bounder.statistics(scored) | "ChooseContributionBound" >> choose    # one int
+    partial = bounder.select(scored["buckets"], chosen, min(plan.candidates))
+    params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
+    counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards, spill_dir=spill_dir)
     released = kind_module(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys)
     return released, chosen
 
@@ -191,7 +228,8 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
             zero_sums, num_sums=len(sum_columns(spec.aggregates)))
     counts = ((partial, zeros)
               | "WithDomainKeys" >> beam.Flatten()
-              | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards))      # every domain key once
+              | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards,
+                                                   spill_dir=spill_dir))  # every domain key once
     if spec.aggregates:
         from transforms.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(

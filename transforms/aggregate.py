@@ -4,11 +4,14 @@ Input: PCollection[pyarrow.Table] of partial counts (key columns, ``__key`` uint
 of the key, int64 ``count``), possibly several rows per key across elements. Output:
 PCollection[pyarrow.Table] with the key columns and ``count``, each key exactly once in
 the whole collection; keys are sharded by their hash, so an element is a batch of keys
-ready for a vectorised release kernel.
+ready for a vectorised release kernel. With ``spill_dir`` (the in-process runner,
+``transforms.spill``) the key shuffle moves file names: the runner then holds no partial
+counts, whose number grows with the input (one row per user shard and key).
 """
 import apache_beam as beam
 import numpy as np
 
+from transforms import spill
 from transforms.arrow_coder import SHARD_AND_TABLE, TABLE
 from transforms.user_shards import KEY_HASH_COLUMN, concat, split_by_shard
 
@@ -47,15 +50,16 @@ class SumCountsPerKey(beam.PTransform):
     step = "SumPerKey"
     per_shard = staticmethod(_sum_shard)
 
-    def __init__(self, key_columns, num_shards, label=None):
+    def __init__(self, key_columns, num_shards, spill_dir=None, label=None):
         super().__init__(label)
         self._key_columns = tuple(key_columns)
         self._num_shards = int(num_shards)
+        self._spill_dir = spill_dir   # the pieces travel as files (transforms/spill.py)
 
     def expand(self, partial_counts):
         return (partial_counts
                 | "SplitByKeyHash" >> beam.ParDo(_SplitByKey(self._num_shards)
                                                  ).with_output_types(SHARD_AND_TABLE)
-                | "GroupKeyShards" >> beam.GroupByKey()                          # (shard, [Table])
+                | "GroupKeyShards" >> spill.group_by_key(self._spill_dir)        # (shard, [Table])
                 | self.step >> beam.FlatMap(type(self).per_shard, key_columns=self._key_columns
                                             ).with_output_types(TABLE))

@@ -131,6 +131,19 @@ def table_statistics(table, key_columns, score, *, num_key_shards=_DEFAULT_KEY_S
         return np.zeros(k, dtype=np.int64), []
     pair_users, pair_keys, counts = user_key_pairs(
         _user_words(table, user_column), _key_hashes(table, key_columns))
+    return pair_statistics(pair_users, pair_keys, counts, score, num_key_shards)
+
+
+def pair_statistics(pair_users, pair_keys, counts, score, num_key_shards=_DEFAULT_KEY_SHARDS):
+    """:func:`table_statistics` from the table's distinct (user, key hash) pairs: dense
+    user numbers 0..U-1 (users numbered in the order of their hash), key hashes and
+    record counts N_ij (unused in the l0 model: None there is allowed), every user's
+    pairs contiguous and users in increasing number (the order of :func:`user_key_pairs`
+    and of ``per_user_bound.l0_ranks``; each key's partial sums then add its users in the
+    same order, so both give bit-identical statistics)."""
+    k = len(score.candidates)
+    if len(pair_users) == 0:
+        return np.zeros(k, dtype=np.int64), []
     if score.model == "l0":
         counts = np.ones(len(pair_users), dtype=np.int64)
     weights = contribution_bound.user_weights(pair_users, counts, score.model)
@@ -288,17 +301,25 @@ class ContributionBoundSums(beam.PTransform):
         self._spill_dir = spill_dir   # the partials' shuffle through files (transforms/spill.py)
 
     def expand(self, tables):
+        """``tables``: whole users (PCollection[pa.Table]), or their statistics already
+        computed (a dict: ``dropped`` PCollection[int64 K-vector] and ``partials``
+        PCollection[(key shard, pa.Table)], as :func:`table_statistics` returns them;
+        ``transforms.scored_bound`` makes them in the bounding pass)."""
         k = len(self._score.candidates)
         key_columns, score = self._key_columns, self._score
-        # pa.Table of whole users -> (shard, pa.Table of partial key sums) + dropped[K]
-        stats = tables | "UserStatistics" >> beam.ParDo(_UserStatisticsFn(
-            key_columns, score, self._num_key_shards, self._user_column)
-            ).with_output_types(SHARD_AND_TABLE).with_outputs(
-                _UserStatisticsFn.DROPPED, main="partials")
-        dropped = stats[_UserStatisticsFn.DROPPED] | "DroppedRow" >> beam.Map(
+        if isinstance(tables, dict):
+            stats_dropped, stats_partials = tables["dropped"], tables["partials"]
+        else:
+            # pa.Table of whole users -> (shard, pa.Table of partial key sums) + dropped[K]
+            stats = tables | "UserStatistics" >> beam.ParDo(_UserStatisticsFn(
+                key_columns, score, self._num_key_shards, self._user_column)
+                ).with_output_types(SHARD_AND_TABLE).with_outputs(
+                    _UserStatisticsFn.DROPPED, main="partials")
+            stats_dropped, stats_partials = stats[_UserStatisticsFn.DROPPED], stats.partials
+        dropped = stats_dropped | "DroppedRow" >> beam.Map(
             lambda v, k=k: np.vstack([v.astype(np.float64), np.zeros(k)]))
         # (shard, [partials]) -> key costs[K] of the shard's keys
-        costs = (stats.partials
+        costs = (stats_partials
                  | "ShardByKey" >> spill.group_by_key(self._spill_dir)
                  | "SumByKey" >> beam.MapTuple(
                      lambda _, parts, key_columns=key_columns, score=score: np.vstack(
@@ -373,10 +394,12 @@ class ChooseContributionBound(beam.PTransform):
         return self.score.candidates
 
     def expand(self, tables):
+        """``tables``: user-sharded tables, or their statistics (a dict, see
+        :meth:`ContributionBoundSums.expand`)."""
         sums = tables | "Scores" >> ContributionBoundSums(
             self._key_columns, self.score, num_key_shards=self._num_key_shards,
             user_column=self._user_column, spill_dir=self._spill_dir)
-        stage = self._stage or keyed_random.stage_name(tables)
+        stage = self._stage or keyed_random.stage_name(sums)
         return (sums
                 | "ExponentialMechanism" >> beam.ParDo(_ExponentialMechanismFn(
                     self.score, self.epsilon, self.monotone, keyed_random.resolve(self._rng_factory), stage))

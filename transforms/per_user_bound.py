@@ -16,6 +16,8 @@ word per user (in a release the first word of the user's keyed stream,
 permutation of the user's keys that is equal for equal keys (so de-duplication happens
 in the same sort) and independent across users.
 """
+import typing
+
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
@@ -63,6 +65,9 @@ def bound_l0(user_hash, key_hash, max_keys_per_user, rng):
     """Indices of the rows kept: one row per kept distinct (user, key), at most
     ``max_keys_per_user`` distinct keys per user, chosen uniformly at random.
 
+    The kept rows are those of :func:`l0_ranks` whose rank within their user is below
+    ``max_keys_per_user``.
+
     Args:
       user_hash, key_hash: uint64 arrays (one entry per record).
       max_keys_per_user: C >= 1.
@@ -77,11 +82,32 @@ def bound_l0(user_hash, key_hash, max_keys_per_user, rng):
     detected and the shard is then ordered by the exact (user, full rank) lexsort, so the
     kept set is exactly the one the two-word sort defines.
     """
+    if len(user_hash) == 0:
+        return np.zeros(0, dtype=np.int64)
+    ranks = l0_ranks(user_hash, key_hash, rng)
+    return ranks.order[ranks.distinct & (ranks.rank_in_user < max_keys_per_user)]
+
+
+class L0Ranks(typing.NamedTuple):
+    """The sort of :func:`l0_ranks`: rows in (user, random key rank) order."""
+    order: np.ndarray         # row indices, users contiguous, each user's keys by random rank
+    distinct: np.ndarray      # bool, in ``order``: first row of a distinct (user, key)
+    rank_in_user: np.ndarray  # int, in ``order``: 0 for the user's first distinct key, ...
+    by_user_number: np.ndarray  # int64: user number 0..U-1 (users by hash), in by-user order
+    second: np.ndarray        # ``order`` = by-user order taken at ``second``
+
+    def user_numbers(self):
+        """The user number 0..U-1 of each row, in ``order``."""
+        return self.by_user_number[self.second]
+
+
+def l0_ranks(user_hash, key_hash, rng):
+    """Every row's place in its user's uniformly random order of distinct keys (the
+    sort :func:`bound_l0` keeps the first C of; one sort serves every C).
+    ``user_hash`` must be non-empty."""
     user_hash = np.asarray(user_hash, dtype=np.uint64)
     key_hash = np.asarray(key_hash, dtype=np.uint64)
     n = len(user_hash)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
     # Per-user salt: one CSPRNG word per distinct user, looked up through a sort by user.
     by_user = _order_by_user(user_hash)
     user_start = _runs(user_hash[by_user])
@@ -115,8 +141,7 @@ def bound_l0(user_hash, key_hash, max_keys_per_user, rng):
     running = np.cumsum(distinct)
     at_user_start = np.maximum.accumulate(np.where(new_user, running, 0))
     rank_in_user = running - at_user_start  # 0 for the user's first distinct key
-    keep = distinct & (rank_in_user < max_keys_per_user)
-    return order[keep]
+    return L0Ranks(order, distinct, rank_in_user, user_number, second)
 
 
 def bound_l0_exact(user_hash, key_codes, max_keys_per_user, rng):
@@ -128,10 +153,17 @@ def bound_l0_exact(user_hash, key_codes, max_keys_per_user, rng):
     distinct keys whose law depends on nothing but the user's own keys (the codes only
     group rows; their values never enter the choice). Returns one row index per kept pair.
     """
-    user_hash = np.asarray(user_hash, dtype=np.uint64)
-    key_codes = np.asarray(key_codes)
     if len(user_hash) == 0:
         return np.zeros(0, dtype=np.int64)
+    pair_rows, rank_in_user = l0_exact_ranks(user_hash, key_codes, rng)
+    return np.sort(pair_rows[rank_in_user < max_keys_per_user])
+
+
+def l0_exact_ranks(user_hash, key_codes, rng):
+    """:func:`bound_l0_exact`'s order: (one row index per distinct (user, key) pair, the
+    pair's rank in its user's random order of keys). ``user_hash`` must be non-empty."""
+    user_hash = np.asarray(user_hash, dtype=np.uint64)
+    key_codes = np.asarray(key_codes)
     order = np.lexsort((key_codes, user_hash))
     users, codes = user_hash[order], key_codes[order]
     pair_start = _runs(users)
@@ -144,7 +176,7 @@ def bound_l0_exact(user_hash, key_codes, max_keys_per_user, rng):
     new_user = _runs(pair_users[by_rank])
     position = np.arange(len(by_rank))
     rank_in_user = position - np.maximum.accumulate(np.where(new_user, position, 0))
-    return np.sort(pair_rows[by_rank[rank_in_user < max_keys_per_user]])
+    return pair_rows[by_rank], rank_in_user
 
 
 def exact_key_codes(table, key_columns):

@@ -136,3 +136,32 @@ def test_spill_only_where_the_workers_share_this_disk(tmp_path, flags, spills):
     pipeline = beam.Pipeline(runner=LiveMetricsRunner(), options=PipelineOptions(flags))
     folder = release._spill_dir(pipeline, str(tmp_path / "staging"))
     assert (folder is not None) == spills
+
+
+def test_key_shuffle_through_files_sums_as_the_in_memory_shuffle(tmp_path):
+    """SumCountsPerKey with a spill folder: the same count per key as the runner's own
+    shuffle (several partial rows per key across and within tables), pieces on disk."""
+    from transforms.aggregate import SumCountsPerKey
+    from transforms.hashing import hash_array
+    rng = np.random.default_rng(7)
+    partials, truth = [], {}
+    for _ in range(6):
+        words = pa.array([f"w{j}" for j in rng.integers(0, 300, 400)])
+        counts = rng.integers(1, 5, 400)
+        for w, c in zip(words.to_pylist(), counts.tolist()):
+            truth[w] = truth.get(w, 0) + c
+        partials.append(pa.table({"word": words, "__key": pa.array(hash_array(words), pa.uint64()),
+                                  "count": pa.array(counts, pa.int64())}))
+    folder = str(tmp_path / "keys")
+
+    def per_key(tables):
+        return sorted((w, c) for t in tables for w, c in zip(t.column("word").to_pylist(),
+                                                             t.column("count").to_pylist()))
+    with test_pipeline.TestPipeline() as p:
+        tables = p | beam.Create(partials)
+        for name, spill_dir in (("Memory", None), ("Files", folder)):
+            summed = tables | name >> SumCountsPerKey(["word"], 4, spill_dir=spill_dir)
+            assert_that(summed | f"All{name}" >> beam.combiners.ToList()
+                        | f"PerKey{name}" >> beam.Map(per_key),
+                        equal_to([sorted(truth.items())]), label=f"Check{name}")
+    assert os.listdir(folder)   # the key shards went through files

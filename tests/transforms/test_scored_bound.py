@@ -1,0 +1,121 @@
+"""One-pass automatic bound (transforms/scored_bound.py) against the two passes it replaces.
+
+For every candidate C the bucket tables select exactly the per-key counts of
+``per_user_bound.bound_table_l0`` at C under the same keyed stage (including a shard
+whose key hashes collide, bounded on exact key codes), the statistics are bit-identical
+to ``choose_contribution_bound.table_statistics``, and a whole release with
+``max_keys_per_user: auto`` publishes the same bytes as the two-pass pipeline under one
+secret. Deterministic (fixed secret and seeds): no false failures.
+"""
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from accounting import contribution_bound
+from pipelines import release
+from tests.pipelines.test_keyed_recomputation import SECRET, _release
+from transforms import keyed_random
+from transforms.choose_contribution_bound import table_statistics
+from transforms.hashing import hash_array
+from transforms.per_user_bound import bound_table_l0, count_per_key
+from transforms.scored_bound import candidate_buckets, scored_table, select_bucket_counts
+from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+
+CANDIDATES = (1, 2, 3, 4, 6, 8, 11, 16)
+STAGE = "PerUserBound"
+
+
+def _score(kind="gaussian"):
+    thresholds = [10.0 + 3 * c for c in CANDIDATES]
+    params = {"laplace_l0": {"epsilon": 1.0, "delta": 1e-6},
+              "gaussian": {"thresholds": thresholds},
+              "sample_and_threshold": {"thresholds": thresholds,
+                                       "sampling_rates": [0.5] * len(CANDIDATES)}}[kind]
+    return contribution_bound.make_score(kind, CANDIDATES, 16, params)
+
+
+def _table(seed, rows=4000, users=300, collide=False):
+    rng = np.random.default_rng(seed)
+    user = rng.integers(0, users, rows).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    words = pa.array([f"w{k}" for k in np.minimum(rng.zipf(1.4, rows), 200)])
+    key_hash = hash_array(words)
+    if collide:   # w1 and w2 share a key hash: the shard is bounded on exact key codes
+        w = np.array(words.to_pylist())
+        key_hash = np.where(w == "w2", key_hash[np.flatnonzero(w == "w1")[0]], key_hash)
+    return pa.table({USER_COLUMN: pa.array(user, pa.uint64()), "word": words,
+                     KEY_HASH_COLUMN: pa.array(np.asarray(key_hash, np.uint64), pa.uint64())})
+
+
+def _source():
+    return keyed_random.StageSource(keyed_random.KeyedSource(SECRET), STAGE)
+
+
+def _per_key(table):
+    if table is None or table.num_rows == 0:
+        return {}
+    out = {}
+    for word, count in zip(table.column("word").to_pylist(), table.column("count").to_pylist()):
+        out[word] = out.get(word, 0) + count
+    return out
+
+
+def test_candidate_buckets_keep_a_rank_exactly_at_the_candidates_above_it():
+    ranks = np.arange(20)
+    buckets = candidate_buckets(ranks, CANDIDATES)
+    for i, c in enumerate(CANDIDATES):
+        assert np.array_equal(buckets <= i, ranks < c), c
+
+
+@pytest.mark.parametrize("seed,collide", [(0, False), (1, False), (2, True)])
+def test_selected_buckets_are_the_bound_counts_for_every_candidate(seed, collide):
+    table = _table(seed, collide=collide)
+    counts, _, _ = scored_table(table, ["word"], _score(), _source())
+    assert counts is not None
+    changed = 0
+    previous = None
+    for c in CANDIDATES:
+        kept = bound_table_l0(table, ["word"], c, _source())
+        expected = _per_key(count_per_key(table.take(pa.array(kept)), ["word"]))
+        got = _per_key(select_bucket_counts(counts, c, CANDIDATES))
+        assert got == expected, c
+        changed += previous is not None and got != previous
+        previous = got
+    assert changed >= 3   # the candidates select different counts (the test can fail)
+
+
+@pytest.mark.parametrize("score_name", ["gaussian", "laplace_l0", "sample_and_threshold"])
+@pytest.mark.parametrize("seed,collide", [(3, False), (4, True)])
+def test_statistics_are_bit_identical_to_table_statistics(score_name, seed, collide):
+    table = _table(seed, collide=collide)
+    score = _score(score_name)
+    _, dropped, partials = scored_table(table, ["word"], score, _source(), num_key_shards=4)
+    ref_dropped, ref_partials = table_statistics(table, ["word"], score, num_key_shards=4)
+    assert np.array_equal(dropped, ref_dropped)
+    assert [s for s, _ in partials] == [s for s, _ in ref_partials]
+    for (_, got), (_, want) in zip(partials, ref_partials):
+        assert got.equals(want)   # exact float equality, column by column
+
+
+def test_empty_shard_has_no_counts_and_zero_statistics():
+    table = _table(5).slice(0, 0)
+    counts, dropped, partials = scored_table(table, ["word"], _score(), _source())
+    assert counts is None and not dropped.any() and partials == []
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "sample_and_threshold"])
+def test_auto_release_is_byte_identical_to_the_two_pass_pipeline(kind, tmp_path, monkeypatch):
+    changes = {"bounding.max_keys_per_user": "auto", "mechanism": {"kind": kind}}
+    (tmp_path / "one").mkdir()
+    one, report = _release(str(tmp_path / "one"), SECRET, changes=changes)
+    assert release._one_pass_auto(_spec_of(tmp_path / "one"))
+    monkeypatch.setattr(release, "_one_pass_auto", lambda spec: False)
+    (tmp_path / "two").mkdir()
+    two, report_two = _release(str(tmp_path / "two"), SECRET, changes=changes)
+    assert report["released_keys"] > 0
+    assert report["bounding"] == report_two["bounding"]
+    assert one == two
+
+
+def _spec_of(folder):
+    from pipelines import spec as spec_mod
+    return spec_mod.load(str(folder / "spec.yaml"))

@@ -1,0 +1,209 @@
+"""ScoredPerUserBound: l0 bounding for every candidate C and the choice's statistics, in
+one pass over the user shards (``max_keys_per_user: auto``).
+
+With an automatic bound a release needs two things from every user shard: the statistics
+of the score V(C) that the exponential mechanism draws C from (paper 002, Algorithm 4;
+``transforms.choose_contribution_bound``) and the per-key counts bounded at the drawn C
+(``transforms.per_user_bound``). C is not known while the shards are read, but bounding
+keeps, for every user, the first C keys of one uniformly random order of the user's
+distinct keys (``per_user_bound.l0_ranks``), and that order does not depend on C. So one
+pass per shard
+
+1. sorts the shard once (``l0_ranks``), which also lists its distinct (user, key hash)
+   pairs, users in order, the input of the score's statistics
+   (``choose_contribution_bound.pair_statistics``, bit-identical to
+   ``table_statistics``);
+2. counts, per key and per *candidate bucket* b, the users whose rank of that key falls
+   in [c_{b-1}, c_b) (b = 0 for ranks below c_0 = min C; ranks >= max C are never kept):
+   the users keeping the key at C = c_i are those of buckets 0..i.
+
+After the draw, :func:`select_bucket_counts` keeps buckets 0..i of each shard's table:
+per key, exactly the count ``bound_l0`` gives at C = c_i with the same keyed randomness
+(same stage label ``PerUserBound``, same per-user salts), so the release is the one the
+two-pass pipeline publishes, byte for byte, and the privacy argument is unchanged: the
+draw is made once (keyed, ``transforms.keyed_random``) and the published counts are a
+function of it and of the bounded data only. The shards are concatenated, id-checked,
+key-hashed and sorted once instead of twice.
+
+The bucket tables wait for the draw between stages; with ``spill_dir`` (the in-process
+runner, ``transforms.spill``) they wait as Arrow files and only their names are held.
+"""
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from transforms import keyed_random, spill
+from transforms.arrow_coder import SHARD_AND_TABLE, TABLE
+from transforms.choose_contribution_bound import (
+    _DEFAULT_KEY_SHARDS, _UserStatisticsFn, pair_statistics, table_statistics)
+from transforms.per_user_bound import (
+    exact_key_codes, key_hash_is_exact, l0_exact_ranks, l0_ranks)
+from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+
+BUCKET_COLUMN = "__bucket"
+
+
+def candidate_buckets(rank_in_user, candidates):
+    """Bucket of each rank: the index of the smallest candidate C with rank < C (so a
+    row is kept at C = candidates[i] iff its bucket is <= i); len(candidates) when the
+    rank is kept by no candidate."""
+    return np.searchsorted(np.asarray(candidates, dtype=np.int64), rank_in_user, side="right")
+
+
+def bucket_counts(table, key_columns, rows, buckets, key_hash=None):
+    """(key columns, ``__key``, ``__bucket`` int16, int64 ``count``): the distinct
+    (user, key) pairs at ``rows`` counted per key and bucket.
+
+    ``key_hash``: the table's ``__key`` as a numpy array, given only when it is one-to-one
+    on the table's keys (``per_user_bound.key_hash_is_exact``); the rows are then grouped
+    on (hash, bucket) alone and the key columns taken once per group, instead of hashing
+    the key strings again in the group-by."""
+    buckets = pa.array(buckets.astype(np.int16))
+    if key_hash is None:
+        kept = table.select(list(key_columns) + [KEY_HASH_COLUMN]).take(pa.array(rows))
+        kept = kept.append_column(BUCKET_COLUMN, buckets)
+        columns = list(key_columns) + [KEY_HASH_COLUMN, BUCKET_COLUMN]
+        grouped = kept.group_by(columns, use_threads=False).aggregate([([], "count_all")])
+        return grouped.rename_columns(columns + ["count"]).combine_chunks()
+    pairs = pa.table({KEY_HASH_COLUMN: pa.array(key_hash[rows], pa.uint64()),
+                      BUCKET_COLUMN: buckets, "__row": pa.array(rows, pa.int64())})
+    grouped = pairs.group_by([KEY_HASH_COLUMN, BUCKET_COLUMN], use_threads=False).aggregate(
+        [("__row", "min"), ([], "count_all")])
+    first = grouped.column("__row_min").combine_chunks()
+    out = table.select(list(key_columns)).take(first)
+    out = out.append_column(KEY_HASH_COLUMN, grouped.column(KEY_HASH_COLUMN))
+    out = out.append_column(BUCKET_COLUMN, grouped.column(BUCKET_COLUMN))
+    return out.append_column("count", grouped.column("count_all")).combine_chunks()
+
+
+def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHARDS):
+    """One user shard -> (bucket counts table or None, dropped[K], key-shard partials).
+
+    ``rng``: the bounding stage's source (as ``per_user_bound._BoundL0Fn`` uses it). The
+    statistics are ``table_statistics(table, key_columns, score)``; the bucket counts
+    select to ``per_user_bound.bound_table_l0(table, key_columns, C, rng)``'s counts for
+    every candidate C."""
+    candidates = score.candidates
+    if table.num_rows == 0:
+        return None, *table_statistics(table, key_columns, score,
+                                       num_key_shards=num_key_shards)
+    users = table.column(USER_COLUMN).to_numpy()
+    bound_rng = keyed_random.bind(rng, table, user=[USER_COLUMN],
+                                  pair=[USER_COLUMN, *key_columns])
+    key_hash = np.asarray(table.column(KEY_HASH_COLUMN).to_numpy(), dtype=np.uint64)
+    exact = key_hash_is_exact(table, key_columns)
+    if exact:
+        ranks = l0_ranks(users, key_hash, bound_rng)
+        pairs = ranks.distinct
+        pair_rows = ranks.order[pairs]
+        rank_in_user = ranks.rank_in_user[pairs]
+        # the distinct (user, key hash) pairs, users contiguous and in increasing number
+        dropped, partials = pair_statistics(ranks.user_numbers()[pairs], key_hash[pair_rows],
+                                            None, score, num_key_shards)
+        del ranks, pairs
+    else:   # colliding key hashes: bound on exact key codes (as bound_table_l0 does)
+        beam.metrics.Metrics.counter("thresher_not_private",
+                                     "shards_with_key_hash_collisions").inc()
+        pair_rows, rank_in_user = l0_exact_ranks(
+            users, exact_key_codes(table, key_columns), bound_rng)
+        dropped, partials = table_statistics(table, key_columns, score,
+                                             num_key_shards=num_key_shards)
+    buckets = candidate_buckets(rank_in_user, candidates)
+    kept = buckets < len(candidates)
+    counts = None
+    if kept.any():
+        counts = bucket_counts(table, key_columns, pair_rows[kept], buckets[kept],
+                               key_hash if exact else None)
+    return counts, dropped, partials
+
+
+def select_bucket_counts(counts, bound, candidates):
+    """Per-key counts at C = ``bound`` (one of ``candidates``) from a bucket table:
+    (key columns, ``__key``, ``count``) rows of buckets <= the candidate's index (a key
+    may have several rows; ``SumCountsPerKey`` adds them), or None if none."""
+    index = list(candidates).index(int(bound))
+    mask = pc.less_equal(counts.column(BUCKET_COLUMN), pa.scalar(index, pa.int16()))
+    selected = counts.filter(mask).drop_columns([BUCKET_COLUMN])
+    return selected if selected.num_rows else None
+
+
+class _ScoredBoundFn(beam.DoFn):
+    DROPPED = _UserStatisticsFn.DROPPED
+    PARTIALS = "partials"
+
+    def __init__(self, key_columns, score, num_key_shards, rng_factory, stage, spill_dir):
+        self._key_columns = tuple(key_columns)
+        self._score = score
+        self._num_key_shards = num_key_shards
+        self._rng_factory = rng_factory
+        self._stage = stage
+        self._spill_dir = spill_dir
+
+    def setup(self):
+        self._rng = keyed_random.worker_rng(self._rng_factory)
+
+    def process(self, table):
+        rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage)
+        counts, dropped, partials = scored_table(table, self._key_columns, self._score, rng,
+                                                 self._num_key_shards)
+        beam.metrics.Metrics.counter("thresher_not_private", "rows_bounded").inc(table.num_rows)
+        yield beam.pvalue.TaggedOutput(self.DROPPED, dropped)
+        for shard_and_partial in partials:
+            yield beam.pvalue.TaggedOutput(self.PARTIALS, shard_and_partial)
+        if counts is not None:
+            yield counts if self._spill_dir is None else spill.write_piece(counts, self._spill_dir)
+
+
+def _select(counts_or_path, bound, candidates):
+    counts = (spill.read_piece(counts_or_path) if isinstance(counts_or_path, str)
+              else counts_or_path)
+    selected = select_bucket_counts(counts, bound, candidates)
+    if selected is not None:
+        beam.metrics.Metrics.counter("thresher_not_private", "contributions_kept").inc(
+            int(pc.sum(selected.column("count")).as_py()))
+        yield selected
+
+
+class ScoredPerUserBound(beam.PTransform):
+    """The bounding pass of an automatic bound (module docstring).
+
+    Input: PCollection[pa.Table] of whole users (``ShardByUser``). Apply it with the label
+    ``PerUserBound`` (the fixed-bound pipeline's; its full label keys the per-user salts).
+    Output: a dict — ``dropped`` and ``partials``, the statistics that
+    ``ChooseContributionBound`` takes instead of user shards (:meth:`statistics`), and
+    ``buckets``: the bucket tables (or their spilled file names) for :meth:`select`.
+    """
+
+    def __init__(self, key_columns, score, rng_factory=None, spill_dir=None,
+                 num_key_shards=_DEFAULT_KEY_SHARDS, label=None):
+        super().__init__(label)
+        self._key_columns = tuple(key_columns)
+        self._score = score
+        self._rng_factory = rng_factory
+        self._spill_dir = spill_dir
+        self._num_key_shards = int(num_key_shards)
+
+    def expand(self, user_shards):
+        fn = _ScoredBoundFn(self._key_columns, self._score, self._num_key_shards,
+                            keyed_random.resolve(self._rng_factory),
+                            keyed_random.stage_name(user_shards), self._spill_dir)
+        out = user_shards | "BoundL0AndScore" >> beam.ParDo(fn).with_outputs(
+            _ScoredBoundFn.DROPPED, _ScoredBoundFn.PARTIALS, main="buckets")
+        out[_ScoredBoundFn.PARTIALS].element_type = SHARD_AND_TABLE
+        buckets = out.buckets
+        buckets.element_type = str if self._spill_dir is not None else TABLE
+        return {"dropped": out[_ScoredBoundFn.DROPPED],
+                "partials": out[_ScoredBoundFn.PARTIALS], "buckets": buckets}
+
+    @staticmethod
+    def statistics(outputs):
+        """The input of ``ChooseContributionBound`` among this transform's outputs."""
+        return {"dropped": outputs["dropped"], "partials": outputs["partials"]}
+
+    def select(self, buckets, chosen, default):
+        """Per-key partial counts at the chosen C (a one-int PCollection): the input of
+        ``SumCountsPerKey``."""
+        return buckets | "SelectChosenBound" >> beam.FlatMap(
+            _select, bound=beam.pvalue.AsSingleton(chosen, default_value=default),
+            candidates=tuple(self._score.candidates)).with_output_types(TABLE)

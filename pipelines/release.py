@@ -170,8 +170,10 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
 
 def _one_pass_auto(spec):
     """``auto`` with plain l0 bounding (PerUserBound): bounded and scored in one pass."""
+    module = kind_module(spec.kind)
     return (spec.auto_bound and not spec.aggregates and spec.bounding.model == "l0"
-            and getattr(kind_module(spec.kind), "PER_USER_BOUND", PerUserBound) is PerUserBound)
+            and not hasattr(module, "release_users")              # adaptive: its own rounds
+            and getattr(module, "PER_USER_BOUND", PerUserBound) is PerUserBound)
 
 
 def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):

@@ -22,3 +22,5 @@ def skip_ipython_probe():
 def prepare(command):
     """Settings for one ``thresher COMMAND`` process."""
     skip_ipython_probe()
+    from pipelines import calibration_cache
+    calibration_cache.enable()      # calibrations read back, not recomputed (scipy not imported)

@@ -63,3 +63,32 @@ def test_a_stateful_dofn_runs_with_the_memo(memoized):
                | beam.Create([("a", 1), ("a", 2), ("b", 5)])
                | beam.ParDo(_Counting()))
         assert_that(out, equal_to([("a", 3), ("b", 5)]))
+
+
+def test_thresher_run_leaves_beam_out_of_full_collections(tmp_path):
+    """After ``thresher run``'s process settings, Beam's import objects are in the
+    collector's permanent generation (gc.freeze), so a full collection does not scan them;
+    objects made later are still collected."""
+    probe = """import gc, json, sys
+from pipelines import process
+process.prepare("run")
+frozen = gc.get_freeze_count()
+import apache_beam
+class Cycle:
+    pass
+a = Cycle(); a.self = a
+ref = __import__("weakref").ref(a)
+del a
+gc.collect()
+print(json.dumps([frozen, "apache_beam.pipeline" in sys.modules, ref() is None]))
+"""
+    import json
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    frozen, beam_imported, collected = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert beam_imported and frozen > 50_000 and collected

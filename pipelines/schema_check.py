@@ -91,17 +91,15 @@ def _valid(value, schema):
     if not isinstance(schema, dict):
         raise _Unknown("schema")
     _check_value(value)
-    ok = True
     for keyword, arg in schema.items():
         if keyword in _ANNOTATIONS or keyword in ("then", "else"):
             continue
         checker = _KEYWORDS.get(keyword)
         if checker is None:
             raise _Unknown(keyword)
-        # every keyword is evaluated (an unknown value or keyword deeper down must be
-        # found even when this document already fails)
-        ok = checker(value, arg, schema) and ok
-    return ok
+        if not checker(value, arg, schema):
+            return False    # keywords are conjunctive: one decided failure decides
+    return True
 
 
 def _type(value, arg, schema):
@@ -186,8 +184,19 @@ def _max_items(value, arg, schema):
 def _unique(value, arg, schema):
     if not isinstance(value, list) or not arg:
         return True
-    return not any(_equal(value[i], value[j])
-                   for i in range(len(value)) for j in range(i + 1, len(value)))
+    if any(isinstance(item, (list, dict)) for item in value):
+        if len(value) > 1000:
+            raise _Unknown("uniqueItems of many containers")
+        return not any(_equal(value[i], value[j])
+                       for i in range(len(value)) for j in range(i + 1, len(value)))
+    seen = set()
+    for item in value:
+        # bools apart from numbers; 1 and 1.0 hash and compare equal, as _equal says
+        key = ("bool", item) if isinstance(item, bool) else (type(item) is str, item)
+        if key in seen:
+            return False
+        seen.add(key)
+    return True
 
 
 def _one_of(value, arg, schema):

@@ -23,7 +23,8 @@ built and run scans them all (0.07 s of CPU here, a fifth of what a 1,000-row re
 costs beyond Beam's import). ``thresher run`` moves the objects that exist once Beam is
 imported into the collector's permanent generation (``gc.freeze()``, as servers that
 pre-import do): they are modules, classes and functions that live as long as the process.
-Everything created later is collected as before.
+Everything created later is collected as before. The interpreter's exit then skips
+collecting them too (0.3-0.5 s of CPU of a bare ``import apache_beam`` process here).
 
 (Tried and not kept: fixing glibc's mmap threshold so freed multi-megabyte buffers go
 back to the system: -40 MB of peak RSS at 1e7 rows for +2.5 s of system time.)

@@ -68,6 +68,7 @@ def prepare(command):
     skip_ipython_probe()
     if command == "run":
         memoize_dofn_specs()        # (imports Beam)
-        gc.freeze()
+        if gc.get_freeze_count() == 0:   # once per process (in-process CLI calls in tests)
+            gc.freeze()
     from pipelines import calibration_cache
     calibration_cache.enable()      # calibrations read back, not recomputed (scipy not imported)

@@ -14,7 +14,7 @@ too, which the sparse-histogram accounting (``accounting.gshm``) relies on.
 import math
 
 import numpy as np
-from scipy import special
+from accounting._lazy import special
 
 from accounting.search import smallest_real
 

@@ -37,7 +37,7 @@ import dataclasses
 import math
 
 import numpy as np
-from scipy import special
+from accounting._lazy import special
 
 from accounting import discrete_gaussian, gaussian
 from accounting.search import smallest_integer, smallest_real

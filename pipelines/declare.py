@@ -1,5 +1,6 @@
 """Spec fields declared once, as JSON Schema (draft 2020-12) fragments, and a spec checked
-against them by the jsonschema library, its first error turned into thresher's one-line
+against them (``pipelines.schema_check`` recognises a valid spec without importing
+jsonschema; otherwise the jsonschema library finds the first error), turned into thresher's one-line
 ``SpecError`` (the field's dotted path, what is allowed, what was given; exit 2).
 
 The same declarations are what ``thresher schema`` prints (``pipelines.schema``) and what
@@ -14,8 +15,7 @@ accepts any value; its owner checks it in code.
 import json
 import math
 
-import jsonschema
-
+from pipelines import schema_check
 from pipelines.errors import SpecError
 from pipelines.fields import SHORT, describe
 
@@ -116,6 +116,9 @@ def without_nulls(document):
 def check(document, schema, prefix=""):
     """Raise the SpecError of the first place ``document`` breaks ``schema``."""
     _refuse_non_finite(document, [])
+    if schema_check.valid(document, schema):   # a valid spec: no jsonschema import (start-up)
+        return
+    import jsonschema
     validator = jsonschema.Draft202012Validator(schema)
     error = next(iter(validator.iter_errors(document)), None)
     if error is not None:

@@ -237,7 +237,13 @@ def _length(epsilon, delta, c):
 
 
 def _gaussian_fits(epsilon, delta, c, sigma):
-    """delta_+(C, epsilon) <= delta at this sigma: some threshold then works (gshm)."""
+    """delta_+(C, epsilon) <= delta at this sigma: some threshold then works (gshm). Kept
+    in the thresher command's cache (pipelines/calibration_cache.py) like a calibration."""
+    from pipelines.calibration_cache import cached
+    return cached("limits.gaussian_fits", _gaussian_fits_computed)(epsilon, delta, c, sigma)
+
+
+def _gaussian_fits_computed(epsilon, delta, c, sigma):
     from accounting.discrete_gaussian import composed_shift_delta
     return float(composed_shift_delta(epsilon, sigma, c, method="bound")) <= delta
 

@@ -16,7 +16,7 @@ import hashlib
 import logging
 
 from accounting.budget import Budget
-from pipelines import __version__, limits
+from pipelines import __version__, calibration_cache, limits
 from pipelines.citations import cite_all
 from pipelines.errors import CalibrationError
 from pipelines.spec import kind_module
@@ -204,7 +204,7 @@ def make_plan(spec):
     if spec.auto_bound and hasattr(module, "for_auto_bound"):
         mechanism = module.for_auto_bound(mechanism)  # the kind's cheaper default there
     params, excluded = {}, {}
-    calibrate = module.calibrate
+    calibrate = calibration_cache.cached(f"{spec.kind}.calibrate", module.calibrate)   # CLI only
     if spec.aggregates:   # count and sums calibrated jointly (pipelines/aggregates.py)
         from pipelines import aggregates
         calibrate = functools.partial(aggregates.calibrate, spec, module)

@@ -1,0 +1,210 @@
+"""A cache of the kinds' calibrations, for the ``thresher`` command (never for library use).
+
+A kind's ``calibrate(mechanism, epsilon=, delta=, max_keys_per_user=, model=)`` (and the
+planning limit's check that a Gaussian release can meet its budget at all,
+``pipelines.limits``) is a pure function of its arguments and of the code that computes it (thresher's ``accounting``
+and ``pipelines`` sources, NumPy, SciPy, mpmath and Python). Computing it needs
+``scipy.special``, whose import alone costs 0.15-0.5 s on this machine -- more than the
+rest of a small release beyond Beam's own import. The ``thresher`` command therefore keeps
+each calibration it computed in a file and reads it back when the same calibration is
+asked for again by the same code:
+
+- the file name is the SHA-256 of the arguments (type-tagged: 1 and 1.0 and True are
+  different arguments; floats by their exact hex form) and of a fingerprint of the code:
+  the bytes of every ``.py`` file of thresher's ``accounting`` and ``pipelines`` packages,
+  the versions of NumPy, SciPy (with its git revision) and mpmath, and Python's version;
+- the value is stored type-tagged and read back exactly (floats by hex), so a cached plan
+  is the very dict the calibration returned: the same report and the same noise;
+- only successful calibrations are stored (a refusal is always recomputed);
+- the folder is ``$THRESHER_CACHE_DIR`` or ``$XDG_CACHE_HOME/thresher`` or
+  ``~/.cache/thresher``, made private (0700); files are written whole (temporary file and
+  rename), 0600; a file that is not owned by this user, is writable by others or does not
+  decode is ignored and recomputed. ``THRESHER_CACHE_DIR=off`` turns the cache off (the
+  test suite does, except the tests of this module);
+- any error reading or writing the cache only means the calibration is computed.
+
+What is cached is the calibrated parameters, never data, secrets or released values.
+"""
+import functools
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import pathlib
+import sys
+import tempfile
+
+log = logging.getLogger("thresher")
+
+ENV = "THRESHER_CACHE_DIR"
+FORMAT = 1                 # bump when the stored layout changes
+_PACKAGES = ("accounting", "pipelines")
+_enabled = False
+
+
+def enable():
+    """Use the cache in this process (``pipelines.process.prepare`` of the CLI)."""
+    global _enabled
+    _enabled = True
+
+
+def disable():
+    global _enabled
+    _enabled = False
+
+
+def folder():
+    """The cache folder, or None when the cache is off."""
+    configured = os.environ.get(ENV)
+    if configured is not None:
+        if configured.strip().lower() in ("", "off", "0", "no", "false"):
+            return None
+        return pathlib.Path(configured) / "calibration"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "thresher" / "calibration"
+
+
+def cached(name, function):
+    """``function`` (pure: a kind's calibrate, a planning limit's check) reading and writing
+    the cache under ``name`` when the cache is enabled; the function itself otherwise."""
+    if not _enabled or folder() is None:
+        return function
+
+    def call(*args, **kwargs):
+        try:
+            key = _key(name, args, kwargs)
+        except _Uncacheable:
+            key = None
+        if key is not None:
+            hit = _read(key)
+            if hit is not None:
+                return hit[0]
+        value = function(*args, **kwargs)
+        if key is not None:
+            _write(key, [value])
+        return value
+    return call
+
+
+# ---- keys --------------------------------------------------------------------------------
+
+class _Uncacheable(Exception):
+    """An argument or value outside the exactly round-tripping types."""
+
+
+def _tag(x):
+    """A JSON value that names the type of ``x`` exactly (only plain Python types)."""
+    t = type(x)
+    if x is None:
+        return None
+    if t is bool:
+        return ["bool", x]
+    if t is int:
+        return ["int", str(x)]
+    if t is float:
+        return ["float", x.hex()]
+    if t is str:
+        return ["str", x]
+    if t in (list, tuple):
+        return [t.__name__, [_tag(v) for v in x]]
+    if t is dict:
+        return ["dict", [[_tag(k), _tag(v)] for k, v in x.items()]]   # insertion order kept
+    raise _Uncacheable(f"type {t.__name__}")
+
+
+def _untag(v):
+    if v is None:
+        return None
+    name, body = v
+    if name == "bool":
+        return bool(body)
+    if name == "int":
+        return int(body)
+    if name == "float":
+        return float.fromhex(body)
+    if name == "str":
+        return str(body)
+    if name == "list":
+        return [_untag(b) for b in body]
+    if name == "tuple":
+        return tuple(_untag(b) for b in body)
+    if name == "dict":
+        return {_untag(k): _untag(b) for k, b in body}
+    raise ValueError(f"unknown tag {name!r}")
+
+
+def _key(name, args, kwargs):
+    document = json.dumps([FORMAT, fingerprint(), _tag(name), _tag(tuple(args)),
+                           _tag(dict(sorted(kwargs.items())))], separators=(",", ":"))
+    return hashlib.sha256(document.encode("utf-8")).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def fingerprint():
+    """SHA-256 of the code a calibration depends on (see the module docstring)."""
+    h = hashlib.sha256()
+    root = pathlib.Path(__file__).resolve().parent.parent
+    for package in _PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode("utf-8") + b"\0")
+            h.update(path.read_bytes() + b"\0")
+    h.update(sys.version.encode("utf-8") + b"\0")
+    import numpy
+    h.update(numpy.__version__.encode("utf-8") + b"\0")
+    for name, version_file in (("scipy", "version.py"), ("mpmath", "__init__.py")):
+        spec = importlib.util.find_spec(name)   # finds the package without importing it
+        if spec is not None and spec.origin:
+            h.update(name.encode("utf-8") + b"\0")
+            h.update(pathlib.Path(spec.origin).with_name(version_file).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+# ---- files -------------------------------------------------------------------------------
+
+def _read(key):
+    path = folder() / f"{key}.json"
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            log.debug("calibration cache file %s ignored: not private to this user", path)
+            return None
+        with os.fdopen(fd, "rb") as handle:
+            fd = None
+            document = json.loads(handle.read().decode("utf-8"))
+        if document.get("format") != FORMAT or document.get("key") != key:
+            return None
+        return _untag(document["value"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        log.debug("calibration cache file %s ignored: unreadable", path)
+        return None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _write(key, params):
+    try:
+        value = _tag(params)
+    except _Uncacheable as exc:
+        log.debug("calibration not cached: %s", exc)
+        return
+    directory = folder()
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        data = json.dumps({"format": FORMAT, "key": key, "value": value},
+                          separators=(",", ":")).encode("utf-8")
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "wb") as handle:       # mkstemp's file is 0600
+                handle.write(data)
+            os.replace(tmp, directory / f"{key}.json")
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as exc:
+        log.debug("calibration not cached: %s", exc)

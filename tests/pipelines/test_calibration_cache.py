@@ -1,0 +1,167 @@
+"""The thresher command's calibration cache (pipelines/calibration_cache.py): a cached plan
+is exactly the computed one, a changed argument or changed code misses, files that are
+not private or do not decode are ignored, and a second ``thresher run`` of a spec does
+not import scipy.special."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from pipelines import calibration_cache as cc
+from pipelines import spec as spec_mod
+from pipelines.plan import make_plan
+
+from .conftest import BASE_SPEC, ROOT
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(cc.ENV, str(tmp_path / "cache"))
+    cc.enable()
+    yield tmp_path / "cache" / "calibration"
+    cc.disable()
+
+
+def _spec(**changes):
+    data = json.loads(json.dumps(BASE_SPEC))
+    data["output"]["path"] = "unused"
+    for dotted, value in changes.items():
+        node = data
+        *parents, last = dotted.split(".")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    return spec_mod.parse(data)
+
+
+def _count_calls(monkeypatch, kind):
+    module = spec_mod.kind_module(kind)
+    real, calls = module.calibrate, []
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(module, "calibrate", counting)
+    return calls
+
+
+def _typed(x):
+    """x with the type of every part spelled out (1, 1.0 and True differ)."""
+    return cc._tag(x)
+
+
+@pytest.mark.parametrize("kind, mechanism", [
+    ("gaussian", {"kind": "gaussian", "pre_threshold": 2}),
+    ("laplace", {"kind": "laplace"}),
+    ("sample_and_threshold", {"kind": "sample_and_threshold"}),
+])
+def test_a_cached_plan_is_the_computed_plan(cache, monkeypatch, kind, mechanism):
+    calls = _count_calls(monkeypatch, kind)
+    spec = _spec(mechanism=mechanism)
+    first = make_plan(spec)
+    assert len(calls) == 1 and len(list(cache.glob("*.json"))) == (2 if kind == "gaussian" else 1)
+    second = make_plan(spec)
+    assert len(calls) == 1                       # read back, not computed
+    assert _typed(second.params_by_bound) == _typed(first.params_by_bound)
+    assert second.report() == first.report()
+    cc.disable()                                 # and the same as without any cache
+    assert _typed(make_plan(spec).params_by_bound) == _typed(first.params_by_bound)
+
+
+def test_other_arguments_or_other_code_miss(cache, monkeypatch):
+    calls = _count_calls(monkeypatch, "gaussian")
+    make_plan(_spec())
+    make_plan(_spec(**{"privacy.epsilon": 0.5}))
+    make_plan(_spec(**{"bounding.max_keys_per_user": 4}))
+    assert len(calls) == 3 and len(list(cache.glob("*.json"))) == 6   # and the limit checks
+    make_plan(_spec(**{"privacy.epsilon": 0.5}))
+    assert len(calls) == 3
+    monkeypatch.setattr(cc, "fingerprint", lambda: "other code")
+    make_plan(_spec(**{"privacy.epsilon": 0.5}))
+    assert len(calls) == 4
+
+
+def test_argument_types_are_part_of_the_key():
+    assert len({cc._key("k", ({"a": v}, 1.0), {"c": 8}) for v in (1, 1.0, True, "1")}) == 4
+    assert cc._key("k", ({"a": [1]},), {}) != cc._key("k", ({"a": (1,)},), {})
+    assert cc._key("k", (1.0,), {"c": 8}) != cc._key("k", (1.0,), {"c": 8.0})
+    assert cc._key("k", (), {"a": 1, "b": 2}) == cc._key("k", (), {"b": 2, "a": 1})
+    assert cc._key("k", (1,), {}) != cc._key("j", (1,), {})
+    value = {"s": 0.1 + 0.2, "i": 3, "b": False, "t": (1, 2.5), "l": [None, "x"], "d": {"z": 1e-300}}
+    assert _typed(cc._untag(json.loads(json.dumps(cc._tag(value))))) == _typed(value)
+    with pytest.raises(cc._Uncacheable):
+        cc._tag({"x": object()})
+
+
+def test_files_that_are_not_private_or_do_not_decode_are_ignored(cache, monkeypatch):
+    calls = _count_calls(monkeypatch, "gaussian")
+    spec = _spec()
+    first = make_plan(spec)
+    (path,) = [p for p in cache.glob("*.json") if "sigma" in p.read_text()]
+    assert path.stat().st_mode & 0o777 == 0o600 and cache.stat().st_mode & 0o777 == 0o700
+    os.chmod(path, 0o666)                        # writable by others: not trusted
+    make_plan(spec)
+    assert len(calls) == 2
+    os.chmod(path, 0o600)
+    other = cc._key("gaussian.calibrate", ({"kind": "gaussian"},), {"epsilon": 9.0})
+    os.replace(path, cache / f"{other}.json")   # a file under another calibration's name
+    real_key = cc._key
+    monkeypatch.setattr(cc, "_key", lambda name, *args: other if name == "gaussian.calibrate"
+                        else real_key(name, *args))
+    make_plan(spec)
+    assert len(calls) == 3                       # its recorded key differs: recomputed
+    monkeypatch.undo()
+    calls = _count_calls(monkeypatch, "gaussian")
+    monkeypatch.setenv(cc.ENV, str(cache.parent))
+    make_plan(spec)                              # written again under its own name
+    (path,) = [p for p in cache.glob("*.json") if p.stem != other and "sigma" in p.read_text()]
+    path.write_text("{not json")
+    assert _typed(make_plan(spec).params_by_bound) == _typed(first.params_by_bound)
+    assert len(calls) == 2
+
+
+def test_off_and_library_use_compute(tmp_path, monkeypatch):
+    calls = _count_calls(monkeypatch, "gaussian")
+    monkeypatch.setenv(cc.ENV, str(tmp_path))
+    make_plan(_spec())                           # not enabled: a library call
+    cc.enable()
+    try:
+        monkeypatch.setenv(cc.ENV, "off")
+        make_plan(_spec())
+    finally:
+        cc.disable()
+    assert len(calls) == 2 and not list(tmp_path.rglob("*.json"))
+
+
+# `thresher run SPEC --quiet` in a fresh process, then the modules it imported (the CLI
+# sends stderr to /dev/null while it works, so -X importtime cannot be read).
+PROBE = """import json, sys
+from pipelines.cli import main
+rc = main(["run", sys.argv[1], "--quiet"])
+print(json.dumps(sorted(sys.modules)))
+sys.exit(rc)
+"""
+
+
+def test_a_second_run_of_a_spec_does_not_import_scipy(tmp_path, small_parquet):
+    spec = json.loads(json.dumps(BASE_SPEC))
+    spec["input"]["path"] = small_parquet
+    env = {**os.environ, cc.ENV: str(tmp_path / "cache")}
+    reports, imported = [], []
+    for run in range(2):
+        spec["output"]["path"] = str(tmp_path / f"out{run}")
+        path = tmp_path / "spec.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        proc = subprocess.run([sys.executable, "-c", PROBE, str(path)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        imported.append(set(json.loads(proc.stdout.strip().splitlines()[-1])))
+        with open(tmp_path / f"out{run}" / "release_report.json", encoding="utf-8") as handle:
+            reports.append(json.load(handle))
+    assert "scipy.special" in imported[0]        # computed (the probe sees scipy's import)
+    assert "scipy.special" not in imported[1]    # read back
+    assert reports[1]["mechanism"] == reports[0]["mechanism"]
+    assert reports[1]["privacy"] == reports[0]["privacy"]

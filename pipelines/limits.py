@@ -102,6 +102,45 @@ def check_spec(spec):
         field = "input.sample.threshold" if mech.get("presampled") else "mechanism.sampling_threshold"
         raise SpecError(field, f"must be >= {WS_SAMPLING_THRESHOLD_MIN:g} (the planning limit: "
                         f"the tables grow as 1/threshold), got {mech['sampling_threshold']:g}")
+    if kind == "weighted_sampling":
+        _check_pws_table_size(mech)
+
+
+# ppswor's q = 1 - exp(-w t) is 1.0 in float64 only once w t >= 54 ln 2 (e^-wt < 2^-54);
+# priority's q = min(1, w t) once w t >= 1. pi <= q, so the automatic table (which ends
+# where pi reaches 1) has at least SATURATION_SCALE[scheme] / t rows.
+SATURATION_SCALE = {"ppswor": 54 * math.log(2), "priority": 1.0}
+
+
+def _check_pws_table_size(mech):
+    """weighted_sampling tables within accounting.pws's caps, before anything is built:
+    an explicit max_frequency within the table of its report; an automatic one (where pi
+    reaches 1, >= SATURATION_SCALE / t for ppswor / priority) too, or the plan is refused
+    naming the threshold (clipping there would silently report large keys with pi < 1)."""
+    from accounting import pws
+    report = mech.get("report", "keys_and_frequencies")
+    cap, what = ((pws.MAX_KEEP_LENGTH, "keep-probability table") if report == "keys"
+                 else (pws.MAX_BAND_ROWS, "frequency table"))
+    max_frequency = mech.get("max_frequency", "auto")
+    if max_frequency != "auto":
+        if max_frequency > cap:
+            raise SpecError("mechanism.max_frequency", f"must be <= {cap} with report: {report} "
+                            f"(the planning limit: the largest {what}), got {max_frequency}")
+        return
+    sampling, t = mech.get("sampling", "none"), mech.get("sampling_threshold")
+    if sampling not in SATURATION_SCALE or t is None:
+        return
+    scale = SATURATION_SCALE[sampling]
+    if scale / t <= cap:
+        return
+    t_min = float(f"{scale / cap * 1.001:.3g}")
+    q_cap = -math.expm1(-cap * t) if sampling == "ppswor" else min(1.0, cap * t)
+    field = "input.sample.threshold" if mech.get("presampled") else "mechanism.sampling_threshold"
+    raise SpecError(field, f"{t:g} with {sampling} sampling and report: {report} needs a "
+                    f"{what} of >= {scale / t:.3g} counts before every key is reported (more "
+                    f"than {cap}, the planning limit); use a threshold >= {t_min:g}, or set "
+                    f"mechanism.max_frequency <= {cap} (larger counts are then treated as it: "
+                    f"reported with probability ~{q_cap:.6g})")
 
 
 def check_release(spec, epsilon, delta, candidates):

@@ -17,12 +17,16 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
   per-key budget (eps0, delta0) is (epsilon/C, delta/C) (sample_and_threshold; for
   weighted_sampling that of ``accounting.pws.per_key_budget``) and the threshold, the
   binomial sums and the PWS tables all grow with L(eps0, delta0) ~ ln(eps0/delta0)/eps0
-  (PWS eq. 4), so L <= L_MAX = 20,000 (seconds; a weighted_sampling plan peaks at ~450 MB
-  RSS with the largest PWS tables, measured, whose stored
-  entries are capped at accounting.pws.MAX_TABLE_ENTRIES anyway). The exact optimal
+  (PWS eq. 4), so L <= L_MAX = 20,000 (seconds; the stored entries of a weighted_sampling
+  table are capped at accounting.pws.MAX_TABLE_ENTRIES anyway, ~370 MB RSS at the cap). The exact optimal
   composition of weighted_sampling is O(C) per evaluation: C <= 1e4; its per-key delta
   must stay far above float granularity (delta / C >= 1e-15), and a ppswor/priority
-  sampling threshold must be >= 1e-6 (q_i ~ i t: tables grow as 1/t). The float rounding
+  sampling threshold must be >= 1e-6 (q_i ~ i t: tables grow as 1/t); moreover the
+  automatic table, which ends where pi reaches 1 (>= SATURATION_SCALE / t counts), must
+  fit accounting.pws's caps (MAX_KEEP_LENGTH counts keys only, MAX_BAND_ROWS rows with
+  frequencies; an explicit max_frequency too), so every accepted weighted_sampling plan
+  takes <= ~2 s of CPU and <= ~130 MB beyond the imports (measured: docs/
+  weighted_sampling.md "Limits", tests/robustness/test_pws_plan_cost.py). The float rounding
   of the sampled distributions (``accounting.pws.rounding_excess``, ~ width 2^-53 e^eps0)
   must stay below the per-key delta, or no table can be verified: refused naming
   privacy.delta (the smallest delta that works) or privacy.epsilon (the largest).

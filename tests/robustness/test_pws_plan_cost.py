@@ -96,7 +96,7 @@ CASES = [
     ("priority_max_frequency_rows_cap", (10.0, 1e-8), 1,
      {"sampling": "priority", "sampling_threshold": 1e-6, "max_frequency": ROWS}, 0, ()),
     ("entries_cap_small_epsilon", (0.003, 1e-8), 1, {}, 0, ()),
-    ("ppswor_entries_cap_C_100", (1.0, 1e-6), 100,
+    ("ppswor_rows_cap_C_10000", (1.0, 1e-6), 10_000,
      {"sampling": "ppswor", "sampling_threshold": PPSWOR_T}, 0, ()),
     # refused before anything is built
     ("priority_threshold_1e-6", (1.0, 1e-8), 1,

@@ -47,10 +47,14 @@ REPORTS = ("keys", "keys_and_frequencies")
 ESTIMATORS = ("mle", "biased_down")
 COMPOSITIONS = ("pld", "optimal", "basic")
 
-# Largest table the automatic choice of max_frequency builds: keep probabilities (one
-# float per frequency) and banded frequency tables (stored entries).
-MAX_KEEP_LENGTH = 1 << 24
-MAX_TABLE_ENTRIES = 1 << 24
+# Largest tables calibrate builds (issue 18: bounded plan cost): keep probabilities (one
+# float per frequency; keys only), banded frequency tables (stored entries, and rows: the
+# Alg. 4 recursion costs ~10 us of Python per row however narrow). The automatic choice of
+# max_frequency clips at them; an explicit max_frequency beyond them is refused. Measured
+# costs at these caps are in docs/weighted_sampling.md ("Planning limits").
+MAX_KEEP_LENGTH = 1 << 21
+MAX_TABLE_ENTRIES = 1 << 23
+MAX_BAND_ROWS = 50_000
 
 _GRID = float(1 << 53)  # samplers' uniforms are k / 2**53, k = 0 .. 2**53 - 1
 # Bound on the float64 rounding of a keys-only divergence (realized_delta): the product
@@ -230,36 +234,47 @@ def _next_row(prev, lo, pi_prev, pi_i, up_factor, down_factor, delta):
     prefixes {0..j} and {1..j}; their running maximum is the cumulative lower bound since
     the bound is non-decreasing in j. Downward pass: from j = i down, raise each entry to
     the upper constraint (28) on the suffix {j..i} (e^eps pi_{i-1,j}; delta at j = i) until
-    the remaining mass R = pi_i - sum(D) is spent. Returns (new_lo, row pi_{i, new_lo..i})."""
+    the remaining mass R = pi_i - sum(D) is spent. Returns (new_lo, row pi_{i, new_lo..i}).
+
+    The build calls this once per row (up to MAX_BAND_ROWS times), so it makes as few numpy
+    calls as it can: ufunc methods with ``out=`` on two fresh buffers. The floating-point
+    operations and their order are those of the plain statement of the two passes (a
+    sequential prefix sum, then e^-eps (sum - delta) + slack clipped at 0, differences; the
+    suffix sums from j = i down), so the rows are bit-for-bit the same
+    (tests/accounting/test_pws_band_build.py keeps that plain version as the reference)."""
     n = len(prev)
-    slack = max(0.0, down_factor * (1.0 - pi_prev) - (1.0 - pi_i))
-    row = np.zeros(n + 1)                       # starts as the lower bounds D_{i,.}
+    row = np.empty(n + 1)                       # starts as the lower bounds D_{i,.}
+    upper = np.empty(n + 1)
     if n:
-        cum_lower = np.cumsum(prev)
+        cum_lower = _accumulate(prev)
         cum_lower -= delta
         cum_lower *= down_factor
-        cum_lower += slack
+        slack = down_factor * (1.0 - pi_prev) - (1.0 - pi_i)
+        if slack > 0.0:                         # adding max(0, slack) = 0.0 changes nothing
+            cum_lower += slack
         np.maximum(cum_lower, 0.0, out=cum_lower)
         row[0] = cum_lower[0]
         np.subtract(cum_lower[1:], cum_lower[:-1], out=row[1:n])
         remaining = pi_i - cum_lower[-1]
+        np.multiply(prev, up_factor, out=upper[:n])
     else:
         remaining = pi_i
-    upper = np.empty(n + 1)
-    np.multiply(prev, up_factor, out=upper[:n])
+    row[n] = 0.0
     upper[n] = delta
     raise_by = upper - row
     np.maximum(raise_by, 0.0, out=raise_by)
-    suffix = np.cumsum(raise_by[::-1])          # suffix sums, from j = i downwards
-    n_top = int(np.searchsorted(suffix, remaining, side="right"))
+    suffix = _accumulate(raise_by[::-1])        # suffix sums, from j = i downwards
+    n_top = int(suffix.searchsorted(remaining, "right"))
     k0 = n + 1 - n_top                          # entries k0..n are raised to their upper bound
     if n_top:
         row[k0:] = upper[k0:]
     if k0 > 0:
-        spent_above = suffix[n_top - 1] if n_top else 0.0
-        row[k0 - 1] += remaining - spent_above
-    first = int(np.argmax(row != 0.0))
+        row[k0 - 1] += remaining - (suffix[n_top - 1] if n_top else 0.0)
+    first = int((row != 0.0).argmax())
     return lo + first, row[first:]
+
+
+_accumulate = np.add.accumulate     # sequential prefix sums (what np.cumsum computes)
 
 
 def _rows_stationary(prev, lo_prev, row, lo, pi_prev, pi_i):
@@ -291,8 +306,9 @@ def _build_band(q, epsilon, delta, *, stop_when_stationary=False, max_entries=No
     buffer = None if max_entries is None else np.empty(int(max_entries))
     rows = []
     lo, prev, total, stationary = 1, np.zeros(0), 0, False
+    keep = pi.tolist()      # Python floats: cheaper scalar arithmetic in _next_row, same values
     for i in range(1, m + 1):
-        lo, row = _next_row(prev, lo, pi[i - 1], pi[i], up_factor, down_factor, delta)
+        lo, row = _next_row(prev, lo, keep[i - 1], keep[i], up_factor, down_factor, delta)
         if max_entries is not None and total + len(row) > max_entries:
             m = i - 1
             break
@@ -303,7 +319,7 @@ def _build_band(q, epsilon, delta, *, stop_when_stationary=False, max_entries=No
             buffer[total:total + len(row)] = row
         lengths.append(len(row))
         total += len(row)
-        if stop_when_stationary and _rows_stationary(prev, los[i - 1], row, lo, pi[i - 1], pi[i]):
+        if stop_when_stationary and _rows_stationary(prev, los[i - 1], row, lo, keep[i - 1], keep[i]):
             m = i
             stationary = True
             break
@@ -903,14 +919,25 @@ def _saturation(q_fn, epsilon, delta):
         m = min(4 * m, MAX_KEEP_LENGTH)
 
 
+def _check_table_size(max_frequency, report):
+    """An explicit max_frequency within the table caps (before anything is allocated)."""
+    cap, what = ((MAX_KEEP_LENGTH, "keep-probability table") if report == "keys"
+                 else (MAX_BAND_ROWS, "frequency table"))
+    if max_frequency > cap:
+        raise ValueError(f"max_frequency {max_frequency} exceeds the largest {what} "
+                         f"({cap} counts; report {report})")
+
+
 def _choose_table(q_fn, key_epsilon, table_delta, report, max_frequency, scheme):
     """(keep, band or None, saturation, max_frequency, beyond) for the given q builder.
 
     Automatic size: keys only, the saturation frequency (pi = 1 from there on, so nothing
-    is lost by treating larger counts as it); with frequencies, the first row past
-    saturation that is a shift of the previous one (usually within ~1.5 band widths),
-    or, if that does not fit MAX_TABLE_ENTRIES, the largest table that does ("clip")."""
+    is lost by treating larger counts as it) if it is <= MAX_KEEP_LENGTH; with frequencies,
+    the first row past saturation that is a shift of the previous one (usually within ~1.5
+    band widths), or, if that does not fit MAX_TABLE_ENTRIES / MAX_BAND_ROWS, the largest
+    table that does ("clip"). An explicit max_frequency beyond the caps raises ValueError."""
     if max_frequency is not None:
+        _check_table_size(max_frequency, report)
         if report == "keys":
             pi = _alg3(q_fn(max_frequency), key_epsilon, table_delta)
             hit = np.flatnonzero(pi == 1.0)
@@ -927,14 +954,15 @@ def _choose_table(q_fn, key_epsilon, table_delta, report, max_frequency, scheme)
         if report == "keys":
             return pi, None, sat, len(pi) - 1, "clip"
         if sat is None:
-            band = _build_band(q_fn(len(pi) - 1), key_epsilon, table_delta,
+            band = _build_band(q_fn(min(len(pi) - 1, MAX_BAND_ROWS)), key_epsilon, table_delta,
                                max_entries=MAX_TABLE_ENTRIES)
         else:
             extra = 4 * (2 * math.ceil(pws_L(key_epsilon, table_delta)) + 4)
             while True:
-                band = _build_band(q_fn(sat + extra), key_epsilon, table_delta,
+                rows = min(sat + extra, MAX_BAND_ROWS)
+                band = _build_band(q_fn(rows), key_epsilon, table_delta,
                                    stop_when_stationary=True, max_entries=MAX_TABLE_ENTRIES)
-                if band.stationary or band.max_frequency < sat + extra:
+                if band.stationary or band.max_frequency < rows or rows == MAX_BAND_ROWS:
                     break
                 extra *= 4
     hit = np.flatnonzero(band.keep == 1.0)
@@ -957,8 +985,8 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
 
     1. Per-key budget (:func:`per_key_budget`). 2. Tables: ``max_frequency=None`` picks the
     saturation frequency (keys: pi = 1 from there on) or, with frequencies, the first row
-    that is pi = 1 and shift-stationary, within MAX_KEEP_LENGTH / MAX_TABLE_ENTRIES (else the
-    largest table that fits, counts above it clipped). 3. The tables are built with
+    that is pi = 1 and shift-stationary, within MAX_KEEP_LENGTH / MAX_TABLE_ENTRIES /
+    MAX_BAND_ROWS (else the largest table that fits, counts above it clipped). 3. The tables are built with
     table_delta = key_delta (1 - margin) and :func:`realized_delta` must be <= key_delta;
     the margin doubles until it is (floating-point granularity costs ~1e-16 per token).
     ``presampled`` is the post-processing path (the input is a sample drawn with q).

@@ -186,18 +186,29 @@ def biased_down(band, g, columns=None):
         valid, pos = _gather(band, width, j0, j1)
         probs = np.where(valid, band.values[pos], 0.0)
         sums = _block_suffixes(band, width, j0, j1, step, ptr, carries, shared, valid)
+        positives = probs > 0
+        # columns whose entries are all positive / all stored (most of them): the same
+        # divisions and subtractions on whole slices, without the masks' fancy indexing
+        all_positive = positives.all(axis=1).tolist()
+        all_stored = valid.all(axis=1).tolist()
         for c in range(j1 - j0):
             j = j0 + c
             seg = numer[j:j + width]
             span = len(seg)
             p = probs[c, :span]
-            positive = p > 0
-            if not positive.any():
-                continue
-            a_j = float(np.min(seg[positive] / sums[c, :span][positive]))
+            if span == width and all_positive[c]:
+                a_j = float((seg / sums[c]).min())
+            else:
+                positive = positives[c, :span]
+                if not positive.any():
+                    continue
+                a_j = float((seg[positive] / sums[c, :span][positive]).min())
             a[j] = a_j
-            stored = valid[c, :span]
-            seg[stored] -= a_j * p[stored]
+            if span == width and all_stored[c]:
+                seg -= a_j * p
+            else:
+                stored = valid[c, :span]
+                seg[stored] -= a_j * p[stored]
     return a
 
 

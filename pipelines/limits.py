@@ -17,12 +17,16 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
   per-key budget (eps0, delta0) is (epsilon/C, delta/C) (sample_and_threshold; for
   weighted_sampling that of ``accounting.pws.per_key_budget``) and the threshold, the
   binomial sums and the PWS tables all grow with L(eps0, delta0) ~ ln(eps0/delta0)/eps0
-  (PWS eq. 4), so L <= L_MAX = 20,000 (seconds; a weighted_sampling plan peaks at ~450 MB
-  RSS with the largest PWS tables, measured, whose stored
-  entries are capped at accounting.pws.MAX_TABLE_ENTRIES anyway). The exact optimal
+  (PWS eq. 4), so L <= L_MAX = 20,000 (seconds; the stored entries of a weighted_sampling
+  table are capped at accounting.pws.MAX_TABLE_ENTRIES anyway, ~370 MB RSS at the cap). The exact optimal
   composition of weighted_sampling is O(C) per evaluation: C <= 1e4; its per-key delta
   must stay far above float granularity (delta / C >= 1e-15), and a ppswor/priority
-  sampling threshold must be >= 1e-6 (q_i ~ i t: tables grow as 1/t). The float rounding
+  sampling threshold must be >= 1e-6 (q_i ~ i t: tables grow as 1/t); moreover the
+  automatic table, which ends where pi reaches 1 (>= SATURATION_SCALE / t counts), must
+  fit accounting.pws's caps (MAX_KEEP_LENGTH counts keys only, MAX_BAND_ROWS rows with
+  frequencies; an explicit max_frequency too), so every accepted weighted_sampling plan
+  takes <= ~2 s of CPU and <= ~130 MB beyond the imports (measured: docs/
+  weighted_sampling.md "Limits", tests/robustness/test_pws_plan_cost.py). The float rounding
   of the sampled distributions (``accounting.pws.rounding_excess``, ~ width 2^-53 e^eps0)
   must stay below the per-key delta, or no table can be verified: refused naming
   privacy.delta (the smallest delta that works) or privacy.epsilon (the largest).
@@ -102,6 +106,45 @@ def check_spec(spec):
         field = "input.sample.threshold" if mech.get("presampled") else "mechanism.sampling_threshold"
         raise SpecError(field, f"must be >= {WS_SAMPLING_THRESHOLD_MIN:g} (the planning limit: "
                         f"the tables grow as 1/threshold), got {mech['sampling_threshold']:g}")
+    if kind == "weighted_sampling":
+        _check_pws_table_size(mech)
+
+
+# ppswor's q = 1 - exp(-w t) is 1.0 in float64 only once w t >= 54 ln 2 (e^-wt < 2^-54);
+# priority's q = min(1, w t) once w t >= 1. pi <= q, so the automatic table (which ends
+# where pi reaches 1) has at least SATURATION_SCALE[scheme] / t rows.
+SATURATION_SCALE = {"ppswor": 54 * math.log(2), "priority": 1.0}
+
+
+def _check_pws_table_size(mech):
+    """weighted_sampling tables within accounting.pws's caps, before anything is built:
+    an explicit max_frequency within the table of its report; an automatic one (where pi
+    reaches 1, >= SATURATION_SCALE / t for ppswor / priority) too, or the plan is refused
+    naming the threshold (clipping there would silently report large keys with pi < 1)."""
+    from accounting import pws
+    report = mech.get("report", "keys_and_frequencies")
+    cap, what = ((pws.MAX_KEEP_LENGTH, "keep-probability table") if report == "keys"
+                 else (pws.MAX_BAND_ROWS, "frequency table"))
+    max_frequency = mech.get("max_frequency", "auto")
+    if max_frequency != "auto":
+        if max_frequency > cap:
+            raise SpecError("mechanism.max_frequency", f"must be <= {cap} with report: {report} "
+                            f"(the planning limit: the largest {what}), got {max_frequency}")
+        return
+    sampling, t = mech.get("sampling", "none"), mech.get("sampling_threshold")
+    if sampling not in SATURATION_SCALE or t is None:
+        return
+    scale = SATURATION_SCALE[sampling]
+    if scale / t <= cap:
+        return
+    t_min = float(f"{scale / cap * 1.001:.3g}")
+    q_cap = -math.expm1(-cap * t) if sampling == "ppswor" else min(1.0, cap * t)
+    field = "input.sample.threshold" if mech.get("presampled") else "mechanism.sampling_threshold"
+    raise SpecError(field, f"{t:g} with {sampling} sampling and report: {report} needs a "
+                    f"{what} of >= {scale / t:.3g} counts before every key is reported (more "
+                    f"than {cap}, the planning limit); use a threshold >= {t_min:g}, or set "
+                    f"mechanism.max_frequency <= {cap} (larger counts are then treated as it: "
+                    f"reported with probability ~{q_cap:.6g})")
 
 
 def check_release(spec, epsilon, delta, candidates):

@@ -173,6 +173,7 @@ def _one_pass_auto(spec):
     module = kind_module(spec.kind)
     return (spec.auto_bound and not spec.aggregates and spec.bounding.model == "l0"
             and not hasattr(module, "release_users")              # adaptive: its own rounds
+            and not hasattr(module, "bound_options")              # options the one pass ignores
             and getattr(module, "PER_USER_BOUND", PerUserBound) is PerUserBound)
 
 

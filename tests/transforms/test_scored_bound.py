@@ -119,3 +119,33 @@ def test_auto_release_is_byte_identical_to_the_two_pass_pipeline(kind, tmp_path,
 def _spec_of(folder):
     from pipelines import spec as spec_mod
     return spec_mod.load(str(folder / "spec.yaml"))
+
+
+@pytest.mark.parametrize("kind, model, aggregates, one_pass", [
+    ("gaussian", "l0", False, True),
+    ("laplace", "l0", False, True),
+    ("sample_and_threshold", "l0", False, True),
+    ("weighted_sampling", "l0", False, True),
+    ("laplace", "l1", False, False),             # RandClip
+    ("gaussian", "l0", True, False),             # aggregates bound values too
+    ("weighted_gaussian", "l0", False, False),   # its own weighted bound and options
+    ("adaptive", "l0", False, False),            # its own rounds
+])
+def test_which_releases_take_the_one_pass_route(kind, model, aggregates, one_pass):
+    """Only plain l0 PerUserBound releases may be bounded in the scoring pass: a kind
+    with its own bounding, options, rounds or value columns would lose them there."""
+    from pipelines.spec import parse
+    document = {
+        "name": "route", "input": {"path": "in.parquet", "format": "parquet",
+                                   "user": "user", "keys": ["word"]},
+        "privacy": {"epsilon": 1.0, "delta": 1e-6},
+        "bounding": {"max_keys_per_user": "auto", "model": model},
+        "mechanism": {"kind": kind}, "output": {"path": "out"},
+    }
+    if aggregates:
+        document["aggregates"] = [{"column": "value", "statistic": "sum", "clip": [0, 1]}]
+    try:
+        spec = parse(document)
+    except Exception as exc:   # the document must be valid: the test is about routing
+        pytest.fail(f"spec for {kind}/{model}/{aggregates} refused: {exc}")
+    assert release._one_pass_auto(spec) is one_pass

@@ -24,7 +24,7 @@ from transforms.weighted_threshold import WeightedPerUserBound, WeightedThreshol
 SIGMA_MAX = 1e5 / wg.WEIGHT_SCALE
 # Defaults of this kind (docs/partition_selection.md section 5, measured on the docstring
 # corpus): the selection's noise does not grow with the bound, so the automatic bound
-# searches up to 1024 (21 candidates; the plan calibrates them in a few seconds); most of
+# searches up to 1024 (20 candidates; the plan calibrates them in a few seconds); most of
 # the budget goes to the selection (count_fraction 0.1), and the count column, whose
 # noise does grow with the keys a user counts in, caps those at 128 (no cap below it:
 # at bounds <= 128 the counts are those of every kept key).

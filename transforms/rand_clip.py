@@ -129,8 +129,7 @@ def _content_order(table, user_codes, record):
         "__record_hash", pa.array(record, pa.uint64()))
     sort_keys = [("__user_code", "ascending"), ("__record_hash", "ascending")] + [
         (name, "ascending") for name in table.column_names]
-    return pc.sort_indices(keyed, sort_keys=sort_keys,
-                           null_placement="at_end").to_numpy().astype(np.int64)
+    return pc.sort_indices(keyed, sort_keys=sort_keys).to_numpy().astype(np.int64)
 
 
 def user_codes_of(table, user_column=USER_COLUMN):

@@ -896,6 +896,10 @@ class PWSParameters:
     # keep table is then pws_pld.keep_probabilities(q, key_mu, table_delta).
     key_mu: float | None = None
     key_mu_verified: float | None = None   # the mu the table is verified against (>= key_mu)
+    # composition "pld": the delta0 of the Gaussian tradeoff max(0, G_mu - delta0) the table
+    # is verified against (pws_pld.verify) and composed with; key_delta_realized is then
+    # realized_delta of the coins drawn, at key_epsilon (one key: (eps0, 2 delta0)-DP)
+    key_delta0: float | None = None
 
     def as_dict(self):
         return dataclasses.asdict(self)

@@ -313,14 +313,18 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
     if spent > delta:  # cannot happen: budgets() checked it
         raise ValueError(f"composed delta {spent:g} exceeds {delta:g}")
     e0 = per_key_epsilon(budget.mu, budget.delta0)
+    # the per-key delta of the coins actually drawn (q x fl(pi / q) when pre-sampled), at
+    # e0: one key with tradeoff max(0, G_mu - delta0) is (e0, 2 delta0)-DP, not (e0, delta0)
+    drawn_q = q_fn(len(keep) - 1) if presampled else None
+    realized = pws.realized_delta(e0, keep, sampling_probabilities=drawn_q)
     return pws.PWSParameters(
         epsilon=float(epsilon), delta=float(delta), max_keys_per_user=c, sampling=sampling,
         sampling_threshold=None if sampling_threshold is None else float(sampling_threshold),
         report=report, estimator=estimator, composition="pld", key_epsilon=e0,
-        key_delta=2 * budget.delta0, table_delta=d_build, key_delta_realized=budget.delta0,
+        key_delta=2 * budget.delta0, table_delta=d_build, key_delta_realized=realized,
         delta_realized=spent, max_frequency=len(keep) - 1, saturation_frequency=len(keep) - 1,
         beyond_table="clip", presampled=bool(presampled), key_mu=mu_build,
-        key_mu_verified=budget.mu)
+        key_mu_verified=budget.mu, key_delta0=budget.delta0)
 
 
 def no_worse(keep, optimal_keep, delta):

@@ -155,7 +155,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
         bound, params = _bound_and_params(users, plan, chosen)
         return kind_module(spec.kind).release_users(
             users, beam.pvalue.AsSingleton(params), bound, keys, num_shards, spec.mechanism,
-            rng_factory=rng_factory), chosen
+            rng_factory=rng_factory, spill_dir=spill_dir), chosen
     clips = _choose_clips(users, plan, rng_factory, clip_sink)
     partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(

@@ -13,9 +13,11 @@ and every released key (zero if no kept user holds it) gets N_Z(0, count_sigma^2
 
 Numpy kernels (one user shard or one key batch in, arrays out) beside the Beam
 transforms. The released keys reach the next round as a side input (a list of key
-tables, as large as the released set) matched on the key hash ``__key`` (the reader's
-``transforms.hashing.hash_columns`` of the key columns): which of a user's rows round r
-sees is a function of the user's own rows and of earlier rounds' public output only.
+tables, as large as the released set) matched on the key columns' values exactly (a
+left-anti join for the rounds, the left-semi join of ``public_domain.restrict_to_domain``
+for the count stage; never on the key hash ``__key``, which can collide): which of a
+user's rows round r sees is a function of the user's own rows and of earlier rounds'
+public output only, and the count stage counts only keys that were released.
 """
 import functools
 
@@ -26,39 +28,49 @@ import pyarrow as pa
 from transforms import keyed_random, samplers
 from transforms.aggregate import SumCountsPerKey
 from transforms.arrow_coder import TABLE
-from transforms.hashing import hash_columns
 from transforms.per_user_bound import PerUserBound
+from transforms.public_domain import restrict_to_domain, zero_counts
 from transforms.release_fn import KernelRelease
-from transforms.user_shards import KEY_HASH_COLUMN, concat
 from transforms.weighted_threshold import WEIGHT_COLUMN, WeightedPerUserBound
 
 
-def released_hashes(released_tables, key_columns):
-    """Sorted unique uint64 key hashes of the released keys (tables of key columns)."""
-    tables = [t for t in released_tables if t.num_rows]
+def released_keys(released_tables, key_columns):
+    """The released keys as one table of the key columns, each key once, or None when no
+    key was released (``released_tables``: the rounds' outputs, key columns first)."""
+    tables = [t.select(list(key_columns)) for t in released_tables if t.num_rows]
     if not tables:
-        return np.zeros(0, dtype=np.uint64)
-    return np.unique(np.concatenate([hash_columns(t, list(key_columns)) for t in tables]))
+        return None
+    keyed = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+    return keyed.group_by(list(key_columns), use_threads=False).aggregate([])
 
 
-def released_mask(table, hashes):
-    """Per row of a user shard: is its key (``__key``) among ``hashes`` (sorted)?"""
-    keys = table.column(KEY_HASH_COLUMN).to_numpy()
-    if len(hashes) == 0:
-        return np.zeros(len(keys), dtype=bool)
-    pos = np.minimum(np.searchsorted(hashes, keys), len(hashes) - 1)
-    return hashes[pos] == keys
+def _matching_types(released, table, key_columns):
+    """``released`` with its key columns cast to ``table``'s types (string vs
+    large_string across stages); the join compares the values exactly."""
+    target = pa.schema([table.schema.field(k) for k in key_columns])
+    if released.schema.equals(target, check_metadata=False):
+        return released
+    return released.cast(target)
 
 
-def rows_not_released(table, hashes):
-    """The rows of a user shard whose key was not released (a user's round-r input)."""
-    mask = released_mask(table, hashes)
-    return table if not mask.any() else table.filter(pa.array(~mask))
+def rows_released(table, released, key_columns):
+    """The rows of a user shard whose key values equal a released key (the count stage's
+    input): the exact left-semi join of ``public_domain.restrict_to_domain``, on the key
+    columns themselves, never on their hash (a key whose hash collides with a released
+    key's is not released and must get no row)."""
+    if released is None or table.num_rows == 0:
+        return table.slice(0, 0)
+    return restrict_to_domain(table, _matching_types(released, table, key_columns), key_columns)
 
 
-def rows_released(table, hashes):
-    """The rows of a user shard whose key was released (the count stage's input)."""
-    return table.filter(pa.array(released_mask(table, hashes)))
+def rows_not_released(table, released, key_columns):
+    """The rows of a user shard whose key values equal no released key (a user's round-r
+    input): exact left-anti join on the key columns."""
+    if released is None or table.num_rows == 0:
+        return table
+    kept = table.join(_matching_types(released, table, key_columns).select(list(key_columns)),
+                      keys=list(key_columns), join_type="left anti", use_threads=False)
+    return kept.select(table.column_names).combine_chunks()
 
 
 def select_keys(weights, *, sigma_grid, threshold_grid, rng):
@@ -87,25 +99,32 @@ def noisy_counts_table(table, params, rng):
     return table.set_column(idx, "count", pa.array(noisy, type=pa.int64()))
 
 
-def zero_counts_table(released, key_columns):
-    """Released keys as zero partial counts (key columns, ``__key``, ``count`` = 0)."""
-    keyed = released.select(list(key_columns)).combine_chunks()
-    return keyed.append_column(
-        KEY_HASH_COLUMN, pa.array(hash_columns(keyed, list(key_columns)), type=pa.uint64())
-    ).append_column("count", pa.array(np.zeros(keyed.num_rows, dtype=np.int64)))
-
-
 # ---------------------------------------------------------------------------------------
 # Beam transforms.
 
 class _FilterFn(beam.DoFn):
+    """Keeps (count stage) or removes (rounds) the rows of released keys. The released
+    keys (the side input, a list of tables) are concatenated and de-duplicated once per
+    side-input value, not per element: memoised on the identity of the list object (the
+    reference is held, so the identity cannot be reused while memoised)."""
+
     def __init__(self, key_columns, keep_released):
         self._key_columns = tuple(key_columns)
         self._keep_released = keep_released
+        self._memo = None
+
+    def setup(self):
+        self._memo = None
+
+    def _released(self, released):
+        if self._memo is None or self._memo[0] is not released:
+            self._memo = (released, released_keys(released, self._key_columns))
+        return self._memo[1]
 
     def process(self, table, released):
-        hashes = released_hashes(released, self._key_columns)
-        out = (rows_released if self._keep_released else rows_not_released)(table, hashes)
+        keys = self._released(released)
+        out = (rows_released if self._keep_released else rows_not_released)(
+            table, keys, self._key_columns)
         if out.num_rows:
             yield out
 
@@ -142,10 +161,11 @@ class AdaptiveRelease(beam.PTransform):
     ``params``: the kind's report section (``rounds`` list of {sigma, threshold_grid},
     ``scale``, ``count_sigma``) as a dict or an ``AsSingleton`` side input;
     ``max_keys_per_user``: an int or a side input. Output: tables of the key columns and
-    int64 ``count``, each released key once."""
+    int64 ``count``, each released key once. ``spill_dir``: passed to every
+    ``SumCountsPerKey`` (the per-key shuffles' spill folder, in-process runner only)."""
 
     def __init__(self, key_columns, params, max_keys_per_user, num_rounds, num_shards,
-                 rng_factory=None, label=None):
+                 rng_factory=None, label=None, spill_dir=None):
         super().__init__(label)
         self._keys = tuple(key_columns)
         self._params = params
@@ -153,6 +173,7 @@ class AdaptiveRelease(beam.PTransform):
         self._rounds = int(num_rounds)
         self._num_shards = int(num_shards)
         self._rng_factory = rng_factory
+        self._spill_dir = spill_dir
 
     def expand(self, users):
         keys = list(self._keys)
@@ -170,7 +191,8 @@ class AdaptiveRelease(beam.PTransform):
             sums = (remaining
                     | f"{name}Bound" >> WeightedPerUserBound(keys, self._bound,
                                                              rng_factory=self._rng_factory)
-                    | f"{name}SumPerKey" >> SumCountsPerKey(keys, self._num_shards))
+                    | f"{name}SumPerKey" >> SumCountsPerKey(keys, self._num_shards,
+                                                               spill_dir=self._spill_dir))
             released.append(sums | f"{name}Threshold" >> RoundThreshold(
                 self._params, r, rng_factory=self._rng_factory))
         every = tuple(released) | "ReleasedKeys" >> beam.Flatten()
@@ -179,9 +201,10 @@ class AdaptiveRelease(beam.PTransform):
         ).with_output_types(TABLE)
         partial = kept | "CountBound" >> PerUserBound(keys, self._bound,
                                                       rng_factory=self._rng_factory)
-        zeros = every | "CountZeros" >> beam.Map(zero_counts_table, key_columns=keys
+        zeros = every | "CountZeros" >> beam.Map(zero_counts, key_columns=keys
                                                  ).with_output_types(TABLE)
         counts = ((partial, zeros)
                   | "CountPieces" >> beam.Flatten()
-                  | "CountSumPerKey" >> SumCountsPerKey(keys, self._num_shards))
+                  | "CountSumPerKey" >> SumCountsPerKey(keys, self._num_shards,
+                                                               spill_dir=self._spill_dir))
         return counts | "CountNoise" >> NoisyCounts(self._params, rng_factory=self._rng_factory)

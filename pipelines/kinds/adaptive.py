@@ -113,18 +113,21 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
                           "composition (docs/partition_selection.md, adaptive); count column: "
                           f"discrete Gaussian mechanism on <= {max_keys_per_user} counts of "
                           "released keys (stage 'count')",
-            "delta_achieved": rounds[0]["delta_achieved"],
+            # the selection's delta: the rounds compose by basic composition, so the
+            # sum of every round's achieved delta (each round's own in ``rounds``)
+            "delta_achieved": sum(r["delta_achieved"] for r in rounds),
             "count_stage": {"epsilon": p.count_epsilon, "delta_achieved": p.count_delta},
             "round_fractions": list(mech["round_fractions"]),
             "count_fraction": mech["count_fraction"]}
 
 
 def release_users(users, params, max_keys_per_user, key_columns, num_shards, mechanism,
-                  rng_factory=None):
+                  rng_factory=None, spill_dir=None):
     """Whole-user shards -> released keys with counts (``pipelines.release`` calls this
     instead of bounding once and ``release``). ``mechanism``: the parsed section (the
-    number of rounds fixes the pipeline's shape); ``params``: the calibrated section."""
+    number of rounds fixes the pipeline's shape); ``params``: the calibrated section;
+    ``spill_dir``: the per-key shuffles' spill folder (as ``SumCountsPerKey``'s)."""
     from transforms.adaptive_rounds import AdaptiveRelease
     return users | "AdaptiveRelease" >> AdaptiveRelease(
         key_columns, params, max_keys_per_user, mechanism["rounds"], num_shards,
-        rng_factory=rng_factory)
+        rng_factory=rng_factory, spill_dir=spill_dir)

@@ -53,14 +53,40 @@ def test_every_frequency_vector_stays_within_the_composed_bound(epsilon, delta, 
     assert worst.max() >= 0.3 * bound
 
 
+# (sampling, sampling_threshold, presampled): the coins as the sanitizer draws them
+_SAMPLINGS = [("none", None, False), ("ppswor", 1e-3, False), ("priority", 1e-3, False),
+              ("ppswor", 1e-2, True), ("priority", 1e-2, True)]
+
+
+def _drawn_coins(params):
+    """The probability that a key at frequency i is reported, i = 0..M, as drawn: the
+    keep table's Bernoulli(pi_i), or for pre-sampled input q_i x fl(pi_i / q_i) (the
+    sample kept the key with probability q_i, the sanitizer flips fl(pi_i / q_i))."""
+    keep = pws.release_tables(params).keep
+    if not params.presampled:
+        return keep
+    q = pws.sampling_probabilities(len(keep) - 1, sampling=params.sampling,
+                                   sampling_threshold=params.sampling_threshold)
+    safe = np.where(q > 0, q, 1.0)
+    return np.where(q > 0, q * (keep / safe), 0.0)
+
+
+def _pld_params(epsilon, delta, c, sampling, threshold, presampled):
+    params = pws.calibrate(epsilon, delta, c, report="keys", composition="pld",
+                           sampling=sampling, sampling_threshold=threshold, presampled=presampled)
+    assert params.key_mu is not None and params.presampled == presampled
+    return params
+
+
+@pytest.mark.parametrize("sampling,threshold,presampled", _SAMPLINGS)
 @pytest.mark.parametrize("c", [8, 64])
-def test_identical_keys_exact_binomial_delta_within_bound(c):
+def test_identical_keys_exact_binomial_delta_within_bound(c, sampling, threshold, presampled):
     """C keys at the same frequency i (every i of the table): the number of reported keys
     is a sufficient statistic, so the exact delta is a sum over k = 0..C of binomial
-    terms; its maximum over i is <= the bound and the release's delta_realized."""
-    params = pws.calibrate(1.0, 1e-6, c, report="keys", composition="pld")
-    assert params.key_mu is not None
-    keep = pws.release_tables(params).keep
+    terms; its maximum over i is <= the bound and the release's delta_realized. For every
+    sampling, on the coins as drawn (pre-sampled: q x fl(pi / q))."""
+    params = _pld_params(1.0, 1e-6, c, sampling, threshold, presampled)
+    keep = _drawn_coins(params)
     k = np.arange(c + 1)
     worst = 0.0
     for a, b in zip(keep[:-1], keep[1:]):
@@ -70,13 +96,38 @@ def test_identical_keys_exact_binomial_delta_within_bound(c):
     assert worst <= params.delta_realized <= 1e-6
 
 
-def test_mixed_vectors_against_dp_accounting_pld():
+@pytest.mark.parametrize("sampling,threshold,presampled", _SAMPLINGS)
+@pytest.mark.parametrize("epsilon,delta,c", [(1.0, 1e-8, 8), (1.0, 1e-6, 64)])
+def test_key_delta_realized_is_the_drawn_coins_divergence(epsilon, delta, c, sampling, threshold,
+                                                          presampled):
+    """key_delta_realized is the per-key delta at key_epsilon of the coins as drawn: at
+    least the largest two-outcome hockey-stick divergence between consecutive
+    frequencies (computed here directly), within key_delta = 2 delta0, and above delta0
+    (one key with tradeoff max(0, G_mu - delta0) is (eps0, 2 delta0)-DP; reporting delta0
+    understated it: 1.24e-9 against 6.25e-10 at C = 8, delta = 1e-8)."""
+    params = _pld_params(epsilon, delta, c, sampling, threshold, presampled)
+    coins = _drawn_coins(params)
+    e = math.exp(params.key_epsilon)
+    a, b = coins[:-1], coins[1:]
+    up = np.maximum(0, b - e * a) + np.maximum(0, (1 - b) - e * (1 - a))
+    down = np.maximum(0, a - e * b) + np.maximum(0, (1 - a) - e * (1 - b))
+    divergence = float(np.maximum(up, down).max())
+    assert params.key_delta_realized >= divergence
+    assert params.key_delta_realized <= params.key_delta == 2 * params.key_delta0
+    assert params.key_delta_realized > params.key_delta0
+    assert divergence > params.key_delta0
+
+
+@pytest.mark.parametrize("sampling,threshold,presampled",
+                         [_SAMPLINGS[0], _SAMPLINGS[2], _SAMPLINGS[3]])
+def test_mixed_vectors_against_dp_accounting_pld(sampling, threshold, presampled):
     """dp_accounting's PLD (pessimistic, its own discretisation) composing the actual coins
-    of random mixed frequency vectors at C = 8: always <= our bound (with its
-    discretisation slack), and the bound is the release's delta."""
+    (as drawn, for sampling none, priority and pre-sampled ppswor) of random mixed
+    frequency vectors at C = 8: always <= our bound (with its discretisation slack), and
+    the bound is the release's delta."""
     from dp_accounting.pld import privacy_loss_distribution as pld
-    params = pws.calibrate(1.0, 1e-6, 8, report="keys", composition="pld")
-    keep = pws.release_tables(params).keep
+    params = _pld_params(1.0, 1e-6, 8, sampling, threshold, presampled)
+    keep = _drawn_coins(params)
     rng = np.random.default_rng(7)
     m = len(keep) - 1
     half = pws_pld.half_frequency(keep)
@@ -163,7 +214,7 @@ def test_pld_is_never_worse_than_optimal(sampling, threshold, epsilon, delta, c)
     assert np.all(padded >= opt_keep - delta)   # at every frequency, up to delta
     assert pld_p.delta_realized <= delta and pld_p.composition == "pld"
     if pld_p.key_mu is not None:
-        assert pws_pld.verify(pld_keep, pld_p.key_mu_verified, pld_p.key_delta_realized)
+        assert pws_pld.verify(pld_keep, pld_p.key_mu_verified, pld_p.key_delta0)
 
 
 def test_gain_at_c8_and_larger_c():
@@ -190,7 +241,7 @@ def test_presampled_pld_verifies_the_post_processing_coins():
     keep = pws.release_tables(p).keep
     q = pws.sampling_probabilities(len(keep) - 1, sampling="ppswor", sampling_threshold=1e-2)
     rep = np.where(q > 0, q * (keep / np.where(q > 0, q, 1)), 0.0)
-    assert pws_pld.verify(rep, p.key_mu_verified, p.key_delta_realized, relative_error=1e-15)
+    assert pws_pld.verify(rep, p.key_mu_verified, p.key_delta0, relative_error=1e-15)
     assert np.all(keep <= q)
 
 

@@ -367,7 +367,7 @@ def pws(*, keys=1, frequency=1, report="keys", epsilon=EPSILON, delta=DELTA, mut
                                composition=composition)
         tables = acc.release_tables(params)
         keep, table = tables.keep, tables.table
-        described = (f"key mu={params.key_mu:.3g}, delta0={params.key_delta_realized:.3g}"
+        described = (f"key mu={params.key_mu:.3g}, delta0={params.key_delta0:.3g}"
                      if params.key_mu is not None else
                      f"key eps={params.key_epsilon:.3g}, key delta={params.key_delta:.3g}")
         if composition == "pld":
@@ -604,7 +604,7 @@ def adaptive(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DELTA, muta
              trials=400_000, outcome="per_round"):
     """One user per trial holding ``user_keys`` (>= keys) keys; the real bound keeps
     Delta0 = ``keys`` of them for round 1 with weights q_t; round 2 runs on the user's
-    keys minus those round 1 released (``rows_not_released`` on the real key hashes),
+    keys minus those round 1 released (``rows_not_released`` on the real key values),
     bounded again, with weights q_t' (t' the keys left). D' has every key at total weight
     0 in both rounds ("pre_threshold": the keys are absent without the user) or at
     T_r - q_t / 2 in round r ("near_threshold"). Outcome: (keys released in round 1,
@@ -657,14 +657,19 @@ def adaptive(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DELTA, muta
         return added
 
     def removal(released):
-        """The real ``released_mask`` over every trial's (trial, key) rows: each trial is
-        its own release, so its keys get hashes of their own."""
+        """The real ``rows_not_released`` (exact left-anti join on the key values) over
+        every trial's (trial, key) rows: each trial is its own release, so its keys get
+        values of their own."""
         import pyarrow as pa
         n = released.shape[0]
-        row_hashes = hashing.mix64(np.arange(1, n * user_keys + 1, dtype=np.uint64))
-        hashes = np.sort(row_hashes[released.reshape(-1)])
-        mask = rounds_k.released_mask(pa.table({"__key": row_hashes}), hashes)
-        return ~mask.reshape(released.shape)
+        row_keys = hashing.mix64(np.arange(1, n * user_keys + 1, dtype=np.uint64))
+        rows = pa.table({"key": row_keys, "row": np.arange(n * user_keys, dtype=np.int64)})
+        done = rounds_k.released_keys([pa.table({"key": row_keys[released.reshape(-1)]})],
+                                      ["key"])
+        left = rounds_k.rows_not_released(rows, done, ["key"]).column("row").to_numpy()
+        alive = np.zeros(n * user_keys, dtype=bool)
+        alive[left] = True
+        return alive.reshape(released.shape)
 
     def run(rng, n, with_user):
         alive = np.ones((n, user_keys), dtype=bool)

@@ -53,6 +53,12 @@ def test_plan_has_one_stage_per_round_and_the_count(tmp_path):
         assert wg.delta(stage["epsilon"], r["sigma"], r["threshold_grid"], 16) <= stage["delta"]
     assert discrete_gaussian.composed_shift_delta(stages["count"]["epsilon"], mech["count_sigma"],
                                                   16) <= stages["count"]["delta"]
+    # the reported selection delta is every round's (basic composition), recomputed
+    per_round = [wg.delta(r["epsilon"], r["sigma"], r["threshold_grid"], 16)
+                 for r in mech["rounds"]]
+    assert all(d > 0 for d in per_round)
+    assert math.isclose(mech["delta_achieved"], sum(per_round), rel_tol=1e-9)
+    assert mech["delta_achieved"] <= stages["release"]["delta"] + stages["round_2"]["delta"]
 
 
 def test_cli_run_fixed_bound_releases_keys_with_noisy_counts(tmp_path, cli):
@@ -147,8 +153,9 @@ def _fixture_users():
     return users
 
 
-@pytest.mark.parametrize("runner", [FnApiRunner, BundleBasedDirectRunner])
-def test_adaptive_release_on_beam_matches_the_reference(runner):
+@pytest.mark.parametrize("runner,spill", [(FnApiRunner, False), (BundleBasedDirectRunner, False),
+                                          (FnApiRunner, True)])
+def test_adaptive_release_on_beam_matches_the_reference(runner, spill, tmp_path):
     users = _fixture_users()
     bound, scale = 4, 1024
     t1, t2 = 60 * scale, 6 * scale
@@ -168,7 +175,8 @@ def test_adaptive_release_on_beam_matches_the_reference(runner):
         released = (p | beam.Create([_records(pairs)])
                     | ShardByUser(3)
                     | ar.AdaptiveRelease(["word"], params, bound, 2, 3,
-                                         rng_factory=lambda: np.random.default_rng(1)))
+                                         rng_factory=lambda: np.random.default_rng(1),
+                                         spill_dir=str(tmp_path) if spill else None))
         assert_that(released | beam.FlatMap(rows), equal_to(want))
 
 
@@ -181,9 +189,9 @@ def _round_sums(pairs, released, bound):
     if not pairs:
         return {}
     table = _records(pairs)
-    hashes = ar.released_hashes([pa.table({"word": sorted(released)})], ["word"]) \
-        if released else ar.released_hashes([], ["word"])
-    table = ar.rows_not_released(table, hashes)
+    done = ar.released_keys([pa.table({"word": sorted(released)})] if released else [],
+                            ["word"])
+    table = ar.rows_not_released(table, done, ["word"])
     if table.num_rows == 0:
         return {}
     out = weighted_counts(table, ["word"], bound, np.random.default_rng(0), 1024)
@@ -232,10 +240,32 @@ def test_each_rounds_user_vector_has_l2_norm_at_most_one_and_only_its_own_keys(
         assert not (set(big) & r)             # released keys carry no weight any more
 
 
-def test_released_hashes_match_the_readers_key_hash():
-    """Round 2 matches released keys (key columns from SumCountsPerKey) to user rows by
-    ``__key``: the reader's hash of the same key values, whatever the string type."""
+def test_released_keys_match_user_rows_by_value_whatever_the_string_type():
+    """Round 2 and the count stage match released keys (key columns from SumCountsPerKey)
+    to user rows by the key values themselves, whatever the string type."""
     records = _records([("u1", "alpha"), ("u2", "beta"), ("u3", "gamma")])
     released = pa.table({"word": pa.array(["beta", "zeta"], pa.large_string())})
-    mask = ar.released_mask(records, ar.released_hashes([released], ["word"]))
-    assert [w for w, m in zip(records.column("word").to_pylist(), mask) if m] == ["beta"]
+    done = ar.released_keys([released, released.slice(0, 1)], ["word"])
+    assert done.num_rows == 2
+    assert ar.rows_released(records, done, ["word"]).column("word").to_pylist() == ["beta"]
+    assert ar.rows_not_released(records, done, ["word"]).column("word").to_pylist() == [
+        "alpha", "gamma"]
+    assert ar.rows_released(records, None, ["word"]).num_rows == 0
+    assert ar.rows_not_released(records, None, ["word"]).num_rows == 3
+
+
+def test_filter_prepares_the_released_keys_once_per_side_input_value():
+    """_FilterFn concatenates and de-duplicates the released keys once per side-input
+    value (the list object the runner passes), not once per user shard."""
+    fn = ar._FilterFn(["word"], keep_released=True)
+    fn.setup()
+    released = [pa.table({"word": ["beta"]}), pa.table({"word": ["gamma"]})]
+    first = _records([("u1", "alpha"), ("u2", "beta")])
+    second = _records([("u3", "gamma"), ("u4", "delta")])
+    assert [t.column("word").to_pylist() for t in fn.process(first, released)] == [["beta"]]
+    prepared = fn._memo[1]
+    assert [t.column("word").to_pylist() for t in fn.process(second, released)] == [["gamma"]]
+    assert fn._memo[1] is prepared                       # not rebuilt for the next shard
+    again = list(released)                               # a new side-input value
+    list(fn.process(second, again))
+    assert fn._memo[1] is not prepared and fn._memo[0] is again

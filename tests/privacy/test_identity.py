@@ -119,3 +119,35 @@ def test_colliding_keys_stay_two_keys_and_the_choice_is_uniform(other_rows_first
         assert len(kept) == 51
         first += words[kept_v[0]] == ka
     assert 0.4 <= first / 400 <= 0.6
+
+
+def test_adaptive_never_outputs_a_key_colliding_with_a_released_one():
+    """Adaptive kind (transforms.adaptive_rounds) on the FnApiRunner: 50 users hold K1,
+    one victim holds only K2, whose public hash equals K1's. Both rounds' thresholds (10
+    users' weight) release K1 and not K2 (the noise is sigma = 1e-3 grid units, so a
+    draw of magnitude >= 1 has probability < 1e-100). The count stage must count only
+    released keys, matched by value: the output is exactly [(K1, 50)]. Matching the count
+    stage's rows on the key hash published (K2, 1), the victim's key."""
+    import apache_beam as beam
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.testing.util import assert_that, equal_to
+    from transforms import adaptive_rounds as ar
+    from transforms.user_shards import ShardByUser
+    from tests.kinds.test_weighted_gaussian_kind import _records
+
+    k1, k2 = colliding_pair("key")
+    records = _records([(f"u{i}", k1) for i in range(50)] + [("victim", k2)])
+    assert len(set(records.column("__key").to_pylist())) == 1      # the premise
+    scale = 1024
+    params = {"rounds": [{"sigma": 1e-3, "threshold_grid": 10 * scale},
+                         {"sigma": 1e-3, "threshold_grid": 10 * scale}],
+              "scale": scale, "count_sigma": 1e-3}
+
+    def rows(table):
+        return list(zip(table.column("word").to_pylist(), table.column("count").to_pylist()))
+
+    with beam.Pipeline(runner=FnApiRunner()) as p:
+        released = (p | beam.Create([records]) | ShardByUser(3)
+                    | ar.AdaptiveRelease(["word"], params, 4, 2, 3,
+                                         rng_factory=lambda: np.random.default_rng(1)))
+        assert_that(released | beam.FlatMap(rows), equal_to([(k1, 50)]))

@@ -265,6 +265,13 @@ class BoundScore:
         return SCORE_MODELS[self.kind]
 
     @property
+    def user_weighted(self):
+        """Whether expected counts are in user weights (:func:`expected_bounded_counts`):
+        weighted Gaussian selection with the key-count objective, whose cost cap is the
+        threshold in users of weight 1/sqrt(C) (``_from_calibrations``)."""
+        return self.kind == "weighted_gaussian" and self.objective == "keys"
+
+    @property
     def sensitivity(self):
         if self.objective == "keys":
             return keys_score_sensitivity(self.candidates, self.key_widths)
@@ -494,16 +501,27 @@ def dropped_contributions(weights, candidates, max_bound):
     return above_sum[first_above] - cands * n_above
 
 
-def expected_bounded_counts(pair_counts, pair_weights, candidates):
+def expected_bounded_counts(pair_counts, pair_weights, candidates, *, user_weighted=False):
     """E[contribution of a (user, key) pair after bounding to C] = N_ij * min(1, C / w_i).
 
     Rand-clip keeps min(m_i, C) of m_i records uniformly (paper 002 Sec. 5, before
     Alg. 4); l0 bounding keeps min(k_i, C) of k_i keys uniformly (N_ij = 1). Returns an
-    array of shape (pairs, candidates)."""
+    array of shape (pairs, candidates).
+
+    ``user_weighted`` (weighted Gaussian selection, Gopi et al. 2020 Thm 5.1, with the
+    key-count objective): the pair's expected weight in units of 1/sqrt(C), the weight of
+    a user keeping C keys: a user with w_i <= C keeps every key at weight 1/sqrt(w_i),
+    i.e. sqrt(C / w_i) units; one with w_i > C keeps a key with probability C / w_i at
+    weight 1/sqrt(C), i.e. C / w_i units in expectation -- min(x, sqrt(x)) with
+    x = C / w_i. Over a user's keys this adds up to sqrt(C w_i) <= C or to C: at most C,
+    as Prop. 3 needs (:func:`keys_score_sensitivity`; docs/contribution_bound.md)."""
     n = np.asarray(pair_counts, dtype=np.float64)[:, None]
     w = np.asarray(pair_weights, dtype=np.float64)[:, None]
     c = np.asarray(candidates, dtype=np.float64)[None, :]
-    return n * np.minimum(1.0, c / np.maximum(w, 1.0))
+    x = c / np.maximum(w, 1.0)
+    if user_weighted:
+        return n * np.minimum(x, np.sqrt(x))
+    return n * np.minimum(1.0, x)
 
 
 def score_values(pair_users, pair_keys, pair_counts, score):
@@ -519,7 +537,8 @@ def score_values(pair_users, pair_keys, pair_counts, score):
         counts = np.ones_like(pair_users)
     weights = user_weights(pair_users, counts, score.model)
     dropped = dropped_contributions(weights, score.candidates, score.max_bound)
-    contributions = expected_bounded_counts(counts, weights[pair_users], score.candidates)
+    contributions = expected_bounded_counts(counts, weights[pair_users], score.candidates,
+                                            user_weighted=score.user_weighted)
     if len(pair_keys):
         _, key_index = np.unique(pair_keys, return_inverse=True)
         h = np.zeros((key_index.max() + 1, len(score.candidates)))

@@ -17,7 +17,7 @@ asked for again by the same code:
   is the very dict the calibration returned: the same report and the same noise;
 - only successful calibrations are stored (a refusal is always recomputed);
 - the folder is ``$THRESHER_CACHE_DIR`` or ``$XDG_CACHE_HOME/thresher`` or
-  ``~/.cache/thresher``, made private (0700); files are written whole (temporary file and
+  ``~/.cache/thresher`` (a new folder is made 0700; an existing one is left as it is); files are written whole (temporary file and
   rename), 0600; a file that is not owned by this user, is writable by others or does not
   decode is ignored and recomputed. ``THRESHER_CACHE_DIR=off`` turns the cache off (the
   test suite does, except the tests of this module);
@@ -62,6 +62,10 @@ def folder():
             return None
         return pathlib.Path(configured) / "calibration"
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if not os.path.isabs(base):   # no home folder (e.g. a container without HOME): off,
+        return None               # rather than a cache under the working directory
+    if not fingerprint():
+        return None               # no sources to fingerprint (a bytecode-only install): off
     return pathlib.Path(base) / "thresher" / "calibration"
 
 
@@ -145,10 +149,16 @@ def fingerprint():
     """SHA-256 of the code a calibration depends on (see the module docstring)."""
     h = hashlib.sha256()
     root = pathlib.Path(__file__).resolve().parent.parent
+    sources = 0
     for package in _PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             h.update(str(path.relative_to(root)).encode("utf-8") + b"\0")
             h.update(path.read_bytes() + b"\0")
+            sources += 1
+    if sources == 0:
+        return ""                 # nothing to tell versions apart by: the cache stays off
+    from pipelines import __version__
+    h.update(__version__.encode("utf-8") + b"\0")
     h.update(sys.version.encode("utf-8") + b"\0")
     import numpy
     h.update(numpy.__version__.encode("utf-8") + b"\0")

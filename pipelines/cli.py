@@ -214,6 +214,7 @@ def main(argv=None):
               file=sys.stderr)
         return EXIT_INTERNAL
     finally:
+        process.finish()                # the calibration cache is on for this command only
         restore()
         threading.excepthook = saved_excepthook
         if restore_sigint is not None:

@@ -72,3 +72,10 @@ def prepare(command):
             gc.freeze()
     from pipelines import calibration_cache
     calibration_cache.enable()      # calibrations read back, not recomputed (scipy not imported)
+
+
+def finish():
+    """Undo what :func:`prepare` set for one command that later library calls in the same
+    process must not inherit (the calibration cache is for the ``thresher`` command only)."""
+    from pipelines import calibration_cache
+    calibration_cache.disable()

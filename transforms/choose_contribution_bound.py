@@ -165,16 +165,21 @@ def pair_statistics(pair_users, pair_keys, counts, score, num_key_shards=_DEFAUL
     position[by_shard] = np.arange(len(keys))
     pair_position = position[key_index]
     del key_index, position
-    # contribution_bound.expected_bounded_counts, N_ij * min(1, C / max(w_i, 1)), one
-    # candidate at a time (the same float operations, no pairs x candidates matrix).
+    # contribution_bound.expected_bounded_counts, N_ij * min(1, C / max(w_i, 1)) (or
+    # min(x, sqrt(x)) in user weights), one candidate at a time (the same float
+    # operations, no pairs x candidates matrix).
     pair_weights = np.maximum(weights[pair_users].astype(np.float64), 1.0)
     del pair_users, pair_keys
     pair_counts = counts.astype(np.float64) if score.model == "l1" else None
     expected = np.empty(len(pair_weights))
     columns = {KEY_HASH_COLUMN: keys[by_shard]}
+    user_weighted = score.user_weighted
     for name, candidate in zip(_contribution_columns(k), score.candidates):
         np.divide(float(candidate), pair_weights, out=expected)
-        np.minimum(expected, 1.0, out=expected)
+        if user_weighted:    # min(x, sqrt(x)): weights of 1/sqrt(C) units
+            np.minimum(expected, np.sqrt(expected), out=expected)
+        else:
+            np.minimum(expected, 1.0, out=expected)
         if pair_counts is not None:
             expected *= pair_counts
         columns[name] = np.bincount(pair_position, weights=expected, minlength=len(keys))

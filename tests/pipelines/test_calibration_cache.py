@@ -165,3 +165,20 @@ def test_a_second_run_of_a_spec_does_not_import_scipy(tmp_path, small_parquet):
     assert "scipy.special" not in imported[1]    # read back
     assert reports[1]["mechanism"] == reports[0]["mechanism"]
     assert reports[1]["privacy"] == reports[0]["privacy"]
+
+
+def test_the_cache_is_on_only_while_a_command_runs(tmp_path, monkeypatch):
+    """An in-process ``thresher`` command must not leave the cache on for later library
+    calls (they may run patched code the fingerprint cannot see)."""
+    from pipelines import calibration_cache, cli
+    monkeypatch.setenv("THRESHER_CACHE_DIR", str(tmp_path / "cache"))
+    calibration_cache.disable()
+    cli.main(["schema"])
+    assert calibration_cache._enabled is False
+
+
+def test_no_absolute_cache_folder_turns_the_cache_off(monkeypatch):
+    from pipelines import calibration_cache
+    monkeypatch.delenv("THRESHER_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert calibration_cache.folder() is None

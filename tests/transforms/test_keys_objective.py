@@ -200,3 +200,30 @@ def test_weighted_gaussian_key_widths_are_its_selection_noise_in_users():
     rows = params["params_by_bound"]
     expected = [max(rows[c]["sigma"] * math.sqrt(c), 1.0) for c in _CANDIDATES]
     assert score.key_widths == pytest.approx(tuple(expected), rel=1e-12)
+
+
+def _kernel_key_sums(dataset, score):
+    """Each key's expected bounded counts h_j(C) as the kernel computes them (one key
+    shard), rows sorted."""
+    _, partials = table_statistics(_table(dataset), ["word"], score, num_key_shards=1)
+    (_, table), = partials
+    columns = [name for name in table.column_names if name != "__key"]
+    return sorted(zip(*(table.column(name).to_pylist() for name in columns)))
+
+
+def test_weighted_gaussian_counts_users_by_their_weight_in_one_over_sqrt_c_units():
+    """weighted_gaussian's key-count score models its release: a user holding w <= C keys
+    puts 1/sqrt(w) on each, sqrt(C/w) users of weight 1/sqrt(C); w > C keys: each kept with
+    probability C/w at 1/sqrt(C). Checked on the kernel (``table_statistics``) against the
+    formula, for a user of 4 keys and one of 16; gaussian keeps min(1, C/w)."""
+    dataset = [{k: 1 for k in range(4)}, {k: 1 for k in range(16)}]
+    c = np.asarray(_CANDIDATES, dtype=float)
+
+    def expected(per_key):
+        small, large = per_key(c / 4), per_key(c / 16)
+        return sorted([tuple(small + large)] * 4 + [tuple(large)] * 12)
+
+    weighted = _kernel_key_sums(dataset, _score("weighted_gaussian"))
+    assert np.allclose(weighted, expected(lambda x: np.minimum(x, np.sqrt(x))), rtol=1e-12)
+    plain = _kernel_key_sums(dataset, _score("gaussian"))
+    assert np.allclose(plain, expected(lambda x: np.minimum(1.0, x)), rtol=1e-12)

@@ -923,12 +923,17 @@ def _saturation(q_fn, epsilon, delta):
         m = min(4 * m, MAX_KEEP_LENGTH)
 
 
+class TableTooLarge(ValueError):
+    """An explicit max_frequency whose table exceeds the caps (MAX_KEEP_LENGTH,
+    MAX_BAND_ROWS, MAX_TABLE_ENTRIES); the message says what fits."""
+
+
 def _check_table_size(max_frequency, report):
     """An explicit max_frequency within the table caps (before anything is allocated)."""
     cap, what = ((MAX_KEEP_LENGTH, "keep-probability table") if report == "keys"
                  else (MAX_BAND_ROWS, "frequency table"))
     if max_frequency > cap:
-        raise ValueError(f"max_frequency {max_frequency} exceeds the largest {what} "
+        raise TableTooLarge(f"max_frequency {max_frequency} exceeds the largest {what} "
                          f"({cap} counts; report {report})")
 
 
@@ -949,7 +954,7 @@ def _choose_table(q_fn, key_epsilon, table_delta, report, max_frequency, scheme)
         band = _build_band(q_fn(max_frequency), key_epsilon, table_delta,
                            max_entries=MAX_TABLE_ENTRIES)
         if band.max_frequency < max_frequency:
-            raise ValueError(f"max_frequency {max_frequency} needs a frequency table of more than "
+            raise TableTooLarge(f"max_frequency {max_frequency} needs a frequency table of more than "
                              f"{MAX_TABLE_ENTRIES} entries; at most {band.max_frequency} fits "
                              f"(or leave max_frequency to auto, or report keys only)")
         band = dataclasses.replace(band, stationary=_is_stationary(band))

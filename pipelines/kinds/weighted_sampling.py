@@ -137,14 +137,21 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
         raise SpecError("bounding.model", "weighted_sampling needs bounding.model: l0 "
                         "(each user counted at most once per key)")
     max_frequency = mech.get("max_frequency", "auto")
+    def calibrate_tables():
+        try:
+            return pws.calibrate(
+                epsilon, delta, max_keys_per_user, sampling=mech.get("sampling", "none"),
+                sampling_threshold=mech.get("sampling_threshold"),
+                report=mech.get("report", "keys_and_frequencies"),
+                estimator=mech.get("estimator", "mle"),
+                composition=mech.get("composition") or "optimal",
+                max_frequency=None if max_frequency == "auto" else max_frequency,
+                presampled=bool(mech.get("presampled", False)))
+        except pws.TableTooLarge as exc:     # only an explicit max_frequency raises it
+            raise SpecError("mechanism.max_frequency", str(exc)) from None
+
     params = calibration(
-        lambda: pws.calibrate(
-            epsilon, delta, max_keys_per_user, sampling=mech.get("sampling", "none"),
-            sampling_threshold=mech.get("sampling_threshold"),
-            report=mech.get("report", "keys_and_frequencies"), estimator=mech.get("estimator", "mle"),
-            composition=mech.get("composition") or "optimal",
-            max_frequency=None if max_frequency == "auto" else max_frequency,
-            presampled=bool(mech.get("presampled", False))),
+        calibrate_tables,
         f"weighted_sampling release at epsilon={epsilon:g}, delta={delta:g}, "
         f"max_keys_per_user={max_keys_per_user}")
     # Build the release tables now (cached per process): a table that cannot be built is a

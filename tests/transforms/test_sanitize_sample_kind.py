@@ -93,6 +93,17 @@ def test_calibrate_refuses_the_l1_model():
     assert err.value.field == "bounding.model"
 
 
+def test_an_explicit_max_frequency_whose_table_is_too_large_names_the_field():
+    """max_frequency 50,000 at epsilon 0.003 needs a frequency table of more than
+    MAX_TABLE_ENTRIES entries (each row is ~2 pws_L wide): a spec error naming
+    mechanism.max_frequency and the largest that fits, not a bare calibration error."""
+    with pytest.raises(SpecError) as err:
+        ws.calibrate(ws.parse({"max_frequency": 50_000}), epsilon=0.003, delta=1e-8,
+                     max_keys_per_user=1, model="l0")
+    assert err.value.field == "mechanism.max_frequency"
+    assert "at most" in err.value.message and "fits" in err.value.message
+
+
 def test_calibration_failures_become_calibration_errors(monkeypatch):
     def fail(*args, **kwargs):
         raise ValueError("PWS tables could not be verified")

@@ -38,6 +38,9 @@ COUNT_STAGE = "count"
 # The automatic bound's score reads the last round's threshold and sigma like
 # weighted_gaussian's (pipelines.plan reads SCORE).
 SCORE = "weighted_gaussian"
+# Each round is a weighted Gaussian selection, whose noise does not grow with the bound:
+# the automatic bound searches as far as weighted_gaussian's (docs/partition_selection.md).
+AUTO_MAX_BOUND = 1024
 
 
 def round_stage(index):

@@ -211,19 +211,63 @@ def key_hash_is_exact(table, key_columns):
     return distinct_hashes == distinct_keys
 
 
+def users_with_colliding_keys(table, key_columns):
+    """Boolean per row: the row's user holds two different key tuples whose ``__key``
+    hashes are equal (keys that only different users hold never collide for a user)."""
+    users = table.column(USER_COLUMN).to_numpy()
+    hashes = table.column(KEY_HASH_COLUMN).to_numpy()
+    codes = exact_key_codes(table, key_columns)
+    order = np.lexsort((codes, hashes, users))
+    u, h, c = users[order], hashes[order], codes[order]
+    clash = (u[1:] == u[:-1]) & (h[1:] == h[:-1]) & (c[1:] != c[:-1])
+    return np.isin(users, u[1:][clash])
+
+
+def l0_pair_ranks_per_user(table, key_columns, rng):
+    """(one row index per distinct (user, key) pair, the pair's rank in its user's random
+    order of keys) for a user-sharded table, with the exact/hash choice made per user: a
+    user who holds two different keys with equal ``__key`` is ranked on exact key codes
+    (:func:`l0_exact_ranks`, so its colliding keys stay two keys); every other user by its
+    hash ranking (:func:`l0_ranks`), exactly as in a shard without the colliding user.
+    ``rng`` is the stage's source (unbound): each part is bound to its own rows (keyed
+    streams follow the rows' users and keys, not their positions)."""
+    exact = users_with_colliding_keys(table, key_columns)
+    pair_rows, ranks = [], []
+    for rows, hashed in ((np.flatnonzero(~exact), True), (np.flatnonzero(exact), False)):
+        if len(rows) == 0:
+            continue
+        part = table.take(pa.array(rows))
+        users = part.column(USER_COLUMN).to_numpy()
+        bound = keyed_random.bind(rng, part, user=[USER_COLUMN], pair=[USER_COLUMN, *key_columns])
+        if hashed:
+            r = l0_ranks(users, part.column(KEY_HASH_COLUMN).to_numpy(), bound)
+            part_rows, part_ranks = r.order[r.distinct], r.rank_in_user[r.distinct]
+        else:
+            part_rows, part_ranks = l0_exact_ranks(users, exact_key_codes(part, key_columns),
+                                                   bound)
+        pair_rows.append(rows[part_rows])
+        ranks.append(part_ranks)
+    return np.concatenate(pair_rows), np.concatenate(ranks)
+
+
 def bound_table_l0(table, key_columns, max_keys_per_user, rng):
     """Rows of a user-sharded table that l0 bounding keeps (see :func:`bound_l0`).
 
-    The key hash de-duplicates a user's keys only where it is one-to-one on this table's
-    keys; a table holding crafted (or accidental) colliding keys is bounded on exact key
-    codes instead, so colliding keys stay two keys and which one a user keeps never
-    depends on the order of other users' rows."""
-    users = table.column(USER_COLUMN).to_numpy()
-    rng = keyed_random.bind(rng, table, user=[USER_COLUMN], pair=[USER_COLUMN, *key_columns])
+    The key hash de-duplicates a user's keys only where it is one-to-one on that user's
+    keys, and the choice is per user (:func:`l0_pair_ranks_per_user`): a user who holds
+    crafted (or accidental) colliding keys is bounded on exact key codes, so its colliding
+    keys stay two keys; every other user keeps the hash ranking, so its kept keys under one
+    release secret are the same whether or not such a user is in the shard. (Both rankings
+    give each user a uniform C-subset from its own streams; a shard-wide switch, as before,
+    re-drew every other user's kept set from the other source.) A shard whose hash is
+    one-to-one on its keys takes :func:`bound_l0` directly, as before."""
     if key_hash_is_exact(table, key_columns):
+        users = table.column(USER_COLUMN).to_numpy()
+        rng = keyed_random.bind(rng, table, user=[USER_COLUMN], pair=[USER_COLUMN, *key_columns])
         return bound_l0(users, table.column(KEY_HASH_COLUMN).to_numpy(), max_keys_per_user, rng)
+    pair_rows, rank_in_user = l0_pair_ranks_per_user(table, key_columns, rng)
     beam.metrics.Metrics.counter("thresher_not_private", "shards_with_key_hash_collisions").inc()
-    return bound_l0_exact(users, exact_key_codes(table, key_columns), max_keys_per_user, rng)
+    return np.sort(pair_rows[rank_in_user < max_keys_per_user])
 
 
 def count_per_key(table, key_columns):

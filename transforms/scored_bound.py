@@ -71,6 +71,8 @@ def running_counts(table, key_columns, pair_rows, pair_key, first_pair, buckets,
     renumber = np.cumsum(present, dtype=np.int64) - 1
     pair_key = renumber[pair_key]
     num_keys = int(renumber[-1]) + 1
+    # a radix sort: buckets fit in 8 (or 16) bits
+    buckets = buckets.astype(np.uint8 if num_buckets < 256 else np.uint16)
     by_bucket = np.argsort(buckets, kind="stable")
     bounds = np.searchsorted(buckets[by_bucket], np.arange(int(buckets.max()) + 2))
     pair_key = pair_key[by_bucket]

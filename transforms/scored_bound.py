@@ -15,17 +15,20 @@ pass per shard
    ``table_statistics``);
 2. counts, per key and per *candidate bucket* b, the users whose rank of that key falls
    in [c_{b-1}, c_b) (b = 0 for ranks below c_0 = min C; ranks >= max C are never kept):
-   the users keeping the key at C = c_i are those of buckets 0..i.
+   the users keeping the key at C = c_i are those of buckets 0..i. One row per key holds
+   the running sums over the buckets (:func:`running_counts`; grouped by the key numbers
+   the statistics sort already makes, ``choose_contribution_bound.key_numbers``).
 
-After the draw, :func:`select_bucket_counts` keeps buckets 0..i of each shard's table:
-per key, exactly the count ``bound_l0`` gives at C = c_i with the same keyed randomness
-(same stage label ``PerUserBound``, same per-user salts), so the release is the one the
-two-pass pipeline publishes, byte for byte, and the privacy argument is unchanged: the
-draw is made once (keyed, ``transforms.keyed_random``) and the published counts are a
-function of it and of the bounded data only. The shards are concatenated, id-checked,
-key-hashed and sorted once instead of twice.
+After the draw, :func:`select_bucket_counts` takes the running sum of bucket i of each
+shard's table: per key, exactly the count ``bound_l0`` gives at C = c_i with the same
+keyed randomness (same stage label ``PerUserBound``, same per-user salts), one row per key
+as ``count_per_key`` makes (so ``SumCountsPerKey`` shuffles as many rows as with a fixed
+bound), and the release is the one the two-pass pipeline publishes, byte for byte; the
+privacy argument is unchanged: the draw is made once (keyed, ``transforms.keyed_random``)
+and the published counts are a function of it and of the bounded data only. The shards
+are concatenated, id-checked, key-hashed and sorted once instead of twice.
 
-The bucket tables wait for the draw between stages; with ``spill_dir`` (the in-process
+The running counts wait for the draw between stages; with ``spill_dir`` (the in-process
 runner, ``transforms.spill``) they wait as Arrow files and only their names are held.
 """
 import apache_beam as beam
@@ -36,13 +39,10 @@ import pyarrow.compute as pc
 from transforms import keyed_random, spill
 from transforms.arrow_coder import SHARD_AND_TABLE, TABLE
 from transforms.choose_contribution_bound import (
-    _DEFAULT_KEY_SHARDS, _UserStatisticsFn, pair_statistics, table_statistics)
+    _DEFAULT_KEY_SHARDS, _UserStatisticsFn, key_numbers, pair_statistics, table_statistics)
 from transforms.per_user_bound import (
     exact_key_codes, key_hash_is_exact, l0_exact_ranks, l0_ranks)
 from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
-
-BUCKET_COLUMN = "__bucket"
-
 
 def candidate_buckets(rank_in_user, candidates):
     """Bucket of each rank: the index of the smallest candidate C with rank < C (so a
@@ -51,39 +51,52 @@ def candidate_buckets(rank_in_user, candidates):
     return np.searchsorted(np.asarray(candidates, dtype=np.int64), rank_in_user, side="right")
 
 
-def bucket_counts(table, key_columns, rows, buckets, key_hash=None):
-    """(key columns, ``__key``, ``__bucket`` int16, int64 ``count``): the distinct
-    (user, key) pairs at ``rows`` counted per key and bucket.
+def running_counts(table, key_columns, pair_rows, pair_key, first_pair, buckets, num_buckets):
+    """(key columns, ``__key``, ``__n0`` .. ``__n{m-1}``): one row per key that some
+    candidate keeps, ``__n<i>`` the number of the table's distinct (user, key) pairs of
+    that key in buckets 0..i, i.e. its users at C = candidates[i] (columns past the
+    shard's last used bucket, m - 1, would repeat ``__n{m-1}`` and are left out).
 
-    ``key_hash``: the table's ``__key`` as a numpy array, given only when it is one-to-one
-    on the table's keys (``per_user_bound.key_hash_is_exact``); the rows are then grouped
-    on (hash, bucket) alone and the key columns taken once per group, instead of hashing
-    the key strings again in the group-by."""
-    buckets = pa.array(buckets.astype(np.int16))
-    if key_hash is None:
-        kept = table.select(list(key_columns) + [KEY_HASH_COLUMN]).take(pa.array(rows))
-        kept = kept.append_column(BUCKET_COLUMN, buckets)
-        columns = list(key_columns) + [KEY_HASH_COLUMN, BUCKET_COLUMN]
-        grouped = kept.group_by(columns, use_threads=False).aggregate([([], "count_all")])
-        return grouped.rename_columns(columns + ["count"]).combine_chunks()
-    pairs = pa.table({KEY_HASH_COLUMN: pa.array(key_hash[rows], pa.uint64()),
-                      BUCKET_COLUMN: buckets, "__row": pa.array(rows, pa.int64())})
-    grouped = pairs.group_by([KEY_HASH_COLUMN, BUCKET_COLUMN], use_threads=False).aggregate(
-        [("__row", "min"), ([], "count_all")])
-    first = grouped.column("__row_min").combine_chunks()
-    out = table.select(list(key_columns)).take(first)
-    out = out.append_column(KEY_HASH_COLUMN, grouped.column(KEY_HASH_COLUMN))
-    out = out.append_column(BUCKET_COLUMN, grouped.column(BUCKET_COLUMN))
-    return out.append_column("count", grouped.column("count_all")).combine_chunks()
+    ``pair_rows``: a table row of each distinct pair; ``pair_key``: its key number 0..J-1
+    (one per exact key); ``first_pair``: one pair of each key (its key columns);
+    ``buckets``: each pair's :func:`candidate_buckets` (``num_buckets`` = no candidate).
+    One row per key instead of one per key and bucket: ``SumCountsPerKey`` gets as many
+    rows from the chosen C as from a fixed bound (issue 19)."""
+    kept = buckets < num_buckets
+    pair_key, buckets = pair_key[kept], buckets[kept]
+    if len(pair_key) == 0:
+        return None
+    # keys with a kept pair, renumbered densely 0..J'-1 in key order
+    present = np.bincount(pair_key, minlength=len(first_pair)) > 0
+    renumber = np.cumsum(present, dtype=np.int64) - 1
+    pair_key = renumber[pair_key]
+    num_keys = int(renumber[-1]) + 1
+    # a radix sort: buckets fit in 8 (or 16) bits
+    buckets = buckets.astype(np.uint8 if num_buckets < 256 else np.uint16)
+    by_bucket = np.argsort(buckets, kind="stable")
+    bounds = np.searchsorted(buckets[by_bucket], np.arange(int(buckets.max()) + 2))
+    pair_key = pair_key[by_bucket]
+    dtype = np.int32 if len(pair_key) < np.iinfo(np.int32).max else np.int64
+    out = table.select(list(key_columns) + [KEY_HASH_COLUMN]).take(
+        pa.array(pair_rows[first_pair[present]]))
+    running = np.zeros(num_keys, dtype=np.int64)
+    for b in range(len(bounds) - 1):
+        running += np.bincount(pair_key[bounds[b]:bounds[b + 1]], minlength=num_keys)
+        out = out.append_column(_count_column(b), pa.array(running.astype(dtype)))
+    return out.combine_chunks()
+
+
+def _count_column(bucket):
+    return f"__n{bucket}"
 
 
 def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHARDS):
-    """One user shard -> (bucket counts table or None, dropped[K], key-shard partials).
+    """One user shard -> (running counts table or None, dropped[K], key-shard partials).
 
     ``rng``: the bounding stage's source (as ``per_user_bound._BoundL0Fn`` uses it). The
-    statistics are ``table_statistics(table, key_columns, score)``; the bucket counts
-    select to ``per_user_bound.bound_table_l0(table, key_columns, C, rng)``'s counts for
-    every candidate C."""
+    statistics are ``table_statistics(table, key_columns, score)``; the running counts
+    (:func:`running_counts`) select to ``per_user_bound.bound_table_l0(table,
+    key_columns, C, rng)``'s counts for every candidate C."""
     candidates = score.candidates
     if table.num_rows == 0:
         return None, *table_statistics(table, key_columns, score,
@@ -92,39 +105,43 @@ def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHA
     bound_rng = keyed_random.bind(rng, table, user=[USER_COLUMN],
                                   pair=[USER_COLUMN, *key_columns])
     key_hash = np.asarray(table.column(KEY_HASH_COLUMN).to_numpy(), dtype=np.uint64)
-    exact = key_hash_is_exact(table, key_columns)
-    if exact:
+    if key_hash_is_exact(table, key_columns):
         ranks = l0_ranks(users, key_hash, bound_rng)
         pairs = ranks.distinct
         pair_rows = ranks.order[pairs]
         rank_in_user = ranks.rank_in_user[pairs]
-        # the distinct (user, key hash) pairs, users contiguous and in increasing number
-        dropped, partials = pair_statistics(ranks.user_numbers()[pairs], key_hash[pair_rows],
-                                            None, score, num_key_shards)
+        # the distinct (user, key hash) pairs, users contiguous and in increasing number;
+        # their key numbers serve the statistics and the running counts alike
+        numbers = key_numbers(key_hash[pair_rows])
+        dropped, partials = pair_statistics(ranks.user_numbers()[pairs], None, None, score,
+                                            num_key_shards, numbers=numbers)
         del ranks, pairs
+        pair_key, first_pair = numbers.index, numbers.first
     else:   # colliding key hashes: bound on exact key codes (as bound_table_l0 does)
         beam.metrics.Metrics.counter("thresher_not_private",
                                      "shards_with_key_hash_collisions").inc()
-        pair_rows, rank_in_user = l0_exact_ranks(
-            users, exact_key_codes(table, key_columns), bound_rng)
+        codes = exact_key_codes(table, key_columns)
+        pair_rows, rank_in_user = l0_exact_ranks(users, codes, bound_rng)
+        _, first_pair, pair_key = np.unique(codes[pair_rows], return_index=True,
+                                            return_inverse=True)
+        pair_key = pair_key.reshape(-1)
         dropped, partials = table_statistics(table, key_columns, score,
                                              num_key_shards=num_key_shards)
     buckets = candidate_buckets(rank_in_user, candidates)
-    kept = buckets < len(candidates)
-    counts = None
-    if kept.any():
-        counts = bucket_counts(table, key_columns, pair_rows[kept], buckets[kept],
-                               key_hash if exact else None)
+    counts = running_counts(table, key_columns, pair_rows, pair_key, first_pair, buckets,
+                            len(candidates))
     return counts, dropped, partials
 
 
 def select_bucket_counts(counts, bound, candidates):
-    """Per-key counts at C = ``bound`` (one of ``candidates``) from a bucket table:
-    (key columns, ``__key``, ``count``) rows of buckets <= the candidate's index (a key
-    may have several rows; ``SumCountsPerKey`` adds them), or None if none."""
+    """Per-key counts at C = ``bound`` (one of ``candidates``) from a running counts
+    table: (key columns, ``__key``, int64 ``count``), one row per key with a user at that
+    C (what ``bound_table_l0`` and ``count_per_key`` give at C), or None if none."""
     index = list(candidates).index(int(bound))
-    mask = pc.less_equal(counts.column(BUCKET_COLUMN), pa.scalar(index, pa.int16()))
-    selected = counts.filter(mask).drop_columns([BUCKET_COLUMN])
+    names = [n for n in counts.column_names if n.startswith("__n")]
+    count = pc.cast(counts.column(_count_column(min(index, len(names) - 1))), pa.int64())
+    selected = counts.drop_columns(names).append_column("count", count)
+    selected = selected.filter(pc.greater(count, pa.scalar(0, pa.int64())))
     return selected if selected.num_rows else None
 
 
@@ -172,7 +189,7 @@ class ScoredPerUserBound(beam.PTransform):
     ``PerUserBound`` (the fixed-bound pipeline's; its full label keys the per-user salts).
     Output: a dict — ``dropped`` and ``partials``, the statistics that
     ``ChooseContributionBound`` takes instead of user shards (:meth:`statistics`), and
-    ``buckets``: the bucket tables (or their spilled file names) for :meth:`select`.
+    ``buckets``: the running counts tables (or their spilled file names) for :meth:`select`.
     """
 
     def __init__(self, key_columns, score, rng_factory=None, spill_dir=None,

@@ -85,6 +85,22 @@ def test_selected_buckets_are_the_bound_counts_for_every_candidate(seed, collide
     assert changed >= 3   # the candidates select different counts (the test can fail)
 
 
+@pytest.mark.parametrize("seed,collide", [(0, False), (2, True)])
+def test_selected_counts_have_one_row_per_key_like_the_fixed_bound(seed, collide):
+    """SumCountsPerKey gets from the chosen C exactly the rows a fixed bound at C sends
+    (one per key with a user at C), not one per key and candidate bucket (issue 19)."""
+    table = _table(seed, collide=collide)
+    counts, _, _ = scored_table(table, ["word"], _score(), _source())
+    assert counts.num_rows == len(set(counts.column("word").to_pylist()))
+    for c in CANDIDATES:
+        kept = bound_table_l0(table, ["word"], c, _source())
+        fixed = count_per_key(table.take(pa.array(kept)), ["word"])
+        selected = select_bucket_counts(counts, c, CANDIDATES)
+        assert selected.num_rows == fixed.num_rows, c
+        assert selected.schema == fixed.schema, c
+        assert min(selected.column("count").to_pylist()) >= 1, c
+
+
 @pytest.mark.parametrize("score_name", ["gaussian", "laplace_l0", "sample_and_threshold"])
 @pytest.mark.parametrize("seed,collide", [(3, False), (4, True)])
 def test_statistics_are_bit_identical_to_table_statistics(score_name, seed, collide):

@@ -34,7 +34,7 @@ BATCH_ROWS = 1 << 18
 ROWS_PER_SHARD = 1_000_000
 MIN_SHARDS = 4
 MAX_SHARDS = 4096
-SMALL_INPUT_DIVISOR = 16     # up to ROWS_PER_SHARD / 16 rows (62,500): one shard, no spill
+SMALL_INPUT_DIVISOR = 64     # up to ROWS_PER_SHARD / 64 rows (15,625): one shard, no spill
 
 
 # ---- schema checks, before any row is read ----------------------------------------------

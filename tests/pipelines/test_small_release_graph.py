@@ -1,5 +1,5 @@
 """The pipeline of a small release (docs/performance.md, Start-up): one local Parquet file
-of one row group is read without a Reshuffle, an input of at most ROWS_PER_SHARD / 16 rows
+of one row group is read without a Reshuffle, an input of at most ROWS_PER_SHARD / 64 rows
 is one user shard and one key shard whose shuffles stay in memory, a fixed bound's
 parameters are an argument rather than a one-element side input, and the released
 tables reach the writer as one side input rather than through a global combine. The

@@ -34,6 +34,7 @@ BATCH_ROWS = 1 << 18
 ROWS_PER_SHARD = 1_000_000
 MIN_SHARDS = 4
 MAX_SHARDS = 4096
+SMALL_INPUT_DIVISOR = 64     # up to ROWS_PER_SHARD / 64 rows (15,625): one shard, no spill
 
 
 # ---- schema checks, before any row is read ----------------------------------------------
@@ -162,7 +163,11 @@ def _estimate_text_rows(path):
 
 def num_shards_for(rows):
     """Shards grow with the data so that one shard (all records of its users) stays near
-    ROWS_PER_SHARD rows and fits any worker's memory."""
+    ROWS_PER_SHARD rows and fits any worker's memory. An input of at most
+    ROWS_PER_SHARD / SMALL_INPUT_DIVISOR rows is one shard: splitting it would only add
+    shuffle pieces and elements (each a Beam bundle step), never useful parallelism."""
+    if rows * SMALL_INPUT_DIVISOR <= ROWS_PER_SHARD:
+        return 1
     return int(min(MAX_SHARDS, max(MIN_SHARDS, math.ceil(rows / ROWS_PER_SHARD))))
 
 
@@ -462,6 +467,12 @@ class ReadRecords(beam.PTransform):
 
     def expand(self, pbegin):
         columns = self._spec.columns
+        single = self._single_row_group()
+        if single is not None:   # nothing to spread: no Reshuffle, one stage fewer
+            raw = (pbegin
+                   | "InputFiles" >> beam.Create([single])                     # (path, 0)
+                   | "ReadParquet" >> beam.ParDo(_ReadParquetRowGroup(columns, self._spec.keys)).with_output_types(pa.Table))
+            return self._prepare(raw)
         files = pbegin | "InputFiles" >> beam.Create(self._files)
         if self._spec.format == "parquet":
             raw = (files
@@ -472,6 +483,20 @@ class ReadRecords(beam.PTransform):
             raw = files | "ReadText" >> beam.ParDo(
                 _ReadTextFile(self._spec.format, columns, self._spec.keys,
                               getattr(self._spec, "delimiter", ","))).with_output_types(pa.Table)
+        return self._prepare(raw)
+
+    def _single_row_group(self):
+        """(path, 0) when the input is one local Parquet file of one row group (a small
+        input: its one element has nowhere to be spread to), else None."""
+        if self._spec.format != "parquet" or len(self._files) != 1 or not _is_local(self._files[0]):
+            return None
+        try:
+            groups = pq.ParquetFile(self._files[0]).metadata.num_row_groups
+        except (pa.ArrowInvalid, OSError):
+            return None          # the read reports it, naming the file
+        return (self._files[0], 0) if groups == 1 else None
+
+    def _prepare(self, raw):
         as_text = self._spec.format != "parquet"
         if self._spec.sample is not None:
             return raw | "PrepareSample" >> beam.ParDo(_PrepareSampleBatches(

@@ -15,7 +15,7 @@ import time
 
 import apache_beam as beam
 import pyarrow as pa
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import StandardOptions
 
 from pipelines import io, ledger, progress, publish, released_file, signals
 from pipelines.claim import claim
@@ -33,8 +33,10 @@ CHOSEN_BOUND_FILE = "chosen_bound"
 def pipeline_options(beam_args):
     """Beam options from the flags after ``--``; the default runner is the in-process
     FnApiRunner (what DirectRunner uses for batch Python pipelines, without DirectRunner's
-    attempt to download the Prism runner first)."""
-    options = PipelineOptions(list(beam_args))
+    attempt to download the Prism runner first). Each options view is built once
+    (``pipelines.beam_options``)."""
+    from pipelines.beam_options import ReleaseOptions
+    options = ReleaseOptions(list(beam_args))
     runner = options.view_as(StandardOptions).runner
     if isinstance(runner, str) and runner.rsplit(".", 1)[-1].lower() in ("daskrunner", "dask"):
         raise InputError("--runner=DaskRunner is not supported: Beam's Dask runner drops "
@@ -87,18 +89,20 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     if spec.input.sample is not None:
         # An existing weighted sample: one row per key with its frequency; no users to
         # bound, the declared bound is the sample's (paper 001's post-processing use).
-        params = pipeline | "Params" >> beam.Create([plan.params_by_bound[spec.bounding.max_keys_per_user]])
+        params = plan.params_by_bound[spec.bounding.max_keys_per_user]
         from transforms.unique_keys import OneRowPerKey
         counts = records | "OneRowPerKey" >> OneRowPerKey(keys, num_shards)  # Table(keys, count)
-        _write(module.release(counts, beam.pvalue.AsSingleton(params), keys), staging, schema,
-               keys)
+        _write(module.release(counts, params, keys), staging, schema, keys)
         return
     sink = None
     if spec.aggregates_auto is not None:   # the chosen clip bounds, for the report
         from pipelines.aggregates import clip_sink
         sink = clip_sink(staging)
+    spill_dir = None   # a small input's shuffles stay in memory (a few MB at most)
+    if est_rows * io.SMALL_INPUT_DIVISOR > io.ROWS_PER_SHARD:
+        spill_dir = _spill_dir(pipeline, staging)
     released, chosen = release_stages(records, plan, num_shards, rng_factory=rng_factory,
-                                      clip_sink=sink, spill_dir=_spill_dir(pipeline, staging))
+                                      clip_sink=sink, spill_dir=spill_dir)
     if chosen is not None:
         (chosen
          | "FormatBound" >> beam.Map(lambda c: json.dumps({"max_keys_per_user": int(c)}))
@@ -154,7 +158,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     if hasattr(kind_module(spec.kind), "release_users"):   # adaptive: rounds over the users
         bound, params = _bound_and_params(users, plan, chosen)
         return kind_module(spec.kind).release_users(
-            users, beam.pvalue.AsSingleton(params), bound, keys, num_shards, spec.mechanism,
+            users, _side(params), bound, keys, num_shards, spec.mechanism,
             rng_factory=rng_factory, spill_dir=spill_dir), chosen
     clips = _choose_clips(users, plan, rng_factory, clip_sink)
     partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
@@ -163,8 +167,8 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     if spec.aggregates:   # counts and grid sums (pipelines/aggregates.py)
         from transforms.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
-            beam.pvalue.AsSingleton(params), rng_factory=rng_factory), chosen
-    released = kind_module(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys)
+            _side(params), rng_factory=rng_factory), chosen
+    released = kind_module(spec.kind).release(counts, _side(params), keys)
     return released, chosen
 
 
@@ -236,9 +240,9 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     if spec.aggregates:
         from transforms.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
-            beam.pvalue.AsSingleton(params), rng_factory=rng_factory), chosen
+            _side(params), rng_factory=rng_factory), chosen
     released = counts | "NoisyDomainCounts" >> public_domain.NoisyDomainCounts(
-        beam.pvalue.AsSingleton(params), rng_factory=rng_factory)
+        _side(params), rng_factory=rng_factory)
     return released, chosen
 
 
@@ -291,6 +295,8 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
         clip_side = None
         if clips is not None:
             clip_side = beam.pvalue.AsSingleton(clips)
+            if not isinstance(params, beam.pvalue.PCollection):   # a fixed bound
+                params = users.pipeline | "Params" >> beam.Create([params])
             params = params | "ApplyClips" >> beam.Map(apply_clips, clips=clip_side)
         partial = users | "PerUserBound" >> PerUserBoundWithValues(
             keys, bound, sum_columns(spec.aggregates), rng_factory=rng_factory,
@@ -309,14 +315,23 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
 
 def _bound_and_params(users, plan, chosen):
     """The bound C (the spec's int, or the chosen one as a side input) and the
-    mechanism's parameters for it (a one-element PCollection)."""
+    mechanism's parameters for it: a one-element PCollection after a private choice, the
+    calibrated dict itself for the spec's C (handed to the release DoFns as an argument,
+    as a side input would hand it: no stage of its own)."""
     if chosen is not None:
         bound = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
         params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
     else:
         bound = plan.spec.bounding.max_keys_per_user
-        params = users.pipeline | "Params" >> beam.Create([plan.params_by_bound[bound]])
+        params = plan.params_by_bound[bound]
     return bound, params
+
+
+def _side(params):
+    """What the release transforms take: a side input of a PCollection, a dict as is."""
+    if isinstance(params, beam.pvalue.PCollection):
+        return beam.pvalue.AsSingleton(params)
+    return params
 
 
 def _params_for(bound, table):
@@ -326,11 +341,21 @@ def _params_for(bound, table):
 def _write(released, staging, schema, keys, domain=None):
     """Gather every released row and write ``released.parquet`` once, in the canonical
     order and layout of ``pipelines.released_file`` (a function of the released rows,
-    never of shards, bundles or input size)."""
-    (released
-     | "GatherReleased" >> beam.combiners.ToList()            # one list of Tables
-     | "WriteReleased" >> beam.Map(_write_canonical, path=publish.join(staging, io.RELEASED_FILE),
+    never of shards, bundles or input size).
+
+    The released Tables reach the writer as one side input (``AsList``) of a one-element
+    stage, rather than through ``ToList``: Beam's global combine is two more fused stages
+    (its merge, and the stage that supplies its default for an empty input), which on the
+    in-process runner cost more than the rows of a small release (docs/performance.md)."""
+    (released.pipeline
+     | "GatherReleased" >> beam.Impulse()
+     | "WriteReleased" >> beam.Map(_write_gathered, tables=beam.pvalue.AsList(released),
+                                   path=publish.join(staging, io.RELEASED_FILE),
                                    schema=schema, keys=tuple(keys), domain=domain))
+
+
+def _write_gathered(unused_impulse, tables, path, schema, keys, domain):
+    return _write_canonical(list(tables), path, schema, keys, domain)
 
 
 def _write_canonical(tables, path, schema, keys, domain):

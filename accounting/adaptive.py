@@ -205,11 +205,13 @@ class AdaptiveParameters:
 def stage_pairs(rounds, count_sigma, count_keys, max_keys_per_user, epsilon, delta_target,
                 scale=wg.WEIGHT_SCALE):
     """The pessimistic pairs (``tradeoff_composition.pessimistic_pair``) of every round
-    ((sigma, threshold_grid) each) and of the count stage."""
+    ((sigma, threshold_grid) each) and of the count stage (none when count_sigma is
+    None: the rounds alone)."""
     pairs = [tc.pessimistic_pair(*round_profile(s, t, max_keys_per_user, epsilon,
                                                 delta_target, scale)) for s, t in rounds]
-    pairs.append(tc.pessimistic_pair(*count_profile(count_sigma, count_keys, epsilon,
-                                                    delta_target)))
+    if count_sigma is not None:
+        pairs.append(tc.pessimistic_pair(*count_profile(count_sigma, count_keys, epsilon,
+                                                        delta_target)))
     return pairs
 
 

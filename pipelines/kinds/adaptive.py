@@ -41,7 +41,6 @@ FIELDS = {
         f"(chosen uniformly at random; default {ad.DEFAULT_COUNT_KEYS_PER_USER})")),
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
-COUNT_STAGE = "count"
 # The automatic bound's score reads the last round's threshold and sigma like
 # weighted_gaussian's (pipelines.plan reads SCORE).
 SCORE = "weighted_gaussian"

@@ -318,25 +318,28 @@ def _largest_bound(ok, c):
 
 
 def _check_adaptive(spec, epsilon, delta, c):
-    """adaptive (accounting.adaptive): every round is a weighted_gaussian calibration
-    (O(C^2) per step, C <= 2048, at most 3 rounds) whose noise sigma * S must be drawable;
-    the count's sigma within SIGMA_MAX. ``epsilon``, ``delta``: round 1's stage."""
+    """adaptive (accounting.adaptive): the rounds and the count share one base noise s,
+    about the continuous Gaussian sigma for the release's (epsilon, delta); round r draws
+    s / sqrt((1 - f_c) w_r) user weights, whose sigma * S must be drawable, and the count
+    s sqrt(C_c / f_c), within SIGMA_MAX (the calibration checks its exact values again)."""
     from accounting import adaptive as ad
+    from accounting import gaussian
     from accounting import weighted_gaussian as wg
-    from transforms.samplers import SIGMA_MAX as DRAW_MAX
     mech = spec.mechanism
-    largest = DRAW_MAX / wg.WEIGHT_SCALE
-    rounds, (count_eps, count_delta) = ad.stage_budgets(
-        epsilon, delta, mech["round_fractions"], mech["count_fraction"])
-    for i, (e, d) in enumerate(rounds, start=1):
-        if wg.gaussian_part(e, largest, c) > d:
-            raise SpecError("mechanism.round_fractions", f"round {i} gets epsilon {e:g}, "
-                            f"delta {d:g} (privacy.epsilon {spec.privacy.epsilon:g}), which "
-                            f"needs selection noise sigma > {largest:g} user weights at "
-                            f"max_keys_per_user={c}, the planning limit; give the round a "
-                            f"larger share or use a larger privacy.epsilon or delta")
-    if not _gaussian_fits(count_eps, count_delta, c, SIGMA_MAX):
+    base = gaussian.sigma_for(epsilon, (1.0 - ad.THRESHOLD_DELTA_SHARE) * delta, rel_tol=1e-6)
+    c_count = wg.count_bound(c, mech.get("count_keys_per_user"))
+    rounds, count_sigma = ad.stage_sigmas(base, mech["round_fractions"], mech["count_fraction"],
+                                          c_count)
+    for i, s in enumerate(rounds, start=1):
+        if s * wg.WEIGHT_SCALE > ad.GRID_SIGMA_MAX:
+            raise SpecError("mechanism.round_fractions", f"round {i} gets the share "
+                            f"{mech['round_fractions'][i - 1]:g} of the noise budget "
+                            f"(privacy.epsilon {spec.privacy.epsilon:g}), which needs selection "
+                            f"noise sigma > {ad.GRID_SIGMA_MAX / wg.WEIGHT_SCALE:g} user "
+                            "weights, the sampler's range; give the round a larger share or "
+                            "use a larger privacy.epsilon or delta")
+    if count_sigma > ad.COUNT_SIGMA_MAX:
         raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} gives the count stage "
-                        f"epsilon {count_eps:g}, delta {count_delta:g}, which needs count sigma "
-                        f"> {SIGMA_MAX:g} at max_keys_per_user={c}, the planning limit; use a "
-                        f"larger epsilon, delta or mechanism.count_fraction")
+                        f"noise sigma > {ad.COUNT_SIGMA_MAX:g} at {c_count} counts per user, the "
+                        "planning limit; use a larger epsilon, delta, "
+                        "mechanism.count_fraction or a smaller mechanism.count_keys_per_user")

@@ -155,12 +155,20 @@ class NoisyCounts(KernelRelease):
     release_table = staticmethod(noisy_counts_table)
 
 
+def counts_per_user(params, max_keys_per_user):
+    """C_c: how many released keys a user counts in (the calibrated section's
+    ``count_stage.counts_per_user``; ``max_keys_per_user`` when the section has none)."""
+    stage = params.get("count_stage") or {}
+    return int(stage.get("counts_per_user", max_keys_per_user))
+
+
 class AdaptiveRelease(beam.PTransform):
     """Whole-user shards -> released keys with noisy counts (the ``adaptive`` kind).
 
     ``params``: the kind's report section (``rounds`` list of {sigma, threshold_grid},
     ``scale``, ``count_sigma``) as a dict or an ``AsSingleton`` side input;
-    ``max_keys_per_user``: an int or a side input. Output: tables of the key columns and
+    ``max_keys_per_user``: an int or a side input; the count stage bounds each user to
+    ``counts_per_user`` of its released keys (a side input when either is). Output: tables of the key columns and
     int64 ``count``, each released key once. ``spill_dir``: passed to every
     ``SumCountsPerKey`` (the per-key shuffles' spill folder, in-process runner only)."""
 
@@ -174,6 +182,16 @@ class AdaptiveRelease(beam.PTransform):
         self._num_shards = int(num_shards)
         self._rng_factory = rng_factory
         self._spill_dir = spill_dir
+
+    def _count_bound(self, pipeline):
+        """C_c as an int, or as an AsSingleton when the params or the bound are side inputs."""
+        params, bound = self._params, self._bound
+        if isinstance(params, dict) and isinstance(bound, int):
+            return counts_per_user(params, bound)
+        params_pc = (params.pvalue if isinstance(params, beam.pvalue.AsSingleton)
+                     else pipeline | "CountParams" >> beam.Create([params]))
+        return beam.pvalue.AsSingleton(
+            params_pc | "CountKeysPerUser" >> beam.Map(counts_per_user, bound))
 
     def expand(self, users):
         keys = list(self._keys)
@@ -199,7 +217,7 @@ class AdaptiveRelease(beam.PTransform):
         kept = users | "CountKeepReleased" >> beam.ParDo(
             _FilterFn(keys, keep_released=True), beam.pvalue.AsList(every)
         ).with_output_types(TABLE)
-        partial = kept | "CountBound" >> PerUserBound(keys, self._bound,
+        partial = kept | "CountBound" >> PerUserBound(keys, self._count_bound(users.pipeline),
                                                       rng_factory=self._rng_factory)
         zeros = every | "CountZeros" >> beam.Map(zero_counts, key_columns=keys
                                                  ).with_output_types(TABLE)

@@ -608,8 +608,9 @@ def adaptive(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DELTA, muta
     bounded again, with weights q_t' (t' the keys left). D' has every key at total weight
     0 in both rounds ("pre_threshold": the keys are absent without the user) or at
     T_r - q_t / 2 in round r ("near_threshold"). Outcome: (keys released in round 1,
-    keys released in round 2), or with ``outcome="total"`` their sum (an ordered code). Claimed: both rounds' budgets (basic composition), at
-    round_fractions (0.5, 0.5) of (epsilon, delta).
+    keys released in round 2), or with ``outcome="total"`` their sum (an ordered code). Claimed: the release calibrated at (epsilon, delta) with
+    round_fractions (0.5, 0.5); the two rounds' delta(epsilon) composed by f-DP
+    (``accounting.adaptive.composed_delta`` without the count stage, <= delta).
 
     Mutations: "threshold - 1" (both rounds' thresholds one user weight lower),
     "sigma / 2" (both rounds), "sensitivity ignored" (round 2 gives every remaining key
@@ -620,7 +621,7 @@ def adaptive(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DELTA, muta
     kernels = _module("transforms.weighted_threshold")
     bound_l0 = _module("transforms.per_user_bound").bound_l0
     hashing = _module("transforms.hashing")
-    p = acc.calibrate(epsilon / 2, delta / 2, keys, fractions=(0.5, 0.5))
+    p = acc.calibrate(epsilon, delta, keys, fractions=(0.5, 0.5))
     scale = p.scale
     sigmas = [r.sigma * scale for r in p.rounds]
     thresholds = [r.threshold_grid for r in p.rounds]
@@ -689,8 +690,10 @@ def adaptive(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DELTA, muta
     def run_d_prime(rng, n):
         return run(rng, n, False)
 
-    claimed_eps = sum(r.epsilon for r in p.rounds)
-    claimed_delta = sum(r.delta for r in p.rounds) if not mutation else delta
+    claimed_eps = epsilon
+    rounds_delta = acc.composed_delta([(r.sigma, r.threshold_grid) for r in p.rounds], None, 1,
+                                      keys, epsilon, delta)
+    claimed_delta = rounds_delta if not mutation else delta
     return Scenario(mechanism=ADAPTIVE, case=pair, claimed_epsilon=claimed_eps,
                     claimed_delta=claimed_delta, run_d=run_d, run_d_prime=run_d_prime,
                     mutation=mutation, trials=trials,
@@ -777,7 +780,11 @@ MUTATIONS = [
     ("weighted_gaussian-count-cap-ignored",
      lambda: weighted_gaussian("shift", keys=16, counts=True, count_cap=1,
                                mutation="count cap ignored")),
-    ("adaptive-threshold-1", lambda: adaptive("pre_threshold", mutation="threshold - 1")),
+    # The thresholds get THRESHOLD_DELTA_SHARE (0.2) of delta: at epsilon 1 (sigma 3.9 user
+    # weights) one user weight lower multiplies their leak by ~2.9, still inside delta; at
+    # epsilon 3 (sigma 1.6) by ~12.5, 2.5e-3 against delta 1e-3: a violation.
+    ("adaptive-threshold-1",
+     lambda: adaptive("pre_threshold", epsilon=3.0, mutation="threshold - 1")),
     ("adaptive-sigma/2",
      lambda: adaptive("near_threshold", keys=16, mutation="sigma / 2", trials=10**6)),
     ("adaptive-round2-sensitivity-ignored",

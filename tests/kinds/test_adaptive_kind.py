@@ -16,7 +16,7 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings, strategies as st
 
-from accounting import discrete_gaussian, weighted_gaussian as wg
+from accounting import adaptive as ad, discrete_gaussian, weighted_gaussian as wg
 from pipelines import spec as spec_mod
 from pipelines.plan import make_plan
 from transforms import adaptive_rounds as ar
@@ -34,31 +34,37 @@ def _spec(tmp_path, data, bound=8, **mech):
             "output": {"path": str(tmp_path / "out")}}
 
 
-def test_plan_has_one_stage_per_round_and_the_count(tmp_path):
+def test_plan_has_one_release_stage_and_reports_every_round_and_the_count(tmp_path):
+    """The rounds and the count compose by f-DP: one budget stage "release" holds them
+    all; the report's stages are recomputed from their parameters (each round's Gaussian
+    part and threshold term, the count's discrete Gaussian) and composed again."""
     plan = make_plan(_load(tmp_path, _spec(tmp_path, "x.parquet", bound=16,
-                                           round_fractions=[0.2, 0.8], count_fraction=0.2)))
+                                           round_fractions=[0.2, 0.8], count_fraction=0.2,
+                                           count_keys_per_user=4)))
     report = plan.report()
     stages = {s["name"]: s for s in report["privacy"]["stages"]}
-    assert list(stages) == ["release", "round_2", "count"]
-    assert math.isclose(sum(s["epsilon"] for s in stages.values()), 1.0, rel_tol=1e-12)
-    assert math.isclose(sum(s["delta"] for s in stages.values()), 1e-6, rel_tol=1e-12)
-    assert math.isclose(stages["release"]["epsilon"], 0.8 * 0.2, rel_tol=1e-12)
-    assert math.isclose(stages["round_2"]["epsilon"], 0.8 * 0.8, rel_tol=1e-12)
-    assert math.isclose(stages["count"]["delta"], 0.2e-6, rel_tol=1e-12)
+    assert list(stages) == ["release"]
+    assert stages["release"]["epsilon"] == 1.0 and stages["release"]["delta"] == 1e-6
     mech = report["mechanism"]
-    assert [r["stage"] for r in mech["rounds"]] == ["release", "round_2"]
-    for r in mech["rounds"]:   # recomputed by the weighted Gaussian accounting
-        stage = stages[r["stage"]]
-        assert r["epsilon"] == stage["epsilon"]
-        assert wg.delta(stage["epsilon"], r["sigma"], r["threshold_grid"], 16) <= stage["delta"]
-    assert discrete_gaussian.composed_shift_delta(stages["count"]["epsilon"], mech["count_sigma"],
-                                                  16) <= stages["count"]["delta"]
-    # the reported selection delta is every round's (basic composition), recomputed
-    per_round = [wg.delta(r["epsilon"], r["sigma"], r["threshold_grid"], 16)
-                 for r in mech["rounds"]]
-    assert all(d > 0 for d in per_round)
-    assert math.isclose(mech["delta_achieved"], sum(per_round), rel_tol=1e-9)
-    assert mech["delta_achieved"] <= stages["release"]["delta"] + stages["round_2"]["delta"]
+    assert [r["stage"] for r in mech["rounds"]] == ["round_1", "round_2"]
+    assert mech["count_stage"]["counts_per_user"] == 4
+    # the noise shares: sigma_r^-2 proportional to (1 - f_c) w_r, the count's to f_c / C_c
+    inv = [1 / r["sigma"] ** 2 for r in mech["rounds"]] + [4 / mech["count_sigma"] ** 2]
+    assert np.allclose(np.array(inv) / sum(inv), [0.8 * 0.2, 0.8 * 0.8, 0.2], rtol=1e-9)
+    for r, w in zip(mech["rounds"], (0.2, 0.8)):   # the smallest threshold for its share
+        target = w * ad.THRESHOLD_DELTA_SHARE * 1e-6
+        assert ad.round_leak(r["threshold_grid"], r["sigma"], 16) <= target
+        assert ad.round_leak(r["threshold_grid"] - 1, r["sigma"], 16) > target
+    recomputed = ad.composed_delta([(r["sigma"], r["threshold_grid"]) for r in mech["rounds"]],
+                                   mech["count_sigma"], 4, 16, 1.0, 1e-6)
+    assert recomputed <= 1e-6 and math.isclose(mech["delta_achieved"], recomputed, rel_tol=1e-12)
+    # the f-DP composition spends less than basic composition would at this noise: the
+    # rounds' and the count's delta at their basic-composition shares sum far above 1e-6
+    basic = sum(wg.delta(0.8 * w, r["sigma"], r["threshold_grid"], 16) for r, w in
+                zip(mech["rounds"], (0.2, 0.8))) + float(
+        discrete_gaussian.composed_shift_delta(0.2, mech["count_sigma"], 4))
+    assert basic > 10 * 1e-6
+    assert "f-DP" in mech["accounting"] and "f-DP" in mech["composition"]
 
 
 def test_cli_run_fixed_bound_releases_keys_with_noisy_counts(tmp_path, cli):
@@ -72,7 +78,7 @@ def test_cli_run_fixed_bound_releases_keys_with_noisy_counts(tmp_path, cli):
     assert len(words) == len(set(words)) > 0          # each key once, rounds disjoint
     report = json.loads((tmp_path / "out" / "release_report.json").read_text())
     assert report["mechanism"]["kind"] == "adaptive"
-    assert [s["name"] for s in report["privacy"]["stages"]] == ["release", "round_2", "count"]
+    assert [s["name"] for s in report["privacy"]["stages"]] == ["release"]
 
 
 def test_cli_run_auto_bound_three_rounds(tmp_path, cli):
@@ -85,7 +91,8 @@ def test_cli_run_auto_bound_three_rounds(tmp_path, cli):
     assert report["bounding"]["chosen_by"] == "exponential_mechanism"
     assert report["bounding"]["selection"]["score"] == "weighted_gaussian"
     assert [s["name"] for s in report["privacy"]["stages"]] == [
-        "choose_contribution_bound", "release", "round_2", "round_3", "count"]
+        "choose_contribution_bound", "release"]
+    assert len(report["mechanism"]["rounds"]) == 3
     assert report["released_keys"] > 0
 
 
@@ -96,8 +103,9 @@ def test_cli_run_auto_bound_three_rounds(tmp_path, cli):
     ({"round_fractions": [0.2, 0.3, 0.5]}, "mechanism.round_fractions", "one entry per round"),
     ({"count_fraction": 1.5}, "mechanism.count_fraction", ""),
     ({"threshold": 3.0}, "mechanism", ""),
-    # round 1 at epsilon 5e-5 needs noise beyond the sampler's range
-    ({"round_fractions": [0.0001, 0.9999]}, "mechanism.round_fractions", "round 1"),
+    # round 1 with 5e-5 of the noise budget needs sigma ~ 8.2 / sqrt(0.9 * 5e-5) = 1215 user
+    # weights at epsilon 0.5, beyond the sampler's range (1024)
+    ({"round_fractions": [0.00005, 0.99995]}, "mechanism.round_fractions", "round 1"),
 ])
 def test_spec_errors_name_the_field(tmp_path, cli, mech, field, words):
     spec = _spec(tmp_path, "x.parquet", **mech)
@@ -178,6 +186,37 @@ def test_adaptive_release_on_beam_matches_the_reference(runner, spill, tmp_path)
                                          rng_factory=lambda: np.random.default_rng(1),
                                          spill_dir=str(tmp_path) if spill else None))
         assert_that(released | beam.FlatMap(rows), equal_to(want))
+
+
+@pytest.mark.parametrize("side_inputs", [False, True])
+def test_count_stage_counts_each_user_in_at_most_counts_per_user_released_keys(side_inputs):
+    """Round 1 releases the 4 head keys (round 2 nothing); with
+    count_stage.counts_per_user = 1 every user holding a head key counts in exactly one
+    of them (the total is the number of such users, not the number of their head keys),
+    whether params and bound are plain values or side inputs (the plan's case)."""
+    users = _fixture_users()
+    heads = {f"h{j}" for j in range(4)}
+    holders = sum(1 for keys in users if keys & heads)
+    assert sum(len(keys & heads) for keys in users) > 2 * holders     # the bound matters
+    bound, scale = 4, 1024
+    pairs = [(f"u{i}", k) for i, keys in enumerate(users) for k in sorted(keys)]
+    params = {"rounds": [{"sigma": 1e-3, "threshold_grid": 60 * scale},
+                         {"sigma": 1e-3, "threshold_grid": 10**9}],
+              "scale": scale, "count_sigma": 1e-3, "count_stage": {"counts_per_user": 1}}
+
+    def total(tables):
+        return sum(sum(t.column("count").to_pylist()) for t in tables)
+
+    with beam.Pipeline(runner=FnApiRunner()) as p:
+        if side_inputs:
+            prm = beam.pvalue.AsSingleton(p | "P" >> beam.Create([params]))
+            bnd = beam.pvalue.AsSingleton(p | "B" >> beam.Create([bound]))
+        else:
+            prm, bnd = params, bound
+        released = (p | beam.Create([_records(pairs)]) | ShardByUser(3)
+                    | ar.AdaptiveRelease(["word"], prm, bnd, 2, 3,
+                                         rng_factory=lambda: np.random.default_rng(1)))
+        assert_that(released | beam.combiners.ToList() | beam.Map(total), equal_to([holders]))
 
 
 # ---------------------------------------------------------------------------------------

@@ -650,8 +650,10 @@ def poisson_clipped_mean(rate, bound):
     bound = _positive_int(bound, "bound")
     rate = np.asarray(rate, dtype=np.float64)
     j = np.arange(bound, dtype=np.float64)
-    from scipy import stats   # here only: importing scipy.stats costs ~0.35 s of CPU that
-    pmf = stats.poisson.pmf(j, rate[..., None])   # every automatic bound would pay
+    # imported here only: scipy.stats costs ~0.35 s of CPU to import, which every
+    # automatic bound (this module) would pay for this one function
+    from scipy import stats
+    pmf = stats.poisson.pmf(j, rate[..., None])
     return bound - np.sum((bound - j) * pmf, axis=-1)
 
 

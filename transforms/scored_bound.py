@@ -44,6 +44,7 @@ from transforms.per_user_bound import (
     exact_key_codes, key_hash_is_exact, l0_exact_ranks, l0_ranks)
 from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
+
 def candidate_buckets(rank_in_user, candidates):
     """Bucket of each rank: the index of the smallest candidate C with rank < C (so a
     row is kept at C = candidates[i] iff its bucket is <= i); len(candidates) when the

@@ -41,7 +41,7 @@ from transforms.arrow_coder import SHARD_AND_TABLE, TABLE
 from transforms.choose_contribution_bound import (
     _DEFAULT_KEY_SHARDS, _UserStatisticsFn, key_numbers, pair_statistics, table_statistics)
 from transforms.per_user_bound import (
-    exact_key_codes, key_hash_is_exact, l0_exact_ranks, l0_ranks)
+    exact_key_codes, key_hash_is_exact, l0_pair_ranks_per_user, l0_ranks)
 from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 
@@ -118,11 +118,12 @@ def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHA
                                             num_key_shards, numbers=numbers)
         del ranks, pairs
         pair_key, first_pair = numbers.index, numbers.first
-    else:   # colliding key hashes: bound on exact key codes (as bound_table_l0 does)
+    else:   # colliding key hashes: the users whose own keys collide are ranked on exact
+        # key codes, every other user by its hash ranking (as bound_table_l0 does)
         beam.metrics.Metrics.counter("thresher_not_private",
                                      "shards_with_key_hash_collisions").inc()
         codes = exact_key_codes(table, key_columns)
-        pair_rows, rank_in_user = l0_exact_ranks(users, codes, bound_rng)
+        pair_rows, rank_in_user = l0_pair_ranks_per_user(table, key_columns, rng)
         _, first_pair, pair_key = np.unique(codes[pair_rows], return_index=True,
                                             return_inverse=True)
         pair_key = pair_key.reshape(-1)

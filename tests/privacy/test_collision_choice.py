@@ -121,16 +121,9 @@ def test_aggregates_kernel_is_the_same_for_keys_the_added_user_does_not_hold():
     assert len(others) >= 10
 
 
-# The automatic bound's one-pass kernel (transforms/scored_bound.py, not changed on this
-# branch) still switches a whole shard to exact ranking; strict, so that the mark goes
-# once it takes l0_pair_ranks_per_user in its collision branch.
-_SCORED_BOUND_PENDING = pytest.mark.xfail(
-    strict=True, reason="scored_bound.scored_table still makes the exact/hash choice per shard")
-
-
 @pytest.mark.parametrize("kind,auto", [
     ("gaussian", False), ("weighted_gaussian", False),
-    pytest.param("gaussian", True, marks=_SCORED_BOUND_PENDING)])
+    ("gaussian", True)])
 def test_released_bytes_are_the_same_when_a_colliding_user_is_added(kind, auto, tmp_path,
                                                                     monkeypatch):
     """The real CLI, one secret, C = 2 of each user's 3 keys (harness.dataset): D and

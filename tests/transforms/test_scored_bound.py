@@ -66,9 +66,7 @@ def test_candidate_buckets_keep_a_rank_exactly_at_the_candidates_above_it():
         assert np.array_equal(buckets <= i, ranks < c), c
 
 
-@pytest.mark.parametrize("seed,collide", [(0, False), (1, False), pytest.param(2, True, marks=pytest.mark.xfail(
-    strict=True, reason="hclean: bound_table_l0 chooses exact/hash per user; scored_table "
-    "still per shard until its collision branch takes per_user_bound.l0_pair_ranks_per_user"))])
+@pytest.mark.parametrize("seed,collide", [(0, False), (1, False), (2, True)])
 def test_selected_buckets_are_the_bound_counts_for_every_candidate(seed, collide):
     table = _table(seed, collide=collide)
     counts, _, _ = scored_table(table, ["word"], _score(), _source())

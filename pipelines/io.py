@@ -161,12 +161,20 @@ def _estimate_text_rows(path):
     return max(1, size * formats.estimate_factor(path) // 40)
 
 
-def num_shards_for(rows):
+def is_small_input(rows, exact):
+    """An input known to have at most ROWS_PER_SHARD / SMALL_INPUT_DIVISOR rows (a few MB
+    in memory): one shard, shuffles in memory. Only an exact count qualifies (Parquet
+    footers): a text file's count is estimated from its size, and a compressed or
+    unlisted file can hold far more rows than its estimate."""
+    return bool(exact) and rows * SMALL_INPUT_DIVISOR <= ROWS_PER_SHARD
+
+
+def num_shards_for(rows, exact=False):
     """Shards grow with the data so that one shard (all records of its users) stays near
-    ROWS_PER_SHARD rows and fits any worker's memory. An input of at most
-    ROWS_PER_SHARD / SMALL_INPUT_DIVISOR rows is one shard: splitting it would only add
-    shuffle pieces and elements (each a Beam bundle step), never useful parallelism."""
-    if rows * SMALL_INPUT_DIVISOR <= ROWS_PER_SHARD:
+    ROWS_PER_SHARD rows and fits any worker's memory. A small input (``is_small_input``)
+    is one shard: splitting it would only add shuffle pieces and elements (each a Beam
+    bundle step), never useful parallelism."""
+    if is_small_input(rows, exact):
         return 1
     return int(min(MAX_SHARDS, max(MIN_SHARDS, math.ceil(rows / ROWS_PER_SHARD))))
 

@@ -80,7 +80,8 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     if spec.aggregates:   # int64 grid sums cannot overflow: <= MAX_USERS users per key
         from pipelines.aggregates import check_rows
         check_rows(est_rows)
-    num_shards = io.num_shards_for(est_rows)
+    exact_rows = spec.input.format == "parquet"     # footers: est_rows is the row count
+    num_shards = io.num_shards_for(est_rows, exact=exact_rows)
     module = kind_module(spec.kind)
     schema = output_schema(spec, files)
 
@@ -99,7 +100,7 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
         from pipelines.aggregates import clip_sink
         sink = clip_sink(staging)
     spill_dir = None   # a small input's shuffles stay in memory (a few MB at most)
-    if est_rows * io.SMALL_INPUT_DIVISOR > io.ROWS_PER_SHARD:
+    if not io.is_small_input(est_rows, exact_rows):
         spill_dir = _spill_dir(pipeline, staging)
     released, chosen = release_stages(records, plan, num_shards, rng_factory=rng_factory,
                                       clip_sink=sink, spill_dir=spill_dir)

@@ -15,6 +15,7 @@ from pipelines import spec as spec_mod
 from pipelines.errors import SpecError
 from pipelines.plan import make_plan
 from pipelines.release import run
+from transforms import keyed_random
 
 from .conftest import level_pair_delta
 
@@ -84,11 +85,16 @@ def test_plan_stages_add_up_and_each_level_meets_its_share(tmp_path, method, nam
 
 @pytest.mark.parametrize("method", ["hierarchical", "binary_search"])
 def test_global_quantiles_are_close_in_rank(tmp_path, method):
-    """50,000 users, one value each from N(50, 10); seeded sampling (the test is
-    deterministic). Tolerance 0.02 in rank, the issue's target at 1e5 users."""
-    values = np.random.default_rng(3).normal(50, 10, 50_000)
+    """100,000 users, one value each from N(50, 10); a fixed release secret (the test is
+    deterministic, and its draws do not depend on the pipeline's shards or stages, as a
+    seeded sequential generator's would). Tolerance 0.02 in rank, the issue's target at
+    1e5 users (the test runs at that size). False-failure rate for another secret: over
+    six secrets the largest rank gap was 0.0055-0.0156 (hierarchical) and 0.0062-0.0206
+    (binary_search: one of six above 0.02), so roughly 1 in 6 for binary_search; this
+    secret's gaps are 0.0055 and 0.0159."""
+    values = np.random.default_rng(3).normal(50, 10, 100_000)
     spec = _load(tmp_path, _spec(tmp_path, _data(tmp_path, values), method=method))
-    report = run(make_plan(spec), rng_factory=lambda: np.random.default_rng(11))
+    report = run(make_plan(spec), rng_factory=keyed_random.KeyedSource(b"quantiles rank test secret"))
     rows = _released(tmp_path)
     assert [r["rank"] for r in rows] == RANKS
     ordered = np.sort(values)

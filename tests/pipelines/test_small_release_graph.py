@@ -81,7 +81,11 @@ def test_a_thousand_row_fixed_bound_release_runs_four_stages(tmp_path, monkeypat
 def test_shard_count_of_small_and_large_inputs():
     per_shard = io.ROWS_PER_SHARD
     small = per_shard // io.SMALL_INPUT_DIVISOR
-    assert [io.num_shards_for(r) for r in (0, 1, 1000, small)] == [1, 1, 1, 1]
-    assert io.num_shards_for(small + 1) == io.MIN_SHARDS
+    assert [io.num_shards_for(r, exact=True) for r in (0, 1, 1000, small)] == [1, 1, 1, 1]
+    assert io.num_shards_for(small + 1, exact=True) == io.MIN_SHARDS
+    # an estimated count (text input: from the file's size, compressed or unlisted files
+    # can hold far more rows) never takes the one-shard, in-memory path
+    assert [io.num_shards_for(r) for r in (1, 1000, small)] == [io.MIN_SHARDS] * 3
+    assert not io.is_small_input(1000, exact=False) and io.is_small_input(1000, exact=True)
     assert io.num_shards_for(4 * per_shard) == 4 and io.num_shards_for(4 * per_shard + 1) == 5
     assert io.num_shards_for(10**13) == io.MAX_SHARDS

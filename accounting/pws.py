@@ -561,7 +561,11 @@ def composed_delta(key_epsilon, key_delta, max_keys_per_user, epsilon):
     c = int(max_keys_per_user)
     l = np.arange(c + 1)
     p_flip = 1.0 / (1.0 + math.exp(key_epsilon))
-    weights = scipy.stats.binom.pmf(l, c, p_flip)
+    # binom._pmf: the distribution's own pmf (what binom.pmf returns for these valid
+    # arguments, l = 0..C, 0 < p <= 1/2) without its per-call argument handling, which
+    # costs 4x the pmf itself; the searches of per_key_budget make ~35 calls per grid
+    # point (tests/accounting/test_pws_keep_table.py checks the two are equal)
+    weights = scipy.stats.binom._pmf(l, c, p_flip)
     loss = (c - 2 * l) * key_epsilon
     with np.errstate(over="ignore"):   # expm1 -> inf where the term is clipped to 0 anyway
         rr = float(np.sum(weights * np.maximum(0.0, -np.expm1(epsilon - loss))))
@@ -1134,26 +1138,61 @@ def _band_estimates(estimator, band, extra=0, columns=None):
     return pws_estimators.biased_down(rows, g, columns)
 
 
-@functools.lru_cache(maxsize=4)
-def release_tables(params):
-    """Build (and cache per process) the tables of a calibrated release. Deterministic."""
-    q = sampling_probabilities(params.max_frequency, sampling=params.sampling,
-                               sampling_threshold=params.sampling_threshold)
-    if params.report == "keys" and params.key_mu is not None:
-        from accounting import pws_pld
-        keep = pws_pld.keep_probabilities(q, params.key_mu, params.table_delta)
-        return ReleaseTables(params=params, keep=keep, band=None, estimates=None)
-    if params.report == "keys":
-        keep = _alg3(q, params.key_epsilon, params.table_delta)
-        return ReleaseTables(params=params, keep=keep, band=None, estimates=None)
+def _release_band(params):
+    """The Alg. 4 band of calibrated ``params`` (report keys_and_frequencies): the one
+    :func:`calibrate` built if it is still in ``_BANDS``, else rebuilt (deterministic: the
+    same rows)."""
     band = _BANDS.get((params.sampling, params.sampling_threshold, params.key_epsilon,
                        params.table_delta, params.max_frequency))
     if band is None:
+        q = sampling_probabilities(params.max_frequency, sampling=params.sampling,
+                                   sampling_threshold=params.sampling_threshold)
         band = _build_band(q, params.key_epsilon, params.table_delta,
                            max_entries=MAX_TABLE_ENTRIES)
         if band.max_frequency < params.max_frequency:
             raise ValueError(f"max_frequency {params.max_frequency} needs a frequency table of "
                              f"more than {MAX_TABLE_ENTRIES} entries")
+    return band
+
+
+def keep_table(params):
+    """pi_0 .. pi_M of calibrated ``params`` (PWS Alg. 3): the same array as
+    ``release_tables(params).keep``, without the estimators' tables, which only the
+    release of the chosen bound reads. Planning reads this (the threshold of every
+    candidate bound, ``pipelines/kinds/weighted_sampling.py``)."""
+    if params.report == "keys":
+        return release_tables(params).keep     # keys only: no estimators to build
+    return _release_band(params).keep
+
+
+def release_tables_can_fail(params):
+    """Whether :func:`release_tables` can refuse ``params`` that :func:`calibrate`
+    returned. Only the biased-down estimates extrapolated beyond a shift table can: their
+    tail must be periodic (:func:`_periodic_tail`). Keys only: no estimates; ``"clip"``:
+    no extrapolation; the band: the rows :func:`calibrate` built within the caps. The MLE
+    beyond a shift table (eq. 11) is exactly periodic: every column j >= M is stored in
+    rows >= M only, which are row M shifted (pi = 1 there, as stationarity requires), so
+    each such column holds the same entries at the same diagonals d and the estimate is
+    a_j = g(j + d*) / 1 = j + d*, an exact integer: period 1, increment 1.0, and the tail
+    :func:`release_tables` reads (columns M + W .. M + 3W) lies there
+    (tests/accounting/test_pws_keep_table.py checks it)."""
+    return (params.report != "keys" and params.beyond_table == "shift"
+            and params.estimator != "mle")
+
+
+@functools.lru_cache(maxsize=4)
+def release_tables(params):
+    """Build (and cache per process) the tables of a calibrated release. Deterministic."""
+    if params.report == "keys":
+        q = sampling_probabilities(params.max_frequency, sampling=params.sampling,
+                                   sampling_threshold=params.sampling_threshold)
+        if params.key_mu is not None:
+            from accounting import pws_pld
+            keep = pws_pld.keep_probabilities(q, params.key_mu, params.table_delta)
+        else:
+            keep = _alg3(q, params.key_epsilon, params.table_delta)
+        return ReleaseTables(params=params, keep=keep, band=None, estimates=None)
+    band = _release_band(params)
     if params.beyond_table != "shift":
         return ReleaseTables(params=params, keep=band.keep, band=band,
                              estimates=_band_estimates(params.estimator, band))

@@ -770,12 +770,21 @@ def _realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_entries=1 <<
     """Vectorised :func:`realized_delta` over a banded table (row i's tokens are
     data[starts[i]:starts[i] + lengths[i]], columns lo[i]..), in chunks of rows. Row-wise
     cumulative sums along axis 1 of a zero-padded block are the same sequential sums as the
-    sanitizer's per-row np.cumsum (trailing zeros leave them unchanged)."""
+    sanitizer's per-row np.cumsum (trailing zeros leave them unchanged).
+
+    Planning runs this for every candidate bound of an automatic bound (issue 19), so the
+    block arithmetic is done in place and the previous row is read by slicing where rows
+    move by at most one column (the band's rows do): the same floating-point operations on
+    the same operands, in the same order, as the plain statement -- gathered, cumsum'd,
+    quantised, differenced, compared -- so the result is bit for bit the same
+    (tests/accounting/test_pws_keep_table.py keeps the plain statement as the reference)."""
     m = len(lengths) - 1
     worst = 0.0
     prev_p = np.zeros((1, 1))
     prev_none = np.array([1.0])
     prev_lo = np.array([lo[1] if m >= 1 else 0])
+    # rows stored back to back (a band; not a CSR whose column-0 entries sit between them)
+    contiguous = bool(np.array_equal(starts[1:], starts[:-1] + lengths[:-1]))
     r = 1
     while r <= m:
         width = int(max(1, lengths[r - 1], lengths[r]))
@@ -785,21 +794,36 @@ def _realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_entries=1 <<
             r_end += 1
         r_end = max(r_end, r + 1)
         rows = np.arange(r, r_end)
+        n = len(rows)
         k = np.arange(width)
         mask = k[None, :] < lengths[rows][:, None]
-        pos = np.where(mask, starts[rows][:, None] + k[None, :], 0)
-        block = np.where(mask, data[pos], 0.0)
-        cum = np.cumsum(block, axis=1)
+        if contiguous:
+            cum = np.zeros((n, width))
+            cum[mask] = data[starts[r]:starts[r_end - 1] + lengths[r_end - 1]]
+        else:
+            pos = np.where(mask, starts[rows][:, None] + k[None, :], 0)
+            cum = np.where(mask, data[pos], 0.0)
+        np.cumsum(cum, axis=1, out=cum)
         if q is None:
-            scale = np.ones(len(rows))
+            scale = None
         else:
             scale = q[rows]
-            cum = cum / scale[:, None]
-        grid = np.ceil(np.clip(cum, 0.0, 1.0) * _GRID) / _GRID
-        probs = np.diff(grid, axis=1, prepend=0.0) * scale[:, None]
-        none = 1.0 - scale * grid[:, -1]
+            cum /= scale[:, None]
+        grid = cum                      # ceil(clip(cum, 0, 1) 2^53) / 2^53, in place
+        np.clip(grid, 0.0, 1.0, out=grid)
+        grid *= _GRID
+        np.ceil(grid, out=grid)
+        grid /= _GRID
+        probs = np.empty((n, width))    # np.diff(grid, axis=1, prepend=0.0) (* scale)
+        probs[:, 0] = grid[:, 0] - 0.0
+        np.subtract(grid[:, 1:], grid[:, :-1], out=probs[:, 1:])
+        if scale is None:               # a scale of 1.0 changes no product
+            none = 1.0 - grid[:, -1]
+        else:
+            probs *= scale[:, None]
+            none = 1.0 - scale * grid[:, -1]
         # previous rows, padded to this width (+1 zero column for out-of-range gathers)
-        before = np.zeros((len(rows), width + 1))
+        before = np.zeros((n, width + 1))
         w_prev = min(prev_p.shape[1], width)
         before[0, :w_prev] = prev_p[-1, :w_prev]
         before[1:, :width] = probs[:-1]
@@ -808,12 +832,28 @@ def _realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_entries=1 <<
         shift = np.clip(lo[rows] - before_lo, 0, width)
         if r == 1:
             shift[0] = 0
-        gathered = np.take_along_axis(before, np.minimum(k[None, :] + shift[:, None], width), axis=1)
-        dropped = np.cumsum(before[:, :width], axis=1)
-        dropped_sum = np.where(shift > 0, dropped[np.arange(len(rows)), np.maximum(shift - 1, 0)], 0.0)
-        forward = (np.maximum(0.0, probs - e_eps * gathered).sum(axis=1)
-                   + np.maximum(0.0, none - e_eps * before_none))
-        backward = (np.maximum(0.0, gathered - e_eps * probs).sum(axis=1) + dropped_sum
+        # gathered[i, j] = before[i, min(j + shift_i, width)]; dropped_sum[i] = the
+        # sequential sum of before[i, :shift_i] (np.cumsum's element shift_i - 1)
+        dropped_sum = np.zeros(n)
+        if shift.max(initial=0) <= 1:
+            moved = shift == 1
+            gathered = np.where(moved[:, None], before[:, 1:], before[:, :width])
+            dropped_sum[moved] = before[moved, 0]
+        else:
+            gathered = np.take_along_axis(before, np.minimum(k[None, :] + shift[:, None], width),
+                                          axis=1)
+            dropped = np.cumsum(before[:, :width], axis=1)
+            moved = shift > 0
+            dropped_sum[moved] = dropped[moved, shift[moved] - 1]
+        work = np.empty((n, width))
+        np.multiply(e_eps, gathered, out=work)           # max(0, probs - e^eps gathered)
+        np.subtract(probs, work, out=work)
+        np.maximum(0.0, work, out=work)
+        forward = work.sum(axis=1) + np.maximum(0.0, none - e_eps * before_none)
+        np.multiply(e_eps, probs, out=work)              # max(0, gathered - e^eps probs)
+        np.subtract(gathered, work, out=work)
+        np.maximum(0.0, work, out=work)
+        backward = (work.sum(axis=1) + dropped_sum
                     + np.maximum(0.0, before_none - e_eps * none))
         worst = max(worst, float(forward.max()), float(backward.max()))
         prev_p, prev_none, prev_lo = probs[-1:], none[-1:], lo[rows[-1:]]

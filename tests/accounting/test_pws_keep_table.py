@@ -17,7 +17,8 @@ release reads changes:
   cannot refuse params that calibrate returned; the biased-down estimates are still built
   at plan time;
 - ``composed_delta`` (which now calls ``binom._pmf``) equals the formula with
-  ``scipy.stats.binom.pmf`` bit for bit;
+  ``scipy.stats.binom.pmf`` bit for bit, and ``_realized_band_delta`` (the verification of
+  every candidate's tables, now in place) equals its plain statement, kept here;
 - the plan: every candidate's threshold (the score's input) equals the one read off the
   full release tables, the score of the plan is the score of those thresholds, and the
   chosen C's parameters equal a fixed-bound plan's at that C.
@@ -205,3 +206,97 @@ def test_auto_plan_score_and_chosen_params(tmp_path, mechanism):
         fixed = _plan(tmp_path, mechanism, c, epsilon=release.epsilon)
         assert fixed.params_by_bound == {c: plan.params_by_bound[c]}
         assert fixed.report()["mechanism"] == plan.report(chosen_bound=c)["mechanism"]
+
+
+def _reference_realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_entries=1 << 19):
+    """The plain statement of pws._realized_band_delta (its version before issue 19's
+    in-place rewrite): gather, cumsum, quantise, difference, compare with the previous
+    row moved by its column shift."""
+    m = len(lengths) - 1
+    worst = 0.0
+    prev_p = np.zeros((1, 1))
+    prev_none = np.array([1.0])
+    prev_lo = np.array([lo[1] if m >= 1 else 0])
+    r = 1
+    while r <= m:
+        width = int(max(1, lengths[r - 1], lengths[r]))
+        r_end = r
+        while r_end <= m and (r_end - r + 1) * max(width, lengths[r_end]) <= chunk_entries:
+            width = max(width, int(lengths[r_end]))
+            r_end += 1
+        r_end = max(r_end, r + 1)
+        rows = np.arange(r, r_end)
+        k = np.arange(width)
+        mask = k[None, :] < lengths[rows][:, None]
+        pos = np.where(mask, starts[rows][:, None] + k[None, :], 0)
+        block = np.where(mask, data[pos], 0.0)
+        cum = np.cumsum(block, axis=1)
+        if q is None:
+            scale = np.ones(len(rows))
+        else:
+            scale = q[rows]
+            cum = cum / scale[:, None]
+        grid = np.ceil(np.clip(cum, 0.0, 1.0) * pws._GRID) / pws._GRID
+        probs = np.diff(grid, axis=1, prepend=0.0) * scale[:, None]
+        none = 1.0 - scale * grid[:, -1]
+        before = np.zeros((len(rows), width + 1))
+        w_prev = min(prev_p.shape[1], width)
+        before[0, :w_prev] = prev_p[-1, :w_prev]
+        before[1:, :width] = probs[:-1]
+        before_none = np.concatenate([prev_none[-1:], none[:-1]])
+        before_lo = np.concatenate([prev_lo[-1:], lo[rows[:-1]]])
+        shift = np.clip(lo[rows] - before_lo, 0, width)
+        if r == 1:
+            shift[0] = 0
+        gathered = np.take_along_axis(before, np.minimum(k[None, :] + shift[:, None], width),
+                                      axis=1)
+        dropped = np.cumsum(before[:, :width], axis=1)
+        dropped_sum = np.where(shift > 0,
+                               dropped[np.arange(len(rows)), np.maximum(shift - 1, 0)], 0.0)
+        forward = (np.maximum(0.0, probs - e_eps * gathered).sum(axis=1)
+                   + np.maximum(0.0, none - e_eps * before_none))
+        backward = (np.maximum(0.0, gathered - e_eps * probs).sum(axis=1) + dropped_sum
+                    + np.maximum(0.0, before_none - e_eps * none))
+        worst = max(worst, float(forward.max()), float(backward.max()))
+        prev_p, prev_none, prev_lo = probs[-1:], none[-1:], lo[rows[-1:]]
+        r = r_end
+    return worst
+
+
+@pytest.mark.parametrize("mech,epsilon,delta,c", [case for case in CASES
+                                                  if case[0].get("report") != "keys"])
+def test_realized_band_delta_is_the_plain_statement(mech, epsilon, delta, c):
+    params = _pws_params(mech, epsilon, delta, c)
+    band = pws._release_band(params)
+    e_eps = math.exp(params.key_epsilon)
+    lengths = np.diff(band.indptr)
+    q = pws.sampling_probabilities(params.max_frequency, sampling=params.sampling,
+                                   sampling_threshold=params.sampling_threshold)
+    for probabilities in (None, q):
+        for chunk in (1 << 19, 997, 41):
+            args = (band.values, band.indptr[:-1], lengths, band.lo, probabilities, e_eps, chunk)
+            assert pws._realized_band_delta(*args) == _reference_realized_band_delta(*args)
+    # the CSR layout (column-0 entries between the rows: gathered, not sliced)
+    table = pws._band_to_csr(band)
+    table.sort_indices()
+    lo, token_lengths = pws._band_layout(table)
+    args = (table.data, table.indptr[:-1] + 1, token_lengths, lo, q, e_eps)
+    assert pws._realized_band_delta(*args) == _reference_realized_band_delta(*args)
+
+
+def test_realized_band_delta_rows_moving_by_several_columns():
+    """Rows whose first column moves by more than one (the general gather path)."""
+    rng = np.random.default_rng(1919)
+    for trial in range(60):
+        m = int(rng.integers(2, 60))
+        lengths = rng.integers(0, 12, m + 1)
+        lengths[0] = 0
+        lo = np.concatenate([[0], np.cumsum(rng.integers(0, 4, m))]) + 1
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        data = rng.random(int(lengths.sum())) * 0.2
+        q = np.concatenate([[0.0], rng.uniform(0.5, 1.0, m)])
+        for probabilities in (None, q):
+            for chunk in (1 << 19, 50, 7):
+                args = (data, starts, lengths, lo, probabilities, math.exp(0.3), chunk)
+                assert pws._realized_band_delta(*args) == \
+                    _reference_realized_band_delta(*args), trial

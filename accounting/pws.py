@@ -1178,12 +1178,16 @@ def _band_estimates(estimator, band, extra=0, columns=None):
     return pws_estimators.biased_down(rows, g, columns)
 
 
+def _band_key(params):
+    return (params.sampling, params.sampling_threshold, params.key_epsilon,
+            params.table_delta, params.max_frequency)
+
+
 def _release_band(params):
     """The Alg. 4 band of calibrated ``params`` (report keys_and_frequencies): the one
     :func:`calibrate` built if it is still in ``_BANDS``, else rebuilt (deterministic: the
     same rows)."""
-    band = _BANDS.get((params.sampling, params.sampling_threshold, params.key_epsilon,
-                       params.table_delta, params.max_frequency))
+    band = _BANDS.get(_band_key(params))
     if band is None:
         q = sampling_probabilities(params.max_frequency, sampling=params.sampling,
                                    sampling_threshold=params.sampling_threshold)
@@ -1199,10 +1203,14 @@ def keep_table(params):
     """pi_0 .. pi_M of calibrated ``params`` (PWS Alg. 3): the same array as
     ``release_tables(params).keep``, without the estimators' tables, which only the
     release of the chosen bound reads. Planning reads this (the threshold of every
-    candidate bound, ``pipelines/kinds/weighted_sampling.py``)."""
+    candidate bound, ``pipelines/kinds/weighted_sampling.py``); it lets go of the band
+    :func:`calibrate` kept for it (up to ~25 MB each at the largest automatic
+    candidates), which the release rebuilds for the one bound it uses."""
     if params.report == "keys":
         return release_tables(params).keep     # keys only: no estimators to build
-    return _release_band(params).keep
+    keep = _release_band(params).keep
+    _BANDS.pop(_band_key(params), None)
+    return keep
 
 
 def release_tables_can_fail(params):

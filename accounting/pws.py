@@ -561,7 +561,11 @@ def composed_delta(key_epsilon, key_delta, max_keys_per_user, epsilon):
     c = int(max_keys_per_user)
     l = np.arange(c + 1)
     p_flip = 1.0 / (1.0 + math.exp(key_epsilon))
-    weights = scipy.stats.binom.pmf(l, c, p_flip)
+    # binom._pmf: the distribution's own pmf (what binom.pmf returns for these valid
+    # arguments, l = 0..C, 0 < p <= 1/2) without its per-call argument handling, which
+    # costs 4x the pmf itself; the searches of per_key_budget make ~35 calls per grid
+    # point (tests/accounting/test_pws_keep_table.py checks the two are equal)
+    weights = scipy.stats.binom._pmf(l, c, p_flip)
     loss = (c - 2 * l) * key_epsilon
     with np.errstate(over="ignore"):   # expm1 -> inf where the term is clipped to 0 anyway
         rr = float(np.sum(weights * np.maximum(0.0, -np.expm1(epsilon - loss))))
@@ -766,12 +770,21 @@ def _realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_entries=1 <<
     """Vectorised :func:`realized_delta` over a banded table (row i's tokens are
     data[starts[i]:starts[i] + lengths[i]], columns lo[i]..), in chunks of rows. Row-wise
     cumulative sums along axis 1 of a zero-padded block are the same sequential sums as the
-    sanitizer's per-row np.cumsum (trailing zeros leave them unchanged)."""
+    sanitizer's per-row np.cumsum (trailing zeros leave them unchanged).
+
+    Planning runs this for every candidate bound of an automatic bound (issue 19), so the
+    block arithmetic is done in place and the previous row is read by slicing where rows
+    move by at most one column (the band's rows do): the same floating-point operations on
+    the same operands, in the same order, as the plain statement -- gathered, cumsum'd,
+    quantised, differenced, compared -- so the result is bit for bit the same
+    (tests/accounting/test_pws_keep_table.py keeps the plain statement as the reference)."""
     m = len(lengths) - 1
     worst = 0.0
     prev_p = np.zeros((1, 1))
     prev_none = np.array([1.0])
     prev_lo = np.array([lo[1] if m >= 1 else 0])
+    # rows stored back to back (a band; not a CSR whose column-0 entries sit between them)
+    contiguous = bool(np.array_equal(starts[1:], starts[:-1] + lengths[:-1]))
     r = 1
     while r <= m:
         width = int(max(1, lengths[r - 1], lengths[r]))
@@ -781,21 +794,36 @@ def _realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_entries=1 <<
             r_end += 1
         r_end = max(r_end, r + 1)
         rows = np.arange(r, r_end)
+        n = len(rows)
         k = np.arange(width)
         mask = k[None, :] < lengths[rows][:, None]
-        pos = np.where(mask, starts[rows][:, None] + k[None, :], 0)
-        block = np.where(mask, data[pos], 0.0)
-        cum = np.cumsum(block, axis=1)
+        if contiguous:
+            cum = np.zeros((n, width))
+            cum[mask] = data[starts[r]:starts[r_end - 1] + lengths[r_end - 1]]
+        else:
+            pos = np.where(mask, starts[rows][:, None] + k[None, :], 0)
+            cum = np.where(mask, data[pos], 0.0)
+        np.cumsum(cum, axis=1, out=cum)
         if q is None:
-            scale = np.ones(len(rows))
+            scale = None
         else:
             scale = q[rows]
-            cum = cum / scale[:, None]
-        grid = np.ceil(np.clip(cum, 0.0, 1.0) * _GRID) / _GRID
-        probs = np.diff(grid, axis=1, prepend=0.0) * scale[:, None]
-        none = 1.0 - scale * grid[:, -1]
+            cum /= scale[:, None]
+        grid = cum                      # ceil(clip(cum, 0, 1) 2^53) / 2^53, in place
+        np.clip(grid, 0.0, 1.0, out=grid)
+        grid *= _GRID
+        np.ceil(grid, out=grid)
+        grid /= _GRID
+        probs = np.empty((n, width))    # np.diff(grid, axis=1, prepend=0.0) (* scale)
+        probs[:, 0] = grid[:, 0] - 0.0
+        np.subtract(grid[:, 1:], grid[:, :-1], out=probs[:, 1:])
+        if scale is None:               # a scale of 1.0 changes no product
+            none = 1.0 - grid[:, -1]
+        else:
+            probs *= scale[:, None]
+            none = 1.0 - scale * grid[:, -1]
         # previous rows, padded to this width (+1 zero column for out-of-range gathers)
-        before = np.zeros((len(rows), width + 1))
+        before = np.zeros((n, width + 1))
         w_prev = min(prev_p.shape[1], width)
         before[0, :w_prev] = prev_p[-1, :w_prev]
         before[1:, :width] = probs[:-1]
@@ -804,12 +832,28 @@ def _realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_entries=1 <<
         shift = np.clip(lo[rows] - before_lo, 0, width)
         if r == 1:
             shift[0] = 0
-        gathered = np.take_along_axis(before, np.minimum(k[None, :] + shift[:, None], width), axis=1)
-        dropped = np.cumsum(before[:, :width], axis=1)
-        dropped_sum = np.where(shift > 0, dropped[np.arange(len(rows)), np.maximum(shift - 1, 0)], 0.0)
-        forward = (np.maximum(0.0, probs - e_eps * gathered).sum(axis=1)
-                   + np.maximum(0.0, none - e_eps * before_none))
-        backward = (np.maximum(0.0, gathered - e_eps * probs).sum(axis=1) + dropped_sum
+        # gathered[i, j] = before[i, min(j + shift_i, width)]; dropped_sum[i] = the
+        # sequential sum of before[i, :shift_i] (np.cumsum's element shift_i - 1)
+        dropped_sum = np.zeros(n)
+        if shift.max(initial=0) <= 1:
+            moved = shift == 1
+            gathered = np.where(moved[:, None], before[:, 1:], before[:, :width])
+            dropped_sum[moved] = before[moved, 0]
+        else:
+            gathered = np.take_along_axis(before, np.minimum(k[None, :] + shift[:, None], width),
+                                          axis=1)
+            dropped = np.cumsum(before[:, :width], axis=1)
+            moved = shift > 0
+            dropped_sum[moved] = dropped[moved, shift[moved] - 1]
+        work = np.empty((n, width))
+        np.multiply(e_eps, gathered, out=work)           # max(0, probs - e^eps gathered)
+        np.subtract(probs, work, out=work)
+        np.maximum(0.0, work, out=work)
+        forward = work.sum(axis=1) + np.maximum(0.0, none - e_eps * before_none)
+        np.multiply(e_eps, probs, out=work)              # max(0, gathered - e^eps probs)
+        np.subtract(gathered, work, out=work)
+        np.maximum(0.0, work, out=work)
+        backward = (work.sum(axis=1) + dropped_sum
                     + np.maximum(0.0, before_none - e_eps * none))
         worst = max(worst, float(forward.max()), float(backward.max()))
         prev_p, prev_none, prev_lo = probs[-1:], none[-1:], lo[rows[-1:]]
@@ -1134,26 +1178,69 @@ def _band_estimates(estimator, band, extra=0, columns=None):
     return pws_estimators.biased_down(rows, g, columns)
 
 
-@functools.lru_cache(maxsize=4)
-def release_tables(params):
-    """Build (and cache per process) the tables of a calibrated release. Deterministic."""
-    q = sampling_probabilities(params.max_frequency, sampling=params.sampling,
-                               sampling_threshold=params.sampling_threshold)
-    if params.report == "keys" and params.key_mu is not None:
-        from accounting import pws_pld
-        keep = pws_pld.keep_probabilities(q, params.key_mu, params.table_delta)
-        return ReleaseTables(params=params, keep=keep, band=None, estimates=None)
-    if params.report == "keys":
-        keep = _alg3(q, params.key_epsilon, params.table_delta)
-        return ReleaseTables(params=params, keep=keep, band=None, estimates=None)
-    band = _BANDS.get((params.sampling, params.sampling_threshold, params.key_epsilon,
-                       params.table_delta, params.max_frequency))
+def _band_key(params):
+    return (params.sampling, params.sampling_threshold, params.key_epsilon,
+            params.table_delta, params.max_frequency)
+
+
+def _release_band(params):
+    """The Alg. 4 band of calibrated ``params`` (report keys_and_frequencies): the one
+    :func:`calibrate` built if it is still in ``_BANDS``, else rebuilt (deterministic: the
+    same rows)."""
+    band = _BANDS.get(_band_key(params))
     if band is None:
+        q = sampling_probabilities(params.max_frequency, sampling=params.sampling,
+                                   sampling_threshold=params.sampling_threshold)
         band = _build_band(q, params.key_epsilon, params.table_delta,
                            max_entries=MAX_TABLE_ENTRIES)
         if band.max_frequency < params.max_frequency:
             raise ValueError(f"max_frequency {params.max_frequency} needs a frequency table of "
                              f"more than {MAX_TABLE_ENTRIES} entries")
+    return band
+
+
+def keep_table(params):
+    """pi_0 .. pi_M of calibrated ``params`` (PWS Alg. 3): the same array as
+    ``release_tables(params).keep``, without the estimators' tables, which only the
+    release of the chosen bound reads. Planning reads this (the threshold of every
+    candidate bound, ``pipelines/kinds/weighted_sampling.py``); it lets go of the band
+    :func:`calibrate` kept for it (up to ~25 MB each at the largest automatic
+    candidates), which the release rebuilds for the one bound it uses."""
+    if params.report == "keys":
+        return release_tables(params).keep     # keys only: no estimators to build
+    keep = _release_band(params).keep
+    _BANDS.pop(_band_key(params), None)
+    return keep
+
+
+def release_tables_can_fail(params):
+    """Whether :func:`release_tables` can refuse ``params`` that :func:`calibrate`
+    returned. Only the biased-down estimates extrapolated beyond a shift table can: their
+    tail must be periodic (:func:`_periodic_tail`). Keys only: no estimates; ``"clip"``:
+    no extrapolation; the band: the rows :func:`calibrate` built within the caps. The MLE
+    beyond a shift table (eq. 11) is exactly periodic: every column j >= M is stored in
+    rows >= M only, which are row M shifted (pi = 1 there, as stationarity requires), so
+    each such column holds the same entries at the same diagonals d and the estimate is
+    a_j = g(j + d*) / 1 = j + d*, an exact integer: period 1, increment 1.0, and the tail
+    :func:`release_tables` reads (columns M + W .. M + 3W) lies there
+    (tests/accounting/test_pws_keep_table.py checks it)."""
+    return (params.report != "keys" and params.beyond_table == "shift"
+            and params.estimator != "mle")
+
+
+@functools.lru_cache(maxsize=4)
+def release_tables(params):
+    """Build (and cache per process) the tables of a calibrated release. Deterministic."""
+    if params.report == "keys":
+        q = sampling_probabilities(params.max_frequency, sampling=params.sampling,
+                                   sampling_threshold=params.sampling_threshold)
+        if params.key_mu is not None:
+            from accounting import pws_pld
+            keep = pws_pld.keep_probabilities(q, params.key_mu, params.table_delta)
+        else:
+            keep = _alg3(q, params.key_epsilon, params.table_delta)
+        return ReleaseTables(params=params, keep=keep, band=None, estimates=None)
+    band = _release_band(params)
     if params.beyond_table != "shift":
         return ReleaseTables(params=params, keep=band.keep, band=band,
                              estimates=_band_estimates(params.estimator, band))

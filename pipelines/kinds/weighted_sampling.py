@@ -154,11 +154,18 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
         calibrate_tables,
         f"weighted_sampling release at epsilon={epsilon:g}, delta={delta:g}, "
         f"max_keys_per_user={max_keys_per_user}")
-    # Build the release tables now (cached per process): a table that cannot be built is a
-    # calibration error at plan time, not a failure inside the pipeline.
-    tables = calibration(lambda: pws.release_tables(params),
-                         f"weighted_sampling tables for max_keys_per_user={max_keys_per_user}")
-    half = np.flatnonzero(tables.keep >= 0.5)
+    # The plan reads only the keep table (the threshold below: the automatic bound's score);
+    # the estimators' tables are built by the release, for the chosen bound only. Where
+    # building them could still fail (pws.release_tables_can_fail), build them now: a table
+    # that cannot be built is a calibration error at plan time, not a failure in the pipeline.
+    def keep_table():
+        if pws.release_tables_can_fail(params):
+            return pws.release_tables(params).keep
+        return pws.keep_table(params)
+
+    keep = calibration(keep_table,
+                       f"weighted_sampling tables for max_keys_per_user={max_keys_per_user}")
+    half = np.flatnonzero(keep >= 0.5)
     out = {"kind": "weighted_sampling", **params.as_dict(),
            "delta_achieved": params.delta_realized,
            "threshold": int(half[0]) if len(half) else params.max_frequency,

@@ -7,8 +7,9 @@ grid: ``WeightedPerUserBound`` then ``SumCountsPerKey``) on every user's records
 the keys released in rounds < r; each user re-spreads a unit of l2 weight over at most C
 of the keys they have left. A key is released in round r when its grid weight plus
 N_Z(0, (sigma_r S)^2) reaches the round's integer threshold. The released keys then get
-their noisy distinct-user count: each user keeps at most C of their keys that were
-released (the l0 bound of ``per_user_bound``, fresh randomness), the counts are summed
+their noisy distinct-user count: each user keeps at most C_c = min(C,
+count_keys_per_user) of their keys that were released (the l0 bound of
+``per_user_bound``, fresh randomness), the counts are summed
 and every released key (zero if no kept user holds it) gets N_Z(0, count_sigma^2).
 
 Numpy kernels (one user shard or one key batch in, arrays out) beside the Beam

@@ -169,7 +169,11 @@ def _accounting_text(mechanism, spec):
         first = next(iter(mechanism["by_max_keys_per_user"].values()))
         accounting = first.get("accounting")
     parts.append(f"release: {accounting}")
-    parts.append("stages composed by basic composition")
+    if spec.kind == "adaptive":
+        parts.append("the plan's stages composed by basic composition (adaptive: its "
+                     "rounds and count, inside its one stage, compose by f-DP)")
+    else:
+        parts.append("the plan's stages composed by basic composition")
     return "; ".join(parts)
 
 

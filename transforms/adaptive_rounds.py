@@ -7,8 +7,9 @@ grid: ``WeightedPerUserBound`` then ``SumCountsPerKey``) on every user's records
 the keys released in rounds < r; each user re-spreads a unit of l2 weight over at most C
 of the keys they have left. A key is released in round r when its grid weight plus
 N_Z(0, (sigma_r S)^2) reaches the round's integer threshold. The released keys then get
-their noisy distinct-user count: each user keeps at most C of their keys that were
-released (the l0 bound of ``per_user_bound``, fresh randomness), the counts are summed
+their noisy distinct-user count: each user keeps at most C_c = min(C,
+count_keys_per_user) of their keys that were released (the l0 bound of
+``per_user_bound``, fresh randomness), the counts are summed
 and every released key (zero if no kept user holds it) gets N_Z(0, count_sigma^2).
 
 Numpy kernels (one user shard or one key batch in, arrays out) beside the Beam
@@ -155,11 +156,16 @@ class NoisyCounts(KernelRelease):
     release_table = staticmethod(noisy_counts_table)
 
 
-def counts_per_user(params, max_keys_per_user):
-    """C_c: how many released keys a user counts in (the calibrated section's
-    ``count_stage.counts_per_user``; ``max_keys_per_user`` when the section has none)."""
+def counts_per_user(params):
+    """C_c: how many released keys a user counts in, the calibrated section's
+    ``count_stage.counts_per_user`` (the C_c the count noise was calibrated for). Fails
+    closed: a section without it raises ValueError (no fallback to another bound)."""
     stage = params.get("count_stage") or {}
-    return int(stage.get("counts_per_user", max_keys_per_user))
+    value = stage.get("counts_per_user")
+    if value is None or isinstance(value, bool) or int(value) != value or value < 1:
+        raise ValueError("adaptive parameters: count_stage.counts_per_user must be the "
+                         f"calibrated integer C_c >= 1 (the plan's report), got {value!r}")
+    return int(value)
 
 
 class AdaptiveRelease(beam.PTransform):
@@ -187,11 +193,11 @@ class AdaptiveRelease(beam.PTransform):
         """C_c as an int, or as an AsSingleton when the params or the bound are side inputs."""
         params, bound = self._params, self._bound
         if isinstance(params, dict) and isinstance(bound, int):
-            return counts_per_user(params, bound)
+            return counts_per_user(params)
         params_pc = (params.pvalue if isinstance(params, beam.pvalue.AsSingleton)
                      else pipeline | "CountParams" >> beam.Create([params]))
         return beam.pvalue.AsSingleton(
-            params_pc | "CountKeysPerUser" >> beam.Map(counts_per_user, bound))
+            params_pc | "CountKeysPerUser" >> beam.Map(counts_per_user))
 
     def expand(self, users):
         keys = list(self._keys)

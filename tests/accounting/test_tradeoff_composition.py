@@ -14,6 +14,10 @@ composition, against independent computations.
   profiles (hypothesis) P and Q are distributions and the pair never exceeds the
   profile at a grid point, in either order (it is a mechanism with that profile; note
   H <= delta_i, with equality on the profile's convex hull, not >=).
+- The direction privacy needs (the pair is not more optimistic than the profile): for
+  random profiles (hypothesis: non-convex, ties, zero and tiny deltas) the pair's
+  trade-off T(Q, P), computed by Neyman-Pearson over its outcomes, equals
+  max_i f_{eps_i, delta_i} on a fine alpha grid to 1e-12.
 """
 import math
 
@@ -137,3 +141,52 @@ def test_bad_profiles_are_refused():
         tc.pessimistic_pair([0.5, 1.0], [0.1, 0.0])
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         tc.pessimistic_pair([0.0, 1.0], [0.1, -0.1])
+
+
+def pair_tradeoff(pair, alpha):
+    """T(Q, P)(alpha) = inf {1 - E_P phi : E_Q phi <= alpha} of a finite pair, by
+    Neyman-Pearson: reject the outcomes in decreasing order of P/Q (the +inf outcome
+    first, then decreasing finite loss, Q's own outcome last), randomising inside the
+    outcome where E_Q phi reaches alpha (linear interpolation between the cumulative
+    (Q-mass, P-mass) corners). Written here from the masses, not from the module's hull."""
+    order = np.argsort(-pair.losses, kind="stable")
+    x = np.concatenate(([0.0], np.cumsum(pair.q[order]), [1.0]))
+    y = pair.p_only + np.concatenate(([0.0], np.cumsum(pair.p[order]), [pair.p.sum()]))
+    x[-2] = min(x[-2], 1.0)
+    return 1.0 - np.interp(alpha, x, y)
+
+
+def profile_tradeoff(eps, deltas, alpha):
+    """max_i f_{eps_i, delta_i}(alpha), f_{e, d}(a) = max(0, 1 - d - e^e a, e^-e (1 - d - a))."""
+    a = np.asarray(alpha)[:, None]
+    e, d = np.asarray(eps)[None, :], np.asarray(deltas)[None, :]
+    lines = np.maximum(1 - d - np.exp(e) * a, np.exp(-e) * (1 - d - a))
+    return np.maximum(lines.max(axis=1), 0.0)
+
+
+_delta_values = st.one_of(st.just(0.0), st.floats(1e-300, 1e-10), st.floats(1e-10, 1e-3),
+                          st.floats(0.0, 1.0))
+_eps_steps = st.one_of(st.floats(1e-6, 1e-3), st.floats(0.01, 1.5))
+_raw_profiles = st.lists(st.tuples(_eps_steps, _delta_values, st.booleans()), min_size=1,
+                         max_size=10)
+ALPHAS = np.linspace(0.0, 1.0, 20_001)
+
+
+@settings(max_examples=150, deadline=None)
+@given(raw=_raw_profiles, first=_delta_values)
+def test_pair_tradeoff_equals_the_profile_envelope_not_more_optimistic(raw, first):
+    """The direction privacy needs: T(Q, P) of the pair equals f~ = max_i f_{eps_i,
+    delta_i} (deltas after the running minimum pessimistic_pair applies) everywhere, so
+    the pair is not more optimistic (larger trade-off) than the profile allows; checked on
+    a 1/20000 alpha grid with the trade-off computed by Neyman-Pearson over the pair's
+    outcomes. Random profiles are non-convex in e^eps, with ties (a True flag repeats the
+    previous delta), zero, tiny (down to 1e-300) and close eps grid points."""
+    eps = np.concatenate(([0.0], np.cumsum([e for e, _, _ in raw])))
+    deltas = [first]
+    for _, d, tie in raw:
+        deltas.append(deltas[-1] if tie else d)
+    deltas = np.minimum.accumulate(np.array(deltas))
+    pair = tc.pessimistic_pair(eps, deltas)
+    got = pair_tradeoff(pair, ALPHAS)
+    want = profile_tradeoff(eps, deltas, ALPHAS)
+    assert np.max(np.abs(got - want)) <= 1e-12, (np.max(np.abs(got - want)), eps, deltas)

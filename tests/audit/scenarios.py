@@ -693,9 +693,10 @@ def adaptive(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DELTA, muta
     claimed_eps = epsilon
     rounds_delta = acc.composed_delta([(r.sigma, r.threshold_grid) for r in p.rounds], None, 1,
                                       keys, epsilon, delta)
-    claimed_delta = rounds_delta if not mutation else delta
+    # the honest scenarios and the mutations claim the same: the rounds' composed delta
+    # (the scenario does not run the count stage, whose share of delta is not claimed)
     return Scenario(mechanism=ADAPTIVE, case=pair, claimed_epsilon=claimed_eps,
-                    claimed_delta=claimed_delta, run_d=run_d, run_d_prime=run_d_prime,
+                    claimed_delta=rounds_delta, run_d=run_d, run_d_prime=run_d_prime,
                     mutation=mutation, trials=trials,
                     events="both" if outcome == "total" else "likelihood",
                     parameters=f"Delta0={keys}, user with {user_keys} keys, sigma*S="

@@ -174,7 +174,7 @@ def test_adaptive_release_on_beam_matches_the_reference(runner, spill, tmp_path)
     pairs = [(f"u{i}", k) for i, keys in enumerate(users) for k in sorted(keys)]
     params = {"rounds": [{"sigma": 1e-3, "threshold_grid": t1},
                          {"sigma": 1e-3, "threshold_grid": t2}],
-              "scale": scale, "count_sigma": 1e-3}
+              "scale": scale, "count_sigma": 1e-3, "count_stage": {"counts_per_user": bound}}
 
     def rows(table):
         return list(zip(table.column("word").to_pylist(), table.column("count").to_pylist()))
@@ -217,6 +217,30 @@ def test_count_stage_counts_each_user_in_at_most_counts_per_user_released_keys(s
                     | ar.AdaptiveRelease(["word"], prm, bnd, 2, 3,
                                          rng_factory=lambda: np.random.default_rng(1)))
         assert_that(released | beam.combiners.ToList() | beam.Map(total), equal_to([holders]))
+
+
+@pytest.mark.parametrize("side_inputs", [False, True])
+@pytest.mark.parametrize("count_stage", [None, {}, {"counts_per_user": None},
+                                         {"counts_per_user": 0}, {"counts_per_user": 1.5}])
+def test_params_without_the_calibrated_counts_per_user_are_refused(side_inputs, count_stage):
+    """Fail closed: the count stage never falls back to another bound (it used to take
+    max_keys_per_user) when the parameters lack count_stage.counts_per_user, whether they
+    are a plain dict (refused while the pipeline is built) or a side input (at run time)."""
+    params = {"rounds": [{"sigma": 1e-3, "threshold_grid": 10 * 1024}] * 2,
+              "scale": 1024, "count_sigma": 1e-3}
+    if count_stage is not None:
+        params["count_stage"] = count_stage
+    with pytest.raises(ValueError, match=r"count_stage\.counts_per_user"):
+        ar.counts_per_user(params)
+    pairs = [(f"u{i}", "k") for i in range(20)]
+    with pytest.raises(Exception, match=r"count_stage\.counts_per_user"):
+        with beam.Pipeline(runner=FnApiRunner()) as p:
+            prm = (beam.pvalue.AsSingleton(p | "P" >> beam.Create([params])) if side_inputs
+                   else params)
+            _ = (p | beam.Create([_records(pairs)]) | ShardByUser(2)
+                 | ar.AdaptiveRelease(["word"], prm, 4, 2, 2,
+                                      rng_factory=lambda: np.random.default_rng(1)))
+    assert ar.counts_per_user(dict(params, count_stage={"counts_per_user": 3})) == 3
 
 
 # ---------------------------------------------------------------------------------------

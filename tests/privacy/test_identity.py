@@ -141,7 +141,7 @@ def test_adaptive_never_outputs_a_key_colliding_with_a_released_one():
     scale = 1024
     params = {"rounds": [{"sigma": 1e-3, "threshold_grid": 10 * scale},
                          {"sigma": 1e-3, "threshold_grid": 10 * scale}],
-              "scale": scale, "count_sigma": 1e-3}
+              "scale": scale, "count_sigma": 1e-3, "count_stage": {"counts_per_user": 4}}
 
     def rows(table):
         return list(zip(table.column("word").to_pylist(), table.column("count").to_pylist()))

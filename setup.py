@@ -23,7 +23,7 @@ setup(
         "scipy>=1.11",
         "pyarrow>=14",
         "PyYAML>=6",
-        # The spec's JSON Schema is checked with it (pipelines/schema.py): pure Python, and
+        # The spec's JSON Schema is checked with it (pipelines/specs/schema.py): pure Python, and
         # the same library Beam's own YAML support (apache-beam[yaml]) validates with.
         "jsonschema>=4.18,<5",
     ],
@@ -36,7 +36,7 @@ setup(
         # thresher report --html draws its plots with matplotlib.
         "report": ["matplotlib>=3.7"],
         "bench": ["pipeline-dp>=0.2"],
-        # budget.ledger: postgresql://... (pipelines/ledger_postgres.py).
+        # budget.ledger: postgresql://... (pipelines/ledgers/ledger_postgres.py).
         "postgres": ["psycopg[binary]>=3.1"],
         "yaml": ["apache-beam[yaml]>=2.60"],
         # Object storage for input.path / output.path (docs/running.md).

@@ -52,11 +52,11 @@ import math
 
 import numpy as np
 
-from accounting import discrete_gaussian as dg
-from accounting import gaussian
-from accounting import tradeoff_composition as tc
-from accounting import weighted_gaussian as wg
-from accounting.search import smallest_integer, smallest_real
+from thresher.accounting import discrete_gaussian as dg
+from thresher.accounting import gaussian
+from thresher.accounting import tradeoff_composition as tc
+from thresher.accounting import weighted_gaussian as wg
+from thresher.accounting.search import smallest_integer, smallest_real
 
 ROUNDS_ALLOWED = (2, 3)
 DEFAULT_ROUNDS = 2

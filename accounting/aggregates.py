@@ -65,7 +65,7 @@ import math
 
 import numpy as np
 
-from accounting import discrete_gaussian as dg
+from thresher.accounting import discrete_gaussian as dg
 
 # Grid: a user's clamped total takes at most 2**GRID_BITS grid steps each way.
 GRID_BITS = 12

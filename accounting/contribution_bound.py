@@ -44,7 +44,7 @@ from collections.abc import Mapping
 import numpy as np
 from scipy import special
 
-from accounting import search, selection
+from thresher.accounting import search, selection
 
 # Which contribution model each score kind belongs to.
 SCORE_MODELS = {

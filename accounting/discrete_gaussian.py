@@ -49,7 +49,7 @@ import functools
 import math
 
 import numpy as np
-from accounting._lazy import special
+from thresher.accounting._lazy import special
 
 # Terms of exp(-x^2/(2 sigma^2)) more than 10 sigma past the start of a sum are below
 # e^-50 ~ 2e-22 of the first one: for relative quantities (normalising constants, log

@@ -14,9 +14,9 @@ too, which the sparse-histogram accounting (``accounting.gshm``) relies on.
 import math
 
 import numpy as np
-from accounting._lazy import special
+from thresher.accounting._lazy import special
 
-from accounting.search import smallest_real
+from thresher.accounting.search import smallest_real
 
 
 def delta_for_epsilon(mu, epsilon):

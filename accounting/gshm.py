@@ -37,11 +37,11 @@ import dataclasses
 import math
 
 import numpy as np
-from accounting._lazy import special
+from thresher.accounting._lazy import special
 
-from accounting import discrete_gaussian, gaussian
-from accounting.search import smallest_integer, smallest_real
-from accounting.validation import check_threshold_parameters
+from thresher.accounting import discrete_gaussian, gaussian
+from thresher.accounting.search import smallest_integer, smallest_real
+from thresher.accounting.validation import check_threshold_parameters
 
 NOISES = ("gaussian", "discrete_gaussian")
 METHODS = ("exact", "add_deltas", "fdp")
@@ -137,7 +137,7 @@ def _shift_delta_fn(sigma, noise, extra_mu, aggregates=()):
     if aggregates:
         # Extra aggregate columns with discrete Gaussian noise on fixed-point grids:
         # (D_j, ratio_j) -> sigma_j = ratio_j D_j sigma grid units (accounting.aggregates).
-        from accounting import aggregates as agg
+        from thresher.accounting import aggregates as agg
         columns = tuple((int(d), float(r) * int(d) * sigma) for d, r in aggregates)
 
         def joint(a, e):

@@ -49,7 +49,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from accounting import contribution_bound, discrete_gaussian, search, selection
+from thresher.accounting import contribution_bound, discrete_gaussian, search, selection
 
 KINDS = ("gaussian", "laplace")
 DEBIAS_METHODS = ("poisson",)

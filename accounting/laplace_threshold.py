@@ -46,9 +46,9 @@ import math
 import numpy as np
 from scipy import special
 
-from accounting import gshm
-from accounting.search import smallest_integer, smallest_real
-from accounting.validation import check_threshold_parameters
+from thresher.accounting import gshm
+from thresher.accounting.search import smallest_integer, smallest_real
+from thresher.accounting.validation import check_threshold_parameters
 
 MODELS = ("l0", "l1")
 NOISES = ("laplace", "discrete_laplace")

@@ -40,7 +40,7 @@ import numpy as np
 import scipy.sparse
 import scipy.stats
 
-from accounting import pws_estimators, search
+from thresher.accounting import pws_estimators, search
 
 SAMPLING_SCHEMES = ("none", "ppswor", "priority")
 REPORTS = ("keys", "keys_and_frequencies")
@@ -1054,7 +1054,7 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
     if max_frequency is not None:
         _check_max_frequency(max_frequency)
     if composition == "pld":
-        from accounting import pws_pld
+        from thresher.accounting import pws_pld
         return pws_pld.calibrate(epsilon, delta, max_keys_per_user, sampling=sampling,
                                  sampling_threshold=sampling_threshold, report=report,
                                  estimator=estimator, max_frequency=max_frequency,
@@ -1235,7 +1235,7 @@ def release_tables(params):
         q = sampling_probabilities(params.max_frequency, sampling=params.sampling,
                                    sampling_threshold=params.sampling_threshold)
         if params.key_mu is not None:
-            from accounting import pws_pld
+            from thresher.accounting import pws_pld
             keep = pws_pld.keep_probabilities(q, params.key_mu, params.table_delta)
         else:
             keep = _alg3(q, params.key_epsilon, params.table_delta)

@@ -283,7 +283,7 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
     the planning limits already admit). Keys only (frequencies: ValueError).
     Returns accounting.pws.PWSParameters (composition "pld"; ``key_mu`` set when the
     Gaussian table is used, else the optimal parameters)."""
-    from accounting import pws
+    from thresher.accounting import pws
     if report != "keys":
         raise ValueError("composition pld is available with report: keys only (the frequency "
                          "tokens of Alg. 4 are built for an (eps0, delta0) per-key budget); use "

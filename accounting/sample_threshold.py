@@ -39,7 +39,7 @@ import math
 import numpy as np
 from scipy import special
 
-from accounting.search import smallest_integer, smallest_real
+from thresher.accounting.search import smallest_integer, smallest_real
 
 METHODS = ("exact", "kl", "alpha")
 COMPOSITIONS = ("pld", "basic")
@@ -535,7 +535,7 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, sampling_rate=None, t
 
 def _calibrate_pld(epsilon, delta_target, c, sampling_rate, threshold):
     """:func:`calibrate` with composition "pld": same four cases, on the composed bound."""
-    from accounting.sample_threshold_pld import user_delta
+    from thresher.accounting.sample_threshold_pld import user_delta
 
     def spent(p, tau):
         return user_delta(epsilon, p, tau, c)

@@ -40,7 +40,7 @@ import math
 import numpy as np
 from scipy import special
 
-from accounting.sample_threshold import _cdf, _sf, add_quantile, kl_divergence, remove_quantile
+from thresher.accounting.sample_threshold import _cdf, _sf, add_quantile, kl_divergence, remove_quantile
 
 # The largest threshold whose per-k remove-direction bounds are computed exactly (k <= 2**20).
 MAX_TAU = 1 << 20
@@ -267,7 +267,7 @@ def user_delta(epsilon, sampling_rate, threshold, max_keys_per_user):
     one-key delta at epsilon / C): both bound the same release, so their minimum does.
     The PLD bound wins for several keys at small delta; basic can win for one or two
     keys at large delta, where the grid's rounding dominates."""
-    from accounting.sample_threshold import delta as one_key_delta
+    from thresher.accounting.sample_threshold import delta as one_key_delta
     c = int(max_keys_per_user)
     basic = c * one_key_delta(epsilon / c, sampling_rate, threshold)
     if basic == 0.0:

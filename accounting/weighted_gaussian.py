@@ -55,9 +55,9 @@ import math
 
 import numpy as np
 
-from accounting import discrete_gaussian as dg
-from accounting import gshm
-from accounting.search import smallest_integer, smallest_real
+from thresher.accounting import discrete_gaussian as dg
+from thresher.accounting import gshm
+from thresher.accounting.search import smallest_integer, smallest_real
 
 WEIGHT_BITS = 10
 WEIGHT_SCALE = 1 << WEIGHT_BITS
@@ -380,7 +380,7 @@ def gopi_threshold(epsilon, delta_target, max_keys_per_user):
     rho = max_{t <= Delta0} 1/sqrt(t) + sigma Phi^-1((1 - delta/2)^(1/t)).
     Returns (sigma, rho) in user-weight units."""
     from scipy import special
-    from accounting import gaussian
+    from thresher.accounting import gaussian
     sigma = smallest_real(
         lambda s: gaussian.delta_for_epsilon(1.0 / s, epsilon) <= delta_target / 2.0,
         1e-3, math.inf, rel_tol=1e-9)

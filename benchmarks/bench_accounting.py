@@ -12,7 +12,7 @@ import argparse
 import statistics
 import time
 
-from accounting import gaussian, gshm, laplace_threshold
+from thresher.accounting import gaussian, gshm, laplace_threshold
 
 C_URL, EPS_URL, DELTA_URL = 51914, 0.349, 1e-5
 

@@ -31,9 +31,9 @@ output: {{path: {out}}}
 
 
 def run(data, tmp, mechanism, epsilon, bound, tag):
-    from pipelines import release
-    from pipelines import spec as spec_mod
-    from pipelines.plan import make_plan
+    from thresher.pipelines import release
+    from thresher.pipelines.specs import spec as spec_mod
+    from thresher.pipelines.plan import make_plan
     out = os.path.join(tmp, f"out-{tag}")
     path = os.path.join(tmp, f"{tag}.yaml")
     with open(path, "w") as f:

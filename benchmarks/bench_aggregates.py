@@ -67,9 +67,9 @@ def truth(table, clip):
 def run_thresher(path, out, aggregates, auto=None):
     import yaml
 
-    from pipelines import spec as spec_mod
-    from pipelines.plan import make_plan
-    from pipelines.release import run
+    from thresher.pipelines.specs import spec as spec_mod
+    from thresher.pipelines.plan import make_plan
+    from thresher.pipelines.release import run
     spec = {"name": "bench_aggregates",
             "input": {"path": path, "user": "user_id", "keys": ["country"]},
             "privacy": {"epsilon": EPSILON, "delta": DELTA},

@@ -27,12 +27,12 @@ import pyarrow.parquet as pq
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from accounting import contribution_bound as cb  # noqa: E402
-from accounting import selection  # noqa: E402
-from pipelines import spec as spec_mod  # noqa: E402
-from pipelines.plan import make_plan  # noqa: E402
-from transforms.noisy_threshold import noisy_threshold  # noqa: E402
-from transforms.rand_clip import rank_within_user  # noqa: E402
+from thresher.accounting import contribution_bound as cb  # noqa: E402
+from thresher.accounting import selection  # noqa: E402
+from thresher.pipelines.specs import spec as spec_mod  # noqa: E402
+from thresher.pipelines.plan import make_plan  # noqa: E402
+from thresher.transforms.noisy_threshold import noisy_threshold  # noqa: E402
+from thresher.transforms.rand_clip import rank_within_user  # noqa: E402
 
 DATA = os.path.join(ROOT, "configs", "examples", "data", "quickstart.parquet")
 SPEC = """

@@ -47,10 +47,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from accounting import contribution_bound as cb  # noqa: E402
-from accounting import selection  # noqa: E402
-from transforms import samplers  # noqa: E402
-from transforms.rand_clip import rank_within_user  # noqa: E402
+from thresher.accounting import contribution_bound as cb  # noqa: E402
+from thresher.accounting import selection  # noqa: E402
+from thresher.transforms import samplers  # noqa: E402
+from thresher.transforms.rand_clip import rank_within_user  # noqa: E402
 
 PAPER_TABLE_1 = {  # (setting, d): (best C, private C*, median, 90% quantile)
     ("i.i.d.", 50): (0.001, 0.0015, 0.0397, 0.0049),
@@ -183,7 +183,7 @@ def beam_cross_check(counts, grid, args):
     import apache_beam as beam
     import pyarrow as pa
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-    from transforms.choose_contribution_bound import ContributionBoundSums
+    from thresher.transforms.choose_contribution_bound import ContributionBoundSums
 
     users, keys = np.nonzero(counts)
     reps = counts[users, keys]

@@ -27,9 +27,9 @@ if ROOT not in sys.path:
 
 
 def main(argv=None):
-    from pipelines.io import prepare_batch
-    from pipelines.kinds import weighted_gaussian as kind
-    from transforms import weighted_threshold as wt
+    from thresher.pipelines.dataio.io import prepare_batch
+    from thresher.pipelines.kinds import weighted_gaussian as kind
+    from thresher.transforms import weighted_threshold as wt
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("corpus")

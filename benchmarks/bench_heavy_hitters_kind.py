@@ -21,9 +21,9 @@ import pyarrow.parquet as pq
 import yaml
 
 from benchmarks import docstring_corpus
-from pipelines import spec as spec_mod
-from pipelines.plan import make_plan
-from pipelines.release import run
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.plan import make_plan
+from thresher.pipelines.release import run
 
 
 def true_top(path, k):

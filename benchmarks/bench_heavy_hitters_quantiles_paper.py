@@ -32,10 +32,10 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from accounting import sample_threshold as acc
-from transforms.heavy_hitters import heavy_hitters, trie_heavy_hitters
-from transforms.quantile_release import hierarchy_quantiles, hierarchy_release
-from transforms.sample_and_threshold import sample_and_threshold
+from thresher.accounting import sample_threshold as acc
+from thresher.transforms.heavy_hitters import heavy_hitters, trie_heavy_hitters
+from thresher.transforms.quantile_release import hierarchy_quantiles, hierarchy_release
+from thresher.transforms.sample_and_threshold import sample_and_threshold
 
 N = 10**6
 DELTA = 1e-8

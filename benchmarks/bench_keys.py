@@ -100,7 +100,7 @@ def error_figures(released, truth):
 # ---- thresher ------------------------------------------------------------------------------
 
 def present_kinds():
-    from pipelines import spec as spec_mod
+    from thresher.pipelines.specs import spec as spec_mod
     here = os.path.join(ROOT, "pipelines", "kinds")
     return [k for k in RELEASE_KINDS
             if k in spec_mod.KINDS and os.path.exists(os.path.join(here, f"{k}.py"))]
@@ -109,9 +109,9 @@ def present_kinds():
 def thresher_release(kind, data, epsilon, tmp, objective=None):
     """One real release (pipelines.release.run, default in-process runner); returns
     (released [(word, value)], chosen bound, seconds)."""
-    from pipelines import release
-    from pipelines import spec as spec_mod
-    from pipelines.plan import make_plan
+    from thresher.pipelines import release
+    from thresher.pipelines.specs import spec as spec_mod
+    from thresher.pipelines.plan import make_plan
     out = os.path.join(tmp, f"out-{kind}-{epsilon}-{objective}")
     auto = f", auto: {{objective: {objective}}}" if objective else ""
     path = os.path.join(tmp, f"{kind}-{epsilon}-{objective}.yaml")

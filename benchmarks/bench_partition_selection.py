@@ -15,9 +15,9 @@ import argparse
 import numpy as np
 import pyarrow.parquet as pq
 
-from pipelines.kinds import gaussian, weighted_gaussian
-from transforms import noisy_threshold, weighted_threshold
-from transforms.per_user_bound import bound_l0
+from thresher.pipelines.kinds import gaussian, weighted_gaussian
+from thresher.transforms import noisy_threshold, weighted_threshold
+from thresher.transforms.per_user_bound import bound_l0
 
 
 def load(path):

@@ -24,18 +24,18 @@ if ROOT not in sys.path:
 # (stage, where its time is): "module:qualname" of a function (its cumulative time), or a
 # list of substrings of pstats' "file:line(function)" labels (summed over matches).
 STAGES = [
-    ("read Parquet", "pipelines.io:_ReadParquetRowGroup.process"),
+    ("read Parquet", "thresher.pipelines.dataio.io:_ReadParquetRowGroup.process"),
     ("read Parquet (Beam parquetio)", ["parquetio.py", "(read_records)"]),
-    ("prepare: drop, hash users+keys", "pipelines.io:prepare_batch"),
-    ("split batches by user shard", "transforms.user_shards:_SplitByUser._split"),
-    ("concat a user shard", "transforms.user_shards:_concat_shard"),
-    ("bound: bound_l0 kernel", "transforms.per_user_bound:bound_l0"),
-    ("bound: take + count per key", "transforms.per_user_bound:count_per_key"),
-    ("choose contribution bound", "transforms.choose_contribution_bound:_UserStatisticsFn.process"),
-    ("choose contribution bound: key costs", "transforms.choose_contribution_bound:shard_key_costs"),
-    ("aggregate: split by key shard", "transforms.aggregate:_SplitByKey.process"),
-    ("aggregate: sum per key", "transforms.aggregate:_sum_shard"),
-    ("release kernel (NoisyThreshold)", "transforms.release_fn:ReleaseBatchFn.process"),
+    ("prepare: drop, hash users+keys", "thresher.pipelines.dataio.io:prepare_batch"),
+    ("split batches by user shard", "thresher.transforms.user_shards:_SplitByUser._split"),
+    ("concat a user shard", "thresher.transforms.user_shards:_concat_shard"),
+    ("bound: bound_l0 kernel", "thresher.transforms.per_user_bound:bound_l0"),
+    ("bound: take + count per key", "thresher.transforms.per_user_bound:count_per_key"),
+    ("choose contribution bound", "thresher.transforms.choose_contribution_bound:_UserStatisticsFn.process"),
+    ("choose contribution bound: key costs", "thresher.transforms.choose_contribution_bound:shard_key_costs"),
+    ("aggregate: split by key shard", "thresher.transforms.aggregate:_SplitByKey.process"),
+    ("aggregate: sum per key", "thresher.transforms.aggregate:_sum_shard"),
+    ("release kernel (NoisyThreshold)", "thresher.transforms.release_fn:ReleaseBatchFn.process"),
     ("release kernel (PWS)", ["transforms/sanitize_sample.py", "(process)"]),
     ("release kernel (S&T)", ["transforms/sample_and_threshold.py", "(process)"]),
     ("write Parquet", ["parquetio.py", "(write_record)"]),
@@ -70,7 +70,7 @@ def _cum(stats, target):
 
 
 def profile(config, save=None, top=25):
-    from pipelines.cli import main
+    from thresher.pipelines.cli import main
     profiler = cProfile.Profile()
     t0 = time.perf_counter()
     profiler.enable()

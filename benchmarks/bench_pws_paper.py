@@ -17,10 +17,10 @@ import time
 
 import numpy as np
 
-from accounting import pws
+from thresher.accounting import pws
 from benchmarks import sbh_baseline
-from transforms import samplers
-from transforms.sanitize_sample import sanitize
+from thresher.transforms import samplers
+from thresher.transforms.sanitize_sample import sanitize
 
 
 def zipf_frequencies(size, alpha):

@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from pipelines import spec as spec_mod
-from pipelines.plan import make_plan
-from pipelines.release import run
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.plan import make_plan
+from thresher.pipelines.release import run
 
 RANKS = [0.1, 0.5, 0.9, 0.99]
 DISTRIBUTIONS = {

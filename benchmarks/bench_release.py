@@ -126,7 +126,7 @@ def _measure_main(out, cmd):
 def thresher_command():
     """The checkout's thresher (``python -m pipelines.cli`` run from ROOT), never an
     installed ``thresher`` of another version found on PATH."""
-    return [sys.executable, "-m", "pipelines.cli"]
+    return [sys.executable, "-m", "thresher.pipelines.cli"]
 
 
 def kind_available(kind):

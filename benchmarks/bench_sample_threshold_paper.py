@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from accounting import sample_threshold as acc
+from thresher.accounting import sample_threshold as acc
 
 N = 1_000_000
 DELTA = 1e-8

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 
-from accounting import pws, pws_pld
+from thresher.accounting import pws, pws_pld
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPOSITIONS = ("pld", "optimal", "basic")

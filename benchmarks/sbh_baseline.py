@@ -17,7 +17,7 @@ import math
 import numpy as np
 import scipy.integrate
 
-from accounting import pws
+from thresher.accounting import pws
 
 
 def _q(j, sampling, t):

@@ -29,9 +29,9 @@ import math
 
 import pyarrow as pa
 
-from accounting import aggregates as acc
-from pipelines.aggregates_fields import AUTO, AUTO_FIELDS, ENTRY_FIELDS, STATISTICS  # noqa: F401
-from pipelines.errors import CalibrationError, SpecError
+from thresher.accounting import aggregates as acc
+from thresher.pipelines.specs.aggregates_fields import AUTO, AUTO_FIELDS, ENTRY_FIELDS, STATISTICS  # noqa: F401
+from thresher.pipelines.errors import CalibrationError, SpecError
 
 FIELD = "aggregates"
 AUTO_FIELD = "aggregates_auto"
@@ -183,7 +183,7 @@ def calibrate(spec, module, mech, *, epsilon, delta, max_keys_per_user, model):
             text = (f"public key domain, every key released with noise, no threshold: the "
                     f"{c}-fold shift of (count, sums) by (1, D_1, ..)")
         else:
-            from accounting import gshm
+            from thresher.accounting import gshm
             try:
                 p = gshm.calibrate(epsilon, delta, c, pre_threshold=mech["pre_threshold"],
                                    sigma=mech.get("sigma"), threshold=mech.get("threshold"),
@@ -227,7 +227,7 @@ def _entry(a, grid, noise):
 
 
 def _domain_sigma(epsilon, delta, c, ratios, given, what):
-    from accounting import search
+    from thresher.accounting import search
 
     def fits(s):
         cols = tuple((d, r * d * s) for d, r in ratios)
@@ -346,7 +346,7 @@ def choose_clips(users, plan, rng_factory=None, clip_sink=None):
     auto = auto_columns(spec.aggregates)
     if not auto:
         return None
-    from transforms.choose_clip import ChooseClipBounds
+    from thresher.transforms.choose_clip import ChooseClipBounds
     stage = next(s for s in plan.budget.stages if s.name == AUTO_STAGE)
     clips = users | "ChooseClipBounds" >> ChooseClipBounds(
         list(spec.input.keys), auto, spec.aggregates_auto.candidates, epsilon=stage.epsilon,
@@ -407,8 +407,8 @@ def report_chosen_clips(report, staging):
     """Fill the report's aggregates with the chosen clips (read and removed from staging)."""
     import json
 
-    from pipelines import publish
-    from pipelines.errors import ThresherError
+    from thresher.pipelines.dataio import publish
+    from thresher.pipelines.errors import ThresherError
     path = publish.join(staging, CLIPS_FILE)
     text = publish.read_text(path)
     if text is None:
@@ -426,7 +426,7 @@ def report_chosen_clips(report, staging):
 def check_rows(est_rows):
     """Refuse an input with more rows than MAX_USERS (2**50): a key then could have more
     users than the int64 grid sums are sized for (accounting.aggregates)."""
-    from pipelines.errors import InputError
+    from thresher.pipelines.errors import InputError
     if est_rows > acc.MAX_USERS:
         raise InputError(f"input.path: about {est_rows} rows; aggregates support at most "
                          f"2^{acc.MAX_USER_BITS} rows (users per key), so that no grid sum "

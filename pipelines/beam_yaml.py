@@ -31,11 +31,11 @@ import yaml
 from apache_beam.typehints.row_type import RowTypeConstraint
 from apache_beam.typehints.schemas import named_fields_from_element_type
 
-from pipelines import io
-from pipelines.errors import SpecError
-from pipelines.plan import make_plan
-from pipelines.release import release_stages
-from pipelines.spec import kind_module, parse
+from thresher.pipelines.dataio import io
+from thresher.pipelines.errors import SpecError
+from thresher.pipelines.plan import make_plan
+from thresher.pipelines.release import release_stages
+from thresher.pipelines.specs.spec import kind_module, parse
 
 DEFAULT_NUM_SHARDS = 16
 _BATCH_ROWS = 1 << 16
@@ -161,7 +161,7 @@ class _Release(beam.PTransform):
                                                    max_batch_size=_BATCH_ROWS)
                    | "ToRecords" >> beam.ParDo(_RowsToRecords(user, keys)))  # Table(__user, __key, keys)
         # the release secret: drawn once, when the YAML pipeline is expanded (launcher)
-        from transforms.keyed_random import KeyedSource, building, new_secret
+        from thresher.transforms.keyed_random import KeyedSource, building, new_secret
         with building(KeyedSource(new_secret())):
             released, chosen = release_stages(records, self._plan, self._num_shards)
         released_rows = released | "ToRows" >> beam.FlatMap(

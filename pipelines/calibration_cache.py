@@ -157,7 +157,7 @@ def fingerprint():
             sources += 1
     if sources == 0:
         return ""                 # nothing to tell versions apart by: the cache stays off
-    from pipelines import __version__
+    from thresher.pipelines import __version__
     h.update(__version__.encode("utf-8") + b"\0")
     h.update(sys.version.encode("utf-8") + b"\0")
     import numpy

@@ -22,8 +22,10 @@ import signal
 import sys
 import time
 
-from pipelines import __version__, signals
-from pipelines.errors import ThresherError
+from thresher.pipelines import __version__
+
+from thresher.pipelines.running import signals
+from thresher.pipelines.errors import ThresherError
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 1
@@ -109,7 +111,7 @@ def _print_plan(plan, as_json):
     if as_json:
         print(json.dumps(report, indent=2))
         return
-    from pipelines.plan_text import format_plan
+    from thresher.pipelines.reports.plan_text import format_plan
     print("\n".join(format_plan(plan, report)))
 
 
@@ -157,7 +159,7 @@ def main(argv=None):
     parser = _parser()
     args, extra = parser.parse_known_args(own)
     if extra:
-        from pipelines.beam_flags import beam_flags_among
+        from thresher.pipelines.running.beam_flags import beam_flags_among
         beam = beam_flags_among(extra)
         if beam:
             print(f"thresher: error: {' '.join(beam)} {'is a Beam option' if len(beam) == 1 else 'are Beam options'}: "
@@ -169,7 +171,7 @@ def main(argv=None):
         print("thresher: error: Beam options after -- are only for 'thresher run'", file=sys.stderr)
         return EXIT_USAGE
     _configure_logging(args.debug, getattr(args, "quiet", False))
-    from pipelines import process
+    from thresher.pipelines.running import process
     process.prepare(args.command)
     restore = signals.install(_stop_children) if args.command == "run" else (lambda: None)
     interrupted = []
@@ -409,17 +411,17 @@ def _dispatch(args, beam_args):
     if args.command == "ledger":
         return _ledger_command(args)
     if args.command == "schema":
-        from pipelines.schema import json_schema
+        from thresher.pipelines.specs.schema import json_schema
         print(json.dumps(json_schema(), indent=2))
         return 0
     if args.command in ("show", "report"):
         return _look_command(args)
-    from pipelines import spec as spec_mod
-    from pipelines.plan import make_plan
+    from thresher.pipelines.specs import spec as spec_mod
+    from thresher.pipelines.plan import make_plan
     spec = spec_mod.load(args.config)
     if args.command == "validate":
-        from pipelines import io
-        from pipelines.preflight import check_output_writable
+        from thresher.pipelines.dataio import io
+        from thresher.pipelines.preflight import check_output_writable
         files = spec_mod.input_files(spec.input)
         io.check_input(spec.input, files)
         check_output_writable(spec.output.path)
@@ -433,12 +435,12 @@ def _dispatch(args, beam_args):
     if args.command == "plan":
         _print_plan(plan, args.json)
         if spec.aggregates and not args.json:
-            from pipelines.aggregates import print_plan
+            from thresher.pipelines.aggregates import print_plan
             print_plan(plan, max(1, args.users))
         return 0
-    from pipelines import beam_flags, progress
-    from pipelines.preflight import check_output_writable
-    from pipelines.release import run
+    from thresher.pipelines.running import beam_flags, progress
+    from thresher.pipelines.preflight import check_output_writable
+    from thresher.pipelines.release import run
     check_output_writable(spec.output.path)
     beam_flags.check(beam_args)
     show_progress = args.progress if args.progress is not None else (
@@ -446,7 +448,7 @@ def _dispatch(args, beam_args):
     with progress.Reporter(show_progress):
         report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
     if not args.quiet:
-        from pipelines import summary
+        from thresher.pipelines.reports import summary
         print("\n".join(summary.run_lines(report, spec.output.path, spec.input.keys,
                                           _ledger_line(spec))))
     return 0
@@ -455,7 +457,7 @@ def _dispatch(args, beam_args):
 def _ledger_line(spec):
     if getattr(spec, "budget", None) is None:
         return None
-    from pipelines import ledger
+    from thresher.pipelines.ledgers import ledger
     d = ledger.summary(spec.budget.ledger, spec.budget.dataset)[0]
     return (f"ledger: dataset {d['dataset']} has spent epsilon {d['spent']['epsilon']:g} of "
             f"{d['budget']['epsilon']:g}, delta {d['spent']['delta']:g} of {d['budget']['delta']:g} "
@@ -464,7 +466,7 @@ def _ledger_line(spec):
 
 def _look_command(args):
     import os
-    from pipelines import summary
+    from thresher.pipelines.reports import summary
     if args.command == "show":
         report = summary.load_report(args.output)
         table = summary.load_released(args.output, report)
@@ -473,7 +475,7 @@ def _look_command(args):
               f"top {top.num_rows} by {summary.value_column(table, report) or 'key'}")
         print(summary.format_table(top))
         return 0
-    from pipelines import html_report
+    from thresher.pipelines.reports import html_report
     dest = args.html or os.path.join(args.output, "release_report.html")
     html_report.write(args.output, dest)
     print(f"wrote {dest}")
@@ -481,7 +483,7 @@ def _look_command(args):
 
 
 def _ledger_command(args):
-    from pipelines import ledger
+    from thresher.pipelines.ledgers import ledger
     datasets = ledger.summary(args.ledger, args.dataset)
     if args.json:
         print(json.dumps(datasets[0] if len(datasets) == 1 else datasets, indent=2))

@@ -39,7 +39,7 @@ value that works. ``docs/accounting.md``/README ("Planning limits") list them.
 """
 import math
 
-from pipelines.errors import SpecError
+from thresher.pipelines.errors import SpecError
 
 EPSILON_MAX = 100.0
 DELTA_MIN = 1e-100
@@ -68,7 +68,7 @@ def _bound_field(spec):
 
 
 def _default(max_bound):
-    from pipelines.spec import default_candidates
+    from thresher.pipelines.specs.spec import default_candidates
     return default_candidates(max_bound)
 
 
@@ -121,7 +121,7 @@ def _check_pws_table_size(mech):
     an explicit max_frequency within the table of its report; an automatic one (where pi
     reaches 1, >= SATURATION_SCALE / t for ppswor / priority) too, or the plan is refused
     naming the threshold (clipping there would silently report large keys with pi < 1)."""
-    from accounting import pws
+    from thresher.accounting import pws
     report = mech.get("report", "keys_and_frequencies")
     cap, what = ((pws.MAX_KEEP_LENGTH, "keep-probability table") if report == "keys"
                  else (pws.MAX_BAND_ROWS, "frequency table"))
@@ -174,7 +174,7 @@ def check_release(spec, epsilon, delta, candidates):
                         f"{WS_KEY_DELTA_MIN * c:.3g}")
     if kind == "weighted_sampling":
         # The per-key budget itself (exact optimal composition: O(C) per step, C <= 1e4).
-        from accounting.pws import per_key_budget
+        from thresher.accounting.pws import per_key_budget
         budget = per_key_budget(epsilon, delta, c,
                                 composition=spec.mechanism.get("composition") or "optimal")
         length = _length(budget.key_epsilon, budget.key_delta, 1)
@@ -219,7 +219,7 @@ def _check_levels(spec, epsilon, delta, c, field):
 
 
 def _kind_module(kind):
-    from pipelines import kinds
+    from thresher.pipelines import kinds
     return kinds.module(kind)
 
 
@@ -227,8 +227,8 @@ def _check_weighted_gaussian(spec, epsilon, delta, c):
     """weighted_gaussian (accounting.weighted_gaussian): its calibration is O(C^2) per
     step (C <= 2048: ~2 s); the selection noise sigma * S must be drawable
     (transforms.samplers.SIGMA_MAX grid units) and the count's sigma within SIGMA_MAX."""
-    from accounting import weighted_gaussian as wg
-    from transforms.samplers import SIGMA_MAX as DRAW_MAX
+    from thresher.accounting import weighted_gaussian as wg
+    from thresher.transforms.samplers import SIGMA_MAX as DRAW_MAX
     largest = DRAW_MAX / wg.WEIGHT_SCALE
     if spec.mechanism.get("sigma") is None and wg.gaussian_part(epsilon, largest, c) > delta:
         raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (selection stage "
@@ -248,7 +248,7 @@ def _check_rounding(spec, epsilon, delta, c, budget):
     """weighted_sampling verifies the sampled (float) distributions exactly; their rounding
     adds ~``accounting.pws.rounding_excess`` to the per-key delta, which grows as
     e^eps0: beyond the per-key delta no table can pass (it used to loop; issue 18)."""
-    from accounting.pws import rounding_excess
+    from thresher.accounting.pws import rounding_excess
     report = spec.mechanism.get("report", "keys_and_frequencies")
     e0, d0 = budget.key_epsilon, budget.key_delta
     excess = rounding_excess(e0, d0, report)
@@ -282,12 +282,12 @@ def _length(epsilon, delta, c):
 def _gaussian_fits(epsilon, delta, c, sigma):
     """delta_+(C, epsilon) <= delta at this sigma: some threshold then works (gshm). Kept
     in the thresher command's cache (pipelines/calibration_cache.py) like a calibration."""
-    from pipelines.calibration_cache import cached
+    from thresher.pipelines.calibration_cache import cached
     return cached("limits.gaussian_fits", _gaussian_fits_computed)(epsilon, delta, c, sigma)
 
 
 def _gaussian_fits_computed(epsilon, delta, c, sigma):
-    from accounting.discrete_gaussian import composed_shift_delta
+    from thresher.accounting.discrete_gaussian import composed_shift_delta
     return float(composed_shift_delta(epsilon, sigma, c, method="bound")) <= delta
 
 
@@ -310,7 +310,7 @@ def _smallest(ok, start):
 
 def _largest_bound(ok, c):
     """Largest integer k < c with ok(k) (ok monotone decreasing in k); 0 if none."""
-    from accounting.search import smallest_integer
+    from thresher.accounting.search import smallest_integer
     if not ok(1):
         return 0
     first_bad = smallest_integer(lambda k: not ok(k), 1, c)
@@ -322,9 +322,9 @@ def _check_adaptive(spec, epsilon, delta, c):
     about the continuous Gaussian sigma for the release's (epsilon, delta); round r draws
     s / sqrt((1 - f_c) w_r) user weights, whose sigma * S must be drawable, and the count
     s sqrt(C_c / f_c), within SIGMA_MAX (the calibration checks its exact values again)."""
-    from accounting import adaptive as ad
-    from accounting import gaussian
-    from accounting import weighted_gaussian as wg
+    from thresher.accounting import adaptive as ad
+    from thresher.accounting import gaussian
+    from thresher.accounting import weighted_gaussian as wg
     mech = spec.mechanism
     base = gaussian.sigma_for(epsilon, (1.0 - ad.THRESHOLD_DELTA_SHARE) * delta, rel_tol=1e-6)
     c_count = wg.count_bound(c, mech.get("count_keys_per_user"))

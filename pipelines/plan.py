@@ -15,11 +15,11 @@ import functools
 import hashlib
 import logging
 
-from accounting.budget import Budget
-from pipelines import __version__, calibration_cache, limits
-from pipelines.citations import cite_all
-from pipelines.errors import CalibrationError
-from pipelines.spec import kind_module
+from thresher.accounting.budget import Budget
+from thresher.pipelines import __version__, calibration_cache, limits
+from thresher.pipelines.reports.citations import cite_all
+from thresher.pipelines.errors import CalibrationError
+from thresher.pipelines.specs.spec import kind_module
 
 log = logging.getLogger("thresher")
 
@@ -67,14 +67,14 @@ class Plan:
 
     def bound_score(self):
         """The accounting.contribution_bound.BoundScore ChooseContributionBound uses."""
-        from accounting.contribution_bound import make_score
+        from thresher.accounting.contribution_bound import make_score
         return make_score(self.score_name, self.candidates, self.spec.bounding.auto.max_bound,
                           self.score_params())
 
     def domain_bound_rule(self):
         """With input.public_keys and an automatic bound: the bounded-domain rule
         (``accounting.known_domain.domain_bound_rule``) over the calibrated candidates."""
-        from accounting.known_domain import domain_bound_rule
+        from thresher.accounting.known_domain import domain_bound_rule
         return domain_bound_rule(
             self.spec.kind, self.candidates, self.domain.num_rows,
             epsilon=self.release_stage.epsilon, params_by_bound=self.params_by_bound,
@@ -87,7 +87,7 @@ class Plan:
                     "model": spec.bounding.model,
                     "chosen_by": "exponential_mechanism" if spec.auto_bound else "spec"}
         if self.domain is not None:
-            from pipelines.public_keys import report_section
+            from thresher.pipelines.dataio.public_keys import report_section
             bounding["public_keys"] = report_section(spec.input.public_keys, self.domain.num_rows)
         if spec.auto_bound:
             bounding["candidates"] = list(self.candidates)
@@ -145,7 +145,7 @@ class Plan:
                 f"the input is a {scheme} weighted sample of per-key user counts in which each "
                 f"user contributed to at most {spec.bounding.max_keys_per_user} keys, at most "
                 f"once each; the guarantee holds only for a sample drawn as declared")
-        # Papers cited by authors and title, not "paper 004" (pipelines/citations.py).
+        # Papers cited by authors and title, not "paper 004" (pipelines/reports/citations.py).
         return {"name": spec.name, **cite_all({
             "thresher_version": __version__,
             "config_sha256": hashlib.sha256(spec.source_text.encode("utf-8")).hexdigest(),
@@ -187,11 +187,11 @@ def make_plan(spec):
     else:
         candidates = (spec.bounding.max_keys_per_user,)
     if spec.aggregates_auto is not None:   # clip: auto (pipelines/aggregates.py)
-        from pipelines.aggregates import AUTO_STAGE
+        from thresher.pipelines.aggregates import AUTO_STAGE
         budget.spend(AUTO_STAGE, spec.aggregates_auto.epsilon, 0.0)
     domain = None
     if spec.input.public_keys is not None:
-        from pipelines.public_keys import input_key_types, load_domain
+        from thresher.pipelines.dataio.public_keys import input_key_types, load_domain
         domain = load_domain(spec.input.public_keys, spec.input.keys, input_key_types(spec.input))
     module = kind_module(spec.kind)
     if hasattr(module, "stage_budget"):
@@ -210,7 +210,7 @@ def make_plan(spec):
     params, excluded = {}, {}
     calibrate = calibration_cache.cached(f"{spec.kind}.calibrate", module.calibrate)   # CLI only
     if spec.aggregates:   # count and sums calibrated jointly (pipelines/aggregates.py)
-        from pipelines import aggregates
+        from thresher.pipelines import aggregates
         calibrate = functools.partial(aggregates.calibrate, spec, module)
     for bound in candidates:
         try:

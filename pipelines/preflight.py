@@ -7,7 +7,7 @@ import os
 import shutil
 import uuid
 
-from pipelines.errors import SpecError
+from thresher.pipelines.errors import SpecError
 
 
 def check_output_writable(path):

@@ -17,13 +17,17 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.options.pipeline_options import StandardOptions
 
-from pipelines import io, ledger, progress, publish, released_file, signals
-from pipelines.claim import claim
-from pipelines.errors import InputError, ThresherError
-from pipelines.spec import input_files, kind_module
-from transforms.aggregate import SumCountsPerKey
-from transforms.per_user_bound import PerUserBound
-from transforms.user_shards import ShardByUser
+from thresher.pipelines.dataio import io, publish, released_file
+
+from thresher.pipelines.ledgers import ledger
+
+from thresher.pipelines.running import progress, signals
+from thresher.pipelines.dataio.claim import claim
+from thresher.pipelines.errors import InputError, ThresherError
+from thresher.pipelines.specs.spec import input_files, kind_module
+from thresher.transforms.aggregate import SumCountsPerKey
+from thresher.transforms.per_user_bound import PerUserBound
+from thresher.transforms.user_shards import ShardByUser
 
 log = logging.getLogger("thresher")
 
@@ -35,7 +39,7 @@ def pipeline_options(beam_args):
     FnApiRunner (what DirectRunner uses for batch Python pipelines, without DirectRunner's
     attempt to download the Prism runner first). Each options view is built once
     (``pipelines.beam_options``)."""
-    from pipelines.beam_options import ReleaseOptions
+    from thresher.pipelines.running.beam_options import ReleaseOptions
     options = ReleaseOptions(list(beam_args))
     runner = options.view_as(StandardOptions).runner
     if isinstance(runner, str) and runner.rsplit(".", 1)[-1].lower() in ("daskrunner", "dask"):
@@ -48,7 +52,7 @@ def pipeline_options(beam_args):
 def _make_runner(runner_name):
     if runner_name:
         return runner_name
-    from pipelines.live_metrics import LiveMetricsRunner
+    from thresher.pipelines.running.live_metrics import LiveMetricsRunner
     return LiveMetricsRunner()     # Beam's FnApiRunner, its metrics readable while it runs
 
 
@@ -68,7 +72,7 @@ def output_schema(spec, files):
     if spec.mechanism.get("debias"):   # input.public_keys with debias: poisson
         fields.append(pa.field("debiased", pa.float64()))
     if spec.aggregates:
-        from pipelines.aggregates import output_fields
+        from thresher.pipelines.aggregates import output_fields
         fields.extend(output_fields(spec.aggregates))
     return pa.schema(fields)
 
@@ -78,7 +82,7 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     spec = plan.spec
     keys = list(spec.input.keys)
     if spec.aggregates:   # int64 grid sums cannot overflow: <= MAX_USERS users per key
-        from pipelines.aggregates import check_rows
+        from thresher.pipelines.aggregates import check_rows
         check_rows(est_rows)
     exact_rows = spec.input.format == "parquet"     # footers: est_rows is the row count
     num_shards = io.num_shards_for(est_rows, exact=exact_rows)
@@ -91,13 +95,13 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
         # An existing weighted sample: one row per key with its frequency; no users to
         # bound, the declared bound is the sample's (paper 001's post-processing use).
         params = plan.params_by_bound[spec.bounding.max_keys_per_user]
-        from transforms.unique_keys import OneRowPerKey
+        from thresher.transforms.unique_keys import OneRowPerKey
         counts = records | "OneRowPerKey" >> OneRowPerKey(keys, num_shards)  # Table(keys, count)
         _write(module.release(counts, params, keys), staging, schema, keys)
         return
     sink = None
     if spec.aggregates_auto is not None:   # the chosen clip bounds, for the report
-        from pipelines.aggregates import clip_sink
+        from thresher.pipelines.aggregates import clip_sink
         sink = clip_sink(staging)
     spill_dir = None   # a small input's shuffles stay in memory (a few MB at most)
     if not io.is_small_input(est_rows, exact_rows):
@@ -124,7 +128,7 @@ def _spill_dir(pipeline, staging):
     same_machine = environment in ("", "EMBEDDED", "LOOPBACK", "PROCESS")
     if isinstance(pipeline.runner, FnApiRunner) and same_machine \
             and not publish.is_remote(staging):
-        from transforms.spill import SPILL_FOLDER
+        from thresher.transforms.spill import SPILL_FOLDER
         return os.path.join(os.path.abspath(staging), SPILL_FOLDER)
     return None
 
@@ -149,7 +153,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     shards = _UserShards(records, num_shards, keys, spec.auto_bound, spill_dir)
     chosen = None
     if spec.auto_bound:
-        from transforms.choose_contribution_bound import ChooseContributionBound
+        from thresher.transforms.choose_contribution_bound import ChooseContributionBound
         chosen = shards.for_choice | "ChooseContributionBound" >> ChooseContributionBound(
             keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
             model=spec.bounding.model, score=plan.score_name,
@@ -166,7 +170,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(
         keys, num_shards, spill_dir=spill_dir)                              # Table(keys, count)
     if spec.aggregates:   # counts and grid sums (pipelines/aggregates.py)
-        from transforms.aggregate_values import ReleaseWithAggregates
+        from thresher.transforms.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
             _side(params), rng_factory=rng_factory), chosen
     released = kind_module(spec.kind).release(counts, _side(params), keys)
@@ -188,8 +192,8 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
     the score's statistics and per-key counts for every candidate C; the chosen C then
     selects its counts. Same draws and same released bytes as bounding after the choice,
     without concatenating, checking and hashing the shards a second time."""
-    from transforms.choose_contribution_bound import ChooseContributionBound
-    from transforms.scored_bound import ScoredPerUserBound
+    from thresher.transforms.choose_contribution_bound import ChooseContributionBound
+    from thresher.transforms.scored_bound import ScoredPerUserBound
     spec = plan.spec
     keys = list(spec.input.keys)
     users = records | "ShardByUser" >> ShardByUser(num_shards, key_columns=keys,
@@ -215,7 +219,7 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     bounding, every domain key gets a zero partial count (so it comes out once even with no
     user), C is chosen by the bounded-domain rule, and every key is released with noise and
     no threshold (transforms/public_domain.py)."""
-    from transforms import public_domain
+    from thresher.transforms import public_domain
     spec = plan.spec
     keys = list(spec.input.keys)
     kept = records | "RestrictToDomain" >> public_domain.RestrictToDomain(plan.domain, keys)
@@ -230,8 +234,8 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
     zeros = records.pipeline | "DomainZeroCounts" >> public_domain.DomainZeroCounts(plan.domain, keys)
     if spec.aggregates:   # zero grid sums beside the zero counts (pipelines/aggregates.py)
-        from pipelines.aggregates import sum_columns
-        from transforms.aggregate_values import zero_sums
+        from thresher.pipelines.aggregates import sum_columns
+        from thresher.transforms.aggregate_values import zero_sums
         zeros = zeros | "DomainZeroSums" >> beam.Map(
             zero_sums, num_sums=len(sum_columns(spec.aggregates)))
     counts = ((partial, zeros)
@@ -239,7 +243,7 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
               | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards,
                                                    spill_dir=spill_dir))  # every domain key once
     if spec.aggregates:
-        from transforms.aggregate_values import ReleaseWithAggregates
+        from thresher.transforms.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
             _side(params), rng_factory=rng_factory), chosen
     released = counts | "NoisyDomainCounts" >> public_domain.NoisyDomainCounts(
@@ -279,7 +283,7 @@ def _choose_clips(users, plan, rng_factory, clip_sink):
     """aggregates with clip: auto: the chosen bounds (one dict), else None."""
     if not plan.spec.aggregates:
         return None
-    from pipelines.aggregates import choose_clips
+    from thresher.pipelines.aggregates import choose_clips
     return choose_clips(users, plan, rng_factory, clip_sink)
 
 
@@ -291,8 +295,8 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
     keys = list(spec.input.keys)
     bound, params = _bound_and_params(users, plan, chosen)
     if spec.aggregates:   # l0 bound carrying each kept user's clamped grid totals
-        from pipelines.aggregates import apply_clips, sum_columns
-        from transforms.aggregate_values import PerUserBoundWithValues
+        from thresher.pipelines.aggregates import apply_clips, sum_columns
+        from thresher.transforms.aggregate_values import PerUserBoundWithValues
         clip_side = None
         if clips is not None:
             clip_side = beam.pvalue.AsSingleton(clips)
@@ -303,7 +307,7 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
             keys, bound, sum_columns(spec.aggregates), rng_factory=rng_factory,
             clips=clip_side)
     elif spec.bounding.model == "l1":
-        from transforms.rand_clip import RandClip
+        from thresher.transforms.rand_clip import RandClip
         partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
     else:   # a kind may bound with weights (weighted_gaussian: WeightedPerUserBound)
         module = kind_module(spec.kind)
@@ -393,7 +397,7 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
     that retry or recompute stages draw the same values. ``rng_factory`` is for tests
     (a ``KeyedSource`` with a fixed secret, or a seeded generator factory)."""
     if rng_factory is None:
-        from transforms.keyed_random import KeyedSource, new_secret
+        from thresher.transforms.keyed_random import KeyedSource, new_secret
         rng_factory = KeyedSource(new_secret())
     with ledger.reservation_for(plan) as reservation:
         report = _run(plan, beam_args, overwrite, rng_factory, reservation)
@@ -412,7 +416,7 @@ def _run(plan, beam_args, overwrite, rng_factory, reservation):
         final = os.path.realpath(final)   # follow a symlinked output folder, never replace it
     publish.check_output(final, overwrite)
     options, runner_name = pipeline_options(beam_args)
-    with claim(final) as held:          # one run at a time into an output (pipelines/claim.py)
+    with claim(final) as held:          # one run at a time into an output (pipelines/dataio/claim.py)
         publish.check_output(final, overwrite)   # again: a run may have published meanwhile
         held.remove_stale_staging()
         return _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory,
@@ -426,7 +430,7 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
     try:
         beam_runner = _make_runner(runner_name)
         pipeline = beam.Pipeline(runner=beam_runner, options=options)
-        from transforms import keyed_random
+        from thresher.transforms import keyed_random
         keyed = rng_factory if isinstance(rng_factory, keyed_random.KeyedSource) else None
         with keyed_random.building(keyed):    # every stage draws from the release secret
             build(pipeline, plan, files, est_rows, staging, rng_factory=rng_factory)
@@ -440,7 +444,7 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
             chosen = _read_chosen_bound(staging)
         report = plan.report(chosen_bound=chosen)
         if spec.aggregates_auto is not None:   # clip: auto -- the chosen bounds
-            from pipelines.aggregates import report_chosen_clips
+            from thresher.pipelines.aggregates import report_chosen_clips
             report = report_chosen_clips(report, staging)
         publish.remove_sink_scratch(staging)
         outputs = publish.released_files(staging)

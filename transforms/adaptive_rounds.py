@@ -26,13 +26,13 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from transforms import keyed_random, samplers
-from transforms.aggregate import SumCountsPerKey
-from transforms.arrow_coder import TABLE
-from transforms.per_user_bound import PerUserBound
-from transforms.public_domain import restrict_to_domain, zero_counts
-from transforms.release_fn import KernelRelease
-from transforms.weighted_threshold import WEIGHT_COLUMN, WeightedPerUserBound
+from thresher.transforms import keyed_random, samplers
+from thresher.transforms.aggregate import SumCountsPerKey
+from thresher.transforms.arrow_coder import TABLE
+from thresher.transforms.per_user_bound import PerUserBound
+from thresher.transforms.public_domain import restrict_to_domain, zero_counts
+from thresher.transforms.release_fn import KernelRelease
+from thresher.transforms.weighted_threshold import WEIGHT_COLUMN, WeightedPerUserBound
 
 
 def released_keys(released_tables, key_columns):
@@ -141,7 +141,7 @@ class RoundThreshold(KernelRelease):
         self._round_index = int(round_index)
 
     def expand(self, sums):
-        from transforms.release_fn import ReleaseBatchFn
+        from thresher.transforms.release_fn import ReleaseBatchFn
         stage = keyed_random.stage_name(sums)
         fn = functools.partial(round_release_table, round_index=self._round_index)
         return sums | self.stage_label >> beam.ParDo(

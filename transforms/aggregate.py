@@ -11,9 +11,9 @@ counts, whose number grows with the input (one row per user shard and key).
 import apache_beam as beam
 import numpy as np
 
-from transforms import spill
-from transforms.arrow_coder import SHARD_AND_TABLE, TABLE
-from transforms.user_shards import KEY_HASH_COLUMN, concat, split_by_shard
+from thresher.transforms import spill
+from thresher.transforms.arrow_coder import SHARD_AND_TABLE, TABLE
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, concat, split_by_shard
 
 
 class _SplitByKey(beam.DoFn):

@@ -21,11 +21,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms import keyed_random, samplers
-from transforms.arrow_coder import TABLE
-from transforms.per_user_bound import bound_table_l0
-from transforms.release_fn import KernelRelease
-from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.transforms import keyed_random, samplers
+from thresher.transforms.arrow_coder import TABLE
+from thresher.transforms.per_user_bound import bound_table_l0
+from thresher.transforms.release_fn import KernelRelease
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 NOT_PRIVATE = "thresher_not_private"
 # |noise| above this would risk int64 overflow when added to a grid sum (|sum| <= 2**62);
@@ -110,7 +110,7 @@ class _BoundWithValuesFn(beam.DoFn):
     def process(self, table, max_keys_per_user, clips=None):
         sums = self._sums
         if clips:   # clip: auto -- [0, chosen bound] for those sum columns
-            from accounting.aggregates import fixed_point_grid
+            from thresher.accounting.aggregates import fixed_point_grid
             sums = [(name, fixed_point_grid(0.0, clips[i]) if i in clips else grid)
                     for i, (name, grid) in enumerate(sums)]
         rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage)
@@ -199,11 +199,11 @@ def release_with_aggregates(table, params, rng):
     counts = table.column("count").to_numpy(zero_copy_only=False)
     debiased = None
     if params.get("public_keys"):
-        from transforms.public_domain import noisy_domain_counts
+        from thresher.transforms.public_domain import noisy_domain_counts
         noisy, debiased = noisy_domain_counts(counts, params, rng)
         keep = np.ones(len(counts), dtype=bool)
     else:
-        from transforms.noisy_threshold import kernel_arguments, noisy_threshold
+        from thresher.transforms.noisy_threshold import kernel_arguments, noisy_threshold
         keep, noisy = noisy_threshold(counts, rng=rng, **kernel_arguments(params))
     num_sums = 1 + max(e["sum_column"] for e in params["aggregates"])
     mask = pa.array(keep)

@@ -14,12 +14,12 @@ import logging
 import apache_beam as beam
 import numpy as np
 
-from accounting import aggregates as acc
-from accounting import selection
-from transforms import keyed_random
-from transforms.aggregate_values import user_key_totals
-from transforms.choose_contribution_bound import SumArrays
-from transforms.user_shards import USER_COLUMN
+from thresher.accounting import aggregates as acc
+from thresher.accounting import selection
+from thresher.transforms import keyed_random
+from thresher.transforms.aggregate_values import user_key_totals
+from thresher.transforms.choose_contribution_bound import SumArrays
+from thresher.transforms.user_shards import USER_COLUMN
 
 _LOG = logging.getLogger("thresher.choose_clip")
 

@@ -29,13 +29,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from accounting import contribution_bound
-from transforms import keyed_random, spill
-from transforms.arrow_coder import SHARD_AND_TABLE
-from transforms.hashing import hash_columns
-from transforms.per_user_bound import _order_by_user, _runs
-from transforms.rand_clip import user_codes_of
-from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.accounting import contribution_bound
+from thresher.transforms import keyed_random, spill
+from thresher.transforms.arrow_coder import SHARD_AND_TABLE
+from thresher.transforms.hashing import hash_columns
+from thresher.transforms.per_user_bound import _order_by_user, _runs
+from thresher.transforms.rand_clip import user_codes_of
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 _LOG = logging.getLogger("thresher.choose_contribution_bound")
 

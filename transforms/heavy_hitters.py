@@ -23,10 +23,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms import hashing
-from transforms.aggregate import SumCountsPerKey
-from transforms.sample_and_threshold import SampleAndThreshold, release_table
-from transforms.user_shards import KEY_HASH_COLUMN, concat
+from thresher.transforms import hashing
+from thresher.transforms.aggregate import SumCountsPerKey
+from thresher.transforms.sample_and_threshold import SampleAndThreshold, release_table
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, concat
 
 LEVEL_COLUMN = "level"
 

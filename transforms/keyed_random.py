@@ -36,8 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms import samplers
-from transforms.hashing import canonical_text
+from thresher.transforms import samplers
+from thresher.transforms.hashing import canonical_text
 
 SECRET_BYTES = 32
 _FIRST_WORDS = 8              # words of block 0 (one per row is the usual need)

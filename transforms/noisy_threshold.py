@@ -16,8 +16,8 @@ int64 ``count``) in a Beam pipeline.
 import numpy as np
 import pyarrow as pa
 
-from transforms import samplers
-from transforms.release_fn import KernelRelease
+from thresher.transforms import samplers
+from thresher.transforms.release_fn import KernelRelease
 
 NOISES = ("gaussian", "laplace")
 

@@ -23,10 +23,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms import keyed_random, samplers
-from transforms.arrow_coder import TABLE
-from transforms.hashing import mix64
-from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.transforms import keyed_random, samplers
+from thresher.transforms.arrow_coder import TABLE
+from thresher.transforms.hashing import mix64
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 
 def _runs(sorted_values):

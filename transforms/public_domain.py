@@ -23,12 +23,12 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from accounting import known_domain
-from transforms import keyed_random, samplers
-from transforms.arrow_coder import TABLE
-from transforms.choose_contribution_bound import SumArrays
-from transforms.hashing import hash_columns
-from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.accounting import known_domain
+from thresher.transforms import keyed_random, samplers
+from thresher.transforms.arrow_coder import TABLE
+from thresher.transforms.choose_contribution_bound import SumArrays
+from thresher.transforms.hashing import hash_columns
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 _LOG = logging.getLogger("thresher.public_domain")
 NOT_PRIVATE = "thresher_not_private"
@@ -225,7 +225,7 @@ class _NoisyDomainFn(beam.DoFn):
 
     def process(self, table, params):
         if table.num_rows:
-            from transforms.release_fn import identity_columns
+            from thresher.transforms.release_fn import identity_columns
             rng = keyed_random.table_streams(self._rng_factory, self._rng, self._stage, table,
                                              identity_columns(table))
             yield release_domain_table(table, params, rng)

@@ -25,11 +25,11 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from transforms import hashing
-from transforms.aggregate import SumCountsPerKey
-from transforms.quantiles import LevelHistograms, RangeAnswers, _grouped, release_levels
-from transforms.sample_and_threshold import SampleAndThreshold
-from transforms.user_shards import KEY_HASH_COLUMN
+from thresher.transforms import hashing
+from thresher.transforms.aggregate import SumCountsPerKey
+from thresher.transforms.quantiles import LevelHistograms, RangeAnswers, _grouped, release_levels
+from thresher.transforms.sample_and_threshold import SampleAndThreshold
+from thresher.transforms.user_shards import KEY_HASH_COLUMN
 
 RANK_COLUMN = "rank"
 VALUE_COLUMN = "value"

@@ -32,11 +32,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms import hashing
-from transforms.aggregate import SumCountsPerKey
-from transforms.heavy_hitters import LEVEL_COLUMN
-from transforms.sample_and_threshold import SampleAndThreshold, release_table, sample_and_threshold
-from transforms.user_shards import KEY_HASH_COLUMN
+from thresher.transforms import hashing
+from thresher.transforms.aggregate import SumCountsPerKey
+from thresher.transforms.heavy_hitters import LEVEL_COLUMN
+from thresher.transforms.sample_and_threshold import SampleAndThreshold, release_table, sample_and_threshold
+from thresher.transforms.user_shards import KEY_HASH_COLUMN
 
 BUCKET_COLUMN = "bucket"
 

@@ -25,10 +25,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms import keyed_random, samplers
-from transforms.hashing import hash_columns, mix64
-from transforms.per_user_bound import count_per_key
-from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.transforms import keyed_random, samplers
+from thresher.transforms.hashing import hash_columns, mix64
+from thresher.transforms.per_user_bound import count_per_key
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 
 def rank_within_user(user_codes, priorities):

@@ -10,7 +10,7 @@ import re
 
 import apache_beam as beam
 
-from transforms import keyed_random
+from thresher.transforms import keyed_random
 
 # Columns of a release batch that are values, not the key (counts, grid sums and
 # weighted_gaussian's grid weights).

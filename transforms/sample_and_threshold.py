@@ -21,8 +21,8 @@ when v >= tau). True counts never leave the transform.
 import numpy as np
 import pyarrow as pa
 
-from transforms import samplers
-from transforms.release_fn import KernelRelease
+from thresher.transforms import samplers
+from thresher.transforms.release_fn import KernelRelease
 
 OUTPUT_COLUMNS = {"count": pa.int64(), "estimate": pa.float64()}
 

@@ -25,8 +25,8 @@ import scipy.sparse
 
 import apache_beam as beam
 
-from accounting import pws
-from transforms import keyed_random, samplers
+from thresher.accounting import pws
+from thresher.transforms import keyed_random, samplers
 
 OUTPUT_COLUMNS = {"token": pa.int64(), "estimate": pa.float64()}
 

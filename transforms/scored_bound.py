@@ -36,13 +36,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms import keyed_random, spill
-from transforms.arrow_coder import SHARD_AND_TABLE, TABLE
-from transforms.choose_contribution_bound import (
+from thresher.transforms import keyed_random, spill
+from thresher.transforms.arrow_coder import SHARD_AND_TABLE, TABLE
+from thresher.transforms.choose_contribution_bound import (
     _DEFAULT_KEY_SHARDS, _UserStatisticsFn, key_numbers, pair_statistics, table_statistics)
-from transforms.per_user_bound import (
+from thresher.transforms.per_user_bound import (
     exact_key_codes, key_hash_is_exact, l0_pair_ranks_per_user, l0_ranks)
-from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 
 def candidate_buckets(rank_in_user, candidates):

@@ -9,9 +9,9 @@ columns, ``count``), each key exactly once, sharded by the key hash like
 """
 import pyarrow.compute as pc
 
-from pipelines.errors import InputError
-from transforms.aggregate import SumCountsPerKey, shard_table
-from transforms.user_shards import KEY_HASH_COLUMN
+from thresher.pipelines.errors import InputError
+from thresher.transforms.aggregate import SumCountsPerKey, shard_table
+from thresher.transforms.user_shards import KEY_HASH_COLUMN
 
 
 def unique_rows(table, key_columns):

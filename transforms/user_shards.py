@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.utils.windowed_value import WindowedValue
 
-from transforms import spill
-from transforms.arrow_coder import SHARD_AND_TABLE, TABLE
-from transforms.hashing import hash_columns, mix64
+from thresher.transforms import spill
+from thresher.transforms.arrow_coder import SHARD_AND_TABLE, TABLE
+from thresher.transforms.hashing import hash_columns, mix64
 
 SHARD_AND_PATH = beam.typehints.Tuple[int, str]
 

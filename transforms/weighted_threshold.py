@@ -24,12 +24,12 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from accounting.weighted_gaussian import grid_weight
-from transforms import keyed_random, samplers
-from transforms.arrow_coder import TABLE
-from transforms.per_user_bound import bound_table_l0
-from transforms.release_fn import KernelRelease
-from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.accounting.weighted_gaussian import grid_weight
+from thresher.transforms import keyed_random, samplers
+from thresher.transforms.arrow_coder import TABLE
+from thresher.transforms.per_user_bound import bound_table_l0
+from thresher.transforms.release_fn import KernelRelease
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 WEIGHT_COLUMN = "__w"
 _COUNTED_COLUMN = "__c"   # 1 where the kept row also counts in ``count``
@@ -108,7 +108,7 @@ class WeightedPerUserBound(beam.PTransform):
     def __init__(self, key_columns, max_keys_per_user, rng_factory=None, label=None,
                  scale=None, count_keys_per_user=None):
         super().__init__(label)
-        from accounting.weighted_gaussian import WEIGHT_SCALE
+        from thresher.accounting.weighted_gaussian import WEIGHT_SCALE
         self._key_columns = tuple(key_columns)
         self._max_keys_per_user = max_keys_per_user
         self._rng_factory = rng_factory

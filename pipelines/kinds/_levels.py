@@ -12,10 +12,10 @@ contributions to the level) and reports the delta each level actually spends.
 """
 import collections
 
-from accounting import sample_threshold
-from pipelines import declare
-from pipelines.errors import CalibrationError, SpecError
-from pipelines.fields import integer
+from thresher.accounting import sample_threshold
+from thresher.pipelines.specs import declare
+from thresher.pipelines.errors import CalibrationError, SpecError
+from thresher.pipelines.specs.fields import integer
 
 StageTotal = collections.namedtuple("StageTotal", "epsilon delta")
 

@@ -15,11 +15,11 @@ here): ``rounds: 1`` is refused.
 """
 import pyarrow as pa
 
-from accounting import adaptive as ad
-from accounting import weighted_gaussian as wg
-from pipelines import declare
-from pipelines.errors import CalibrationError, SpecError
-from pipelines.fields import optional_float, optional_int
+from thresher.accounting import adaptive as ad
+from thresher.accounting import weighted_gaussian as wg
+from thresher.pipelines.specs import declare
+from thresher.pipelines.errors import CalibrationError, SpecError
+from thresher.pipelines.specs.fields import optional_float, optional_int
 
 FIELDS = {
     "rounds": declare.integer(low=1, high=3, description=(
@@ -132,7 +132,7 @@ def release_users(users, params, max_keys_per_user, key_columns, num_shards, mec
     number of rounds fixes the pipeline's shape); ``params``: the calibrated section
     (its ``count_stage.counts_per_user`` bounds the count stage);
     ``spill_dir``: the per-key shuffles' spill folder (as ``SumCountsPerKey``'s)."""
-    from transforms.adaptive_rounds import AdaptiveRelease
+    from thresher.transforms.adaptive_rounds import AdaptiveRelease
     return users | "AdaptiveRelease" >> AdaptiveRelease(
         key_columns, params, max_keys_per_user, mechanism["rounds"], num_shards,
         rng_factory=rng_factory, spill_dir=spill_dir)

@@ -7,14 +7,14 @@ the exact accounting of Thm 5.4 for the discrete Gaussian actually drawn.
 """
 import pyarrow as pa
 
-from accounting import gshm
-from pipelines.errors import SpecError
-from pipelines import declare
-from pipelines.fields import optional_float
-from pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
+from thresher.accounting import gshm
+from thresher.pipelines.errors import SpecError
+from thresher.pipelines.specs import declare
+from thresher.pipelines.specs.fields import optional_float
+from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
                                      public_domain_calibration)
-from pipelines.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
-from transforms.noisy_threshold import NoisyThreshold
+from thresher.pipelines.dataio.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
+from thresher.transforms.noisy_threshold import NoisyThreshold
 
 FIELDS = {
     "pre_threshold": pre_threshold_field("tau: keys with fewer users are never released "

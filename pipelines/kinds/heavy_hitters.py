@@ -24,11 +24,11 @@ import apache_beam as beam
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.errors import InputError, SpecError
-from pipelines.kinds import _levels
-from pipelines import declare
-from pipelines.fields import optional_float
-from transforms.heavy_hitters import LEVEL_COLUMN, TrieHeavyHitters, heavy_hitters
+from thresher.pipelines.errors import InputError, SpecError
+from thresher.pipelines.kinds import _levels
+from thresher.pipelines.specs import declare
+from thresher.pipelines.specs.fields import optional_float
+from thresher.transforms.heavy_hitters import LEVEL_COLUMN, TrieHeavyHitters, heavy_hitters
 
 DEFAULT_PREFIX_LENGTHS = (2, 4, None)
 DEFAULT_TOP_K = 20
@@ -145,9 +145,9 @@ def stage_budget(budget, mechanism):
 def release_stages(records, plan, num_shards, rng_factory=None):
     """Prepared records -> whole users -> at most C distinct keys per user -> distinct-user
     count per key -> TrieHH++ -> top_k. Returns PCollection[Table(key, count, rank)]."""
-    from transforms.aggregate import SumCountsPerKey
-    from transforms.per_user_bound import PerUserBound
-    from transforms.user_shards import ShardByUser
+    from thresher.transforms.aggregate import SumCountsPerKey
+    from thresher.transforms.per_user_bound import PerUserBound
+    from thresher.transforms.user_shards import ShardByUser
     spec = plan.spec
     keys = list(spec.input.keys)
     bound = spec.bounding.max_keys_per_user

@@ -42,10 +42,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.errors import CalibrationError, InputError, SpecError
-from pipelines.kinds import _levels
-from pipelines import declare
-from pipelines.fields import optional_float
+from thresher.pipelines.errors import CalibrationError, InputError, SpecError
+from thresher.pipelines.kinds import _levels
+from thresher.pipelines.specs import declare
+from thresher.pipelines.specs.fields import optional_float
 
 METHODS = ("hierarchical", "binary_search")
 SELECT_KEYS_STAGE = "select_keys"
@@ -195,7 +195,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     out["contributions_per_level"] = per_step
     selection = mech.get("key_selection")
     if selection is not None:
-        from accounting import sample_threshold
+        from thresher.accounting import sample_threshold
         try:
             sel = sample_threshold.calibrate(selection["epsilon"], selection["delta"], max_keys_per_user)
         except ValueError as exc:
@@ -253,7 +253,7 @@ def _to_table(columns, keys):
 
 
 def _answer_hierarchy(released, keys, key_list, mech):
-    from transforms.quantile_release import hierarchy_quantiles
+    from thresher.transforms.quantile_release import hierarchy_quantiles
     released = [t for t in released if t.num_rows]
     table = pa.concat_tables(released) if released else None
     lo, hi = mech["domain"]
@@ -270,8 +270,8 @@ def _selected_keys(tables, keys):
 
 
 def _rehash_keys(table, keys):
-    from transforms.hashing import hash_columns
-    from transforms.user_shards import KEY_HASH_COLUMN
+    from thresher.transforms.hashing import hash_columns
+    from thresher.transforms.user_shards import KEY_HASH_COLUMN
     index = table.schema.get_field_index(KEY_HASH_COLUMN)
     return table.set_column(index, KEY_HASH_COLUMN,
                             pa.array(hash_columns(table, keys), type=pa.uint64()))
@@ -291,11 +291,11 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     histograms -> Table(keys..., rank, value). Without public keys but with input.keys,
     the keys are those a sample-and-threshold stage (select_keys) releases from the
     distinct users per key, each user bounded to C keys separately for that stage."""
-    from transforms.aggregate import SumCountsPerKey
-    from transforms.per_user_bound import PerUserBound
-    from transforms.quantile_release import BinarySearchQuantiles, KeyedHierarchy
-    from transforms.sample_and_threshold import SampleAndThreshold
-    from transforms.user_shards import ShardByUser
+    from thresher.transforms.aggregate import SumCountsPerKey
+    from thresher.transforms.per_user_bound import PerUserBound
+    from thresher.transforms.quantile_release import BinarySearchQuantiles, KeyedHierarchy
+    from thresher.transforms.sample_and_threshold import SampleAndThreshold
+    from thresher.transforms.user_shards import ShardByUser
     spec = plan.spec
     mech = spec.mechanism
     keys = list(spec.input.keys)
@@ -303,7 +303,7 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     bound = spec.bounding.max_keys_per_user
     params = plan.params_by_bound[bound]
     if plan.domain is not None:
-        from transforms.public_domain import RestrictToDomain
+        from thresher.transforms.public_domain import RestrictToDomain
         records = records | "RestrictToDomain" >> RestrictToDomain(plan.domain, keys)
     users = records | "ShardByUser" >> ShardByUser(num_shards)
     counts = (users

@@ -18,12 +18,12 @@ vs Bin(k - 1, p) unless ``accounting`` asks for one of the paper's bounds (basic
 report's ``comparison`` gives the paper's thresholds at the same sampling rate and the
 paper's own recipe (alpha = 1/6).
 """
-from accounting import sample_threshold
-from pipelines.errors import CalibrationError, SpecError
-from pipelines import declare
-from pipelines.fields import optional_float, optional_int
-from transforms.sample_and_threshold import OUTPUT_COLUMNS as _TRANSFORM_COLUMNS
-from transforms.sample_and_threshold import SampleAndThreshold
+from thresher.accounting import sample_threshold
+from thresher.pipelines.errors import CalibrationError, SpecError
+from thresher.pipelines.specs import declare
+from thresher.pipelines.specs.fields import optional_float, optional_int
+from thresher.transforms.sample_and_threshold import OUTPUT_COLUMNS as _TRANSFORM_COLUMNS
+from thresher.transforms.sample_and_threshold import SampleAndThreshold
 
 # The PLD calibration costs about 7 s at C = 8 and 10 s at C = 64 (2 cores, idle): it is
 # the default up to PLD_DEFAULT_MAX_KEYS and refused above PLD_MAX_KEYS, so every plan

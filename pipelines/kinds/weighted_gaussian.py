@@ -14,11 +14,11 @@ measurements behind the defaults: ``bounding.auto.max_bound`` 1024 (AUTO_MAX_BOU
 """
 import pyarrow as pa
 
-from accounting import weighted_gaussian as wg
-from pipelines.errors import CalibrationError, SpecError
-from pipelines import declare
-from pipelines.fields import optional_float, optional_int
-from transforms.weighted_threshold import WeightedPerUserBound, WeightedThreshold
+from thresher.accounting import weighted_gaussian as wg
+from thresher.pipelines.errors import CalibrationError, SpecError
+from thresher.pipelines.specs import declare
+from thresher.pipelines.specs.fields import optional_float, optional_int
+from thresher.transforms.weighted_threshold import WeightedPerUserBound, WeightedThreshold
 
 # sigma * S must stay within the planning limit of the exact tails (pipelines.limits).
 SIGMA_MAX = 1e5 / wg.WEIGHT_SCALE

@@ -21,13 +21,13 @@ column, drawn with a declared scheme and threshold), without the original data.
 """
 import numpy as np
 
-from accounting import pws
-from pipelines.errors import SpecError
-from pipelines import declare
-from pipelines.kinds import _sample_fields
-from pipelines.kinds._common import calibration
-from transforms.sanitize_sample import OUTPUT_COLUMNS as _TRANSFORM_COLUMNS
-from transforms.sanitize_sample import SanitizeSample
+from thresher.accounting import pws
+from thresher.pipelines.errors import SpecError
+from thresher.pipelines.specs import declare
+from thresher.pipelines.kinds import _sample_fields
+from thresher.pipelines.kinds._common import calibration
+from thresher.transforms.sanitize_sample import OUTPUT_COLUMNS as _TRANSFORM_COLUMNS
+from thresher.transforms.sanitize_sample import SanitizeSample
 
 FIELDS = {
     "sampling": declare.choice(pws.SAMPLING_SCHEMES, default="none", description=(

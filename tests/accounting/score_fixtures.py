@@ -3,7 +3,7 @@
 (tests/transforms/test_keys_objective.py)."""
 import numpy as np
 
-from accounting import contribution_bound as cb
+from thresher.accounting import contribution_bound as cb
 
 MAX_BOUND = 24
 CANDIDATES = (1, 2, 3, 5, 8, 13, 24)

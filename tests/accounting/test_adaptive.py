@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from accounting import adaptive as ad
-from accounting import discrete_gaussian as dg
-from accounting import weighted_gaussian as wg
+from thresher.accounting import adaptive as ad
+from thresher.accounting import discrete_gaussian as dg
+from thresher.accounting import weighted_gaussian as wg
 
 
 @pytest.mark.parametrize("fractions, rounds, message", [

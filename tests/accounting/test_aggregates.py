@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from accounting import aggregates as agg
-from accounting import discrete_gaussian as dg
-from accounting import gshm
+from thresher.accounting import aggregates as agg
+from thresher.accounting import discrete_gaussian as dg
+from thresher.accounting import gshm
 
 
 # ---- fixed-point grid -------------------------------------------------------------------

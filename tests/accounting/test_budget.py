@@ -1,6 +1,6 @@
 import pytest
 
-from accounting.budget import Budget, BudgetExceededError
+from thresher.accounting.budget import Budget, BudgetExceededError
 
 
 def test_stages_add_up_to_total_and_are_reported():

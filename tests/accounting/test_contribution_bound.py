@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting import contribution_bound as cb
+from thresher.accounting import contribution_bound as cb
 from tests.accounting.score_fixtures import CANDIDATES, MAX_BOUND, score_params
 
 

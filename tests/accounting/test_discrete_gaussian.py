@@ -13,7 +13,7 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld
 from hypothesis import given, settings, strategies as st
 
-from accounting import discrete_gaussian as dg
+from thresher.accounting import discrete_gaussian as dg
 
 
 def brute_pmf(sigma, half_width=None):
@@ -140,7 +140,7 @@ def test_matches_dp_accounting_discrete_gaussian_pld():
 def test_large_counts_are_vectorised_and_close_to_the_gaussian():
     """For sigma = 2228 and a up to 1e5 the discrete and continuous curves agree to the
     size of the discretisation (a check of scale, not of exactness)."""
-    from accounting import gaussian
+    from thresher.accounting import gaussian
     counts = np.array([1, 10, 1000, 51914, 100000])
     got = dg.composed_shift_delta(0.349, 2228.0, counts)
     cont = gaussian.delta_for_epsilon(np.sqrt(counts) / 2228.0, 0.349)

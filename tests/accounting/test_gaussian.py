@@ -12,7 +12,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld
 from hypothesis import given, settings, strategies as st
 from scipy import integrate, stats
 
-from accounting import gaussian
+from thresher.accounting import gaussian
 
 
 def hockey_stick_by_quadrature(mu, eps):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from scipy import optimize
 
-from accounting import discrete_gaussian, gaussian, gshm
+from thresher.accounting import discrete_gaussian, gaussian, gshm
 from tests.accounting import threshold_brute_force as brute
 
 C_URL, EPS_URL, DELTA_URL = 51914, 0.349, 1e-5  # paper 004, Section 6

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting import contribution_bound, known_domain
+from thresher.accounting import contribution_bound, known_domain
 
 
 def _dgauss_pmf(sigma, half_width):
@@ -61,7 +61,7 @@ def test_fewer_shifted_keys_never_cost_more_delta():
 def test_discrete_gaussian_needs_more_than_the_continuous_formula_sometimes():
     """At small sigma the continuous analytic-Gaussian delta (mu = sqrt(C)/sigma) differs
     from the exact discrete one, which is what thresher reports and calibrates with."""
-    from accounting.gaussian import delta_for_epsilon
+    from thresher.accounting.gaussian import delta_for_epsilon
     exact = known_domain.gaussian_delta(1.0, 0.6, 2)
     continuous = delta_for_epsilon(math.sqrt(2) / 0.6, 1.0)
     assert abs(exact - continuous) / exact > 1e-3
@@ -188,7 +188,7 @@ def test_debias_recovers_poisson_totals_in_simulation():
     (E min(X, 2) = 2 - 3.2 e^-1.2 = 1.036);
     Alg. 5 on the clipped sum plus discrete Laplace(2/1) noise is within 1% of the truth
     (the Poisson sampling sd of the total is ~245 = 0.4%; false failure < 1e-4, seed 11)."""
-    from transforms import samplers
+    from thresher.transforms import samplers
     rng = np.random.default_rng(11)
     counts = rng.poisson(1.2, size=50_000)
     clipped = np.minimum(counts, 2).sum()

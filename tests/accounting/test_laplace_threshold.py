@@ -12,7 +12,7 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld
 from hypothesis import given, settings, strategies as st
 
-from accounting import laplace_threshold as lt
+from thresher.accounting import laplace_threshold as lt
 from tests.accounting import threshold_brute_force as brute
 
 

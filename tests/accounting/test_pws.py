@@ -15,7 +15,7 @@ import scipy.integrate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting import pws
+from thresher.accounting import pws
 
 SCHEMES = [("none", None), ("ppswor", 0.05), ("priority", 0.02), ("ppswor", 2.0),
            ("priority", 0.3)]

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounting import pws
+from thresher.accounting import pws
 
 
 def reference_next_row(prev, lo, pi_prev, pi_i, up_factor, down_factor, delta):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.sparse
 
-from accounting import pws, pws_estimators
+from thresher.accounting import pws, pws_estimators
 from tests.accounting.test_pws import SCHEMES, naive_biased_down, naive_mle
 
 TABLES = [(0.5, 0.1, 12, "none", None), (0.5, 1e-3, 40, "ppswor", 0.05),

@@ -29,10 +29,10 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from accounting import pws
-from pipelines import spec as spec_module
-from pipelines.kinds import weighted_sampling
-from pipelines.plan import make_plan
+from thresher.accounting import pws
+from thresher.pipelines.specs import spec as spec_module
+from thresher.pipelines.kinds import weighted_sampling
+from thresher.pipelines.plan import make_plan
 
 # (mechanism section, epsilon, delta, C): keys only and with frequencies, composition pld,
 # optimal and basic, sampling none / ppswor / priority, both estimators.
@@ -193,7 +193,7 @@ def test_auto_plan_score_and_chosen_params(tmp_path, mechanism):
         assert params["threshold"] == thresholds[c]
     score = plan.bound_score()
     assert score.thresholds == tuple(float(thresholds[c]) for c in plan.candidates)
-    from accounting.contribution_bound import make_score
+    from thresher.accounting.contribution_bound import make_score
     params = plan.score_params()
     params["params_by_bound"] = {c: {"threshold": t} for c, t in thresholds.items()}
     assert make_score(plan.score_name, plan.candidates,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from accounting import pws, pws_pld
+from thresher.accounting import pws, pws_pld
 
 
 def _none_table(budget, max_length=100_000):

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from scipy import stats
 
-from accounting import sample_threshold as acc
+from thresher.accounting import sample_threshold as acc
 from tests.accounting import threshold_brute_force as brute
 
 PAPER_P = (1 / 6) * (1 - math.exp(-1))
@@ -172,7 +172,7 @@ def test_monte_carlo_privacy_loss_with_the_kernel_matches_exact_delta():
     kernel (transforms.sample_and_threshold) from a seeded generator. n = 400k draws: the
     estimate's standard error is below 2.5e-4 here and we allow 5 SE (false-failure
     probability < 1e-6 per direction)."""
-    from transforms.sample_and_threshold import sample_and_threshold
+    from thresher.transforms.sample_and_threshold import sample_and_threshold
 
     eps, p, tau = 0.5, 0.3, 5
     exact, k, _, _ = acc.exact_delta_search(eps, p, tau)

@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from accounting import sample_threshold as acc
-from accounting import sample_threshold_pld as pld
+from thresher.accounting import sample_threshold as acc
+from thresher.accounting import sample_threshold_pld as pld
 from tests.accounting.test_sample_threshold import output_distribution
 
 

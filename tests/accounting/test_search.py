@@ -4,7 +4,7 @@ import math
 
 from hypothesis import given, strategies as st
 
-from accounting.search import smallest_integer, smallest_real
+from thresher.accounting.search import smallest_integer, smallest_real
 
 
 @given(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(1, 10**6))

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from accounting import selection
-from transforms import samplers
+from thresher.accounting import selection
+from thresher.transforms import samplers
 
 
 def _direct_probabilities(scores, epsilon, sensitivity, factor=2.0):

@@ -26,8 +26,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from scipy.stats import norm
 
-from accounting import tradeoff_composition as tc
-from accounting import discrete_gaussian as dg
+from thresher.accounting import tradeoff_composition as tc
+from thresher.accounting import discrete_gaussian as dg
 
 
 def gaussian_delta(eps, mu):

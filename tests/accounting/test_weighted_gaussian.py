@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from accounting import discrete_gaussian, gshm, weighted_gaussian as wg
+from thresher.accounting import discrete_gaussian, gshm, weighted_gaussian as wg
 from tests.accounting import threshold_brute_force as brute
 
 

@@ -83,7 +83,7 @@ def _pair_counts(pair, keys, pre_threshold, high):
 
 
 def _noisy_threshold_runner(counts, *, noise, scale, pre_threshold, threshold):
-    kernel = _module("transforms.noisy_threshold").noisy_threshold
+    kernel = _module("thresher.transforms.noisy_threshold").noisy_threshold
     row = np.asarray(counts, dtype=np.int64)
 
     def run(rng, n):
@@ -116,7 +116,7 @@ def gshm(pair, *, keys=1, epsilon=EPSILON, delta=DELTA, mutation=""):
     from the continuous-Gaussian accounting, discrete noise drawn: claimed at epsilon=2,
     delta=2e-3 where the rounding of the threshold bites), "composition ignored"
     (calibrated for 1 key per user, the user touches ``keys`` keys)."""
-    acc = _module("accounting.gshm")
+    acc = _module("thresher.accounting.gshm")
     calibrated_keys = 1 if mutation == "composition ignored" else keys
     if mutation == "continuous formula":
         epsilon, delta = 2.0, 2e-3
@@ -146,7 +146,7 @@ def laplace_threshold(pair, *, keys=1, epsilon=EPSILON, delta=DELTA, mutation=""
     1.46 times larger at b = 1. The buggy library takes the smallest integer threshold
     meeting its (continuous) formula and reports the delta that formula gives there;
     the budget 1.3e-3 puts that threshold where the formula is nearly tight (gap 6)."""
-    acc = _module("accounting.laplace_threshold")
+    acc = _module("thresher.accounting.laplace_threshold")
     calibrated_keys = 1 if mutation == "composition ignored" else keys
     if mutation == "continuous formula":
         delta = 1.3e-3
@@ -184,10 +184,10 @@ def bounded_gshm(*, user_keys=10, copies=3, bound=1, epsilon=2.0, delta=DELTA, m
     tau - 1 (never released); D adds a user holding all of them, each ``copies`` times.
     The real bounding kernel keeps ``bound`` distinct keys once each; mutation "bounding
     skipped" keeps every record. GSHM is calibrated for max_keys_per_user = bound."""
-    bound_l0 = _module("transforms.per_user_bound").bound_l0
-    hashing = _module("transforms.hashing")
-    kernel = _module("transforms.noisy_threshold").noisy_threshold
-    p = _module("accounting.gshm").calibrate(epsilon, delta, bound, noise="discrete_gaussian")
+    bound_l0 = _module("thresher.transforms.per_user_bound").bound_l0
+    hashing = _module("thresher.transforms.hashing")
+    kernel = _module("thresher.transforms.noisy_threshold").noisy_threshold
+    p = _module("thresher.accounting.gshm").calibrate(epsilon, delta, bound, noise="discrete_gaussian")
     if mutation not in ("", "bounding skipped"):
         raise ValueError(mutation)
     key_hashes = hashing.mix64(np.arange(1, user_keys + 1, dtype=np.uint64))
@@ -239,9 +239,9 @@ def rand_clip_laplace(*, layout=(9,), bound=3, base="pre_threshold", epsilon=EPS
     the threshold (the user's records shift them). The real rand-clip keeps min(m, C)
     uniformly random records; mutation "clipping skipped" keeps them all. Laplace
     thresholding is calibrated by accounting.laplace_threshold (model "l1", C = bound)."""
-    rand_clip = _module("transforms.rand_clip").rand_clip
-    kernel = _module("transforms.noisy_threshold").noisy_threshold
-    p = _module("accounting.laplace_threshold").calibrate(epsilon, delta, bound, model="l1")
+    rand_clip = _module("thresher.transforms.rand_clip").rand_clip
+    kernel = _module("thresher.transforms.noisy_threshold").noisy_threshold
+    p = _module("thresher.accounting.laplace_threshold").calibrate(epsilon, delta, bound, model="l1")
     if mutation not in ("", "clipping skipped"):
         raise ValueError(mutation)
     layout = np.asarray(layout, dtype=np.int64)
@@ -289,8 +289,8 @@ def sample_and_threshold(*, keys=1, epsilon=EPSILON, delta=DELTA, mutation="", k
     ``composition``: "basic" or "pld" (accounting.sample_threshold_pld, the kind's default
     with a fixed bound). Mutations: "threshold - 1", "composition ignored" (per-key budget
     of 1 key)."""
-    kernel = _module("transforms.sample_and_threshold").sample_and_threshold
-    acc = _module("accounting.sample_threshold")
+    kernel = _module("thresher.transforms.sample_and_threshold").sample_and_threshold
+    acc = _module("thresher.accounting.sample_threshold")
     calibrated_keys = 1 if mutation == "composition ignored" else keys
     p = acc.calibrate(epsilon, delta, calibrated_keys, sampling_rate=sampling_rate,
                       composition=composition)
@@ -352,13 +352,13 @@ def pws(*, keys=1, frequency=1, report="keys", epsilon=EPSILON, delta=DELTA, mut
     the Gaussian-tradeoff table; its "composition ignored" mutation builds that table for
     the Gaussian budget of one key (mu from the whole epsilon) while ``keys`` keys move.
     ``frequency="worst"``: the frequency of :func:`_worst_frequency` at epsilon / 2."""
-    sanitize = _module("transforms.sanitize_sample").sanitize
-    acc = _module("accounting.pws")
+    sanitize = _module("thresher.transforms.sanitize_sample").sanitize
+    acc = _module("thresher.accounting.pws")
     calibrated_keys = 1 if mutation == "composition ignored" else keys
     if mutation not in ("", "composition ignored"):
         raise ValueError(mutation)
     if composition == "pld" and mutation:
-        pld = _module("accounting.pws_pld")
+        pld = _module("thresher.accounting.pws_pld")
         budget = pld.best_budget(epsilon, delta, 1)
         keep, mu, _ = pld.build(lambda m: acc.sampling_probabilities(m), budget, 100_000)
         table, described = None, f"pld table for 1 key (mu={mu:.3g})"
@@ -408,7 +408,7 @@ def exponential_mechanism(*, candidates=10, epsilon=EPSILON, mutation="", trials
     by the sensitivity, in opposite directions for the first candidate (the worst case of
     the factor 2). Mutations: "monotone factor on non-monotone scores" (exponent eps u /
     Delta), "sensitivity / 2", "composition ignored" (two selections, charged once)."""
-    select = _module("accounting.selection").exponential_mechanism
+    select = _module("thresher.accounting.selection").exponential_mechanism
     sensitivity = 3.0
     d = np.zeros(candidates + 1)
     d[0] = sensitivity
@@ -454,9 +454,9 @@ def count_and_sum(pair, *, sensitivity=4, epsilon=EPSILON, delta=DELTA, mutation
     increasing in it when sigma_sum = D sigma) or 4 (mutation "sum noise / 2": sigma_sum
     = D sigma / 2, whose likelihood ratio is increasing in D count + 4 sum). Keys not
     released are coded below all others (released_count_and_sum)."""
-    acc = _module("accounting.gshm")
-    kernel = _module("transforms.aggregate_values")
-    from transforms.noisy_threshold import noisy_threshold
+    acc = _module("thresher.accounting.gshm")
+    kernel = _module("thresher.transforms.aggregate_values")
+    from thresher.transforms.noisy_threshold import noisy_threshold
     d = int(sensitivity)
     p = acc.calibrate(epsilon, delta, 1, noise="discrete_gaussian", aggregates=((d, 1.0),))
     sum_sigma = d * p.sigma
@@ -527,10 +527,10 @@ def weighted_gaussian(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DE
     threshold), "sigma / 2", "sensitivity ignored" (every kept key gets weight 1 = S
     instead of 1/sqrt(t)), "count cap ignored" (count sigma for ``count_cap`` counts, the
     user counted in every kept key)."""
-    acc = _module("accounting.weighted_gaussian")
-    kernels = _module("transforms.weighted_threshold")
-    bound_l0 = _module("transforms.per_user_bound").bound_l0
-    hashing = _module("transforms.hashing")
+    acc = _module("thresher.accounting.weighted_gaussian")
+    kernels = _module("thresher.transforms.weighted_threshold")
+    bound_l0 = _module("thresher.transforms.per_user_bound").bound_l0
+    hashing = _module("thresher.transforms.hashing")
     p = acc.calibrate(epsilon, delta, keys, count_epsilon=epsilon / 2, count_delta=delta / 2,
                       count_keys_per_user=count_cap)
     sigma_grid, threshold = p.sigma_grid, p.threshold_grid
@@ -615,12 +615,12 @@ def adaptive(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DELTA, muta
     Mutations: "threshold - 1" (both rounds' thresholds one user weight lower),
     "sigma / 2" (both rounds), "sensitivity ignored" (round 2 gives every remaining key
     weight 1 = S instead of 1/sqrt(t'))."""
-    acc = _module("accounting.adaptive")
-    wg_acc = _module("accounting.weighted_gaussian")
-    rounds_k = _module("transforms.adaptive_rounds")
-    kernels = _module("transforms.weighted_threshold")
-    bound_l0 = _module("transforms.per_user_bound").bound_l0
-    hashing = _module("transforms.hashing")
+    acc = _module("thresher.accounting.adaptive")
+    wg_acc = _module("thresher.accounting.weighted_gaussian")
+    rounds_k = _module("thresher.transforms.adaptive_rounds")
+    kernels = _module("thresher.transforms.weighted_threshold")
+    bound_l0 = _module("thresher.transforms.per_user_bound").bound_l0
+    hashing = _module("thresher.transforms.hashing")
     p = acc.calibrate(epsilon, delta, keys, fractions=(0.5, 0.5))
     scale = p.scale
     sigmas = [r.sigma * scale for r in p.rounds]

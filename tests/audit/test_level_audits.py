@@ -19,12 +19,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from accounting import sample_threshold as acc
+from thresher.accounting import sample_threshold as acc
 from tests.audit import auditor
 from tests.audit.scenarios import DELTA, EPSILON, Scenario
-from transforms.heavy_hitters import prefix_counts
-from transforms.quantiles import level_cells
-from transforms.sample_and_threshold import release_table
+from thresher.transforms.heavy_hitters import prefix_counts
+from thresher.transforms.quantiles import level_cells
+from thresher.transforms.sample_and_threshold import release_table
 
 pytestmark = pytest.mark.audit
 

@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipelines import spec as spec_mod
-from pipelines.beam_yaml import ThresherRelease
-from pipelines.errors import SpecError
-from pipelines.plan import make_plan
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.beam_yaml import ThresherRelease
+from thresher.pipelines.errors import SpecError
+from thresher.pipelines.plan import make_plan
 
 from .conftest import QUICKSTART, ROOT
 from .release_check import check_counts

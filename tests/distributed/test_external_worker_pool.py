@@ -25,8 +25,8 @@ import time
 
 import pytest
 
-from pipelines import spec as spec_mod
-from pipelines.plan import make_plan
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.plan import make_plan
 
 from .conftest import ROOT, _wait_for_port, free_loopback_port, quickstart_spec
 from .release_check import check_release

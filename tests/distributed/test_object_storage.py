@@ -1,4 +1,4 @@
-"""Input and output on object storage through Beam's FileSystems (pipelines/publish.py).
+"""Input and output on object storage through Beam's FileSystems (pipelines/dataio/publish.py).
 
 gs:// and s3:// are not reachable here, so a FileSystem with their semantics (no
 folders, listing by prefix, rename = copy + delete; fake_object_store.py) stands in:
@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipelines import publish
-from pipelines import spec as spec_mod
-from pipelines.cli import main
-from pipelines.plan import make_plan
+from thresher.pipelines.dataio import publish
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.cli import main
+from thresher.pipelines.plan import make_plan
 
 from .conftest import QUICKSTART, ROOT
 from .fake_object_store import SCHEME, ObjectStoreFileSystem
@@ -153,7 +153,7 @@ def test_failed_run_publishes_nothing_on_object_storage(store, capsys, monkeypat
 def test_text_input_on_object_storage_sizes_the_shuffles_like_a_local_file(store, tmp_path):
     """Shard counts come from the input's size; on object storage the size is read from
     the listing, so a remote CSV gets the same estimate as the same local file."""
-    from pipelines import io
+    from thresher.pipelines.dataio import io
     _, data, root = store
     local = tmp_path / "words.csv"
     import pyarrow.csv as pcsv

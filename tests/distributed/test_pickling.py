@@ -24,9 +24,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipelines import io, spec as spec_mod
-from pipelines.plan import make_plan
-from pipelines.release import build
+from thresher.pipelines.dataio import io
+
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.plan import make_plan
+from thresher.pipelines.release import build
 
 from .conftest import ROOT
 
@@ -83,7 +85,7 @@ def _build_proto(name, folder):
     files = spec_mod.input_files(spec.input)
     pipeline = beam.Pipeline()
     staging = os.path.join(folder, name.replace(":", "_"), "staging")
-    from transforms.keyed_random import KeyedSource, building, new_secret
+    from thresher.transforms.keyed_random import KeyedSource, building, new_secret
     with building(KeyedSource(new_secret())):    # as pipelines.release.run builds it
         build(pipeline, plan, files, io.check_input(spec.input, files), staging)
     return pipeline.to_runner_api().SerializeToString(), None
@@ -141,8 +143,8 @@ def test_audit_finds_a_generator_pickled_into_a_dofn(tmp_path):
     """The audit has teeth: a DoFn built with a numpy Generator in its state is reported."""
     import numpy as np
 
-    from transforms.noisy_threshold import release_table
-    from transforms.release_fn import ReleaseBatchFn
+    from thresher.transforms.noisy_threshold import release_table
+    from thresher.transforms.release_fn import ReleaseBatchFn
 
     fn = ReleaseBatchFn(release_table)
     fn._carried = np.random.default_rng(0)  # what building an RNG in __init__ would ship

@@ -21,9 +21,9 @@ import tarfile
 
 import pytest
 
-from pipelines import spec as spec_mod
-from pipelines.cli import main
-from pipelines.plan import make_plan
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.cli import main
+from thresher.pipelines.plan import make_plan
 
 from .conftest import QUICKSTART, ROOT
 from .release_check import check_release, expected_counts

@@ -23,8 +23,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.stager import Stager
 
-from pipelines import spec as spec_mod
-from pipelines.plan import make_plan
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.plan import make_plan
 
 from .conftest import ROOT
 from .release_check import check_release

@@ -15,7 +15,7 @@ def cli(tmp_path):
     def _run(spec, command="run", name="spec.yaml", extra=()):
         path = tmp_path / name
         path.write_text(yaml.safe_dump(spec, allow_unicode=True))
-        return subprocess.run([sys.executable, "-m", "pipelines.cli", command, str(path), *extra],
+        return subprocess.run([sys.executable, "-m", "thresher.pipelines.cli", command, str(path), *extra],
                               capture_output=True, text=True, cwd=ROOT, timeout=600)
     return _run
 

@@ -16,12 +16,12 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings, strategies as st
 
-from accounting import adaptive as ad, discrete_gaussian, weighted_gaussian as wg
-from pipelines import spec as spec_mod
-from pipelines.plan import make_plan
-from transforms import adaptive_rounds as ar
-from transforms.user_shards import ShardByUser
-from transforms.weighted_threshold import WEIGHT_COLUMN, weighted_counts
+from thresher.accounting import adaptive as ad, discrete_gaussian, weighted_gaussian as wg
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.plan import make_plan
+from thresher.transforms import adaptive_rounds as ar
+from thresher.transforms.user_shards import ShardByUser
+from thresher.transforms.weighted_threshold import WEIGHT_COLUMN, weighted_counts
 
 from tests.kinds.test_weighted_gaussian_kind import _data, _load, _records
 

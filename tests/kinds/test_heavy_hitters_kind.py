@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import spec as spec_mod
-from pipelines.errors import CalibrationError, SpecError
-from pipelines.plan import make_plan
-from pipelines.release import run
-from transforms.heavy_hitters import trie_heavy_hitters
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.errors import CalibrationError, SpecError
+from thresher.pipelines.plan import make_plan
+from thresher.pipelines.release import run
+from thresher.transforms.heavy_hitters import trie_heavy_hitters
 
 from .conftest import level_pair_delta
 
@@ -155,7 +155,7 @@ def test_beam_yaml_transform_releases_heavy_hitters(tmp_path):
     """The Beam YAML entry point (pipelines/beam_yaml.py) runs the kind's own stages."""
     import apache_beam as beam
     from apache_beam.testing.util import assert_that, equal_to
-    from pipelines.beam_yaml import ThresherRelease
+    from thresher.pipelines.beam_yaml import ThresherRelease
     rows = [beam.Row(user=f"u{i}", word=WORDS[i % 3]) for i in range(6000)]
     with beam.Pipeline() as pipeline:
         out = (pipeline | beam.Create(rows)
@@ -169,7 +169,7 @@ def test_beam_yaml_transform_releases_heavy_hitters(tmp_path):
 
 
 def test_beam_yaml_refuses_quantiles():
-    from pipelines.beam_yaml import ThresherRelease
+    from thresher.pipelines.beam_yaml import ThresherRelease
     with pytest.raises(SpecError, match="ThresherRelease.mechanism.kind"):
         ThresherRelease(user="user", keys=[], privacy={"epsilon": 1.0, "delta": 1e-6},
                         bounding={"max_keys_per_user": 1},

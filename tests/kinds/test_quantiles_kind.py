@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipelines import spec as spec_mod
-from pipelines.errors import SpecError
-from pipelines.plan import make_plan
-from pipelines.release import run
-from transforms import keyed_random
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.errors import SpecError
+from thresher.pipelines.plan import make_plan
+from thresher.pipelines.release import run
+from thresher.transforms import keyed_random
 
 from .conftest import level_pair_delta
 

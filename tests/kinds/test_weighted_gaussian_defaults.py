@@ -14,14 +14,14 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings, strategies as st
 
-from accounting import discrete_gaussian, weighted_gaussian as wg
-from pipelines.kinds import weighted_gaussian as kind
-from pipelines.plan import make_plan
+from thresher.accounting import discrete_gaussian, weighted_gaussian as wg
+from thresher.pipelines.kinds import weighted_gaussian as kind
+from thresher.pipelines.plan import make_plan
 from tests.kinds.test_weighted_gaussian_kind import _data, _load, _records, _spec
-from transforms import keyed_random
-from transforms.aggregate import SumCountsPerKey
-from transforms.user_shards import ShardByUser
-from transforms.weighted_threshold import WEIGHT_COLUMN, WeightedPerUserBound, weighted_counts
+from thresher.transforms import keyed_random
+from thresher.transforms.aggregate import SumCountsPerKey
+from thresher.transforms.user_shards import ShardByUser
+from thresher.transforms.weighted_threshold import WEIGHT_COLUMN, WeightedPerUserBound, weighted_counts
 
 
 def _sum_pmf(a, s):

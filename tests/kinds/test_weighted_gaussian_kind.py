@@ -12,12 +12,12 @@ import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 
-from accounting import discrete_gaussian, weighted_gaussian as wg
-from pipelines import spec as spec_mod
-from pipelines.plan import make_plan
-from transforms.aggregate import SumCountsPerKey
-from transforms.user_shards import ShardByUser
-from transforms.weighted_threshold import (WEIGHT_COLUMN, WeightedPerUserBound,
+from thresher.accounting import discrete_gaussian, weighted_gaussian as wg
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.plan import make_plan
+from thresher.transforms.aggregate import SumCountsPerKey
+from thresher.transforms.user_shards import ShardByUser
+from thresher.transforms.weighted_threshold import (WEIGHT_COLUMN, WeightedPerUserBound,
                                            WeightedThreshold, user_weights)
 
 WORDS = [f"w{i}" for i in range(60)]
@@ -126,7 +126,7 @@ def test_l1_model_is_refused(tmp_path, cli):
 
 def _records(users_keys):
     """Prepared record batches (__user, __key, word), as the pipeline reads them."""
-    from pipelines.io import prepare_batch
+    from thresher.pipelines.dataio.io import prepare_batch
     table = pa.table({"user": pa.array([u for u, _ in users_keys], pa.string()),
                       "word": pa.array([k for _, k in users_keys], pa.string())})
     return prepare_batch(table, "user", ["word"])[0]
@@ -181,7 +181,7 @@ def test_release_probability_curve_is_the_grid_tail():
     """thresher run's 'a key of n users is released ...' line: n users of C keys each
     (weight q_C) are released with probability P[n q_C + Z >= T]; checked against the
     discrete Gaussian's exact tail."""
-    from pipelines.summary import release_probability, users_at
+    from thresher.pipelines.reports.summary import release_probability, users_at
     mech = {"kind": "weighted_gaussian", "sigma": 0.01, "scale": 1024, "threshold_grid": 3000}
     report = {"mechanism": mech, "bounding": {"max_keys_per_user": 4}}
     p = release_probability(report, [0, 5, 6, 7])
@@ -196,7 +196,7 @@ def test_release_probability_curve_is_the_grid_tail():
 def _kernel_sums(pairs, bound, seed=0):
     """Per-key (count, summed grid weight) through the pipeline's own kernel
     (transforms.weighted_threshold.weighted_counts) on one shard of whole users."""
-    from transforms.weighted_threshold import weighted_counts
+    from thresher.transforms.weighted_threshold import weighted_counts
     if not pairs:
         return {}
     out = weighted_counts(_records(pairs), ["word"], bound, np.random.default_rng(seed), 1024)
@@ -239,7 +239,7 @@ def test_release_rate_at_the_pre_threshold_matches_the_accounting():
     Gaussian CDF (the delta-carrying term of the accounting). 4e5 runs; binomial test,
     false failure probability 1e-4."""
     from scipy import stats
-    from transforms.weighted_threshold import weighted_threshold
+    from thresher.transforms.weighted_threshold import weighted_threshold
     p = wg.calibrate(1.0, 1e-3, 4, count_epsilon=0.5, count_delta=5e-4)
     q = wg.grid_weight(4)
     n = 400_000

@@ -1,8 +1,8 @@
 """Six processes reserving at one instant: the shared body of the SQLite and PostgreSQL
-ledger race tests (pipelines/ledger.py, pipelines/ledger_postgres.py)."""
+ledger race tests (pipelines/ledgers/ledger.py, pipelines/ledgers/ledger_postgres.py)."""
 import multiprocessing
 
-from pipelines import ledger
+from thresher.pipelines.ledgers import ledger
 
 RACERS = 6
 

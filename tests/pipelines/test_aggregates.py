@@ -8,11 +8,11 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import spec as spec_mod
-from pipelines.cli import main
-from pipelines.errors import SpecError
-from pipelines.plan import make_plan
-from pipelines.release import run
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.cli import main
+from thresher.pipelines.errors import SpecError
+from thresher.pipelines.plan import make_plan
+from thresher.pipelines.release import run
 
 CLIP = [0.0, 200.0]
 AGGREGATES = [{"column": "amount", "statistic": "sum", "clip": CLIP},
@@ -131,7 +131,7 @@ def test_public_keys_release_with_aggregates(write_spec, tmp_path, kind):
     if kind == "laplace":
         assert report["privacy"]["delta_spent"] == 0
     else:
-        from accounting.aggregates import joint_shift_delta
+        from thresher.accounting.aggregates import joint_shift_delta
         sigma = report["mechanism"]["sigma"]
         assert joint_shift_delta(1.0, sigma, 3, ((3200, 3200 * sigma),)) <= 1e-6
 
@@ -244,9 +244,9 @@ def test_aggregates_auto_needs_an_auto_clip(write_spec, tmp_path):
 
 
 def test_inputs_beyond_the_overflow_bound_are_refused():
-    from accounting.aggregates import MAX_USERS
-    from pipelines.aggregates import check_rows
-    from pipelines.errors import InputError
+    from thresher.accounting.aggregates import MAX_USERS
+    from thresher.pipelines.aggregates import check_rows
+    from thresher.pipelines.errors import InputError
     check_rows(MAX_USERS)
     with pytest.raises(InputError, match="input.path"):
         check_rows(MAX_USERS + 1)

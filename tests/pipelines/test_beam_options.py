@@ -1,4 +1,4 @@
-"""ReleaseOptions (pipelines/beam_options.py): views built once give what Beam's fresh
+"""ReleaseOptions (pipelines/running/beam_options.py): views built once give what Beam's fresh
 views give, share one options dictionary, and copies carry no kept views."""
 import copy
 import pickle
@@ -7,8 +7,8 @@ import apache_beam as beam
 from apache_beam.options import pipeline_options as po
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipelines.beam_options import ReleaseOptions
-from pipelines.live_metrics import LiveMetricsRunner
+from thresher.pipelines.running.beam_options import ReleaseOptions
+from thresher.pipelines.running.live_metrics import LiveMetricsRunner
 
 FLAGS = ["--direct_num_workers=3", "--experiments=a", "--experiments=b",
          "--runtime_type_check", "--job_name=x"]

@@ -10,9 +10,9 @@ import sys
 import pytest
 import yaml
 
-from pipelines import calibration_cache as cc
-from pipelines import spec as spec_mod
-from pipelines.plan import make_plan
+from thresher.pipelines import calibration_cache as cc
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.plan import make_plan
 
 from .conftest import BASE_SPEC, ROOT
 
@@ -139,7 +139,7 @@ def test_off_and_library_use_compute(tmp_path, monkeypatch):
 # `thresher run SPEC --quiet` in a fresh process, then the modules it imported (the CLI
 # sends stderr to /dev/null while it works, so -X importtime cannot be read).
 PROBE = """import json, sys
-from pipelines.cli import main
+from thresher.pipelines.cli import main
 rc = main(["run", sys.argv[1], "--quiet"])
 print(json.dumps(sorted(sys.modules)))
 sys.exit(rc)
@@ -170,7 +170,7 @@ def test_a_second_run_of_a_spec_does_not_import_scipy(tmp_path, small_parquet):
 def test_the_cache_is_on_only_while_a_command_runs(tmp_path, monkeypatch):
     """An in-process ``thresher`` command must not leave the cache on for later library
     calls (they may run patched code the fingerprint cannot see)."""
-    from pipelines import calibration_cache, cli
+    from thresher.pipelines import calibration_cache, cli
     monkeypatch.setenv("THRESHER_CACHE_DIR", str(tmp_path / "cache"))
     calibration_cache.disable()
     cli.main(["schema"])
@@ -178,7 +178,7 @@ def test_the_cache_is_on_only_while_a_command_runs(tmp_path, monkeypatch):
 
 
 def test_no_absolute_cache_folder_turns_the_cache_off(monkeypatch):
-    from pipelines import calibration_cache
+    from thresher.pipelines import calibration_cache
     monkeypatch.delenv("THRESHER_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
     assert calibration_cache.folder() is None

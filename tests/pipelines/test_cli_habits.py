@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from pipelines.cli import main
-from pipelines.progress import Reporter
+from thresher.pipelines.cli import main
+from thresher.pipelines.running.progress import Reporter
 
 from .conftest import ROOT
 
@@ -120,9 +120,9 @@ def test_plan_states_the_budget_ledger(write_spec, capsys):
 def test_progress_lines_name_stages_and_rows(write_spec, small_parquet, capsys):
     import io
     stream = io.StringIO()
-    from pipelines import spec as spec_mod
-    from pipelines.plan import make_plan
-    from pipelines.release import run
+    from thresher.pipelines.specs import spec as spec_mod
+    from thresher.pipelines.plan import make_plan
+    from thresher.pipelines.release import run
     plan = make_plan(spec_mod.load(write_spec({"input.path": small_parquet})))
     with Reporter(True, stream=stream, interval=0.05):
         run(plan)
@@ -138,7 +138,7 @@ def test_progress_lines_name_stages_and_rows(write_spec, small_parquet, capsys):
 def test_progress_is_off_without_a_terminal_and_on_when_asked(write_spec, small_parquet, tmp_path):
     spec = write_spec({"input.path": small_parquet})
     env = dict(os.environ, PYTHONPATH=ROOT, THRESHER_PROGRESS_SECONDS="0.05")
-    cmd = [sys.executable, "-m", "pipelines.cli", "run", spec]
+    cmd = [sys.executable, "-m", "thresher.pipelines.cli", "run", spec]
     quiet = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert quiet.returncode == 0 and "progress" not in quiet.stderr
     loud = subprocess.run(cmd + ["--overwrite", "--progress"], capture_output=True, text=True,

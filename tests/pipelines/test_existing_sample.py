@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import main
+from thresher.pipelines.cli import main
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """YAML and input files as people write them: exponent floats, globs, gzip, TSV and other
-delimiters, and a JSON array where JSONL is expected (pipelines/formats.py)."""
+delimiters, and a JSON array where JSONL is expected (pipelines/dataio/formats.py)."""
 import gzip
 import json
 import os
@@ -8,10 +8,10 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import spec as spec_mod
-from pipelines.cli import main
-from pipelines.plan import make_plan
-from pipelines.release import run
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.cli import main
+from thresher.pipelines.plan import make_plan
+from thresher.pipelines.release import run
 
 BASE = """name: t
 input: {{path: {path}, user: user_id, keys: [word]{extra}}}

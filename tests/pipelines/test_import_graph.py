@@ -19,7 +19,7 @@ def _modules():
         for name in files:
             if name.endswith(".py"):
                 path = os.path.join(folder, name)
-                module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                module = "thresher." + os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
                 found[module.removesuffix(".__init__")] = path
     return found
 
@@ -39,8 +39,8 @@ def _graph():
                 if node.module in modules and len(subs) < len(node.names):
                     edges[module].add(node.module)      # names defined in the module itself
             elif (isinstance(node, ast.Attribute) and node.attr == "import_module"
-                  and module == "pipelines.kinds"):
-                edges[module].update(m for m in modules if m.startswith("pipelines.kinds.")
+                  and module == "thresher.pipelines.kinds"):
+                edges[module].update(m for m in modules if m.startswith("thresher.pipelines.kinds.")
                                      and not m.rpartition(".")[2].startswith("_"))
     for module in edges:
         edges[module].discard(module)
@@ -76,9 +76,9 @@ def _cycle(edges):
 def test_the_graph_sees_the_imports():
     """The checker finds what it must (so an empty result means something)."""
     edges = _graph()
-    assert "pipelines.fields" in edges["pipelines.spec"]
-    assert "pipelines.kinds.gaussian" in edges["pipelines.kinds"]
-    assert "pipelines.public_keys" in edges["pipelines.kinds.gaussian"]
+    assert "thresher.pipelines.specs.fields" in edges["thresher.pipelines.specs.spec"]
+    assert "thresher.pipelines.kinds.gaussian" in edges["thresher.pipelines.kinds"]
+    assert "thresher.pipelines.dataio.public_keys" in edges["thresher.pipelines.kinds.gaussian"]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
@@ -89,21 +89,21 @@ def test_no_import_cycle_in_pipelines():
 
 def test_spec_kinds_and_public_keys_do_not_import_each_other_back():
     edges = _graph()
-    kinds = [m for m in edges if m.startswith("pipelines.kinds.")]
+    kinds = [m for m in edges if m.startswith("thresher.pipelines.kinds.")]
     for kind in kinds:
-        assert "pipelines.spec" not in edges[kind], kind
-    assert "pipelines.spec" not in edges["pipelines.public_keys"]
-    assert not any(m.startswith("pipelines.kinds") for m in edges["pipelines.public_keys"])
+        assert "thresher.pipelines.specs.spec" not in edges[kind], kind
+    assert "thresher.pipelines.specs.spec" not in edges["thresher.pipelines.dataio.public_keys"]
+    assert not any(m.startswith("thresher.pipelines.kinds") for m in edges["thresher.pipelines.dataio.public_keys"])
 
 
 # The modules of the former circle (spec <-> kinds <-> public_keys, through formats, ledger
 # and aggregates); every other module under the slow mark (a fresh interpreter costs ~2 s).
-CIRCLE = ("pipelines.spec", "pipelines.schema", "pipelines.public_keys", "pipelines.formats",
-          "pipelines.ledger", "pipelines.aggregates", "pipelines.kinds")
+CIRCLE = ("thresher.pipelines.specs.spec", "thresher.pipelines.specs.schema", "thresher.pipelines.dataio.public_keys", "thresher.pipelines.dataio.formats",
+          "thresher.pipelines.ledgers.ledger", "thresher.pipelines.aggregates", "thresher.pipelines.kinds")
 
 
 def _circle(module):
-    return module in CIRCLE or module.startswith("pipelines.kinds.")
+    return module in CIRCLE or module.startswith("thresher.pipelines.kinds.")
 
 
 @pytest.mark.parametrize("module", [

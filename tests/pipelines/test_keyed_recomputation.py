@@ -23,13 +23,15 @@ import yaml
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that
 
-from pipelines import release, spec as spec_mod
-from pipelines.plan import make_plan
+from thresher.pipelines import release
+
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.plan import make_plan
 from tests.transforms.test_choose_contribution_bound import _choose, _records
-from transforms import keyed_random
-from transforms.noisy_threshold import release_table as noisy_release
-from transforms.release_fn import ReleaseBatchFn
-from transforms.sample_and_threshold import release_table as sample_release
+from thresher.transforms import keyed_random
+from thresher.transforms.noisy_threshold import release_table as noisy_release
+from thresher.transforms.release_fn import ReleaseBatchFn
+from thresher.transforms.sample_and_threshold import release_table as sample_release
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(ROOT, "configs", "examples", "quickstart.yaml")
@@ -213,7 +215,7 @@ def test_choice_materialised_twice_from_one_pcollection_is_the_same_draw():
 def test_the_dask_runner_is_refused_in_one_line(tmp_path, capsys, runner):
     """Beam's DaskRunner drops finish_bundle outputs, mixes tagged outputs and ignores
     Reshuffle (docs/running.md): thresher refuses it before reading any input."""
-    from pipelines.cli import main
+    from thresher.pipelines.cli import main
     with open(QUICKSTART, encoding="utf-8") as handle:
         doc = yaml.safe_load(handle)
     doc["input"]["path"] = os.path.join(ROOT, doc["input"]["path"])

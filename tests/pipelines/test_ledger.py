@@ -1,4 +1,4 @@
-"""The privacy-budget ledger (pipelines/ledger.py): releases charged across runs, refused
+"""The privacy-budget ledger (pipelines/ledgers/ledger.py): releases charged across runs, refused
 past the dataset's total, reservations released on refusals and kept once publishing
 began, and concurrent runs decided by SQLite transactions — with real processes."""
 import json
@@ -10,11 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipelines import ledger, publish
-from pipelines import spec as spec_mod
-from pipelines.cli import main
-from pipelines.plan import make_plan
-from pipelines.release import run
+from thresher.pipelines.ledgers import ledger
+
+from thresher.pipelines.dataio import publish
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.cli import main
+from thresher.pipelines.plan import make_plan
+from thresher.pipelines.release import run
 
 from .conftest import QUICKSTART_DATA, ROOT
 from .ledger_race import assert_exactly_two_reserved, race
@@ -43,7 +45,7 @@ def tiny(tmp_path):
 
 def _cli(args, cwd):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", *args], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "thresher.pipelines.cli", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

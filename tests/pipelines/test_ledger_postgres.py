@@ -14,10 +14,10 @@ import tempfile
 import pytest
 import yaml
 
-from pipelines import ledger
-from pipelines import spec as spec_mod
-from pipelines.cli import main
-from pipelines.plan import make_plan
+from thresher.pipelines.ledgers import ledger
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.cli import main
+from thresher.pipelines.plan import make_plan
 
 from .ledger_race import assert_exactly_two_reserved, race
 from .test_ledger import _cli, _finish, _spec_text, tiny  # noqa: F401

@@ -1,4 +1,4 @@
-"""Process settings of the thresher command (pipelines/process.py): Beam's DoFn state and
+"""Process settings of the thresher command (pipelines/running/process.py): Beam's DoFn state and
 timer specs looked up once per DoFn object give Beam's own answers, and a stateful DoFn
 still runs as one on the in-process runner."""
 import apache_beam as beam
@@ -8,7 +8,7 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import userstate
 
-from pipelines import process
+from thresher.pipelines.running import process
 
 
 class _Counting(beam.DoFn):
@@ -70,7 +70,7 @@ def test_thresher_run_leaves_beam_out_of_full_collections(tmp_path):
     collector's permanent generation (gc.freeze), so a full collection does not scan them;
     objects made later are still collected."""
     probe = """import gc, json, sys
-from pipelines import process
+from thresher.pipelines.running import process
 process.prepare("run")
 frozen = gc.get_freeze_count()
 import apache_beam

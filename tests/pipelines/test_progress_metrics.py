@@ -4,11 +4,11 @@ rows read as Beam's own MetricResults report them while the pipeline runs."""
 import io
 import re
 
-from pipelines import progress
-from pipelines import spec as spec_mod
-from pipelines.live_metrics import LiveMetricsRunner
-from pipelines.plan import make_plan
-from pipelines.release import run
+from thresher.pipelines.running import progress
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.running.live_metrics import LiveMetricsRunner
+from thresher.pipelines.plan import make_plan
+from thresher.pipelines.release import run
 
 _METRICS_LINE = re.compile(r"stage ([A-Za-z, ]+); ([\d,]+) rows read \(Beam metrics: "
                            r"(Read/[A-Za-z]+) ([\d,]+)\)")

@@ -9,12 +9,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from accounting import known_domain
-from pipelines import spec as spec_mod
-from pipelines.cli import main
-from pipelines.errors import SpecError
-from pipelines.plan import make_plan
-from pipelines.release import run
+from thresher.accounting import known_domain
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.cli import main
+from thresher.pipelines.errors import SpecError
+from thresher.pipelines.plan import make_plan
+from thresher.pipelines.release import run
 
 
 def _domain_file(tmp_path, small_parquet, n_present=40, absent=("zz-absent-1", "zz-absent-2"),

@@ -13,10 +13,10 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import spec as spec_mod
-from pipelines.cli import main
-from pipelines.plan import make_plan
-from pipelines.release import run
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.cli import main
+from thresher.pipelines.plan import make_plan
+from thresher.pipelines.release import run
 
 from .conftest import ROOT
 
@@ -106,7 +106,7 @@ def test_quickstart_through_the_real_cli(tmp_path, bound):
     spec = spec.replace("max_keys_per_user: 8\n", f"max_keys_per_user: {bound}\n")
     path = tmp_path / "quickstart.yaml"
     path.write_text(spec)
-    cmd = [sys.executable, "-m", "pipelines.cli", "run", str(path)]
+    cmd = [sys.executable, "-m", "thresher.pipelines.cli", "run", str(path)]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "released" in done.stdout

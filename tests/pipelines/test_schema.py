@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from pipelines import spec as spec_mod
-from pipelines.cli import main
-from pipelines.schema import json_schema
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.cli import main
+from thresher.pipelines.specs.schema import json_schema
 
 from .conftest import BASE_SPEC, ROOT
 
@@ -169,7 +169,8 @@ def test_each_kinds_declared_fields_are_what_the_loader_enforces(kind):
     """One declaration, two uses: for every field a kind declares with a type, range or
     choice, a value the declaration refuses is refused by ``thresher validate``'s loader,
     naming the field and saying what the declaration allows (pipelines.declare.allowed)."""
-    from pipelines import declare, kinds
+    from thresher.pipelines.specs import declare
+    from thresher.pipelines import kinds
     module = kinds.module(kind)
     base = {"kind": kind, **({"column": "v", "ranks": [0.5], "domain": [0, 1]}
                              if kind == "quantiles" else {})}
@@ -193,7 +194,7 @@ def test_each_kinds_declared_fields_are_what_the_loader_enforces(kind):
 def test_a_new_kind_module_is_found(tmp_path, monkeypatch):
     """Adding a kind is adding its module: the package lists every module not starting
     with _, thresher's own kinds first."""
-    from pipelines import kinds
+    from thresher.pipelines import kinds
     (tmp_path / "zz_new_kind.py").write_text("FIELDS = {}\n")
     (tmp_path / "_zz_helper.py").write_text("\n")
     monkeypatch.setattr(kinds, "__path__", [*kinds.__path__, str(tmp_path)])
@@ -205,7 +206,7 @@ def test_a_new_kind_module_is_found(tmp_path, monkeypatch):
 def test_a_kind_may_declare_a_field_by_description_only():
     """A field declared by its text alone (kinds written before the schema) accepts any
     value in the schema; the kind's parse() checks it."""
-    from pipelines import declare
+    from thresher.pipelines.specs import declare
     variant = declare.mapping({"kind": declare.const("k"), "x": "free text"}, ("kind",))
     assert variant["properties"]["x"] == {"description": "free text"}
     declare.check({"kind": "k", "x": [1, "anything"]}, variant, "mechanism")
@@ -214,7 +215,7 @@ def test_a_kind_may_declare_a_field_by_description_only():
 
 
 def test_schema_messages_name_the_path_and_what_is_allowed():
-    from pipelines import declare
+    from thresher.pipelines.specs import declare
     cases = [
         ({"privacy": {"epsilon": "1e-8", "delta": 1e-8}}, "privacy.epsilon: must be a number > 0, got str '1e-8'"),
         ({"bounding": {"max_keys_per_user": 0}}, "bounding.max_keys_per_user: must be an integer >= 1 and <= 10000000, got 0"),
@@ -236,11 +237,11 @@ def test_schema_messages_name_the_path_and_what_is_allowed():
 
 def test_schema_copies_agree_with_their_owners():
     """Literals the schema keeps to avoid loading numerics agree with their owners."""
-    from accounting.contribution_bound import DROPPED_WEIGHT_RULES
-    from pipelines import schema
+    from thresher.accounting.contribution_bound import DROPPED_WEIGHT_RULES
+    from thresher.pipelines.specs import schema
     assert tuple(schema.DROPPED_WEIGHT_RULES) == tuple(DROPPED_WEIGHT_RULES)
-    from accounting.contribution_bound import OBJECTIVES
+    from thresher.accounting.contribution_bound import OBJECTIVES
     assert tuple(schema.OBJECTIVES) == tuple(OBJECTIVES)
-    from accounting.pws import SAMPLING_SCHEMES
-    from pipelines.kinds._sample_fields import SCHEMES
+    from thresher.accounting.pws import SAMPLING_SCHEMES
+    from thresher.pipelines.kinds._sample_fields import SCHEMES
     assert tuple(SCHEMES) == tuple(SAMPLING_SCHEMES)

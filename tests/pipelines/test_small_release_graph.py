@@ -11,10 +11,16 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipelines import io, live_metrics, release, spec as spec_mod
-from pipelines.plan import make_plan
+from thresher.pipelines.dataio import io
+
+from thresher.pipelines.running import live_metrics
+
+from thresher.pipelines import release
+
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.pipelines.plan import make_plan
 from tests.privacy import harness
-from transforms import keyed_random, spill
+from thresher.transforms import keyed_random, spill
 
 SECRET = b"test-only release secret: 32 B.."
 

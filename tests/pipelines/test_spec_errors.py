@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from pipelines.cli import main
+from thresher.pipelines.cli import main
 
 
 def _validate(path, capsys):

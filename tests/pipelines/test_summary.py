@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import summary
-from pipelines.cli import main
+from thresher.pipelines.reports import summary
+from thresher.pipelines.cli import main
 
 from .conftest import ROOT
 
@@ -102,8 +102,8 @@ def test_release_probability_against_brute_force_sums(n):
 
 def test_release_probability_of_weighted_sampling_is_pi(write_spec):
     """pi_n of PWS (paper 001 Alg. 3) for the calibrated plan, rising to 1."""
-    from pipelines import spec as spec_mod
-    from pipelines.plan import make_plan
+    from thresher.pipelines.specs import spec as spec_mod
+    from thresher.pipelines.plan import make_plan
     report = make_plan(spec_mod.load(write_spec({"mechanism": {"kind": "weighted_sampling"}}))).report()
     p = summary.release_probability(report, np.arange(0, 400))
     assert p[0] == 0 and np.all(np.diff(p) >= 0) and p[-1] == 1.0
@@ -162,7 +162,7 @@ def test_report_html_without_matplotlib_exits_2_saying_what_to_install(released,
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('matplotlib is not installed')\n")
     env = dict(os.environ, PYTHONPATH=f"{shadow.parent}{os.pathsep}{ROOT}")
-    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "report", out, "--html"],
+    done = subprocess.run([sys.executable, "-m", "thresher.pipelines.cli", "report", out, "--html"],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == ("thresher: error: thresher report --html needs matplotlib; "

@@ -4,7 +4,7 @@ import json
 
 import pyarrow.parquet as pq
 
-from pipelines.cli import main
+from thresher.pipelines.cli import main
 
 
 def test_keys_release_runs_with_pld_by_default(write_spec, small_parquet, tmp_path, capsys):

@@ -56,8 +56,8 @@ def dataset(n_users=1333, seed=0, id_prefix="u"):
 def first_in_shard_zero_id(table, num_shards=4):
     """A new user id whose public hash sorts first in user shard 0 (before every user of
     ``table``): under the old first-appearance order its keys moved to the file's head."""
-    from transforms.hashing import hash_array
-    from transforms.user_shards import user_shard_of
+    from thresher.transforms.hashing import hash_array
+    from thresher.transforms.user_shards import user_shard_of
     existing = hash_array(table.column("user_id"))
     low = int(existing[user_shard_of(existing, num_shards) == 0].min())
     for i in range(200000):
@@ -110,8 +110,8 @@ def _cwd(path):
 def release(folder, table, spec, monkeypatch, *, seed=7, rows_per_shard=None,
             batch_rows=None, coalesce_rows=None, row_group_size=500):
     """Run ``thresher run spec.yaml`` in ``folder`` on ``table``; returns the output folder."""
-    from pipelines import io as pio
-    from transforms import samplers
+    from thresher.pipelines.dataio import io as pio
+    from thresher.transforms import samplers
     os.makedirs(folder, exist_ok=True)
     pq.write_table(table, os.path.join(folder, "data.parquet"), row_group_size=row_group_size)
     with open(os.path.join(folder, "domain.csv"), "w", encoding="utf-8") as handle:
@@ -121,7 +121,7 @@ def release(folder, table, spec, monkeypatch, *, seed=7, rows_per_shard=None,
     monkeypatch.setattr(samplers, "secure_random", lambda: np.random.default_rng(seed))
     # The release secret (transforms.keyed_random) is drawn per run: both neighbours get
     # the same one, so what differs between their outputs is the data, not the noise.
-    from transforms import keyed_random
+    from thresher.transforms import keyed_random
     monkeypatch.setattr(keyed_random, "new_secret",
                         lambda: seed.to_bytes(4, "little") * (keyed_random.SECRET_BYTES // 4))
     if rows_per_shard is not None:
@@ -129,7 +129,7 @@ def release(folder, table, spec, monkeypatch, *, seed=7, rows_per_shard=None,
     if batch_rows is not None:
         monkeypatch.setattr(pio, "BATCH_ROWS", batch_rows)
     if coalesce_rows is not None:
-        from transforms import user_shards
+        from thresher.transforms import user_shards
         monkeypatch.setattr(user_shards, "COALESCE_ROWS", coalesce_rows)
     with _cwd(folder):
         code, _, err = run_cli("run", "spec.yaml")
@@ -148,9 +148,9 @@ def _read(output):
 def expected_report(folder, published, released_rows):
     """The report the spec, the version and the private outputs determine; the released
     row count comes from the released file, not from the report under test."""
-    from pipelines import io as pio
-    from pipelines import spec as spec_mod
-    from pipelines.plan import make_plan
+    from thresher.pipelines.dataio import io as pio
+    from thresher.pipelines.specs import spec as spec_mod
+    from thresher.pipelines.plan import make_plan
     with _cwd(folder):
         plan = make_plan(spec_mod.load("spec.yaml"))
     chosen = (published["bounding"]["max_keys_per_user"]
@@ -166,7 +166,7 @@ def expected_report(folder, published, released_rows):
 
 def assert_only_values_differ(out_a, out_b, key_columns=("word",)):
     """The published bytes of two neighbouring releases differ only in released values."""
-    from pipelines import released_file
+    from thresher.pipelines.dataio import released_file
     bytes_a, report_a = _read(out_a)
     bytes_b, report_b = _read(out_b)
     table_a = pq.read_table(pa.BufferReader(bytes_a))

@@ -16,15 +16,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from accounting.aggregates import fixed_point_grid
-from pipelines import io as pio
+from thresher.accounting.aggregates import fixed_point_grid
+from thresher.pipelines.dataio import io as pio
 from tests.privacy import harness
 from tests.privacy.test_identity import colliding_pair
-from transforms import keyed_random
-from transforms.aggregate_values import bound_with_values
-from transforms.per_user_bound import bound_table_l0, users_with_colliding_keys
-from transforms.user_shards import exact_user_ids
-from transforms.weighted_threshold import WEIGHT_COLUMN, weighted_counts
+from thresher.transforms import keyed_random
+from thresher.transforms.aggregate_values import bound_with_values
+from thresher.transforms.per_user_bound import bound_table_l0, users_with_colliding_keys
+from thresher.transforms.user_shards import exact_user_ids
+from thresher.transforms.weighted_threshold import WEIGHT_COLUMN, weighted_counts
 
 SECRET = b"test-only secret: collision choice"
 BOUND = 2

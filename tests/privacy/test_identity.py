@@ -7,10 +7,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines import io as pio
-from transforms.hashing import hash_array
-from transforms.per_user_bound import bound_table_l0
-from transforms.user_shards import USER_ID_COLUMN, exact_user_ids
+from thresher.pipelines.dataio import io as pio
+from thresher.transforms.hashing import hash_array
+from thresher.transforms.per_user_bound import bound_table_l0
+from thresher.transforms.user_shards import USER_ID_COLUMN, exact_user_ids
 from tests.robustness.conftest import diagnostics, run_cli, write_parquet, write_spec
 
 _TM = "".join("ab"[bin(i).count("1") % 2] for i in range(2048))
@@ -45,7 +45,7 @@ def test_keyed_draws_in_a_colliding_shard_ignore_row_order():
     """In a shard where two ids collide, a user's kept keys under one release secret are
     the same whatever the order of the shard's rows (exact identities are ranks of the
     sorted ids, not the order of first appearance)."""
-    from transforms import keyed_random
+    from thresher.transforms import keyed_random
     a, b = colliding_pair("c")
     pair = pa.table({"user_id": [a, b], "word": ["p1", "p2"]})
     x = pa.table({"user_id": ["x"] * 6, "word": [f"w{i}" for i in range(6)]})
@@ -131,8 +131,8 @@ def test_adaptive_never_outputs_a_key_colliding_with_a_released_one():
     import apache_beam as beam
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
     from apache_beam.testing.util import assert_that, equal_to
-    from transforms import adaptive_rounds as ar
-    from transforms.user_shards import ShardByUser
+    from thresher.transforms import adaptive_rounds as ar
+    from thresher.transforms.user_shards import ShardByUser
     from tests.kinds.test_weighted_gaussian_kind import _records
 
     k1, k2 = colliding_pair("key")

@@ -11,15 +11,15 @@ import time
 
 import pytest
 
-from pipelines.claim import OutputClaim
-from pipelines.errors import SpecError
+from thresher.pipelines.dataio.claim import OutputClaim
+from thresher.pipelines.errors import SpecError
 from tests.robustness.conftest import ROOT, run_cli, words_table, write_parquet, write_spec
 
 QUICKSTART = os.path.join(ROOT, "configs", "examples", "data", "quickstart.parquet")
 
 
 def _cli(*argv, new_session=False):
-    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", *argv], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "thresher.pipelines.cli", *argv], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=new_session)
 

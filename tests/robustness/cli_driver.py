@@ -81,7 +81,7 @@ def _child(argv):
     parser.add_argument("--hooks")
     args = parser.parse_args(argv)
     resource.setrlimit(resource.RLIMIT_AS, (args.cap, args.cap))
-    from pipelines.cli import main
+    from thresher.pipelines.cli import main
     hooks = importlib.import_module(args.hooks) if args.hooks else None
     before = getattr(hooks, "before_case", None)
     after = getattr(hooks, "after_case", None)

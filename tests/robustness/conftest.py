@@ -64,10 +64,10 @@ def run_cli(*argv, in_process=True, timeout=600):
     """(exit code, stdout, stderr) of ``thresher <argv>``."""
     argv = [str(a) for a in argv]
     if not in_process:
-        proc = subprocess.run([sys.executable, "-m", "pipelines.cli", *argv], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", "thresher.pipelines.cli", *argv], cwd=ROOT,
                               capture_output=True, text=True, timeout=timeout)
         return proc.returncode, proc.stdout, proc.stderr
-    from pipelines.cli import main
+    from thresher.pipelines.cli import main
     out, err = io.StringIO(), io.StringIO()
     # The CLI configures logging itself; pytest's capture handlers on the root logger
     # would swallow what a user would see (e.g. a worker's traceback logged by Beam).

@@ -12,7 +12,7 @@ run; the wrappers only count) and after each case the counts are returned:
   entries stored, per build (lists) so the caps can be checked build by build;
 - ``bands_cached`` / ``release_tables_cached``: what the caches hold after the case.
 """
-from accounting import pws
+from thresher.accounting import pws
 
 _counts = {}
 _alg3, _build_band, _next_row = pws._alg3, pws._build_band, pws._next_row

@@ -26,7 +26,7 @@ def _consistent(output):
 
 
 KINDS = [kind for kind in ("gaussian", "laplace", "sample_and_threshold", "weighted_sampling")
-         if importlib.util.find_spec(f"pipelines.kinds.{kind}") is not None]
+         if importlib.util.find_spec(f"thresher.pipelines.kinds.{kind}") is not None]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -46,7 +46,7 @@ def test_replayed_bundles_give_one_consistent_release(tmp_path, kind):
     _consistent(output)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transforms.choose_contribution_bound") is None,
+@pytest.mark.skipif(importlib.util.find_spec("thresher.transforms.choose_contribution_bound") is None,
                     reason="transforms/choose_contribution_bound.py does not exist yet")
 def test_replayed_bundles_choose_one_bound(tmp_path):
     data = write_parquet(tmp_path / "in.parquet", words_table(n_users=5000))

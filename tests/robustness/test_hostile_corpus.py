@@ -484,7 +484,7 @@ def _capped(argv, **kw):
     def limit():
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", *argv], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "thresher.pipelines.cli", *argv], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=limit, **kw)
 

@@ -24,7 +24,7 @@ import os
 import pytest
 import yaml
 
-from accounting import pws
+from thresher.accounting import pws
 from tests.robustness.cli_driver import run_batch
 
 PEAK_RSS_MB = 420

@@ -1,7 +1,7 @@
 """Fixtures shared by the sampler tests."""
 import pytest
 
-from transforms import samplers
+from thresher.transforms import samplers
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from transforms import samplers
+from thresher.transforms import samplers
 
 
 

@@ -19,7 +19,7 @@ import pytest
 from scipy import stats
 
 from tests.samplers import gof
-from transforms import keyed_random, samplers
+from thresher.transforms import keyed_random, samplers
 
 N = 200_000
 SECRET = b"test-only secret, never in production"

@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from tests.samplers import gof
-from transforms import samplers
+from thresher.transforms import samplers
 
 N = 10**6
 

@@ -4,9 +4,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from accounting.aggregates import fixed_point_grid
-from transforms import aggregate_values as av
-from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.accounting.aggregates import fixed_point_grid
+from thresher.transforms import aggregate_values as av
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 
 def test_prepare_values_drops_nan_inf_null_and_non_numbers():

@@ -10,8 +10,8 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 from scipy import stats
 
-from accounting import sample_threshold as acc
-from transforms import heavy_hitters as hh
+from thresher.accounting import sample_threshold as acc
+from thresher.transforms import heavy_hitters as hh
 
 PREFIXES = (1, 2, 4, None)
 

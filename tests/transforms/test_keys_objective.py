@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from accounting import contribution_bound as cb
+from thresher.accounting import contribution_bound as cb
 from tests.accounting.score_fixtures import CANDIDATES, MAX_BOUND, score_params
-from transforms.choose_contribution_bound import (
+from thresher.transforms.choose_contribution_bound import (
     ContributionBoundSums, shard_key_costs, table_statistics)
 
 _CANDIDATES, _MAX_BOUND = CANDIDATES, MAX_BOUND

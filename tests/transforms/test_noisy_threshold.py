@@ -9,7 +9,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 from scipy import stats
 
-from transforms.noisy_threshold import NoisyThreshold, noisy_threshold
+from thresher.transforms.noisy_threshold import NoisyThreshold, noisy_threshold
 
 
 def _pmf(noise, scale, support):

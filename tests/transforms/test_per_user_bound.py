@@ -10,10 +10,10 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from scipy import stats
 
-from pipelines.io import prepare_batch
-from transforms.aggregate import SumCountsPerKey
-from transforms.per_user_bound import PerUserBound, bound_l0
-from transforms.user_shards import ShardByUser
+from thresher.pipelines.dataio.io import prepare_batch
+from thresher.transforms.aggregate import SumCountsPerKey
+from thresher.transforms.per_user_bound import PerUserBound, bound_l0
+from thresher.transforms.user_shards import ShardByUser
 
 
 def _random_records(rng, n, users, keys):

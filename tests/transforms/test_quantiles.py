@@ -8,8 +8,8 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 
-from accounting import sample_threshold as acc
-from transforms import quantiles as q
+from thresher.accounting import sample_threshold as acc
+from thresher.transforms import quantiles as q
 
 N = 1_000_000
 BRANCHING, LEVELS = 4, 6

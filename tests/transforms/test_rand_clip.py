@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from transforms import samplers
-from transforms.rand_clip import (
+from thresher.transforms import samplers
+from thresher.transforms.rand_clip import (
     RandClip, rand_clip, rand_clip_counts, rand_clip_table, user_codes_of)
 
 

@@ -12,9 +12,9 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 from scipy import stats
 
-from transforms import samplers
-from transforms import sample_and_threshold as sat
-from transforms.release_fn import ReleaseBatchFn
+from thresher.transforms import samplers
+from thresher.transforms import sample_and_threshold as sat
+from thresher.transforms.release_fn import ReleaseBatchFn
 
 
 def chi_square_pvalue(draws, n, p):

@@ -8,11 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from accounting import sample_threshold as acc
-from pipelines import cli
-from pipelines.errors import CalibrationError, SpecError
-from pipelines.kinds import sample_and_threshold as kind
-from pipelines.spec import parse_mechanism
+from thresher.accounting import sample_threshold as acc
+from thresher.pipelines import cli
+from thresher.pipelines.errors import CalibrationError, SpecError
+from thresher.pipelines.kinds import sample_and_threshold as kind
+from thresher.pipelines.specs.spec import parse_mechanism
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(ROOT, "configs", "examples", "data", "quickstart.parquet")
@@ -127,9 +127,9 @@ def test_pld_composition_is_bounded_to_keep_plans_within_seconds(tmp_path):
     """Above 64 keys per user the PLD calibration would take minutes: the default is basic
     composition there, and an explicit pld is refused naming the field."""
     import yaml
-    from pipelines import spec as spec_mod
-    from pipelines.errors import SpecError
-    from pipelines.plan import make_plan
+    from thresher.pipelines.specs import spec as spec_mod
+    from thresher.pipelines.errors import SpecError
+    from thresher.pipelines.plan import make_plan
     base = {"name": "t", "input": {"path": "x.parquet", "user": "u", "keys": ["k"]},
             "privacy": {"epsilon": 1.0, "delta": 1e-8},
             "bounding": {"max_keys_per_user": 100},

@@ -15,9 +15,9 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 from scipy import stats
 
-from accounting import pws
-from transforms import samplers
-from transforms.sanitize_sample import SanitizeSample, sanitize, sanitize_table
+from thresher.accounting import pws
+from thresher.transforms import samplers
+from thresher.transforms.sanitize_sample import SanitizeSample, sanitize, sanitize_table
 
 ALPHA = 1e-4
 

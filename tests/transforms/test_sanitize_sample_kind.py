@@ -7,11 +7,11 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 
-from accounting import pws
-from pipelines.errors import CalibrationError, SpecError
-from pipelines import declare
-from pipelines.kinds import weighted_sampling as ws
-from pipelines.spec import parse_mechanism
+from thresher.accounting import pws
+from thresher.pipelines.errors import CalibrationError, SpecError
+from thresher.pipelines.specs import declare
+from thresher.pipelines.kinds import weighted_sampling as ws
+from thresher.pipelines.specs.spec import parse_mechanism
 
 
 def test_parse_defaults():

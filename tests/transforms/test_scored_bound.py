@@ -11,15 +11,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from accounting import contribution_bound
-from pipelines import release
+from thresher.accounting import contribution_bound
+from thresher.pipelines import release
 from tests.pipelines.test_keyed_recomputation import SECRET, _release
-from transforms import keyed_random
-from transforms.choose_contribution_bound import table_statistics
-from transforms.hashing import hash_array
-from transforms.per_user_bound import bound_table_l0, count_per_key
-from transforms.scored_bound import candidate_buckets, scored_table, select_bucket_counts
-from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.transforms import keyed_random
+from thresher.transforms.choose_contribution_bound import table_statistics
+from thresher.transforms.hashing import hash_array
+from thresher.transforms.per_user_bound import bound_table_l0, count_per_key
+from thresher.transforms.scored_bound import candidate_buckets, scored_table, select_bucket_counts
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 CANDIDATES = (1, 2, 3, 4, 6, 8, 11, 16)
 STAGE = "PerUserBound"
@@ -133,7 +133,7 @@ def test_auto_release_is_byte_identical_to_the_two_pass_pipeline(kind, tmp_path,
 
 
 def _spec_of(folder):
-    from pipelines import spec as spec_mod
+    from thresher.pipelines.specs import spec as spec_mod
     return spec_mod.load(str(folder / "spec.yaml"))
 
 
@@ -150,7 +150,7 @@ def _spec_of(folder):
 def test_which_releases_take_the_one_pass_route(kind, model, aggregates, one_pass):
     """Only plain l0 PerUserBound releases may be bounded in the scoring pass: a kind
     with its own bounding, options, rounds or value columns would lose them there."""
-    from pipelines.spec import parse
+    from thresher.pipelines.specs.spec import parse
     document = {
         "name": "route", "input": {"path": "in.parquet", "format": "parquet",
                                    "user": "user", "keys": ["word"]},

@@ -13,9 +13,9 @@ import pytest
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipelines.io import prepare_batch
-from transforms import spill
-from transforms.user_shards import ShardByUser, user_shard_of
+from thresher.pipelines.dataio.io import prepare_batch
+from thresher.transforms import spill
+from thresher.transforms.user_shards import ShardByUser, user_shard_of
 
 
 def _rows(table):
@@ -82,8 +82,10 @@ def test_release_through_files_on_the_in_process_runner(tmp_path, monkeypatch, b
     import pyarrow.parquet as pq
     import yaml
 
-    from pipelines import release, spec as spec_mod
-    from pipelines.plan import make_plan
+    from thresher.pipelines import release
+
+    from thresher.pipelines.specs import spec as spec_mod
+    from thresher.pipelines.plan import make_plan
     from tests.pipelines.conftest import BASE_SPEC, QUICKSTART_DATA
 
     table = pq.read_table(QUICKSTART_DATA, columns=["user_id", "word"])
@@ -131,8 +133,8 @@ def test_spill_only_where_the_workers_share_this_disk(tmp_path, flags, spills):
     """The in-process runner with SDK workers elsewhere (EXTERNAL, DOCKER) keeps Beam's
     shuffle: a spill file written here could not be read there."""
     from apache_beam.options.pipeline_options import PipelineOptions
-    from pipelines import release
-    from pipelines.live_metrics import LiveMetricsRunner
+    from thresher.pipelines import release
+    from thresher.pipelines.running.live_metrics import LiveMetricsRunner
     pipeline = beam.Pipeline(runner=LiveMetricsRunner(), options=PipelineOptions(flags))
     folder = release._spill_dir(pipeline, str(tmp_path / "staging"))
     assert (folder is not None) == spills
@@ -141,8 +143,8 @@ def test_spill_only_where_the_workers_share_this_disk(tmp_path, flags, spills):
 def test_key_shuffle_through_files_sums_as_the_in_memory_shuffle(tmp_path):
     """SumCountsPerKey with a spill folder: the same count per key as the runner's own
     shuffle (several partial rows per key across and within tables), pieces on disk."""
-    from transforms.aggregate import SumCountsPerKey
-    from transforms.hashing import hash_array
+    from thresher.transforms.aggregate import SumCountsPerKey
+    from thresher.transforms.hashing import hash_array
     rng = np.random.default_rng(7)
     partials, truth = [], {}
     for _ in range(6):

@@ -25,7 +25,7 @@ import logging
 import os
 import shutil
 
-from pipelines.errors import SpecError
+from thresher.pipelines.errors import SpecError
 
 log = logging.getLogger("thresher")
 

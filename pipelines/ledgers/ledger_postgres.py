@@ -12,7 +12,7 @@ under a transaction-scoped advisory lock, so two first runs do not race on ``CRE
 import contextlib
 import re
 
-from pipelines.errors import SpecError
+from thresher.pipelines.errors import SpecError
 
 SCHEMES = ("postgresql", "postgres")
 _ADVISORY_KEY = 0x7468726573686572      # "thresher": serialises CREATE TABLE

@@ -1,5 +1,5 @@
 """A release as people read it: the lines ``thresher run`` ends with, ``thresher show``'s
-table of top keys, and the numbers behind ``thresher report --html`` (pipelines/html_report.py).
+table of top keys, and the numbers behind ``thresher report --html`` (pipelines/reports/html_report.py).
 
 Everything here is computed from the published files (``release_report.json`` and the
 released Parquet) or from the calibrated parameters alone; nothing reads the input.
@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from pipelines.errors import SpecError
+from thresher.pipelines.errors import SpecError
 
 REPORT_FILE = "release_report.json"
 
@@ -120,11 +120,11 @@ def release_probability(report, counts):
     if mech.get("public_keys") or "by_max_keys_per_user" in mech:
         return None
     if kind == "gaussian":
-        from accounting.discrete_gaussian import sf
+        from thresher.accounting.discrete_gaussian import sf
         p = np.asarray(sf(mech["threshold"] - n, mech["sigma"]), dtype=np.float64)
         return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
     if kind == "laplace":
-        from accounting.laplace_threshold import log_suppress
+        from thresher.accounting.laplace_threshold import log_suppress
         p = -np.expm1(log_suppress(mech["scale"], mech["threshold"] - n, mech.get("noise", "discrete_laplace")))
         return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
     if kind == "sample_and_threshold":
@@ -133,14 +133,14 @@ def release_probability(report, counts):
     if kind == "weighted_gaussian":
         # n users that each kept max_keys_per_user keys (the lightest weight, q_C): the
         # curve of the heaviest users; lighter users need fewer co-holders
-        from accounting.weighted_gaussian import grid_weight, sf_upper
+        from thresher.accounting.weighted_gaussian import grid_weight, sf_upper
         q = grid_weight(int(report["bounding"]["max_keys_per_user"]), mech["scale"])
         sd = mech["sigma"] * mech["scale"]
         return np.asarray([sf_upper(mech["threshold_grid"] - int(k) * q, sd) if k > 0 else 0.0
                            for k in n], dtype=np.float64)
     if kind == "weighted_sampling":
-        from accounting import pws
-        from transforms.sanitize_sample import _as_parameters
+        from thresher.accounting import pws
+        from thresher.transforms.sanitize_sample import _as_parameters
         keep = np.asarray(pws.release_tables(_as_parameters(mech)).keep, dtype=np.float64)
         return np.where(n < len(keep), keep[np.minimum(n, len(keep) - 1)], 1.0)
     return None

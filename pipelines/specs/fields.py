@@ -9,7 +9,7 @@ from the rest of thresher but ``pipelines.errors``, so every spec module can use
 import math
 import reprlib
 
-from pipelines.errors import SpecError
+from thresher.pipelines.errors import SpecError
 
 # Error messages show at most this much of a value (never the expansion of a large one).
 SHORT = reprlib.Repr()

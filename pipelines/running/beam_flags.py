@@ -5,7 +5,7 @@ and a Beam flag put before ``--`` gets a hint.
 import difflib
 import logging
 
-from pipelines.errors import SpecError
+from thresher.pipelines.errors import SpecError
 
 _BEAM_OPTIONS_LOGGER = "apache_beam.options.pipeline_options"
 

@@ -3,7 +3,7 @@ relative path for error messages."""
 import glob
 import os
 
-from pipelines.errors import SpecError
+from thresher.pipelines.errors import SpecError
 
 
 def resolved(path):

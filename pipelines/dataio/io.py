@@ -24,10 +24,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines import formats, progress
-from pipelines.errors import InputError, SpecError
-from transforms.hashing import hash_columns, user_identity
-from transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_ID_COLUMN
+from thresher.pipelines.dataio import formats
+
+from thresher.pipelines.running import progress
+from thresher.pipelines.errors import InputError, SpecError
+from thresher.transforms.hashing import hash_columns, user_identity
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_ID_COLUMN
 
 NOT_PRIVATE = "thresher_not_private"
 BATCH_ROWS = 1 << 18
@@ -261,7 +263,7 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
         columns[USER_ID_COLUMN] = user_id
     prepared = pa.table(columns)
     if value_columns:
-        from transforms.aggregate_values import prepare_values
+        from thresher.transforms.aggregate_values import prepare_values
         dropped = 0
         for source, name in value_columns:
             col = table.column(source)

@@ -10,8 +10,8 @@ mistakes worth naming.
 """
 import gzip
 
-from pipelines.errors import InputError, SpecError
-from pipelines.fields import describe
+from thresher.pipelines.errors import InputError, SpecError
+from thresher.pipelines.specs.fields import describe
 
 FORMATS = ("parquet", "csv", "jsonl")
 COMPRESSIONS = (".gz",)

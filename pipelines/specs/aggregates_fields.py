@@ -1,7 +1,7 @@
 """The spec fields of ``aggregates`` and ``aggregates_auto`` (pipelines/aggregates.py), as
 JSON Schema declarations for ``pipelines.schema``; kept apart from the calibration so
 that reading a spec loads no numerics."""
-from pipelines import declare
+from thresher.pipelines.specs import declare
 
 AUTO = "auto"
 STATISTICS = ("sum", "mean")

@@ -15,8 +15,8 @@ import io as _io
 
 import numpy as np
 
-from pipelines import summary
-from pipelines.errors import ThresherError
+from thresher.pipelines.reports import summary
+from thresher.pipelines.errors import ThresherError
 
 TOP_KEYS = 20
 

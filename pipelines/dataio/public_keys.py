@@ -15,10 +15,10 @@ import os
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines import declare
-from pipelines.errors import SpecError
-from pipelines.formats import infer
-from pipelines.paths import input_files
+from thresher.pipelines.specs import declare
+from thresher.pipelines.errors import SpecError
+from thresher.pipelines.dataio.formats import infer
+from thresher.pipelines.dataio.paths import input_files
 
 FIELD = "input.public_keys"
 FORMATS = ("parquet", "csv", "jsonl")
@@ -174,7 +174,7 @@ def input_key_types(input_spec):
     them (text inputs: string; Parquet: the column type, dictionaries decoded, large
     strings as strings); None when the input files cannot be listed yet (``thresher plan``
     on a spec whose data is elsewhere: the domain then keeps its own types)."""
-    from pipelines import io
+    from thresher.pipelines.dataio import io
     try:
         files = input_files(input_spec)
     except SpecError:

@@ -25,8 +25,8 @@ import uuid
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines import io
-from pipelines.errors import SpecError
+from thresher.pipelines.dataio import io
+from thresher.pipelines.errors import SpecError
 
 
 def is_remote(path):

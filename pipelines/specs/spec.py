@@ -13,14 +13,20 @@ import re
 
 import yaml
 
-from pipelines import declare, formats, kinds, ledger, public_keys, schema
-from pipelines.errors import SpecError
-from pipelines.fields import SHORT as _SHORT
+from thresher.pipelines.specs import declare, schema
+
+from thresher.pipelines.dataio import formats, public_keys
+
+from thresher.pipelines import kinds
+
+from thresher.pipelines.ledgers import ledger
+from thresher.pipelines.errors import SpecError
+from thresher.pipelines.specs.fields import SHORT as _SHORT
 # The value checkers and path helpers, where they were before (kinds written for an older
 # thresher import them from here; new code imports pipelines.fields / pipelines.paths).
-from pipelines.fields import check_fields, choice, integer, number, string  # noqa: F401
-from pipelines.fields import describe as _describe
-from pipelines.paths import input_files, resolved  # noqa: F401
+from thresher.pipelines.specs.fields import check_fields, choice, integer, number, string  # noqa: F401
+from thresher.pipelines.specs.fields import describe as _describe
+from thresher.pipelines.dataio.paths import input_files, resolved  # noqa: F401
 
 FORMATS = formats.FORMATS
 MODELS = schema.MODELS
@@ -46,7 +52,7 @@ class InputSpec:
     user: object            # the user column; None for a pre-sampled input (input.sample)
     keys: tuple
     sample: object = None   # {frequency, scheme, threshold} for an existing weighted sample
-    public_keys: object = None  # {path, format} of the public key domain (pipelines/public_keys.py)
+    public_keys: object = None  # {path, format} of the public key domain (pipelines/dataio/public_keys.py)
     values: tuple = ()      # value columns of ``aggregates`` (pipelines/aggregates.py)
     delimiter: str = ","        # CSV field separator (input.delimiter; "\t" for .tsv)
     quantile_column: object = None  # the numeric column a quantiles release reads (mechanism.column)
@@ -200,7 +206,7 @@ def _expanded_size(data):
 def _parse_input(section):
     sample = None
     if "sample" in section:
-        from pipelines.kinds.weighted_sampling import parse_sample
+        from thresher.pipelines.kinds.weighted_sampling import parse_sample
         sample = parse_sample(section["sample"])
         if "user" in section:
             raise SpecError("input.user", "must be left out with input.sample: an existing "
@@ -282,7 +288,7 @@ def _parse_auto(section, privacy, default_max_bound=DEFAULT_AUTO_MAX_BOUND):
         cands = tuple(sorted(cands))
     else:
         cands = default_candidates(max_bound)
-    from accounting.contribution_bound import DEFAULT_DROPPED_WEIGHT
+    from thresher.accounting.contribution_bound import DEFAULT_DROPPED_WEIGHT
     weight = section.get("dropped_weight", DEFAULT_DROPPED_WEIGHT)
     if not isinstance(weight, str):
         weight = float(weight)
@@ -297,7 +303,7 @@ def _parse_auto(section, privacy, default_max_bound=DEFAULT_AUTO_MAX_BOUND):
 def default_candidates(max_bound):
     """The geometric sqrt(2) grid 1, 2, 3, 4, 6, 8, 11, ... up to max_bound
     (accounting.contribution_bound.default_candidates; docs/contribution_bound.md)."""
-    from accounting.contribution_bound import default_candidates as grid
+    from thresher.accounting.contribution_bound import default_candidates as grid
     return grid(max_bound)
 
 
@@ -365,7 +371,7 @@ def parse(data, source_text=""):
     if "aggregates_auto" in data and "aggregates" not in data:
         raise SpecError("aggregates_auto", "only applies with aggregates (clip: auto)")
     if "aggregates" in data:
-        from pipelines import aggregates as aggregates_mod   # its calibration loads numerics
+        from thresher.pipelines import aggregates as aggregates_mod   # its calibration loads numerics
         aggregates = aggregates_mod.parse(data["aggregates"], input_spec, mechanism["kind"],
                                           bounding, RESERVED_COLUMNS + ("debiased",))
         input_spec = dataclasses.replace(input_spec, values=tuple(
@@ -396,7 +402,7 @@ def _presampled_mechanism(mechanism, sample, bounding):
     if bounding.max_keys_per_user == "auto" or bounding.model != "l0":
         raise SpecError("bounding.max_keys_per_user", "with input.sample must be the integer bound "
                         "the sample was built with (model l0): it cannot be chosen from the sample")
-    from pipelines.kinds.weighted_sampling import mechanism_for_sample
+    from thresher.pipelines.kinds.weighted_sampling import mechanism_for_sample
     return {"kind": mechanism["kind"], **mechanism_for_sample(
         {k: v for k, v in mechanism.items() if k != "kind"}, sample)}
 

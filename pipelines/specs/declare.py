@@ -15,9 +15,9 @@ accepts any value; its owner checks it in code.
 import json
 import math
 
-from pipelines import schema_check
-from pipelines.errors import SpecError
-from pipelines.fields import SHORT, describe
+from thresher.pipelines.specs import schema_check
+from thresher.pipelines.errors import SpecError
+from thresher.pipelines.specs.fields import SHORT, describe
 
 
 # ---- declarations ---------------------------------------------------------------------

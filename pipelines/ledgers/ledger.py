@@ -51,8 +51,10 @@ import re
 import socket
 import sqlite3
 
-from pipelines import declare, ledger_postgres
-from pipelines.errors import SpecError
+from thresher.pipelines.specs import declare
+
+from thresher.pipelines.ledgers import ledger_postgres
+from thresher.pipelines.errors import SpecError
 
 log = logging.getLogger("thresher")
 

@@ -70,12 +70,12 @@ def prepare(command):
         memoize_dofn_specs()        # (imports Beam)
         if gc.get_freeze_count() == 0:   # once per process (in-process CLI calls in tests)
             gc.freeze()
-    from pipelines import calibration_cache
+    from thresher.pipelines import calibration_cache
     calibration_cache.enable()      # calibrations read back, not recomputed (scipy not imported)
 
 
 def finish():
     """Undo what :func:`prepare` set for one command that later library calls in the same
     process must not inherit (the calibration cache is for the ``thresher`` command only)."""
-    from pipelines import calibration_cache
+    from thresher.pipelines import calibration_cache
     calibration_cache.disable()

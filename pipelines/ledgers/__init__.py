@@ -1,0 +1,1 @@
+"""The privacy-budget ledger (SQLite and PostgreSQL)."""

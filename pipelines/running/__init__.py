@@ -1,0 +1,1 @@
+"""Running a release on Beam: runner flags and options, process settings, signals and progress lines."""

@@ -1,0 +1,1 @@
+"""The release spec: its YAML reading, JSON Schema, field declarations and checks."""

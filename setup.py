@@ -1,7 +1,35 @@
 """thresher: differentially private histograms over open-ended key spaces, on Apache Beam."""
+import os
+import shutil
+
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 VERSION = "0.1.0"
+
+# The repository keeps the design's layout (accounting/, pipelines/, transforms/ at the
+# top); they install as subpackages of the one ``thresher`` package, whose own
+# ``__init__`` lives in src/thresher (a thresher/ folder at the root would shadow the
+# installed package whenever Python starts there: pytest, multi-process Beam workers).
+PARTS = ("accounting", "pipelines", "transforms")
+
+
+def _packages():
+    found = ["thresher"]
+    for part in PARTS:
+        found += ["thresher." + name for name in find_packages(include=[part, part + ".*"])]
+    return found
+
+
+class CleanBuildPy(build_py):
+    """build_py that empties its build folder first: a stale build/lib from an earlier
+    install (for instance one with top-level accounting/) would otherwise be copied into
+    the wheel."""
+
+    def run(self):
+        if os.path.isdir(self.build_lib):
+            shutil.rmtree(self.build_lib)
+        super().run()
 
 setup(
     name="thresher",
@@ -14,9 +42,10 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    # Subpackages too (pipelines.kinds): workers install this as --setup_file.
-    packages=find_packages(include=["accounting", "accounting.*", "transforms", "transforms.*",
-                                    "pipelines", "pipelines.*"]),
+    # Subpackages too (thresher.pipelines.kinds): workers install this as --setup_file.
+    packages=_packages(),
+    package_dir={"thresher": "src/thresher", **{f"thresher.{part}": part for part in PARTS}},
+    cmdclass={"build_py": CleanBuildPy},
     install_requires=[
         "apache-beam>=2.60",
         "numpy>=1.26",
@@ -43,6 +72,6 @@ setup(
         "gcp": ["apache-beam[gcp]>=2.60"],
         "aws": ["apache-beam[aws]>=2.60"],
     },
-    entry_points={"console_scripts": ["thresher=pipelines.cli:main"]},
+    entry_points={"console_scripts": ["thresher=thresher.pipelines.cli:main"]},
     include_package_data=True,
 )

@@ -148,13 +148,17 @@ def _key(name, args, kwargs):
 def fingerprint():
     """SHA-256 of the code a calibration depends on (see the module docstring)."""
     h = hashlib.sha256()
-    root = pathlib.Path(__file__).resolve().parent.parent
     sources = 0
     for package in _PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode("utf-8") + b"\0")
-            h.update(path.read_bytes() + b"\0")
-            sources += 1
+        # where the package is installed (a wheel's thresher/accounting, or the checkout's
+        # accounting/ in an editable install), never a path guessed from this file's place
+        spec = importlib.util.find_spec(f"thresher.{package}")
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            root = pathlib.Path(folder).resolve()
+            for path in sorted(root.rglob("*.py")):
+                h.update(f"{package}/{path.relative_to(root).as_posix()}".encode("utf-8") + b"\0")
+                h.update(path.read_bytes() + b"\0")
+                sources += 1
     if sources == 0:
         return ""                 # nothing to tell versions apart by: the cache stays off
     from thresher.pipelines import __version__

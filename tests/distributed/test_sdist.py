@@ -3,8 +3,10 @@
 Beam's stager (what every runner, Dataflow included, calls to package a pipeline's code)
 builds an sdist from ``setup.py``; workers pip-install it. This test builds it exactly
 that way from a copy of the checkout, checks it carries every module of the three
-packages, installs it into a new virtual environment (no system site-packages; its
-dependencies come from the package index or pip's cache), and runs the quickstart there
+packages, installs it into a new virtual environment (no system site-packages) the way a
+worker without internet does -- ``PIP_NO_INDEX=1``, everything from a local wheelhouse
+(which the test fills from the package index first, build requirements of pyproject.toml
+included) -- and runs the quickstart there
 with the installed ``thresher`` command on two worker processes, from a folder outside
 the checkout and without PYTHONPATH, so nothing can be imported from the source tree.
 Slow: installing apache-beam and its dependencies into the venv takes ~40 s with a warm
@@ -67,13 +69,20 @@ def test_setup_file_sdist_installs_into_clean_venv_and_runs_quickstart(tmp_path)
         members = [m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name]
     shipped = sorted(m for m in members if m.endswith(".py") and m.split("/")[0] in PACKAGES)
     assert shipped == _modules(ROOT), "the sdist does not carry exactly the checkout's modules"
+    assert "src/thresher/__init__.py" in members and "pyproject.toml" in members
 
     venv = str(tmp_path / "venv")
     subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=300)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", "")
+    wheelhouse = str(tmp_path / "wheelhouse")
+    fill = subprocess.run([os.path.join(venv, "bin", "python"), "-m", "pip", "download", "-q",
+                           "-d", wheelhouse, tarball, "setuptools>=64", "wheel"],
+                          capture_output=True, text=True, env=env, timeout=1200)
+    assert fill.returncode == 0, fill.stderr[-4000:]
+    offline = dict(env, PIP_NO_INDEX="1", PIP_FIND_LINKS=wheelhouse)
     pip = subprocess.run([os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q",
-                          tarball], capture_output=True, text=True, env=env, timeout=1200)
+                          tarball], capture_output=True, text=True, env=offline, timeout=1200)
     assert pip.returncode == 0, pip.stderr[-4000:]
 
     # The quickstart, copied outside the checkout with its data beside it.
@@ -88,7 +97,9 @@ def test_setup_file_sdist_installs_into_clean_venv_and_runs_quickstart(tmp_path)
 
     where = subprocess.run(
         [os.path.join(venv, "bin", "python"), "-c",
-         "import accounting, pipelines.kinds, transforms; print(pipelines.kinds.__file__)"],
+         "import importlib.util as u, thresher.pipelines.kinds as k; "
+         "assert not any(u.find_spec(n) for n in ('accounting', 'pipelines', 'transforms')); "
+         "print(k.__file__)"],
         capture_output=True, text=True, env=env, cwd=str(run_dir), timeout=120)
     assert where.returncode == 0, where.stderr[-2000:]
     assert where.stdout.strip().startswith(venv), where.stdout

@@ -1,24 +1,6 @@
-"""Errors a user can act on. The CLI prints them as one line and exits with code 2."""
+"""Errors a user can act on (``thresher.errors``), under the name pipelines' modules have
+always imported them by. They live in ``thresher.errors`` because transforms raise them
+too (an existing sample listing a key twice), and transforms never import pipelines."""
+from thresher.errors import CalibrationError, InputError, SpecError, ThresherError
 
-
-class ThresherError(Exception):
-    """Base class: an error whose message is complete without a traceback."""
-
-    exit_code = 2
-
-
-class SpecError(ThresherError):
-    """The release spec (or its input) is not valid; ``field`` names where."""
-
-    def __init__(self, field, message):
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}" if field else message)
-
-
-class CalibrationError(ThresherError):
-    """No mechanism parameters meet the privacy budget; the message says what would."""
-
-
-class InputError(ThresherError):
-    """The input data cannot be released as asked (missing column, unreadable file...)."""
+__all__ = ["CalibrationError", "InputError", "SpecError", "ThresherError"]

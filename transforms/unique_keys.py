@@ -9,7 +9,7 @@ columns, ``count``), each key exactly once, sharded by the key hash like
 """
 import pyarrow.compute as pc
 
-from thresher.pipelines.errors import InputError
+from thresher.errors import InputError
 from thresher.transforms.aggregate import SumCountsPerKey, shard_table
 from thresher.transforms.user_shards import KEY_HASH_COLUMN
 

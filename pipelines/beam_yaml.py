@@ -102,17 +102,25 @@ def _python_type(arrow_type, field):
 
 class _RowsToRecords(beam.DoFn):
     """A batch of rows -> one prepared Arrow table (``pipelines.io.prepare_batch``); rows
-    without a user or with a null key are dropped and counted, as ``thresher run`` does."""
+    without a user or with a null key are dropped and counted, as ``thresher run`` does.
+    ``rng_factory``: the release's ``KeyedSource``, whose secret keys the user identities
+    (``transforms.user_identity``)."""
 
-    def __init__(self, user, keys):
+    def __init__(self, user, keys, rng_factory=None):
         self._user = user
         self._keys = tuple(keys)
+        self._rng_factory = rng_factory
+
+    def setup(self):
+        from thresher.transforms.user_identity import identity_key
+        self._identity_key = identity_key(self._rng_factory)
 
     def process(self, rows):
         table = pa.table({name: pa.array([getattr(row, name) for row in rows])
                           for name in (self._user, *self._keys)})
         beam.metrics.Metrics.counter(io.NOT_PRIVATE, "rows_read").inc(table.num_rows)
-        prepared, drops = io.prepare_batch(table, self._user, self._keys)
+        prepared, drops = io.prepare_batch(table, self._user, self._keys,
+                                           identity_key=self._identity_key)
         for name, value in drops.items():
             if value:
                 beam.metrics.Metrics.counter(io.NOT_PRIVATE, name).inc(value)
@@ -156,13 +164,14 @@ class _Release(beam.PTransform):
             [(k, fields[k]) for k in keys]
             + [(c, _python_type(t, c)) for c, t in output_columns.items()])
 
+        # the release secret: drawn once, when the YAML pipeline is expanded (launcher)
+        from thresher.transforms.keyed_random import KeyedSource, building, new_secret
+        source = KeyedSource(new_secret())
         records = (rows
                    | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
                                                    max_batch_size=_BATCH_ROWS)
-                   | "ToRecords" >> beam.ParDo(_RowsToRecords(user, keys)))  # Table(__user, __key, keys)
-        # the release secret: drawn once, when the YAML pipeline is expanded (launcher)
-        from thresher.transforms.keyed_random import KeyedSource, building, new_secret
-        with building(KeyedSource(new_secret())):
+                   | "ToRecords" >> beam.ParDo(_RowsToRecords(user, keys, source)))  # Table(__user, __user_lo, __key, keys)
+        with building(source):
             released, chosen = release_stages(records, self._plan, self._num_shards)
         released_rows = released | "ToRows" >> beam.FlatMap(
             _table_to_rows, columns=keys + list(output_columns)).with_output_types(row_type)

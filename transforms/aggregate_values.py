@@ -25,7 +25,7 @@ from thresher.transforms import keyed_random, samplers
 from thresher.transforms.arrow_coder import TABLE
 from thresher.transforms.per_user_bound import bound_table_l0
 from thresher.transforms.release_fn import KernelRelease
-from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, user_columns
 
 NOT_PRIVATE = "thresher_not_private"
 # |noise| above this would risk int64 overflow when added to a grid sum (|sum| <= 2**62);
@@ -67,9 +67,11 @@ def _to_float(text):
 
 
 def user_key_totals(table, key_columns, value_names):
-    """One row per (user, key): key columns, __user, __key and each value column's total
-    (float64 sum of the user's non-null values for the key; 0 if none)."""
-    group = [USER_COLUMN, KEY_HASH_COLUMN, *key_columns]
+    """One row per (user, key): key columns, the user columns (``__user`` and the
+    identity words, ``transforms.user_shards.user_columns``: the bounding after it keys
+    each user's streams by them), __key and each value column's total (float64 sum of
+    the user's non-null values for the key; 0 if none)."""
+    group = [*user_columns(table), KEY_HASH_COLUMN, *key_columns]
     grouped = table.select(group + list(value_names)).group_by(group, use_threads=False).aggregate(
         [(v, "sum", pc.ScalarAggregateOptions(skip_nulls=True, min_count=0)) for v in value_names])
     grouped = grouped.rename_columns(group + list(value_names))

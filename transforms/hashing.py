@@ -1,17 +1,18 @@
-"""Stable 64-bit hashes of Arrow columns, vectorised, for sharding users and keys.
+"""Stable 64-bit hashes of Arrow columns, vectorised, for sharding keys.
 
 The same value hashes to the same word in every process and on every worker (no Python
-``hash()``, whose string seed differs per process), so a user's records meet in one
-shard and a key's partial counts meet in one key shard.
+``hash()``, whose string seed differs per process), so a key's partial counts meet in one
+key shard.
 
 These hashes are public, unkeyed functions, so anyone can craft colliding values (for
 example Thue-Morse strings collide for every odd base mod 2**64). No privacy claim rests
 on them being collision-free:
 
-- **users**: the hash only picks the user shard. Within a shard users are identified
-  exactly, by their raw id (:func:`user_identity` keeps it beside the hash for any id
-  that is not an integer; integer ids hash through a bijection), see
-  ``transforms.user_shards.exact_user_ids``. Two users whose ids collide are two users.
+- **users** are not hashed here at all: a user's identity is a secret-keyed 128-bit PRF
+  of the id, computed at read time (:mod:`transforms.user_identity`); it picks the user
+  shard, groups users and keys their random streams. (Before issue 25 users were sharded
+  by this public hash and, in a shard where two ids collided, re-encoded by their rank in
+  the shard, which made one user's streams depend on the others present.)
 - **keys**: keys are aggregated by their true values, never by hash alone; bounding
   de-duplicates a user's keys by hash only after checking, per shard, that the hash is
   one-to-one on the shard's key values, and otherwise identifies keys exactly
@@ -171,31 +172,6 @@ def canonical_text(arr):
     if pa.types.is_floating(arr.type):
         arr = pc.if_else(pc.equal(arr, 0), pa.scalar(0.0, arr.type), arr)
     return pc.cast(arr, pa.string())
-
-
-def user_identity(arr):
-    """(uint64 hash, exact id Array or None) of a null-free user id Array.
-
-    The hash picks the user's shard (the same in every process). It identifies the user
-    exactly when the ids are integers or booleans (the hash is then a bijection of the
-    64-bit word); otherwise the exact id -- the string/binary value itself, or
-    :func:`canonical_text` of other types -- is returned too, travels with the records
-    and identifies users within a shard (``transforms.user_shards.exact_user_ids``)."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
-    if pa.types.is_dictionary(arr.type):
-        arr = arr.cast(arr.type.value_type)
-    t = arr.type
-    if pa.types.is_integer(t) or pa.types.is_boolean(t):
-        return hash_array(arr), None
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
-            or pa.types.is_large_binary(t)):
-        arr = canonical_text(arr)
-    if pa.types.is_large_string(arr.type):
-        arr = arr.cast(pa.string())
-    elif pa.types.is_large_binary(arr.type):
-        arr = arr.cast(pa.binary())
-    return hash_array(arr), arr
 
 
 def hash_columns(table, columns, salt=0):

@@ -11,9 +11,13 @@ random word of a release from
   to the workers inside the pickled transforms (:class:`KeyedSource`), never logged,
   never written to the report, the spec or any output (``docs/running.md``); and
 * a **stable identity** of what is drawn: the stage (the full Beam label of the
-  composite that draws, fixed when the pipeline is built) and, for per-key or per-user
-  draws, the canonical text of the key or user (:func:`row_identities`, the text form of
-  ``transforms.hashing.canonical_text``),
+  composite that draws, fixed when the pipeline is built) and, for per-key draws, the
+  canonical text of the key (:func:`row_identities`, the text form of
+  ``transforms.hashing.canonical_text``); for per-user draws, the canonical text of the
+  user's two identity words (:func:`bind_users`), a 128-bit PRF of the user id under a
+  key derived from the same secret, computed when the record is read
+  (``transforms.user_identity``; never a public hash, a rank in a shard or a grouping
+  code, so a user's streams depend on nothing but its id and the secret),
 
 through SHAKE256 keyed by prefix (FIPS 202; the construction of KMAC, a PRF under the
 standard assumption on Keccak): the words of identity ``x`` in stage ``s`` are the
@@ -365,6 +369,18 @@ def stage_source(factory, fallback, stage):
 def bind(rng, table, **groups):
     """``rng`` bound to ``table`` (a StageSource), or ``rng`` itself."""
     return rng.bind(table, **groups) if isinstance(rng, StageSource) else rng
+
+
+def bind_users(rng, table, key_columns=(), user_column="__user"):
+    """``rng`` bound to a table of whole users: group ``user`` gives one stream per user,
+    ``pair`` one per (user, key), both identified by the user's 128-bit identity
+    (``transforms.user_shards.user_identity_columns``: the secret-keyed PRF of the id,
+    never a grouping code), or ``rng`` itself (tests' seeded generators)."""
+    if not isinstance(rng, StageSource):
+        return rng
+    from thresher.transforms.user_shards import user_identity_columns
+    users = user_identity_columns(table, user_column)
+    return rng.bind(table, user=users, pair=[*users, *key_columns])
 
 
 def rows_of(rng, index, group):

@@ -238,7 +238,7 @@ def l0_pair_ranks_per_user(table, key_columns, rng):
             continue
         part = table.take(pa.array(rows))
         users = part.column(USER_COLUMN).to_numpy()
-        bound = keyed_random.bind(rng, part, user=[USER_COLUMN], pair=[USER_COLUMN, *key_columns])
+        bound = keyed_random.bind_users(rng, part, key_columns)
         if hashed:
             r = l0_ranks(users, part.column(KEY_HASH_COLUMN).to_numpy(), bound)
             part_rows, part_ranks = r.order[r.distinct], r.rank_in_user[r.distinct]
@@ -263,7 +263,7 @@ def bound_table_l0(table, key_columns, max_keys_per_user, rng):
     one-to-one on its keys takes :func:`bound_l0` directly, as before."""
     if key_hash_is_exact(table, key_columns):
         users = table.column(USER_COLUMN).to_numpy()
-        rng = keyed_random.bind(rng, table, user=[USER_COLUMN], pair=[USER_COLUMN, *key_columns])
+        rng = keyed_random.bind_users(rng, table, key_columns)
         return bound_l0(users, table.column(KEY_HASH_COLUMN).to_numpy(), max_keys_per_user, rng)
     pair_rows, rank_in_user = l0_pair_ranks_per_user(table, key_columns, rng)
     beam.metrics.Metrics.counter("thresher_not_private", "shards_with_key_hash_collisions").inc()

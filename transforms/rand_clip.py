@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 from thresher.transforms import keyed_random, samplers
 from thresher.transforms.hashing import hash_columns, mix64
 from thresher.transforms.per_user_bound import count_per_key
-from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.transforms.user_shards import (
+    KEY_HASH_COLUMN, USER_COLUMN, USER_HIGH_COLUMN, USER_LOW_COLUMN)
 
 
 def rank_within_user(user_codes, priorities):
@@ -68,7 +69,7 @@ def rand_clip(user_codes, rng, max_records_per_user):
     return rank_within_user(user_codes, priorities) < c
 
 
-def keyed_priorities(table, user_codes, streams):
+def keyed_priorities(table, user_codes, streams, user_column=USER_COLUMN):
     """Record priorities that depend only on the user's records and the release secret,
     never on row order: priority = mix64(mix64(h(r) XOR s_u) + j) for the j-th copy of
     record r (all its values, ``transforms.hashing.hash_columns``) of user u, where s_u is
@@ -78,8 +79,11 @@ def keyed_priorities(table, user_codes, streams):
     keep distinct priorities (copies are interchangeable, so numbering them in row order
     changes nothing). Two different records of one user whose hashes collide (a crafted
     collision) are numbered in the order of their values (:func:`_content_order`), so the
-    kept records never depend on row order."""
-    record = hash_columns(table, table.column_names)
+    kept records never depend on row order. The user columns are left out of h(r): they
+    are constant within a user, and ``__user`` may be a grouping code that depends on the
+    shard's other users (``transforms.user_shards.exact_users``)."""
+    users = {user_column, USER_COLUMN, USER_HIGH_COLUMN, USER_LOW_COLUMN}
+    record = hash_columns(table, [c for c in table.column_names if c not in users])
     order = np.lexsort((record, user_codes))
     n = len(order)
     new_user, new_record = _runs(user_codes[order], record[order])
@@ -152,9 +156,9 @@ def rand_clip_table(table, max_records_per_user, rng, user_column=USER_COLUMN):
     if table.num_rows == 0:
         return table
     codes = user_codes_of(table, user_column)
-    bound = keyed_random.bind(rng, table, user=[user_column])
+    bound = keyed_random.bind_users(rng, table, user_column=user_column)
     if isinstance(bound, keyed_random.TableStreams):   # the release's keyed streams
-        keep = rank_within_user(codes, keyed_priorities(table, codes, bound)) < _bound(
+        keep = rank_within_user(codes, keyed_priorities(table, codes, bound, user_column)) < _bound(
             max_records_per_user)
     else:
         keep = rand_clip(codes, rng, max_records_per_user)

@@ -103,8 +103,7 @@ def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHA
         return None, *table_statistics(table, key_columns, score,
                                        num_key_shards=num_key_shards)
     users = table.column(USER_COLUMN).to_numpy()
-    bound_rng = keyed_random.bind(rng, table, user=[USER_COLUMN],
-                                  pair=[USER_COLUMN, *key_columns])
+    bound_rng = keyed_random.bind_users(rng, table, key_columns)
     key_hash = np.asarray(table.column(KEY_HASH_COLUMN).to_numpy(), dtype=np.uint64)
     if key_hash_is_exact(table, key_columns):
         ranks = l0_ranks(users, key_hash, bound_rng)

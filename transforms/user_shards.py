@@ -1,18 +1,22 @@
 """ShardByUser: bring every record of a user into one element, by a hash-sharded shuffle.
 
-Input: PCollection[pyarrow.Table] of record batches with columns ``__user`` (uint64
-hash of the user id, see :mod:`transforms.hashing`), ``__key`` (uint64 hash of the key
-columns), the key columns and, for ids that are not integers, ``__user_id`` (the exact
-id). Output: PCollection[pyarrow.Table], each element holding *all* records of the users
-whose hash falls in one shard — what contribution bounding (PerUserBound, RandClip) and
-per-user statistics (ChooseContributionBound) need.
+Input: PCollection[pyarrow.Table] of record batches with columns ``__user`` and
+``__user_lo`` (the two 64-bit words of the user's identity, a secret-keyed PRF of the
+user id computed when the record is read: :mod:`transforms.user_identity`), ``__key``
+(uint64 hash of the key columns) and the key columns. Output: PCollection[pyarrow.Table],
+each element holding *all* records of the users whose ``__user`` falls in one shard --
+what contribution bounding (PerUserBound, RandClip) and per-user statistics
+(ChooseContributionBound) need.
 
-**Exact user identity.** The hash is public, so colliding ids can be crafted; colliding
-users land in the same shard (the shard is a function of the hash). In the output,
-``__user`` identifies users *exactly within the element*: where ``__user_id`` is present
-it is replaced by a bijection of the id's dictionary code in the shard
-(:func:`exact_user_ids`) and dropped. Every consumer of user shards groups users within
-one element only, never across elements.
+**Users.** A user is a distinct (``__user``, ``__user_lo``) pair: the identity is a
+function of the user's own id and the release secret alone, so it cannot be crafted to
+collide and never depends on the other users present (issue 25, F1). Every per-user
+random stream is keyed by the two words (:func:`user_identity_columns`). The bounding
+kernels group users by the one word ``__user``; :func:`exact_users` (applied to every
+shard) makes that grouping exact: in the rare table where two users share ``__user``
+(probability about U^2 / 2^65 for U users), ``__user`` becomes a dense grouping code and
+the identity's word moves to ``__user_hi``. The grouping code is used to group and sort
+rows only, never as a stream identity.
 
 Rows travel as Arrow batches, never one Python object per row: batches (coalesced to about
 ``COALESCE_ROWS`` rows) are split into ``num_shards`` pieces with one radix argsort, and a
@@ -30,8 +34,9 @@ from thresher.transforms.hashing import hash_columns, mix64
 
 SHARD_AND_PATH = beam.typehints.Tuple[int, str]
 
-USER_COLUMN = "__user"
-USER_ID_COLUMN = "__user_id"
+USER_COLUMN = "__user"          # identity word 0 (picks the shard); the grouping word
+USER_LOW_COLUMN = "__user_lo"   # identity word 1
+USER_HIGH_COLUMN = "__user_hi"  # identity word 0, where __user had to become a grouping code
 KEY_HASH_COLUMN = "__key"
 
 
@@ -117,42 +122,63 @@ class _SplitByUser(beam.DoFn):
         self._pending_rows = {}
 
 
-def exact_user_ids(table):
-    """``table`` with ``__user`` identifying the ``__user_id`` values exactly (then
-    dropped), so two different ids are two users even when their hashes collide. Tables
-    without ``__user_id`` (integer ids, whose hash is already a bijection) are returned
-    as they are.
+def user_identity_columns(table, user_column=USER_COLUMN):
+    """The columns that identify a row's user for its random streams
+    (``transforms.keyed_random.bind``): the two identity words (``__user_hi`` in place
+    of ``__user`` where :func:`exact_users` made ``__user`` a grouping code), or
+    ``user_column`` itself when a caller groups users by a column of its own. Never the
+    grouping code."""
+    if user_column != USER_COLUMN:
+        return [user_column]
+    names = table.column_names
+    if USER_LOW_COLUMN not in names:
+        raise ValueError(f"a table of users needs the identity columns {USER_COLUMN!r} and "
+                         f"{USER_LOW_COLUMN!r} (pipelines.io.prepare_batch, "
+                         f"transforms.user_identity); it has {names}")
+    return [USER_HIGH_COLUMN if USER_HIGH_COLUMN in names else USER_COLUMN, USER_LOW_COLUMN]
 
-    The check is exact and cheap: the hash is a function of the id, so it is one-to-one
-    on the table's ids iff both columns have equal numbers of distinct values. Only a shard where that fails (crafted or accidental collisions) pays
-    for a dictionary encoding: ``__user`` becomes mix64 of each id's rank among the
-    shard's distinct ids in sorted order, a bijection of the ranks. The rank, unlike the
-    order of first appearance, does not depend on row order, so a recomputed or
-    re-bundled shard gives every user the same ``__user`` and hence the same keyed
-    stream (``transforms.keyed_random``)."""
-    if USER_ID_COLUMN not in table.column_names:
+
+def user_columns(table):
+    """The user columns present in ``table`` (grouping word and identity words): what a
+    per-user regrouping (``aggregate_values.user_key_totals``) must carry along."""
+    return [c for c in (USER_COLUMN, USER_HIGH_COLUMN, USER_LOW_COLUMN) if c in table.column_names]
+
+
+def exact_users(table):
+    """``table`` with ``__user`` one-to-one on its users (the (``__user``,
+    ``__user_lo``) pairs), so grouping rows by ``__user`` alone groups them by the full
+    128-bit identity. Works on a user shard or on a single read batch (to group a
+    batch's rows by user before the shuffle, e.g. to pre-reduce a heavy user: use the
+    result locally; what is shuffled keeps word 0 in ``__user``, which picks the shard).
+
+    The check is one hash pass: ``__user_lo`` must be constant on each distinct
+    ``__user``. Where it is not (two users sharing word 0: accidental, about U^2 / 2^65
+    for U users, and not craftable without the release secret), ``__user`` becomes
+    mix64 of the rank of each (word 0, word 1) pair among the table's distinct pairs, a
+    bijection of the pairs used for grouping and sorting only, and word 0 is kept as
+    ``__user_hi`` for the streams (:func:`user_identity_columns`). Tables without
+    ``__user_lo`` (built by hand in tests) are returned as they are."""
+    names = table.column_names
+    if USER_LOW_COLUMN not in names or USER_HIGH_COLUMN in names or table.num_rows < 2:
         return table
-    ids = table.column(USER_ID_COLUMN)
-    ids = ids.combine_chunks() if ids.num_chunks != 1 else ids.chunk(0)
-    if not _hash_is_exact(table.column(USER_COLUMN), ids):
-        encoded = pc.dictionary_encode(ids)
-        order = pc.array_sort_indices(encoded.dictionary).to_numpy(zero_copy_only=False)
-        rank = np.empty(len(order), dtype=np.int64)
-        rank[order] = np.arange(len(order))
-        codes = rank[encoded.indices.to_numpy(zero_copy_only=False)]
-        position = table.column_names.index(USER_COLUMN)
-        table = table.set_column(position, USER_COLUMN,
-                                 pa.array(mix64(codes.astype(np.uint64)), type=pa.uint64()))
-    return table.drop_columns([USER_ID_COLUMN])
-
-
-def _hash_is_exact(hashes, ids):
-    """True if equal hashes always come with equal ids. The hash is a function of the
-    id, so it is one-to-one on this table's ids exactly when both have as many distinct
-    values (two hash-table counts; no sort of the rows, no take of the ids)."""
-    if len(hashes) < 2:
-        return True
-    return len(pc.unique(hashes)) == len(pc.unique(ids))
+    high = table.column(USER_COLUMN)
+    high = high.combine_chunks() if high.num_chunks != 1 else high.chunk(0)
+    encoded = pc.dictionary_encode(high)
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    low = table.column(USER_LOW_COLUMN).to_numpy()
+    seen = np.empty(len(encoded.dictionary), dtype=np.uint64)
+    seen[codes] = low
+    if np.array_equal(seen[codes], low):
+        return table
+    words = high.to_numpy(zero_copy_only=False)
+    order = np.lexsort((low, words))
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (words[order][1:] != words[order][:-1]) | (low[order][1:] != low[order][:-1])
+    rank = np.empty(len(order), dtype=np.uint64)
+    rank[order] = np.cumsum(new) - 1
+    position = names.index(USER_COLUMN)
+    table = table.set_column(position, USER_COLUMN, pa.array(mix64(rank), type=pa.uint64()))
+    return table.add_column(position + 1, USER_HIGH_COLUMN, high)
 
 
 def _concat_shard(shard_and_tables, key_columns=None, after=None):
@@ -161,7 +187,7 @@ def _concat_shard(shard_and_tables, key_columns=None, after=None):
     tables = [spill.read_piece(t) if isinstance(t, str) else t for t in tables]
     table = concat(tables)
     if table is not None:
-        table = exact_user_ids(table)
+        table = exact_users(table)
         if key_columns is not None and KEY_HASH_COLUMN not in table.column_names:
             table = with_key_hash(table, key_columns)
         yield table
@@ -169,9 +195,9 @@ def _concat_shard(shard_and_tables, key_columns=None, after=None):
 
 def with_key_hash(table, key_columns):
     """``table`` with ``__key`` (the reader's hash of the key columns,
-    ``pipelines.io.prepare_batch``) back in second place, after ``__user``."""
+    ``pipelines.io.prepare_batch``) back in its place, after the user columns."""
     key_hash = pa.array(hash_columns(table, list(key_columns)), type=pa.uint64())
-    return table.add_column(1, KEY_HASH_COLUMN, key_hash)
+    return table.add_column(len(user_columns(table)), KEY_HASH_COLUMN, key_hash)
 
 
 class ShardByUser(beam.PTransform):
@@ -203,7 +229,7 @@ class ShardByUser(beam.PTransform):
                 | "GroupUserShards" >> beam.GroupByKey())                          # (shard, [Table])
 
     def concat(self, after=None):
-        """(shard, [Table]) -> one Table of whole users (exact ids, ``__key`` present).
+        """(shard, [Table]) -> one Table of whole users (:func:`exact_users`, ``__key`` present).
         Applying it twice to :meth:`grouped`'s output gives two consumers their own copy
         without the runner materialising the concatenated shards between stages.
         ``after``: a side input (its value is not used) that this step must wait for, so

@@ -1,10 +1,12 @@
 """Reading a release's input as Arrow batches, and writing its output atomically.
 
-Input rows become ``pyarrow.Table`` batches with ``__user`` (uint64 hash of the user
-id), ``__key`` (uint64 hash of the key columns), the key columns and, for user ids that
-are not integers, ``__user_id`` (the exact id, which identifies users inside their shard
-and is dropped there: ``transforms.user_shards``). Rows that cannot be attributed are dropped and counted (Beam metrics
-and the operator log, labelled not private), as documented in the README:
+Input rows become ``pyarrow.Table`` batches with ``__user`` and ``__user_lo`` (the two
+uint64 words of the user's identity: a secret-keyed 128-bit PRF of the user id, computed
+here, when the record is read, from the release secret: ``transforms.user_identity``),
+``__key`` (uint64 hash of the key columns) and the key columns. The identity is all that
+travels of a user id: users are grouped and their random streams keyed by it
+(``transforms.user_shards``). Rows that cannot be attributed are dropped and counted
+(Beam metrics and the operator log, labelled not private), as documented in the README:
 
 - a null or empty-string user id (the record belongs to no identifiable user);
 - a null key value, or NaN in a floating-point key column.
@@ -28,8 +30,10 @@ from thresher.pipelines.dataio import formats
 
 from thresher.pipelines.running import progress
 from thresher.pipelines.errors import InputError, SpecError
-from thresher.transforms.hashing import hash_columns, user_identity
-from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_ID_COLUMN
+from thresher.transforms import keyed_random
+from thresher.transforms.hashing import hash_columns
+from thresher.transforms.user_identity import TEST_KEY, identify, identity_key
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN
 
 NOT_PRIVATE = "thresher_not_private"
 BATCH_ROWS = 1 << 18
@@ -222,12 +226,16 @@ def check_key_sizes(table, key_columns, where, row_offset=0):
                              f"most {MAX_KEY_BYTES:,} bytes")
 
 
-def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=()):
-    """Drop unattributable rows and hash users and keys.
+def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=(),
+                  identity_key=TEST_KEY):
+    """Drop unattributable rows, identify users and hash keys.
 
     value_columns: [(input column, prepared name)] of ``aggregates``: carried as float64,
     NaN/inf/null (or non-numeric text) as null, counted (transforms.aggregate_values).
-    Returns (prepared table: __user, __key, key columns, values; dict of drop counts)."""
+    identity_key: the release's user identity key (``transforms.user_identity.
+    identity_key``; the public test key by default, for tests only).
+    Returns (prepared table: __user, __user_lo, __key, key columns, values; dict of drop
+    counts)."""
     drops = {}
     user = table.column(user_column)
     if pa.types.is_dictionary(user.type):
@@ -255,13 +263,12 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
         user = pc.filter(user, both)
         keys = {k: pc.filter(v, both) for k, v in keys.items()}
     keyed = pa.table(keys)
-    user_hash, user_id = user_identity(user)
-    columns = {USER_COLUMN: pa.array(user_hash, type=pa.uint64()),
-               KEY_HASH_COLUMN: pa.array(hash_columns(keyed, key_columns), type=pa.uint64()),
-               **{k: keyed.column(k) for k in key_columns}}
-    if user_id is not None:   # the exact id, for ShardByUser (transforms.user_shards)
-        columns[USER_ID_COLUMN] = user_id
-    prepared = pa.table(columns)
+    word0, word1 = identify(user, identity_key)
+    prepared = pa.table({USER_COLUMN: pa.array(word0, type=pa.uint64()),
+                         USER_LOW_COLUMN: pa.array(word1, type=pa.uint64()),
+                         KEY_HASH_COLUMN: pa.array(hash_columns(keyed, key_columns),
+                                                   type=pa.uint64()),
+                         **{k: keyed.column(k) for k in key_columns}})
     if value_columns:
         from thresher.transforms.aggregate_values import prepare_values
         dropped = 0
@@ -340,17 +347,25 @@ class _PrepareSampleBatches(beam.DoFn):
 
 
 class _PrepareBatches(beam.DoFn):
-    def __init__(self, user_column, key_columns, as_text, value_columns=()):
+    """Raw batches -> prepared batches (:func:`prepare_batch`). ``rng_factory``: the
+    release's ``KeyedSource`` (its secret keys the user identities), or None / a seeded
+    factory in tests (the public test key)."""
+
+    def __init__(self, user_column, key_columns, as_text, value_columns=(), rng_factory=None):
         self._user = user_column
         self._keys = tuple(key_columns)
         self._as_text = as_text
         self._values = list(value_columns)
+        self._rng_factory = rng_factory
+
+    def setup(self):
+        self._identity_key = identity_key(self._rng_factory)
 
     def process(self, table):
         beam.metrics.Metrics.counter(NOT_PRIVATE, "rows_read").inc(table.num_rows)
         progress.count_rows(table.num_rows)
         prepared, drops = prepare_batch(table, self._user, self._keys, self._as_text,
-                                        self._values)
+                                        self._values, identity_key=self._identity_key)
         for name, value in drops.items():
             if value:
                 beam.metrics.Metrics.counter(NOT_PRIVATE, name).inc(value)
@@ -466,10 +481,13 @@ class _ReadTextFile(beam.DoFn):
 
 
 class ReadRecords(beam.PTransform):
-    """Files -> PCollection[pyarrow.Table] of prepared record batches (see prepare_batch)."""
+    """Files -> PCollection[pyarrow.Table] of prepared record batches (see prepare_batch).
+    ``rng_factory``: the release's ``KeyedSource`` (by default the one of the release
+    being built, ``keyed_random.resolve``), which keys the user identities."""
 
-    def __init__(self, input_spec, files, label=None):
+    def __init__(self, input_spec, files, label=None, rng_factory=None):
         super().__init__(label)
+        self._rng_factory = rng_factory
         self._spec = input_spec
         self._files = list(files)
         # aggregates: the value columns travel as __v<k> (only when asked for)
@@ -512,7 +530,8 @@ class ReadRecords(beam.PTransform):
             return raw | "PrepareSample" >> beam.ParDo(_PrepareSampleBatches(
                 self._spec.keys, self._spec.sample["frequency"], as_text)).with_output_types(pa.Table)
         return raw | "PrepareBatches" >> beam.ParDo(
-            _PrepareBatches(self._spec.user, self._spec.keys, as_text, self._values)
+            _PrepareBatches(self._spec.user, self._spec.keys, as_text, self._values,
+                            keyed_random.resolve(self._rng_factory))
         ).with_output_types(pa.Table)
 
 

@@ -19,11 +19,11 @@ import pytest
 from thresher.accounting.aggregates import fixed_point_grid
 from thresher.pipelines.dataio import io as pio
 from tests.privacy import harness
-from tests.privacy.test_identity import colliding_pair
+from tests.privacy.collisions import colliding_pair
 from thresher.transforms import keyed_random
 from thresher.transforms.aggregate_values import bound_with_values
 from thresher.transforms.per_user_bound import bound_table_l0, users_with_colliding_keys
-from thresher.transforms.user_shards import exact_user_ids
+from thresher.transforms.user_shards import exact_users
 from thresher.transforms.weighted_threshold import WEIGHT_COLUMN, weighted_counts
 
 SECRET = b"test-only secret: collision choice"
@@ -53,7 +53,7 @@ def _with_colliding_user(table):
 def _prepared(table):
     prepared, _ = pio.prepare_batch(table, "user_id", ["word"],
                                     value_columns=[("amount", "__v0")])
-    return exact_user_ids(prepared)
+    return exact_users(prepared)
 
 
 def _rng():

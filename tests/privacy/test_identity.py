@@ -1,24 +1,26 @@
 """Users and keys are identified exactly, even when their public hashes collide
-(issue 13, item 3). Colliding ids are crafted with Thue-Morse strings: the polynomial hash
-of transforms/hashing.py is the same for a length-2048 Thue-Morse word over {a, b} and
-its complement, for any odd base mod 2**64, and stays equal under a common prefix or
-suffix."""
+(issue 13, item 3; issue 25, F1). Colliding ids are crafted with Thue-Morse strings
+(tests/privacy/collisions.py). Users are identified by a secret-keyed 128-bit PRF of
+their id computed at read time (transforms/user_identity.py), never by the public hash."""
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from thresher.pipelines.dataio import io as pio
+from tests.privacy.collisions import colliding_pair
+from thresher.transforms import keyed_random, user_identity
 from thresher.transforms.hashing import hash_array
 from thresher.transforms.per_user_bound import bound_table_l0
-from thresher.transforms.user_shards import USER_ID_COLUMN, exact_user_ids
+from thresher.transforms.user_shards import (
+    USER_HIGH_COLUMN, USER_LOW_COLUMN, exact_users, user_identity_columns)
 from tests.robustness.conftest import diagnostics, run_cli, write_parquet, write_spec
 
-_TM = "".join("ab"[bin(i).count("1") % 2] for i in range(2048))
-_TM_COMPLEMENT = _TM.translate(str.maketrans("ab", "ba"))
+SECRET = b"test-only secret for identities.."
 
 
-def colliding_pair(tag):
-    return f"{tag}:{_TM}", f"{tag}:{_TM_COMPLEMENT}"
+def _words(prepared):
+    return list(zip(prepared.column("__user").to_pylist(),
+                    prepared.column(USER_LOW_COLUMN).to_pylist()))
 
 
 def test_crafted_ids_collide_under_the_public_hash():
@@ -29,31 +31,85 @@ def test_crafted_ids_collide_under_the_public_hash():
     assert h[0] == h[1]
 
 
-def test_colliding_user_ids_are_two_users_in_their_shard():
+def test_colliding_user_ids_have_different_identities():
+    """Ids colliding under the public hash get unrelated 128-bit identities; the id
+    itself does not travel (no long ids through the shuffle)."""
     a, b = colliding_pair("u")
+    key = user_identity.identity_key(keyed_random.KeyedSource(SECRET))
     prepared, _ = pio.prepare_batch(
         pa.table({"user_id": [a, b, a, "plain"], "word": ["k1", "k2", "k3", "k1"]}),
-        "user_id", ["word"])
-    assert prepared.column("__user").to_pylist()[0] == prepared.column("__user").to_pylist()[1]
-    exact = exact_user_ids(prepared)
-    users = exact.column("__user").to_pylist()
-    assert USER_ID_COLUMN not in exact.column_names
-    assert users[0] == users[2] and users[0] != users[1] and len(set(users)) == 3
+        "user_id", ["word"], identity_key=key)
+    assert prepared.column_names == ["__user", USER_LOW_COLUMN, "__key", "word"]
+    users = _words(prepared)
+    assert users[0] == users[2] and len(set(users)) == 3
+    assert users[0][0] != users[1][0] and users[0][1] != users[1][1]
+
+
+def test_identity_is_a_function_of_the_id_and_the_secret_alone():
+    """The same id has the same identity in any batch, whatever other ids it meets and
+    whatever their order; another secret gives other identities; the test key (no
+    KeyedSource) is fixed."""
+    key = user_identity.identity_key(keyed_random.KeyedSource(SECRET))
+    other = user_identity.identity_key(keyed_random.KeyedSource(SECRET[::-1]))
+    ids = ["v", "w", *colliding_pair("x")]
+
+    def identity(batch, k=key):
+        prepared, _ = pio.prepare_batch(pa.table({"user_id": batch, "word": ["k"] * len(batch)}),
+                                        "user_id", ["word"], identity_key=k)
+        return dict(zip(batch, _words(prepared)))
+
+    alone = {i: identity([i])[i] for i in ids}
+    assert identity(ids) == alone == identity(ids[::-1])
+    assert identity(ids + [f"o{i}" for i in range(300)])["v"] == alone["v"]
+    assert all(identity([i], other)[i] != alone[i] for i in ids)
+    assert user_identity.identity_key(None) == user_identity.TEST_KEY
+    assert user_identity.identity_key(lambda: np.random.default_rng(0)) == user_identity.TEST_KEY
+
+
+def test_users_sharing_the_first_word_are_grouped_apart_and_keep_their_streams():
+    """Two users whose identities share word 0 (no one can craft this without the secret;
+    simulated here by editing the word) stay two users (``exact_users``), and every
+    user's kept keys are those it keeps without the other one present."""
+    source = keyed_random.KeyedSource(SECRET)
+    key = user_identity.identity_key(source)
+    rows = {u: [f"{u}-{j}" for j in range(6)] for u in ("a", "b", "c")}
+    table = pa.table({"user_id": [u for u, ws in rows.items() for _ in ws],
+                      "word": [w for ws in rows.values() for w in ws]})
+    prepared, _ = pio.prepare_batch(table, "user_id", ["word"], identity_key=key)
+    words = prepared.column("__user").to_numpy().copy()
+    is_b = np.array(table.column("user_id").to_pylist()) == "b"
+    words[is_b] = words[0]                      # b now shares a's word 0
+    clash = prepared.set_column(0, "__user", pa.array(words, pa.uint64()))
+
+    def kept(t):
+        t = exact_users(t)
+        out = bound_table_l0(t, ["word"], 2, keyed_random.StageSource(source, "S"))
+        return sorted(t.column("word").take(pa.array(out)).to_pylist())
+
+    grouped = exact_users(clash)
+    assert USER_HIGH_COLUMN in grouped.column_names
+    assert user_identity_columns(grouped) == [USER_HIGH_COLUMN, USER_LOW_COLUMN]
+    assert len(set(grouped.column("__user").to_pylist())) == 3
+    both = kept(clash)
+    assert len(both) == 6                                  # three users, C = 2 each
+    without_b = kept(clash.filter(pa.array(~is_b)))
+    assert [w for w in both if not w.startswith("b-")] == without_b
+    b_alone = kept(clash.filter(pa.array(is_b)))
+    assert [w for w in both if w.startswith("b-")] == b_alone
 
 
 def test_keyed_draws_in_a_colliding_shard_ignore_row_order():
-    """In a shard where two ids collide, a user's kept keys under one release secret are
-    the same whatever the order of the shard's rows (exact identities are ranks of the
-    sorted ids, not the order of first appearance)."""
-    from thresher.transforms import keyed_random
+    """In a shard where two ids collide under the public hash, a user's kept keys under
+    one release secret are the same whatever the order of the shard's rows."""
     a, b = colliding_pair("c")
     pair = pa.table({"user_id": [a, b], "word": ["p1", "p2"]})
     x = pa.table({"user_id": ["x"] * 6, "word": [f"w{i}" for i in range(6)]})
     source = keyed_random.KeyedSource(b"test-only secret for row order..")
 
     def kept_words_of_x(table):
-        prepared, _ = pio.prepare_batch(table, "user_id", ["word"])
-        exact = exact_user_ids(prepared)
+        prepared, _ = pio.prepare_batch(table, "user_id", ["word"],
+                                        identity_key=user_identity.identity_key(source))
+        exact = exact_users(prepared)
         kept = bound_table_l0(exact, ["word"], 2, keyed_random.StageSource(source, "S"))
         words = exact.column("word").take(pa.array(kept)).to_pylist()
         ids = table.column("user_id").take(pa.array(kept)).to_pylist()
@@ -65,13 +121,19 @@ def test_keyed_draws_in_a_colliding_shard_ignore_row_order():
     assert after == before
 
 
-def test_integer_ids_need_no_exact_column():
-    prepared, _ = pio.prepare_batch(
-        pa.table({"user_id": pa.array([1, 2**64 - 1, 1], pa.uint64()), "word": ["a", "b", "c"]}),
-        "user_id", ["word"])
-    assert USER_ID_COLUMN not in prepared.column_names
-    users = prepared.column("__user").to_pylist()
+def test_integer_ids_are_identified_by_their_64_bit_word():
+    """As the public hash did: equal words are one user (int64 -1 and uint64 2**64 - 1,
+    True and 1), different words two; integer ids and their decimal text are not the
+    same user (an input column has one type)."""
+    def words(arr):
+        prepared, _ = pio.prepare_batch(pa.table({"user_id": arr, "word": ["a"] * len(arr)}),
+                                        "user_id", ["word"])
+        return _words(prepared)
+    users = words(pa.array([1, 2**64 - 1, 1], pa.uint64()))
     assert users[0] == users[2] != users[1]
+    assert words(pa.array([-1, 1], pa.int64())) == users[1::-1]
+    assert words(pa.array([True])) == users[:1]
+    assert words(pa.array(["1"])) != users[:1]
 
 
 def test_cli_counts_colliding_users_as_two(tmp_path):
@@ -97,7 +159,7 @@ def _colliding_key_table(other_rows_first):
     others = pa.table({"user_id": [f"o{i}" for i in range(50)], "word": [kb] * 25 + [ka] * 25})
     table = pa.concat_tables([others, v] if other_rows_first else [v, others])
     prepared, _ = pio.prepare_batch(table, "user_id", ["word"])
-    return exact_user_ids(prepared), ka
+    return exact_users(prepared), ka
 
 
 @pytest.mark.parametrize("other_rows_first", [False, True])

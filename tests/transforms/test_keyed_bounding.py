@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 
 from thresher.transforms import keyed_random
-from thresher.transforms.hashing import hash_array
+from thresher.transforms.hashing import hash_array, mix64
 from thresher.transforms.per_user_bound import bound_table_l0
 from thresher.transforms.rand_clip import rand_clip_table
-from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN
 
 SECRET = b"test-only secret for bounding tests"
 USERS = 30_000
@@ -24,7 +24,9 @@ def _table(words_per_user, users=USERS, first_user=0):
     k = len(words_per_user)
     user_ids = np.repeat(np.arange(first_user, first_user + users, dtype=np.uint64), k)
     words = pa.array(list(words_per_user) * users)
-    return pa.table({USER_COLUMN: pa.array(user_ids, pa.uint64()), "word": words,
+    return pa.table({USER_COLUMN: pa.array(user_ids, pa.uint64()),
+                     USER_LOW_COLUMN: pa.array(mix64(user_ids), pa.uint64()),   # identity word 1
+                     "word": words,
                      KEY_HASH_COLUMN: pa.array(hash_array(words), pa.uint64())})
 
 

@@ -16,10 +16,10 @@ from thresher.pipelines import release
 from tests.pipelines.test_keyed_recomputation import SECRET, _release
 from thresher.transforms import keyed_random
 from thresher.transforms.choose_contribution_bound import table_statistics
-from thresher.transforms.hashing import hash_array
+from thresher.transforms.hashing import hash_array, mix64
 from thresher.transforms.per_user_bound import bound_table_l0, count_per_key
 from thresher.transforms.scored_bound import candidate_buckets, scored_table, select_bucket_counts
-from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN
 
 CANDIDATES = (1, 2, 3, 4, 6, 8, 11, 16)
 STAGE = "PerUserBound"
@@ -42,7 +42,9 @@ def _table(seed, rows=4000, users=300, collide=False):
     if collide:   # w1 and w2 share a key hash: the shard is bounded on exact key codes
         w = np.array(words.to_pylist())
         key_hash = np.where(w == "w2", key_hash[np.flatnonzero(w == "w1")[0]], key_hash)
-    return pa.table({USER_COLUMN: pa.array(user, pa.uint64()), "word": words,
+    return pa.table({USER_COLUMN: pa.array(user, pa.uint64()),
+                     USER_LOW_COLUMN: pa.array(mix64(user), pa.uint64()),   # identity word 1
+                     "word": words,
                      KEY_HASH_COLUMN: pa.array(np.asarray(key_hash, np.uint64), pa.uint64())})
 
 

@@ -57,7 +57,7 @@ def test_user_shards_through_files_equal_the_in_memory_shuffle(tmp_path):
     travelling: each shard holds exactly the rows of its users."""
     batches = _batches()
     folder = str(tmp_path / "users")
-    everything = pa.concat_tables(batches).drop_columns(["__user_id"])   # exact ids: no collision
+    everything = pa.concat_tables(batches)   # 128-bit identities: __user one-to-one here
     shard_of = user_shard_of(everything.column("__user").to_numpy(), 5)
     expected = [tuple(_rows(everything.filter(pa.array(shard_of == s))))
                 for s in sorted(set(shard_of.tolist()))]

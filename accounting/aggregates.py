@@ -62,6 +62,7 @@ the thresholded counts: basic composition, epsilon = epsilon_count + sum_j epsil
 import dataclasses
 import functools
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -325,23 +326,35 @@ def clip_candidates(min_exponent=DEFAULT_AUTO_MIN_EXPONENT, max_exponent=DEFAULT
     return np.ldexp(1.0, np.arange(int(min_exponent), int(max_exponent) + 1))
 
 
+# F(b) is summed exactly (issue 25, F2): a user's weight 1/k_i is rounded down to units of
+# 2^-QUANTILE_BITS and every sum is an integer sum, so the statistic -- and the draw -- is
+# the same whatever order the user shards are added in. A user's rounded weights still add
+# to a value in [0, 1], so the sensitivity argument above is unchanged (no allowance is
+# needed). 2^30 units per user keep a shard's int64 sums exact up to 2^33 users.
+QUANTILE_BITS = 30
+
+
 def quantile_statistic(totals, user_index, candidates):
     """Per-candidate F(b) and N for one set of whole users: ``totals`` per (user, key),
-    ``user_index`` their user numbers 0..U-1. Returns float64 [F(b_0), .., F(b_K-1), N]."""
+    ``user_index`` their user numbers 0..U-1. Returns int64 [F(b_0), .., F(b_K-1), N]
+    with F in units of 2^-QUANTILE_BITS (each (user, key) weighs floor(2^30 / k_i)):
+    exact integers, so shards add in any order to the same vector."""
     totals = np.asarray(totals, dtype=np.float64)
     user_index = np.asarray(user_index, dtype=np.int64)
     if totals.size == 0:
-        return np.zeros(len(candidates) + 1)
+        return np.zeros(len(candidates) + 1, dtype=np.int64)
     keys_per_user = np.bincount(user_index)
-    weights = 1.0 / keys_per_user[user_index]
+    weights = (np.int64(1) << np.int64(QUANTILE_BITS)) // keys_per_user[user_index]
     order = np.argsort(totals, kind="stable")
-    cumulative = np.concatenate(([0.0], np.cumsum(weights[order])))
+    cumulative = np.concatenate(([0], np.cumsum(weights[order], dtype=np.int64)))
     below = np.searchsorted(totals[order], candidates, side="right")
-    n_users = float(np.count_nonzero(keys_per_user))
-    return np.concatenate((cumulative[below], [n_users]))
+    n_users = np.count_nonzero(keys_per_user)
+    return np.concatenate((cumulative[below], [n_users])).astype(np.int64)
 
 
 def quantile_scores(statistic, quantile):
-    """-|F(b) - q N| per candidate (sensitivity 1)."""
-    statistic = np.asarray(statistic, dtype=np.float64)
-    return -np.abs(statistic[:-1] - quantile * statistic[-1])
+    """-|F(b) - q N| per candidate (sensitivity 1), as exact Fractions of the integer
+    statistic (F in units of 2^-QUANTILE_BITS, N users; q as the exact binary64 value)."""
+    unit = Fraction(1, 1 << QUANTILE_BITS)
+    target = Fraction(float(quantile)) * int(statistic[-1])
+    return [-abs(unit * int(f) - target) for f in statistic[:-1]]

@@ -40,11 +40,12 @@ Pure numpy/scipy; no Beam, no I/O. The Beam stage is ``transforms.choose_contrib
 import dataclasses
 import math
 from collections.abc import Mapping
+from fractions import Fraction
 
 import numpy as np
 from scipy import special
 
-from thresher.accounting import search, selection
+from thresher.accounting import exact_scores, search, selection
 
 # Which contribution model each score kind belongs to.
 SCORE_MODELS = {
@@ -311,6 +312,76 @@ class BoundScore:
         sampling_sd = np.sqrt((1.0 - rates) / rates * np.maximum(h, caps))
         return np.minimum(weighted, caps + sampling_sd)
 
+    # ---- exact scores (accounting.exact_scores; docs/contribution_bound.md, "Exact
+    # scores"): the pipeline sums integer units, so every layout gives the same draw.
+
+    def cost_bound(self):
+        """An upper bound of any per-key cost the pipeline evaluates: 1 for the key-count
+        objective, T(C) for min(s h, T(C)), and for sample-and-threshold
+        T + sqrt((1 - p) / p max(h, T)) at the largest exact h, 2^33 contributions
+        (``exact_scores.MAX_COUNT_UNITS``); with a factor 2 of margin for the float
+        evaluation."""
+        if self.objective == "keys":
+            return 2.0
+        caps = self.caps()
+        if self.kind == "sample_and_threshold":
+            rates = np.asarray(self.sampling_rates, dtype=np.float64)
+            top = float(exact_scores.MAX_COUNT_UNITS) / (1 << exact_scores.COUNT_BITS)
+            caps = caps + np.sqrt((1.0 - rates) / rates * np.maximum(caps, top))
+        return 2.0 * float(np.max(caps))
+
+    @property
+    def cost_bits(self):
+        """K: per-key costs are rounded down to the grid 2^-K (``exact_scores.cost_bits``)."""
+        return exact_scores.cost_bits(self.cost_bound())
+
+    @property
+    def cost_error(self):
+        """e, a bound on |c~(h) - cost_C(h)|, the binary64 evaluation error of one per-key
+        cost at an exact h (a Fraction), cost_C taken with the score's float constants
+        (s, T(C), (1 - p) / p) as exact values. l1 objective: one rounding (s h) of a
+        value <= T(C); sample-and-threshold: a product, a square root and a sum, relative
+        error <= (1 + 1/2 + 1) 2^-53 < 2^-51 of a value <= cost_bound() / 2; so
+        e = 2^-52 cost_bound() covers both. Key-count
+        objective: Phi((h - T) / s) - Phi(-T / s) with scipy's ndtr (cephes; documented
+        peak relative error a few 1e-16) at an argument z rounded twice (off by <= 2 ulp(z):
+        Phi moves by <= 0.4 * 2^-51 |z|, under 6e-15 for |z| <= 40; beyond, Phi is 0 or 1
+        to within 1e-300) and one subtraction: below 7e-15 in all; the stated
+        e = 2^-44 (5.7e-14) leaves a factor of 8 to spare."""
+        if self.objective == "keys":
+            return Fraction(1, 1 << 44)
+        return Fraction(self.cost_bound()) / (1 << 52)
+
+    @property
+    def selection_sensitivity(self):
+        """Delta' = Delta + 2 eta, the exact (Fraction) sensitivity of the rounded score
+        the pipeline draws from (``exact_scores`` module docstring; Delta rounded up by
+        2^-50 relative first, as it is computed in floats)."""
+        eta = exact_scores.rounding_allowance(max(self.candidates), self.cost_bits,
+                                              self.cost_error)
+        return exact_scores.upward(self.sensitivity) + 2 * eta
+
+    def key_cost_units(self, count_units):
+        """floor(2^K c~(h)) per key and candidate (int64), h = 2^-B ``count_units`` (the
+        exact per-key sums of :func:`exact_scores.expected_count_units`, shape (keys,
+        candidates)); c~ is :meth:`key_cost` in binary64, clamped at 0."""
+        count_units = np.asarray(count_units, dtype=np.int64)
+        if count_units.size and int(count_units.max()) > exact_scores.MAX_COUNT_UNITS:
+            raise ValueError("a key's expected bounded count reached 2^33 contributions: "
+                             "beyond the exact score's range")
+        h = np.ldexp(count_units.astype(np.float64), -exact_scores.COUNT_BITS)
+        return exact_scores.floor_units(np.maximum(self.key_cost(h), 0.0), self.cost_bits)
+
+    def exact_values(self, dropped, cost_units):
+        """V(C) as exact Fractions from the integer sums: w dropped(C) + 2^-K units(C), or
+        -2^-K units(C) for the key-count objective (``dropped``, ``cost_units``: one int
+        per candidate)."""
+        scale = Fraction(1, 1 << self.cost_bits)
+        if self.objective == "keys":
+            return [-scale * int(u) for u in cost_units]
+        w = Fraction(self.dropped_weight)
+        return [w * int(d) + scale * int(u) for d, u in zip(dropped, cost_units)]
+
     def values(self, dropped, key_cost_sums):
         """V(C) = w * dropped(C) + sum over keys of cost_C(h_j(C)) (w = 2 in the paper);
         with objective "keys", V(C) = -U(C), minus the smoothed key count (the dropped
@@ -549,10 +620,46 @@ def score_values(pair_users, pair_keys, pair_counts, score):
     return score.values(dropped, key_cost_sums), dropped, key_cost_sums
 
 
+def exact_score_sums(pair_users, pair_keys, pair_counts, score):
+    """The pipeline's integer sums in one process: (dropped(C), sum_j floor(2^K
+    c~(h~_j(C)))) as tuples of Python ints, h~_j = 2^-B sum_i floor(2^B x_ij)
+    (``accounting.exact_scores``). The Beam stage must give exactly these for any split of
+    the same pairs; ``score.exact_values`` turns them into V(C). Pairs distinct for l0."""
+    pair_users = np.asarray(pair_users, dtype=np.int64)
+    pair_keys = np.asarray(pair_keys, dtype=np.int64)
+    counts = np.asarray(pair_counts, dtype=np.int64)
+    if score.model == "l0":
+        counts = np.ones_like(pair_users)
+    weights = user_weights(pair_users, counts, score.model)
+    dropped = dropped_contributions(weights, score.candidates, score.max_bound)
+    if len(pair_keys) == 0:
+        return tuple(int(d) for d in dropped), (0,) * len(score.candidates)
+    _, key_index = np.unique(pair_keys, return_inverse=True)
+    h = np.zeros((key_index.max() + 1, len(score.candidates)), dtype=np.int64)
+    for i, c in enumerate(score.candidates):
+        units = exact_scores.expected_count_units(
+            None if score.model == "l0" else counts, weights[pair_users], c,
+            user_weighted=score.user_weighted)
+        np.add.at(h[:, i], key_index, units)
+    cost = score.key_cost_units(h)
+    return (tuple(int(d) for d in dropped),
+            tuple(sum(int(v) for v in cost[:, i]) for i in range(cost.shape[1])))
+
+
 def choose_bound(values, candidates, epsilon, sensitivity, rng, *, monotone=False):
     """Alg. 4, step 4: draw C from the exponential mechanism on the scores -V(C).
 
-    Returns (C, probabilities); the probabilities are not private (operator log only)."""
+    ``values``: floats, or exact Fractions (``BoundScore.exact_values``; then
+    ``sensitivity`` may be a Fraction too, ``BoundScore.selection_sensitivity``), drawn
+    from exactly. Returns (C, probabilities); the probabilities are not private (operator
+    log only)."""
+    if any(isinstance(v, Fraction) for v in values):
+        scores = [-Fraction(v) for v in values]
+        probabilities = selection.exponential_mechanism_probabilities(
+            [float(u) for u in scores], epsilon, float(sensitivity), monotone=monotone)
+        index = selection.exponential_mechanism(scores, epsilon, sensitivity, rng,
+                                                monotone=monotone)
+        return int(candidates[index]), probabilities
     scores = -np.asarray(values, dtype=np.float64)
     probabilities = selection.exponential_mechanism_probabilities(
         scores, epsilon, sensitivity, monotone=monotone)

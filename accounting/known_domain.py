@@ -45,6 +45,7 @@ one key (C records in the l1 model, 1 in the l0 model); vectorised :func:`poisso
 """
 import dataclasses
 import math
+from fractions import Fraction
 
 import numpy as np
 from scipy import stats
@@ -162,6 +163,36 @@ def tail_sums(weights, candidates, sparsity):
         w, np.sqrt(w), np.sqrt(np.asarray(candidates, dtype=np.float64)), sparsity)
 
 
+# Thm 4.3's S(C) in the pipeline is summed exactly (issue 25, F2): each user's ratio
+# min(sqrt(k_i), sqrt(s)) is rounded down to units of 2^-TAIL_BITS, computed in integers
+# (floor(2^b sqrt(m)) = isqrt(m 4^b)), and the shards' integer vectors add in any order to
+# the same statistic. A user still moves S(C) by a value in [0, sqrt(s)], so the
+# sensitivity sqrt(s) holds as before (no allowance needed).
+TAIL_BITS = 20
+
+
+def tail_sum_units(weights, candidates, sparsity):
+    """sum_{i: w_i > C} floor(2^TAIL_BITS sqrt(min(w_i, s))) for each candidate (int64):
+    :func:`tail_sums` in exact integer units of 2^-TAIL_BITS."""
+    from thresher.accounting.exact_scores import isqrt
+    s = _positive_int(sparsity, "sparsity")
+    if s >= (1 << 22):
+        raise ValueError(f"sparsity must be below 2^22 for the exact tail sums, got {s}")
+    w = np.sort(np.asarray(weights, dtype=np.int64))
+    ratio = isqrt(np.minimum(w, s) << np.int64(2 * TAIL_BITS))
+    tail = np.concatenate([np.cumsum(ratio[::-1], dtype=np.int64)[::-1], [0]])
+    first_above = np.searchsorted(w, np.asarray(candidates, dtype=np.int64), side="right")
+    return tail[first_above].astype(np.int64)
+
+
+def _sqrt_up(value):
+    """The smallest binary64 whose exact value is >= sqrt(value) (an exact Fraction)."""
+    root = math.sqrt(value)
+    while Fraction(root) ** 2 < value:
+        root = math.nextafter(root, math.inf)
+    return Fraction(root)
+
+
 def gaussian_targets(domain_size, sigmas, candidates):
     """M(C) = d (sigma(C)/sqrt(C)) sqrt(2/pi) for each candidate (Thm 4.3's M with the
     noise per unit of l2 norm)."""
@@ -191,23 +222,32 @@ class DomainBoundRule:
     def sensitivity(self):
         return 1.0 if self.kind == "laplace" else math.sqrt(self.sparsity)
 
+    @property
+    def selection_sensitivity(self):
+        """The draw's sensitivity as an exact Fraction: 1, or sqrt(s) rounded up."""
+        return Fraction(1) if self.kind == "laplace" else _sqrt_up(self.sparsity)
+
     def statistic(self, weights):
-        """Per-candidate vector for a set of users (adds across disjoint sets of users)."""
+        """Per-candidate int64 vector for a set of users (adds exactly across disjoint
+        sets of users): rank counts, or the tail sums in units of 2^-TAIL_BITS."""
         if self.kind == "laplace":
-            return rank_counts(weights, self.candidates).astype(np.float64)
-        return tail_sums(weights, self.candidates, self.sparsity)
+            return rank_counts(weights, self.candidates)
+        return tail_sum_units(weights, self.candidates, self.sparsity)
 
     def scores(self, statistic):
-        statistic = np.asarray(statistic, dtype=np.float64)
-        target = self.rank if self.kind == "laplace" else np.asarray(self.targets)
-        return -np.abs(statistic - target)
+        """-|statistic - target| per candidate, exact Fractions of the integer statistic."""
+        if self.kind == "laplace":
+            return [-abs(Fraction(int(x)) - self.rank) for x in statistic]
+        unit = Fraction(1, 1 << TAIL_BITS)
+        return [-abs(unit * int(x) - Fraction(t)) for x, t in zip(statistic, self.targets)]
 
     def choose(self, statistic, epsilon, rng):
         """Draw C (epsilon-DP); returns (C, probabilities -- NOT private)."""
         scores = self.scores(statistic)
         probabilities = selection.exponential_mechanism_probabilities(
-            scores, epsilon, self.sensitivity)
-        index = selection.exponential_mechanism(scores, epsilon, self.sensitivity, rng)
+            [float(u) for u in scores], epsilon, self.sensitivity)
+        index = selection.exponential_mechanism(scores, epsilon, self.selection_sensitivity,
+                                                rng)
         return int(self.candidates[index]), probabilities
 
 

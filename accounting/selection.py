@@ -105,10 +105,20 @@ def exponential_mechanism(scores, epsilon, sensitivity, rng, *, monotone=False):
 
 def exact_exponents(scores, epsilon, sensitivity, *, monotone=False):
     """x_r = epsilon (max_s u_s - u_r) / (2 Delta) (or / Delta when monotone) as exact
-    rationals of the float arguments; Pr[r] is proportional to exp(-x_r)."""
-    exponential_mechanism_log_probabilities(scores, epsilon, sensitivity, monotone=monotone)
-    exact = [Fraction(float(u)) for u in np.asarray(scores, dtype=np.float64)]
-    scale = Fraction(float(epsilon)) / (Fraction(float(sensitivity)) * (1 if monotone else 2))
+    rationals of the float arguments; Pr[r] is proportional to exp(-x_r). ``scores`` may
+    be a list of ``Fraction`` (and ``sensitivity`` a Fraction): the exact scores of
+    ``accounting.exact_scores``, used without any rounding."""
+    if isinstance(scores, (list, tuple)) and any(isinstance(u, Fraction) for u in scores):
+        # exact scores (accounting.exact_scores): drawn from as they are, no float step
+        exact = [Fraction(u) for u in scores]
+        exponential_mechanism_log_probabilities([float(u) for u in exact], float(epsilon),
+                                                float(sensitivity), monotone=monotone)
+    else:
+        exponential_mechanism_log_probabilities(scores, epsilon, sensitivity, monotone=monotone)
+        exact = [Fraction(float(u)) for u in np.asarray(scores, dtype=np.float64)]
+    scale = Fraction(epsilon if isinstance(epsilon, Fraction) else float(epsilon)) / (
+        Fraction(sensitivity if isinstance(sensitivity, Fraction) else float(sensitivity))
+        * (1 if monotone else 2))
     top = max(exact)
     return [scale * (top - u) for u in exact]
 

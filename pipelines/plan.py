@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import math
 
 from thresher.accounting.budget import Budget
 from thresher.pipelines import __version__, calibration_cache, limits
@@ -115,8 +116,11 @@ class Plan:
                     "objective": score.objective,
                     **weights,
                     "sensitivity": score.sensitivity,
-                    "exponent": "epsilon * score / sensitivity (scores monotone in the data; "
-                                "docs/contribution_bound.md)"}
+                    # the exact scores' rounding allowance added (docs/contribution_bound.md
+                    # section 2a): the value the draw divides by, rounded up to a float
+                    "sensitivity_drawn_with": _float_up(score.selection_sensitivity),
+                    "exponent": "epsilon * score / sensitivity_drawn_with (scores monotone "
+                                "in the data; docs/contribution_bound.md)"}
             if self.excluded_bounds:
                 bounding["excluded_candidates"] = {str(c): why for c, why in self.excluded_bounds.items()}
             if chosen_bound is not None:
@@ -228,3 +232,9 @@ def make_plan(spec):
             "; ".join(f"C={c}: {why}" for c, why in excluded.items()))
     return Plan(spec=spec, budget=budget, params_by_bound=params, excluded_bounds=excluded,
                 domain=domain)
+
+
+def _float_up(value):
+    """The smallest binary64 >= an exact Fraction (a sensitivity is reported rounded up)."""
+    out = float(value)
+    return out if out >= value else math.nextafter(out, math.inf)

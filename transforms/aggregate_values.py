@@ -70,9 +70,18 @@ def user_key_totals(table, key_columns, value_names):
     """One row per (user, key): key columns, the user columns (``__user`` and the
     identity words, ``transforms.user_shards.user_columns``: the bounding after it keys
     each user's streams by them), __key and each value column's total (float64 sum of
-    the user's non-null values for the key; 0 if none)."""
+    the user's non-null values for the key; 0 if none).
+
+    The rows are first sorted by the value columns, so each total adds its values in one
+    canonical order: a float sum depends on the order of its terms, and the order of a
+    user's records in a user shard depends on how the runner grouped them (issue 25, F2:
+    ``clip: auto`` compares these totals with the candidates, and the release sums them)."""
     group = [*user_columns(table), KEY_HASH_COLUMN, *key_columns]
-    grouped = table.select(group + list(value_names)).group_by(group, use_threads=False).aggregate(
+    table = table.select(group + list(value_names))
+    if value_names and table.num_rows > 1:
+        table = table.take(pc.sort_indices(table, sort_keys=[(v, "ascending")
+                                                             for v in value_names]))
+    grouped = table.group_by(group, use_threads=False).aggregate(
         [(v, "sum", pc.ScalarAggregateOptions(skip_nulls=True, min_count=0)) for v in value_names])
     grouped = grouped.rename_columns(group + list(value_names))
     return grouped.combine_chunks()

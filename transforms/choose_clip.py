@@ -4,7 +4,8 @@ sum column, chosen before the release (its own stage in privacy.stages).
 Per user shard (whole users, ``transforms.user_shards.ShardByUser``): each user's total per
 key (finite values summed, ``transforms.aggregate_values.user_key_totals``) and the
 quantile statistic over power-of-two candidates (``accounting.aggregates.quantile_statistic``);
-the vectors are summed over shards (``SumArrays``); one exponential-mechanism draw per auto
+the integer vectors are summed exactly over shards (``SumIntegers``: any order gives the
+same statistic, issue 25 F2); one exponential-mechanism draw per auto
 column (``accounting.selection.exponential_mechanism``, sensitivity 1, epsilon split
 equally between the auto columns); the result, {sum column index: upper bound}, is
 materialised (a Reshuffle) and handed on as a side input, like the contribution bound.
@@ -18,14 +19,15 @@ from thresher.accounting import aggregates as acc
 from thresher.accounting import selection
 from thresher.transforms import keyed_random
 from thresher.transforms.aggregate_values import user_key_totals
-from thresher.transforms.choose_contribution_bound import SumArrays
+from thresher.transforms.choose_contribution_bound import SumIntegers
 from thresher.transforms.user_shards import USER_COLUMN
 
 _LOG = logging.getLogger("thresher.choose_clip")
 
 
 def shard_statistic(table, key_columns, auto_columns, candidates):
-    """Concatenated quantile statistics (one block of len(candidates) + 1 per auto column)."""
+    """Concatenated quantile statistics (one block of len(candidates) + 1 per auto column),
+    a tuple of Python ints (``acc.quantile_statistic``)."""
     names = sorted({v for _, v in auto_columns})
     totals = user_key_totals(table, key_columns, names)
     users = totals.column(USER_COLUMN).to_numpy()
@@ -34,7 +36,7 @@ def shard_statistic(table, key_columns, auto_columns, candidates):
     for _, value_name in auto_columns:
         t = totals.column(value_name).to_numpy(zero_copy_only=False)
         blocks.append(acc.quantile_statistic(t, user_index, candidates))
-    return np.concatenate(blocks)
+    return tuple(int(x) for x in np.concatenate(blocks))
 
 
 class _StatisticFn(beam.DoFn):
@@ -95,7 +97,7 @@ class ChooseClipBounds(beam.PTransform):
         size = len(self._auto) * (len(self._candidates) + 1)
         return (users
                 | "ClipStatistic" >> beam.ParDo(_StatisticFn(self._keys, self._auto, self._candidates))
-                | "SumClipStatistic" >> beam.CombineGlobally(SumArrays(size))
+                | "SumClipStatistic" >> beam.CombineGlobally(SumIntegers(size))
                 | "ClipExponentialMechanism" >> beam.ParDo(_DrawFn(
                     self._auto, self._candidates, self._epsilon, self._quantile,
                     keyed_random.resolve(self._rng_factory), keyed_random.stage_name(users)))

@@ -18,8 +18,16 @@ Stages (one pass over the user-sharded records, vectorised over all candidates):
 5. ``Materialise`` -- a Reshuffle, so the one drawn C is committed once and every
    consumer of ``AsSingleton(chosen)`` reads the same value.
 
-Scores, sensitivity and their proofs: ``accounting.contribution_bound`` and
-docs/contribution_bound.md.
+Every sum is exact (issue 25, F2): the per-pair expected counts are integer units of
+2^-B (``accounting.exact_scores.expected_count_units``), the per-key costs are rounded
+down to units of 2^-K (``BoundScore.key_cost_units``), and all sums -- per shard, per key,
+across shards -- are integer sums, so the scores and the draw do not depend on the order
+in which a runner adds the pieces (bundling, sharding, worker processes, retries). The
+rounding is charged to the exponential mechanism's sensitivity
+(``BoundScore.selection_sensitivity``).
+
+Scores, sensitivity and their proofs: ``accounting.contribution_bound``,
+``accounting.exact_scores`` and docs/contribution_bound.md.
 """
 import logging
 from typing import NamedTuple
@@ -29,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from thresher.accounting import contribution_bound
+from thresher.accounting import contribution_bound, exact_scores
 from thresher.transforms import keyed_random, spill
 from thresher.transforms.arrow_coder import SHARD_AND_TABLE
 from thresher.transforms.hashing import hash_columns
@@ -124,10 +132,10 @@ def table_statistics(table, key_columns, score, *, num_key_shards=_DEFAULT_KEY_S
 
     Returns (dropped, partials): ``dropped`` the int64 vector
     sum_i max(min(w_i, C_m) - C, 0) over this table's users, and ``partials`` a list of
-    (shard, pyarrow.Table) with the uint64 column ``__key`` and one float64 column per
-    candidate holding the keys' partial expected bounded counts
-    sum_i N_ij min(1, C / w_i) (computed candidate by candidate: no pairs x candidates
-    matrix)."""
+    (shard, pyarrow.Table) with the uint64 column ``__key`` and one int64 column per
+    candidate holding the keys' partial expected bounded counts in units of 2^-B,
+    sum_i floor(2^B N_ij min(1, C / w_i)) (``exact_scores.expected_count_units``;
+    computed candidate by candidate: no pairs x candidates matrix)."""
     k = len(score.candidates)
     if table.num_rows == 0:
         return np.zeros(k, dtype=np.int64), []
@@ -200,23 +208,24 @@ def pair_statistics(pair_users, pair_keys, counts, score, num_key_shards=_DEFAUL
     pair_position = position[key_index]
     del key_index, position
     # contribution_bound.expected_bounded_counts, N_ij * min(1, C / max(w_i, 1)) (or
-    # min(x, sqrt(x)) in user weights), one candidate at a time (the same float
-    # operations, no pairs x candidates matrix).
-    pair_weights = np.maximum(weights[pair_users].astype(np.float64), 1.0)
-    del pair_users, pair_keys
-    pair_counts = counts.astype(np.float64) if score.model == "l1" else None
-    expected = np.empty(len(pair_weights))
-    columns = {KEY_HASH_COLUMN: keys[by_shard]}
+    # min(x, sqrt(x)) in user weights), one candidate at a time, as integer units of
+    # 2^-B rounded down (exact_scores.expected_count_units: the same integers on every
+    # platform, summed exactly). In the l0 model the term depends on the user only, so
+    # it is computed per user and gathered.
     user_weighted = score.user_weighted
+    columns = {KEY_HASH_COLUMN: keys[by_shard]}
+    if score.model == "l1":
+        pair_weights = weights[pair_users]
+    else:
+        user_weight = np.maximum(weights, 1)
     for name, candidate in zip(_contribution_columns(k), score.candidates):
-        np.divide(float(candidate), pair_weights, out=expected)
-        if user_weighted:    # min(x, sqrt(x)): weights of 1/sqrt(C) units
-            np.minimum(expected, np.sqrt(expected), out=expected)
+        if score.model == "l1":
+            units = exact_scores.expected_count_units(counts, pair_weights, candidate)
         else:
-            np.minimum(expected, 1.0, out=expected)
-        if pair_counts is not None:
-            expected *= pair_counts
-        columns[name] = np.bincount(pair_position, weights=expected, minlength=len(keys))
+            units = exact_scores.expected_count_units(
+                None, user_weight, candidate, user_weighted=user_weighted)[pair_users]
+        columns[name] = exact_scores.exact_bincount(pair_position, units, len(keys))
+    del pair_users, pair_keys
     partials = []
     for s in range(num_key_shards):
         lo, hi = int(bounds[s]), int(bounds[s + 1])
@@ -228,23 +237,27 @@ def pair_statistics(pair_users, pair_keys, counts, score, num_key_shards=_DEFAUL
 
 
 def shard_key_costs(partials, key_columns, score):
-    """sum over the keys of one shard of cost_C(h_j(C)), from partial tables (``__key``
-    and one column per candidate); ``key_columns`` is unused (kept for the API)."""
+    """sum over the keys of one shard of floor(2^K c~(h_j(C))) (``BoundScore.
+    key_cost_units``), a tuple of Python ints, from partial tables (``__key`` and one
+    int64 column of 2^-B units per candidate); every sum is exact, so the order of the
+    partials does not matter. ``key_columns`` is unused (kept for the API)."""
     names = _contribution_columns(len(score.candidates))
     tables = [t for t in partials if t.num_rows]
     if not tables:
-        return np.zeros(len(names))
+        return (0,) * len(names)
     keys = np.concatenate([t.column(KEY_HASH_COLUMN).to_numpy() for t in tables])
     unique, key_index = np.unique(keys, return_inverse=True)
     del keys
-    h = np.empty((len(unique), len(names)))
+    h = np.empty((len(unique), len(names)), dtype=np.int64)
     for i, name in enumerate(names):
         values = np.concatenate([t.column(name).to_numpy() for t in tables])
-        h[:, i] = np.bincount(key_index, weights=values, minlength=len(unique))
-    total = np.zeros(len(names))
+        h[:, i] = exact_scores.exact_bincount(key_index, values, len(unique))
+    total = [0] * len(names)
     for lo in range(0, len(unique), _COST_BLOCK):
-        total += score.key_cost(h[lo:lo + _COST_BLOCK]).sum(axis=0)
-    return total
+        units = score.key_cost_units(h[lo:lo + _COST_BLOCK])
+        for i in range(len(names)):
+            total[i] += exact_scores.exact_sum(units[:, i])
+    return tuple(total)
 
 
 # --------------------------------------------------------------------------------------
@@ -269,22 +282,26 @@ class _UserStatisticsFn(beam.DoFn):
             yield shard, partial
 
 
-class SumArrays(beam.CombineFn):
-    """Element-wise sum of float arrays of one fixed shape (score or statistic vectors
-    over the candidate bounds); the empty input sums to zeros, so a selection stage still
-    draws on an empty dataset."""
+class SumIntegers(beam.CombineFn):
+    """Element-wise exact sum of fixed-length sequences of Python ints (the score units
+    of ``accounting.exact_scores``): any order and grouping of the inputs gives the same
+    tuple, so a selection draws the same on every runner. The empty input sums to zeros,
+    so a selection stage still draws on an empty dataset."""
 
-    def __init__(self, shape):
-        self._shape = shape
+    def __init__(self, length):
+        self._sum = exact_scores.SumExact(length)
 
     def create_accumulator(self):
-        return np.zeros(self._shape)
+        return self._sum.zero()
 
     def add_input(self, accumulator, vector):
-        return accumulator + vector
+        return self._sum.add(accumulator, vector)
 
     def merge_accumulators(self, accumulators):
-        return sum(accumulators, self.create_accumulator())
+        total = self._sum.zero()
+        for accumulator in accumulators:
+            total = self._sum.add(total, accumulator)
+        return total
 
     def extract_output(self, accumulator):
         return accumulator
@@ -307,9 +324,9 @@ class _ExponentialMechanismFn(beam.DoFn):
         # retried draw picks the same C, so the selection's epsilon is spent once.
         rng = keyed_random.stage_stream(self._rng_factory, self._rng, self._stage)
         score = self._score
-        values = score.values(sums[0], sums[1])
+        values = score.exact_values(sums[0], sums[1])
         chosen, probabilities = contribution_bound.choose_bound(
-            values, score.candidates, self._epsilon, score.sensitivity, rng,
+            values, score.candidates, self._epsilon, score.selection_sensitivity, rng,
             monotone=self._monotone)
         self._draws.inc()
         _LOG.info(
@@ -317,18 +334,21 @@ class _ExponentialMechanismFn(beam.DoFn):
             "score %s, candidates %s, V(C) %s (dropped %s, key cost %s), exponential "
             "mechanism probabilities %s; epsilon %g, sensitivity %g, monotone %s; "
             "chosen C = %d", score.kind, list(score.candidates),
-            np.round(values, 3).tolist(), np.round(sums[0], 3).tolist(),
-            np.round(sums[1], 3).tolist(), np.round(probabilities, 6).tolist(),
-            self._epsilon, score.sensitivity, self._monotone, chosen)
+            [round(float(v), 3) for v in values], list(sums[0]),
+            [round(u / 2.0 ** score.cost_bits, 3) for u in sums[1]],
+            np.round(probabilities, 6).tolist(),
+            self._epsilon, float(score.selection_sensitivity), self._monotone, chosen)
         yield chosen
 
 
 class ContributionBoundSums(beam.PTransform):
-    """Stages 1-3: one (2, K) float array [dropped(C); sum_j cost_C(h_j(C))].
+    """Stages 1-3: (dropped(C), sum_j floor(2^K c~(h~_j(C)))), two tuples of K Python
+    ints, exact (``accounting.contribution_bound.exact_score_sums`` computes the same
+    integers in one process; ``BoundScore.exact_values`` makes V(C) of them).
 
     NOT PRIVATE: the input of the exponential mechanism. Never write it to an output;
     it is public only so tests can check it against the one-process reference
-    ``accounting.contribution_bound.score_values``."""
+    ``accounting.contribution_bound.exact_score_sums``."""
 
     def __init__(self, key_columns, score, *, num_key_shards=_DEFAULT_KEY_SHARDS,
                  user_column=USER_COLUMN, spill_dir=None, label=None):
@@ -355,19 +375,20 @@ class ContributionBoundSums(beam.PTransform):
                 ).with_output_types(SHARD_AND_TABLE).with_outputs(
                     _UserStatisticsFn.DROPPED, main="partials")
             stats_dropped, stats_partials = stats[_UserStatisticsFn.DROPPED], stats.partials
+        # 2K Python ints: dropped contributions, then key cost units
         dropped = stats_dropped | "DroppedRow" >> beam.Map(
-            lambda v, k=k: np.vstack([v.astype(np.float64), np.zeros(k)]))
-        # (shard, [partials]) -> key costs[K] of the shard's keys
+            lambda v, k=k: tuple(int(x) for x in v) + (0,) * k)
+        # (shard, [partials]) -> key cost units[K] of the shard's keys
         costs = (stats_partials
                  | "ShardByKey" >> spill.group_by_key(self._spill_dir)
                  | "SumByKey" >> beam.MapTuple(
-                     lambda _, parts, key_columns=key_columns, score=score: np.vstack(
-                         [np.zeros(len(score.candidates)),
-                          shard_key_costs(list(parts), key_columns, score)])))
-        # (2, K): row 0 dropped contributions, row 1 key costs
+                     lambda _, parts, key_columns=key_columns, score=score:
+                     (0,) * len(score.candidates)
+                     + shard_key_costs(list(parts), key_columns, score)))
         return ((dropped, costs)
                 | "Merge" >> beam.Flatten()
-                | "SumScores" >> beam.CombineGlobally(SumArrays((2, k))))
+                | "SumScores" >> beam.CombineGlobally(SumIntegers(2 * k))
+                | "Split" >> beam.Map(lambda v, k=k: (tuple(v[:k]), tuple(v[k:]))))
 
 
 class ChooseContributionBound(beam.PTransform):
@@ -426,6 +447,8 @@ class ChooseContributionBound(beam.PTransform):
 
     @property
     def sensitivity(self):
+        """Delta of the score (Prop. 1 / Prop. 3); the draw uses
+        ``score.selection_sensitivity``, Delta plus the exact scores' rounding allowance."""
         return self.score.sensitivity
 
     @property

@@ -26,7 +26,7 @@ import pyarrow as pa
 from thresher.accounting import known_domain
 from thresher.transforms import keyed_random, samplers
 from thresher.transforms.arrow_coder import TABLE
-from thresher.transforms.choose_contribution_bound import SumArrays
+from thresher.transforms.choose_contribution_bound import SumIntegers
 from thresher.transforms.hashing import hash_columns
 from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
@@ -157,7 +157,8 @@ class _StatisticFn(beam.DoFn):
         self._user_column = user_column
 
     def process(self, table):
-        yield self._rule.statistic(user_weights(table, self._model, self._user_column))
+        yield tuple(int(x) for x in self._rule.statistic(
+            user_weights(table, self._model, self._user_column)))
 
 
 class _DrawFn(beam.DoFn):
@@ -177,8 +178,8 @@ class _DrawFn(beam.DoFn):
         self._draws.inc()
         _LOG.info("NOT PRIVATE (operator log only, never in outputs): bounded-domain rule %s, "
                   "candidates %s, statistic %s, scores %s, probabilities %s; chosen C = %d",
-                  self._rule.kind, list(self._rule.candidates), np.round(statistic, 3).tolist(),
-                  np.round(self._rule.scores(statistic), 3).tolist(),
+                  self._rule.kind, list(self._rule.candidates), list(statistic),
+                  [round(float(x), 3) for x in self._rule.scores(statistic)],
                   np.round(probabilities, 6).tolist(), chosen)
         yield chosen
 
@@ -208,7 +209,7 @@ class ChooseDomainBound(beam.PTransform):
         return (users
                 | "UserStatistic" >> beam.ParDo(_StatisticFn(self.rule, self._model,
                                                              self._user_column))
-                | "SumStatistic" >> beam.CombineGlobally(SumArrays(len(self.rule.candidates)))
+                | "SumStatistic" >> beam.CombineGlobally(SumIntegers(len(self.rule.candidates)))
                 | "ExponentialMechanism" >> beam.ParDo(
                     _DrawFn(self.rule, self.epsilon, keyed_random.resolve(self._rng_factory),
                             keyed_random.stage_name(users)))

@@ -1,7 +1,8 @@
 """Tests of transforms.choose_contribution_bound on Beam's FnApiRunner.
 
-The Beam stage's V(C) sums are checked against the one-process reference
-``accounting.contribution_bound.score_values`` on the same records; the drawn C is
+The Beam stage's integer score sums are checked to equal, exactly, the one-process
+reference ``accounting.contribution_bound.exact_score_sums`` on the same records (and to
+lie within the proven rounding bound of the real-valued ``score_values``); the drawn C is
 checked to be drawn exactly once however many consumers read it.
 """
 import math
@@ -57,12 +58,19 @@ def _scores():
 def test_beam_sums_equal_the_one_process_reference(score):
     tables, users, keys = _records()
     pu, pk, pc = cb.pairs_from_records(users, keys)
+    want = cb.exact_score_sums(pu, pk, pc, score)
     _, dropped, key_costs = cb.score_values(pu, pk, pc, score)
+    # the exact scores are the real ones rounded down: per key by at most
+    # s (keys x 2^-B) on the counts and 2^-K (+ float error) on the cost
+    units = np.asarray(want[1], dtype=np.float64) / 2.0 ** score.cost_bits
+    n_keys = len(np.unique(pk))
+    slack = n_keys * (score.suppressed_weight * len(pu) * 2.0 ** -20 + 2.0 ** -score.cost_bits)
+    assert np.all(units <= key_costs + 1e-9) and np.all(units >= key_costs - slack)
+    assert list(want[0]) == dropped.tolist()
 
     def check(results):
         (sums,) = results
-        np.testing.assert_array_equal(sums[0], dropped)
-        np.testing.assert_allclose(sums[1], key_costs, rtol=1e-9)
+        assert sums == want
 
     with beam.Pipeline(runner=FnApiRunner()) as pipeline:
         sums = (pipeline | beam.Create(tables)
@@ -98,12 +106,11 @@ def test_pipeline_shaped_input_uint64_user_hash_and_key_hash():
         shaped.append(keyed.append_column("__key", pa.array(hash_columns(keyed, ["word", "bucket"])))
                       .append_column("__user", pa.array(hash_array(t.column("__user")))))
     score = _scores()[1]
-    _, dropped, key_costs = cb.score_values(*cb.pairs_from_records(users, keys), score)
+    want = cb.exact_score_sums(*cb.pairs_from_records(users, keys), score)
 
     def check(results):
         (sums,) = results
-        np.testing.assert_array_equal(sums[0], dropped)
-        np.testing.assert_allclose(sums[1], key_costs, rtol=1e-9)
+        assert sums == want
 
     with beam.Pipeline(runner=FnApiRunner()) as pipeline:
         sums = (pipeline | beam.Create(shaped)
@@ -188,8 +195,9 @@ def test_seeded_rng_factory_draws_what_the_kernel_draws():
     monotone exponential mechanism (the stage's default)."""
     tables, users, keys = _records(seed=6, n_tables=2, rows=300)
     score = _scores()[0]
-    values = cb.score_values(*cb.pairs_from_records(users, keys), score)[0]
-    want, _ = cb.choose_bound(values, _CANDIDATES, 0.05, score.sensitivity,
+    values = score.exact_values(*cb.exact_score_sums(*cb.pairs_from_records(users, keys),
+                                                     score))
+    want, _ = cb.choose_bound(values, _CANDIDATES, 0.05, score.selection_sensitivity,
                               np.random.default_rng(42), monotone=True)
     with beam.Pipeline(runner=FnApiRunner()) as pipeline:
         chosen = _choose(pipeline, pipeline | beam.Create(tables), epsilon=0.05,

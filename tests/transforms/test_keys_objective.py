@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from thresher.accounting import contribution_bound as cb
+from thresher.accounting import exact_scores
 from tests.accounting.score_fixtures import CANDIDATES, MAX_BOUND, score_params
 from thresher.transforms.choose_contribution_bound import (
     ContributionBoundSums, shard_key_costs, table_statistics)
@@ -50,16 +51,37 @@ def _table(dataset):
 
 def _kernel_values(dataset, score):
     """V(C) = -U(C) as the pipeline computes it: per-table statistics, key shards summed
-    by ``shard_key_costs``, ``BoundScore.values``."""
+    by ``shard_key_costs`` (exact integer units), ``BoundScore.exact_values`` (as floats:
+    the exact Fractions rounded once)."""
     k = len(score.candidates)
     if not dataset:
-        return score.values(np.zeros(k), np.zeros(k))
+        return np.zeros(k)
     dropped, partials = table_statistics(_table(dataset), ["word"], score,
                                          num_key_shards=_SHARDS)
-    costs = np.zeros(k)
+    costs = [0] * k
     for shard in range(_SHARDS):
-        costs += shard_key_costs([t for s, t in partials if s == shard], ["word"], score)
-    return score.values(dropped, costs)
+        units = shard_key_costs([t for s, t in partials if s == shard], ["word"], score)
+        costs = [a + b for a, b in zip(costs, units)]
+    return np.array([float(v) for v in score.exact_values(dropped, costs)])
+
+
+def _reference_values(dataset, score):
+    """V(C) = -U(C) unrounded, in one process (``accounting.contribution_bound.score_values``)."""
+    if not dataset:
+        return np.zeros(len(score.candidates))
+    users, keys, counts = [], [], []
+    for u, hist in enumerate(dataset):
+        for key, count in hist.items():
+            users.append(u)
+            keys.append(key)
+            counts.append(count)
+    return cb.score_values(np.array(users), np.array(keys), np.array(counts), score)[0]
+
+
+def _eta(score):
+    """The rounding allowance of the exact scores (accounting.exact_scores), as a float."""
+    return float(exact_scores.rounding_allowance(max(score.candidates), score.cost_bits,
+                                                 score.cost_error))
 
 
 def _per_candidate_bound(score):
@@ -80,16 +102,22 @@ def test_kernel_key_score_moves_by_at_most_its_sensitivity_in_one_direction(
         kind, dataset, removed, added):
     """Prop. 3 on random neighbours, both ways (remove one of the users; add one more
     user of up to 30 keys): 0 <= U(D + i)(C) - U(D)(C) <= C / (s(C) sqrt(2 pi)) for
-    every candidate, so Delta holds and the score is monotone."""
+    every candidate, so Delta holds and the score is monotone (the real-valued score);
+    the pipeline's rounded score moves within [-eta, bound + eta], eta its rounding
+    allowance (accounting.exact_scores), which the draw's sensitivity includes."""
     score = _score(kind, seed=len(dataset))
     bound = _per_candidate_bound(score)
+    eta = _eta(score)
     removed %= len(dataset)
     smaller = dataset[:removed] + dataset[removed + 1:]
     for big, small in ((dataset, smaller), (dataset + [added], dataset)):
-        gain = -_kernel_values(big, score) + _kernel_values(small, score)   # U(big) - U(small)
+        gain = -_reference_values(big, score) + _reference_values(small, score)
         assert np.all(gain >= -1e-12)
         assert np.all(gain <= bound * (1 + 1e-9) + 1e-12)
         assert np.all(gain <= score.sensitivity * (1 + 1e-9) + 1e-12)
+        gain = -_kernel_values(big, score) + _kernel_values(small, score)   # U(big) - U(small)
+        assert np.all(gain >= -eta - 1e-12)
+        assert np.all(gain <= bound * (1 + 1e-9) + eta + 1e-12)
 
 
 @pytest.mark.parametrize("c_index", [3, 5, 6])
@@ -106,10 +134,13 @@ def test_adversarial_neighbour_at_the_steepest_point_nearly_attains_the_bound(c_
     assert score.key_widths == (1.0,) * len(_CANDIDATES)     # width floor
     same_keys = {j: 1 for j in range(c)}
     base = [dict(same_keys) for _ in range(7)] + [{100: 1}, {101: 2, 102: 1}]
-    gain = -_kernel_values(base + [dict(same_keys)], score) + _kernel_values(base, score)
+    gain = -_reference_values(base + [dict(same_keys)], score) + _reference_values(base, score)
     want = c * (stats.norm.cdf(0.5) - stats.norm.cdf(-0.5))
     assert gain[c_index] == pytest.approx(want, rel=1e-9)
     assert gain[c_index] <= _per_candidate_bound(score)[c_index]
+    # the pipeline's rounded score: the same gain to within its rounding allowance
+    kernel = -_kernel_values(base + [dict(same_keys)], score) + _kernel_values(base, score)
+    assert abs(kernel[c_index] - want) <= _eta(score) + 1e-9
     assert gain[c_index] >= 0.95 * _per_candidate_bound(score)[c_index]
     # the largest candidate attains the score's Delta (max over C)
     if c == _MAX_BOUND:
@@ -174,6 +205,7 @@ def test_beam_sums_of_the_keys_score_equal_the_one_process_reference():
     score = _score("gaussian", seed=2)
     pu, pk, pc = cb.pairs_from_records(users, keys)
     values, _, key_sums = cb.score_values(pu, pk, pc, score)
+    want = cb.exact_score_sums(pu, pk, pc, score)
     tables = []
     for shard in range(4):
         mine = users % 4 == shard
@@ -182,8 +214,10 @@ def test_beam_sums_of_the_keys_score_equal_the_one_process_reference():
 
     def check(results):
         (sums,) = results
-        np.testing.assert_allclose(sums[1], key_sums, rtol=1e-9)
-        np.testing.assert_allclose(score.values(sums[0], sums[1]), values, rtol=1e-9)
+        assert sums == want    # exact integers
+        # within the rounding (per key: < 2^-20 per pair on h, Lipschitz 1/sqrt(2 pi))
+        got = np.array([float(v) for v in score.exact_values(*sums)])
+        np.testing.assert_allclose(got, values, rtol=0, atol=len(pu) * 2.0 ** -20)
 
     with beam.Pipeline(runner=FnApiRunner()) as pipeline:
         sums = (pipeline | beam.Create(tables)
@@ -208,7 +242,9 @@ def _kernel_key_sums(dataset, score):
     _, partials = table_statistics(_table(dataset), ["word"], score, num_key_shards=1)
     (_, table), = partials
     columns = [name for name in table.column_names if name != "__key"]
-    return sorted(zip(*(table.column(name).to_pylist() for name in columns)))
+    # integer units of 2^-20 (accounting.exact_scores), as contributions
+    return sorted(zip(*([v / 2.0 ** 20 for v in table.column(name).to_pylist()]
+                        for name in columns)))
 
 
 def test_weighted_gaussian_counts_users_by_their_weight_in_one_over_sqrt_c_units():
@@ -224,6 +260,8 @@ def test_weighted_gaussian_counts_users_by_their_weight_in_one_over_sqrt_c_units
         return sorted([tuple(small + large)] * 4 + [tuple(large)] * 12)
 
     weighted = _kernel_key_sums(dataset, _score("weighted_gaussian"))
-    assert np.allclose(weighted, expected(lambda x: np.minimum(x, np.sqrt(x))), rtol=1e-12)
+    # each term is rounded down to 2^-20 (two users on a key: < 2^-19 in all)
+    assert np.allclose(weighted, expected(lambda x: np.minimum(x, np.sqrt(x))), rtol=0,
+                       atol=2.0 ** -19)
     plain = _kernel_key_sums(dataset, _score("gaussian"))
-    assert np.allclose(plain, expected(lambda x: np.minimum(1.0, x)), rtol=1e-12)
+    assert np.allclose(plain, expected(lambda x: np.minimum(1.0, x)), rtol=0, atol=2.0 ** -19)

@@ -138,6 +138,8 @@ class _Release(beam.PTransform):
         self._num_shards = num_shards
 
     def expand(self, rows):
+        from thresher.pipelines.running.beam_flags import refuse_graph_saving
+        refuse_graph_saving(rows.pipeline.options, "by ThresherRelease")
         spec = self._plan.spec
         user, keys = spec.input.user, list(spec.input.keys)
         try:
@@ -160,9 +162,9 @@ class _Release(beam.PTransform):
                    | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
                                                    max_batch_size=_BATCH_ROWS)
                    | "ToRecords" >> beam.ParDo(_RowsToRecords(user, keys)))  # Table(__user, __key, keys)
-        # the release secret: drawn once, when the YAML pipeline is expanded (launcher)
-        from thresher.transforms.keyed_random import KeyedSource, building, new_secret
-        with building(KeyedSource(new_secret())):
+        # the release secret: drawn inside the pipeline, never carried in its graph
+        from thresher.transforms.keyed_random import PipelineSecret, building
+        with building(PipelineSecret.draw(rows.pipeline)):
             released, chosen = release_stages(records, self._plan, self._num_shards)
         released_rows = released | "ToRows" >> beam.FlatMap(
             _table_to_rows, columns=keys + list(output_columns)).with_output_types(row_type)

@@ -81,6 +81,51 @@ def _block_edges(k_start, p, k_max):
     return np.asarray(edges, dtype=np.int64)
 
 
+def block_bounds(p, tau, direction):
+    """(k_max, ka, kb, peak, body) of :func:`survival_bound`: block j covers k in
+    [ka[j], kb[j]]; ``body(x, blocks)`` is, for each x of an array, the max over the given
+    blocks (a slice) of the one-tail bound of each block (survival_bound's docstring), an
+    upper bound on P[L_k > x] for every k in those blocks. Module level so that tests can
+    check each block's bound against brute-force sums (tests/accounting/
+    test_sample_threshold_pld.py)."""
+    p, tau = float(p), int(tau)
+    k_max = _k_max(p, tau)
+    edges = _block_edges(tau, p, k_max)
+    ka, kb = edges[:-1], edges[1:] - 1  # inclusive block ends
+    peak = int(np.searchsorted(ka, _EXACT_K_FACTOR * tau / p + 64))  # blocks of the bulk
+    if direction == "remove":
+        # a_k <= -ln(1 - p) always (P[Bin(k,p) < tau] >= (1 - p) P[Bin(k-1,p) < tau]);
+        # computed exactly while P[Bin(k-1, p) < tau] is not negligible.
+        a_cap = -math.log1p(-p)
+        k_top = min(k_max, int(20 * tau / p) + 1000, MAX_TAU)
+        ks = np.arange(tau, k_top + 1, dtype=np.int64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a_k = np.log(_cdf(tau - 1, ks - 1, p)) - np.log(_cdf(tau - 1, ks, p))
+        a_k = np.where(np.isfinite(a_k), np.minimum(a_k, a_cap), a_cap)
+        inside = ka <= k_top
+        a_block = np.full(len(ka), a_cap)
+        a_block[inside] = np.maximum.reduceat(a_k, ka[inside] - tau)
+        a_block[np.flatnonzero(inside)[-1]] = a_cap  # the last one may straddle k_top
+
+    def body(x, blocks):
+        """max over the given blocks of the block bounds, for each x (a column)."""
+        a, b = ka[blocks][None, :], kb[blocks][None, :]
+        x = x[:, None]
+        if direction == "add":
+            q = 1.0 - (1.0 - p) * np.exp(-x)
+            t = np.maximum(np.floor(a * q), tau - 1)
+            return _sf(t, np.broadcast_to(b, t.shape), p).max(axis=1, initial=0.0)
+        r = 1.0 - (1.0 - p) * np.exp(x)
+        m = np.ceil(b * r) - 1  # largest v with v < k r, at the block's end
+        absent_counts = a_block[blocks][None, :] > x
+        limit = np.where(absent_counts, np.maximum(m, tau - 1), m)
+        vals = np.where(absent_counts | (m >= tau),
+                        _cdf(limit, np.broadcast_to(a - 1, limit.shape), p), 0.0)
+        return vals.max(axis=1, initial=0.0)
+
+    return k_max, ka, kb, peak, body
+
+
 def survival_bound(p, tau, direction, xs):
     """S*(x) >= sup_{k >= 1} P[L_k > x] for each x in ``xs`` (non-negative, increasing).
 
@@ -116,39 +161,7 @@ def survival_bound(p, tau, direction, xs):
         raise ValueError(f"direction must be 'add' or 'remove', got {direction!r}")
     if p >= 1.0:
         return np.ones_like(xs)  # v = k = tau is released with certainty, never from tau - 1
-    k_max = _k_max(p, tau)
-    edges = _block_edges(tau, p, k_max)
-    ka, kb = edges[:-1], edges[1:] - 1  # inclusive block ends
-    peak = int(np.searchsorted(ka, _EXACT_K_FACTOR * tau / p + 64))  # blocks of the bulk
-    if direction == "remove":
-        # a_k <= -ln(1 - p) always (P[Bin(k,p) < tau] >= (1 - p) P[Bin(k-1,p) < tau]);
-        # computed exactly while P[Bin(k-1, p) < tau] is not negligible.
-        a_cap = -math.log1p(-p)
-        k_top = min(k_max, int(20 * tau / p) + 1000, MAX_TAU)
-        ks = np.arange(tau, k_top + 1, dtype=np.int64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            a_k = np.log(_cdf(tau - 1, ks - 1, p)) - np.log(_cdf(tau - 1, ks, p))
-        a_k = np.where(np.isfinite(a_k), np.minimum(a_k, a_cap), a_cap)
-        inside = ka <= k_top
-        a_block = np.full(len(ka), a_cap)
-        a_block[inside] = np.maximum.reduceat(a_k, ka[inside] - tau)
-        a_block[np.flatnonzero(inside)[-1]] = a_cap  # the last one may straddle k_top
-
-    def body(x, blocks):
-        """max over the given blocks of the block bounds, for each x (a column)."""
-        a, b = ka[blocks][None, :], kb[blocks][None, :]
-        x = x[:, None]
-        if direction == "add":
-            q = 1.0 - (1.0 - p) * np.exp(-x)
-            t = np.maximum(np.floor(a * q), tau - 1)
-            return _sf(t, np.broadcast_to(b, t.shape), p).max(axis=1, initial=0.0)
-        r = 1.0 - (1.0 - p) * np.exp(x)
-        m = np.ceil(b * r) - 1  # largest v with v < k r, at the block's end
-        absent_counts = a_block[blocks][None, :] > x
-        limit = np.where(absent_counts, np.maximum(m, tau - 1), m)
-        vals = np.where(absent_counts | (m >= tau),
-                        _cdf(limit, np.broadcast_to(a - 1, limit.shape), p), 0.0)
-        return vals.max(axis=1, initial=0.0)
+    k_max, ka, _, peak, body = block_bounds(p, tau, direction)
 
     def chernoff(x, k):
         """Bound on S_k'(x) for every k' >= k (decreasing in k)."""

@@ -36,6 +36,8 @@ from thresher.pipelines.errors import SpecError
 from thresher.pipelines.plan import make_plan
 from thresher.pipelines.release import release_stages
 from thresher.pipelines.specs.spec import kind_module, parse
+from thresher.transforms import keyed_random
+from thresher.transforms.user_identity import identity_key
 
 DEFAULT_NUM_SHARDS = 16
 _BATCH_ROWS = 1 << 16
@@ -111,16 +113,12 @@ class _RowsToRecords(beam.DoFn):
         self._keys = tuple(keys)
         self._rng_factory = rng_factory
 
-    def setup(self):
-        from thresher.transforms.user_identity import identity_key
-        self._identity_key = identity_key(self._rng_factory)
-
     def process(self, rows):
         table = pa.table({name: pa.array([getattr(row, name) for row in rows])
                           for name in (self._user, *self._keys)})
         beam.metrics.Metrics.counter(io.NOT_PRIVATE, "rows_read").inc(table.num_rows)
         prepared, drops = io.prepare_batch(table, self._user, self._keys,
-                                           identity_key=self._identity_key)
+                                           identity_key=identity_key(self._rng_factory))
         for name, value in drops.items():
             if value:
                 beam.metrics.Metrics.counter(io.NOT_PRIVATE, name).inc(value)
@@ -146,6 +144,8 @@ class _Release(beam.PTransform):
         self._num_shards = num_shards
 
     def expand(self, rows):
+        from thresher.pipelines.running.beam_flags import refuse_graph_saving
+        refuse_graph_saving(rows.pipeline.options, "by ThresherRelease")
         spec = self._plan.spec
         user, keys = spec.input.user, list(spec.input.keys)
         try:
@@ -164,13 +164,13 @@ class _Release(beam.PTransform):
             [(k, fields[k]) for k in keys]
             + [(c, _python_type(t, c)) for c, t in output_columns.items()])
 
-        # the release secret: drawn once, when the YAML pipeline is expanded (launcher)
-        from thresher.transforms.keyed_random import KeyedSource, building, new_secret
-        source = KeyedSource(new_secret())
+        # the release secret: drawn inside the pipeline, never carried in its graph
+        from thresher.transforms.keyed_random import PipelineSecret, building
+        source = PipelineSecret.draw(rows.pipeline)
         records = (rows
                    | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
                                                    max_batch_size=_BATCH_ROWS)
-                   | "ToRecords" >> beam.ParDo(_RowsToRecords(user, keys, source)))  # Table(__user, __user_lo, __key, keys)
+                   | "ToRecords" >> keyed_random.par_do(_RowsToRecords(user, keys, source)))  # Table(__user, __user_lo, __key, keys)
         with building(source):
             released, chosen = release_stages(records, self._plan, self._num_shards)
         released_rows = released | "ToRows" >> beam.FlatMap(

@@ -15,7 +15,13 @@ asked for again by the same code:
   the versions of NumPy, SciPy (with its git revision) and mpmath, and Python's version;
 - the value is stored type-tagged and read back exactly (floats by hex), so a cached plan
   is the very dict the calibration returned: the same report and the same noise;
-- only successful calibrations are stored (a refusal is always recomputed);
+- only successful calibrations are stored (a refusal is always recomputed), and only for
+  the calls that have a forward check (``cached(..., verify=)``);
+- a value read back is only a guess: before it is used its forward accounting is
+  recomputed (the delta of the cached parameters at the spec's epsilon, in plain ``math``
+  for the gaussian kind: ``accounting.plain_gshm``, so scipy is still not imported) and it
+  is used only if that meets the budget; otherwise it is recalibrated and a warning says so
+  (an edited or corrupted file that still decodes never reaches a release);
 - the folder is ``$THRESHER_CACHE_DIR`` or ``$XDG_CACHE_HOME/thresher`` or
   ``~/.cache/thresher`` (a new folder is made 0700; an existing one is left as it is); files are written whole (temporary file and
   rename), 0600; a file that is not owned by this user, is writable by others or does not
@@ -69,10 +75,17 @@ def folder():
     return pathlib.Path(base) / "thresher" / "calibration"
 
 
-def cached(name, function):
+def cached(name, function, verify=None):
     """``function`` (pure: a kind's calibrate, a planning limit's check) reading and writing
-    the cache under ``name`` when the cache is enabled; the function itself otherwise."""
-    if not _enabled or folder() is None:
+    the cache under ``name`` when the cache is enabled; the function itself otherwise.
+
+    A cached value is only a guess: ``verify(value, *args, **kwargs)`` recomputes its
+    forward accounting (the delta of the cached parameters at the asked epsilon, the cheap
+    direction) and is True only when that meets the budget the arguments ask for. A value
+    that fails is not used: the calibration is recomputed and a log line says so. A value
+    is stored only once it verifies, and without ``verify`` nothing is cached (a kind
+    whose forward check costs as much as its calibration is not cached)."""
+    if verify is None or not _enabled or folder() is None:
         return function
 
     def call(*args, **kwargs):
@@ -83,12 +96,24 @@ def cached(name, function):
         if key is not None:
             hit = _read(key)
             if hit is not None:
-                return hit[0]
+                if _verified(verify, hit[0], args, kwargs):
+                    return hit[0]
+                log.warning("cached calibration %s (file %s.json) fails its forward privacy "
+                            "check for the budget asked: not used, recalibrating", name, key)
         value = function(*args, **kwargs)
-        if key is not None:
+        if key is not None and _verified(verify, value, args, kwargs):
             _write(key, [value])
         return value
     return call
+
+
+def _verified(verify, value, args, kwargs):
+    """verify's answer; any error in it (a value of the wrong shape) counts as a failure."""
+    try:
+        return verify(value, *args, **kwargs) is True
+    except Exception as exc:      # noqa: BLE001 -- a malformed value fails the check
+        log.debug("calibration cache value fails its check: %r", exc)
+        return False
 
 
 # ---- keys --------------------------------------------------------------------------------

@@ -283,7 +283,15 @@ def _gaussian_fits(epsilon, delta, c, sigma):
     """delta_+(C, epsilon) <= delta at this sigma: some threshold then works (gshm). Kept
     in the thresher command's cache (pipelines/calibration_cache.py) like a calibration."""
     from thresher.pipelines.calibration_cache import cached
-    return cached("limits.gaussian_fits", _gaussian_fits_computed)(epsilon, delta, c, sigma)
+    return cached("limits.gaussian_fits", _gaussian_fits_computed,
+                  _gaussian_fits_verified)(epsilon, delta, c, sigma)
+
+
+def _gaussian_fits_verified(value, epsilon, delta, c, sigma):
+    """Forward check of a cached answer: only True is kept, and only when the plain-math
+    upper bound (accounting.plain_gshm, no SciPy) shows it."""
+    from thresher.accounting import plain_gshm
+    return value is True and plain_gshm.gaussian_fits(epsilon, delta, c, sigma)
 
 
 def _gaussian_fits_computed(epsilon, delta, c, sigma):

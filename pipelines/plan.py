@@ -212,7 +212,9 @@ def make_plan(spec):
     if spec.auto_bound and hasattr(module, "for_auto_bound"):
         mechanism = module.for_auto_bound(mechanism)  # the kind's cheaper default there
     params, excluded = {}, {}
-    calibrate = calibration_cache.cached(f"{spec.kind}.calibrate", module.calibrate)   # CLI only
+    # CLI only; only the kinds with a forward check (verify_calibration) are cached
+    calibrate = calibration_cache.cached(f"{spec.kind}.calibrate", module.calibrate,
+                                         getattr(module, "verify_calibration", None))
     if spec.aggregates:   # count and sums calibrated jointly (pipelines/aggregates.py)
         from thresher.pipelines import aggregates
         calibrate = functools.partial(aggregates.calibrate, spec, module)

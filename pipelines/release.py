@@ -392,13 +392,14 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
     With a ``budget`` section the release's (epsilon, delta) is reserved in the ledger
     before any input is opened, and committed once published (``pipelines.ledger``).
 
-    Randomness: every draw is keyed by a release secret drawn here, once, from the OS
-    CSPRNG (``transforms.keyed_random``; never logged or written anywhere), so runners
-    that retry or recompute stages draw the same values. ``rng_factory`` is for tests
-    (a ``KeyedSource`` with a fixed secret, or a seeded generator factory)."""
-    if rng_factory is None:
-        from thresher.transforms.keyed_random import KeyedSource, new_secret
-        rng_factory = KeyedSource(new_secret())
+    Randomness: every draw is keyed by a release secret drawn once from the OS CSPRNG
+    inside the pipeline, as a materialised singleton side input
+    (``transforms.keyed_random.PipelineSecret``; never in the pipeline graph, never logged
+    or written anywhere), so runners that retry or recompute stages draw the same values.
+    ``rng_factory`` is for tests (a ``KeyedSource`` with a fixed secret, or a seeded
+    generator factory): then it is used as is."""
+    from thresher.pipelines.running.beam_flags import refuse_graph_saving
+    refuse_graph_saving(beam_args, "by thresher's release")   # before the ledger is asked
     with ledger.reservation_for(plan) as reservation:
         report = _run(plan, beam_args, overwrite, rng_factory, reservation)
         if reservation is not None:
@@ -431,7 +432,10 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
         beam_runner = _make_runner(runner_name)
         pipeline = beam.Pipeline(runner=beam_runner, options=options)
         from thresher.transforms import keyed_random
-        keyed = rng_factory if isinstance(rng_factory, keyed_random.KeyedSource) else None
+        if rng_factory is None:           # the secret is drawn inside the pipeline
+            keyed = keyed_random.PipelineSecret.draw(pipeline)
+        else:                             # tests: a fixed KeyedSource or seeded factory
+            keyed = rng_factory if isinstance(rng_factory, keyed_random.KeyedSource) else None
         with keyed_random.building(keyed):    # every stage draws from the release secret
             build(pipeline, plan, files, est_rows, staging, rng_factory=rng_factory)
         progress.watch(beam_runner)       # live metrics of the in-process runner

@@ -144,7 +144,7 @@ class RoundThreshold(KernelRelease):
         from thresher.transforms.release_fn import ReleaseBatchFn
         stage = keyed_random.stage_name(sums)
         fn = functools.partial(round_release_table, round_index=self._round_index)
-        return sums | self.stage_label >> beam.ParDo(
+        return sums | self.stage_label >> keyed_random.par_do(
             ReleaseBatchFn(fn, keyed_random.resolve(self._rng_factory), stage),
             self._params).with_output_types(TABLE)
 

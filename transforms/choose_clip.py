@@ -98,7 +98,7 @@ class ChooseClipBounds(beam.PTransform):
         return (users
                 | "ClipStatistic" >> beam.ParDo(_StatisticFn(self._keys, self._auto, self._candidates))
                 | "SumClipStatistic" >> beam.CombineGlobally(SumIntegers(size))
-                | "ClipExponentialMechanism" >> beam.ParDo(_DrawFn(
+                | "ClipExponentialMechanism" >> keyed_random.par_do(_DrawFn(
                     self._auto, self._candidates, self._epsilon, self._quantile,
                     keyed_random.resolve(self._rng_factory), keyed_random.stage_name(users)))
                 | "MaterialiseClips" >> beam.Reshuffle())

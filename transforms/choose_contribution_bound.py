@@ -463,6 +463,6 @@ class ChooseContributionBound(beam.PTransform):
             user_column=self._user_column, spill_dir=self._spill_dir)
         stage = self._stage or keyed_random.stage_name(sums)
         return (sums
-                | "ExponentialMechanism" >> beam.ParDo(_ExponentialMechanismFn(
+                | "ExponentialMechanism" >> keyed_random.par_do(_ExponentialMechanismFn(
                     self.score, self.epsilon, self.monotone, keyed_random.resolve(self._rng_factory), stage))
                 | "Materialise" >> beam.Reshuffle())

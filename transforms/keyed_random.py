@@ -6,10 +6,12 @@ fresh OS randomness each recomputation would draw new noise, and a private choic
 recomputed k times would spend its epsilon k times. thresher therefore derives every
 random word of a release from
 
-* a **release secret**: 32 bytes drawn once from the OS CSPRNG (``os.urandom``) when the
-  run starts, in the launcher (:func:`new_secret`, ``pipelines.release.run``), carried
-  to the workers inside the pickled transforms (:class:`KeyedSource`), never logged,
-  never written to the report, the spec or any output (``docs/running.md``); and
+* a **release secret**: 32 bytes drawn from the OS CSPRNG (``os.urandom``) *inside the
+  pipeline*, once per run, as a materialised singleton side input
+  (:class:`PipelineSecret`: Impulse -> draw -> Reshuffle, the way the chosen bound is
+  committed), never carried in the pipeline graph, so it is in no staged job, template
+  or jar; never logged, never written to the report, the spec or any output
+  (``docs/running.md``); and
 * a **stable identity** of what is drawn: the stage (the full Beam label of the
   composite that draws, fixed when the pipeline is built) and, for per-key draws, the
   canonical text of the key (:func:`row_identities`, the text form of
@@ -31,11 +33,28 @@ rows, and a recomputation draws the very same words. The exact samplers of
 row its own stream, so vectorised sampling takes one word per row per round), so the
 noise laws stay exact; the privacy guarantee becomes computational (an adversary who
 cannot distinguish SHAKE256 from a random function sees exactly distributed noise).
+
+How a stage that draws gets the secret (the pattern every draw site follows, e.g. a
+per-user identity computed by the record reader):
+
+1. its PTransform takes ``rng_factory=None`` and, at expansion, hands its DoFn
+   ``keyed_random.resolve(self._rng_factory)`` (stored as the DoFn's ``_rng_factory``):
+   in a release that is the release's :class:`PipelineSecret` (no secret in it);
+2. it applies the DoFn with ``keyed_random.par_do(dofn, *side_inputs)`` instead of
+   ``beam.ParDo``: for a :class:`PipelineSecret` this adds the secret's singleton side
+   input and sets it on the DoFn's source before each ``process`` call;
+3. ``process`` draws through :func:`stage_stream`, :func:`table_streams` or
+   :func:`stage_source` (``setup`` calls :func:`worker_rng`).
+
+Tests fix the randomness through the same argument: an explicit ``rng_factory`` (a
+``KeyedSource`` with a known secret, or a seeded generator factory) is used as is (then,
+and only then, a secret is in the graph).
 """
 import contextlib
 import hashlib
 import os
 
+import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -51,7 +70,8 @@ _WORD = np.dtype("<u8")       # words are read little-endian on every platform
 
 
 def new_secret():
-    """A fresh release secret from the OS CSPRNG (once per run, in the launcher)."""
+    """A fresh release secret from the OS CSPRNG (once per run, inside the pipeline:
+    :class:`PipelineSecret`)."""
     return os.urandom(SECRET_BYTES)
 
 
@@ -298,6 +318,94 @@ def table_streams(factory, fallback, stage, table, columns):
     if isinstance(factory, KeyedSource):
         return factory.rows(stage, row_identities(table, columns)).view
     return fallback
+
+
+class PipelineSecret(KeyedSource):
+    """The release secret drawn inside the pipeline: a :class:`KeyedSource` that holds no
+    secret in the graph. :meth:`draw` adds ``ReleaseSecret`` to the pipeline (Impulse ->
+    ``new_secret()`` -> Reshuffle: the one drawn value is committed once, so retries and
+    recomputations of consumers see the same secret); :func:`par_do` gives each drawing
+    DoFn that singleton side input and sets it here before the DoFn processes an element.
+    Pickling keeps neither the secret nor the side input."""
+
+    def __init__(self):
+        self._secret = None
+        self._side = None
+
+    @classmethod
+    def draw(cls, pipeline):
+        """The release's source, its secret drawn by a new ``ReleaseSecret`` stage."""
+        source = cls()
+        source._side = (pipeline
+                        | "ReleaseSecret" >> beam.Impulse()
+                        | "ReleaseSecret/Draw" >> beam.Map(_draw_secret)
+                        | "ReleaseSecret/Materialise" >> beam.Reshuffle())
+        return source
+
+    def side_input(self):
+        if self._side is None:
+            raise RuntimeError("this PipelineSecret was not drawn in the pipeline being built")
+        return beam.pvalue.AsSingleton(self._side)
+
+    def set_secret(self, secret):
+        if secret is not self._secret:
+            if not isinstance(secret, (bytes, bytearray)) or len(secret) < 16:
+                raise ValueError("a release secret must be at least 16 bytes")
+            self._secret = bytes(secret)
+
+    def stage_key(self, stage):
+        if self._secret is None:
+            raise RuntimeError("the release secret side input did not reach this DoFn: "
+                               "apply it with keyed_random.par_do")
+        return super().stage_key(stage)
+
+    def __getstate__(self):
+        return {"_secret": None, "_side": None}    # never the secret, never the graph
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+
+def _draw_secret(_):
+    return new_secret()
+
+
+def par_do(dofn, *args, **kwargs):
+    """``beam.ParDo(dofn, *args, **kwargs)``, with the release secret's side input when
+    the DoFn's ``_rng_factory`` is a :class:`PipelineSecret` (module docstring)."""
+    source = getattr(dofn, "_rng_factory", None)
+    if isinstance(source, PipelineSecret):
+        return beam.ParDo(_WithSecret(dofn), *args, release_secret=source.side_input(),
+                          **kwargs)
+    return beam.ParDo(dofn, *args, **kwargs)
+
+
+class _WithSecret(beam.DoFn):
+    """Runs ``inner`` with the secret side input set on its source first (the inner DoFn
+    and this one share that source object: they are pickled together)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self._inner = inner
+
+    def setup(self):
+        self._inner.setup()
+
+    def start_bundle(self):
+        self._inner.start_bundle()
+
+    def process(self, element, *args, **kwargs):
+        self._inner._rng_factory.set_secret(kwargs.pop("release_secret"))
+        return self._inner.process(element, *args, **kwargs)
+
+    def finish_bundle(self):
+        return self._inner.finish_bundle()
+
+    def teardown(self):
+        self._inner.teardown()
+
+    def default_label(self):
+        return self._inner.default_label()
 
 
 _BUILDING = []     # the KeyedSource of the release whose pipeline is being built

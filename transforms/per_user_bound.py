@@ -312,7 +312,7 @@ class PerUserBound(beam.PTransform):
         self._rng_factory = rng_factory
 
     def expand(self, user_shards):
-        return user_shards | "BoundL0" >> beam.ParDo(
+        return user_shards | "BoundL0" >> keyed_random.par_do(
             _BoundL0Fn(self._key_columns, keyed_random.resolve(self._rng_factory),
                        keyed_random.stage_name(user_shards)), self._max_keys_per_user
         ).with_output_types(TABLE)

@@ -210,7 +210,7 @@ class ChooseDomainBound(beam.PTransform):
                 | "UserStatistic" >> beam.ParDo(_StatisticFn(self.rule, self._model,
                                                              self._user_column))
                 | "SumStatistic" >> beam.CombineGlobally(SumIntegers(len(self.rule.candidates)))
-                | "ExponentialMechanism" >> beam.ParDo(
+                | "ExponentialMechanism" >> keyed_random.par_do(
                     _DrawFn(self.rule, self.epsilon, keyed_random.resolve(self._rng_factory),
                             keyed_random.stage_name(users)))
                 | "Materialise" >> beam.Reshuffle())
@@ -242,7 +242,7 @@ class NoisyDomainCounts(beam.PTransform):
         self._rng_factory = rng_factory
 
     def expand(self, counts):
-        return counts | "NoiseEveryKey" >> beam.ParDo(
+        return counts | "NoiseEveryKey" >> keyed_random.par_do(
             _NoisyDomainFn(keyed_random.resolve(self._rng_factory),
                            keyed_random.stage_name(counts)),
             self._params).with_output_types(TABLE)

@@ -62,5 +62,5 @@ class KernelRelease(beam.PTransform):
 
     def expand(self, counts):
         stage = self._stage or keyed_random.stage_name(counts)
-        return counts | self.stage_label >> beam.ParDo(
+        return counts | self.stage_label >> keyed_random.par_do(
             ReleaseBatchFn(type(self).release_table, keyed_random.resolve(self._rng_factory), stage), self._params)

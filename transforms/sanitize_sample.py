@@ -210,7 +210,7 @@ class SanitizeSample(beam.PTransform):
 
     def expand(self, tables):
         # (key..., frequency) -> (key..., token, estimate)
-        return tables | "SanitizeKeys" >> beam.ParDo(
+        return tables | "SanitizeKeys" >> keyed_random.par_do(
             _SanitizeFn(self._key_columns, self._frequency_column,
                         keyed_random.resolve(self._rng_factory), keyed_random.stage_name(tables)),
             self._params)

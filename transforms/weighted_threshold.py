@@ -117,7 +117,7 @@ class WeightedPerUserBound(beam.PTransform):
                                      else int(count_keys_per_user))
 
     def expand(self, user_shards):
-        return user_shards | "BoundL0Weighted" >> beam.ParDo(
+        return user_shards | "BoundL0Weighted" >> keyed_random.par_do(
             _WeightedBoundFn(self._key_columns, self._scale,
                              keyed_random.resolve(self._rng_factory),
                              keyed_random.stage_name(user_shards),

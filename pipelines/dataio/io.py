@@ -358,14 +358,14 @@ class _PrepareBatches(beam.DoFn):
         self._values = list(value_columns)
         self._rng_factory = rng_factory
 
-    def setup(self):
-        self._identity_key = identity_key(self._rng_factory)
-
     def process(self, table):
         beam.metrics.Metrics.counter(NOT_PRIVATE, "rows_read").inc(table.num_rows)
         progress.count_rows(table.num_rows)
+        # the key comes from the release secret, which a release's PipelineSecret receives
+        # as a side input before each call (keyed_random.par_do): never in setup()
         prepared, drops = prepare_batch(table, self._user, self._keys, self._as_text,
-                                        self._values, identity_key=self._identity_key)
+                                        self._values,
+                                        identity_key=identity_key(self._rng_factory))
         for name, value in drops.items():
             if value:
                 beam.metrics.Metrics.counter(NOT_PRIVATE, name).inc(value)
@@ -529,7 +529,7 @@ class ReadRecords(beam.PTransform):
         if self._spec.sample is not None:
             return raw | "PrepareSample" >> beam.ParDo(_PrepareSampleBatches(
                 self._spec.keys, self._spec.sample["frequency"], as_text)).with_output_types(pa.Table)
-        return raw | "PrepareBatches" >> beam.ParDo(
+        return raw | "PrepareBatches" >> keyed_random.par_do(
             _PrepareBatches(self._spec.user, self._spec.keys, as_text, self._values,
                             keyed_random.resolve(self._rng_factory))
         ).with_output_types(pa.Table)

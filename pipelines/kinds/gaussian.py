@@ -5,9 +5,11 @@ otherwise c + v with v discrete Gaussian(sigma) is released when it reaches
 ``threshold`` (tau*). sigma and tau* are calibrated by ``accounting.gshm.calibrate`` with
 the exact accounting of Thm 5.4 for the discrete Gaussian actually drawn.
 """
+import math
+
 import pyarrow as pa
 
-from thresher.accounting import gshm
+from thresher.accounting import gshm, plain_gshm
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
@@ -52,11 +54,43 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
         f"max_keys_per_user={max_keys_per_user}")
     out = {"kind": "gaussian", "pre_threshold": int(params.pre_threshold),
            "sigma": float(params.sigma), "threshold": _int_if_whole(params.threshold),
-           "noise": "discrete_gaussian",
-           "accounting": "exact Gaussian sparse histogram accounting (paper 004 Thm 5.4) "
-                         "for discrete Gaussian noise",
+           "noise": "discrete_gaussian", "accounting": ACCOUNTING,
            "delta_achieved": float(params.delta)}
     return out
+
+
+ACCOUNTING = ("exact Gaussian sparse histogram accounting (paper 004 Thm 5.4) for discrete "
+              "Gaussian noise")
+# Relative gap allowed between the reported delta_achieved and the plain upper bound
+# (they agree to ~1e-12 where the accounting uses Lemma A; a larger gap is recomputed).
+_REPORT_TOLERANCE = 1e-6
+
+
+def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model):
+    """Forward check of a cached calibration (``pipelines.calibration_cache``): True only
+    if ``params`` is what ``calibrate`` returns in shape and fixed fields and the plain-math
+    upper bound on its delta (``accounting.plain_gshm``, paper 004 Thm 5.4; no SciPy) at
+    ``epsilon`` is within ``delta``, and its reported delta_achieved is that delta."""
+    if model != "l0" or mech.get("public_keys") or type(params) is not dict:
+        return False
+    if set(params) != {"kind", "pre_threshold", "sigma", "threshold", "noise", "accounting",
+                       "delta_achieved"}:
+        return False
+    tau, sigma, threshold = params["pre_threshold"], params["sigma"], params["threshold"]
+    if (params["kind"] != "gaussian" or params["noise"] != "discrete_gaussian"
+            or params["accounting"] != ACCOUNTING or type(tau) is not int
+            or tau != mech["pre_threshold"] or type(sigma) is not float
+            or type(threshold) not in (int, float) or not float(threshold).is_integer()
+            or threshold < tau):
+        return False
+    if mech.get("sigma") is not None and sigma != float(mech["sigma"]):
+        return False
+    if mech.get("threshold") is not None and threshold != tau + math.ceil(mech["threshold"] - tau):
+        return False
+    bound = plain_gshm.delta_upper(epsilon, sigma, threshold - tau, max_keys_per_user)
+    reported = params["delta_achieved"]
+    return (bound is not None and bound <= delta and type(reported) is float
+            and bound * (1.0 - _REPORT_TOLERANCE) <= reported <= delta)
 
 
 def _int_if_whole(x):

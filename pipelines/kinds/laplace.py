@@ -60,5 +60,33 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
             "delta_achieved": float(params.delta)}
 
 
+def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model):
+    """Forward check of a cached calibration (``pipelines.calibration_cache``): True only
+    if ``params`` has ``calibrate``'s shape and fixed fields and the delta of its scale and
+    threshold at ``epsilon`` (``accounting.laplace_threshold.delta``, one evaluation of the
+    accounting the calibration searches over) is within ``delta`` and is the one reported.
+    """
+    if mech.get("public_keys") or type(params) is not dict:
+        return False
+    if set(params) != {"kind", "pre_threshold", "scale", "threshold", "noise", "model",
+                       "accounting", "delta_achieved"}:
+        return False
+    tau, scale, threshold = params["pre_threshold"], params["scale"], params["threshold"]
+    if (params["kind"] != "laplace" or params["noise"] != "discrete_laplace"
+            or params["model"] != model or type(tau) is not int or tau != mech["pre_threshold"]
+            or type(scale) is not float or type(threshold) not in (int, float)
+            or not params["accounting"].startswith(f"Laplace thresholding, {model} model")):
+        return False
+    if mech.get("scale") is not None and scale != float(mech["scale"]):
+        return False
+    if mech.get("threshold") is not None and threshold != float(mech["threshold"]):
+        return False
+    achieved = laplace_threshold.delta(epsilon, scale, threshold, max_keys_per_user,
+                                       model=model, noise="discrete_laplace", pre_threshold=tau)
+    reported = params["delta_achieved"]
+    return (achieved <= delta and type(reported) is float
+            and abs(reported - achieved) <= 1e-9 * achieved)
+
+
 def release(counts, params, key_columns):
     return counts | "NoisyThreshold" >> NoisyThreshold(params)

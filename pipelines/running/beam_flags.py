@@ -63,11 +63,13 @@ def unknown(beam_args):
 
 
 def check(beam_args):
-    """SpecError naming the first argument after ``--`` that Beam does not know."""
+    """SpecError naming the first argument after ``--`` that Beam does not know, or the
+    first option that saves the graph for later launches (:data:`GRAPH_SAVING`)."""
     if not beam_args:
         return
     bad = unknown(beam_args)
     if not bad:
+        refuse_graph_saving(beam_args)
         return
     first = bad[0]
     if first.startswith("-"):
@@ -77,6 +79,34 @@ def check(beam_args):
                             f"(docs/running.md lists the runners' options)")
     raise SpecError("", f"Beam cannot use {first!r} after --: Beam options are flags such "
                         f"as --runner=DirectRunner; nothing was run")
+
+
+# Options that save the pipeline graph to be launched later (or launch one saved
+# earlier): every launch of a saved graph would reuse one release's noise and sampling
+# while the ledger charges one release (issue 25 F4). docs/running.md lists them.
+GRAPH_SAVING = {
+    "template_location": "saves a Dataflow template, launched later any number of times",
+    "dataflow_job_file": "writes the Dataflow job (the pipeline graph) to a file",
+    "output_executable_path": "writes a Flink/Spark executable jar instead of running",
+    "create_from_snapshot": "creates the job from a saved Dataflow snapshot",
+}
+
+
+def refuse_graph_saving(options, where="after --"):
+    """SpecError naming the first option (``PipelineOptions`` or Beam's flags) that saves
+    the graph for later launches: thresher's ledger cannot charge launches it never sees."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    if options is None:
+        return
+    if not isinstance(options, PipelineOptions):
+        options = PipelineOptions(list(options))
+    given = options.get_all_options(drop_default=True)
+    for name, why in GRAPH_SAVING.items():
+        if given.get(name) not in (None, False, ""):
+            raise SpecError(f"--{name}", f"refused ({where}): it {why}; every launch of a "
+                            f"saved graph would reuse this release's noise and sampling while "
+                            f"the privacy ledger charges one release. Run the release itself "
+                            f"each time (docs/running.md, options thresher refuses)")
 
 
 def beam_flags_among(words):

@@ -39,12 +39,19 @@ def smallest_real(predicate, low, high, *, rel_tol=1e-9, abs_tol=0.0, max_iter=2
     """Smallest x in [low, high] (up to tolerance) with predicate(x) true for a monotone
     predicate; the returned x always satisfies the predicate. None if predicate(high)
     is false. ``high`` may be math.inf: it is then found by doubling from max(low, 1)."""
+    if math.isnan(low) or math.isnan(high):
+        return None
     if math.isinf(high):
         high = max(2.0 * low, 1.0)
-        while not predicate(high):
+        # from >= 1 past 1e300 in <= 997 doublings; the count bounds it whatever low is
+        for _ in range(1100):
+            if predicate(high):
+                break
             low, high = high, 2.0 * high
             if high > 1e300:
                 return None
+        else:
+            return None
     elif not predicate(high):
         return None
     if predicate(low):

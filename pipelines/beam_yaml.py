@@ -134,7 +134,7 @@ def _table_to_rows(table, columns):
 def _report_json(released_keys, reports, chosen):
     report = dict(reports[int(chosen)])
     report["released_keys"] = int(released_keys)
-    return beam.Row(report=json.dumps(report, sort_keys=False))
+    return beam.Row(report=json.dumps(report, sort_keys=False, allow_nan=False))
 
 
 class _Release(beam.PTransform):

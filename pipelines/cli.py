@@ -4,6 +4,8 @@
     thresher plan CONFIG [--json]
     thresher validate CONFIG
     thresher ledger show LEDGER [--dataset D] [--json]
+    thresher ledger reservations LEDGER [--dataset D] [--json]
+    thresher ledger release LEDGER ID [--force]
     thresher show OUTPUT [--top N]
     thresher schema
     thresher report OUTPUT --html [FILE]
@@ -96,6 +98,20 @@ def _parser():
     show.add_argument("ledger", help="the ledger file (budget.ledger of a spec)")
     show.add_argument("--dataset", help="only this dataset")
     show.add_argument("--json", action="store_true", help="print JSON")
+    held = ledger_sub.add_parser("reservations", parents=[common],
+                                 help="open reservations: runs going on, or killed ones whose "
+                                      "charge stayed")
+    held.add_argument("ledger", help="the ledger file or postgresql:// URL")
+    held.add_argument("--dataset", help="only this dataset")
+    held.add_argument("--json", action="store_true", help="print JSON")
+    free = ledger_sub.add_parser("release", parents=[common],
+                                 help="delete an open reservation whose run has ended "
+                                      "(docs/robustness.md, Ledger operations)")
+    free.add_argument("ledger", help="the ledger file or postgresql:// URL")
+    free.add_argument("id", type=int, help="the reservation's id (thresher ledger reservations)")
+    free.add_argument("--force", action="store_true",
+                      help="also when its owner runs on another host or is still running "
+                           "(that run then refuses to publish)")
     return parser
 
 
@@ -109,7 +125,8 @@ def _split_beam_args(argv):
 def _print_plan(plan, as_json):
     report = plan.report()
     if as_json:
-        print(json.dumps(report, indent=2))
+        from thresher.pipelines.dataio.publish import report_text
+        print(report_text(report), end="")      # strict JSON, as the published report
         return
     from thresher.pipelines.reports.plan_text import format_plan
     print("\n".join(format_plan(plan, report)))
@@ -458,7 +475,10 @@ def _ledger_line(spec):
     if getattr(spec, "budget", None) is None:
         return None
     from thresher.pipelines.ledgers import ledger
-    d = ledger.summary(spec.budget.ledger, spec.budget.dataset)[0]
+    try:
+        d = ledger.summary(spec.budget.ledger, spec.budget.dataset)[0]
+    except ThresherError as exc:      # the release is published; the warning above says more
+        return f"ledger: cannot be read now ({exc})"
     return (f"ledger: dataset {d['dataset']} has spent epsilon {d['spent']['epsilon']:g} of "
             f"{d['budget']['epsilon']:g}, delta {d['spent']['delta']:g} of {d['budget']['delta']:g} "
             f"({spec.budget.ledger})")
@@ -484,6 +504,16 @@ def _look_command(args):
 
 def _ledger_command(args):
     from thresher.pipelines.ledgers import ledger
+    if args.ledger_command == "reservations":
+        rows = ledger.reservations(args.ledger, args.dataset)
+        print(json.dumps(rows, indent=2) if args.json else ledger.format_reservations(rows))
+        return 0
+    if args.ledger_command == "release":
+        row = ledger.release_reservation(args.ledger, args.id, force=args.force)
+        print(f"released reservation {row['id']} ({row['name']!r}, dataset {row['dataset']!r}: "
+              f"epsilon {row['epsilon']:g}, delta {row['delta']:g}; its run was "
+              f"{row['owner']})")
+        return 0
     datasets = ledger.summary(args.ledger, args.dataset)
     if args.json:
         print(json.dumps(datasets[0] if len(datasets) == 1 else datasets, indent=2))

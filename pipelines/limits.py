@@ -31,6 +31,7 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
   must stay below the per-key delta, or no table can be verified: refused naming
   privacy.delta (the smallest delta that works) or privacy.epsilon (the largest).
   A fixed sample_and_threshold threshold is <= L_MAX.
+* ``mechanism.sampling_rate`` (sample-and-threshold kinds) >= SAMPLING_RATE_MIN = 1e-12.
 * every kind: privacy.epsilon <= 100 (e^epsilon overflows a float near 709; no release
   is meaningfully private beyond single digits) and privacy.delta >= 1e-100.
 
@@ -56,6 +57,9 @@ MAX_KEYS = {"gaussian": 100_000, "laplace": 100_000, "sample_and_threshold": 100
 _SAMPLE_AND_THRESHOLD_KINDS = ("sample_and_threshold", "heavy_hitters", "quantiles")
 WS_KEY_DELTA_MIN = 1e-15
 WS_SAMPLING_THRESHOLD_MIN = 1e-6
+# sample-and-threshold kinds: below this rate a released key needs > 1e12 users, and at
+# 1e-100 the accounting's binomial blocks overflow (issue 30 D4)
+SAMPLING_RATE_MIN = 1e-12
 
 
 def _bound_field(spec):
@@ -82,6 +86,12 @@ def check_spec(spec):
         raise SpecError("privacy.delta", f"must be >= {DELTA_MIN:g} (the planning limit), "
                         f"got {privacy.delta:g}")
     kind, mech = spec.kind, spec.mechanism
+    rate = mech.get("sampling_rate")
+    if rate is not None and rate < SAMPLING_RATE_MIN:
+        raise SpecError("mechanism.sampling_rate", f"must be >= {SAMPLING_RATE_MIN:g} (the "
+                        f"planning limit: a key would need ~threshold / sampling_rate > "
+                        f"{1 / SAMPLING_RATE_MIN:g} users to be released, and the binomial "
+                        f"tails overflow), got {rate:g}")
     if kind == "gaussian" and mech.get("sigma") is not None and mech["sigma"] < SIGMA_MIN:
         raise SpecError("mechanism.sigma", f"must be >= {SIGMA_MIN:g} (smaller noise cannot "
                         f"meet any delta < 1), got {mech['sigma']:g}")
@@ -299,15 +309,32 @@ def _gaussian_fits_computed(epsilon, delta, c, sigma):
     return float(composed_shift_delta(epsilon, sigma, c, method="bound")) <= delta
 
 
+# Iteration caps of _smallest, whatever ok and start are (issue 30 D1: a release epsilon of
+# 0 doubled 0 forever): doubling from >= 2^-1074 passes EPSILON_MAX within 1,090 steps; the
+# 1% bisection of a bracket [x, 2^k x] needs ~log2(k / 0.01) < 20 steps.
+_DOUBLINGS_MAX = 1100
+_BISECTIONS_MAX = 200
+
+
 def _smallest(ok, start):
-    """Smallest epsilon >= start (to 1%) with ok(epsilon), ok monotone; None if > 100."""
+    """Smallest epsilon >= start (to 1%) with ok(epsilon), ok monotone; nan if there is
+    none <= EPSILON_MAX, or start is not a positive finite number. Bounded in iterations
+    regardless of its input (at most _DOUBLINGS_MAX + _BISECTIONS_MAX calls of ok)."""
+    if not (math.isfinite(start) and start > 0):
+        return math.nan
     high = start
-    while not ok(high):
+    for _ in range(_DOUBLINGS_MAX):
+        if ok(high):
+            break
         high *= 2
         if high > EPSILON_MAX:
             return math.nan
+    else:
+        return math.nan
     low = start
-    while high / low > 1.01:
+    for _ in range(_BISECTIONS_MAX):
+        if high / low <= 1.01:
+            break
         mid = math.sqrt(low * high)
         if ok(mid):
             high = mid

@@ -19,7 +19,7 @@ import math
 from thresher.accounting.budget import Budget
 from thresher.pipelines import __version__, calibration_cache, limits
 from thresher.pipelines.reports.citations import cite_all
-from thresher.pipelines.errors import CalibrationError
+from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.specs.spec import kind_module
 
 log = logging.getLogger("thresher")
@@ -181,9 +181,38 @@ def _accounting_text(mechanism, spec):
     return "; ".join(parts)
 
 
+def check_stage_budgets(spec):
+    """The stages taken out of privacy.epsilon before the release (``bounding.auto.epsilon``,
+    ``aggregates_auto.epsilon``) must leave the release a positive share; else SpecError
+    naming the fields (issue 30 D1/D2: a release epsilon of 0 hung the planning limits,
+    a stage above the total was an internal BudgetExceededError)."""
+    stages = []
+    if spec.auto_bound:
+        stages.append(("bounding.auto.epsilon", spec.bounding.auto.epsilon))
+    if spec.aggregates_auto is not None:
+        stages.append(("aggregates_auto.epsilon", spec.aggregates_auto.epsilon))
+    if not stages:
+        return
+    total = spec.privacy.epsilon
+    for field, eps in stages:
+        if not (math.isfinite(eps) and 0 < eps):
+            raise SpecError(field, f"must be a number > 0, got {eps:g}")
+    taken = math.fsum(eps for _, eps in stages)
+    # The release keeps total - taken; a share below 1e-9 of the total is zero in all but
+    # name (and float sums such as 0.1 + 0.9 must not pass as a sliver above 0).
+    if total - taken > total * 1e-9:
+        return
+    names = " + ".join(f"{field} ({eps:g})" for field, eps in stages)
+    raise SpecError(stages[-1][0], f"{names} take{'s' if len(stages) == 1 else ''} "
+                    f"{taken:g} of privacy.epsilon ({total:g}), leaving the release no "
+                    f"epsilon; " + ("they must sum to less than privacy.epsilon" if len(stages) > 1
+                                   else "it must be smaller than privacy.epsilon"))
+
+
 def make_plan(spec):
     """Budget split and calibration; raises CalibrationError if the budget cannot be met."""
     limits.check_spec(spec)
+    check_stage_budgets(spec)
     budget = Budget(spec.privacy.epsilon, spec.privacy.delta)
     if spec.auto_bound:
         budget.spend(SELECT_STAGE, spec.bounding.auto.epsilon, 0.0)

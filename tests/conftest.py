@@ -12,3 +12,52 @@ from hypothesis import settings as _hypothesis_settings  # noqa: E402
 
 _hypothesis_settings.register_profile("thresher", deadline=None)
 _hypothesis_settings.load_profile("thresher")
+
+
+# ---- every release report the suite writes is strict JSON (issue 30 D5) -------------------
+import json as _json  # noqa: E402
+import os as _os  # noqa: E402
+
+import pytest as _pytest  # noqa: E402
+
+REPORT_NAMES = ("release_report.json",)
+
+
+def _refuse_constant(name):
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def non_strict_reports(root):
+    """[(path, why)] for every release report under ``root`` that a strict JSON parser
+    refuses because of NaN/Infinity, the only non-standard output Python's json writer
+    produces (with allow_nan=True). Files that are not JSON at all are left alone: tests
+    write damaged reports on purpose to check that readers refuse them."""
+    bad = []
+    for folder, _, files in _os.walk(root):
+        for name in files:
+            if name not in REPORT_NAMES:
+                continue
+            path = _os.path.join(folder, name)
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    text = handle.read()
+            except (OSError, UnicodeDecodeError):
+                continue
+            try:
+                _json.loads(text, parse_constant=_refuse_constant)
+            except _json.JSONDecodeError:
+                continue
+            except ValueError as exc:
+                bad.append((path, str(exc)))
+    return bad
+
+
+@_pytest.fixture(scope="session", autouse=True)
+def _every_report_is_strict_json(tmp_path_factory):
+    """After the session: parse every release_report.json written under the session's
+    temporary folders (tmp_path of every test, including what CLI child processes wrote
+    there) with a strict parser; a NaN or Infinity fails the session's last teardown."""
+    yield
+    bad = non_strict_reports(str(tmp_path_factory.getbasetemp()))
+    assert not bad, "release reports that are not strict JSON: " + "; ".join(
+        f"{path}: {why}" for path, why in bad)

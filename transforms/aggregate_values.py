@@ -46,7 +46,10 @@ def prepare_values(column, as_text=False):
             values = pa.array([_to_float(v) for v in column.to_pylist()], type=pa.float64())
     elif pa.types.is_integer(column.type) or pa.types.is_floating(column.type) \
             or pa.types.is_boolean(column.type) or pa.types.is_decimal(column.type):
-        values = pc.cast(column, pa.float64())
+        # Values are carried as float64: an integer beyond 2^53 (e.g. int64's maximum,
+        # issue 30 D3) becomes the nearest float64 (safe=False: Arrow's safe cast refuses
+        # it), a relative change < 2^-53 before the clip to [low, high] bounds it anyway.
+        values = pc.cast(column, pa.float64(), safe=False)
     elif pa.types.is_null(column.type):
         values = pa.nulls(len(column), type=pa.float64())
     else:

@@ -102,6 +102,10 @@ def check_input(input_spec, files):
             if col not in schema.names:
                 raise SpecError(field, f"column {col!r} is not in {path!r}; its columns are: "
                                 f"{', '.join(schema.names)}")
+            if schema.names.count(col) > 1:   # which one is meant? (issue 30 D14: KeyError)
+                raise SpecError(field, f"column {col!r} appears {schema.names.count(col)} "
+                                f"times in {path!r} (its header/schema repeats the name); "
+                                f"rename the duplicates so each column has its own name")
             _check_column_type(field, col, schema.field(col).type, path)
         if input_spec.format == "parquet":
             types = {c: _value_type(schema.field(c).type) for c in input_spec.keys}

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from thresher.pipelines.dataio import io
-from thresher.pipelines.errors import SpecError
+from thresher.pipelines.errors import SpecError, ThresherError
 
 
 def is_remote(path):
@@ -138,11 +138,42 @@ def published_names(files):
     return [posixpath.basename(f.rstrip("/")) for f in files]
 
 
+def report_text(document):
+    """``document`` as strict JSON (RFC 8259: no NaN or Infinity, which Python's json would
+    write and other parsers refuse; issue 30 D5). A non-finite number is a ThresherError
+    naming where it is, before anything is written."""
+    try:
+        return json.dumps(document, indent=2, default=io._json_default, allow_nan=False) + "\n"
+    except ValueError:
+        where = _non_finite(document, "")
+        raise ThresherError(f"the release report's field {where or '?'} is not a finite "
+                            f"number; nothing was published") from None
+
+
+def _non_finite(value, where):
+    """The dotted path of the first NaN/Infinity in a JSON-able document, or None."""
+    import math
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (where or "(the document)")
+    if hasattr(value, "dtype"):          # numpy scalars (io._json_default turns them to floats)
+        return _non_finite(float(value), where) if value.dtype.kind == "f" else None
+    items = (value.items() if isinstance(value, dict)
+             else enumerate(value) if isinstance(value, (list, tuple)) else ())
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if isinstance(key, str) and where
+                            else f"{where}[{key}]" if not isinstance(key, str) else key)
+        if found:
+            return found
+    return None
+
+
 def write_json(path, document):
+    """Write a report as strict JSON (``report_text``)."""
+    text = report_text(document)
     if not is_remote(path):
-        io.write_json(path, document)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
         return
-    text = json.dumps(document, indent=2, default=io._json_default) + "\n"
     with _fs().create(path, mime_type="application/json") as handle:
         handle.write(text.encode("utf-8"))
 

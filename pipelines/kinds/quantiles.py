@@ -36,6 +36,7 @@ gets (epsilon / L, delta / L) and (sampling_rate, threshold) come from
 group privacy over the user's contributions to one level).
 """
 import dataclasses
+import math
 
 import apache_beam as beam
 import numpy as np
@@ -118,7 +119,25 @@ def parse(section):
             if name in section:
                 raise SpecError(f"mechanism.{name}", "is for method: hierarchical")
         out["rounds"] = int(section.get("rounds", DEFAULT_ROUNDS))
+    _check_resolution(low, high, out)
     return out
+
+
+def _check_resolution(low, high, out):
+    """The domain's width and the released resolution must be finite positive floats: a
+    domain such as [-1e308, 1e308] has width inf (it released inf and wrote a non-JSON
+    "resolution": Infinity, issue 30 D5); one too narrow for its leaves rounds them to 0."""
+    width = high - low
+    if not (math.isfinite(low) and math.isfinite(high) and math.isfinite(width)):
+        raise SpecError("mechanism.domain", f"[{low:g}, {high:g}] must be finite with a finite "
+                        f"width high - low (at most ~1.8e308), got width {width:g}")
+    cells = (out["branching"] ** out["levels"] if "levels" in out
+             else 2 ** (out["rounds"] + 1))
+    resolution = width / cells
+    if not (resolution > 0 and math.isfinite(resolution)):
+        raise SpecError("mechanism.domain", f"[{low:g}, {high:g}] split into {cells} cells "
+                        f"gives a resolution of {resolution:g} (not a positive float64); use "
+                        f"a wider domain or fewer levels/rounds")
 
 
 def check_spec(mechanism, input_spec, bounding, privacy):

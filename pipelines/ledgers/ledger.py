@@ -23,16 +23,24 @@ The life of one release in the ledger (``thresher run``, ``pipelines.release.run
    total (``SpecError`` naming ``budget``, exit 2), and otherwise inserts the release as
    ``reserved``. A reserved release counts as spent.
 2. The pipeline runs into a staging location that only the operator can see.
-3. ``publishing`` — called just before the release is moved into place. From here on
-   its output could have been seen.
-4. On success the release becomes ``published`` (with its output path).
-   On an error or a refusal *before* step 3 the reservation is deleted: nothing derived
-   from the data left the staging location, which is discarded. On an error *after*
-   step 3 (publishing started but did not finish) the release stays charged, as
-   ``publish_failed``: part of it may be visible, so its budget is spent.
+3. ``publishing`` — just before the release is moved into place the row becomes
+   ``publishing`` in a write transaction, only if it is still ``reserved``. If that
+   fails (the ledger cannot be written, or an operator released the reservation) nothing
+   is published. From here on its output could have been seen.
+4. On success the release becomes ``published`` (with its output path); if the ledger
+   cannot record that, the release stands, stays charged as ``publishing``, and the run
+   warns (it never exits with an error for a release that is in place).
+   On an error or a refusal *before* step 3 the reservation is deleted (and the
+   dataset's row, if this first release created it: only a charged release fixes a
+   total): nothing derived from the data left the staging location, which is discarded.
+   On an error *after* step 3 (publishing started but did not finish) the release stays
+   charged, as ``publish_failed``: part of it may be visible, so its budget is spent.
 
 A process killed outright (power loss, SIGKILL) leaves its row ``reserved``; it keeps
-counting as spent, the safe side. ``thresher ledger show`` lists such rows.
+counting as spent, the safe side. ``thresher ledger reservations`` lists such rows and
+``thresher ledger release ID`` frees one whose run has ended (docs/robustness.md,
+"Ledger operations"). Any database error (locked, read-only, corrupt, tables of another
+shape) is a SpecError naming the ledger (exit 2).
 
 The ledger is an SQLite file (Python's standard ``sqlite3``); its locking needs a local
 file system (not NFS). A ledger path that does not exist yet is created, with its folder.
@@ -68,7 +76,8 @@ FIELDS = {
                                                                 "on this dataset"),
     "delta": declare.number(low=0, high=1, high_open=True),
 }
-RESERVED, PUBLISHED, PUBLISH_FAILED = "reserved", "published", "publish_failed"
+RESERVED, PUBLISHING, PUBLISHED, PUBLISH_FAILED = ("reserved", "publishing", "published",
+                                                   "publish_failed")
 BUSY_TIMEOUT_S = 60.0
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:(//|[^\\/])")   # postgresql://..., sqlite:///...
 
@@ -86,7 +95,7 @@ CREATE TABLE IF NOT EXISTS releases (
     epsilon TEXT NOT NULL,            -- what the release spends, as decimal strings
     delta TEXT NOT NULL,
     config_sha256 TEXT NOT NULL,
-    state TEXT NOT NULL,              -- reserved | published | publish_failed
+    state TEXT NOT NULL,              -- reserved | publishing | published | publish_failed
     reserved_at TEXT NOT NULL,
     finished_at TEXT,
     output TEXT,
@@ -155,7 +164,13 @@ def _now():
 
 def _connect(path, create):
     if ledger_postgres.is_url(path):
-        return ledger_postgres.connect(path, create, "budget.ledger" if create else "")
+        conn = ledger_postgres.connect(path, create, "budget.ledger" if create else "")
+        try:
+            check_shape(conn, path, "budget.ledger" if create else "")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
     if create:
         folder = os.path.dirname(os.path.abspath(path))
         try:
@@ -176,10 +191,77 @@ def _connect(path, create):
         conn.execute("PRAGMA foreign_keys = ON")
         if create:
             conn.executescript(_SCHEMA)
-        return conn
-    except sqlite3.DatabaseError as exc:
+    except sqlite3.Error as exc:
         raise SpecError("budget.ledger" if create else "", f"{path!r} "
                         f"({os.path.abspath(path)}) is not a usable ledger: {exc}") from None
+    try:
+        check_shape(conn, path, "budget.ledger" if create else "")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+# The columns each table must have (a ledger made by another program, or an older
+# thresher, with tables of these names but another shape is refused naming what is
+# missing; issue 30 D8: it was an internal OperationalError).
+COLUMNS = {
+    "datasets": ("dataset", "epsilon", "delta", "created"),
+    "releases": ("id", "dataset", "name", "epsilon", "delta", "config_sha256", "state",
+                 "reserved_at", "finished_at", "output", "host", "pid"),
+}
+
+
+def check_shape(conn, path, field):
+    """SpecError naming the ledger, the table and its missing columns, unless both tables
+    have (at least) the ledger's columns. A read-only ledger without the tables is a ledger
+    nothing was ever recorded in."""
+    with errors(path, field):
+        for table, wanted in COLUMNS.items():
+            if hasattr(conn, "columns_of"):
+                have = conn.columns_of(table)
+            else:
+                have = [row[1] for row in conn.execute(f"PRAGMA table_info({table})").fetchall()]
+            if not have and not field:
+                continue          # ledger show on an empty file: "no dataset yet"
+            missing = [c for c in wanted if c not in have]
+            if missing:
+                raise SpecError(field, f"the ledger {_shown(path)!r} is not a thresher ledger: "
+                                f"its table {table!r} " + (
+                                    f"lacks the columns {', '.join(missing)}" if have
+                                    else "is missing") + f" (it has: {', '.join(have) or '-'}); "
+                                "use a ledger made by thresher, or a new file/database")
+
+
+@contextlib.contextmanager
+def errors(path, field="budget.ledger", doing=""):
+    """Database errors of the ledger (SQLite's or the server's: locked, read-only, corrupt,
+    another shape) as a SpecError naming the ledger, never an internal error."""
+    try:
+        yield
+    except SpecError:
+        raise
+    except _all_database_errors() as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        where = _shown(path)
+        if not ledger_postgres.is_url(path) and os.path.abspath(path) != path:
+            where = f"{path!r} ({os.path.abspath(path)})"
+        else:
+            where = repr(where)
+        hint = (" (a read-only file, folder or file system: the ledger must be writable "
+                "to charge a release)" if "readonly" in first.replace("-", "") else "")
+        raise SpecError(field, f"the ledger {where} cannot be {doing or 'used'}: "
+                        f"{first}{hint}") from None
+
+
+def _all_database_errors():
+    found = [sqlite3.Error]
+    try:
+        import psycopg
+        found.append(psycopg.Error)
+    except ImportError:
+        pass
+    return tuple(found)
 
 
 def _file_uri(path):
@@ -215,26 +297,57 @@ def _charged(conn, dataset):
 class Reservation:
     """A release's row in the ledger, from ``reserve`` to published or released."""
 
-    def __init__(self, path, row_id, dataset, total, spent):
+    def __init__(self, path, row_id, dataset, total, spent, new_dataset=False):
         self.path = path
         self.row_id = row_id
         self.dataset = dataset
         self.total = total           # (epsilon, delta) of the dataset, floats
         self.spent = spent           # (epsilon, delta) charged including this release
+        self.new_dataset = new_dataset   # this reservation created the dataset's row
         self._publishing = False
         self._done = False
 
+    def _connect(self):
+        return _connect(self.path, create=True)
+
     def publishing(self):
-        """The release is about to be moved into place: from now on it stays charged."""
+        """The release is about to be moved into place: record it in the ledger first
+        (state ``publishing``, still charged), so that nothing is published that the
+        ledger does not hold. Refused (SpecError, nothing published) if the row is no
+        longer ``reserved`` (an operator released it: ``thresher ledger release``) or the
+        ledger cannot be written."""
+        try:
+            with errors(self.path, "budget.ledger", "updated"):
+                conn = self._connect()
+                try:
+                    with _write_transaction(conn):
+                        cur = conn.execute("UPDATE releases SET state = ? WHERE id = ? AND "
+                                           "state = ?", (PUBLISHING, self.row_id, RESERVED))
+                        changed = cur.rowcount
+                finally:
+                    conn.close()
+        except SpecError as exc:
+            raise SpecError("budget.ledger", f"{exc.message}; the release could not be recorded "
+                            f"as publishing, so nothing was published") from None
+        if changed != 1:
+            raise SpecError("budget.ledger", f"release {self.row_id} is no longer reserved in "
+                            f"the ledger {_shown(self.path)!r} (released by an operator: "
+                            f"thresher ledger release); nothing was published")
         self._publishing = True
 
     def _finish(self, state, output=None):
-        conn = _connect(self.path, create=True)
+        conn = self._connect()
         try:
             with _write_transaction(conn):
                 if state is None:
                     conn.execute("DELETE FROM releases WHERE id = ? AND state = ?",
                                  (self.row_id, RESERVED))
+                    if self.new_dataset:
+                        # A dataset's total is fixed by its first charged release: a first
+                        # release abandoned before publishing leaves no dataset behind.
+                        conn.execute("DELETE FROM datasets WHERE dataset = ? AND NOT EXISTS "
+                                     "(SELECT 1 FROM releases WHERE dataset = ?)",
+                                     (self.dataset, self.dataset))
                 else:
                     conn.execute("UPDATE releases SET state = ?, finished_at = ?, output = ? "
                                  "WHERE id = ?", (state, _now(), output, self.row_id))
@@ -243,7 +356,19 @@ class Reservation:
         self._done = True
 
     def commit(self, output):
-        self._finish(PUBLISHED, output)
+        """After the release was moved into place: mark it ``published``. It is already
+        charged (``publishing``), so a ledger that cannot be written now does not undo
+        the release: a loud warning says what happened and what the ledger holds."""
+        try:
+            with errors(self.path):
+                self._finish(PUBLISHED, output)
+        except SpecError as exc:
+            self._done = True
+            log.warning("WARNING: the release is published at %s, but the ledger could not "
+                        "mark it published (%s). Its row %d stays '%s' and counts as spent, "
+                        "so the budget is safe; repair or restore the ledger, then check it "
+                        "with: thresher ledger show %s", output, exc.message, self.row_id,
+                        PUBLISHING if self._publishing else RESERVED, _shown(self.path))
 
     def abandon(self):
         """After an error: delete the reservation, or keep it charged if publishing began."""
@@ -252,13 +377,20 @@ class Reservation:
         try:
             self._finish(PUBLISH_FAILED if self._publishing else None)
         except Exception as exc:  # noqa: BLE001 - the original error matters more
-            log.warning("could not update the ledger %s (release %d stays reserved and "
-                        "counts as spent): %s", _shown(self.path), self.row_id, exc)
+            log.warning("could not update the ledger %s (release %d stays %s and counts as "
+                        "spent; thresher ledger reservations lists it): %s", _shown(self.path),
+                        self.row_id, PUBLISHING if self._publishing else RESERVED, exc)
 
 
 def reserve(plan):
     """Reserve the release's (epsilon, delta) on its dataset; SpecError naming ``budget``
-    if the dataset's total would be exceeded. Returns a Reservation."""
+    if the dataset's total would be exceeded, or ``budget.ledger`` if the ledger cannot
+    be used. Returns a Reservation."""
+    with errors(plan.spec.budget.ledger):
+        return _reserve(plan)
+
+
+def _reserve(plan):
     spec = plan.spec
     budget = spec.budget
     epsilon, delta = charge_of(plan)
@@ -305,7 +437,7 @@ def reserve(plan):
     finally:
         conn.close()
     return Reservation(budget.ledger, row_id, budget.dataset,
-                       (budget.epsilon, budget.delta), (float(need_eps), float(need_delta)))
+                       (budget.epsilon, budget.delta), (float(need_eps), float(need_delta)), new_dataset=new)
 
 
 @contextlib.contextmanager
@@ -327,10 +459,148 @@ def reservation_for(plan):
         reservation.abandon()
 
 
+# ---- thresher ledger reservations / release --------------------------------------------------
+
+def reservations(path, dataset=None):
+    """Open reservations (state ``reserved``): a run that is still going, or one killed
+    outright (SIGKILL, power loss) that left its charge. Each with its owner's host and
+    pid and whether that process is still running (``owner``: ``running`` / ``gone`` on
+    this host, ``unknown`` on another)."""
+    with errors(path, "", "read"):
+        conn = _connect(path, create=False)
+        try:
+            sql = ("SELECT id, dataset, name, epsilon, delta, reserved_at, host, pid FROM "
+                   "releases WHERE state = ?" + (" AND dataset = ?" if dataset else "") +
+                   " ORDER BY id")
+            rows = conn.execute(sql, (RESERVED, dataset) if dataset else (RESERVED,)).fetchall()
+        finally:
+            conn.close()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    out = []
+    for rid, ds, name, eps, delta, at, host, pid in rows:
+        reserved = _parse_time(at)
+        out.append({"id": int(rid), "dataset": ds, "name": name, "epsilon": _num(eps),
+                    "delta": _num(delta), "reserved_at": at,
+                    "age_seconds": int((now - reserved).total_seconds()) if reserved else None,
+                    "host": host, "pid": pid, "owner": owner_state(host, pid, reserved)})
+    return out
+
+
+def _parse_time(text):
+    try:
+        return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=datetime.timezone.utc)
+    except (TypeError, ValueError):
+        return None
+
+
+def owner_state(host, pid, reserved):
+    """``running`` if the reserving process is alive on this host (the pid exists and its
+    process started no later than the reservation: a reused pid is not the owner), ``gone``
+    if not, ``unknown`` if it ran on another host (or recorded no pid)."""
+    if not pid or host != socket.gethostname():
+        return "unknown"
+    started = _process_start(int(pid))
+    if started is None:
+        return "gone"
+    if reserved is not None and started > reserved.timestamp() + 1.0:
+        return "gone"          # the pid was reused by a later process
+    return "running"
+
+
+def _process_start(pid):
+    """The start time (Unix seconds) of a live, non-zombie process, or None (Linux /proc;
+    elsewhere: alive per os.kill(pid, 0), start unknown, so treated as not newer)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rsplit(") ", 1)[1].split()
+        with open("/proc/stat", encoding="ascii") as handle:
+            btime = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+    except (OSError, IndexError, StopIteration, ValueError):
+        if os.path.isdir("/proc/self"):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except OSError:
+            pass
+        return float("-inf")
+    if fields[0] in ("Z", "X"):
+        return None
+    return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def release_reservation(path, row_id, force=False):
+    """``thresher ledger release``: delete an open reservation so its budget is free again.
+
+    The safe rule: only a row still ``reserved`` (a ``publishing``, ``published`` or
+    ``publish_failed`` row may have been seen: charged for good), and only when its owner
+    is known to be gone (same host, process ended); a running owner or one on another host
+    needs ``force``. Even then no release is published uncharged: a run marks its row
+    ``publishing`` (in a write transaction, only if still ``reserved``) before it moves its
+    output into place, and refuses to publish once its row was released. Returns the row
+    as ``reservations`` lists it."""
+    if not ledger_postgres.is_url(path) and not os.path.isfile(path):
+        raise SpecError("", f"no ledger at {path!r} ({os.path.abspath(path)})")
+    with errors(path, "", "updated"):
+        conn = _connect(path, create=True)
+        try:
+            with _write_transaction(conn):
+                row = conn.execute("SELECT id, dataset, name, epsilon, delta, reserved_at, host, "
+                                   "pid, state FROM releases WHERE id = ?", (row_id,)).fetchone()
+                if row is None:
+                    raise SpecError("ID", f"no release {row_id} in the ledger {_shown(path)!r}")
+                rid, ds, name, eps, delta, at, host, pid, state = row
+                if state != RESERVED:
+                    raise SpecError("ID", f"release {row_id} ({name!r}, dataset {ds!r}) is "
+                                    f"{state}, not reserved: it may have been seen, so its "
+                                    f"budget stays spent")
+                owner = owner_state(host, pid, _parse_time(at))
+                if owner != "gone" and not force:
+                    why = (f"its run (pid {pid} on this host) is still running" if owner ==
+                           "running" else f"its run was on host {host!r} (pid {pid}), which "
+                           f"thresher cannot check from here")
+                    raise SpecError("--force", f"release {row_id} ({name!r}, dataset {ds!r}) is "
+                                    f"reserved and {why}; pass --force once you know it has "
+                                    f"ended (a run whose reservation is released refuses to "
+                                    f"publish)")
+                conn.execute("DELETE FROM releases WHERE id = ? AND state = ?", (row_id, RESERVED))
+        finally:
+            conn.close()
+    return {"id": int(rid), "dataset": ds, "name": name, "epsilon": _num(eps),
+            "delta": _num(delta), "reserved_at": at, "host": host, "pid": pid, "owner": owner}
+
+
+def format_reservations(rows):
+    if not rows:
+        return "no open reservations"
+    lines = [f"{'id':>5}  {'dataset':<16} {'name':<20} {'epsilon':>8} {'delta':>8}  "
+             f"{'age':>8}  owner"]
+    for r in rows:
+        age = "-" if r["age_seconds"] is None else _age(r["age_seconds"])
+        lines.append(f"{r['id']:>5}  {r['dataset']:<16} {r['name']:<20} {r['epsilon']:>8g} "
+                     f"{r['delta']:>8g}  {age:>8}  {r['owner']} (pid {r['pid']} on "
+                     f"{r['host']})")
+    return "\n".join(lines)
+
+
+def _age(seconds):
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds} s"
+
+
 # ---- thresher ledger show ------------------------------------------------------------------
 
 def summary(path, dataset=None):
     """Every dataset of a ledger (or one): its total, what is charged, every release."""
+    with errors(path, "", "read"):
+        return _summary(path, dataset)
+
+
+def _summary(path, dataset):
     conn = _connect(path, create=False)
     try:
         try:
@@ -347,13 +617,13 @@ def summary(path, dataset=None):
         for name, eps, delta in datasets:
             rows = conn.execute(
                 "SELECT name, epsilon, delta, config_sha256, state, reserved_at, finished_at, "
-                "output FROM releases WHERE dataset = ? ORDER BY id", (name,)).fetchall()
+                "output, id FROM releases WHERE dataset = ? ORDER BY id", (name,)).fetchall()
             spent_eps, spent_delta = _charged(conn, name)
             out.append({
                 "dataset": name,
                 "budget": {"epsilon": _num(eps), "delta": _num(delta)},
                 "spent": {"epsilon": float(spent_eps), "delta": float(spent_delta)},
-                "releases": [{"name": r[0], "epsilon": _num(r[1]), "delta": _num(r[2]),
+                "releases": [{"id": r[8], "name": r[0], "epsilon": _num(r[1]), "delta": _num(r[2]),
                               "config_sha256": r[3], "state": r[4], "time": r[6] or r[5],
                               "output": r[7]} for r in rows],
             })

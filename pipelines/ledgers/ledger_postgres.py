@@ -70,12 +70,25 @@ class Connection:
     def lock_dataset(self, dataset, total):
         """Inside a write transaction: the dataset's row, created with ``total`` (epsilon,
         delta, created) if new, locked until the transaction ends. Returns (row, new)."""
-        cur = self.execute("INSERT INTO datasets VALUES (?, ?, ?, ?) ON CONFLICT (dataset) "
-                           "DO NOTHING", (dataset, *total))
-        new = cur.rowcount == 1
-        row = self.execute("SELECT epsilon, delta FROM datasets WHERE dataset = ? FOR UPDATE",
-                           (dataset,)).fetchone()
-        return row, new
+        # A first release abandoned meanwhile deletes the row it created (only a charged
+        # release fixes a total): the SELECT may then find none, and the INSERT is retried.
+        for _ in range(10):
+            cur = self.execute("INSERT INTO datasets VALUES (?, ?, ?, ?) ON CONFLICT (dataset) "
+                               "DO NOTHING", (dataset, *total))
+            new = cur.rowcount == 1
+            row = self.execute("SELECT epsilon, delta FROM datasets WHERE dataset = ? FOR "
+                               "UPDATE", (dataset,)).fetchone()
+            if row is not None:
+                return row, new
+        raise SpecError("budget.ledger", f"the dataset {dataset!r} kept vanishing from the "
+                        "ledger while this run reserved (deleted by other runs); try again")
+
+    def columns_of(self, table):
+        """The column names of ``table`` in the connection's schema ([] if none)."""
+        rows = self.execute("SELECT column_name FROM information_schema.columns WHERE "
+                            "table_schema = current_schema() AND table_name = ? ORDER BY "
+                            "ordinal_position", (table,)).fetchall()
+        return [r[0] for r in rows]
 
     def insert_release(self, sql, params):
         return self.execute(f"{sql} RETURNING id", params).fetchone()[0]
@@ -94,10 +107,17 @@ def connect(url, create, field="budget.ledger"):
         raise SpecError(field if create else "", f"cannot connect to the ledger "
                         f"{shown(url)}: {first}") from None
     if create:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ADVISORY_KEY,))
-            for statement in _SCHEMA:
-                conn.execute(statement)
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ADVISORY_KEY,))
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+        except psycopg.Error as exc:
+            # e.g. a datasets table of another shape: REFERENCES datasets(dataset) fails
+            conn.close()
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise SpecError(field, f"the ledger {shown(url)} cannot be used (its tables "
+                            f"cannot be made or are of another shape): {first}") from None
     return Connection(conn)
 
 

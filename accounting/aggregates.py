@@ -133,6 +133,53 @@ def fixed_point_grid(low, high):
     return grid
 
 
+@dataclasses.dataclass(frozen=True)
+class SquaredGrid:
+    """The grid of a sum of *squares* of clamped totals (``statistic: variance / stddev``):
+    a user's total x is clamped to [clip_low, clip_high] first, then x^2 is put on
+    ``squares`` (the grid of [min x^2, max x^2] over the clip), so a user moves the sum of
+    squares by at most ``sensitivity`` = squares.sensitivity <= 2**GRID_BITS grid units,
+    like any sum column (the same joint accounting applies)."""
+
+    clip_low: float
+    clip_high: float
+    squares: FixedPointGrid
+
+    @property
+    def sensitivity(self):
+        return self.squares.sensitivity
+
+    @property
+    def scale(self):
+        return self.squares.scale
+
+    @property
+    def resolution(self):
+        return self.squares.resolution
+
+    @property
+    def low(self):
+        return self.squares.low
+
+    @property
+    def high(self):
+        return self.squares.high
+
+    def to_units(self, totals):
+        x = np.clip(np.asarray(totals, dtype=np.float64), self.clip_low, self.clip_high)
+        return self.squares.to_units(x * x)
+
+
+def squared_grid(low, high):
+    """The SquaredGrid of clip [low, high]: squares in [0 or min(low^2, high^2), max(...)]."""
+    low, high = float(low), float(high)
+    sq_low = 0.0 if low <= 0.0 <= high else min(low * low, high * high)
+    sq_high = max(low * low, high * high)
+    if sq_low == sq_high:
+        sq_low = 0.0
+    return SquaredGrid(clip_low=low, clip_high=high, squares=fixed_point_grid(sq_low, sq_high))
+
+
 # ---------------------------------------------------------------------------------------
 # Joint count + aggregates hockey-stick divergence (Gaussian).
 

@@ -30,7 +30,7 @@ import math
 import pyarrow as pa
 
 from thresher.accounting import aggregates as acc
-from thresher.pipelines.specs.aggregates_fields import AUTO, AUTO_FIELDS, ENTRY_FIELDS, STATISTICS  # noqa: F401
+from thresher.pipelines.specs.aggregates_fields import AUTO, AUTO_FIELDS, ENTRY_FIELDS, SPREAD, STATISTICS  # noqa: F401
 from thresher.pipelines.errors import CalibrationError, SpecError
 
 FIELD = "aggregates"
@@ -53,6 +53,7 @@ class AggregateSpec:
     output: str
     sum_index: int         # which noisy sum (unique (column, clip)) it reads
     value_index: int       # which prepared value column (unique column) it reads
+    square_index: int = -1  # variance / stddev: the noisy sum of squares it reads
 
 
 def value_name(k):
@@ -90,6 +91,9 @@ def parse(section, input_spec, kind, bounding, reserved=()):
             raise SpecError(field, f"asks for {output!r} twice; one entry per column and statistic")
         if output in taken or output.startswith("__"):
             raise SpecError(field, f"output column {output!r} clashes with a key or output column")
+        if clip == "auto" and statistic in SPREAD:
+            raise SpecError(f"{field}.clip", f"statistic {statistic} needs a fixed clip "
+                            f"[low, high] (clip: auto is for sum and mean)")
         if clip == "auto":
             seen.add(output)
             value_index = values.setdefault(column, len(values))
@@ -105,8 +109,12 @@ def parse(section, input_spec, kind, bounding, reserved=()):
         seen.add(output)
         value_index = values.setdefault(column, len(values))
         sum_index = sums.setdefault((column, low, high), len(sums))
+        square_index = -1
+        if statistic in SPREAD:   # also the sum of squares of the clamped totals
+            square_index = sums.setdefault((column, low, high, "squares"), len(sums))
         out.append(AggregateSpec(column=column, statistic=statistic, clip=(low, high),
-                                 output=output, sum_index=sum_index, value_index=value_index))
+                                 output=output, sum_index=sum_index, value_index=value_index,
+                                 square_index=square_index))
     return tuple(out)
 
 
@@ -130,6 +138,8 @@ def sum_columns(aggregates, clips=None):
         else:
             grid = acc.fixed_point_grid(*a.clip)
         cols.setdefault(a.sum_index, (value_name(a.value_index), grid))
+        if a.square_index >= 0:
+            cols.setdefault(a.square_index, (value_name(a.value_index), acc.squared_grid(*a.clip)))
     return [cols[i] for i in sorted(cols)]
 
 
@@ -143,7 +153,13 @@ def auto_columns(aggregates):
 
 
 def output_fields(aggregates):
-    return [pa.field(a.output, pa.float64()) for a in aggregates]
+    """The published value columns, then the staged noisy sums behind variance / stddev
+    (``__ns<i>``: read by pipelines/intervals.py in the launcher and dropped before
+    publishing)."""
+    fields = [pa.field(a.output, pa.float64()) for a in aggregates]
+    staged = sorted({i for a in aggregates if a.square_index >= 0
+                     for i in (a.sum_index, a.square_index)})
+    return fields + [pa.field(f"__ns{i}", pa.float64()) for i in staged]
 
 
 # ---------------------------------------------------------------------------------------
@@ -211,7 +227,22 @@ def calibrate(spec, module, mech, *, epsilon, delta, max_keys_per_user, model):
             f"accounting.aggregates.joint_shift_delta (an upper bound on the exact delta)")
     params["accounting"] = f"{params['accounting']}; with aggregates: {params['aggregates_accounting']}"
     params["aggregates"] = [_entry(a, grids[a.sum_index], sums[a.sum_index]) for a in aggs]
+    for a, e in zip(aggs, params["aggregates"]):
+        if a.square_index >= 0:
+            e["squares"] = _squares_entry(a, grids[a.square_index], sums[a.square_index])
     return params
+
+
+def _squares_entry(a, grid, noise):
+    """The sum of squares behind a variance / stddev: its column, grid and noise."""
+    out = {"sum_column": a.square_index, "clip_of_squares": [grid.low, grid.high],
+           "grid_resolution": grid.resolution, "grid_scale": grid.scale,
+           "sensitivity_grid_units": grid.sensitivity, **noise}
+    if "sigma_grid_units" in noise:
+        out["sigma"] = noise["sigma_grid_units"] / grid.scale
+    else:
+        out["scale"] = noise["scale_grid_units"] / grid.scale
+    return out
 
 
 def _entry(a, grid, noise):
@@ -261,6 +292,14 @@ def plan_lines(params, users):
         q = math.exp(-1.0 / b)
         count_sd = math.sqrt(2.0 * q) / (1.0 - q)
     for e in params.get("aggregates", []):
+        if e["statistic"] in SPREAD:
+            sq = e["squares"]
+            noise = (f"sigma {e['sigma']:.6g} / {sq['sigma']:.6g}" if "sigma" in e else
+                     f"Laplace scale {e['scale']:.6g} / {sq['scale']:.6g}")
+            lines.append(f"  {e['output']}: clip [{e['clip'][0]:g}, {e['clip'][1]:g}], noise of "
+                         f"the sum / sum of squares {noise}; its error depends on the data "
+                         f"(see the interval columns)")
+            continue
         if e["clip"] == AUTO:
             # noise scales with the bound b chosen at run time: D_g = 2**GRID_BITS <-> b
             unit = float(e["sensitivity_grid_units"])

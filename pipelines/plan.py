@@ -156,7 +156,14 @@ class Plan:
             "mechanism": mechanism,
             "bounding": bounding,
             "privacy": privacy,
+            "intervals": intervals_report(spec),
         })}
+
+
+def intervals_report(spec):
+    """The report's ``intervals`` section (pipelines/intervals.py)."""
+    from thresher.pipelines.intervals import report_section
+    return report_section(spec)
 
 
 def _accounting_text(mechanism, spec):

@@ -454,6 +454,7 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
         outputs = publish.released_files(staging)
         if not outputs:
             raise InputError("the pipeline finished but wrote no released file; nothing was published")
+        _add_intervals(outputs, report["mechanism"], spec)
         report["released_keys"] = publish.count_released(outputs)
         report["outputs"] = publish.published_names(outputs)
         publish.write_json(publish.join(staging, io.REPORT_FILE), report)
@@ -468,6 +469,31 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
     log.info("operator diagnostics (NOT differentially private, do not publish): %s; "
              "wall time %.2f s", json.dumps(diagnostics, sort_keys=True), time.time() - started)
     return report
+
+
+def _add_intervals(outputs, mechanism, spec):
+    """Write the <column>_low / _high intervals into the staged released file, here in
+    the launcher, once: post-processing of the released values with the public
+    parameters (pipelines/intervals.py), so the published bytes stay a function of the
+    private output, the spec and the version on every runner."""
+    from thresher.pipelines import intervals
+    if not intervals.kind_publishes(spec):
+        return
+    import pyarrow.parquet as pq
+    for path in outputs:
+        if publish.is_remote(path):
+            from apache_beam.io.filesystems import FileSystems
+            with FileSystems.open(path) as handle:
+                table = pq.read_table(pa.BufferReader(handle.read()))
+        else:
+            table = pq.read_table(path)
+        table = intervals.add_columns(table, mechanism, spec)
+        if publish.is_remote(path):
+            from apache_beam.io.filesystems import FileSystems
+            with FileSystems.create(path) as handle:
+                handle.write(released_file.serialise(table))
+        else:
+            released_file.write(table, path)
 
 
 def _read_chosen_bound(staging):

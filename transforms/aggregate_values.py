@@ -28,6 +28,8 @@ from thresher.transforms.release_fn import KernelRelease
 from thresher.transforms.user_shards import KEY_HASH_COLUMN, user_columns
 
 NOT_PRIVATE = "thresher_not_private"
+# Staged (never published) noisy sums behind a variance / stddev, for its interval.
+NOISY_SUM_PREFIX = "__ns"
 # |noise| above this would risk int64 overflow when added to a grid sum (|sum| <= 2**62);
 # a draw this large has probability far below 2**-1000 at any allowed sigma or scale.
 _NOISE_LIMIT = 1 << 62
@@ -189,21 +191,40 @@ def noisy_outputs(counts, grid_sums, params, rng):
     counts = np.asarray(counts, dtype=np.int64)
     entries = params["aggregates"]
     noisy = {}
+    # Each sum column's noise is drawn once, in the order the entries first name it (a
+    # variance's sum of squares right after its sum): fresh words of every key's stream.
     for e in entries:
-        i = e["sum_column"]
-        if i not in noisy:
-            s = np.asarray(grid_sums[i], dtype=np.int64)
-            noisy[i] = (s + sum_noise(rng, e, s.size)).astype(np.float64) / float(e["grid_scale"])
+        for column in (e, e.get("squares")):
+            if column is None:
+                continue
+            i = column["sum_column"]
+            if i not in noisy:
+                s = np.asarray(grid_sums[i], dtype=np.int64)
+                noisy[i] = ((s + sum_noise(rng, column, s.size)).astype(np.float64)
+                            / float(column["grid_scale"]))
     out = {}
     for e in entries:
         value = noisy[e["sum_column"]]
         if e["statistic"] == "sum":
             out[e["output"]] = value
-        else:
-            low, high = e["clip"]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                mean = np.clip(value / counts, low, high)
+            continue
+        low, high = e["clip"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mean = np.clip(value / counts, low, high)
+        if e["statistic"] == "mean":
             out[e["output"]] = np.where(counts > 0, mean, np.nan)
+            continue
+        # variance / stddev: population variance of the clamped totals,
+        # clamp(Q/n - mean^2, 0, ((high - low) / 2)^2) (its largest possible value)
+        squares = noisy[e["squares"]["sum_column"]]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            variance = np.clip(squares / counts - mean * mean, 0.0, ((high - low) / 2.0) ** 2)
+        value = variance if e["statistic"] == "variance" else np.sqrt(variance)
+        out[e["output"]] = np.where(counts > 0, value, np.nan)
+        # the noisy sums behind it, for its interval (pipelines/intervals.py: read and
+        # dropped in the launcher before publishing)
+        for i in (e["sum_column"], e["squares"]["sum_column"]):
+            out[f"{NOISY_SUM_PREFIX}{i}"] = noisy[i]
     return out
 
 
@@ -219,7 +240,8 @@ def release_with_aggregates(table, params, rng):
     else:
         from thresher.transforms.noisy_threshold import kernel_arguments, noisy_threshold
         keep, noisy = noisy_threshold(counts, rng=rng, **kernel_arguments(params))
-    num_sums = 1 + max(e["sum_column"] for e in params["aggregates"])
+    num_sums = 1 + max(max(e["sum_column"], e.get("squares", {}).get("sum_column", -1))
+                       for e in params["aggregates"])
     mask = pa.array(keep)
     released = table.filter(mask)
     sums = {i: released.column(f"__s{i}").to_numpy(zero_copy_only=False) for i in range(num_sums)}

@@ -5,7 +5,14 @@ embedded as PNG data URIs (no scripts, no external files):
 1. released values by rank, on log scales;
 2. the probability that a key held by n users is released, from the calibrated
    parameters alone (``pipelines.summary.release_probability``);
-3. with ``max_keys_per_user: auto``, the candidate bounds and the one chosen.
+3. with ``max_keys_per_user: auto``, the candidate bounds and the one chosen;
+4. with ``<column>_low / _high`` interval columns (issue 27), the top keys' values with
+   their confidence intervals as error bars.
+
+Beside the plots: how accurate a typical count, sum and mean is, in words (the median
+half-width of the published intervals), the top keys' values as ``v [low, high]``, and
+flags on values whose interval includes 0 or whose interval's half-width exceeds the
+value itself (noise dominates).
 
 matplotlib is the optional ``report`` extra (``pip install 'thresher[report]'``).
 """
@@ -19,6 +26,8 @@ from thresher.pipelines.reports import summary
 from thresher.pipelines.errors import ThresherError
 
 TOP_KEYS = 20
+LOW, HIGH = "_low", "_high"
+ERROR_BAR_COLOUR = "#2e8b57"
 
 
 class MissingDependency(ThresherError):
@@ -99,13 +108,115 @@ def _bound_figure(plt, bounding):
     return fig
 
 
+def interval_columns(table):
+    """Value columns with published ``_low`` / ``_high`` intervals, in table order."""
+    names = set(table.column_names)
+    return [c for c in table.column_names if c + LOW in names and c + HIGH in names]
+
+
+def key_columns(table, report):
+    """The key columns: not a value, an interval or an aggregate column."""
+    values = {"count", "estimate", "token", "debiased"}
+    values |= {e["output"] for e in report.get("mechanism", {}).get("aggregates", [])}
+    return [c for c in table.column_names if c not in values
+            and not (c.endswith(LOW) and c[:-len(LOW)] in table.column_names)
+            and not (c.endswith(HIGH) and c[:-len(HIGH)] in table.column_names)]
+
+
+def _flags(value, low, high):
+    """Why a value with interval [low, high] needs care (empty: it does not)."""
+    if value is None or low is None or high is None:
+        return []
+    out = []
+    if low <= 0 <= high:
+        out.append("interval includes 0")
+    if (high - low) / 2.0 > abs(value):
+        out.append("noise dominates")
+    return out
+
+
+def accuracy_in_words(table, report):
+    """Sentences: per column with an interval, the median half-width over released keys,
+    absolute and relative to the value, and how many values are flagged; per column
+    without one, what the report says instead."""
+    info = report.get("intervals", {})
+    conf = info.get("confidence")
+    out = []
+    for column in interval_columns(table):
+        v = np.asarray(table.column(column).to_pylist(), dtype=object)
+        lo = np.asarray(table.column(column + LOW).to_pylist(), dtype=object)
+        hi = np.asarray(table.column(column + HIGH).to_pylist(), dtype=object)
+        ok = np.array([a is not None and b is not None and c is not None
+                       for a, b, c in zip(v, lo, hi)], dtype=bool)
+        if not ok.any():
+            continue
+        value = v[ok].astype(np.float64)
+        half = (hi[ok].astype(np.float64) - lo[ok].astype(np.float64)) / 2.0
+        typical = float(np.median(half))
+        rel = half / np.maximum(np.abs(value), 1e-300)
+        zero = int(sum(1 for a, b in zip(lo[ok], hi[ok]) if a <= 0 <= b))
+        noisy = int(np.sum(half > np.abs(value)))
+        target = info.get("columns", {}).get(column, {}).get("target")
+        text = (f"{column}: a typical released value is within +/- {typical:,.3g} "
+                f"of its target (median half-width of the {conf:g} intervals; "
+                f"{float(np.median(rel)) * 100:.3g}% of the value)")
+        if target:
+            text += f"; the target is {target}"
+        if zero or noisy:
+            text += (f". {zero} of {int(ok.sum())} intervals include 0 and {noisy} are wider "
+                     f"than the value (noise dominates)")
+        out.append(text)
+    for column, why in info.get("without_interval", {}).items():
+        out.append(f"{column}: {why}")
+    return out
+
+
+def _interval_figure(plt, top_table, keys, column):
+    """Error bars: each top key's value and its interval, one row per key."""
+    labels = [" / ".join(summary._cell(r[k]) for k in keys) for r in top_table.to_pylist()]
+    v = np.array([np.nan if x is None else x for x in top_table.column(column).to_pylist()], float)
+    lo = np.array([np.nan if x is None else x for x in top_table.column(column + LOW).to_pylist()], float)
+    hi = np.array([np.nan if x is None else x for x in top_table.column(column + HIGH).to_pylist()], float)
+    fig, ax = plt.subplots(figsize=(6.4, 0.32 * max(len(v), 3) + 1.2))
+    y = np.arange(len(v))[::-1]
+    ax.errorbar(v, y, xerr=[np.maximum(v - lo, 0), np.maximum(hi - v, 0)], fmt="o",
+                color=ERROR_BAR_COLOUR, ecolor=ERROR_BAR_COLOUR, elinewidth=3, capsize=4,
+                markersize=4)
+    ax.set_yticks(y)
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_xlabel(f"released {column} with its interval")
+    ax.set_title(f"Top keys: {column} and its confidence interval")
+    ax.grid(True, axis="x", alpha=0.3)
+    return fig
+
+
+def _cells(row, columns, with_interval):
+    """A top-table row's cells: values with intervals as 'v [low, high]' plus flags."""
+    cells = []
+    for name in columns:
+        v = row[name]
+        text = summary._cell(v)
+        flags = []
+        if name in with_interval:
+            lo, hi = row[name + LOW], row[name + HIGH]
+            if lo is not None and hi is not None:
+                text += f" [{summary._cell(lo)}, {summary._cell(hi)}]"
+            flags = _flags(v, lo, hi)
+        cls = "num" if summary._is_number(v) else "text"
+        if flags:
+            cls += " flagged"
+            text += " (" + "; ".join(flags) + ")"
+        cells.append(f'<td class="{cls}">{html.escape(text)}</td>')
+    return "".join(cells)
+
+
 def build(output, top=TOP_KEYS):
     """The HTML page (a string) for the release published in ``output``."""
     plt = _pyplot()
     report = summary.load_report(output)
     table = summary.load_released(output, report)
     column = summary.value_column(table, report)
-    keys = [c for c in table.column_names if c not in ("count", "estimate", "token", "debiased")]
+    keys = key_columns(table, report)
     unit = "records" if report["bounding"].get("model") == "l1" else "distinct users"
     privacy = report["privacy"]
     delta = privacy.get("delta_spent", privacy["delta"])
@@ -118,10 +229,20 @@ def build(output, top=TOP_KEYS):
     if report["bounding"].get("chosen_by") == "exponential_mechanism" and "candidates" in report["bounding"]:
         figures.append(("Contribution bound", _png(_bound_figure(plt, report["bounding"]), plt)))
     top_table = summary.top_rows(table, report, top)
-    rows = "".join("<tr>" + "".join(
-        f'<td class="{"num" if summary._is_number(v) else "text"}">{html.escape(summary._cell(v))}</td>'
-        for v in row.values()) + "</tr>" for row in top_table.to_pylist())
-    head = "".join(f"<th>{html.escape(n)}</th>" for n in top_table.column_names)
+    with_interval = interval_columns(table)
+    if with_interval and top_table.num_rows:
+        figures.append((f"Top keys with intervals ({with_interval[0]})", _png(
+            _interval_figure(plt, top_table, keys, with_interval[0]), plt)))
+    shown = [c for c in top_table.column_names
+             if not any(c == w + LOW or c == w + HIGH for w in with_interval)]
+    rows = "".join("<tr>" + _cells(row, shown, set(with_interval)) + "</tr>"
+                   for row in top_table.to_pylist())
+    head = "".join(f"<th>{html.escape(n)}" + (" [low, high]" if n in with_interval else "")
+                   + "</th>" for n in shown)
+    accuracy = "".join(f"<li>{html.escape(line)}</li>" for line in accuracy_in_words(table, report))
+    conf = report.get("intervals", {}).get("confidence")
+    accuracy_section = (f"<h2>Accuracy ({conf:g} confidence intervals)</h2><ul>{accuracy}</ul>"
+                        if accuracy and conf is not None else "")
     words = "".join(f"<li>{html.escape(line)}</li>" for line in summary.noise_in_words(report, keys))
     stages = "".join(f"<li>{html.escape(s['name'])}: epsilon {s['epsilon']:g}, delta {s['delta']:g}</li>"
                      for s in privacy.get("stages", []))
@@ -136,6 +257,7 @@ body {{ font-family: sans-serif; margin: 2em auto; max-width: 60em; color: #222;
 h1 {{ font-size: 1.6em; border-bottom: 3px solid #1f5f8b; padding-bottom: .2em; }}
 table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: .2em .6em; }}
 th {{ background: #e8eef3; }} td.num {{ text-align: right; }} td.text {{ text-align: left; }}
+td.flagged {{ background: #fdecea; }}
 figure {{ margin: 1em 0; }} img {{ max-width: 100%; }}
 .guarantee {{ background: #f3f6f8; padding: .6em 1em; border-left: 4px solid #1f5f8b; }}
 </style></head><body>
@@ -146,6 +268,7 @@ figure {{ margin: 1em 0; }} img {{ max-width: 100%; }}
 at most {report['bounding']['max_keys_per_user']} keys per user.</p>
 <ul>{words}</ul>
 <h2>Budget stages</h2><ul>{stages}</ul>
+{accuracy_section}
 <h2>Top {top_table.num_rows} keys</h2>
 <table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>
 <h2>Plots</h2>{figs}

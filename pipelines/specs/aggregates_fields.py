@@ -4,7 +4,9 @@ that reading a spec loads no numerics."""
 from thresher.pipelines.specs import declare
 
 AUTO = "auto"
-STATISTICS = ("sum", "mean")
+STATISTICS = ("sum", "mean", "variance", "stddev")
+# Statistics that need the sum of squares of the clamped totals too.
+SPREAD = ("variance", "stddev")
 
 # One entry of the ``aggregates`` list, and ``aggregates_auto`` (declared for pipelines.schema).
 ENTRY_FIELDS = {

@@ -117,7 +117,12 @@ def sections(kinds=KINDS):
         "privacy": _privacy(),
         "bounding": _bounding(),
         "mechanism": mechanism_schema(kinds),
-        "output": d.mapping({"path": d.string()}, ("path",),
+        "output": d.mapping({"path": d.string(),
+                             "confidence": d.number(
+                                 low=0, high=1, low_open=True, high_open=True, default=0.95,
+                                 description="confidence level of the <column>_low / "
+                                             "<column>_high intervals, in (0, 1) "
+                                             "(docs/intervals.md)")}, ("path",),
                             description="a folder: released.parquet + release_report.json"),
         "aggregates": d.array(d.mapping(aggregates_fields.ENTRY_FIELDS,
                                         tuple(aggregates_fields.ENTRY_FIELDS)),

@@ -91,6 +91,7 @@ class BoundingSpec:
 @dataclasses.dataclass(frozen=True)
 class OutputSpec:
     path: str
+    confidence: float = 0.95   # of the <column>_low / _high intervals (pipelines/intervals.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,7 +385,8 @@ def parse(data, source_text=""):
         privacy=privacy,
         bounding=bounding,
         mechanism=mechanism,
-        output=OutputSpec(path=data["output"]["path"]),
+        output=OutputSpec(path=data["output"]["path"],
+                          confidence=float(data["output"].get("confidence", 0.95))),
         source_text=source_text,
         aggregates=aggregates,
         aggregates_auto=aggregates_auto,

@@ -80,7 +80,14 @@ def check_release(out_dir, plan_report, input_path, user="user_id", key="word", 
     mech = report["mechanism"]
     assert mech["kind"] == "gaussian" and mech["noise"] == "discrete_gaussian"
     released = pq.read_table(os.path.join(out_dir, "released.parquet"))
-    assert released.schema == pa.schema([(key, pa.string()), ("count", pa.int64())])
+    assert released.schema == pa.schema([(key, pa.string()), ("count", pa.int64()),
+                                         ("count_low", pa.int64()), ("count_high", pa.int64())])
+    # issue 27: the intervals are the launcher's post-processing of the released counts
+    from thresher.pipelines.intervals import count_interval
+    low, high = count_interval(released.column("count").to_numpy(), mech,
+                               1.0 - report["intervals"]["confidence"])
+    assert (released.column("count_low").to_numpy() == low).all()
+    assert (released.column("count_high").to_numpy() == high).all()
     assert report["released_keys"] == released.num_rows
     assert report["outputs"] == ["released.parquet"]   # relative to the output folder
     words = released.column(key).to_pylist()

@@ -65,7 +65,13 @@ def test_release_read_from_and_published_to_object_storage(store, capsys):
         comparable(make_plan(spec_mod.load(spec_path)).report())))
     assert report["outputs"] == ["released.parquet"]   # relative to output.path
     released = pq.read_table(os.path.join(root, "bucket/releases/quickstart/released.parquet"))
-    assert released.schema == pa.schema([("word", pa.string()), ("count", pa.int64())])
+    assert released.schema == pa.schema([("word", pa.string()), ("count", pa.int64()),
+                                         ("count_low", pa.int64()), ("count_high", pa.int64())])
+    # issue 27: the launcher read the staged object, added the intervals and wrote it back
+    from thresher.pipelines.intervals import count_interval
+    low, high = count_interval(released.column("count").to_numpy(), report["mechanism"], 0.05)
+    assert (released.column("count_low").to_numpy() == low).all()
+    assert (released.column("count_high").to_numpy() == high).all()
     assert report["released_keys"] == released.num_rows
     check_counts(released, report, data)
 

@@ -74,7 +74,7 @@ def test_cli_run_fixed_bound_releases_keys_with_noisy_counts(tmp_path, cli):
     done = cli(_spec(tmp_path, data, bound=8))
     assert done.returncode == 0, done.stderr
     table = pq.read_table(tmp_path / "out" / "released.parquet")
-    assert table.column_names == ["word", "count"]
+    assert table.column_names == ["word", "count", "count_low", "count_high"]   # issue 27
     assert table.schema.field("count").type == pa.int64()
     report = json.loads((tmp_path / "out" / "release_report.json").read_text())
     assert report["mechanism"]["kind"] == "weighted_gaussian"

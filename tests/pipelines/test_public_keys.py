@@ -130,7 +130,8 @@ def test_gaussian_release_over_public_keys(write_spec, small_parquet, tmp_path):
     plan = make_plan(spec)
     report = run(plan, rng_factory=lambda: np.random.default_rng(5))
     released = pq.read_table(tmp_path / "out" / "released.parquet")
-    assert released.schema == pa.schema([("word", pa.string()), ("count", pa.int64())])
+    assert released.schema == pa.schema([("word", pa.string()), ("count", pa.int64()),
+                                         ("count_low", pa.int64()), ("count_high", pa.int64())])
     got = released.column("word").to_pylist()
     assert sorted(got) == sorted(words) and len(got) == len(set(got))
     sigma = report["mechanism"]["sigma"]

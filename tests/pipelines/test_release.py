@@ -46,7 +46,8 @@ def test_gaussian_release_report_and_schema(write_spec, small_parquet, tmp_path)
     for field in ("thresher_version", "config_sha256", "released_keys", "outputs"):
         assert field in on_disk
     released = pq.read_table(out / "released.parquet")
-    assert released.schema == pa.schema([("word", pa.string()), ("count", pa.int64())])
+    assert released.schema == pa.schema([("word", pa.string()), ("count", pa.int64()),
+                                         ("count_low", pa.int64()), ("count_high", pa.int64())])
     assert released.num_rows == on_disk["released_keys"] > 0
     # Bound 1000 is not binding here, so released counts are true distinct-user counts plus
     # discrete Gaussian noise: all within 7 sigma, and every key 7 sigma above tau* released.
@@ -92,7 +93,7 @@ def test_every_key_suppressed_gives_an_empty_valid_release(write_spec, small_par
     report = run(make_plan(spec))
     released = pq.read_table(tmp_path / "out" / "released.parquet")
     assert report["released_keys"] == 0 and released.num_rows == 0
-    assert released.schema.names == ["word", "count"]
+    assert released.schema.names == ["word", "count", "count_low", "count_high"]
 
 
 @pytest.mark.parametrize("bound", ["8", "auto"])
@@ -142,11 +143,13 @@ def test_beam_flags_after_double_dash_reach_the_runner(write_spec, small_parquet
     assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
 
 
-KIND_CASES = [
-    ({"mechanism": {"kind": "gaussian"}}, ["count"]),
-    ({"mechanism": {"kind": "laplace"}}, ["count"]),
-    ({"mechanism": {"kind": "laplace"}, "bounding.model": "l1"}, ["count"]),
-    ({"mechanism": {"kind": "sample_and_threshold"}}, ["count", "estimate"]),
+KIND_CASES = [   # with the interval columns of issue 27 (docs/intervals.md)
+    ({"mechanism": {"kind": "gaussian"}}, ["count", "count_low", "count_high"]),
+    ({"mechanism": {"kind": "laplace"}}, ["count", "count_low", "count_high"]),
+    ({"mechanism": {"kind": "laplace"}, "bounding.model": "l1"},
+     ["count", "count_low", "count_high"]),
+    ({"mechanism": {"kind": "sample_and_threshold"}},
+     ["count", "estimate", "estimate_low", "estimate_high"]),
     ({"mechanism": {"kind": "weighted_sampling"}}, ["token", "estimate"]),
 ]
 

@@ -136,8 +136,9 @@ def test_html_report_renders_in_headless_chromium(released, tmp_path, capsys):
     assert main(["report", out, "--html", str(page)]) == 0
     assert capsys.readouterr().out.strip().endswith(f"wrote {page}")
     text = page.read_text()
-    # Self-contained: three plots as data URIs, nothing fetched from elsewhere.
-    assert text.count('src="data:image/png;base64,') == 3
+    # Self-contained: four plots as data URIs (the fourth: the top keys' count intervals,
+    # issue 27), nothing fetched from elsewhere.
+    assert text.count('src="data:image/png;base64,') == 4
     assert "http://" not in text and "https://" not in text and "<script" not in text
     assert "None" not in text and "np.float64" not in text
     shot = _render(page, tmp_path)

@@ -18,6 +18,10 @@ CASES = {
     "gaussian_aggregates": dict(kind="gaussian", aggregates=[
         {"column": "amount", "statistic": "sum", "clip": [0, 100]},
         {"column": "amount", "statistic": "mean", "clip": [0, 100]}]),
+    # issue 27: variance / stddev intervals read staged noisy sums (dropped before publishing)
+    "gaussian_variance": dict(kind="gaussian", aggregates=[
+        {"column": "amount", "statistic": "variance", "clip": [0, 100]},
+        {"column": "amount", "statistic": "stddev", "clip": [0, 100]}]),
     "heavy_hitters": dict(kind="heavy_hitters", top_k=5),
     "quantiles_public_keys": dict(kind="quantiles", public_keys=True, column="amount",
                                   ranks=[0.5, 0.9], domain=[0, 100]),

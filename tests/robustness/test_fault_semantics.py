@@ -115,4 +115,4 @@ def test_replayed_bundles_in_a_fresh_interpreter(tmp_path):
     assert code == 0 and "Traceback" not in err, err
     _consistent(output)
     table = pq.read_table(os.path.join(output, "released.parquet"))
-    assert table.schema.names == ["word", "count"]
+    assert table.schema.names == ["word", "count", "count_low", "count_high"]

@@ -110,7 +110,7 @@ def test_empty_input_releases_nothing_or_says_so(tmp_path):
     if code == 0:
         report, table = _assert_complete_release(code, err, output)
         assert report["released_keys"] == 0 and table.num_rows == 0
-        assert table.schema.names == ["word", "count"]
+        assert table.schema.names == ["word", "count", "count_low", "count_high"]
     else:
         assert_clean_error(code, err, "input")
         assert_nothing_published(output)
@@ -125,7 +125,7 @@ def test_every_key_suppressed_is_a_complete_empty_release(tmp_path):
     code, _, err = run_cli("run", spec)
     report, table = _assert_complete_release(code, err, output)
     assert report["released_keys"] == 0 and table.num_rows == 0
-    assert table.schema.names == ["word", "count"]
+    assert table.schema.names == ["word", "count", "count_low", "count_high"]
 
 
 def test_glob_matching_no_files(tmp_path):

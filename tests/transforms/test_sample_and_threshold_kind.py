@@ -113,7 +113,7 @@ def test_thresher_run_releases_sampled_counts_and_estimates(tmp_path, capsys):
     assert cli.main(["run", _spec(tmp_path, {}, max_keys=2)]) == 0
     files = glob.glob(str(tmp_path / "out" / "*.parquet"))
     table = pq.read_table(files[0])
-    assert table.column_names == ["word", "count", "estimate"]
+    assert table.column_names == ["word", "count", "estimate", "estimate_low", "estimate_high"]
     assert table.schema.field("count").type == pa.int64()
     report = json.loads((tmp_path / "out" / "release_report.json").read_text())
     mech = report["mechanism"]

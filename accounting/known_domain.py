@@ -35,7 +35,8 @@ Choosing C (``max_keys_per_user: auto``), from per-user weights w_i restricted t
   S(C) = sum_{i: k_i > C} min(sqrt(k_i), sqrt(s)) <= M(C) = d (sigma(C)/sqrt(C)) sqrt(2/pi);
   private version: exponential mechanism on -|S(C) - M(C)|, sensitivity sqrt(s) (one user
   moves S(C) by at most its clipped ratio; M(C) does not depend on the data), with
-  s = ``max_bound`` (paper 002 Sec. 7.1 clips the ratios to sqrt(s)).
+  s = min(``max_bound``, d) (paper 002 Sec. 7.1 clips the ratios to sqrt(s); in the l0
+  model k_i <= d, so clipping at d changes no ratio).
 
 Both score vectors are sums over users, so a Beam stage adds per-shard vectors
 (:func:`rank_counts`, :func:`tail_sums`) and draws once (``transforms.public_domain``).

@@ -36,6 +36,7 @@ keys). ``--quick`` runs epsilon = 1 only.
 
     python benchmarks/bench_keys.py              # 3 epsilons: 5.7 min CPU, 37 min wall at load 6-17 (PipelineDP's 20 runs per epsilon dominate)
     python benchmarks/bench_keys.py --quick      # epsilon = 1 only: 2 min 15 s wall, 2 min CPU (2 cores, load 2)
+    python benchmarks/bench_keys.py --quick --corpus identifiers   # the small-population corpus (issue 28)
 """
 import argparse
 import logging
@@ -241,7 +242,11 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="epsilon = 1 only")
     ap.add_argument("--data-dir", default=os.path.join(ROOT, "benchmarks", "data"))
     ap.add_argument("--corpus", default=None, help="a (user, word) Parquet instead of the "
-                    "docstring corpus")
+                    "docstring corpus, or 'identifiers': the small-population corpus "
+                    "(benchmarks/identifier_corpus.py: identifiers of numpy, scipy, pandas "
+                    "and pyarrow, one user per file, 2,810 users)")
+    ap.add_argument("--kinds", default=None, help="comma-separated thresher kinds to run "
+                    "(default: every present release kind)")
     ap.add_argument("--objective", default=None, choices=("keys", "l1"),
                     help="bounding.auto.objective for every thresher release (default: the "
                          "spec default)")
@@ -249,14 +254,18 @@ def main(argv=None):
     args = ap.parse_args(argv)
     logging.getLogger("thresher").setLevel(logging.WARNING)
     logging.getLogger().setLevel(logging.ERROR)
-    data = args.corpus or corpus(args.data_dir)
+    if args.corpus == "identifiers":
+        from benchmarks import identifier_corpus
+        data = identifier_corpus.cached(args.data_dir)
+    else:
+        data = args.corpus or corpus(args.data_dir)
     table = pq.read_table(data, columns=["user", "word"])
     truth = true_counts(table)
     print(f"# corpus {data}: {table.num_rows} rows, "
           f"{len(set(table.column('user').to_pylist()))} users, {len(truth)} distinct words; "
           f"delta = {DELTA:g}; load average {load_avg():.2f}", flush=True)
     epsilons = (1.0,) if args.quick else EPSILONS
-    kinds = present_kinds()
+    kinds = present_kinds() if not args.kinds else [k for k in args.kinds.split(",") if k]
     rows = words = None
     if not args.no_peer:
         rows, words = pdp_rows(table)

@@ -79,7 +79,7 @@ class Plan:
         return domain_bound_rule(
             self.spec.kind, self.candidates, self.domain.num_rows,
             epsilon=self.release_stage.epsilon, params_by_bound=self.params_by_bound,
-            sparsity=self.spec.bounding.auto.max_bound)
+            sparsity=min(self.spec.bounding.auto.max_bound, self.domain.num_rows))
 
     def report(self, chosen_bound=None):
         """The release report without data-dependent fields (those are added by the run)."""
@@ -98,7 +98,7 @@ class Plan:
                     "rule": ("paper 002 Lemma 4.2: the ceil(d/epsilon)-th largest user weight"
                              if spec.kind == "laplace" else
                              "paper 002 Thm 4.3: the smallest C with S(C) <= M(C), ratios "
-                             "clipped to sqrt(max_bound)"),
+                             "clipped to sqrt(min(max_bound, d))"),
                     "sensitivity": self.domain_bound_rule().sensitivity,
                     "exponent": "epsilon * score / (2 sensitivity) (docs/contribution_bound.md, "
                                 "Bounded domains)"}
@@ -233,6 +233,9 @@ def make_plan(spec):
     if spec.input.public_keys is not None:
         from thresher.pipelines.dataio.public_keys import input_key_types, load_domain
         domain = load_domain(spec.input.public_keys, spec.input.keys, input_key_types(spec.input))
+        if spec.auto_bound:
+            from thresher.pipelines.dataio.public_keys import domain_candidates
+            candidates = domain_candidates(candidates, domain.num_rows, spec.bounding.model)
     module = kind_module(spec.kind)
     if hasattr(module, "stage_budget"):
         # Several composed histograms (heavy_hitters, quantiles): one stage each.

@@ -152,12 +152,26 @@ def search_answers(state, keys, key_list, ranks):
     out = {k: [] for k in keys}
     out[RANK_COLUMN], out[VALUE_COLUMN] = [], []
     for kt in key_list:
+        values = [0.5 * (left + right) if informed else None
+                  for left, right, informed in (state[(kt, j)] for j in range(len(ranks)))]
         for j, phi in enumerate(ranks):
-            left, right, informed = state[(kt, j)]
             for k, v in zip(keys, kt):
                 out[k].append(v)
             out[RANK_COLUMN].append(float(phi))
-            out[VALUE_COLUMN].append(0.5 * (left + right) if informed else None)
+        out[VALUE_COLUMN].extend(monotone_in_rank(ranks, values))
+    return out
+
+
+def monotone_in_rank(ranks, values):
+    """Post-processing: the answered values (None stays None) rearranged to be
+    non-decreasing in rank (the sorted values assigned to the ranks in increasing order;
+    rearranging never increases the L_p distance to the true quantile function, which is
+    monotone: Chernozhukov, Fernandez-Val, Galichon, Biometrika 2010, Prop. 1)."""
+    answered = [j for j, v in enumerate(values) if v is not None]
+    order = sorted(answered, key=lambda j: ranks[j])
+    out = list(values)
+    for j, v in zip(order, sorted(values[j] for j in answered)):
+        out[j] = v
     return out
 
 

@@ -164,6 +164,24 @@ def load_domain(public_keys, key_columns, key_types=None):
     return domain
 
 
+def domain_candidates(candidates, domain_size, model):
+    """The automatic bound's candidates over a public domain of d keys (both public).
+
+    In the l0 model a user holds at most d distinct domain keys, so every C >= d keeps
+    every user whole: the bounded counts are the same for all of them and only the noise
+    grows with C (paper 002 Sec. 4: sigma(C) and C/epsilon increase in C). Their scores
+    tie (Lemma 4.2's rank count is 0 past d; Thm 4.3's tail sum is 0 past d), and the tie
+    goes to the smaller bound: the candidates at or above d are replaced by d itself.
+    The cut uses d and the spec's candidates only (never a statistic of the data), so it
+    costs no privacy. In the l1 model a user may hold several records of one key, so d
+    caps nothing and the candidates are kept."""
+    cands = tuple(sorted(int(c) for c in candidates))
+    d = int(domain_size)
+    if model != "l0" or cands[-1] < d:
+        return cands
+    return tuple(c for c in cands if c < d) + (d,)
+
+
 def report_section(public_keys, domain_size):
     """The report's ``bounding.public_keys``: the file and the domain size d (both public)."""
     return {"path": public_keys["path"], "size": int(domain_size)}

@@ -32,6 +32,7 @@ from thresher.transforms.heavy_hitters import LEVEL_COLUMN, TrieHeavyHitters, he
 
 DEFAULT_PREFIX_LENGTHS = (2, 4, None)
 DEFAULT_TOP_K = 20
+METHODS = ("adaptive", "trie")
 
 FIELDS = {
     "top_k": declare.integer(low=1, high=10**6, default=DEFAULT_TOP_K, description=(
@@ -44,6 +45,11 @@ FIELDS = {
             f"(default {[n for n in DEFAULT_PREFIX_LENGTHS]}; [null] = one level)")),
     "sampling_rate": _levels.SAMPLING_RATE,
     "threshold": _levels.THRESHOLD,
+    "method": declare.choice(METHODS, description=(
+        "adaptive (release whole keys with the adaptive selection and its noisy counts, then "
+        "keep the top_k by noisy count) or trie (TrieHH++ over prefix levels); default: the "
+        "one with the lower release point for users holding max_keys_per_user keys, computed "
+        "from epsilon, delta and max_keys_per_user only (docs/heavy_hitters_and_quantiles.md)")),
 }
 OUTPUT_COLUMNS = {"count": pa.float64(), "rank": pa.int64()}
 
@@ -60,8 +66,48 @@ def parse(section):
     if parsed[-1] is not None:
         parsed.append(None)  # the released keys are whole keys: the last level is the key
     rate = optional_float(section, "sampling_rate")
+    method = section.get("method")
+    trie_only = [f for f in ("prefix_lengths", "sampling_rate", "threshold") if f in section]
+    if method == "adaptive" and trie_only:
+        raise SpecError(f"mechanism.{trie_only[0]}", "is for method: trie")
+    if method is None and trie_only:
+        method = "trie"     # trie parameters given: the spec asks for the trie
     return {"top_k": top_k, "prefix_lengths": parsed, "sampling_rate": rate,
-            "threshold": _levels.optional_threshold(section)}
+            "threshold": _levels.optional_threshold(section), "method": method}
+
+
+def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
+    """The users a key needs to be released half of the time when each holds C keys,
+    for each method, from public parameters only: trie, the last level's tau / p with
+    the budget split over the levels; adaptive, the smallest round threshold over the
+    grid weight of a user with C keys (Gopi et al. 2020 weights floor(S / sqrt(C)))."""
+    from thresher.accounting import adaptive as ad
+    from thresher.accounting import sample_threshold
+    from thresher.accounting import weighted_gaussian as wg
+    out = {}
+    try:
+        lp = sample_threshold.calibrate_levels(epsilon, delta, prefix_levels, max_keys_per_user)
+        out["trie"] = lp.threshold / lp.sampling_rate
+    except ValueError:
+        out["trie"] = float("inf")
+    try:
+        p = ad.calibrate(epsilon, delta, max_keys_per_user,
+                         fractions=ad.DEFAULT_ROUND_FRACTIONS[ad.DEFAULT_ROUNDS],
+                         count_fraction=ad.DEFAULT_COUNT_FRACTION,
+                         count_keys_per_user=ad.DEFAULT_COUNT_KEYS_PER_USER)
+        q = int(wg.grid_weight(int(max_keys_per_user), p.scale))
+        out["adaptive"] = min(r.threshold_grid for r in p.rounds) / q
+    except ValueError:
+        out["adaptive"] = float("inf")
+    return out
+
+
+def _adaptive_mechanism():
+    from thresher.accounting import adaptive as ad
+    return {"kind": "adaptive", "rounds": ad.DEFAULT_ROUNDS,
+            "round_fractions": list(ad.DEFAULT_ROUND_FRACTIONS[ad.DEFAULT_ROUNDS]),
+            "count_fraction": ad.DEFAULT_COUNT_FRACTION,
+            "count_keys_per_user": ad.DEFAULT_COUNT_KEYS_PER_USER}
 
 
 def check_spec(mechanism, input_spec, bounding, privacy):
@@ -71,9 +117,21 @@ def check_spec(mechanism, input_spec, bounding, privacy):
                         f"got {list(input_spec.keys)}")
     if input_spec.keys[0] == "rank":
         raise SpecError("input.keys[0]", "'rank' is an output column of heavy_hitters; rename the column")
+    if mechanism.get("method") is None:
+        # The default from public parameters only: the method whose release point (users a
+        # key needs, each holding C keys) is lower has the better expected recall.
+        points = release_points(privacy.epsilon, privacy.delta, bounding.max_keys_per_user,
+                                len(mechanism["prefix_lengths"]))
+        mechanism["method"] = "adaptive" if points["adaptive"] <= points["trie"] else "trie"
+        mechanism["method_choice"] = {
+            "release_points": points, "chosen": mechanism["method"],
+            "rule": "the method with the lower release point for users holding "
+                    "max_keys_per_user keys (from epsilon, delta and max_keys_per_user only)"}
 
 
 def stage_names(mechanism):
+    if mechanism.get("method") == "adaptive":
+        return ["release"]
     return [f"level_{i}_{'whole_key' if n is None else f'prefix_{n}'}"
             for i, n in enumerate(mechanism["prefix_lengths"])]
 
@@ -81,17 +139,56 @@ def stage_names(mechanism):
 def level_structure(mechanism):
     """(levels, contributions per level per unit of max_keys_per_user): one histogram per
     prefix length, one contribution per kept key in each (pipelines.limits reads it)."""
+    if mechanism.get("method") == "adaptive":
+        return 1, 1
     return len(mechanism["prefix_lengths"]), 1
 
 
+FEWER_THAN_TOP_K = ("only keys that pass the selection are released and ranked: fewer than "
+                    "top_k come back when fewer keys reach the release point (about "
+                    "{point:,.0f} distinct users for a key whose users hold max_keys_per_user "
+                    "keys each, fewer users when they hold fewer keys)")
+
+
+def _calibrate_adaptive(mech, epsilon, delta, max_keys_per_user, model):
+    from thresher.accounting import weighted_gaussian as wg
+    from thresher.pipelines.kinds import adaptive
+    params = adaptive.calibrate(_adaptive_mechanism(), epsilon=epsilon, delta=delta,
+                                max_keys_per_user=max_keys_per_user, model=model)
+    q = int(wg.grid_weight(int(max_keys_per_user), params["scale"]))
+    point = min(r["threshold_grid"] for r in params["rounds"]) / q
+    out = {**params, "kind": "heavy_hitters", "method": "adaptive", "top_k": mech["top_k"],
+           "release_point": point,
+           "fewer_than_top_k": FEWER_THAN_TOP_K.format(point=point),
+           "count": "the adaptive release's noisy distinct-user count (discrete Gaussian, "
+                    "count_sigma); keys ranked by it, ties by key",
+           "accounting": "heavy hitters by whole-key selection: " + params["accounting"]
+                         + "; ranking the released keys by their noisy counts and keeping "
+                           "top_k is post-processing"}
+    if mech.get("method_choice"):
+        out["method_choice"] = mech["method_choice"]
+    return out
+
+
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
+    if mech.get("method") == "adaptive":
+        return _calibrate_adaptive(mech, epsilon, delta, max_keys_per_user, model)
+    return _calibrate_trie(mech, epsilon=epsilon, delta=delta,
+                           max_keys_per_user=max_keys_per_user, model=model)
+
+
+def _calibrate_trie(mech, *, epsilon, delta, max_keys_per_user, model):
     levels, _ = level_structure(mech)
     params = _levels.calibrate(mech, epsilon=epsilon, delta=delta, levels=levels,
                                max_keys_per_user=max_keys_per_user,
                                what="heavy_hitters (TrieHH++) release")
-    return {"kind": "heavy_hitters", "top_k": mech["top_k"],
+    section = _levels.report_section(params)
+    extra = {"method_choice": mech["method_choice"]} if mech.get("method_choice") else {}
+    return {"kind": "heavy_hitters", "method": "trie", "top_k": mech["top_k"],
             "prefix_lengths": list(mech["prefix_lengths"]),
-            **_levels.report_section(params),
+            **section, **extra,
+            "fewer_than_top_k": FEWER_THAN_TOP_K.format(point=section["release_point"]).replace(
+                "pass the selection", "pass every prefix level"),
             "count": "sampled count / sampling_rate at the whole-key level: distinct users "
                      "after bounding, unbiased above the release point",
             "accounting": "TrieHH++ (paper 003 Sec. 4.1) over prefix levels; "
@@ -138,8 +235,38 @@ class HeavyHittersRelease(beam.PTransform):
 
 
 def stage_budget(budget, mechanism):
-    """One plan stage per trie level, (epsilon / L, delta / L) each (paper 003 Lemma 4.1)."""
+    """One plan stage per trie level, (epsilon / L, delta / L) each (paper 003 Lemma 4.1);
+    method adaptive: one stage, its rounds and count composed by f-DP inside it."""
     return _levels.spend_levels(budget, stage_names(mechanism))
+
+
+def _top_k_counted(tables, key, top_k):
+    """The released keys with noisy counts -> the top_k by count (ties by key), ranked."""
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return
+    table = pa.concat_tables(tables, promote_options="permissive")
+    order = sorted(zip(table.column("count").to_pylist(), table.column(key).to_pylist()),
+                   key=lambda ck: (-ck[0], ck[1]))[:top_k]
+    yield pa.table({key: pa.array([k for _, k in order], table.schema.field(key).type),
+                    "count": pa.array([float(c) for c, _ in order], pa.float64()),
+                    "rank": pa.array(range(1, len(order) + 1), pa.int64())})
+
+
+def _adaptive_stages(records, plan, num_shards, rng_factory):
+    from thresher.pipelines.kinds import adaptive
+    from thresher.transforms.user_shards import ShardByUser
+    spec = plan.spec
+    keys = list(spec.input.keys)
+    bound = spec.bounding.max_keys_per_user
+    users = (records
+             | "StringKeys" >> beam.Map(_string_keys, keys[0])
+             | "ShardByUser" >> ShardByUser(num_shards, key_columns=keys))
+    released = adaptive.release_users(users, plan.params_by_bound[bound], bound, keys,
+                                      num_shards, _adaptive_mechanism(), rng_factory=rng_factory)
+    return (released
+            | "GatherKeys" >> beam.combiners.ToList()
+            | "TopK" >> beam.FlatMap(_top_k_counted, keys[0], spec.mechanism["top_k"]))
 
 
 def release_stages(records, plan, num_shards, rng_factory=None):
@@ -152,6 +279,8 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     keys = list(spec.input.keys)
     bound = spec.bounding.max_keys_per_user
     mech = spec.mechanism
+    if mech.get("method") == "adaptive":
+        return _adaptive_stages(records, plan, num_shards, rng_factory)
     return (records
             | "ShardByUser" >> ShardByUser(num_shards)
             | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory)

@@ -152,6 +152,16 @@ def check_spec(mechanism, input_spec, bounding, privacy):
     elif share is not None:
         raise SpecError("mechanism.key_selection_share", "is only for quantiles per key without "
                         "input.public_keys (the keys are then found by a thresholded stage)")
+    if input_spec.keys and mechanism["method"] == "hierarchical":
+        # The keys are public (listed, or released by select_keys), so every (key, bucket)
+        # cell is public: noisy counts for all of them, no per-cell threshold
+        # (transforms.public_cells).
+        mechanism["public_cells"] = True
+        if mechanism.get("sampling_rate") is not None or mechanism.get("threshold") is not None:
+            field = "sampling_rate" if mechanism.get("sampling_rate") is not None else "threshold"
+            raise SpecError(f"mechanism.{field}", "does not apply to per-key hierarchical "
+                            "quantiles: the cells of the public keys are released with "
+                            "Gaussian noise and no threshold")
     if column in input_spec.keys or column == input_spec.user:
         raise SpecError("mechanism.column", f"{column!r} must not be the user or a key column")
     if column.startswith("__"):
@@ -174,16 +184,23 @@ def _steps(mechanism):
     return mechanism["levels"] if mechanism["method"] == "hierarchical" else mechanism["rounds"]
 
 
+PUBLIC_CELLS_STAGE = "levels"
+
+
 def level_structure(mechanism):
     """(levels, contributions of one user per level per key bound): the histograms the
     budget is split over and how many contributions each level takes per unit of
     max_keys_per_user (binary search: one per rank). Calibration and the planning limits
     (pipelines.limits) both read it."""
+    if mechanism.get("public_cells"):
+        return 1, 1      # one Gaussian stage; sample-and-threshold limits do not apply
     per_key = 1 if mechanism["method"] == "hierarchical" else len(mechanism["ranks"])
     return _steps(mechanism), per_key
 
 
 def stage_names(mechanism):
+    if mechanism.get("public_cells"):
+        return [PUBLIC_CELLS_STAGE]
     what = "level" if mechanism["method"] == "hierarchical" else "round"
     return [f"{what}_{i}" for i in range(1, _steps(mechanism) + 1)]
 
@@ -197,7 +214,47 @@ def stage_budget(budget, mechanism):
     return _levels.spend_levels(budget, stage_names(mechanism))
 
 
+def _calibrate_public_cells(mech, epsilon, delta, max_keys_per_user):
+    """Discrete Gaussian noise on every (key, level, bucket) cell of the public keys: one
+    user shifts C L cells by 1 (one value in each of <= C keys, one bucket per level), so
+    sigma is the smallest with exact composed_shift_delta(eps, sigma, C L) <= delta
+    (``accounting.known_domain.gaussian_sigma``). Keys compose in parallel."""
+    from thresher.accounting import known_domain
+    from thresher.transforms.public_cells import NULL_REASON, SUPPORT_Z, support_floor
+    levels, branching = mech["levels"], mech["branching"]
+    shifts = max_keys_per_user * levels
+    try:
+        sigma = known_domain.gaussian_sigma(epsilon, delta, shifts)
+    except ValueError as exc:
+        raise CalibrationError(f"quantiles per key at epsilon={epsilon:g}, delta={delta:g}: "
+                               f"{exc}") from None
+    floor = support_floor(sigma, branching, levels)
+    return {"noise": "discrete_gaussian", "sigma": sigma, "levels": levels,
+            "unit_shifts": shifts, "stage": PUBLIC_CELLS_STAGE,
+            "delta_achieved": known_domain.gaussian_delta(epsilon, sigma, shifts),
+            "support_floor": floor,
+            "null_values": NULL_REASON.format(floor=floor, z=SUPPORT_Z),
+            "post_processing": "per key: least-squares consistent tree (Hay et al. 2010), "
+                               "isotonic cumulative counts, linear interpolation inside the "
+                               "leaf; values non-decreasing in rank",
+            "bounding": "one value per (user, key), at most max_keys_per_user keys per user "
+                        "(transforms.key_value_bound)"}
+
+
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
+    if mech.get("public_cells"):
+        out = {"kind": "quantiles", "method": mech["method"], "column": mech["column"],
+               "ranks": list(mech["ranks"]), "domain": list(mech["domain"]),
+               "branching": mech["branching"], "leaves": mech["branching"] ** mech["levels"],
+               "resolution": (mech["domain"][1] - mech["domain"][0]) / mech["branching"] ** mech["levels"]}
+        out.update(_calibrate_public_cells(mech, epsilon, delta, max_keys_per_user))
+        _key_selection(out, mech, max_keys_per_user)
+        out["accounting"] = ("per-key hierarchical histograms over the public cells of the "
+                             "selected keys (paper 002 Alg. 1 on the cells, paper 003 Sec. 4.2 "
+                             "hierarchy): discrete Gaussian noise, exact delta of C L composed "
+                             "unit shifts (accounting.known_domain.gaussian_delta); keys in "
+                             "parallel")
+        return out
     levels, per_key = level_structure(mech)
     per_step = max_keys_per_user * per_key
     params = _levels.calibrate(mech, epsilon=epsilon, delta=delta, levels=levels,
@@ -212,6 +269,13 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
                    resolution=(mech["domain"][1] - mech["domain"][0]) / 2 ** (mech["rounds"] + 1))
     out.update(_levels.report_section(params))
     out["contributions_per_level"] = per_step
+    _key_selection(out, mech, max_keys_per_user)
+    out["accounting"] = (f"quantiles by {'a hierarchical histogram' if mech['method'] == 'hierarchical' else 'binary search'}"
+                         f" (paper 003 Sec. 4.2); " + _levels.accounting("(user, value)"))
+    return out
+
+
+def _key_selection(out, mech, max_keys_per_user):
     selection = mech.get("key_selection")
     if selection is not None:
         from thresher.accounting import sample_threshold
@@ -227,9 +291,6 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
             "per_key_delta": sel.per_key_delta_spent, "delta_achieved": sel.delta_spent,
             "what": "keys whose distinct users (each user in at most max_keys_per_user keys) "
                     "pass sample-and-threshold; the key set is published as the output's keys"}
-    out["accounting"] = (f"quantiles by {'a hierarchical histogram' if mech['method'] == 'hierarchical' else 'binary search'}"
-                         f" (paper 003 Sec. 4.2); " + _levels.accounting("(user, value)"))
-    return out
 
 
 def _numeric(table, column):
@@ -325,6 +386,8 @@ def release_stages(records, plan, num_shards, rng_factory=None):
         from thresher.transforms.public_domain import RestrictToDomain
         records = records | "RestrictToDomain" >> RestrictToDomain(plan.domain, keys)
     users = records | "ShardByUser" >> ShardByUser(num_shards)
+    if params.get("public_cells") or mech.get("public_cells"):
+        return _public_cells_stages(users, records, plan, params, num_shards, rng_factory)
     counts = (users
               | "PerUserBound" >> PerUserBound(keys + [column], bound, rng_factory=rng_factory)
               | "SumCountsPerValue" >> SumCountsPerKey(keys + [column], num_shards)  # Table(keys, value, count)
@@ -356,3 +419,63 @@ def release_stages(records, plan, num_shards, rng_factory=None):
                                                       rounds=mech["rounds"], params=params,
                                                       num_shards=num_shards, rng_factory=rng_factory)
             | "ToTable" >> beam.Map(_to_table, keys))
+
+
+def _key_table(tables, keys):
+    """The selected keys as one table (distinct, sorted): what the select_keys stage released."""
+    tables = [t.select(list(keys)) for t in tables if t.num_rows]
+    if not tables:
+        return pa.table({k: pa.array([], pa.string()) for k in keys})
+    table = pa.concat_tables(tables).group_by(list(keys), use_threads=False).aggregate([])
+    return table.select(list(keys)).sort_by([(k, "ascending") for k in keys]).combine_chunks()
+
+
+def _answer_cells(released, keys, key_list, mech, floor):
+    from thresher.transforms.public_cells import answer
+    lo, hi = mech["domain"]
+    yield _to_table(answer(released, keys, key_list, mech["ranks"], lo=lo, hi=hi,
+                           branching=mech["branching"], levels=mech["levels"], floor=floor), keys)
+
+
+def _public_cells_stages(users, records, plan, params, num_shards, rng_factory):
+    """Per-key hierarchical quantiles over the public cells of public or selected keys
+    (transforms.public_cells): one value per (user, key), at most C keys per user; every
+    (level, key, bucket) cell of every selected key gets discrete Gaussian noise, no
+    threshold; per-key post-processing answers every rank."""
+    from thresher.transforms.aggregate import SumCountsPerKey
+    from thresher.transforms.key_value_bound import BoundKeyValues
+    from thresher.transforms.per_user_bound import PerUserBound
+    from thresher.transforms.public_cells import PublicCellLevels, key_tuples
+    from thresher.transforms.public_domain import NoisyDomainCounts
+    from thresher.transforms.sample_and_threshold import SampleAndThreshold
+    spec = plan.spec
+    mech = spec.mechanism
+    keys = list(spec.input.keys)
+    column = mech["column"]
+    bound = spec.bounding.max_keys_per_user
+    counts = (users
+              | "BoundKeyValues" >> BoundKeyValues(keys, column, bound, rng_factory=rng_factory)
+              | "SumCountsPerValue" >> SumCountsPerKey(keys + [column], num_shards)
+              | "Numeric" >> beam.Map(_numeric, column))
+    if "key_selection" in params:
+        key_table = (users
+                     | "HashKeysOnly" >> beam.Map(_rehash_keys, keys)
+                     | "BoundKeys" >> PerUserBound(keys, bound, rng_factory=rng_factory)
+                     | "UsersPerKey" >> SumCountsPerKey(keys, num_shards)
+                     | "SelectKeys" >> SampleAndThreshold(params["key_selection"], rng_factory)
+                     | "GatherKeys" >> beam.combiners.ToList()
+                     | "KeyTable" >> beam.Map(_key_table, keys))
+    else:
+        key_table = records.pipeline | "KeyTable" >> beam.Create([plan.domain.select(keys)])
+    key_list = beam.pvalue.AsSingleton(key_table | "KeyList" >> beam.Map(key_tuples, keys))
+    lo, hi = mech["domain"]
+    return (counts
+            | "OnlySelectedKeys" >> beam.FlatMap(_restrict_to, keys, key_list)
+            | "CellLevels" >> PublicCellLevels(keys, column, key_table, lo=lo, hi=hi,
+                                               branching=mech["branching"], levels=mech["levels"],
+                                               num_shards=num_shards)
+            | "NoisyCells" >> NoisyDomainCounts({"noise": "discrete_gaussian",
+                                                 "sigma": params["sigma"]}, rng_factory)
+            | "GatherCells" >> beam.combiners.ToList()
+            | "Quantiles" >> beam.FlatMap(_answer_cells, keys, key_list, mech,
+                                          params["support_floor"]))

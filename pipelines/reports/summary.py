@@ -139,11 +139,32 @@ def release_probability(report, counts):
         return np.asarray([sf_upper(mech["threshold_grid"] - int(k) * q, sd) if k > 0 else 0.0
                            for k in n], dtype=np.float64)
     if kind == "weighted_sampling":
-        from thresher.accounting import pws
-        from thresher.transforms.sanitize_sample import _as_parameters
-        keep = np.asarray(pws.release_tables(_as_parameters(mech)).keep, dtype=np.float64)
-        return np.where(n < len(keep), keep[np.minimum(n, len(keep) - 1)], 1.0)
+        keep = weighted_sampling_keep(mech)
+        # The release reads row min(n, M) of the table it used (transforms.sanitize_sample:
+        # counts above max_frequency M are treated as M, whether M saturates at pi = 1 or
+        # was clipped by an explicit max_frequency), so the curve does too.
+        return keep[np.minimum(n, len(keep) - 1)]
     return None
+
+
+def weighted_sampling_keep(mech):
+    """pi_0..pi_M: the keep table the weighted_sampling release draws with
+    (``accounting.pws.release_tables`` of the report's parameters, as the release builds it)."""
+    from thresher.accounting import pws
+    from thresher.transforms.sanitize_sample import _as_parameters
+    return np.asarray(pws.release_tables(_as_parameters(mech)).keep, dtype=np.float64)
+
+
+def release_ceiling(report):
+    """(M, pi_M) when no count of users reaches release probability 1 because the table
+    stops at an explicit max_frequency M below saturation (weighted_sampling); else None."""
+    mech = report["mechanism"]
+    if mech.get("kind") != "weighted_sampling" or "by_max_keys_per_user" in mech:
+        return None
+    keep = weighted_sampling_keep(mech)
+    if keep[-1] >= 1.0:
+        return None
+    return len(keep) - 1, float(keep[-1])
 
 
 def users_at(report, probability, limit=10**7):
@@ -217,14 +238,31 @@ def noise_in_words(report, keys):
                        f"sigma {_g(r['sigma'])}, threshold {_g(r['threshold'])}"
                        for r in rounds) + f"); its count of {unit} gets discrete Gaussian "
                    f"noise with sigma {_g(mech['count_sigma'])}")
+    elif kind == "heavy_hitters":
+        how = ("whole keys selected by adaptive weighted Gaussian rounds, ranked by their "
+               "noisy counts" if mech.get("method") == "adaptive" else
+               f"TrieHH++ over prefix levels {mech.get('prefix_lengths')}")
+        out.append(f"heavy hitters: {how}; release point about {mech['release_point']:,.0f} "
+                   f"{unit} for a {key} whose users hold {c} keys each")
+        got, top_k = report.get("released_keys"), mech.get("top_k")
+        if got is not None and top_k is not None and got < top_k:
+            out.append(f"{got:,} of top_k {top_k:,} came back: {mech['fewer_than_top_k']}")
     elif kind == "weighted_sampling":
         out.append(f"sampling: each {key} is reported with a probability that grows with its "
                    f"count of users (private weighted sampling); released frequencies are "
                    f"sanitized")
+    ceiling = release_ceiling(report)
     half, sure = users_at(report, 0.5), users_at(report, 0.99)
     if half is not None and sure is not None:
         out.append(f"a {key} of {half:,} {unit} is released at least half the time; of "
                    f"{sure:,}, at least 99% of the time")
+    elif ceiling is not None:
+        m, top = ceiling
+        reach = (f"a {key} of {half:,} {unit} is released at least half the time; "
+                 if half is not None else "")
+        out.append(f"{reach}counts above max_frequency {m} are treated as {m}, so a {key} of "
+                   f"any size is released with probability at most {top:.3g} (pi_{m}); "
+                   f"leave max_frequency to auto for a table that reaches 1")
     return out
 
 

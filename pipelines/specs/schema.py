@@ -68,7 +68,8 @@ def _bounding():
         "model": d.choice(MODELS, default="l0"),
         "auto": d.mapping({
             "epsilon": d.number(low=0, low_open=True, description="the selection stage's "
-                                "epsilon, out of privacy.epsilon (default a tenth)"),
+                                "epsilon, out of privacy.epsilon (default a tenth; adaptive: a "
+                                "twentieth)"),
             "candidates": d.array(d.integer(low=1, high=MAX_AUTO_BOUND), min_items=1,
                                   max_items=MAX_CANDIDATES, unique=True, description=(
                                       "the bounds to choose from; each is calibrated when "

@@ -261,21 +261,29 @@ def auto_max_bound(kind):
     return getattr(kind_module(kind), "AUTO_MAX_BOUND", DEFAULT_AUTO_MAX_BOUND)
 
 
-def _parse_bounding(section, privacy, default_max_bound=DEFAULT_AUTO_MAX_BOUND):
+def auto_epsilon_fraction(kind):
+    """The default share of privacy.epsilon spent choosing C for a kind: its module's
+    AUTO_EPSILON_FRACTION, else DEFAULT_AUTO_EPSILON_FRACTION."""
+    return getattr(kind_module(kind), "AUTO_EPSILON_FRACTION", DEFAULT_AUTO_EPSILON_FRACTION)
+
+
+def _parse_bounding(section, privacy, default_max_bound=DEFAULT_AUTO_MAX_BOUND,
+                    epsilon_fraction=DEFAULT_AUTO_EPSILON_FRACTION):
     bound = section["max_keys_per_user"]
     if bound != "auto":
         bound = int(bound)
     auto = None
     if bound == "auto":
-        auto = _parse_auto(section.get("auto", {}), privacy, default_max_bound)
+        auto = _parse_auto(section.get("auto", {}), privacy, default_max_bound, epsilon_fraction)
     elif "auto" in section:
         raise SpecError("bounding.auto", "is only allowed with max_keys_per_user: auto")
     return BoundingSpec(max_keys_per_user=bound, model=section.get("model", "l0"), auto=auto)
 
 
-def _parse_auto(section, privacy, default_max_bound=DEFAULT_AUTO_MAX_BOUND):
+def _parse_auto(section, privacy, default_max_bound=DEFAULT_AUTO_MAX_BOUND,
+                epsilon_fraction=DEFAULT_AUTO_EPSILON_FRACTION):
     field = "bounding.auto"
-    eps = float(section.get("epsilon", DEFAULT_AUTO_EPSILON_FRACTION * privacy.epsilon))
+    eps = float(section.get("epsilon", epsilon_fraction * privacy.epsilon))
     if eps >= privacy.epsilon:
         raise SpecError(f"{field}.epsilon", f"is taken from privacy.epsilon and must be smaller "
                         f"than it ({privacy.epsilon:g}), got {eps:g}")
@@ -346,7 +354,8 @@ def parse(data, source_text=""):
     declare.check(data, _spec_schema(data))
     privacy = _parse_privacy(data["privacy"])
     input_spec = _parse_input(data["input"])
-    bounding = _parse_bounding(data["bounding"], privacy, auto_max_bound(data["mechanism"]["kind"]))
+    bounding = _parse_bounding(data["bounding"], privacy, auto_max_bound(data["mechanism"]["kind"]),
+                               auto_epsilon_fraction(data["mechanism"]["kind"]))
     mechanism = _parse_mechanism(data["mechanism"])
     check_spec = getattr(kind_module(mechanism["kind"]), "check_spec", None)
     if check_spec is not None:  # kind-specific checks of the input and bounding (heavy_hitters, quantiles)

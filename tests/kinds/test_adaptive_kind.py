@@ -332,3 +332,24 @@ def test_filter_prepares_the_released_keys_once_per_side_input_value():
     again = list(released)                               # a new side-input value
     list(fn.process(second, again))
     assert fn._memo[1] is not prepared and fn._memo[0] is again
+
+
+def test_auto_bound_spends_five_percent_of_epsilon_by_default(tmp_path):
+    """issue 28: adaptive's automatic bound takes 5% of epsilon (AUTO_EPSILON_FRACTION),
+    the other kinds 10%; an explicit bounding.auto.epsilon still wins."""
+    import yaml
+    from thresher.pipelines.specs import spec as spec_mod
+    base = {"name": "a", "input": {"path": "x.parquet", "user": "user", "keys": ["word"]},
+            "privacy": {"epsilon": 2.0, "delta": 1e-6},
+            "bounding": {"max_keys_per_user": "auto"},
+            "mechanism": {"kind": "adaptive"}, "output": {"path": str(tmp_path / "out")}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(base))
+    assert spec_mod.load(str(path)).bounding.auto.epsilon == pytest.approx(0.1)
+    base["mechanism"] = {"kind": "gaussian"}
+    path.write_text(yaml.safe_dump(base))
+    assert spec_mod.load(str(path)).bounding.auto.epsilon == pytest.approx(0.2)
+    base["mechanism"] = {"kind": "adaptive"}
+    base["bounding"]["auto"] = {"epsilon": 0.3}
+    path.write_text(yaml.safe_dump(base))
+    assert spec_mod.load(str(path)).bounding.auto.epsilon == pytest.approx(0.3)

@@ -77,7 +77,7 @@ def test_trie_prefixes_are_characters_not_bytes():
 
 def test_release_finds_the_heavy_keys_with_utf8(tmp_path):
     data = _data(tmp_path)
-    spec = _load(tmp_path, _spec(tmp_path, data))
+    spec = _load(tmp_path, _spec(tmp_path, data, method="trie"))
     report = run(make_plan(spec), rng_factory=lambda: np.random.default_rng(5))
     out = pq.read_table(tmp_path / "out" / "released.parquet")
     assert out.schema == pa.schema([("word", pa.string()), ("count", pa.float64()), ("rank", pa.int64())])
@@ -101,11 +101,11 @@ def test_cli_run_and_plan(tmp_path, cli):
     """CSPRNG sampling: "the" has ~3,000 of the 5,000 users, the release point is ~510
     (p ~ 0.039, tau = 20), so every level releases it except with probability < 1e-20."""
     data = _data(tmp_path, users=5000)
-    done = cli(_spec(tmp_path, data), command="plan")
+    done = cli(_spec(tmp_path, data, method="trie"), command="plan")
     assert done.returncode == 0, done.stderr
     assert "stage level_2_whole_key: epsilon=0.333333" in done.stdout
     assert "sampling_rate=" in done.stdout and "threshold=" in done.stdout
-    done = cli(_spec(tmp_path, data))
+    done = cli(_spec(tmp_path, data, method="trie"))
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "out" / "release_report.json").read_text())
     assert report["mechanism"]["kind"] == "heavy_hitters"
@@ -194,3 +194,51 @@ def test_example_config_runs(tmp_path, cli):
     assert 0 < out.num_rows <= 20
     assert sorted(out.column("rank").to_pylist()) == list(range(1, out.num_rows + 1))
     assert out.column("word").to_pylist() == sorted(out.column("word").to_pylist())
+
+
+# ---- method: adaptive (issue 28) -----------------------------------------------------------
+
+def test_default_method_is_chosen_from_public_parameters(tmp_path):
+    """No method: the plan compares the two release points (from epsilon, delta and C
+    only) and takes the lower; trie parameters in the spec ask for the trie."""
+    from thresher.pipelines.kinds.heavy_hitters import release_points
+    plan = make_plan(_load(tmp_path, _spec(tmp_path, "x.parquet")))
+    mech = plan.report()["mechanism"]
+    points = release_points(1.0, 1e-6, 4, 3)
+    assert mech["method"] == ("adaptive" if points["adaptive"] <= points["trie"] else "trie")
+    assert mech["method_choice"]["release_points"] == points
+    assert points["adaptive"] < points["trie"]          # at these parameters
+    assert [s["name"] for s in plan.report()["privacy"]["stages"]] == ["release"]
+    assert "fewer than top_k" in mech["fewer_than_top_k"]
+    trie = make_plan(_load(tmp_path, _spec(tmp_path, "x.parquet", prefix_lengths=[2])))
+    assert trie.report()["mechanism"]["method"] == "trie"
+
+
+def test_adaptive_method_is_the_adaptive_release_ranked(tmp_path):
+    """method adaptive: the adaptive kind's calibration (its f-DP accounting, tested in
+    tests/accounting/test_adaptive.py) at the same budget, and the released keys are the
+    top_k of its noisy counts. The four heavy words hold ~5,000-10,000 users each, far
+    above the release point (< 150 users): missed with probability < 1e-9."""
+    from thresher.pipelines.kinds import adaptive, heavy_hitters
+    data = _data(tmp_path)
+    spec = _load(tmp_path, _spec(tmp_path, data, method="adaptive", top_k=20))
+    plan = make_plan(spec)
+    mech = plan.report()["mechanism"]
+    ref = adaptive.calibrate(heavy_hitters._adaptive_mechanism(), epsilon=1.0, delta=1e-6,
+                             max_keys_per_user=4, model="l0")
+    assert mech["delta_achieved"] == ref["delta_achieved"] <= 1e-6
+    assert mech["rounds"] == ref["rounds"] and mech["count_sigma"] == ref["count_sigma"]
+    report = run(plan, rng_factory=lambda: np.random.default_rng(5))
+    out = pq.read_table(tmp_path / "out" / "released.parquet")
+    assert out.schema == pa.schema([("word", pa.string()), ("count", pa.float64()), ("rank", pa.int64())])
+    rows = sorted(out.to_pylist(), key=lambda r: r["rank"])    # the file's order is canonical
+    assert [r["rank"] for r in rows] == list(range(1, len(rows) + 1)) and 4 <= len(rows) <= 8
+    assert [r["count"] for r in rows] == sorted((r["count"] for r in rows), reverse=True)
+    assert {"the", "thé", "日本語", "日本人"} <= {r["word"] for r in rows}
+    assert report["mechanism"]["release_point"] < 150
+    # 8 words exist, top_k is 20: the summary says how many came back and why
+    from thresher.pipelines.reports import summary
+    lines = summary.noise_in_words(report, ["word"])
+    assert any(line.startswith("heavy hitters: whole keys selected") and "release point about"
+               in line for line in lines)
+    assert f"{len(rows)} of top_k 20 came back: only keys that pass the selection" in "\n".join(lines)

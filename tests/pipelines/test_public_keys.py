@@ -224,3 +224,45 @@ def test_plan_json_for_public_keys_reports_domain_and_pure_delta(write_spec, sma
     report = json.loads(capsys.readouterr().out)
     assert report["bounding"]["public_keys"] == {"path": domain_path, "size": len(words)}
     assert report["mechanism"]["scale"] == 8.0 and report["privacy"]["delta_spent"] == 0.0
+
+
+# ---- the automatic bound stops at the domain size (issue 28) ----------------------------
+
+def test_domain_candidates_stop_at_the_domain_size():
+    """l0: the candidates >= d tie (every user whole), so they collapse to d, the smaller
+    bound; l1 keeps them (a user may hold several records of one key)."""
+    from thresher.pipelines.dataio.public_keys import domain_candidates
+    assert domain_candidates((1, 2, 4, 8, 16), 3, "l0") == (1, 2, 3)
+    assert domain_candidates((1, 2, 4, 8, 16), 4, "l0") == (1, 2, 4)
+    assert domain_candidates((1, 2, 4), 40, "l0") == (1, 2, 4)
+    assert domain_candidates((4, 8), 2, "l0") == (2,)
+    assert domain_candidates((1, 2, 4, 8), 3, "l1") == (1, 2, 4, 8)
+
+
+@pytest.mark.parametrize("kind, n_present, seeds", [("gaussian", 3, range(10, 16)),
+                                                     ("laplace", 21, range(20, 26))])
+def test_auto_bound_over_public_keys_never_exceeds_the_domain(write_spec, small_parquet,
+                                                               tmp_path, kind, n_present, seeds):
+    """Through the real release path, over several draws (fixed seeds): the chosen C is
+    never above the domain size d, and the plan offers no candidate above d. The
+    candidates are cut at d before any draw, so no seed can fail (false-failure
+    probability 0). Without the cut the issue measured ~92% of draws above d: with all
+    candidates up to max_bound offered, 6 draws all <= d would be very unlikely."""
+    domain_path, words = _domain_file(tmp_path, small_parquet, n_present=n_present, absent=())
+    d = len(words)
+    spec_dict = {"input.path": small_parquet, "input.public_keys": {"path": domain_path},
+                 "bounding": {"max_keys_per_user": "auto", "model": "l0",
+                              "auto": {"epsilon": 0.2, "max_bound": 128}},
+                 "mechanism": {"kind": kind}}
+    plan = make_plan(spec_mod.load(write_spec(spec_dict)))
+    assert max(plan.candidates) == d and d in plan.candidates
+    if kind == "gaussian":
+        assert plan.report()["bounding"]["selection"]["sensitivity"] == pytest.approx(d ** 0.5)
+    chosen = []
+    for seed in seeds:
+        report = run(plan, overwrite=True,
+                     rng_factory=lambda seed=seed: np.random.default_rng(seed))
+        chosen.append(report["bounding"]["max_keys_per_user"])
+        released = pq.read_table(tmp_path / "out" / "released.parquet")
+        assert sorted(released.column("word").to_pylist()) == sorted(words)
+    assert all(1 <= c <= d for c in chosen), (d, chosen)

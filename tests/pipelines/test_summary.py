@@ -175,3 +175,66 @@ def test_report_html_without_matplotlib_exits_2_saying_what_to_install(released,
 def test_show_and_report_of_a_folder_without_a_release(tmp_path, capsys):
     assert main(["show", str(tmp_path)]) == 2
     assert "holds no release" in capsys.readouterr().err
+
+
+def _whole_user_counts(path, bound):
+    """Per word: the number of its users holding at most ``bound`` distinct words. l0
+    bounding keeps such a user whole, so the word's bounded count is at least this."""
+    import pyarrow.compute as pc
+    pairs = pq.read_table(path, columns=["user_id", "word"]).group_by(["user_id", "word"]).aggregate([])
+    per_user = pairs.group_by(["user_id"]).aggregate([([], "count_all")])
+    small = per_user.filter(pc.less_equal(per_user.column("count_all"), bound)).column("user_id")
+    kept = pairs.filter(pc.is_in(pairs.column("user_id"), value_set=small))
+    per_word = kept.group_by(["word"]).aggregate([([], "count_all")]).to_pydict()
+    return dict(zip(per_word["word"], per_word["count_all"])), pairs.group_by(["word"]).aggregate([]).num_rows
+
+
+@pytest.mark.parametrize("max_frequency", [2, "auto"])
+def test_weighted_sampling_release_statement_is_true(write_spec, small_parquet, tmp_path,
+                                                     max_frequency):
+    """The summary's release sentence is computed from the pi table the release draws with
+    (an explicit max_frequency clips counts to M: pi_M is then the most any key gets), and
+    the release bears it out. Each key is kept independently with pi_{min(n, M)}, pi
+    non-decreasing (paper 001 Alg. 3), and a user with <= C words is kept whole, so:
+    keys with >= N whole users are released with probability >= the stated one (binomial
+    lower tail), and all keys with probability <= pi_M (binomial upper tail). Each check
+    fails falsely with probability <= 1e-9 (three checks: < 3e-9)."""
+    from scipy import stats
+    from thresher.pipelines.specs import spec as spec_mod
+    from thresher.pipelines.plan import make_plan
+    from thresher.pipelines.release import run
+    bound = 8
+    spec = spec_mod.load(write_spec({
+        "input.path": small_parquet, "bounding.max_keys_per_user": bound,
+        "mechanism": {"kind": "weighted_sampling", "max_frequency": max_frequency}}))
+    plan = make_plan(spec)
+    report = run(plan, rng_factory=lambda: np.random.default_rng(11))
+    keep = summary.weighted_sampling_keep(report["mechanism"])
+    assert np.all(np.diff(keep) >= 0)
+    n = np.arange(0, 3 * len(keep))
+    np.testing.assert_array_equal(summary.release_probability(report, n),
+                                  keep[np.minimum(n, len(keep) - 1)])
+    lines = summary.noise_in_words(report, ["word"])
+    released = set(pq.read_table(tmp_path / "out" / "released.parquet").column("word").to_pylist())
+    whole, num_words = _whole_user_counts(small_parquet, bound)
+    claims = []
+    for prob, word in ((0.5, "half the time"), (0.99, "99% of the time")):
+        at = summary.users_at(report, prob)
+        if at is not None:
+            assert any(f"{at:,}" in line and word in line for line in lines)
+            claims.append((at, prob))
+    ceiling = summary.release_ceiling(report)
+    if max_frequency == 2:
+        assert ceiling is not None and ceiling[0] == 2 and ceiling[1] == keep[2] < 0.5
+        assert claims == []
+        assert any(f"at most {keep[2]:.3g}" in line for line in lines)
+        assert not any("99% of the time" in line for line in lines)
+        # every key: released with probability <= pi_2
+        assert len(released) <= stats.binom.isf(1e-9, num_words, keep[2])
+    else:
+        assert ceiling is None and len(claims) == 2
+    for at, prob in claims:
+        big = [w for w, c in whole.items() if c >= at]
+        assert big, "the corpus must hold keys at the stated size"
+        hit = sum(w in released for w in big)
+        assert hit >= stats.binom.ppf(1e-9, len(big), prob), (at, prob, hit, len(big))

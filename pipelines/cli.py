@@ -9,6 +9,7 @@
     thresher show OUTPUT [--top N]
     thresher schema
     thresher report OUTPUT --html [FILE]
+    thresher engines fetch flink|spark|prism [...] [--flink-version X.Y]
 
 Usage and spec errors print one line naming the field and exit with code 2; no
 traceback unless ``--debug`` is given.
@@ -91,6 +92,14 @@ def _parser():
                              "OUTPUT/release_report.html); needs the report extra (matplotlib)")
     sub.add_parser("schema", parents=[common],
                    help="print the spec's JSON Schema (for editors and linters)")
+    engines = sub.add_parser("engines", help="the Flink/Spark job servers and Prism, fetched once")
+    engines_sub = engines.add_subparsers(dest="engines_command", required=True, parser_class=_Parser)
+    fetch = engines_sub.add_parser(
+        "fetch", parents=[common],
+        help="fetch job-server jars (Maven) / build Prism (go install) into the cache")
+    fetch.add_argument("engine", nargs="+", choices=["flink", "spark", "prism"])
+    fetch.add_argument("--flink-version", default=None,
+                       help="the Flink major.minor of the Flink job server (default: Beam's newest)")
     ledger = sub.add_parser("ledger", help="the privacy-budget ledger (spec section budget:)")
     ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
     show = ledger_sub.add_parser("show", parents=[common],
@@ -427,6 +436,8 @@ def _is_fd2(stream):
 def _dispatch(args, beam_args):
     if args.command == "ledger":
         return _ledger_command(args)
+    if args.command == "engines":
+        return _engines_command(args)
     if args.command == "schema":
         from thresher.pipelines.specs.schema import json_schema
         print(json.dumps(json_schema(), indent=2))
@@ -460,6 +471,8 @@ def _dispatch(args, beam_args):
     from thresher.pipelines.release import run
     check_output_writable(spec.output.path)
     beam_flags.check(beam_args)
+    from thresher.pipelines import engines
+    beam_args = engines.complete_beam_args(beam_args)   # the cached job server / Prism
     show_progress = args.progress if args.progress is not None else (
         sys.stderr.isatty() and not args.quiet)
     with progress.Reporter(show_progress):
@@ -468,6 +481,15 @@ def _dispatch(args, beam_args):
         from thresher.pipelines.reports import summary
         print("\n".join(summary.run_lines(report, spec.output.path, spec.input.keys,
                                           _ledger_line(spec))))
+    return 0
+
+
+def _engines_command(args):
+    from thresher.pipelines import engines
+    for name in args.engine:
+        eng = engines.engine(name, flink_version=args.flink_version if name == "flink" else None)
+        path = engines.fetch(eng)
+        print(f"{eng.name}: --{eng.flag}={path}")
     return 0
 
 

@@ -1,0 +1,278 @@
+"""The execution engines a release can be submitted to, fetched once into a cache.
+
+    thresher engines fetch flink|spark|prism [...]
+
+Beam's portable runners need a binary beside the Python SDK: Flink and Spark a Java
+job-server jar (Maven Central, ``org.apache.beam:beam-runners-flink-<X.Y>-job-server``,
+``beam-runners-spark-3-job-server``), Prism a Go program (``go install`` of Beam's Go
+module). Left to itself Beam downloads them at run time from hard-coded addresses, which a
+machine that reaches only the package registries cannot; so thresher fetches them with the
+registries' own clients (``mvn``, ``go``), of exactly the SDK's version (the Job API is
+not stable across versions: SDK and job server must match), into
+
+    $THRESHER_ENGINES_DIR, else ${XDG_CACHE_HOME:-~/.cache}/thresher/engines/<beam version>/
+
+and records each file's sha256 in ``<engine>.json`` beside it. Every use re-hashes the file
+and compares (a cache is a place anyone can write to); a second fetch is a no-op that
+verifies. Each client runs with a time limit and its output is shown as progress lines.
+
+``thresher run SPEC -- --runner=FlinkRunner ...`` then gets ``--flink_job_server_jar`` (and
+``--spark_job_server_jar``, ``--prism_location``) from the cache when the user gave none;
+with nothing cached the run stops before any input is read, naming the flag and the fetch
+command (:func:`complete_beam_args`).
+"""
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from thresher.pipelines.errors import ThresherError
+
+MAVEN_TIMEOUT = 900      # s: one job-server jar is ~100-250 MB
+GO_TIMEOUT = 1800        # s: Prism compiles from source; ~5-10 min on 2 busy cores
+HEARTBEAT = 30           # s between "still running" lines while a client is quiet
+PRISM_PACKAGE = "github.com/apache/beam/sdks/v2/go/cmd/prism"
+
+
+class EngineError(ThresherError):
+    """An engine cannot be fetched or used; the message says what to do (exit code 2)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """One engine: what to fetch, and the Beam flag that names it."""
+    name: str          # the cache entry: flink-2.2, spark-3, prism
+    flag: str          # the Beam option that points the runner at the file
+    source: str        # Maven G:A:V or Go package@version
+    file_name: str     # the file in the cache folder
+    fetch_words: str   # what follows `thresher engines fetch`
+
+
+def beam_version():
+    import apache_beam
+    return apache_beam.__version__
+
+
+def default_flink_version():
+    """The Flink major.minor Beam's FlinkRunner uses unless ``--flink_version`` is given."""
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions
+    return FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS[-1]
+
+
+def flink_versions():
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions
+    return list(FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS)
+
+
+def engine(name, version=None, flink_version=None):
+    """The :class:`Engine` for ``flink``, ``spark`` or ``prism`` at Beam ``version``."""
+    version = version or beam_version()
+    if name == "flink":
+        mm = flink_version or default_flink_version()
+        if mm not in flink_versions():
+            raise EngineError(f"Flink {mm} has no Beam {version} job server; Beam knows "
+                              f"{', '.join(flink_versions())}")
+        artifact = f"beam-runners-flink-{mm}-job-server"
+        words = "flink" if mm == default_flink_version() else f"flink --flink-version {mm}"
+        return Engine(f"flink-{mm}", "flink_job_server_jar",
+                      f"org.apache.beam:{artifact}:{version}", f"{artifact}-{version}.jar", words)
+    if name == "spark":
+        artifact = "beam-runners-spark-3-job-server"
+        return Engine("spark-3", "spark_job_server_jar", f"org.apache.beam:{artifact}:{version}",
+                      f"{artifact}-{version}.jar", "spark")
+    if name == "prism":
+        return Engine("prism", "prism_location", f"{PRISM_PACKAGE}@v{version}", "prism", "prism")
+    raise EngineError(f"unknown engine {name!r}; thresher fetches flink, spark and prism")
+
+
+def cache_dir(version=None):
+    root = os.environ.get("THRESHER_ENGINES_DIR")
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(base, "thresher", "engines")
+    return os.path.join(root, version or beam_version())
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _manifest_path(folder, eng):
+    return os.path.join(folder, f"{eng.name}.json")
+
+
+def cached(eng, folder=None):
+    """The verified path of ``eng``'s cached file, or None when it was never fetched.
+
+    EngineError when the file differs from the sha256 recorded when it was fetched."""
+    folder = folder or cache_dir()
+    manifest = _manifest_path(folder, eng)
+    if not os.path.exists(manifest):
+        return None
+    try:
+        with open(manifest, encoding="utf-8") as handle:
+            record = json.load(handle)
+        path = os.path.join(folder, record["file"])
+        expected = record["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise EngineError(f"the cache record {manifest} is unreadable ({exc}); remove it and "
+                          f"run thresher engines fetch {eng.fetch_words}") from None
+    if record.get("source") != eng.source:
+        return None     # fetched for another version: not this one
+    if not os.path.isfile(path):
+        raise EngineError(f"{path} is missing though {manifest} records it; run "
+                          f"thresher engines fetch {eng.fetch_words}")
+    actual = sha256_of(path)
+    if actual != expected:
+        raise EngineError(f"{path} has sha256 {actual}, not the {expected} recorded when it "
+                          f"was fetched: it changed since; remove it and run "
+                          f"thresher engines fetch {eng.fetch_words}")
+    return path
+
+
+def _run_client(command, env, timeout, label, say):
+    """Run a registry client, its output shown as progress lines; EngineError on failure
+    or past ``timeout`` seconds (the client's process group is stopped)."""
+    say(f"{label}: {' '.join(command)}")
+    started = time.monotonic()
+    try:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   env=env, text=True, errors="replace", start_new_session=True)
+    except FileNotFoundError:
+        raise EngineError(f"{command[0]} is not installed; {label} needs it "
+                          f"(docs/running.md, Engines)") from None
+    lines = []
+
+    def pump():
+        for line in process.stdout:
+            line = line.rstrip()
+            if line:
+                lines.append(line)
+                say(f"{label}: {line}")
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    while True:
+        try:
+            process.wait(timeout=HEARTBEAT)
+            break
+        except subprocess.TimeoutExpired:
+            elapsed = time.monotonic() - started
+            if elapsed > timeout:
+                os.killpg(process.pid, 9)
+                process.wait()
+                raise EngineError(f"{label}: {command[0]} did not finish within {timeout} s; "
+                                  f"stopped it, nothing was cached") from None
+            say(f"{label}: still running ({elapsed:.0f} s)")
+    reader.join(timeout=10)
+    if process.returncode != 0:
+        reason = [line for line in lines if "ERROR" in line or "error" in line.lower()]
+        raise EngineError(f"{label}: {command[0]} exited with {process.returncode}: "
+                          f"{(reason or lines or ['no output'])[0][:400]}")
+    say(f"{label}: done in {time.monotonic() - started:.0f} s")
+
+
+def _fetch_maven(eng, scratch, say):
+    group, artifact, version = eng.source.split(":")
+    command = ["mvn", "-B", "-C", "--no-transfer-progress", "-Dstyle.color=never",
+               # -C: fail on a checksum that does not match the registry's
+               "org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy",
+               f"-Dartifact={eng.source}:jar", f"-DoutputDirectory={scratch}",
+               "-Dmdep.overWriteReleases=true", "-Dtransitive=false"]
+    _run_client(command, dict(os.environ), MAVEN_TIMEOUT, f"fetch {eng.name}", say)
+    path = os.path.join(scratch, f"{artifact}-{version}.jar")
+    if not os.path.isfile(path):
+        raise EngineError(f"fetch {eng.name}: Maven finished but {path} is not there")
+    return path
+
+
+def _fetch_go(eng, scratch, say):
+    env = dict(os.environ)
+    env["GOBIN"] = scratch
+    env.setdefault("GOFLAGS", "-buildvcs=false")
+    env.setdefault("CGO_ENABLED", "0")      # a static binary: no C toolchain needed
+    # go install PACKAGE@VERSION checks every module against the checksum database
+    _run_client(["go", "install", eng.source], env, GO_TIMEOUT, f"fetch {eng.name}", say)
+    path = os.path.join(scratch, "prism")
+    if not os.path.isfile(path):
+        raise EngineError(f"fetch {eng.name}: go install finished but {path} is not there")
+    return path
+
+
+def fetch(eng, folder=None, say=None):
+    """Fetch ``eng`` into the cache unless a verified copy is there; returns its path."""
+    say = say or (lambda line: print(f"thresher: {line}", file=sys.stderr, flush=True))
+    folder = folder or cache_dir()
+    path = cached(eng, folder)
+    if path is not None:
+        say(f"{eng.name}: {path} already fetched, sha256 verified")
+        return path
+    os.makedirs(folder, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=f".{eng.name}-", dir=folder)
+    try:
+        got = (_fetch_go if eng.name == "prism" else _fetch_maven)(eng, scratch, say)
+        digest = sha256_of(got)
+        final = os.path.join(folder, eng.file_name)
+        os.replace(got, final)
+        if eng.name == "prism":
+            os.chmod(final, 0o755)
+        record = {"engine": eng.name, "source": eng.source, "file": eng.file_name,
+                  "sha256": digest, "bytes": os.path.getsize(final)}
+        manifest = _manifest_path(folder, eng)
+        with open(manifest + ".tmp", "w", encoding="utf-8") as handle:
+            json.dump(record, handle, indent=2)
+        os.replace(manifest + ".tmp", manifest)   # the record last: a half fetch has none
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    say(f"{eng.name}: cached {final} ({record['bytes']} bytes, sha256 {digest})")
+    return final
+
+
+_RUNNER_ENGINE = {"flinkrunner": "flink", "sparkrunner": "spark", "prismrunner": "prism"}
+
+
+def complete_beam_args(beam_args, folder=None):
+    """``beam_args`` plus the cached engine's flag for a Flink, Spark or Prism run that
+    names none; EngineError (exit 2) naming the flag and the fetch command when nothing is
+    cached. Other runners' flags come back unchanged."""
+    from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PipelineOptions,
+                                                      PortableOptions, PrismRunnerOptions,
+                                                      SparkRunnerOptions, StandardOptions)
+    options = PipelineOptions(list(beam_args))
+    runner = options.view_as(StandardOptions).runner
+    if not isinstance(runner, str):
+        return list(beam_args)
+    name = _RUNNER_ENGINE.get(runner.rsplit(".", 1)[-1].lower())
+    if name is None:
+        return list(beam_args)
+    if name == "flink":
+        given = options.view_as(FlinkRunnerOptions).flink_job_server_jar
+        eng = engine("flink", flink_version=options.view_as(FlinkRunnerOptions).flink_version)
+    elif name == "spark":
+        given = options.view_as(SparkRunnerOptions).spark_job_server_jar
+        eng = engine("spark")
+    else:
+        given = options.view_as(PrismRunnerOptions).prism_location
+        eng = engine("prism")
+    if given:
+        return list(beam_args)
+    if name != "prism" and options.view_as(PortableOptions).job_endpoint:
+        return list(beam_args)      # the user runs the job server: no jar needed here
+    path = cached(eng, folder)
+    if path is None:
+        raise EngineError(
+            f"--runner={runner} needs --{eng.flag}: Beam would download it from an address "
+            f"outside the package registries. Run `thresher engines fetch {eng.fetch_words}` "
+            f"once (it caches {eng.source} in {folder or cache_dir()}), or give "
+            f"--{eng.flag}=PATH; nothing was run")
+    return list(beam_args) + [f"--{eng.flag}={path}"]

@@ -1,0 +1,193 @@
+"""``thresher engines fetch`` and the engine flags ``thresher run`` adds (pipelines/engines.py).
+
+Fast: nothing is downloaded. The registry clients are stand-ins on PATH (a ``go`` that
+writes a file where ``go install`` would put Prism, an ``mvn`` that writes the jar where
+``dependency:copy`` would), so what is checked is thresher's side: the cache, the sha256
+record and its re-verification, idempotence, time limits, and the exit-2 errors of a run
+that names a portable runner with nothing cached. The real fetches and runs are in
+tests/distributed/test_engines_real.py (marker engines_full) and .ci/run.
+"""
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from thresher.pipelines import engines
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+QUICKSTART = os.path.join(ROOT, "configs", "examples", "quickstart.yaml")
+
+
+def _tool(folder, name, body):
+    path = os.path.join(folder, name)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("#!/bin/sh\n" + textwrap.dedent(body))
+    os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+
+
+@pytest.fixture
+def fake_clients(tmp_path):
+    """A PATH whose ``go`` and ``mvn`` log each call to calls.log and write a file."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    _tool(str(bin_dir), "go", f"""\
+        echo "go $*" >> {log}
+        echo "go: downloading github.com/apache/beam/sdks/v2"
+        printf 'prism binary for %s' "$3" > "$GOBIN/prism"
+    """)
+    _tool(str(bin_dir), "mvn", f"""\
+        echo "mvn $*" >> {log}
+        for a in "$@"; do
+          case "$a" in
+            -Dartifact=*) art="${{a#-Dartifact=}}" ;;
+            -DoutputDirectory=*) out="${{a#-DoutputDirectory=}}" ;;
+          esac
+        done
+        name=$(echo "$art" | cut -d: -f2); ver=$(echo "$art" | cut -d: -f3)
+        printf 'jar %s' "$art" > "$out/$name-$ver.jar"
+    """)
+    env = dict(os.environ)
+    env["PATH"] = str(bin_dir) + os.pathsep + env["PATH"]
+    env["THRESHER_ENGINES_DIR"] = str(tmp_path / "cache")
+    return env, log
+
+
+def _calls(log):
+    return open(log).read().splitlines() if os.path.exists(log) else []
+
+
+def _cli(args, env, cwd):
+    return subprocess.run([sys.executable, "-m", "thresher.pipelines.cli"] + args, capture_output=True,
+                          text=True, env=dict(env, PYTHONPATH=ROOT), cwd=cwd, timeout=300)
+
+
+def _spec(tmp_path):
+    text = open(QUICKSTART, encoding="utf-8").read()
+    text = text.replace("path: configs/", f"path: {ROOT}/configs/").replace(
+        "path: out/quickstart", f"path: {tmp_path}/out")
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return str(path), str(tmp_path / "out")
+
+
+@pytest.mark.parametrize("runner,flag,words", [
+    ("--runner=PrismRunner", "--prism_location", "thresher engines fetch prism"),
+    ("--runner=FlinkRunner", "--flink_job_server_jar", "thresher engines fetch flink"),
+    ("--runner=SparkRunner", "--spark_job_server_jar", "thresher engines fetch spark"),
+])
+def test_a_portable_run_with_nothing_cached_exits_2_naming_the_flag_and_the_fetch(
+        tmp_path, runner, flag, words):
+    spec, out = _spec(tmp_path)
+    env = dict(os.environ, THRESHER_ENGINES_DIR=str(tmp_path / "empty"))
+    done = _cli(["run", spec, "--", runner], env, str(tmp_path))
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("thresher: error: ")
+    assert flag in last and words in last and "nothing was run" in last
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+    assert not os.path.exists(out)
+
+
+def test_fetch_caches_with_a_sha256_and_a_second_fetch_only_verifies(tmp_path, fake_clients):
+    env, log = fake_clients
+    done = _cli(["engines", "fetch", "prism"], env, str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    version = engines.beam_version()
+    folder = os.path.join(env["THRESHER_ENGINES_DIR"], version)
+    binary = os.path.join(folder, "prism")
+    assert done.stdout.strip() == f"prism: --prism_location={binary}"
+    assert "fetch prism: go install github.com/apache/beam/sdks/v2/go/cmd/prism@v" in done.stderr
+    assert "go: downloading" in done.stderr          # the client's output, as progress
+    record = json.load(open(os.path.join(folder, "prism.json")))
+    assert record["sha256"] == hashlib.sha256(open(binary, "rb").read()).hexdigest()
+    assert record["source"] == f"github.com/apache/beam/sdks/v2/go/cmd/prism@v{version}"
+    assert os.access(binary, os.X_OK)
+    assert _calls(log) == [f"go install github.com/apache/beam/sdks/v2/go/cmd/prism@v{version}"]
+    again = _cli(["engines", "fetch", "prism"], env, str(tmp_path))
+    assert again.returncode == 0, again.stderr
+    assert "already fetched, sha256 verified" in again.stderr
+    assert len(_calls(log)) == 1                     # no second go install
+
+
+def test_fetch_flink_and_spark_use_maven_with_strict_checksums(tmp_path, fake_clients):
+    env, log = fake_clients
+    done = _cli(["engines", "fetch", "flink", "spark", "--flink-version", "1.20"], env,
+                str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    version = engines.beam_version()
+    calls = _calls(log)
+    assert len(calls) == 2 and all(c.startswith("mvn -B -C ") for c in calls)
+    assert f"-Dartifact=org.apache.beam:beam-runners-flink-1.20-job-server:{version}:jar" in calls[0]
+    assert f"-Dartifact=org.apache.beam:beam-runners-spark-3-job-server:{version}:jar" in calls[1]
+    folder = os.path.join(env["THRESHER_ENGINES_DIR"], version)
+    assert sorted(f for f in os.listdir(folder)) == sorted([
+        "flink-1.20.json", f"beam-runners-flink-1.20-job-server-{version}.jar",
+        "spark-3.json", f"beam-runners-spark-3-job-server-{version}.jar"])
+
+
+def test_run_gets_the_cached_flag_unless_the_user_gave_one(tmp_path, fake_clients, monkeypatch):
+    env, _ = fake_clients
+    assert _cli(["engines", "fetch", "prism", "spark"], env, str(tmp_path)).returncode == 0
+    monkeypatch.setenv("THRESHER_ENGINES_DIR", env["THRESHER_ENGINES_DIR"])
+    folder = engines.cache_dir()
+    args = engines.complete_beam_args(["--runner=PrismRunner", "--environment_type=LOOPBACK"])
+    assert args == ["--runner=PrismRunner", "--environment_type=LOOPBACK",
+                    f"--prism_location={os.path.join(folder, 'prism')}"]
+    mine = ["--runner=PrismRunner", "--prism_location=/opt/prism"]
+    assert engines.complete_beam_args(mine) == mine
+    spark = engines.complete_beam_args(["--runner=SparkRunner", "--spark_master_url=local[2]"])
+    assert spark[-1].startswith("--spark_job_server_jar=" + folder)
+    # a job server the user started (--job_endpoint) needs no jar here
+    ep = ["--runner=FlinkRunner", "--job_endpoint=localhost:8099"]
+    assert engines.complete_beam_args(ep) == ep
+    assert engines.complete_beam_args([]) == []
+    assert engines.complete_beam_args(["--runner=DirectRunner"]) == ["--runner=DirectRunner"]
+
+
+def test_a_cached_file_that_changed_is_refused_by_run_and_by_fetch(tmp_path, fake_clients):
+    env, log = fake_clients
+    assert _cli(["engines", "fetch", "prism"], env, str(tmp_path)).returncode == 0
+    binary = os.path.join(env["THRESHER_ENGINES_DIR"], engines.beam_version(), "prism")
+    with open(binary, "ab") as handle:
+        handle.write(b"!")
+    spec, out = _spec(tmp_path)
+    done = _cli(["run", spec, "--", "--runner=PrismRunner"], env, str(tmp_path))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "changed since" in done.stderr and "thresher engines fetch prism" in done.stderr
+    assert not os.path.exists(out)
+    again = _cli(["engines", "fetch", "prism"], env, str(tmp_path))
+    assert again.returncode == 2 and "changed since" in again.stderr
+    assert len(_calls(log)) == 1
+
+
+def test_a_failing_client_caches_nothing_and_exits_2(tmp_path, fake_clients):
+    env, _ = fake_clients
+    _tool(env["PATH"].split(os.pathsep)[0], "mvn", """\
+        echo "[ERROR] Could not find artifact org.apache.beam:x:jar:1 in central"
+        exit 1
+    """)
+    done = _cli(["engines", "fetch", "spark"], env, str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "thresher: error: fetch spark-3: mvn exited with 1: [ERROR] Could not find artifact")
+    folder = os.path.join(env["THRESHER_ENGINES_DIR"], engines.beam_version())
+    assert os.listdir(folder) == []      # no record, no jar, no scratch folder
+
+
+def test_a_client_past_its_time_limit_is_stopped(tmp_path, fake_clients, monkeypatch):
+    env, _ = fake_clients
+    _tool(env["PATH"].split(os.pathsep)[0], "go", "sleep 60\n")
+    monkeypatch.setenv("PATH", env["PATH"])
+    monkeypatch.setattr(engines, "GO_TIMEOUT", 1)
+    monkeypatch.setattr(engines, "HEARTBEAT", 0.3)
+    lines = []
+    with pytest.raises(engines.EngineError, match="did not finish within 1 s"):
+        engines.fetch(engines.engine("prism"), folder=str(tmp_path / "c"), say=lines.append)
+    assert any("still running" in line for line in lines)
+    assert os.listdir(tmp_path / "c") == []

@@ -62,7 +62,11 @@ def _contains(blob, secret):
     {},                                                          # gaussian, fixed bound
     {"bounding.max_keys_per_user": "auto"},                      # exponential mechanism too
     {"mechanism": {"kind": "laplace", "pre_threshold": 1}, "bounding.model": "l1"},
-])
+    {"mechanism": {"kind": "sample_and_threshold"}},
+    {"mechanism": {"kind": "weighted_gaussian"}},
+    {"mechanism": {"kind": "adaptive"}},
+], ids=["gaussian", "auto_bound", "laplace_l1", "sample_and_threshold", "weighted_gaussian",
+        "adaptive"])
 def test_the_secret_is_drawn_in_the_pipeline_and_never_in_its_graph(write_spec, tmp_path,
                                                                     capsys, tapped, changes):
     drawn, graphs = tapped

@@ -108,6 +108,36 @@ def test_quickstart_on_prism_with_external_workers(prism, installed, tmp_path): 
     check_release(out, make_plan(spec_mod.load(spec_path)).report(), input_path)
 
 
+@pytest.fixture(scope="module")
+def python_boot(tmp_path_factory):
+    """Beam's Python boot binary, built by ``go install`` of the SDK's version (bounded)."""
+    folder = tmp_path_factory.mktemp("boot")
+    env = dict(os.environ, GOBIN=str(folder), CGO_ENABLED="0")
+    done = subprocess.run(["go", "install", "github.com/apache/beam/sdks/v2/python/container@v"
+                           + engines.beam_version()], capture_output=True, text=True, env=env,
+                          timeout=engines.GO_TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return str(folder / "container")
+
+
+@pytest.mark.engines_full
+def test_quickstart_on_prism_with_process_workers(prism, python_boot, tmp_path):
+    """--environment_type=PROCESS: Prism starts Beam's boot binary, which starts the SDK
+    worker (this checkout on PYTHONPATH, Beam's default environment, no venv);
+    boot_unquoted.sh works around Prism's quoted --id."""
+    spec_path, out, input_path = quickstart_spec(tmp_path)
+    config = json.dumps({"command": os.path.join(os.path.dirname(NETNS), "boot_unquoted.sh"),
+                         "env": {"RUN_PYTHON_SDK_IN_DEFAULT_ENVIRONMENT": "1"}})
+    env = dict(os.environ, PYTHONPATH=ROOT, THRESHER_BEAM_BOOT=python_boot)
+    done = _in_netns([sys.executable, "-m", "thresher.pipelines.cli", "run", spec_path, "--",
+                      "--runner=PrismRunner", "--environment_type=PROCESS",
+                      f"--environment_config={config}"], env, str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    # the boot binary printed the provisioning Prism gave it (PROCESS, not a fallback)
+    assert "Provision info:" in done.stdout + done.stderr, done.stderr[-3000:]
+    check_release(out, make_plan(spec_mod.load(spec_path)).report(), input_path)
+
+
 # ---- the same release everywhere (engines_full) ------------------------------------------
 
 def _aggregates_data(folder):

@@ -209,11 +209,16 @@ def check_stage_budgets(spec):
     # name (and float sums such as 0.1 + 0.9 must not pass as a sliver above 0).
     if total - taken > total * 1e-9:
         return
-    names = " + ".join(f"{field} ({eps:g})" for field, eps in stages)
+    names = " + ".join(f"{field} ({_shown(eps)})" for field, eps in stages)
     raise SpecError(stages[-1][0], f"{names} take{'s' if len(stages) == 1 else ''} "
-                    f"{taken:g} of privacy.epsilon ({total:g}), leaving the release no "
-                    f"epsilon; " + ("they must sum to less than privacy.epsilon" if len(stages) > 1
+                    f"{_shown(taken)} of privacy.epsilon ({_shown(total)}), leaving the release no "
+                    f"epsilon (it needs more than 1e-9 of privacy.epsilon); " + ("they must sum to less than privacy.epsilon" if len(stages) > 1
                                    else "it must be smaller than privacy.epsilon"))
+
+
+def _shown(x):
+    """A number as written when %g would round it (0.9999999999999 is not 1)."""
+    return f"{x:g}" if float(f"{x:g}") == x else repr(float(x))
 
 
 def make_plan(spec):

@@ -27,7 +27,7 @@ from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.plan import make_plan
 from tests.robustness.conftest import run_cli
 
-from .test_ledger import _cli, _finish, _spec_text, tiny  # noqa: F401
+from .test_ledger import _cli, _spec_text, tiny  # noqa: F401
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

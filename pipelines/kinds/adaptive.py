@@ -53,6 +53,12 @@ AUTO_MAX_BOUND = 1024
 # 125, 107 with 10%; 10,783 users: 687, 675 against 637, 661. The rounds gain more from
 # the extra 5% than the choice of C loses.
 AUTO_EPSILON_FRACTION = 0.05
+# The default candidates start at 128 (the sqrt(2) grid 128, 181, ..., max_bound): a user's
+# weights 1/sqrt(t) keep the selection's noise flat in C, and the small bounds only lose
+# keys, yet with 20 candidates the exponential mechanism drew C = 45-91 in 3 of 5 draws on
+# 2,810 users (82-102 keys against 117-121 from 128 up; issue 28,
+# docs/partition_selection.md). Explicit bounding.auto.candidates are used as given.
+AUTO_MIN_BOUND = 128
 
 
 def round_stage(index):

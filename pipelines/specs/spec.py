@@ -261,6 +261,12 @@ def auto_max_bound(kind):
     return getattr(kind_module(kind), "AUTO_MAX_BOUND", DEFAULT_AUTO_MAX_BOUND)
 
 
+def auto_min_bound(kind):
+    """The smallest default candidate of a kind's automatic bound: its module's
+    AUTO_MIN_BOUND, else 1 (the whole sqrt(2) grid)."""
+    return getattr(kind_module(kind), "AUTO_MIN_BOUND", 1)
+
+
 def auto_epsilon_fraction(kind):
     """The default share of privacy.epsilon spent choosing C for a kind: its module's
     AUTO_EPSILON_FRACTION, else DEFAULT_AUTO_EPSILON_FRACTION."""
@@ -268,20 +274,21 @@ def auto_epsilon_fraction(kind):
 
 
 def _parse_bounding(section, privacy, default_max_bound=DEFAULT_AUTO_MAX_BOUND,
-                    epsilon_fraction=DEFAULT_AUTO_EPSILON_FRACTION):
+                    epsilon_fraction=DEFAULT_AUTO_EPSILON_FRACTION, min_bound=1):
     bound = section["max_keys_per_user"]
     if bound != "auto":
         bound = int(bound)
     auto = None
     if bound == "auto":
-        auto = _parse_auto(section.get("auto", {}), privacy, default_max_bound, epsilon_fraction)
+        auto = _parse_auto(section.get("auto", {}), privacy, default_max_bound, epsilon_fraction,
+                           min_bound)
     elif "auto" in section:
         raise SpecError("bounding.auto", "is only allowed with max_keys_per_user: auto")
     return BoundingSpec(max_keys_per_user=bound, model=section.get("model", "l0"), auto=auto)
 
 
 def _parse_auto(section, privacy, default_max_bound=DEFAULT_AUTO_MAX_BOUND,
-                epsilon_fraction=DEFAULT_AUTO_EPSILON_FRACTION):
+                epsilon_fraction=DEFAULT_AUTO_EPSILON_FRACTION, min_bound=1):
     field = "bounding.auto"
     eps = float(section.get("epsilon", epsilon_fraction * privacy.epsilon))
     if eps >= privacy.epsilon:
@@ -297,6 +304,8 @@ def _parse_auto(section, privacy, default_max_bound=DEFAULT_AUTO_MAX_BOUND,
         cands = tuple(sorted(cands))
     else:
         cands = default_candidates(max_bound)
+        high = tuple(c for c in cands if c >= min_bound)
+        cands = high or cands      # max_bound below the kind's floor: the whole grid
     from thresher.accounting.contribution_bound import DEFAULT_DROPPED_WEIGHT
     weight = section.get("dropped_weight", DEFAULT_DROPPED_WEIGHT)
     if not isinstance(weight, str):
@@ -355,7 +364,8 @@ def parse(data, source_text=""):
     privacy = _parse_privacy(data["privacy"])
     input_spec = _parse_input(data["input"])
     bounding = _parse_bounding(data["bounding"], privacy, auto_max_bound(data["mechanism"]["kind"]),
-                               auto_epsilon_fraction(data["mechanism"]["kind"]))
+                               auto_epsilon_fraction(data["mechanism"]["kind"]),
+                               auto_min_bound(data["mechanism"]["kind"]))
     mechanism = _parse_mechanism(data["mechanism"])
     check_spec = getattr(kind_module(mechanism["kind"]), "check_spec", None)
     if check_spec is not None:  # kind-specific checks of the input and bounding (heavy_hitters, quantiles)

@@ -353,3 +353,25 @@ def test_auto_bound_spends_five_percent_of_epsilon_by_default(tmp_path):
     base["bounding"]["auto"] = {"epsilon": 0.3}
     path.write_text(yaml.safe_dump(base))
     assert spec_mod.load(str(path)).bounding.auto.epsilon == pytest.approx(0.3)
+
+
+def test_auto_bound_default_candidates_start_at_128(tmp_path):
+    """issue 28: adaptive's default candidates are the sqrt(2) grid from AUTO_MIN_BOUND
+    (128) to max_bound; below that floor, and for other kinds, the whole grid; explicit
+    candidates are used as given."""
+    import yaml
+    from thresher.pipelines.specs import spec as spec_mod
+    base = {"name": "a", "input": {"path": "x.parquet", "user": "user", "keys": ["word"]},
+            "privacy": {"epsilon": 1.0, "delta": 1e-6},
+            "bounding": {"max_keys_per_user": "auto"},
+            "mechanism": {"kind": "adaptive"}, "output": {"path": str(tmp_path / "out")}}
+    path = tmp_path / "s.yaml"
+
+    def candidates(bounding, kind="adaptive"):
+        path.write_text(yaml.safe_dump({**base, "bounding": bounding, "mechanism": {"kind": kind}}))
+        return spec_mod.load(str(path)).bounding.auto.candidates
+
+    assert candidates({"max_keys_per_user": "auto"}) == (128, 181, 256, 362, 512, 724, 1024)
+    assert candidates({"max_keys_per_user": "auto", "auto": {"max_bound": 64}})[0] == 1
+    assert candidates({"max_keys_per_user": "auto", "auto": {"candidates": [4, 16]}}) == (4, 16)
+    assert candidates({"max_keys_per_user": "auto"}, kind="weighted_gaussian")[0] == 1

@@ -24,6 +24,7 @@ for the composition (noise calibrated for counts that were bounded per user), wh
 this transform fixes.
 """
 import json
+import typing
 
 import apache_beam as beam
 import pyarrow as pa
@@ -46,7 +47,7 @@ _CONFIG_FIELD = {"input.user": "user", "input.keys": "keys"}
 
 
 def ThresherRelease(user, keys, privacy, bounding, mechanism, name="beam_yaml_release",
-                    num_shards=DEFAULT_NUM_SHARDS):
+                    num_shards=DEFAULT_NUM_SHARDS, aggregates=None):
     """A differentially private histogram of distinct users (or records) per key.
 
     The release of a ``thresher run`` spec on rows from any Beam YAML source. Outputs
@@ -60,10 +61,15 @@ def ThresherRelease(user, keys, privacy, bounding, mechanism, name="beam_yaml_re
       bounding: ``{max_keys_per_user, model, auto}`` as in a thresher spec.
       mechanism: ``{kind, ...}`` as in a thresher spec (gaussian, laplace, ...).
       name: the release's name in the report.
+      aggregates: clipped sums and means of numeric fields per released key, as the
+        spec's ``aggregates:`` section (docs/aggregates.md); each adds a float column
+        ``<column>_<statistic>`` to ``released``. ``clip: auto`` needs ``thresher run``.
       num_shards: user and key shards of the shuffles, about rows / 1,000,000 (>= 1).
     """
     config = {"user": user, "keys": keys, "privacy": privacy, "bounding": bounding,
               "mechanism": mechanism, "name": name, "num_shards": num_shards}
+    if aggregates is not None:
+        config["aggregates"] = aggregates
     document = {
         "name": name,
         # The rows come from the YAML pipeline; path and format only satisfy the spec's
@@ -72,6 +78,8 @@ def ThresherRelease(user, keys, privacy, bounding, mechanism, name="beam_yaml_re
         "privacy": privacy, "bounding": bounding, "mechanism": mechanism,
         "output": {"path": "<beam yaml output>"},
     }
+    if aggregates is not None:
+        document["aggregates"] = aggregates
     try:
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise SpecError("num_shards", f"must be an integer >= 1, got {num_shards!r}")
@@ -79,6 +87,9 @@ def ThresherRelease(user, keys, privacy, bounding, mechanism, name="beam_yaml_re
         if spec.kind == "quantiles":  # reads a value column the Beam YAML rows do not carry yet
             raise SpecError("mechanism.kind", "quantiles is not available from Beam YAML yet; "
                             "use thresher run")
+        if spec.aggregates_auto is not None:   # its chosen clips go to a staging folder
+            raise SpecError("aggregates", "clip: auto is not available from Beam YAML yet; "
+                            "give clip: [low, high] or use thresher run")
     except SpecError as exc:
         field = exc.field
         for spec_field, config_field in _CONFIG_FIELD.items():
@@ -123,16 +134,18 @@ class _RowsToRecords(beam.DoFn):
     ``rng_factory``: the release's ``KeyedSource``, whose secret keys the user identities
     (``transforms.user_identity``)."""
 
-    def __init__(self, user, keys, rng_factory=None):
+    def __init__(self, user, keys, value_columns=(), rng_factory=None):
         self._user = user
         self._keys = tuple(keys)
+        self._values = list(value_columns)     # [(field, prepared name)] of aggregates
         self._rng_factory = rng_factory
 
     def process(self, rows):
-        table = pa.table({name: pa.array([getattr(row, name) for row in rows])
-                          for name in (self._user, *self._keys)})
+        names = list(dict.fromkeys((self._user, *self._keys, *(c for c, _ in self._values))))
+        table = pa.table({name: pa.array([getattr(row, name) for row in rows]) for name in names})
         beam.metrics.Metrics.counter(io.NOT_PRIVATE, "rows_read").inc(table.num_rows)
         prepared, drops = io.prepare_batch(table, self._user, self._keys,
+                                           value_columns=self._values,
                                            identity_key=identity_key(self._rng_factory))
         for name, value in drops.items():
             if value:
@@ -174,10 +187,23 @@ class _Release(beam.PTransform):
                 where = "user" if i == 0 else f"keys[{i - 1}]"
                 raise SpecError(f"ThresherRelease.{where}", f"field {name!r} is not in the "
                                 f"input; its fields are: {', '.join(fields)}")
-        output_columns = kind_module(spec.kind).OUTPUT_COLUMNS
+        values = []
+        if spec.aggregates:
+            from thresher.pipelines.aggregates import value_columns
+            values = value_columns(spec.aggregates)
+            for i, (name, _) in enumerate(values):
+                if name not in fields:
+                    raise SpecError("ThresherRelease.aggregates", f"field {name!r} is not in "
+                                    f"the input; its fields are: {', '.join(fields)}")
+        output_columns = dict(kind_module(spec.kind).OUTPUT_COLUMNS)
+        optional = {}
+        for agg in spec.aggregates or ():
+            output_columns[agg.output] = pa.float64()
+            optional[agg.output] = True      # a mean over a public key can be null
         row_type = RowTypeConstraint.from_fields(
             [(k, fields[k]) for k in keys]
-            + [(c, _python_type(t, c)) for c, t in output_columns.items()])
+            + [(c, typing.Optional[_python_type(t, c)] if c in optional else _python_type(t, c))
+               for c, t in output_columns.items()])
 
         # the release secret: drawn inside the pipeline, never carried in its graph
         from thresher.transforms.keyed_random import PipelineSecret, building
@@ -185,7 +211,7 @@ class _Release(beam.PTransform):
         records = (rows
                    | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
                                                    max_batch_size=_BATCH_ROWS)
-                   | "ToRecords" >> keyed_random.par_do(_RowsToRecords(user, keys, source)))  # Table(__user, __user_lo, __key, keys)
+                   | "ToRecords" >> keyed_random.par_do(_RowsToRecords(user, keys, values, source)))  # Table(__user, __user_lo, __key, keys)
         with building(source):
             released, chosen = release_stages(records, self._plan, self._num_shards)
         released_rows = released | "ToRows" >> beam.FlatMap(

@@ -6,9 +6,9 @@
     thresher ledger show LEDGER [--dataset D] [--json]
     thresher ledger reservations LEDGER [--dataset D] [--json]
     thresher ledger release LEDGER ID [--force]
-    thresher show OUTPUT [--top N]
+    thresher show OUTPUT [--format table|csv|json] [--top N]
     thresher schema
-    thresher report OUTPUT --html [FILE]
+    thresher report OUTPUT [--html [FILE]]
     thresher engines fetch flink|spark|prism [...] [--flink-version X.Y]
 
 Usage and spec errors print one line naming the field and exit with code 2; no
@@ -55,7 +55,7 @@ def _parser():
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser(
         "run", parents=[common], help="run a release; Beam options go after --",
-        usage="thresher run CONFIG [--overwrite] [--quiet] [--progress | --no-progress] "
+        usage="thresher run CONFIG [--overwrite] [-q | --quiet] [--progress | --no-progress] "
               "[--debug] [-- <Beam options>]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Beam options go after --, unchanged, for example:\n"
@@ -67,7 +67,8 @@ def _parser():
                "An option Beam does not know is an error. docs/running.md has each runner.")
     run.add_argument("config", help="release spec (YAML)")
     run.add_argument("--overwrite", action="store_true", help="replace an earlier release in output.path")
-    run.add_argument("--quiet", action="store_true", help="print only errors")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="print only errors (no summary, no progress unless --progress)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="progress lines on stderr (stages, rows read); default: on when "
                           "stderr is a terminal")
@@ -75,19 +76,29 @@ def _parser():
                           help="calibrated parameters and the privacy guarantee; reads no data")
     plan.add_argument("config")
     plan.add_argument("--json", action="store_true", help="print the plan as the report's JSON")
+    plan.add_argument("-v", "--verbose", action="store_true",
+                      help="every parameter (each candidate bound's), the accounting in full")
     plan.add_argument("--users", type=int, default=2000,
                       help="users per key for the aggregates' expected errors (default 2000)")
     validate = sub.add_parser("validate", parents=[common],
                               help="check a spec (and that its input has the columns)")
     validate.add_argument("config")
+    from thresher.pipelines.look import FORMATS, positive_rows
     show = sub.add_parser("show", parents=[common],
-                          help="the top released keys of a published release, as a table")
+                          help="the released rows of a published release (a table of the top "
+                               "keys, or CSV / JSON lines)")
     show.add_argument("output", help="a release's output folder")
-    show.add_argument("--top", type=int, default=20, help="how many keys (default 20)")
+    show.add_argument("--format", choices=FORMATS, default="table",
+                      help="table (default): the top keys, aligned; csv or json (one object "
+                           "per line): every released row, streamed")
+    show.add_argument("--top", type=positive_rows, default=None, metavar="N",
+                      help="only the N rows with the largest released value (default 20 "
+                           "for the table, every row for csv and json)")
     report = sub.add_parser("report", parents=[common],
-                            help="a readable report of a published release")
+                            help="a readable report of a published release (text, or an "
+                                 "HTML page with --html)")
     report.add_argument("output", help="a release's output folder")
-    report.add_argument("--html", nargs="?", const="", metavar="FILE", required=True,
+    report.add_argument("--html", nargs="?", const="", default=None, metavar="FILE",
                         help="write a self-contained HTML page with plots (default "
                              "OUTPUT/release_report.html); needs the report extra (matplotlib)")
     sub.add_parser("schema", parents=[common],
@@ -131,18 +142,24 @@ def _split_beam_args(argv):
     return argv, []
 
 
-def _print_plan(plan, as_json):
+def _print_plan(plan, as_json, verbose=False, users=2000):
     report = plan.report()
     if as_json:
         from thresher.pipelines.dataio.publish import report_text
         print(report_text(report), end="")      # strict JSON, as the published report
         return
-    from thresher.pipelines.reports.plan_text import format_plan
+    from thresher.pipelines.reports.plan_text import format_plan, format_short
+    if not verbose:
+        print("\n".join(format_short(plan, report, users)))
+        return
     print("\n".join(format_plan(plan, report)))
+    if plan.spec.aggregates:
+        from thresher.pipelines.aggregates import print_plan
+        print_plan(plan, users)
 
 
 def _configure_logging(debug, quiet):
-    level = logging.DEBUG if debug else (logging.WARNING if quiet else logging.INFO)
+    level = logging.DEBUG if debug else (logging.ERROR if quiet else logging.INFO)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("thresher").setLevel(level)
     if not debug:
@@ -218,6 +235,12 @@ def main(argv=None):
             raise
         print(f"thresher: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:
+        # stdout's reader went away (thresher plan ... | head -1): a normal end, as in
+        # show and report (pipelines/look.py)
+        from thresher.pipelines.look import _discard_stdout
+        _discard_stdout()
+        return 0
     except KeyboardInterrupt:
         return _interrupted(interrupted)
     except signals.Terminated:
@@ -444,8 +467,20 @@ def _dispatch(args, beam_args):
         return 0
     if args.command in ("show", "report"):
         return _look_command(args)
+    if args.command == "run":
+        from thresher.pipelines.running import progress
+        show_progress = args.progress if args.progress is not None else (
+            sys.stderr.isatty() and not args.quiet)
+        with progress.Reporter(show_progress):
+            return _spec_command(args, beam_args)
+    return _spec_command(args, beam_args)
+
+
+def _spec_command(args, beam_args):
+    from thresher.pipelines.running import progress
     from thresher.pipelines.specs import spec as spec_mod
     from thresher.pipelines.plan import make_plan
+    progress.phase(f"reading the spec {args.config}")
     spec = spec_mod.load(args.config)
     if args.command == "validate":
         from thresher.pipelines.dataio import io
@@ -453,30 +488,35 @@ def _dispatch(args, beam_args):
         files = spec_mod.input_files(spec.input)
         io.check_input(spec.input, files)
         check_output_writable(spec.output.path)
-        make_plan(spec)
+        plan = make_plan(spec)
+        ledger_text = _ledger_preview(plan, refuse=True)
         print(f"{args.config}: valid ({spec.kind}, {len(files)} input file"
               f"{'s' if len(files) != 1 else ''}; checked the spec, the input files' columns "
               f"and types, the output folder's writability and the calibration; the rows are "
               f"checked when the release runs)")
+        if ledger_text:
+            print(ledger_text)
         return 0
+    progress.phase("planning: calibrating the mechanism to the budget")
     plan = make_plan(spec)
     if args.command == "plan":
-        _print_plan(plan, args.json)
-        if spec.aggregates and not args.json:
-            from thresher.pipelines.aggregates import print_plan
-            print_plan(plan, max(1, args.users))
+        _print_plan(plan, args.json, args.verbose, max(1, args.users))
+        if not args.json:
+            ledger_text = _ledger_preview(plan, refuse=False)
+            if ledger_text:
+                from thresher.pipelines.reports.plan_text import wrap
+                print("\n".join(wrap([ledger_text])))
         return 0
-    from thresher.pipelines.running import beam_flags, progress
+    from thresher.pipelines.running import beam_flags
     from thresher.pipelines.preflight import check_output_writable
     from thresher.pipelines.release import run
+    progress.phase("checking the output folder and the Beam options")
     check_output_writable(spec.output.path)
     beam_flags.check(beam_args)
     from thresher.pipelines import engines
     beam_args = engines.complete_beam_args(beam_args)   # the cached job server / Prism
-    show_progress = args.progress if args.progress is not None else (
-        sys.stderr.isatty() and not args.quiet)
-    with progress.Reporter(show_progress):
-        report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
+    progress.phase("checking the input files and building the Beam pipeline")
+    report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
     if not args.quiet:
         from thresher.pipelines.reports import summary
         print("\n".join(summary.run_lines(report, spec.output.path, spec.input.keys,
@@ -493,6 +533,24 @@ def _engines_command(args):
     return 0
 
 
+def _ledger_preview(plan, refuse):
+    """validate and plan: what the ledger would leave after this release (read, never
+    charged). A release the ledger will refuse fails validate (exit 2) and is said so by
+    plan; a ledger that cannot be read is a warning on stderr."""
+    if getattr(plan.spec, "budget", None) is None:
+        return None
+    from thresher.pipelines.ledgers import ledger
+    seen = ledger.preview(plan)
+    if seen.warning:
+        print(f"thresher: warning: {seen.text}", file=sys.stderr)
+        return None
+    if seen.refuses:
+        if refuse:
+            raise ThresherError(f"budget: {seen.text}")
+        return f"ledger: REFUSES this release: {seen.text}"
+    return seen.text
+
+
 def _ledger_line(spec):
     if getattr(spec, "budget", None) is None:
         return None
@@ -507,20 +565,20 @@ def _ledger_line(spec):
 
 
 def _look_command(args):
-    import os
-    from thresher.pipelines.reports import summary
+    from thresher.pipelines import look
     if args.command == "show":
-        report = summary.load_report(args.output)
-        table = summary.load_released(args.output, report)
-        top = summary.top_rows(table, report, max(0, args.top))
-        print(f"{report.get('name')}: {report['released_keys']:,} keys released; "
-              f"top {top.num_rows} by {summary.value_column(table, report) or 'key'}")
-        print(summary.format_table(top))
+        with look.to_stdout():
+            look.show(args.output, args.format, args.top)
+        return 0
+    if args.html is None:
+        with look.to_stdout():
+            print("\n".join(look.report_lines(args.output)))
         return 0
     from thresher.pipelines.reports import html_report
-    dest = args.html or os.path.join(args.output, "release_report.html")
+    dest = look.html_destination(args.output, args.html)
     html_report.write(args.output, dest)
-    print(f"wrote {dest}")
+    with look.to_stdout():
+        print(f"wrote {dest}")
     return 0
 
 

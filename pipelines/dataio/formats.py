@@ -51,6 +51,50 @@ def infer(path, field="input.format"):
                     f"{known}); set {field} to one of {', '.join(FORMATS)}")
 
 
+def infer_folder(folder, field="input.path"):
+    """(format, default delimiter) of a local folder given as the input path: the one
+    format its files' names tell (the files ``pipelines.paths.input_files`` reads: names
+    starting with . or _ are skipped). A folder mixing formats, or holding a file whose
+    name tells none, is a SpecError naming ``field`` and the files."""
+    import os
+    names = sorted(f for f in os.listdir(folder) if not f.startswith((".", "_"))
+                   and os.path.isfile(os.path.join(folder, f)))
+    found, unknown = {}, []
+    for name in names:
+        try:
+            found.setdefault(infer(name), []).append(name)
+        except SpecError:
+            unknown.append(name)
+    if unknown:
+        raise SpecError(field, f"the folder {folder!r} holds {_some(unknown)}, whose name tells "
+                        f"no input format (known endings: {', '.join(sorted(_ENDINGS))}, CSV "
+                        f"and JSONL also with .gz); move it out, or set input.path to a glob "
+                        f"of the input files and input.format")
+    if len(found) > 1:
+        kinds = "; ".join(f"{fmt}{' (tab-separated)' if d == chr(9) else ''}: {_some(files)}"
+                          for (fmt, d), files in sorted(found.items(), key=lambda i: i[0][0]))
+        raise SpecError(field, f"the folder {folder!r} mixes input formats ({kinds}); one "
+                        f"release reads one format: set input.path to a glob such as "
+                        f"{os.path.join(folder, '*' + _example(found))}")
+    if not found:
+        return None
+    return next(iter(found))
+
+
+def _some(names, n=3):
+    shown = ", ".join(names[:n])
+    return shown + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def _example(found):
+    name = sorted(found.values())[0][0].lower()
+    for ending in sorted(_ENDINGS, key=len, reverse=True):
+        for tail in (ending + ".gz", ending):
+            if name.endswith(tail):
+                return tail
+    return ""
+
+
 def delimiter(value, field="input.delimiter"):
     """A CSV delimiter: one character, not a quote or a line break."""
     if value == "\\t":

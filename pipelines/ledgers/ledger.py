@@ -654,3 +654,64 @@ def format_summary(datasets):
                          f"delta={r['delta']:g}  config {r['config_sha256'][:12]}  "
                          f"{r['output'] or '-'}")
     return "\n".join(lines) if lines else "the ledger holds no dataset yet"
+
+
+# ---- validate and plan: what the ledger would say, without charging it -----------------------
+
+@dataclasses.dataclass(frozen=True)
+class Preview:
+    """What ``reserve`` would decide for a plan, read without writing: ``refuses`` (with
+    the reason), the text for people, and ``warning`` when the ledger could not be read."""
+    refuses: bool
+    text: str
+    warning: bool = False
+
+
+def preview(plan):
+    """Read the ledger (read-only; no reservation, no new dataset, no file created) and
+    say what this release would leave, or why the ledger will refuse it. A ledger that
+    cannot be reached is a warning (the run will try again and refuse then if it must)."""
+    budget = plan.spec.budget
+    epsilon, delta = charge_of(plan)
+    shown = _shown(budget.ledger)
+    if not ledger_postgres.is_url(budget.ledger) and not os.path.exists(budget.ledger):
+        return Preview(False, f"ledger: {shown!r} does not exist yet; the first run creates it "
+                              f"and charges dataset {budget.dataset!r} epsilon={epsilon:g}, "
+                              f"delta={delta:g} of its total epsilon={budget.epsilon:g}, "
+                              f"delta={budget.delta:g}")
+    try:
+        conn = _connect(budget.ledger, create=False)
+        try:
+            row = conn.execute("SELECT epsilon, delta FROM datasets WHERE dataset = ?",
+                               (budget.dataset,)).fetchone()
+            spent_eps, spent_delta = _charged(conn, budget.dataset) if row else (_sum([]), _sum([]))
+        finally:
+            conn.close()
+    except (SpecError, OSError) as exc:
+        return Preview(False, f"cannot read the ledger {shown!r} ({exc}); not checked: the run "
+                              f"reads it again and refuses then if it must", warning=True)
+    except Exception as exc:  # noqa: BLE001 - any database failure: a warning here
+        return Preview(False, f"cannot read the ledger {shown!r} ({type(exc).__name__}: "
+                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); "
+                              f"not checked: the run reads it again and refuses then if it must",
+                       warning=True)
+    if row is not None and (decimal.Decimal(row[0]), decimal.Decimal(row[1])) != (
+            _dec(budget.epsilon), _dec(budget.delta)):
+        return Preview(True, f"the ledger {shown!r} records the total epsilon={_num(row[0]):g}, "
+                             f"delta={_num(row[1]):g} for dataset {budget.dataset!r}; the spec "
+                             f"says epsilon={budget.epsilon:g}, delta={budget.delta:g} (a "
+                             f"dataset's total cannot change): the run will be refused")
+    total_eps, total_delta = _dec(budget.epsilon), _dec(budget.delta)
+    left_eps, left_delta = total_eps - spent_eps, total_delta - spent_delta
+    if spent_eps + _dec(epsilon) > total_eps or spent_delta + _dec(delta) > total_delta:
+        return Preview(True, f"dataset {budget.dataset!r} has spent epsilon={float(spent_eps):g}, "
+                             f"delta={float(spent_delta):g} of its total epsilon="
+                             f"{budget.epsilon:g}, delta={budget.delta:g} (left: epsilon="
+                             f"{float(left_eps):g}, delta={float(left_delta):g}); this release "
+                             f"needs epsilon={epsilon:g}, delta={delta:g}: the ledger {shown!r} "
+                             f"will refuse it")
+    return Preview(False, f"ledger: dataset {budget.dataset!r} has spent epsilon="
+                          f"{float(spent_eps):g}, delta={float(spent_delta):g} of epsilon="
+                          f"{budget.epsilon:g}, delta={budget.delta:g}; after this release "
+                          f"epsilon={float(left_eps - _dec(epsilon)):g}, delta="
+                          f"{float(left_delta - _dec(delta)):g} are left ({shown!r}; not charged)")

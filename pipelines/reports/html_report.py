@@ -23,7 +23,7 @@ import io as _io
 import numpy as np
 
 from thresher.pipelines.reports import summary
-from thresher.pipelines.errors import ThresherError
+from thresher.pipelines.errors import SpecError, ThresherError
 
 TOP_KEYS = 20
 LOW, HIGH = "_low", "_high"
@@ -88,23 +88,82 @@ def _probability_figure(plt, report, unit):
 
 
 def _bound_figure(plt, bounding):
+    """The candidate bounds and the chosen one, with what is public about the choice: the
+    exponential mechanism's epsilon, its score and the score's sensitivity. The scores
+    V(C) and the selection probabilities are computed from the data and are not private
+    (docs/contribution_bound.md, "Only the chosen C is public"): they are never drawn."""
     candidates = bounding["candidates"]
     chosen = bounding["max_keys_per_user"]
     excluded = {int(c) for c in bounding.get("excluded_candidates", {})}
-    fig, ax = plt.subplots(figsize=(6.4, 1.9))
+    fig, ax = plt.subplots(figsize=(6.4, 2.3))
     kept = [c for c in candidates if c not in excluded]
     ax.scatter(kept, [0] * len(kept), s=40, color="#9aa5b1", label="candidate", zorder=2)
     if excluded:
         ax.scatter(sorted(excluded), [0] * len(excluded), s=40, marker="x", color="black",
                    label="excluded (cannot meet the budget)", zorder=2)
     ax.scatter([chosen], [0], s=160, color="#d1495b", label=f"chosen: {chosen}", zorder=3)
+    ax.annotate(f"C = {chosen}", (chosen, 0), xytext=(0, 12), textcoords="offset points",
+                ha="center", color="#d1495b")
     ax.set_xscale("log", base=2)
     ax.set_xticks(candidates)
     ax.set_xticklabels([str(c) for c in candidates])
     ax.set_yticks([])
+    ax.set_ylim(-1, 1.4)
     ax.set_xlabel("max_keys_per_user (C)")
     ax.set_title("Contribution bound chosen by the exponential mechanism")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.55), ncol=3, frameon=False)
+    sel = bounding.get("selection") or {}
+    facts = []
+    if "epsilon" in sel:
+        facts.append(f"epsilon = {sel['epsilon']:g}")
+    if "score" in sel:
+        facts.append(f"score: {sel['score']}" + (f" ({sel['objective']})" if "objective" in sel else ""))
+    if "sensitivity" in sel:
+        facts.append(f"score sensitivity = {sel['sensitivity']:.4g}")
+    if facts:
+        ax.text(0.5, 0.86, ";  ".join(facts), ha="center", va="center", transform=ax.transAxes,
+                fontsize=9, color="#444")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=3, frameon=False)
+    return fig
+
+
+def bound_caption(bounding):
+    """The words under the contribution-bound plot: what the choice spent, and why the
+    candidates' scores and probabilities are not shown."""
+    sel = bounding.get("selection") or {}
+    spent = (f"It spent epsilon {sel['epsilon']:g} of the budget: each candidate C has "
+             f"probability proportional to exp(epsilon &middot; V(C) / sensitivity)"
+             + (f", with sensitivity {sel['sensitivity']:.4g}" if "sensitivity" in sel else "")
+             + ". " if "epsilon" in sel else "")
+    return (f"The bound C = {bounding['max_keys_per_user']} was drawn from "
+            f"{len(bounding['candidates'])} candidates by the exponential mechanism. {spent}"
+            "The scores V(C) and the probabilities they give are computed from the data and "
+            "are not differentially private, so they are not published: only the chosen C is "
+            "(docs/contribution_bound.md).")
+
+
+def _quantiles_figure(plt, table, keys):
+    """Each key's released quantiles: value against rank."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    groups = {}
+    columns = {n: table.column(n).to_pylist() for n in keys + ["rank", "value"]}
+    for i in range(table.num_rows):
+        label = ", ".join(summary._cell(columns[k][i]) for k in keys) or "all rows"
+        groups.setdefault(label, []).append((columns["rank"][i], columns["value"][i]))
+    for label, points in list(groups.items())[:10]:
+        points = sorted(p for p in points if p[0] is not None and p[1] is not None)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", lw=1.5,
+                label=label)
+    if not groups:
+        ax.text(0.5, 0.5, "no quantile was released", ha="center", va="center",
+                transform=ax.transAxes)
+    elif len(groups) > 1:
+        ax.legend(fontsize=8, title=f"first {min(10, len(groups))} of {len(groups)} keys"
+                  if len(groups) > 10 else None)
+    ax.set_xlabel("rank")
+    ax.set_ylabel("released value")
+    ax.set_xlim(0, 1)
+    ax.set_title("Released quantiles")
+    ax.grid(True, alpha=0.3)
     return fig
 
 
@@ -112,15 +171,6 @@ def interval_columns(table):
     """Value columns with published ``_low`` / ``_high`` intervals, in table order."""
     names = set(table.column_names)
     return [c for c in table.column_names if c + LOW in names and c + HIGH in names]
-
-
-def key_columns(table, report):
-    """The key columns: not a value, an interval or an aggregate column."""
-    values = {"count", "estimate", "token", "debiased"}
-    values |= {e["output"] for e in report.get("mechanism", {}).get("aggregates", [])}
-    return [c for c in table.column_names if c not in values
-            and not (c.endswith(LOW) and c[:-len(LOW)] in table.column_names)
-            and not (c.endswith(HIGH) and c[:-len(HIGH)] in table.column_names)]
 
 
 def _flags(value, low, high):
@@ -216,7 +266,7 @@ def build(output, top=TOP_KEYS):
     report = summary.load_report(output)
     table = summary.load_released(output, report)
     column = summary.value_column(table, report)
-    keys = key_columns(table, report)
+    keys = summary.key_columns(table.column_names, report)
     unit = "records" if report["bounding"].get("model") == "l1" else "distinct users"
     privacy = report["privacy"]
     delta = privacy.get("delta_spent", privacy["delta"])
@@ -226,8 +276,13 @@ def build(output, top=TOP_KEYS):
                                                                column), plt)))
     if summary.release_probability(report, [1]) is not None:
         figures.append(("Release probability", _png(_probability_figure(plt, report, unit), plt)))
-    if report["bounding"].get("chosen_by") == "exponential_mechanism" and "candidates" in report["bounding"]:
-        figures.append(("Contribution bound", _png(_bound_figure(plt, report["bounding"]), plt)))
+    if report["mechanism"].get("kind") == "quantiles" and {"rank", "value"} <= set(table.column_names):
+        figures.append(("Released quantiles", _png(_quantiles_figure(
+            plt, table, [k for k in keys if k != "rank"]), plt)))
+    bounding = report["bounding"]
+    if bounding.get("chosen_by") == "exponential_mechanism" and "candidates" in bounding:
+        figures.append(("Contribution bound", _png(_bound_figure(plt, bounding), plt),
+                        bound_caption(bounding)))
     top_table = summary.top_rows(table, report, top)
     with_interval = interval_columns(table)
     if with_interval and top_table.num_rows:
@@ -246,8 +301,11 @@ def build(output, top=TOP_KEYS):
     words = "".join(f"<li>{html.escape(line)}</li>" for line in summary.noise_in_words(report, keys))
     stages = "".join(f"<li>{html.escape(s['name'])}: epsilon {s['epsilon']:g}, delta {s['delta']:g}</li>"
                      for s in privacy.get("stages", []))
-    figs = "".join(f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,{b}">'
-                   f"<figcaption>{html.escape(t)}</figcaption></figure>" for t, b in figures)
+    figs = "".join(f'<figure><img alt="{html.escape(f[0])}" src="data:image/png;base64,{f[1]}">'
+                   f"<figcaption>{html.escape(f[0])}"
+                   + (f"<p>{f[2]}</p>" if len(f) > 2 else "") + "</figcaption></figure>"
+                   for f in figures)
+    plots = f"<h2>Plots</h2>{figs}" if figures else ""
     name = html.escape(str(report.get("name", "release")))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -271,7 +329,7 @@ at most {report['bounding']['max_keys_per_user']} keys per user.</p>
 {accuracy_section}
 <h2>Top {top_table.num_rows} keys</h2>
 <table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>
-<h2>Plots</h2>{figs}
+{plots}
 <p><small>Made by thresher {html.escape(str(report.get('thresher_version', '')))} from
 release_report.json and the released file only; config sha256
 {html.escape(str(report.get('config_sha256', ''))[:16])}&hellip;</small></p>
@@ -281,6 +339,9 @@ release_report.json and the released file only; config sha256
 
 def write(output, dest, top=TOP_KEYS):
     page = build(output, top)
-    with open(dest, "w", encoding="utf-8") as handle:
-        handle.write(page)
+    try:
+        with open(dest, "w", encoding="utf-8") as handle:
+            handle.write(page)
+    except OSError as exc:
+        raise SpecError("--html", f"cannot write {dest!r}: {exc.strerror or exc}") from None
     return dest

@@ -95,3 +95,141 @@ def format_plan(plan, report):
         out.append(f"budget: charged to dataset {b.dataset} (total epsilon={value_text(b.epsilon)}, "
                    f"delta={value_text(b.delta)}) in the ledger {b.ledger}")
     return out
+
+
+# ---- the one-screen plan (the default; --verbose prints format_plan) ---------------------
+
+WIDTH = 100
+
+
+def format_short(plan, report, users=2000):
+    """``thresher plan``'s default: one screen, no line over WIDTH characters, each paper
+    cited once. The guarantee, the budget's stages, the bound, the noise and threshold, the
+    release point (users a key needs to be released half / 99% of the time, from the
+    calibrated parameters alone: ``pipelines.summary.users_at``), the expected errors of
+    the released values, and where the rest is (``--verbose``)."""
+    from thresher.pipelines.reports import summary
+    spec = plan.spec
+    privacy = report["privacy"]
+    keys = list(spec.input.keys)
+    # PWS's release point needs its release tables (accounting.pws.release_tables), which
+    # the plan builds only where they can refuse the bound (tests/robustness/test_pws_plan_cost)
+    cheap = spec.kind != "weighted_sampling"
+    out = [f"release {spec.name}: {spec.kind} over "
+           + (f"keys {', '.join(keys)}" if keys else "all rows (no keys)")
+           + f", users in column {spec.input.user}",
+           f"guarantee: (epsilon={value_text(plan.budget.epsilon)}, "
+           f"delta={value_text(plan.budget.delta)})-DP, user-level: {privacy['neighbouring']}",
+           "stages: " + "; ".join(f"{s.name} (epsilon {value_text(s.epsilon)}, delta "
+                                  f"{value_text(s.delta)})" for s in plan.budget.stages)]
+    if spec.auto_bound:
+        cands = list(plan.candidates)
+        out.append(f"bound: max_keys_per_user chosen privately from {len(cands)} candidates "
+                   f"{value_text(cands[0])}..{value_text(cands[-1])} ({spec.bounding.model} "
+                   f"model); each candidate's parameters:")
+        shown = sorted({cands[0], cands[-1]})
+        for bound in shown:
+            params = plan.params_by_bound.get(bound)
+            if params is None:
+                continue
+            out.append(f"  at C={bound}:")
+            sub = dict(report, mechanism=params,
+                       bounding=dict(report["bounding"], max_keys_per_user=bound,
+                                     chosen_by="spec"))
+            out += ["    " + line for line in _words(summary.noise_in_words(
+                sub, keys, release_point=cheap)[1:], params)]
+            out += ["    " + line for line in expected_errors(params, users)]
+        if len(shown) < len(cands):
+            out.append(f"  ({len(cands) - len(shown)} more candidates: thresher plan --verbose)")
+    else:
+        out += _words(summary.noise_in_words(report, keys, release_point=cheap),
+                      report["mechanism"])
+        out.append(f"parameters: {scalar_params(report['mechanism'])}")
+        out += expected_errors(report["mechanism"], users)
+    papers = cited_papers(report)
+    if papers:
+        out.append("papers: " + "; ".join(papers))
+    if getattr(spec, "budget", None) is not None:
+        b = spec.budget
+        out.append(f"budget: charged to dataset {b.dataset} (total epsilon={value_text(b.epsilon)}, "
+                   f"delta={value_text(b.delta)}) in the ledger {b.ledger}")
+    out.append("every parameter and the accounting: thresher plan --verbose (or --json)")
+    return wrap(out)
+
+
+def scalar_params(params):
+    """The parameters that are one number or one word (lists, groups and prose: --verbose)."""
+    return ", ".join(f"{k}={value_text(v)}" for k, v in params.items()
+                     if k not in _SKIP and v is not None and not isinstance(v, (list, tuple, dict))
+                     and not (isinstance(v, str) and " " in v))
+
+
+def expected_errors(params, users):
+    """The expected absolute error of each released value from its noise alone (bias from
+    bounding and clamping depends on the data, which the plan does not read)."""
+    import math
+    from thresher.accounting.aggregates import expected_abs_gaussian, expected_abs_laplace
+    kind = params.get("kind")
+    out = []
+    if kind == "gaussian" and "sigma" in params:
+        out.append(f"expected error: E|noise| of a count {expected_abs_gaussian(params['sigma']):.3g}")
+    elif kind == "laplace" and "scale" in params:
+        out.append(f"expected error: E|noise| of a count {expected_abs_laplace(params['scale']):.3g}")
+    elif kind in ("weighted_gaussian", "adaptive") and "count_sigma" in params:
+        out.append(f"expected error: E|noise| of a count "
+                   f"{expected_abs_gaussian(params['count_sigma']):.3g}")
+    elif kind == "sample_and_threshold" and "sampling_rate" in params:
+        p = float(params["sampling_rate"])
+        out.append(f"expected error: a count n is released as a Binomial(n, {p:.3g}) sample; "
+                   f"sd of n estimated from it: sqrt(n (1 - p) / p), {math.sqrt((1 - p) / p):.3g} "
+                   f"sqrt(n)")
+    if params.get("aggregates"):
+        from thresher.pipelines.aggregates import plan_lines
+        out.append(f"aggregates (noise only, at {users} users per key; --users N):")
+        out += ["  " + _short_aggregate(line) for line in plan_lines(params, users)]
+    return out
+
+
+def _words(lines, params):
+    """The release in words without the aggregates' lines (expected_errors has them)."""
+    outputs = tuple(f"{a['output']}:" for a in params.get("aggregates") or [] if "output" in a)
+    return [line for line in lines if not (outputs and line.startswith(outputs))]
+
+
+def _short_aggregate(line):
+    import re
+    line = re.sub(r", grid step [^,;]+", "", line.strip())
+    line = re.sub(r" \([\d.e+]+ grid units\)", "", line)
+    return line.replace(" (noise only)", "").replace("discrete Gaussian ", "").replace(
+        "discrete Laplace ", "Laplace ")
+
+
+def cited_papers(report):
+    """Each paper the accounting cites, once, in the order first cited."""
+    from thresher.pipelines.reports.citations import _BOTH_SAMPLE_AND_THRESHOLD, PAPERS
+    text = json_text(report)
+    refs = dict(PAPERS)
+    if _BOTH_SAMPLE_AND_THRESHOLD in text:     # both versions of paper 003, cited once
+        refs = {k: v for k, v in refs.items() if k not in ("000", "003")}
+        refs["000/003"] = _BOTH_SAMPLE_AND_THRESHOLD
+    found = [(text.find(ref), ref) for ref in refs.values() if ref in text]
+    return [ref for _, ref in sorted(found)]
+
+
+def json_text(value):
+    import json
+    return json.dumps(value, ensure_ascii=False).replace('\\"', '"')
+
+
+def wrap(lines, width=WIDTH):
+    """Each line at most ``width`` characters, continued lines indented under the first."""
+    import textwrap
+    out = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip(" ")) + 4)
+        out += textwrap.wrap(line, width=width, subsequent_indent=indent,
+                             break_on_hyphens=False, break_long_words=True)
+    return out

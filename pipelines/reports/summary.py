@@ -6,6 +6,7 @@ released Parquet) or from the calibrated parameters alone; nothing reads the inp
 """
 import json
 import os
+import unicodedata
 
 import numpy as np
 
@@ -16,13 +17,53 @@ REPORT_FILE = "release_report.json"
 
 # ---- reading a published release -------------------------------------------------------
 
+REQUIRED_REPORT_FIELDS = ("mechanism", "bounding", "privacy", "released_keys")
+
+
 def load_report(output):
+    """The release's report, checked to be one: a damaged or foreign file is a SpecError
+    naming it (exit 2), never an internal error."""
     path = os.path.join(output, REPORT_FILE)
     if not os.path.isfile(path):
         raise SpecError("", f"{output!r} ({os.path.abspath(output)}) holds no release: "
                             f"{REPORT_FILE} is missing")
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            report = json.load(handle)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise SpecError("", f"{path}: not a release report: cannot be read as JSON "
+                            f"({_first_line(exc)})") from None
+    problem = _report_problem(report)
+    if problem:
+        raise SpecError("", f"{path}: not a release report: {problem}")
+    return report
+
+
+def _report_problem(report):
+    if not isinstance(report, dict):
+        return f"expected a JSON object, found {type(report).__name__}"
+    missing = [f for f in REQUIRED_REPORT_FIELDS if f not in report]
+    if missing:
+        return f"{', '.join(missing)} missing"
+    for field in ("mechanism", "bounding", "privacy"):
+        if not isinstance(report[field], dict):
+            return f"{field} is not an object"
+    if not isinstance(report["released_keys"], int) or isinstance(report["released_keys"], bool):
+        return "released_keys is not an integer"
+    for field in ("epsilon", "delta"):
+        if not _is_number(report["privacy"].get(field)):
+            return f"privacy.{field} is not a number"
+    if not isinstance(report["privacy"].get("neighbouring"), str):
+        return "privacy.neighbouring is not text"
+    if not isinstance(report["bounding"].get("max_keys_per_user"), int):
+        return "bounding.max_keys_per_user is not an integer"
+    if not isinstance(report.get("outputs", []), list):
+        return "outputs is not a list"
+    return None
+
+
+def _first_line(exc):
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 def released_files(output, report):
@@ -30,6 +71,8 @@ def released_files(output, report):
     output folder) or, failing that, found in the folder."""
     files = []
     for name in report.get("outputs", []):
+        if not isinstance(name, str):
+            continue
         for candidate in (name, os.path.join(output, name), os.path.join(output, os.path.basename(name))):
             if os.path.isfile(candidate):
                 files.append(candidate)
@@ -37,16 +80,71 @@ def released_files(output, report):
     if not files:
         files = sorted(os.path.join(output, f) for f in os.listdir(output)
                        if f.startswith("released") and f.endswith(".parquet"))
+    if not files:
+        raise SpecError("", f"{output!r} holds no released Parquet file")
     return files
+
+
+def parquet_file(path):
+    """``pyarrow.parquet.ParquetFile`` of a released file; a damaged one is a SpecError
+    naming it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise SpecError("", f"{path}: not a released Parquet file: cannot be read "
+                            f"({_first_line(exc)})") from None
+
+
+def iter_batches(files, batch_size=4096, columns=None):
+    """The released rows in chunks (``pyarrow.RecordBatch``), file by file: memory stays
+    one chunk whatever the release's size. A file damaged past its footer is a SpecError
+    naming it."""
+    import pyarrow as pa
+    for path in files:
+        handle = parquet_file(path)
+        try:
+            yield from handle.iter_batches(batch_size=batch_size, columns=columns)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise SpecError("", f"{path}: not a released Parquet file: cannot be read "
+                                f"({_first_line(exc)})") from None
+
+
+def released_schema(files):
+    return parquet_file(files[0]).schema_arrow
 
 
 def load_released(output, report):
     import pyarrow as pa
-    import pyarrow.parquet as pq
     files = released_files(output, report)
-    if not files:
-        raise SpecError("", f"{output!r} holds no released Parquet file")
-    return pa.concat_tables([pq.read_table(f) for f in files])
+    schema = released_schema(files)
+    batches = list(iter_batches(files))
+    return pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
+
+
+VALUE_COLUMNS = ("count", "estimate", "token", "debiased")
+
+
+def interval_columns(names):
+    """{column: (column_low, column_high)} for each released column with both interval
+    columns beside it."""
+    present = set(names)
+    return {n: (f"{n}_low", f"{n}_high") for n in names
+            if f"{n}_low" in present and f"{n}_high" in present}
+
+
+def key_columns(names, report):
+    """The released columns that name a key (the spec's keys; a quantile's rank): not the
+    released values, their intervals, nor the aggregates' columns."""
+    mech = report.get("mechanism", {}) if isinstance(report, dict) else {}
+    values = set(VALUE_COLUMNS)
+    values.update(a.get("output") for a in mech.get("aggregates", []) or [] if isinstance(a, dict))
+    if mech.get("kind") == "quantiles":
+        values.add("value")
+    for low, high in interval_columns(names).values():
+        values.update((low, high))
+    return [n for n in names if n not in values]
 
 
 def value_column(table, report):
@@ -57,31 +155,83 @@ def value_column(table, report):
     return None
 
 
-def top_rows(table, report, top):
+def top_rows(table, report, top, column=None):
     """The ``top`` rows with the largest released value (ties by key, for a stable table)."""
-    column = value_column(table, report)
-    keys = [c for c in table.column_names if c not in ("count", "estimate", "token", "debiased")]
+    column = column or value_column(table, report)
     order = [(column, "descending")] if column else []
-    order += [(k, "ascending") for k in keys]
+    order += [(k, "ascending") for k in key_columns(table.column_names, report) if k != column]
     if order:
         table = table.sort_by(order)
     return table.slice(0, top)
 
 
 def format_table(table):
-    """A plain-text table: a header, a rule, right-aligned numbers."""
-    names = table.column_names
-    columns = [[_cell(v) for v in table.column(n).to_pylist()] for n in names]
-    numeric = [all(_is_number(v) for v in table.column(n).to_pylist() if v is not None)
-               for n in names]
-    widths = [max([len(n)] + [len(c) for c in col]) for n, col in zip(names, columns)]
+    """A plain-text table: a header, a rule, right-aligned numbers; a value with interval
+    columns (``<col>_low``, ``<col>_high``) as ``value [low, high]``; text with its control
+    characters escaped (nothing reaches the terminal as a control sequence)."""
+    intervals = interval_columns(table.column_names)
+    hidden = {c for pair in intervals.values() for c in pair}
+    names = [n for n in table.column_names if n not in hidden]
+    values = {n: table.column(n).to_pylist() for n in table.column_names}
+    columns, numeric = [], []
+    for n in names:
+        col = values[n]
+        if n in intervals:
+            low, high = (values[c] for c in intervals[n])
+            columns.append([_cell(v) if v is None else f"{_cell(v)} [{_cell(lo)}, {_cell(hi)}]"
+                            for v, lo, hi in zip(col, low, high)])
+        else:
+            columns.append([_cell(v) for v in col])
+        numeric.append(all(_is_number(v) for v in col if v is not None))
+    shown = [escape(n) for n in names]
+    widths = [max([len(n)] + [len(c) for c in col]) for n, col in zip(shown, columns)]
 
     def line(cells):
         return "  ".join(c.rjust(w) if num else c.ljust(w)
                          for c, w, num in zip(cells, widths, numeric)).rstrip()
-    out = [line(names), line(["-" * w for w in widths])]
+    out = [line(shown), line(["-" * w for w in widths])]
     out += [line([col[i] for col in columns]) for i in range(table.num_rows)]
     return "\n".join(out)
+
+
+def escape(text):
+    """``text`` with each control, format or line/paragraph separator character (ESC, CR,
+    backspace, DEL, C1 controls, bidirectional overrides, U+2028...) written as a Python
+    escape (``\\x1b``, ``\\r``, ``\\u202e``), so a released key cannot move the cursor,
+    erase or recolour a terminal, or reorder what is shown; other text, any script, is
+    unchanged."""
+    if text.isprintable():
+        return text
+    return "".join(_escaped(ch) if unicodedata.category(ch) in _UNSAFE else ch for ch in text)
+
+
+def escape_json(text):
+    """JSON text with the control and format characters ``json.dumps(ensure_ascii=False)``
+    leaves as they are (DEL, C1 controls, bidirectional overrides...) written as JSON
+    ``\\uXXXX`` escapes: the same JSON value, and nothing a terminal acts on."""
+    if text.isprintable():
+        return text
+    return "".join(_json_escaped(ch) if unicodedata.category(ch) in _UNSAFE else ch
+                   for ch in text)
+
+
+def _json_escaped(ch):
+    code = ord(ch)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xd800 + (code >> 10):04x}\\u{0xdc00 + (code & 0x3ff):04x}"
+
+
+_UNSAFE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
+
+
+def _escaped(ch):
+    named = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b"}
+    if ch in named:
+        return named[ch]
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else (f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
 
 
 def _is_number(v):
@@ -95,7 +245,9 @@ def _cell(v):
         return f"{v:,.6g}" if abs(v) < 1e15 else f"{v:.6g}"
     if isinstance(v, int) and not isinstance(v, bool):
         return f"{v:,}"
-    return str(v)
+    if isinstance(v, bytes):
+        return escape(repr(v))
+    return escape(str(v))
 
 
 # ---- the probability that a key is released -----------------------------------------------
@@ -194,14 +346,14 @@ def _g(x):
     return f"{x:.4g}" if isinstance(x, float) else f"{x}"
 
 
-def noise_in_words(report, keys):
+def noise_in_words(report, keys, release_point=True):
     """One or two sentences: what was added to each key's count and which keys came out."""
     mech = report["mechanism"]
     kind = mech.get("kind")
     bounding = report["bounding"]
     c = bounding["max_keys_per_user"]
     unit = "records" if bounding.get("model") == "l1" else "distinct users"
-    each = (f"each user counted in at most {c} keys"
+    each = (f"each user counted in at most {c} key{'s' if c != 1 else ''}"
             if bounding.get("model") != "l1" else f"each user contributing at most {c} records")
     how = "chosen privately" if bounding.get("chosen_by") == "exponential_mechanism" else "from the spec"
     key = " and ".join(keys) if keys else "key"
@@ -251,8 +403,20 @@ def noise_in_words(report, keys):
         out.append(f"sampling: each {key} is reported with a probability that grows with its "
                    f"count of users (private weighted sampling); released frequencies are "
                    f"sanitized")
-    ceiling = release_ceiling(report)
-    half, sure = users_at(report, 0.5), users_at(report, 0.99)
+    elif kind == "quantiles":
+        ranks = ", ".join(_g(r) for r in mech.get("ranks", []))
+        domain = mech.get("domain") or ["?", "?"]
+        out.append(f"quantiles: of {mech.get('column')} at ranks {ranks}, within "
+                   f"[{_g(domain[0])}, {_g(domain[1])}], by the {mech.get('method', '')} method")
+    for agg in mech.get("aggregates") or []:
+        if isinstance(agg, dict) and "output" in agg:
+            clip = agg.get("clip") or ["?", "?"]
+            out.append(f"{agg['output']}: the {agg.get('statistic')} of {agg.get('column')} per "
+                       f"released {key}, each user's total clamped to [{_g(clip[0])}, "
+                       f"{_g(clip[1])}]" + (f", noise sigma {_g(agg['sigma'])}"
+                                            if "sigma" in agg and agg.get("statistic") == "sum" else ""))
+    ceiling = release_ceiling(report) if release_point else None
+    half, sure = (users_at(report, 0.5), users_at(report, 0.99)) if release_point else (None, None)
     if half is not None and sure is not None:
         out.append(f"a {key} of {half:,} {unit} is released at least half the time; of "
                    f"{sure:,}, at least 99% of the time")

@@ -13,6 +13,11 @@ Where the numbers come from -- Beam metrics, where the runner has them live:
   Read/PrepareBatches 20,000``), and the stage running (the fused stage of the bundle in
   progress, as its top-level labels: Read, ShardByUser, PerUserBound, ...).
 
+Before Beam runs (reading the spec, calibrating, checking the input, building the pipeline:
+seconds on a large input), the command names each step with :func:`phase`; a Reporter prints
+a line at once when it starts, at each new phase, after its first second and then every
+interval, so a run is never silent for its first seconds.
+
 Fallback, for a runner without live metrics (or before its first bundle finishes): the
 stage names the in-process runner logs on its ``run_bundle`` logger, and the rows the
 reading stage counts in this process. On a distributed runner without live metrics the
@@ -35,6 +40,18 @@ _rows = [0]
 _sources = []          # what the release runs: objects with metrics() (and current_stage)
 _active = [False]      # a Reporter is running: only then are sources kept (else they leak)
 ROWS_METRIC = "rows_read"
+_phase = [None]        # what the command is doing before Beam's stages (phase())
+_reporters = []        # the running Reporter, told of each new phase
+FIRST_TICK_S = 1.0
+
+
+def phase(text):
+    """Name the step the command is in (before Beam runs); a running Reporter prints it."""
+    with _lock:
+        _phase[0] = text
+        reporters = list(_reporters)
+    for reporter in reporters:
+        reporter._phase_line(text)
 
 
 def watch(source):
@@ -131,19 +148,29 @@ class Reporter:
             _rows[0] = 0
             _sources.clear()
             _active[0] = True
+            _reporters.append(self)
+            current = _phase[0]
         logger = logging.getLogger(BUNDLE_LOGGER)
         self._logger_state = (logger.level, logger.propagate)
         logger.setLevel(logging.DEBUG)
         logger.propagate = False
         logger.addHandler(self._listener)
+        self._line(f"{self._elapsed()}: {current or 'starting'}")
         self._thread = threading.Thread(target=self._loop, name="thresher-progress", daemon=True)
         self._thread.start()
         return self
 
+    def _phase_line(self, text):
+        try:
+            self._line(f"{self._elapsed()}: {text}")
+        except Exception:  # noqa: BLE001 - progress must never break a run
+            pass
+
     def _now(self):
         """(stage labels, rows read, where the rows come from) at this moment."""
         by_step, running = metrics_snapshot()
-        stages = ", ".join(running or self._listener.current) or "starting"
+        beam = ", ".join(running or self._listener.current)
+        stages = f"stage {beam}" if beam else (_phase[0] or "stage starting")
         if by_step:
             steps = "; ".join(f"{step} {n:,}" for step, n in sorted(by_step.items()))
             return stages, sum(by_step.values()), f" (Beam metrics: {steps})"
@@ -151,16 +178,20 @@ class Reporter:
 
     def _loop(self):
         last = None
-        while not self._stop.wait(self.interval):
+        wait = min(self.interval, FIRST_TICK_S)
+        while not self._stop.wait(wait):
+            wait = self.interval
             try:
                 stages, rows, source = self._now()
             except Exception:  # noqa: BLE001 - progress must never break a run
                 continue
             if (stages, rows) != last:
-                self._line(f"{self._elapsed()}: stage {stages}; {rows:,} rows read{source}")
+                read = (f"; {rows:,} rows read{source}"
+                        if rows or stages.startswith("stage ") else "")   # none before Beam
+                self._line(f"{self._elapsed()}: {stages}{read}")
                 last = (stages, rows)
             else:
-                self._line(f"{self._elapsed()}: still in stage {stages}")
+                self._line(f"{self._elapsed()}: still in {stages}")
 
     def __exit__(self, exc_type, exc, tb):
         if not self.enabled:
@@ -181,5 +212,8 @@ class Reporter:
         with _lock:
             _sources.clear()
             _active[0] = False
+            if self in _reporters:
+                _reporters.remove(self)
+            _phase[0] = None
         self._line(f"{self._elapsed()}: {outcome}; {rows:,} rows read; stages: {stages}")
         return False

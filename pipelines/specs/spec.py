@@ -9,6 +9,7 @@ them. Validation reads no data (only, in ``check_input``, file names and the sch
 file metadata).
 """
 import dataclasses
+import os
 import re
 
 import yaml
@@ -214,13 +215,18 @@ def _parse_input(section):
                             "sample has one row per key, no user column")
     path = section["path"]
     fmt, delimiter = section.get("format"), None
-    if fmt is None:
+    folder = None
+    if fmt is None and "://" not in path and os.path.isdir(path):
+        folder = formats.infer_folder(path)     # a folder: the format of the files in it
+    if folder is not None:
+        fmt, delimiter = folder
+    elif fmt is None:
         fmt, delimiter = formats.infer(path)
     if "delimiter" in section:
         if fmt != "csv":
             raise SpecError("input.delimiter", f"is only for csv input, not {fmt}")
         delimiter = formats.delimiter(section["delimiter"])
-    elif fmt == "csv" and delimiter is None:
+    elif fmt == "csv" and delimiter is None and folder is None:
         delimiter = formats.infer(path)[1] if _tells_format(path) else ","
     user = section["user"] if sample is None else None
     keys = section.get("keys", [])

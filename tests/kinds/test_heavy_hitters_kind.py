@@ -101,7 +101,7 @@ def test_cli_run_and_plan(tmp_path, cli):
     """CSPRNG sampling: "the" has ~3,000 of the 5,000 users, the release point is ~510
     (p ~ 0.039, tau = 20), so every level releases it except with probability < 1e-20."""
     data = _data(tmp_path, users=5000)
-    done = cli(_spec(tmp_path, data, method="trie"), command="plan")
+    done = cli(_spec(tmp_path, data, method="trie"), command="plan", extra=["--verbose"])
     assert done.returncode == 0, done.stderr
     assert "stage level_2_whole_key: epsilon=0.333333" in done.stdout
     assert "sampling_rate=" in done.stdout and "threshold=" in done.stdout

@@ -154,7 +154,7 @@ def test_cli_every_value_outside_the_domain_is_clamped(tmp_path, cli, method):
 
 
 def test_cli_plan_prints_parameters_and_stages(tmp_path, cli):
-    done = cli(_spec(tmp_path, "x.parquet"), command="plan")
+    done = cli(_spec(tmp_path, "x.parquet"), command="plan", extra=["--verbose"])
     assert done.returncode == 0, done.stderr
     assert "stage level_3: epsilon=0.333333" in done.stdout
     assert "sampling_rate=" in done.stdout and "threshold=" in done.stdout

@@ -101,7 +101,7 @@ def test_gaussian_release_with_sum_and_mean_through_the_cli(write_spec, tmp_path
     assert mech["mu_o"] == pytest.approx(1 / mech["sigma"])
     assert report["privacy"]["stages"] == [{"name": "release", "epsilon": 1.0, "delta": 1e-6}]
     _check_release(tmp_path, report, table)
-    assert main(["plan", spec_path, "--users", "2000"]) == 0
+    assert main(["plan", spec_path, "--users", "2000", "--verbose"]) == 0
     out = capsys.readouterr().out
     assert "amount_sum: clip [0, 200], grid step 0.0625, discrete Gaussian sigma" in out
     assert "E|error| of the mean at 2000 users" in out

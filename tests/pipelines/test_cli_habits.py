@@ -89,8 +89,11 @@ _REPR = re.compile(r"\bNone\b|\bTrue\b|\bFalse\b|np\.\w+\(|paper 00\d|papers 00\
 def test_plan_text_and_report_cite_papers_and_print_no_reprs(write_spec, capsys, kind, bound):
     path = write_spec({"mechanism": {"kind": kind}, "bounding.max_keys_per_user": bound})
     assert main(["plan", path]) == 0
+    short = capsys.readouterr().out           # the one-screen default (issue 29)
+    assert main(["plan", path, "--verbose"]) == 0
     text = capsys.readouterr().out
     assert not _REPR.findall(text), _REPR.findall(text)
+    assert not _REPR.findall(short), _REPR.findall(short)
     cited = {"gaussian": "Karrer, Kifer, Wilkins & Zhang, \"Exact privacy analysis of the "
                          "Gaussian sparse histogram mechanism\"",
              "laplace": "Liu, Suresh, Zhu, Kairouz & Gruteser, \"Algorithms for bounding "
@@ -100,6 +103,7 @@ def test_plan_text_and_report_cite_papers_and_print_no_reprs(write_spec, capsys,
              "weighted_sampling": "Cohen, Geri, Sarlos & Stemmer, \"Differentially Private "
                                   "Weighted Sampling\""}[kind]
     assert cited in text
+    assert " ".join(short.split()).count(cited) == 1     # wrapped at 100 characters, once
     # One line per parameter group: the mechanism's main line holds no nested group.
     for line in text.splitlines():
         assert not re.search(r"=\{", line), line

@@ -222,7 +222,7 @@ def test_dropped_weight_from_the_spec_reaches_the_report_and_the_selection_stage
 def test_plan_text_states_the_selection_weights_and_sensitivity(write_spec, small_parquet, capsys):
     path = write_spec({"input.path": small_parquet, "bounding.max_keys_per_user": "auto",
                        "bounding.auto": {"dropped_weight": "paper", "objective": "l1"}})
-    assert main(["plan", path]) == 0
+    assert main(["plan", path, "--verbose"]) == 0
     out = capsys.readouterr().out
     assert ("  selection: score gaussian, objective l1, dropped_weight 2 (paper), suppressed_weight 1, "
             "sensitivity 255\n") in out
@@ -236,7 +236,7 @@ def test_plan_states_the_default_key_objective_and_its_sensitivity(write_spec, s
     plan = make_plan(spec_mod.load(path))
     want = max(c / (max(p["sigma"], 1.0) * math.sqrt(2 * math.pi))
                for c, p in plan.params_by_bound.items())
-    assert main(["plan", path]) == 0
+    assert main(["plan", path, "--verbose"]) == 0
     out = capsys.readouterr().out
     assert (f"  selection: score gaussian, objective keys (smoothed count of released keys), "
             f"sensitivity {want:.6g}\n") in out

@@ -102,7 +102,7 @@ def _spec(tmp_path, mechanism, max_keys=1):
 
 
 def test_thresher_plan_shows_the_exact_threshold_beside_the_papers(tmp_path, capsys):
-    assert cli.main(["plan", _spec(tmp_path, {"sampling_rate": 0.10535})]) == 0
+    assert cli.main(["plan", _spec(tmp_path, {"sampling_rate": 0.10535}), "--verbose"]) == 0
     text = capsys.readouterr().out
     assert "sampling_rate=0.10535, threshold=11" in text
     assert "alpha_threshold: 20" in text and "kl_threshold: 14" in text

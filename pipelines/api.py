@@ -40,15 +40,16 @@ def plan(spec):
 def Release(spec, num_shards=16):
     """A release as a PTransform: schema'd rows in, ``{"released", "report"}`` out.
 
-    ``spec``: a YAML path or mapping with ``privacy``, ``bounding``, ``mechanism`` and
-    ``input: {user, keys}`` (``name`` optional; ``input.path``/``format`` and ``output``
+    ``spec``: a YAML path or mapping with ``privacy``, ``bounding``, ``mechanism``
+    (``aggregates`` too) and ``input: {user, keys}`` (``name`` optional; ``input.path``/``format`` and ``output``
     are ignored). ``num_shards``: shards of the user and key shuffles, about rows / 1e6."""
     if isinstance(spec, (str, os.PathLike)):
         with open(os.fspath(spec), "rb") as handle:
             spec = spec_module.load_yaml(handle.read().decode("utf-8"), source=os.fspath(spec))
     if not isinstance(spec, dict):
         raise SpecError("", f"a spec is a YAML path or a mapping, got {type(spec).__name__}")
-    known = {"name", "description", "input", "privacy", "bounding", "mechanism", "output"}
+    known = {"name", "description", "input", "privacy", "bounding", "mechanism", "output",
+             "aggregates"}
     extra = sorted(set(spec) - known)
     if extra:
         raise SpecError(extra[0], "is not available in Release() yet; allowed sections: "
@@ -59,4 +60,5 @@ def Release(spec, num_shards=16):
     from thresher.pipelines.beam_yaml import ThresherRelease
     return ThresherRelease(section["user"], section["keys"], spec.get("privacy"),
                            spec.get("bounding", {}), spec.get("mechanism"),
-                           name=spec.get("name", "release"), num_shards=num_shards)
+                           name=spec.get("name", "release"), num_shards=num_shards,
+                           aggregates=spec.get("aggregates"))

@@ -399,6 +399,11 @@ def noise_in_words(report, keys, release_point=True):
         got, top_k = report.get("released_keys"), mech.get("top_k")
         if got is not None and top_k is not None and got < top_k:
             out.append(f"{got:,} of top_k {top_k:,} came back: {mech['fewer_than_top_k']}")
+    elif kind == "quantiles" and "support_floor" in mech:
+        out.append(f"quantiles per {key}: every bucket of every selected {key} gets discrete "
+                   f"Gaussian noise (sigma {_g(mech['sigma'])}), no threshold; values are "
+                   f"monotone in rank; a {key} gets null values only when "
+                   f"{mech['null_values'].partition('null: ')[2]}")
     elif kind == "weighted_sampling":
         out.append(f"sampling: each {key} is reported with a probability that grows with its "
                    f"count of users (private weighted sampling); released frequencies are "

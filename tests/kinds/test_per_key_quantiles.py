@@ -188,3 +188,13 @@ def test_binary_search_answers_are_rearranged_monotone():
              (("us",), 2): (19.0, 19.8, True), (("us",), 3): (0.0, 100.0, False)}
     out = search_answers(state, ["country"], [("us",)], ranks)
     assert out["value"] == pytest.approx([14.8, 19.4, 26.6, None])
+
+
+def test_summary_states_the_null_reason(tmp_path):
+    """The run summary of a per-key release says when a key's values are null (the
+    report's null_values, a public floor)."""
+    from thresher.pipelines.reports import summary
+    report = make_plan(_spec(tmp_path, "x.parquet")).report(chosen_bound=None)
+    lines = summary.noise_in_words(report, ["country"])
+    floor = report["mechanism"]["support_floor"]
+    assert any("no threshold" in line and f"below {floor:.4g}" in line for line in lines)

@@ -12,6 +12,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 QUICKSTART = os.path.join(ROOT, "configs", "examples", "quickstart.yaml")
 
 
+# What a source checkout needs for `pip install` / `--setup_file` (setup.py maps the three
+# folders to thresher.accounting, .pipelines and .transforms; src/thresher is the package).
+SOURCE_FILES = ("setup.py", "pyproject.toml", "README.md")
+SOURCE_FOLDERS = ("src", "accounting", "transforms", "pipelines")
+
+
+def copy_source(dest):
+    """Copy what building thresher needs into the folder ``dest`` (made if missing)."""
+    import shutil
+    os.makedirs(dest, exist_ok=True)
+    for name in SOURCE_FILES:
+        shutil.copy(os.path.join(ROOT, name), dest)
+    for folder in SOURCE_FOLDERS:
+        shutil.copytree(os.path.join(ROOT, folder), os.path.join(str(dest), folder),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+
+
 def quickstart_spec(folder, output=None):
     """The bundled quickstart spec, with an absolute input path and the output in
     ``folder``; returns (spec path, output path, input path)."""

@@ -28,7 +28,7 @@ import pytest
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.plan import make_plan
 
-from .conftest import ROOT, _wait_for_port, free_loopback_port, quickstart_spec
+from .conftest import ROOT, _wait_for_port, copy_source, free_loopback_port, quickstart_spec
 from .release_check import check_release
 
 pytestmark = pytest.mark.slow
@@ -76,12 +76,7 @@ def installed(tmp_path_factory):
     """(venv python, environment) with thresher pip-installed from a copy of the checkout."""
     folder = tmp_path_factory.mktemp("external")
     source = folder / "checkout"     # pip builds in place; keep the checkout clean
-    source.mkdir()
-    for name in ("setup.py", "README.md"):
-        shutil.copy(os.path.join(ROOT, name), source)
-    for package in ("accounting", "transforms", "pipelines"):
-        shutil.copytree(os.path.join(ROOT, package), source / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+    copy_source(source)
     venv = folder / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
                    check=True, timeout=120)

@@ -25,7 +25,7 @@ from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
 from thresher.pipelines.plan import make_plan
 
-from .conftest import QUICKSTART, ROOT
+from .conftest import QUICKSTART, ROOT, copy_source
 from .release_check import check_release, expected_counts
 
 pytestmark = pytest.mark.slow
@@ -73,11 +73,7 @@ def test_portable_runner_on_local_job_service(quickstart, job_service, expected,
     its workers) and runs the pipeline."""
     endpoint, log_path, staging = job_service
     source = tmp_path / "checkout"  # Beam builds the sdist in place; keep the checkout clean
-    source.mkdir()
-    shutil.copy(os.path.join(ROOT, "setup.py"), source)
-    for package in ("accounting", "transforms", "pipelines"):
-        shutil.copytree(os.path.join(ROOT, package), source / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+    copy_source(source)
     before = open(log_path, encoding="utf-8", errors="replace").read().count("with state DONE")
     spec_path, out, input_path = quickstart
     _run(spec_path, ["--runner=PortableRunner", f"--job_endpoint={endpoint}",
@@ -89,8 +85,8 @@ def test_portable_runner_on_local_job_service(quickstart, job_service, expected,
     assert len(staged) == 1, staged
     with tarfile.open(staged[0]) as tar:
         names = {m.name.split("/", 1)[-1] for m in tar.getmembers()}
-    assert {"setup.py", "pipelines/kinds/gaussian.py", "transforms/noisy_threshold.py",
-            "accounting/gshm.py"} <= names
+    assert {"setup.py", "src/thresher/__init__.py", "pipelines/kinds/gaussian.py",
+            "transforms/noisy_threshold.py", "accounting/gshm.py"} <= names
 
 
 def test_bundle_repeat_publishes_one_release(quickstart, expected, capsys):

@@ -137,6 +137,11 @@ def test_a_first_release_that_fails_fixes_no_total(tmp_path, tiny, target):  # n
     """Only a charged release fixes a dataset's total: a first release refused after its
     reservation (here: a key column the input lacks) leaves no dataset behind, so the
     corrected spec may give another total."""
+    # Refused while reserving (budget.delta 0, the release spends delta): nothing recorded.
+    zero = _write(tmp_path, "zero", tiny, target, total=2.0, total_delta=0.0)
+    code, _, err = run_cli("run", zero)
+    assert code == 2 and "budget:" in err, err
+    assert ledger.summary(target) == []
     bad = yaml.safe_load(_spec_text("bad", tiny, tmp_path / "out-bad", target, total=2.0))
     bad["input"]["keys"] = ["no_such_column"]
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))

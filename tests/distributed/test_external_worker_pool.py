@@ -88,7 +88,8 @@ def installed(tmp_path_factory):
     done = subprocess.run([python, "-m", "pip", "install", "--no-deps", "-q", str(source)],
                           capture_output=True, text=True, env=env, cwd=str(folder), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    where = subprocess.run([python, "-c", "import pipelines, transforms; print(pipelines.__file__)"],
+    where = subprocess.run([python, "-c", "import thresher.pipelines, thresher.transforms; "
+                            "print(thresher.pipelines.__file__)"],
                            capture_output=True, text=True, env=env, cwd=str(folder), timeout=120)
     assert where.returncode == 0, where.stderr[-3000:]
     assert where.stdout.strip().startswith(str(venv)), where.stdout   # not the checkout

@@ -36,8 +36,11 @@ ESTIMATE_KINDS = ("sample_and_threshold",)
 NO_INTERVAL = {
     "weighted_sampling": "no interval yet: sanitized sample frequencies (paper 001) have no "
                          "variance statement implemented",
-    "heavy_hitters": "no interval derived (the quality rework of heavy hitters comes first)",
-    "quantiles": "no interval derived (the quality rework of quantiles comes first)",
+    "heavy_hitters": "no interval: the published keys are the top_k by their noisy count, a "
+                     "selection on the released value itself, so a plain interval would "
+                     "under-cover the winners; no selection-aware interval is derived yet",
+    "quantiles": "no interval derived yet for quantile values (the noisy hierarchical counts "
+                 "behind them are post-processed: consistency, isotonic, interpolation)",
 }
 
 

@@ -174,6 +174,10 @@ class _Release(beam.PTransform):
     def expand(self, rows):
         from thresher.pipelines.running.beam_flags import refuse_graph_saving
         refuse_graph_saving(rows.pipeline.options, "by ThresherRelease")
+        from apache_beam.options.pipeline_options import StandardOptions
+        from thresher.pipelines.release import refuse_dask
+        refuse_dask(rows.pipeline.runner)
+        refuse_dask(rows.pipeline.options.view_as(StandardOptions).runner)
         spec = self._plan.spec
         user, keys = spec.input.user, list(spec.input.keys)
         try:

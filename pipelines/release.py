@@ -42,11 +42,21 @@ def pipeline_options(beam_args):
     from thresher.pipelines.running.beam_options import ReleaseOptions
     options = ReleaseOptions(list(beam_args))
     runner = options.view_as(StandardOptions).runner
-    if isinstance(runner, str) and runner.rsplit(".", 1)[-1].lower() in ("daskrunner", "dask"):
-        raise InputError("--runner=DaskRunner is not supported: Beam's Dask runner drops "
-                         "outputs of finish_bundle, mixes tagged outputs and ignores "
-                         "Reshuffle, so it publishes wrong releases (docs/running.md)")
+    refuse_dask(runner)
     return options, runner
+
+
+def refuse_dask(runner):
+    """Beam's DaskRunner publishes wrong releases, and it recomputes side inputs per
+    partition: the release secret (drawn inside the pipeline and pinned by a Reshuffle,
+    transforms.keyed_random.PipelineSecret) could take a different value in each consumer.
+    ``runner``: a runner name or a runner object."""
+    name = runner if isinstance(runner, str) else type(runner).__name__ if runner else ""
+    if name.rsplit(".", 1)[-1].lower() in ("daskrunner", "dask"):
+        raise InputError("--runner=DaskRunner is not supported: Beam's Dask runner drops "
+                         "outputs of finish_bundle, mixes tagged outputs, ignores "
+                         "Reshuffle and recomputes side inputs (the release secret among "
+                         "them), so it publishes wrong releases (docs/running.md)")
 
 
 def _make_runner(runner_name):

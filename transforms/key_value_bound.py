@@ -21,7 +21,7 @@ import pyarrow as pa
 from thresher.transforms import keyed_random, samplers
 from thresher.transforms.arrow_coder import TABLE
 from thresher.transforms.per_user_bound import count_per_key, exact_key_codes
-from thresher.transforms.user_shards import USER_COLUMN
+from thresher.transforms.user_shards import USER_COLUMN, user_identity_columns
 
 
 def _first_per_group(groups, priorities):
@@ -43,11 +43,14 @@ def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_
     keys = list(key_columns)
     triple = exact_key_codes(table, [USER_COLUMN, *keys, value_column])
     _, rows = np.unique(triple, return_index=True)       # one row per distinct (user, key, value)
-    value_rng = keyed_random.bind(value_rng, table, triple=[USER_COLUMN, *keys, value_column])
+    # streams keyed by the user's identity words, never the in-shard grouping code that
+    # exact_users may have put in __user (it depends on the other users of the shard)
+    users = user_identity_columns(table)
+    value_rng = keyed_random.bind(value_rng, table, triple=[*users, *keys, value_column])
     prio = samplers.uniform_priorities(keyed_random.rows_of(value_rng, rows, "triple"), len(rows))
     pair = exact_key_codes(table, [USER_COLUMN, *keys])
     rows = rows[_first_per_group(pair[rows], prio)]       # one value per (user, key)
-    key_rng = keyed_random.bind(key_rng, table, pair=[USER_COLUMN, *keys])
+    key_rng = keyed_random.bind(key_rng, table, pair=[*users, *keys])
     prio = samplers.uniform_priorities(keyed_random.rows_of(key_rng, rows, "pair"), len(rows))
     user = exact_key_codes(table, [USER_COLUMN])[rows]
     order = np.lexsort((prio, user))
@@ -93,6 +96,6 @@ class BoundKeyValues(beam.PTransform):
         self._rng_factory = rng_factory
 
     def expand(self, user_shards):
-        return user_shards | "OneValuePerKey" >> beam.ParDo(_BoundFn(
+        return user_shards | "OneValuePerKey" >> keyed_random.par_do(_BoundFn(
             self._keys, self._column, self._bound, keyed_random.resolve(self._rng_factory),
             keyed_random.stage_name(user_shards))).with_output_types(TABLE)

@@ -198,3 +198,25 @@ def test_summary_states_the_null_reason(tmp_path):
     lines = summary.noise_in_words(report, ["country"])
     floor = report["mechanism"]["support_floor"]
     assert any("no threshold" in line and f"below {floor:.4g}" in line for line in lines)
+
+
+@pytest.mark.parametrize("keys", ["public", "selected"])
+def test_the_production_path_draws_from_the_pipeline_secret(tmp_path, keys):
+    """Without the test hook (no rng_factory), a release draws its secret inside the
+    pipeline and every drawing DoFn receives it as a side input (keyed_random.par_do);
+    the bounding of per-key quantiles was once applied with a plain ParDo and failed with
+    'the release secret side input did not reach this DoFn'."""
+    rng = np.random.default_rng(0)
+    n = 3000
+    data = str(tmp_path / "x.parquet")
+    pq.write_table(pa.table({"user": rng.integers(0, 800, n).astype(str),
+                             "country": rng.integers(0, 3, n).astype(str),
+                             "x": rng.integers(0, 1000, n).astype(float)}), data)
+    public = None
+    if keys == "public":
+        public = str(tmp_path / "keys.parquet")
+        pq.write_table(pa.table({"country": ["0", "1", "2"]}), public)
+    spec = _spec(tmp_path, data, public_keys=public)
+    report = run(make_plan(spec))
+    assert report["released_keys"] >= 0
+    assert os.path.exists(tmp_path / "out" / "released.parquet")

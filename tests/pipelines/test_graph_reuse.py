@@ -61,3 +61,26 @@ def test_the_beam_yaml_transform_refuses(flag):
 def test_ordinary_flags_still_pass():
     from thresher.pipelines.running.beam_flags import check
     check(["--runner=DirectRunner", "--direct_num_workers=2"])
+
+
+def test_the_beam_yaml_transform_and_the_api_refuse_the_dask_runner():
+    """The release secret is drawn inside the pipeline and pinned by a Reshuffle; Beam's
+    DaskRunner recomputes side inputs per partition, so each consumer could see another
+    secret. The CLI refused it already; the transform (and thresher.Release, built on it)
+    now refuse it too, before anything is read."""
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    import thresher
+    from thresher.pipelines.beam_yaml import ThresherRelease
+    from thresher.pipelines.errors import InputError
+    config = {"user": "user_id", "keys": ["word"], "privacy": {"epsilon": 1.0, "delta": 1e-8},
+              "bounding": {"max_keys_per_user": 8}, "mechanism": {"kind": "gaussian"}}
+    for apply in (lambda: ThresherRelease(**config),
+                  lambda: thresher.Release({"input": {"user": "user_id", "keys": ["word"]},
+                                            **{k: config[k] for k in ("privacy", "bounding",
+                                                                      "mechanism")}})):
+        pipeline = beam.Pipeline(runner=FnApiRunner(),
+                                 options=PipelineOptions(["--runner=DaskRunner"]))
+        rows = pipeline | beam.Create([beam.Row(user_id="u", word="w")])
+        with pytest.raises(InputError, match="DaskRunner is not supported"):
+            _ = rows | apply()

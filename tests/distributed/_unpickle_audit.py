@@ -34,8 +34,7 @@ def _shipped_state(obj, path, found, depth=0, seen=None):
         items = obj.items()
     elif isinstance(obj, (list, tuple, set, frozenset)):
         items = enumerate(obj)
-    elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in (
-            "transforms", "pipelines", "accounting"):
+    elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] == "thresher":
         items = vars(obj).items()
     else:
         return
@@ -67,9 +66,11 @@ def audit(proto_bytes):
         problems.extend(found)
         if isinstance(fn, DoFn):
             fn.setup()
-            if hasattr(fn, "_rng_factory"):   # a DoFn that draws: what it draws from
-                source = fn._rng_factory
-                rng = getattr(fn, "_rng", None)
+            # a DoFn that draws (keyed_random.par_do wraps it to hand it the secret)
+            drawing = getattr(fn, "_inner", fn)
+            if hasattr(drawing, "_rng_factory"):   # what it draws from
+                source = drawing._rng_factory
+                rng = getattr(drawing, "_rng", None)
                 rngs.append(f"{name}: {type(source).__module__}.{type(source).__name__}"
                             f" (setup made {type(rng).__name__})")
             fn.teardown()

@@ -85,8 +85,8 @@ def _build_proto(name, folder):
     files = spec_mod.input_files(spec.input)
     pipeline = beam.Pipeline()
     staging = os.path.join(folder, name.replace(":", "_"), "staging")
-    from thresher.transforms.keyed_random import KeyedSource, building, new_secret
-    with building(KeyedSource(new_secret())):    # as pipelines.release.run builds it
+    from thresher.transforms.keyed_random import PipelineSecret, building
+    with building(PipelineSecret.draw(pipeline)):    # as pipelines.release.run builds it
         build(pipeline, plan, files, io.check_input(spec.input, files), staging)
     return pipeline.to_runner_api().SerializeToString(), None
 
@@ -132,10 +132,11 @@ def test_shipped_functions_unpickle_in_a_fresh_process(verdicts, name):
     assert "broken" not in verdict, verdict.get("broken")
     assert verdict["dofns"], "no DoFn was audited"
     assert not verdict["problems"], verdict["problems"]
-    # Every DoFn that draws randomness carries the release's keyed source and made no
-    # generator of its own in setup() (no seeded or per-worker stream to replay).
+    # Every DoFn that draws randomness carries the release's in-pipeline secret source
+    # (no secret in the graph) and made no generator of its own in setup() (no seeded or
+    # per-worker stream to replay).
     assert verdict["rngs"], f"no randomised DoFn found among {verdict['dofns']}"
-    assert all(r.endswith("transforms.keyed_random.KeyedSource (setup made NoneType)")
+    assert all(r.endswith("transforms.keyed_random.PipelineSecret (setup made NoneType)")
                for r in verdict["rngs"]), verdict["rngs"]
 
 

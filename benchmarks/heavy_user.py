@@ -2,8 +2,8 @@
 
 One user ``heavy`` with ``--heavy-rows`` rows on as many distinct keys (``k<i>``), among
 ``--users`` ordinary users with ``--rows-per-user`` rows each over a vocabulary of 200 common
-keys (which the heavy user holds too), written as Parquet (zstd, ``--row-group`` rows per
-row group, rows in a seeded random order, so the heavy user is in every row group). With
+keys (which the heavy user holds too), written as Parquet (plain string columns, zstd,
+``--row-group`` rows per row group, rows in a seeded random order, so the heavy user is in every row group). With
 ``--same-key`` the heavy user's rows are all on one key instead (the adaptive case).
 
 Then one spec per case beside the data (gaussian C = 4; auto; l1; aggregates; adaptive),
@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
@@ -33,6 +34,14 @@ CASES = {
 }
 
 
+def _names(prefix, codes, negative=None):
+    """Strings prefix + code (``negative`` for code -1), built by Arrow kernels."""
+    text = pc.binary_join_element_wise(prefix, pc.cast(pa.array(codes), pa.string()), "")
+    if negative is not None:
+        text = pc.if_else(pc.equal(pa.array(codes), -1), negative, text)
+    return text
+
+
 def generate(path, heavy_rows, users, rows_per_user, row_group, seed, same_key=False):
     rng = np.random.default_rng(seed)
     n = heavy_rows + users * rows_per_user
@@ -42,11 +51,10 @@ def generate(path, heavy_rows, users, rows_per_user, row_group, seed, same_key=F
                   else np.arange(heavy_rows, dtype=np.int64)) + 200
     key_codes = np.concatenate([heavy_keys, rng.integers(0, 200, size=len(ordinary))])
     order = rng.permutation(n)
-    user_names = pa.array([f"u{i}" for i in range(users)] + ["heavy"])
-    key_names = pa.array([f"k{i}" for i in range(int(key_codes.max()) + 1)])
-    table = pa.table({
-        "user_id": pa.DictionaryArray.from_arrays(pa.array(user_codes[order]), user_names),
-        "word": pa.DictionaryArray.from_arrays(pa.array(key_codes[order]), key_names),
+    user_codes = np.where(user_codes[order] == users, -1, user_codes[order])
+    table = pa.table({   # plain strings, as ids and keys usually arrive
+        "user_id": _names("u", user_codes, "heavy"),
+        "word": _names("k", key_codes[order]),
         "amount": pa.array(rng.integers(1, 20, size=n).astype(np.float64)),
     })
     pq.write_table(table, path, row_group_size=row_group, compression="zstd")

@@ -27,9 +27,9 @@ import yaml
 CASES = {
     "fixed": {"bounding": {"max_keys_per_user": 4}},
     "auto": {"bounding": {"max_keys_per_user": "auto"}},
-    "l1": {"bounding": {"max_keys_per_user": 4, "model": "l1"}},
+    "l1": {"bounding": {"max_keys_per_user": 4, "model": "l1"}, "mechanism": {"kind": "laplace"}},
     "aggregates": {"bounding": {"max_keys_per_user": 4},
-                   "aggregates": [{"column": "amount", "statistic": "sum", "clip": 10.0}]},
+                   "aggregates": [{"column": "amount", "statistic": "sum", "clip": [0.0, 10.0]}]},
     "adaptive": {"bounding": {"max_keys_per_user": 4}, "mechanism": {"kind": "adaptive"}},
 }
 

@@ -180,7 +180,8 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
 
 
 def _prereduced(records, plan, rng_factory):
-    """Fixed-bound l0 bounding by ``PerUserBound``: drop before the shuffle the rows the
+    """Fixed-bound l0 bounding by ``PerUserBound`` (or ``PerUserBoundWithValues`` with
+    fixed clips): drop before the shuffle the rows the
     bounding cannot keep (transforms/prereduce.py; same released bytes, a heavy user
     shuffles about C rows instead of all of them). Every other bounding needs all of a
     user's records (prereduce.py's docstring says why), and so does fresh randomness
@@ -188,7 +189,11 @@ def _prereduced(records, plan, rng_factory):
     spec = plan.spec
     module = kind_module(spec.kind)
     source = keyed_random.resolve(rng_factory)
-    if (spec.auto_bound or spec.aggregates or spec.bounding.model != "l0"
+    if spec.aggregates:   # PerUserBoundWithValues, fixed clips: every row of the kept keys
+        from thresher.pipelines.aggregates import auto_columns
+        if auto_columns(spec.aggregates):
+            return records
+    if (spec.auto_bound or spec.bounding.model != "l0"
             or hasattr(module, "release_users") or hasattr(module, "bound_options")
             or getattr(module, "PER_USER_BOUND", PerUserBound) is not PerUserBound
             or not isinstance(source, keyed_random.KeyedSource)):
@@ -199,7 +204,8 @@ def _prereduced(records, plan, rng_factory):
     parent = records.pipeline._current_transform().full_label
     stage = f"{parent}/PerUserBound" if parent else "PerUserBound"
     return records | "PreReduceUsers" >> PreReduceL0(
-        spec.input.keys, spec.bounding.max_keys_per_user, source, stage)
+        spec.input.keys, spec.bounding.max_keys_per_user, source, stage,
+        every_row=bool(spec.aggregates))
 
 
 def _one_pass_auto(spec):

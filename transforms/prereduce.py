@@ -24,10 +24,12 @@ are combined again (``COMBINE_ROWS``), so a user spread over many batches also l
 bundle with about C rows. The shuffle then holds about C rows per user instead of all of
 them (issue 30, D15: a 1e7-row user among 5,000 others peaked at 3.1 GB in process).
 
-Only fixed-bound l0 bounding through ``PerUserBound`` uses it (``pipelines.release``):
-an automatic C scores every key of a user, l1 rand-clip samples records (not keys),
-aggregates need per-(user, key) totals of every record and adaptive rounds re-bound the
-users' remaining keys, so none of those can drop a user's keys early.
+Only fixed-bound l0 bounding through ``PerUserBound`` uses it (``pipelines.release``),
+and ``aggregates`` with fixed clips (``PerUserBoundWithValues``: every row of the kept
+keys is kept, ``every_row``, since the bounding sums each kept (user, key)'s values, in a
+canonical order, so the totals are the same). An automatic C scores every key of a user,
+``clip: auto`` every user's totals, l1 rand-clip samples records (not keys) and adaptive
+rounds re-bound the users' remaining keys, so none of those can drop a user's keys early.
 """
 import apache_beam as beam
 import numpy as np
@@ -45,14 +47,15 @@ from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, concat
 COMBINE_ROWS = 1 << 20
 
 
-def prereduce_l0(table, key_columns, max_keys_per_user, source):
+def prereduce_l0(table, key_columns, max_keys_per_user, source, every_row=False):
     """Row indices (ascending) of ``table`` (prepared read batches: ``__user``,
     ``__user_lo``, ``__key``, key columns) that can still be among a user's first
     ``max_keys_per_user`` keys: per user, one row per distinct exact key whose hash is
     among the user's C smallest hash ranks in this table (module docstring).
 
     source: the bounding stage's ``keyed_random.StageSource`` (same secret, same stage
-    label as the ``PerUserBound`` after the shuffle)."""
+    label as the ``PerUserBound`` after the shuffle). every_row: keep every row of those
+    keys (``aggregates``: the bounding then sums each kept (user, key)'s values)."""
     if table.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
     grouped = exact_users(table)          # group by the full identity; rows keep their place
@@ -62,6 +65,8 @@ def prereduce_l0(table, key_columns, max_keys_per_user, source):
     inside = ranks.rank_in_user < max_keys_per_user
     rows = ranks.order[inside & ranks.distinct]          # one row per (user, hash) kept
     candidates = ranks.order[inside]
+    if every_row:
+        return np.sort(candidates)
     if len(candidates) > len(rows):   # repeated rows of kept hashes: are they other keys?
         part = grouped.take(pa.array(candidates))
         if not key_hash_is_exact(part, key_columns):   # keep one row per exact key
@@ -75,11 +80,12 @@ def prereduce_l0(table, key_columns, max_keys_per_user, source):
 
 
 class _PreReduceFn(beam.DoFn):
-    def __init__(self, key_columns, max_keys_per_user, rng_factory, stage):
+    def __init__(self, key_columns, max_keys_per_user, rng_factory, stage, every_row):
         self._key_columns = tuple(key_columns)
         self._max_keys_per_user = int(max_keys_per_user)
         self._rng_factory = rng_factory
         self._stage = stage
+        self._every_row = every_row
 
     def start_bundle(self):
         # One list for the bundle: release batches are all in the global window (and the
@@ -89,7 +95,8 @@ class _PreReduceFn(beam.DoFn):
 
     def _reduce(self, table):
         source = keyed_random.StageSource(self._rng_factory, self._stage)
-        kept = prereduce_l0(table, self._key_columns, self._max_keys_per_user, source)
+        kept = prereduce_l0(table, self._key_columns, self._max_keys_per_user, source,
+                            self._every_row)
         beam.metrics.Metrics.counter("thresher_not_private", "rows_prereduced_in").inc(
             table.num_rows)
         beam.metrics.Metrics.counter("thresher_not_private", "rows_prereduced_out").inc(
@@ -129,7 +136,8 @@ class PreReduceL0(beam.PTransform):
     ``keyed_random.KeyedSource`` (the release's secret): with fresh randomness the draws
     here and after the shuffle would differ, so the caller applies this step only then."""
 
-    def __init__(self, key_columns, max_keys_per_user, rng_factory, stage, label=None):
+    def __init__(self, key_columns, max_keys_per_user, rng_factory, stage, every_row=False,
+                 label=None):
         super().__init__(label)
         if not isinstance(rng_factory, keyed_random.KeyedSource):
             raise TypeError("PreReduceL0 needs the release's KeyedSource")
@@ -137,8 +145,10 @@ class PreReduceL0(beam.PTransform):
         self._max_keys_per_user = int(max_keys_per_user)
         self._rng_factory = rng_factory
         self._stage = stage
+        self._every_row = every_row
 
     def expand(self, batches):
         return batches | "PreReduce" >> keyed_random.par_do(_PreReduceFn(
-            self._key_columns, self._max_keys_per_user, self._rng_factory, self._stage)
+            self._key_columns, self._max_keys_per_user, self._rng_factory, self._stage,
+            self._every_row)
         ).with_output_types(TABLE)

@@ -37,15 +37,16 @@ HEAVY_ROWS = 3000
 
 
 def _records(seed=5):
-    """400 ordinary users (6 of 30 words each), a heavy user h (3,000 rows over 1,500
+    """400 ordinary users (6 of 30 words each, on 1 or 2 rows), a heavy user h (3,000 rows over 1,500
     words, some repeated, some the others' words) and a user v holding two pairs of keys
     with equal public hashes among 8 words; rows shuffled."""
     rng = np.random.default_rng(seed)
     users, words = [], []
     for u in range(400):
         for w in rng.choice(30, size=6, replace=False):
-            users.append(f"o{u}")
-            words.append(f"w{w}")
+            for _ in range(1 + u % 2):   # odd users hold each of their words twice
+                users.append(f"o{u}")
+                words.append(f"w{w}")
     for i in range(HEAVY_ROWS):
         users.append("h")
         words.append(f"w{i % 30}" if i % 7 == 0 else f"h{i % 1500}")
@@ -57,8 +58,10 @@ def _records(seed=5):
         users.append("v")
         words.append(f"w{w}")
     order = rng.permutation(len(users))
+    amounts = rng.integers(0, 40, size=len(users)) / 4.0
     return pa.table({"user_id": pa.array(users).take(order),
-                     "word": pa.array(words).take(order)})
+                     "word": pa.array(words).take(order),
+                     "amount": pa.array(amounts)})
 
 
 def _bound_rows(table):
@@ -80,14 +83,14 @@ def test_bounding_after_prereduction_keeps_the_same_keys(batch_rows):
         batch = prepared.slice(start, batch_rows)
         pieces.append(batch.take(pa.array(prereduce_l0(batch, ["word"], BOUND, source))))
     reduced = pa.concat_tables(pieces)
-    assert reduced.num_rows < prepared.num_rows / 2
+    assert reduced.num_rows < prepared.num_rows - HEAVY_ROWS / 2   # h: <= C rows a batch
     assert _bound_rows(reduced) == _bound_rows(prepared)
     # bounding the reduced rows keeps C keys for h and v (the colliding keys count as keys)
     kept = _bound_rows(reduced)
     assert len(kept) == BOUND * 402
 
 
-def _run(folder, table):
+def _run(folder, table, aggregates=None):
     data = os.path.join(folder, "input.parquet")
     pq.write_table(table, data, row_group_size=1000)         # several read batches
     doc = {"name": "prereduce", "input": {"path": data, "format": "parquet",
@@ -96,6 +99,8 @@ def _run(folder, table):
            "bounding": {"max_keys_per_user": BOUND},
            "mechanism": {"kind": "gaussian", "pre_threshold": 1},
            "output": {"path": os.path.join(folder, "out")}}
+    if aggregates:
+        doc["aggregates"] = aggregates
     path = os.path.join(folder, "spec.yaml")
     with open(path, "w", encoding="utf-8") as handle:
         yaml.safe_dump(doc, handle)
@@ -119,18 +124,33 @@ def _most_rows_of_one_user_per_split(monkeypatch):
     return seen
 
 
-def test_release_bytes_are_the_same_and_a_heavy_user_shuffles_c_rows(tmp_path, monkeypatch):
+def _with_and_without(tmp_path, monkeypatch, aggregates=None):
+    """(released bytes, most rows of one user per split) with and without the step."""
     table = _records()
     seen = _most_rows_of_one_user_per_split(monkeypatch)
     (tmp_path / "with").mkdir()
-    reduced = _run(str(tmp_path / "with"), table)
+    reduced = _run(str(tmp_path / "with"), table, aggregates)
     with_step = list(seen)
     seen.clear()
     monkeypatch.setattr(release, "_prereduced", lambda records, plan, rng_factory: records)
     (tmp_path / "without").mkdir()
-    whole = _run(str(tmp_path / "without"), table)
+    whole = _run(str(tmp_path / "without"), table, aggregates)
+    return reduced, with_step, whole, seen
+
+
+def test_release_bytes_are_the_same_and_a_heavy_user_shuffles_c_rows(tmp_path, monkeypatch):
+    reduced, with_step, whole, seen = _with_and_without(tmp_path, monkeypatch)
     assert len(reduced) > 500 and reduced == whole
     # v keeps at most C + 2 rows (its two colliding pairs may both rank in its first C
     # hashes); h at most C per split: at most C + 2 in all
     assert with_step and max(with_step) <= BOUND + 2
     assert max(seen) >= HEAVY_ROWS / 2   # without the step h's rows travel (1,500 distinct)
+
+
+def test_aggregates_with_fixed_clips_release_the_same_bytes(tmp_path, monkeypatch):
+    """Every row of a user's kept keys travels (the bounding sums their values): h's
+    rows beyond its C smallest hashes in a batch do not."""
+    aggregates = [{"column": "amount", "statistic": "sum", "clip": [0.0, 100.0]}]
+    reduced, with_step, whole, seen = _with_and_without(tmp_path, monkeypatch, aggregates)
+    assert len(reduced) > 500 and reduced == whole
+    assert max(with_step) * 5 < max(seen)

@@ -25,6 +25,7 @@ from thresher.pipelines.running import progress, signals
 from thresher.pipelines.dataio.claim import claim
 from thresher.pipelines.errors import InputError, ThresherError
 from thresher.pipelines.specs.spec import input_files, kind_module
+from thresher.transforms import keyed_random
 from thresher.transforms.aggregate import SumCountsPerKey
 from thresher.transforms.per_user_bound import PerUserBound
 from thresher.transforms.user_shards import ShardByUser
@@ -160,6 +161,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
         return _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink, spill_dir)
     if _one_pass_auto(spec):
         return _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir)
+    records = _prereduced(records, plan, rng_factory)
     shards = _UserShards(records, num_shards, keys, spec.auto_bound, spill_dir)
     chosen = None
     if spec.auto_bound:
@@ -185,6 +187,35 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
             _side(params), rng_factory=rng_factory), chosen
     released = kind_module(spec.kind).release(counts, _side(params), keys)
     return released, chosen
+
+
+def _prereduced(records, plan, rng_factory):
+    """Fixed-bound l0 bounding by ``PerUserBound`` (or ``PerUserBoundWithValues`` with
+    fixed clips): drop before the shuffle the rows the
+    bounding cannot keep (transforms/prereduce.py; same released bytes, a heavy user
+    shuffles about C rows instead of all of them). Every other bounding needs all of a
+    user's records (prereduce.py's docstring says why), and so does fresh randomness
+    (a test's seeded factory): their records pass unchanged."""
+    spec = plan.spec
+    module = kind_module(spec.kind)
+    source = keyed_random.resolve(rng_factory)
+    if spec.aggregates:   # PerUserBoundWithValues, fixed clips: every row of the kept keys
+        from thresher.pipelines.aggregates import auto_columns
+        if auto_columns(spec.aggregates):
+            return records
+    if (spec.auto_bound or spec.bounding.model != "l0"
+            or hasattr(module, "release_users") or hasattr(module, "bound_options")
+            or getattr(module, "PER_USER_BOUND", PerUserBound) is not PerUserBound
+            or not isinstance(source, keyed_random.KeyedSource)):
+        return records
+    from thresher.transforms.prereduce import PreReduceL0
+    # the keyed draws are those of the PerUserBound applied in _bound_users, whose full
+    # label is this composite's label / "PerUserBound" (keyed_random.stage_name)
+    parent = records.pipeline._current_transform().full_label
+    stage = f"{parent}/PerUserBound" if parent else "PerUserBound"
+    return records | "PreReduceUsers" >> PreReduceL0(
+        spec.input.keys, spec.bounding.max_keys_per_user, source, stage,
+        every_row=bool(spec.aggregates))
 
 
 def _one_pass_auto(spec):

@@ -179,6 +179,40 @@ def l0_exact_ranks(user_hash, key_codes, rng):
     return pair_rows[by_rank], rank_in_user
 
 
+def l0_tiebroken_ranks(user_hash, key_hash, key_codes, rng):
+    """The ranking of a user who holds two different keys with equal ``__key``: one row
+    index per distinct (user, exact key) pair and the pair's rank in its user's order,
+    where keys are ordered by the same hash rank as :func:`l0_ranks` (mix64(key hash XOR
+    the user's salt), the salt the user's ``user`` stream's first word) and keys sharing a
+    hash by a CSPRNG priority from their ``pair`` stream. For keys whose hashes differ
+    this is exactly :func:`l0_ranks`' order, so every user's order of keys is one total
+    order of its exact keys whatever part of its records a shard or batch holds; that is
+    what lets :func:`prereduce_l0` drop keys before the shuffle without changing the kept
+    set. ``user_hash`` must be non-empty; ``user_hash``/``key_hash``/``key_codes`` are per
+    row."""
+    user_hash = np.asarray(user_hash, dtype=np.uint64)
+    key_hash = np.asarray(key_hash, dtype=np.uint64)
+    key_codes = np.asarray(key_codes)
+    order = np.lexsort((key_codes, user_hash))
+    users, codes = user_hash[order], key_codes[order]
+    pair_start = _runs(users)
+    pair_start[1:] |= codes[1:] != codes[:-1]
+    pair_rows = order[pair_start]
+    pair_users = users[pair_start]
+    user_start = _runs(pair_users)
+    user_number = np.cumsum(user_start) - 1
+    salts = samplers.uniform_priorities(
+        keyed_random.rows_of(rng, pair_rows[user_start], "user"), int(user_number[-1]) + 1)
+    rank = mix64(key_hash[pair_rows] ^ salts[user_number])
+    tie = samplers.uniform_priorities(keyed_random.rows_of(rng, pair_rows, "pair"),
+                                      len(pair_rows))
+    by_rank = np.lexsort((tie, rank, pair_users))
+    new_user = _runs(pair_users[by_rank])
+    position = np.arange(len(by_rank))
+    rank_in_user = position - np.maximum.accumulate(np.where(new_user, position, 0))
+    return pair_rows[by_rank], rank_in_user
+
+
 def exact_key_codes(table, key_columns):
     """int64 codes equal exactly for equal key tuples (per-column dictionary codes,
     combined column by column)."""
@@ -227,8 +261,12 @@ def l0_pair_ranks_per_user(table, key_columns, rng):
     """(one row index per distinct (user, key) pair, the pair's rank in its user's random
     order of keys) for a user-sharded table, with the exact/hash choice made per user: a
     user who holds two different keys with equal ``__key`` is ranked on exact key codes
-    (:func:`l0_exact_ranks`, so its colliding keys stay two keys); every other user by its
-    hash ranking (:func:`l0_ranks`), exactly as in a shard without the colliding user.
+    (:func:`l0_tiebroken_ranks`: its colliding keys stay two keys, ordered by the hash
+    rank and, between themselves, by a CSPRNG tie-break); every other user by its hash
+    ranking (:func:`l0_ranks`), exactly as in a shard without the colliding user. Both
+    are the same total order of the user's keys (a colliding user's kept set is not a
+    uniform C-subset of its keys any more: its keys sharing a hash are adjacent in the
+    order; it is still a function of the secret and that user's records alone).
     ``rng`` is the stage's source (unbound): each part is bound to its own rows (keyed
     streams follow the rows' users and keys, not their positions)."""
     exact = users_with_colliding_keys(table, key_columns)
@@ -243,8 +281,9 @@ def l0_pair_ranks_per_user(table, key_columns, rng):
             r = l0_ranks(users, part.column(KEY_HASH_COLUMN).to_numpy(), bound)
             part_rows, part_ranks = r.order[r.distinct], r.rank_in_user[r.distinct]
         else:
-            part_rows, part_ranks = l0_exact_ranks(users, exact_key_codes(part, key_columns),
-                                                   bound)
+            part_rows, part_ranks = l0_tiebroken_ranks(
+                users, part.column(KEY_HASH_COLUMN).to_numpy(),
+                exact_key_codes(part, key_columns), bound)
         pair_rows.append(rows[part_rows])
         ranks.append(part_ranks)
     return np.concatenate(pair_rows), np.concatenate(ranks)
@@ -257,10 +296,12 @@ def bound_table_l0(table, key_columns, max_keys_per_user, rng):
     keys, and the choice is per user (:func:`l0_pair_ranks_per_user`): a user who holds
     crafted (or accidental) colliding keys is bounded on exact key codes, so its colliding
     keys stay two keys; every other user keeps the hash ranking, so its kept keys under one
-    release secret are the same whether or not such a user is in the shard. (Both rankings
-    give each user a uniform C-subset from its own streams; a shard-wide switch, as before,
-    re-drew every other user's kept set from the other source.) A shard whose hash is
-    one-to-one on its keys takes :func:`bound_l0` directly, as before."""
+    release secret are the same whether or not such a user is in the shard. (A shard-wide
+    switch, as before, re-drew every other user's kept set from the other source.) A shard
+    whose hash is one-to-one on its keys takes :func:`bound_l0` directly, as before.
+    The kept set is each user's first C keys in one total order of its exact keys
+    (:func:`l0_tiebroken_ranks`), so it is unchanged when rows outside a user's first C
+    keys are removed beforehand (:func:`prereduce_l0`)."""
     if key_hash_is_exact(table, key_columns):
         users = table.column(USER_COLUMN).to_numpy()
         rng = keyed_random.bind_users(rng, table, key_columns)

@@ -1,0 +1,156 @@
+"""Pre-reduction of a user's rows before the shuffle (transforms/prereduce.py; issue 30 D15).
+
+Fixed-bound l0 bounding keeps each user's first C keys in one total order of the user's
+exact keys, so rows outside a user's C smallest hashes in a batch can be dropped before
+the shuffle. Checked here:
+
+- the kernel: pre-reducing any split of the records into batches, then bounding, keeps
+  exactly what bounding the whole records keeps (users holding colliding keys included,
+  with the colliding keys in different batches);
+- through ``pipelines.release.run`` under one fixed secret: the published bytes are the
+  same with and without the step, and a heavy user hands at most C rows per read batch
+  to the user shuffle (about 3,000 without it).
+
+No statistical assertions: every comparison is exact under a fixed secret.
+"""
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from thresher.pipelines import release
+from thresher.pipelines.dataio import io as pio
+from thresher.pipelines.plan import make_plan
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.transforms import keyed_random, user_shards
+from thresher.transforms.per_user_bound import bound_table_l0
+from thresher.transforms.prereduce import prereduce_l0
+from thresher.transforms.user_shards import exact_users
+from tests.privacy.collisions import colliding_pair
+
+SECRET = b"test-only secret: prereduce D15."
+BOUND = 4
+HEAVY_ROWS = 3000
+
+
+def _records(seed=5):
+    """400 ordinary users (6 of 30 words each, on 1 or 2 rows), a heavy user h (3,000 rows over 1,500
+    words, some repeated, some the others' words) and a user v holding two pairs of keys
+    with equal public hashes among 8 words; rows shuffled."""
+    rng = np.random.default_rng(seed)
+    users, words = [], []
+    for u in range(400):
+        for w in rng.choice(30, size=6, replace=False):
+            for _ in range(1 + u % 2):   # odd users hold each of their words twice
+                users.append(f"o{u}")
+                words.append(f"w{w}")
+    for i in range(HEAVY_ROWS):
+        users.append("h")
+        words.append(f"w{i % 30}" if i % 7 == 0 else f"h{i % 1500}")
+    for tag in ("k1", "k2"):
+        for word in colliding_pair(tag):
+            users.append("v")
+            words.append(word)
+    for w in range(8):
+        users.append("v")
+        words.append(f"w{w}")
+    order = rng.permutation(len(users))
+    amounts = rng.integers(0, 40, size=len(users)) / 4.0
+    return pa.table({"user_id": pa.array(users).take(order),
+                     "word": pa.array(words).take(order),
+                     "amount": pa.array(amounts)})
+
+
+def _bound_rows(table):
+    """{(user word 0, user word 1, word)} that bounding keeps."""
+    shard = exact_users(table)
+    source = keyed_random.StageSource(keyed_random.KeyedSource(SECRET), "S/PerUserBound")
+    kept = shard.take(pa.array(bound_table_l0(shard, ["word"], BOUND, source)))
+    return set(zip(kept.column("__user_hi" if "__user_hi" in kept.column_names else "__user")
+                   .to_pylist(), kept.column("__user_lo").to_pylist(),
+                   kept.column("word").to_pylist()))
+
+
+@pytest.mark.parametrize("batch_rows", [97, 700, 5000])
+def test_bounding_after_prereduction_keeps_the_same_keys(batch_rows):
+    prepared, _ = pio.prepare_batch(_records(), "user_id", ["word"])
+    source = keyed_random.StageSource(keyed_random.KeyedSource(SECRET), "S/PerUserBound")
+    pieces = []
+    for start in range(0, prepared.num_rows, batch_rows):
+        batch = prepared.slice(start, batch_rows)
+        pieces.append(batch.take(pa.array(prereduce_l0(batch, ["word"], BOUND, source))))
+    reduced = pa.concat_tables(pieces)
+    assert reduced.num_rows < prepared.num_rows - HEAVY_ROWS / 2   # h: <= C rows a batch
+    assert _bound_rows(reduced) == _bound_rows(prepared)
+    # bounding the reduced rows keeps C keys for h and v (the colliding keys count as keys)
+    kept = _bound_rows(reduced)
+    assert len(kept) == BOUND * 402
+
+
+def _run(folder, table, aggregates=None):
+    data = os.path.join(folder, "input.parquet")
+    pq.write_table(table, data, row_group_size=1000)         # several read batches
+    doc = {"name": "prereduce", "input": {"path": data, "format": "parquet",
+                                          "user": "user_id", "keys": ["word"]},
+           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
+           "bounding": {"max_keys_per_user": BOUND},
+           "mechanism": {"kind": "gaussian", "pre_threshold": 1},
+           "output": {"path": os.path.join(folder, "out")}}
+    if aggregates:
+        doc["aggregates"] = aggregates
+    path = os.path.join(folder, "spec.yaml")
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(doc, handle)
+    release.run(make_plan(spec_mod.load(path)), [],
+                rng_factory=keyed_random.KeyedSource(SECRET))
+    with open(os.path.join(folder, "out", "released.parquet"), "rb") as handle:
+        return handle.read()
+
+
+def _most_rows_of_one_user_per_split(monkeypatch):
+    """Record, for every table the user shuffle splits, the most rows one user has."""
+    seen = []
+    split = user_shards.split_by_shard
+
+    def recording(table, shard_ids, num_shards):
+        users = table.column(user_shards.USER_COLUMN).to_numpy()
+        seen.append(int(np.unique(users, return_counts=True)[1].max()))
+        return split(table, shard_ids, num_shards)
+
+    monkeypatch.setattr(user_shards, "split_by_shard", recording)
+    return seen
+
+
+def _with_and_without(tmp_path, monkeypatch, aggregates=None):
+    """(released bytes, most rows of one user per split) with and without the step."""
+    table = _records()
+    seen = _most_rows_of_one_user_per_split(monkeypatch)
+    (tmp_path / "with").mkdir()
+    reduced = _run(str(tmp_path / "with"), table, aggregates)
+    with_step = list(seen)
+    seen.clear()
+    monkeypatch.setattr(release, "_prereduced", lambda records, plan, rng_factory: records)
+    (tmp_path / "without").mkdir()
+    whole = _run(str(tmp_path / "without"), table, aggregates)
+    return reduced, with_step, whole, seen
+
+
+def test_release_bytes_are_the_same_and_a_heavy_user_shuffles_c_rows(tmp_path, monkeypatch):
+    reduced, with_step, whole, seen = _with_and_without(tmp_path, monkeypatch)
+    assert len(reduced) > 500 and reduced == whole
+    # v keeps at most C + 2 rows (its two colliding pairs may both rank in its first C
+    # hashes); h at most C per split: at most C + 2 in all
+    assert with_step and max(with_step) <= BOUND + 2
+    assert max(seen) >= HEAVY_ROWS / 2   # without the step h's rows travel (1,500 distinct)
+
+
+def test_aggregates_with_fixed_clips_release_the_same_bytes(tmp_path, monkeypatch):
+    """Every row of a user's kept keys travels (the bounding sums their values): h's
+    rows beyond its C smallest hashes in a batch do not."""
+    aggregates = [{"column": "amount", "statistic": "sum", "clip": [0.0, 100.0]}]
+    reduced, with_step, whole, seen = _with_and_without(tmp_path, monkeypatch, aggregates)
+    assert len(reduced) > 500 and reduced == whole
+    assert max(with_step) * 5 < max(seen)

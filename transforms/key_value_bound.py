@@ -45,7 +45,9 @@ def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_
     _, rows = np.unique(triple, return_index=True)       # one row per distinct (user, key, value)
     # streams keyed by the user's identity words, never the in-shard grouping code that
     # exact_users may have put in __user (it depends on the other users of the shard)
-    users = user_identity_columns(table)
+    users = (user_identity_columns(table)       # a release's keyed sources
+             if isinstance(value_rng, keyed_random.StageSource)
+             or isinstance(key_rng, keyed_random.StageSource) else [USER_COLUMN])
     value_rng = keyed_random.bind(value_rng, table, triple=[*users, *keys, value_column])
     prio = samplers.uniform_priorities(keyed_random.rows_of(value_rng, rows, "triple"), len(rows))
     pair = exact_key_codes(table, [USER_COLUMN, *keys])

@@ -27,7 +27,8 @@ def expected():
 def _plan_report():
     return {"name": "t", "mechanism": {"kind": "gaussian", "pre_threshold": 1, "sigma": SIGMA,
                                        "threshold": TAU_STAR, "noise": "discrete_gaussian"},
-            "bounding": {"max_keys_per_user": C, "model": "l0", "chosen_by": "spec"}}
+            "bounding": {"max_keys_per_user": C, "model": "l0", "chosen_by": "spec"},
+            "intervals": {"confidence": 0.95}}
 
 
 def _simulate(seed):
@@ -50,10 +51,17 @@ def _simulate(seed):
 def _publish(folder, released, extra_files=()):
     os.makedirs(folder, exist_ok=True)
     words = sorted(released)                          # the canonical order: by key
-    table = pa.table({"word": pa.array(words, pa.string()),
-                      "count": pa.array([released[w] for w in words], pa.int64())})
+    counts = np.array([released[w] for w in words], dtype=np.int64)
+    plan_report = _plan_report()
+    # the launcher's post-processing (issue 27): the interval of each released count
+    from thresher.pipelines.intervals import count_interval
+    low, high = count_interval(counts, plan_report["mechanism"],
+                               1.0 - plan_report["intervals"]["confidence"])
+    table = pa.table({"word": pa.array(words, pa.string()), "count": pa.array(counts),
+                      "count_low": pa.array(low, pa.int64()),
+                      "count_high": pa.array(high, pa.int64())})
     pq.write_table(table, os.path.join(folder, "released.parquet"))
-    report = dict(_plan_report(), released_keys=table.num_rows, outputs=["released.parquet"])
+    report = dict(plan_report, released_keys=table.num_rows, outputs=["released.parquet"])
     with open(os.path.join(folder, "release_report.json"), "w", encoding="utf-8") as handle:
         json.dump(report, handle)
     for name in extra_files:

@@ -287,7 +287,7 @@ def test_planted_entries_never_reach_a_release(tmp_path, monkeypatch, capfd, sma
                    if p.stem == cc._key(name, args, kwargs)]
         assert path.stat().st_mode & 0o777 == 0o600
         capfd.readouterr()
-        assert cli.main(["run", str(tmp_path / "spec.yaml"), "--quiet"]) == 0
+        assert cli.main(["run", str(tmp_path / "spec.yaml")]) == 0   # -q would hide the warning
         stderr = capfd.readouterr().err
         with open(out / "release_report.json", encoding="utf-8") as handle:
             mechanism_report = json.load(handle)["mechanism"]

@@ -938,12 +938,12 @@ class PWSParameters:
     beyond_table: str
     presampled: bool = False
     # composition "pld" with the Gaussian-tradeoff table (accounting.pws.pld): its mu; the
-    # keep table is then pws_pld.keep_probabilities(q, key_mu, table_delta).
+    # keep table is then accounting.pws.pld.keep_probabilities(q, key_mu, table_delta).
     key_mu: float | None = None
     key_mu_verified: float | None = None   # the mu the table is verified against (>= key_mu)
     # composition "pld": the delta0 of the Gaussian tradeoff max(0, G_mu - delta0) the table
-    # is verified against (pws_pld.verify) and composed with; key_delta_realized is then
-    # realized_delta of the coins drawn, at key_epsilon (one key: (eps0, 2 delta0)-DP)
+    # is verified against (accounting.pws.pld.verify) and composed with; key_delta_realized
+    # is then realized_delta of the coins drawn, at key_epsilon (one key: (eps0, 2 delta0)-DP)
     key_delta0: float | None = None
 
     def as_dict(self):
@@ -1209,7 +1209,7 @@ def _release_band(params):
 
 
 def release_tables_can_fail(params):
-    """Whether :func:`release_tables` can refuse ``params`` that :func:`calibrate`
+    """Whether accounting.pws.release.release_tables can refuse ``params`` that :func:`calibrate`
     returned. Only the biased-down estimates extrapolated beyond a shift table can: their
     tail must be periodic (:func:`_periodic_tail`). Keys only: no estimates; ``"clip"``:
     no extrapolation; the band: the rows :func:`calibrate` built within the caps. The MLE
@@ -1217,7 +1217,7 @@ def release_tables_can_fail(params):
     rows >= M only, which are row M shifted (pi = 1 there, as stationarity requires), so
     each such column holds the same entries at the same diagonals d and the estimate is
     a_j = g(j + d*) / 1 = j + d*, an exact integer: period 1, increment 1.0, and the tail
-    :func:`release_tables` reads (columns M + W .. M + 3W) lies there
+    release_tables reads (columns M + W .. M + 3W) lies there
     (tests/accounting/test_pws_keep_table.py checks it)."""
     return (params.report != "keys" and params.beyond_table == "shift"
             and params.estimator != "mle")

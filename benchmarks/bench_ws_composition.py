@@ -1,7 +1,7 @@
 """weighted_sampling (report: keys): composition pld vs optimal vs basic.
 
 For each bound C and composition, the calibrated keep table of ``accounting.pws``
-(``pld``: ``accounting.pws_pld``): the frequency where a key is reported with
+(``pld``: ``accounting.pws.pld``): the frequency where a key is reported with
 probability >= 1/2 (the plan's ``threshold``), the saturation frequency (reported with
 certainty), pi at a few frequencies, and the expected number of keys released on the
 docstring corpus of ``benchmarks.bench_keys`` (words of installed Python files, one user
@@ -18,7 +18,8 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 
-from thresher.accounting import pws, pws_pld
+from thresher.accounting import pws
+from thresher.accounting.pws import pld as pws_pld
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPOSITIONS = ("pld", "optimal", "basic")

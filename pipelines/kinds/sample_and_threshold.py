@@ -8,7 +8,7 @@ is released with its sampled count v when v >= tau. No noise. Output columns: ``
 p and tau come from ``accounting.sample_threshold.calibrate``. ``composition: pld`` (the
 default with a fixed max_keys_per_user > 1) meets the user's (epsilon, delta) by the
 privacy-loss-distribution bound over the user's <= C keys
-(``accounting.sample_threshold_pld``); ``composition: basic`` (the default with
+(``accounting.sample_threshold.pld``); ``composition: basic`` (the default with
 ``max_keys_per_user: auto``, where every candidate is calibrated at plan time and the PLD
 search costs ~20 s per candidate, so pld is refused there) gives each key
 (epsilon / C, delta / C). Both are valid

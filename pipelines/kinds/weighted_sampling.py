@@ -13,7 +13,7 @@ most C keys, changing each by one, so the release composes C such mechanisms
 verified exactly for the distributions actually sampled (``accounting.pws.realized_delta``).
 ``composition: pld`` (the default with ``report: keys``) builds the keep table for a
 Gaussian per-key tradeoff instead and composes the keys' privacy-loss distributions
-(``accounting.pws_pld``), falling back to the optimal tables where they are not better.
+(``accounting.pws.pld``), falling back to the optimal tables where they are not better.
 
 Post-processing path (PWS §1.1): :func:`sanitize_existing_sample` releases the private
 version of an existing non-private weighted sample (a table of key columns and a frequency
@@ -63,7 +63,7 @@ _ACCOUNTING = {
                "verified exactly for the sampled distributions; a user's <= C keys composed "
                "exactly (optimal composition, Kairouz-Oh-Viswanath 2015 Thm 3.3)",
     "pld": "PWS reporting probabilities for the per-key tradeoff max(0, G_mu - delta0) "
-           "(accounting.pws_pld, eq. (2)), every pair of neighbouring counts verified for the "
+           "(accounting.pws.pld, eq. (2)), every pair of neighbouring counts verified for the "
            "sampled coins; a user's <= C keys composed by Blackwell domination: delta <= "
            "1 - (1 - delta0)^C + delta_G(eps; mu sqrt C)",
     "pld (optimal tables)": "composition pld fell back to the optimal tables (no better "

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thresher.accounting import pws
+from thresher.accounting.pws import core as pws_core
 
 SCHEMES = [("none", None), ("ppswor", 0.05), ("priority", 0.02), ("ppswor", 2.0),
            ("priority", 0.3)]
@@ -485,10 +486,10 @@ def test_release_tables_extrapolate_estimates_like_a_longer_table():
     for estimator, rel in (("mle", 1e-12), ("biased_down", 2e-3)):
         p = pws.calibrate(0.5, 1e-4, 1, estimator=estimator)
         tables = pws.release_tables(p)
-        band = pws._build_band(pws.sampling_probabilities(p.max_frequency), p.key_epsilon,
+        band = pws_core._build_band(pws.sampling_probabilities(p.max_frequency), p.key_epsilon,
                                p.table_delta)
         width = len(band.row(p.max_frequency))
-        longer = pws._band_to_csr(pws._shift_extend(band, 12 * width))
+        longer = pws_core._band_to_csr(pws_core._shift_extend(band, 12 * width))
         fn = pws.mle_estimates if estimator == "mle" else pws.biased_down_estimates
         direct = fn(longer)
         tokens = np.arange(1, p.max_frequency + 10 * width)
@@ -521,7 +522,7 @@ def test_vectorised_realized_delta_equals_the_row_by_row_loop(monkeypatch):
         q = pws.sampling_probabilities(400, sampling=sampling, sampling_threshold=t)
         fast = [pws.realized_delta(0.2, keep, table, sampling_probabilities=x) for x in (None, q)]
         with monkeypatch.context() as patch:
-            patch.setattr(pws, "_band_layout", lambda t: None)
+            patch.setattr(pws_core, "_band_layout", lambda t: None)
             slow = [pws.realized_delta(0.2, keep, table, sampling_probabilities=x)
                     for x in (None, q)]
         assert fast == pytest.approx(slow, rel=1e-14)
@@ -530,7 +531,7 @@ def test_vectorised_realized_delta_equals_the_row_by_row_loop(monkeypatch):
 def test_release_tables_rebuild_the_calibrated_band_exactly():
     p = pws.calibrate(0.7, 1e-7, 3, sampling="priority", sampling_threshold=0.01)
     cached = pws.release_tables(p)
-    pws._BANDS.clear()
+    pws_core._BANDS.clear()
     pws.release_tables.cache_clear()
     rebuilt = pws.release_tables(p)
     assert np.array_equal(cached.keep, rebuilt.keep)
@@ -539,7 +540,7 @@ def test_release_tables_rebuild_the_calibrated_band_exactly():
 
 
 def test_tables_too_large_for_the_entry_budget_are_clipped(monkeypatch):
-    monkeypatch.setattr(pws, "MAX_TABLE_ENTRIES", 5000)
+    monkeypatch.setattr(pws_core, "MAX_TABLE_ENTRIES", 5000)
     p = pws.calibrate(0.5, 1e-8, 1, sampling="ppswor", sampling_threshold=0.01)
     assert p.beyond_table == "clip"
     tables = pws.release_tables(p)
@@ -549,7 +550,7 @@ def test_tables_too_large_for_the_entry_budget_are_clipped(monkeypatch):
 
 
 def test_explicit_max_frequency_too_large_for_a_table_is_refused(monkeypatch):
-    monkeypatch.setattr(pws, "MAX_TABLE_ENTRIES", 5000)
+    monkeypatch.setattr(pws_core, "MAX_TABLE_ENTRIES", 5000)
     with pytest.raises(ValueError, match="max_frequency 400 needs a frequency table"):
         pws.calibrate(0.5, 1e-8, 1, max_frequency=400)
     assert pws.calibrate(0.5, 1e-8, 1, max_frequency=400, report="keys").max_frequency == 400

@@ -1,6 +1,6 @@
 """The Alg. 4 row build of accounting.pws against its plain statement (issue 18).
 
-``accounting.pws._next_row`` is called once per row of a frequency table, so it was
+``accounting.pws_core._next_row`` is called once per row of a frequency table, so it was
 rewritten to make fewer numpy calls (plan time of ppswor/priority specs with small
 sampling thresholds). The published tables must not change: this file keeps the previous,
 plain implementation of PWS Alg. 4 (Appendix B, proof of Thm 5.1) as the reference and
@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thresher.accounting import pws
+from thresher.accounting.pws import core as pws_core
 
 
 def reference_next_row(prev, lo, pi_prev, pi_i, up_factor, down_factor, delta):
@@ -53,7 +54,7 @@ def reference_next_row(prev, lo, pi_prev, pi_i, up_factor, down_factor, delta):
 
 def reference_band(q, epsilon, delta, *, stop_when_stationary=False, max_entries=None):
     """(keep, lo, lengths, values, stationary) of Alg. 4, one row at a time, numpy scalars."""
-    pi = pws._alg3(q, epsilon, delta)
+    pi = pws_core._alg3(q, epsilon, delta)
     up_factor, down_factor = math.exp(epsilon), math.exp(-epsilon)
     m = len(q) - 1
     los, lengths, rows = [0], [0], []
@@ -67,7 +68,7 @@ def reference_band(q, epsilon, delta, *, stop_when_stationary=False, max_entries
         rows.append(row)
         lengths.append(len(row))
         total += len(row)
-        if stop_when_stationary and pws._rows_stationary(prev, los[i - 1], row, lo,
+        if stop_when_stationary and pws_core._rows_stationary(prev, los[i - 1], row, lo,
                                                          pi[i - 1], pi[i]):
             m, stationary = i, True
             break
@@ -78,7 +79,7 @@ def reference_band(q, epsilon, delta, *, stop_when_stationary=False, max_entries
 
 def assert_same_band(q, epsilon, delta, **kw):
     keep, lo, lengths, values, stationary = reference_band(q, epsilon, delta, **kw)
-    band = pws._build_band(q, epsilon, delta, **kw)
+    band = pws_core._build_band(q, epsilon, delta, **kw)
     assert band.keep.tobytes() == keep.tobytes()
     assert np.array_equal(band.lo, lo)
     assert np.array_equal(np.diff(band.indptr), lengths)
@@ -131,13 +132,13 @@ def test_calibrated_parameters_and_estimates_unchanged_by_the_build():
     q = pws.sampling_probabilities(p.max_frequency, sampling="priority", sampling_threshold=0.01)
     keep, lo, lengths, values, _ = reference_band(q, p.key_epsilon, p.table_delta)
     indptr = np.concatenate([[0], np.cumsum(lengths)])
-    ref = pws._Band(keep=keep, lo=lo, indptr=indptr, values=values, stationary=False)
-    assert pws._realized_delta_band(p.key_epsilon, ref, None, p.beyond_table) \
+    ref = pws_core._Band(keep=keep, lo=lo, indptr=indptr, values=values, stationary=False)
+    assert pws_core._realized_delta_band(p.key_epsilon, ref, None, p.beyond_table) \
         == p.key_delta_realized
     if p.beyond_table == "shift":
         width = int(lengths[-1])
-        estimates = pws._band_estimates(p.estimator, ref, extra=4 * width,
+        estimates = pws_core._band_estimates(p.estimator, ref, extra=4 * width,
                                         columns=p.max_frequency + 3 * width + 1)
     else:
-        estimates = pws._band_estimates(p.estimator, ref)
+        estimates = pws_core._band_estimates(p.estimator, ref)
     assert np.array_equal(estimates, tables.estimates)

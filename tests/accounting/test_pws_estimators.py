@@ -1,4 +1,4 @@
-"""The diagonal (band) estimators of ``accounting.pws_estimators`` against the
+"""The diagonal (band) estimators of ``accounting.pws.estimators`` against the
 compressed-column definitions they replace and against the naive definitions (PWS §7.1
 eq. 11, Appendix E eq. 41), and their memory bound (issue 18: ``thresher plan`` of
 weighted_sampling built a ~2e7-entry CSC copy of the shift-extended band, ~1.5 GB)."""
@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import scipy.sparse
 
-from thresher.accounting import pws, pws_estimators
+from thresher.accounting import pws
+from thresher.accounting.pws import core as pws_core
+from thresher.accounting.pws import estimators as pws_estimators
 from tests.accounting.test_pws import SCHEMES, naive_biased_down, naive_mle
 
 TABLES = [(0.5, 0.1, 12, "none", None), (0.5, 1e-3, 40, "ppswor", 0.05),
@@ -23,11 +25,11 @@ def _layouts(t):
 
 
 def _by_columns(table, estimator, keep=None):
-    tokens = pws._token_part(table)
-    g = pws._statistic_values(None, tokens.shape[0])
+    tokens = pws_core._token_part(table)
+    g = pws_core._statistic_values(None, tokens.shape[0])
     if estimator == "mle":
-        return pws._mle_by_columns(tokens, pws._table_keep(tokens) if keep is None else keep, g)
-    return pws._biased_down_by_columns(tokens, g)
+        return pws_core._mle_by_columns(tokens, pws_core._table_keep(tokens) if keep is None else keep, g)
+    return pws_core._biased_down_by_columns(tokens, g)
 
 
 @pytest.mark.parametrize("eps,delta,m,sampling,t", TABLES)
@@ -55,12 +57,12 @@ def test_band_estimators_match_the_naive_definitions(layout, sampling, t):
 def test_statistic_is_applied_on_the_band_path():
     table = pws.frequency_table(0.5, 1e-3, 40)
     square = lambda w: np.asarray(w, dtype=np.float64) ** 2  # noqa: E731
-    tokens = pws._token_part(table)
-    g = pws._statistic_values(square, tokens.shape[0])
+    tokens = pws_core._token_part(table)
+    g = pws_core._statistic_values(square, tokens.shape[0])
     assert np.array_equal(pws.mle_estimates(table, statistic=square),
-                          pws._mle_by_columns(tokens, pws._table_keep(tokens), g))
+                          pws_core._mle_by_columns(tokens, pws_core._table_keep(tokens), g))
     assert np.array_equal(pws.biased_down_estimates(table, statistic=square),
-                          pws._biased_down_by_columns(pws._token_part(table), g))
+                          pws_core._biased_down_by_columns(pws_core._token_part(table), g))
 
 
 def test_tables_that_are_not_one_band_use_the_column_definitions():
@@ -87,14 +89,14 @@ def test_shift_extension_without_materialising_it(estimator, c, sampling, t):
     estimator on the materialised extended table (what it computed before)."""
     p = pws.calibrate(1.0, 1e-8, c, estimator=estimator, sampling=sampling, sampling_threshold=t)
     assert p.beyond_table == "shift"
-    band = pws._build_band(pws.sampling_probabilities(p.max_frequency, sampling=sampling,
+    band = pws_core._build_band(pws.sampling_probabilities(p.max_frequency, sampling=sampling,
                                                       sampling_threshold=t),
                            p.key_epsilon, p.table_delta)
     width = len(band.row(p.max_frequency))
     columns = p.max_frequency + 3 * width + 1
-    extended = pws._shift_extend(band, 4 * width)
-    expected = _by_columns(pws._band_to_csr(extended), estimator, extended.keep)[:columns]
-    got = pws._band_estimates(estimator, band, extra=4 * width, columns=columns)
+    extended = pws_core._shift_extend(band, 4 * width)
+    expected = _by_columns(pws_core._band_to_csr(extended), estimator, extended.keep)[:columns]
+    got = pws_core._band_estimates(estimator, band, extra=4 * width, columns=columns)
     assert np.array_equal(got, expected)
     assert np.array_equal(pws.release_tables(p).estimates, expected)
 
@@ -105,7 +107,7 @@ def test_release_tables_memory_is_a_small_multiple_of_the_band(estimator):
     ~1.5e7 virtual entries) the estimates and tables cost a few band copies at most; the
     CSC build they replace peaked at ~1.1 GB here (tracemalloc)."""
     p = pws.calibrate(1.0, 1e-8, 100, estimator=estimator)
-    band = pws._BANDS[(p.sampling, p.sampling_threshold, p.key_epsilon, p.table_delta,
+    band = pws_core._BANDS[(p.sampling, p.sampling_threshold, p.key_epsilon, p.table_delta,
                        p.max_frequency)]
     pws.release_tables.cache_clear()
     tracemalloc.start()
@@ -124,13 +126,13 @@ def test_block_size_does_not_change_a_bit(monkeypatch, block):
     boundaries and the shared shift rows) give the same floats for any block size,
     including a last block that ends off the boundary grid (``columns``)."""
     monkeypatch.setattr(pws_estimators, "BLOCK_ENTRIES", block)
-    band = pws._build_band(pws.sampling_probabilities(200, sampling="priority",
+    band = pws_core._build_band(pws.sampling_probabilities(200, sampling="priority",
                                                       sampling_threshold=0.02), 0.3, 1e-4)
     width = len(band.row(200))
     for extra, columns in ((0, None), (3 * width, 200 + 2 * width + 1), (5, 203)):
-        extended = pws._shift_extend(band, extra) if extra else band
-        table = pws._band_to_csr(extended)
+        extended = pws_core._shift_extend(band, extra) if extra else band
+        table = pws_core._band_to_csr(extended)
         for estimator in ("mle", "biased_down"):
             expected = _by_columns(table, estimator, extended.keep)[:columns]
-            got = pws._band_estimates(estimator, band, extra=extra, columns=columns)
+            got = pws_core._band_estimates(estimator, band, extra=extra, columns=columns)
             assert np.array_equal(got, expected), (estimator, extra, columns)

@@ -30,6 +30,7 @@ import pytest
 import scipy.stats
 
 from thresher.accounting import pws
+from thresher.accounting.pws import core as pws_core
 from thresher.pipelines.specs import spec as spec_module
 from thresher.pipelines.kinds import weighted_sampling
 from thresher.pipelines.plan import make_plan
@@ -66,7 +67,7 @@ def _pws_params(mech, epsilon, delta, c, presampled=False):
 
 
 def _fresh_caches():
-    pws._BANDS.clear()
+    pws_core._BANDS.clear()
     pws.release_tables.cache_clear()
 
 
@@ -209,7 +210,7 @@ def test_auto_plan_score_and_chosen_params(tmp_path, mechanism):
 
 
 def _reference_realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_entries=1 << 19):
-    """The plain statement of pws._realized_band_delta (its version before issue 19's
+    """The plain statement of pws_core._realized_band_delta (its version before issue 19's
     in-place rewrite): gather, cumsum, quantise, difference, compare with the previous
     row moved by its column shift."""
     m = len(lengths) - 1
@@ -236,7 +237,7 @@ def _reference_realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_en
         else:
             scale = q[rows]
             cum = cum / scale[:, None]
-        grid = np.ceil(np.clip(cum, 0.0, 1.0) * pws._GRID) / pws._GRID
+        grid = np.ceil(np.clip(cum, 0.0, 1.0) * pws_core._GRID) / pws_core._GRID
         probs = np.diff(grid, axis=1, prepend=0.0) * scale[:, None]
         none = 1.0 - scale * grid[:, -1]
         before = np.zeros((len(rows), width + 1))
@@ -267,7 +268,7 @@ def _reference_realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_en
                                                   if case[0].get("report") != "keys"])
 def test_realized_band_delta_is_the_plain_statement(mech, epsilon, delta, c):
     params = _pws_params(mech, epsilon, delta, c)
-    band = pws._release_band(params)
+    band = pws_core._release_band(params)
     e_eps = math.exp(params.key_epsilon)
     lengths = np.diff(band.indptr)
     q = pws.sampling_probabilities(params.max_frequency, sampling=params.sampling,
@@ -275,13 +276,13 @@ def test_realized_band_delta_is_the_plain_statement(mech, epsilon, delta, c):
     for probabilities in (None, q):
         for chunk in (1 << 19, 997, 41):
             args = (band.values, band.indptr[:-1], lengths, band.lo, probabilities, e_eps, chunk)
-            assert pws._realized_band_delta(*args) == _reference_realized_band_delta(*args)
+            assert pws_core._realized_band_delta(*args) == _reference_realized_band_delta(*args)
     # the CSR layout (column-0 entries between the rows: gathered, not sliced)
-    table = pws._band_to_csr(band)
+    table = pws_core._band_to_csr(band)
     table.sort_indices()
-    lo, token_lengths = pws._band_layout(table)
+    lo, token_lengths = pws_core._band_layout(table)
     args = (table.data, table.indptr[:-1] + 1, token_lengths, lo, q, e_eps)
-    assert pws._realized_band_delta(*args) == _reference_realized_band_delta(*args)
+    assert pws_core._realized_band_delta(*args) == _reference_realized_band_delta(*args)
 
 
 def test_realized_band_delta_rows_moving_by_several_columns():
@@ -298,5 +299,5 @@ def test_realized_band_delta_rows_moving_by_several_columns():
         for probabilities in (None, q):
             for chunk in (1 << 19, 50, 7):
                 args = (data, starts, lengths, lo, probabilities, math.exp(0.3), chunk)
-                assert pws._realized_band_delta(*args) == \
+                assert pws_core._realized_band_delta(*args) == \
                     _reference_realized_band_delta(*args), trial

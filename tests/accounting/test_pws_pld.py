@@ -1,4 +1,4 @@
-"""accounting.pws_pld: weighted_sampling's composition pld (Gaussian-tradeoff keep tables).
+"""accounting.pws.pld: weighted_sampling's composition pld (Gaussian-tradeoff keep tables).
 
 Independent checks: the composed bound against exact hockey-stick divergences of the
 products of the per-key coins actually drawn (brute force over every vector of
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from thresher.accounting import pws, pws_pld
+from thresher.accounting import pws
+from thresher.accounting.pws import pld as pws_pld
 
 
 def _none_table(budget, max_length=100_000):

@@ -1,4 +1,4 @@
-"""accounting.sample_threshold_pld: tight composition of sample-and-threshold over a
+"""accounting.sample_threshold.pld: tight composition of sample-and-threshold over a
 user's keys.
 
 Checked against: brute-force hockey-stick sums over the joint outputs of 2 and 3 keys
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from thresher.accounting import sample_threshold as acc
-from thresher.accounting import sample_threshold_pld as pld
+from thresher.accounting.sample_threshold import pld
 from tests.accounting.test_sample_threshold import output_distribution
 
 

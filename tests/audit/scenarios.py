@@ -286,7 +286,7 @@ def sample_and_threshold(*, keys=1, epsilon=EPSILON, delta=DELTA, mutation="", k
     (accounting.sample_threshold.divergences) is largest; k="threshold" puts every key at
     the (possibly mutated) threshold, where D' can never release it.
 
-    ``composition``: "basic" or "pld" (accounting.sample_threshold_pld, the kind's default
+    ``composition``: "basic" or "pld" (accounting.sample_threshold.pld, the kind's default
     with a fixed bound). Mutations: "threshold - 1", "composition ignored" (per-key budget
     of 1 key)."""
     kernel = _module("thresher.transforms.sample_and_threshold").sample_and_threshold
@@ -348,7 +348,7 @@ def pws(*, keys=1, frequency=1, report="keys", epsilon=EPSILON, delta=DELTA, mut
         composition="optimal"):
     """One key per user-key at frequency i (D) vs i - 1 (D'; i = 1 means the key is absent
     from D'). Mutation "composition ignored": tables built for 1 key per user while the
-    user's ``keys`` keys all move. ``composition="pld"`` (accounting.pws_pld, keys only):
+    user's ``keys`` keys all move. ``composition="pld"`` (accounting.pws.pld, keys only):
     the Gaussian-tradeoff table; its "composition ignored" mutation builds that table for
     the Gaussian budget of one key (mu from the whole epsilon) while ``keys`` keys move.
     ``frequency="worst"``: the frequency of :func:`_worst_frequency` at epsilon / 2."""
@@ -358,7 +358,7 @@ def pws(*, keys=1, frequency=1, report="keys", epsilon=EPSILON, delta=DELTA, mut
     if mutation not in ("", "composition ignored"):
         raise ValueError(mutation)
     if composition == "pld" and mutation:
-        pld = _module("thresher.accounting.pws_pld")
+        pld = _module("thresher.accounting.pws.pld")
         budget = pld.best_budget(epsilon, delta, 1)
         keep, mu, _ = pld.build(lambda m: acc.sampling_probabilities(m), budget, 100_000)
         table, described = None, f"pld table for 1 key (mu={mu:.3g})"

@@ -1,7 +1,7 @@
 """Work counters of ``accounting.pws`` for tests/robustness/test_pws_plan_cost.py, loaded
 into the CLI driver's child (``cli_driver.run_batch(..., hooks="tests.robustness.pws_work")``).
 
-Before each case the PWS caches (``pws._BANDS``, ``pws.release_tables``) are cleared, so
+Before each case the PWS caches (``pws_core._BANDS``, ``pws.release_tables``) are cleared, so
 each plan builds its own tables. The table builders are wrapped (the real functions still
 run; the wrappers only count) and after each case the counts are returned:
 
@@ -13,9 +13,10 @@ run; the wrappers only count) and after each case the counts are returned:
 - ``bands_cached`` / ``release_tables_cached``: what the caches hold after the case.
 """
 from thresher.accounting import pws
+from thresher.accounting.pws import core as pws_core
 
 _counts = {}
-_alg3, _build_band, _next_row = pws._alg3, pws._build_band, pws._next_row
+_alg3, _build_band, _next_row = pws_core._alg3, pws_core._build_band, pws_core._next_row
 
 
 def _reset():
@@ -40,16 +41,16 @@ def _counting_build_band(*args, **kwargs):
     return band
 
 
-pws._alg3, pws._build_band, pws._next_row = _counting_alg3, _counting_build_band, _counting_next_row
+pws_core._alg3, pws_core._build_band, pws_core._next_row = _counting_alg3, _counting_build_band, _counting_next_row
 _reset()
 
 
 def before_case(argv):
-    pws._BANDS.clear()
+    pws_core._BANDS.clear()
     pws.release_tables.cache_clear()
     _reset()
 
 
 def after_case(argv):
-    return {**_counts, "bands_cached": len(pws._BANDS),
+    return {**_counts, "bands_cached": len(pws_core._BANDS),
             "release_tables_cached": pws.release_tables.cache_info().currsize}

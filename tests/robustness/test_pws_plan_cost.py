@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from thresher.accounting import pws
+from thresher.accounting.pws import core as pws_core
 from tests.robustness.cli_driver import run_batch
 
 PEAK_RSS_MB = 420
@@ -154,7 +155,7 @@ def test_accepted_plans_build_tables_within_the_caps(results, name):
 
 def test_refused_specs_are_refused_before_building_tables(results):
     """A refusal builds nothing: no keep table or band was computed for the case and the
-    PWS caches (pws._BANDS, pws.release_tables) are still empty after it."""
+    PWS caches (pws_core._BANDS, pws.release_tables) are still empty after it."""
     refused = [c[0] for c in CASES if c[4] == 2]
     assert len(refused) == 5
     for name in refused:

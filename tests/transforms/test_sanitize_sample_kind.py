@@ -21,7 +21,7 @@ def test_parse_defaults():
 
 
 def test_default_composition_follows_the_report():
-    """pld (accounting.pws_pld) is the default with report: keys; the frequency tokens keep
+    """pld (accounting.pws.pld) is the default with report: keys; the frequency tokens keep
     optimal, and pld with them is refused naming mechanism.composition."""
     assert ws.parse({"report": "keys"})["composition"] == "pld"
     assert ws.parse({"report": "keys", "composition": "basic"})["composition"] == "basic"

@@ -40,7 +40,8 @@ import numpy as np
 import scipy.sparse
 import scipy.stats
 
-from thresher.accounting import pws_estimators, search
+from thresher.accounting import search
+from thresher.accounting.pws import estimators as pws_estimators
 
 SAMPLING_SCHEMES = ("none", "ppswor", "priority")
 REPORTS = ("keys", "keys_and_frequencies")
@@ -396,7 +397,7 @@ def mle_estimates(frequency_table, keep_probabilities=None, *, statistic=None):
     a_0 = 0 (key not reported). ``statistic`` is g (vectorised, default g(w) = w).
     ``keep_probabilities`` defaults to the row sums of the table.
     Returns a_0 .. a_M. Banded tables (every table this module builds) are read along
-    their diagonals (``accounting.pws_estimators``); others column by column.
+    their diagonals (``accounting.pws.estimators``); others column by column.
     """
     table = scipy.sparse.csr_array(frequency_table)
     g = _statistic_values(statistic, table.shape[0])
@@ -437,7 +438,7 @@ def biased_down_estimates(frequency_table, keep_probabilities=None, *, statistic
           (g(i) - sum_{h<j} a_h pi_{i,h}) / (pi_i - sum_{h<j} pi_{i,h}),
     non-decreasing in j and never biased up (Lemma E.1). The denominator is the suffix sum
     sum_{h>=j} pi_{i,h}, computed directly to avoid cancellation. Returns a_0 .. a_M (a_0 = 0).
-    Banded tables are read along their diagonals (``accounting.pws_estimators``).
+    Banded tables are read along their diagonals (``accounting.pws.estimators``).
     """
     del keep_probabilities  # the suffix sums of the rows carry pi_i
     table = scipy.sparse.csr_array(frequency_table)
@@ -603,7 +604,7 @@ def per_key_budget(epsilon, delta, max_keys_per_user, *, composition="optimal"):
     c = int(max_keys_per_user)
     if c == 1:
         return PerKeyBudget(float(epsilon), float(delta), "single key", 1)
-    if composition == "pld":   # the (eps0, delta0) tables pld falls back to (accounting.pws_pld)
+    if composition == "pld":   # the (eps0, delta0) tables pld falls back to (accounting.pws.pld)
         composition = "optimal"
     basic = PerKeyBudget(epsilon / c, delta / c, "basic", c)
     if composition == "basic":
@@ -936,13 +937,13 @@ class PWSParameters:
     saturation_frequency: int | None
     beyond_table: str
     presampled: bool = False
-    # composition "pld" with the Gaussian-tradeoff table (accounting.pws_pld): its mu; the
-    # keep table is then pws_pld.keep_probabilities(q, key_mu, table_delta).
+    # composition "pld" with the Gaussian-tradeoff table (accounting.pws.pld): its mu; the
+    # keep table is then accounting.pws.pld.keep_probabilities(q, key_mu, table_delta).
     key_mu: float | None = None
     key_mu_verified: float | None = None   # the mu the table is verified against (>= key_mu)
     # composition "pld": the delta0 of the Gaussian tradeoff max(0, G_mu - delta0) the table
-    # is verified against (pws_pld.verify) and composed with; key_delta_realized is then
-    # realized_delta of the coins drawn, at key_epsilon (one key: (eps0, 2 delta0)-DP)
+    # is verified against (accounting.pws.pld.verify) and composed with; key_delta_realized
+    # is then realized_delta of the coins drawn, at key_epsilon (one key: (eps0, 2 delta0)-DP)
     key_delta0: float | None = None
 
     def as_dict(self):
@@ -1031,10 +1032,27 @@ def _choose_table(q_fn, key_epsilon, table_delta, report, max_frequency, scheme)
 _BANDS = {}
 
 
+def check_calibrate_arguments(epsilon, delta, sampling, sampling_threshold, report, estimator,
+                              max_frequency):
+    """The checks :func:`calibrate` (and composition pld's, accounting.pws.release) runs
+    first, in this order; ValueError naming the argument."""
+    _check_privacy(epsilon, delta)
+    _check_sampling(sampling, sampling_threshold)
+    if report not in REPORTS:
+        raise ValueError(f"report must be one of {', '.join(REPORTS)}, got {report!r}")
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
+    if max_frequency is not None:
+        _check_max_frequency(max_frequency)
+
+
 def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_threshold=None,
               report="keys_and_frequencies", estimator="mle", composition="optimal",
               max_frequency=None, presampled=False):
-    """Parameters of a PWS release at (epsilon, delta) with <= C keys per user.
+    """Parameters of a PWS release at (epsilon, delta) with <= C keys per user, for the
+    compositions of a per-key (eps0, delta0) budget (``optimal``, ``basic``). Composition
+    ``pld`` is accounting.pws.release.calibrate's (its table is accounting.pws.pld's,
+    which builds on this module): here it is refused.
 
     1. Per-key budget (:func:`per_key_budget`). 2. Tables: ``max_frequency=None`` picks the
     saturation frequency (keys: pi = 1 from there on) or, with frequencies, the first row
@@ -1045,20 +1063,11 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
     ``presampled`` is the post-processing path (the input is a sample drawn with q).
     Raises ValueError on invalid arguments or if the verification cannot pass.
     """
-    _check_privacy(epsilon, delta)
-    _check_sampling(sampling, sampling_threshold)
-    if report not in REPORTS:
-        raise ValueError(f"report must be one of {', '.join(REPORTS)}, got {report!r}")
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
-    if max_frequency is not None:
-        _check_max_frequency(max_frequency)
+    check_calibrate_arguments(epsilon, delta, sampling, sampling_threshold, report, estimator,
+                              max_frequency)
     if composition == "pld":
-        from thresher.accounting import pws_pld
-        return pws_pld.calibrate(epsilon, delta, max_keys_per_user, sampling=sampling,
-                                 sampling_threshold=sampling_threshold, report=report,
-                                 estimator=estimator, max_frequency=max_frequency,
-                                 presampled=presampled)
+        raise ValueError("composition pld is calibrated by accounting.pws.calibrate "
+                         "(accounting.pws.release), not accounting.pws.core")
     budget = per_key_budget(epsilon, delta, max_keys_per_user, composition=composition)
 
     def q_fn(m):
@@ -1168,7 +1177,7 @@ class ReleaseTables:
 def _band_estimates(estimator, band, extra=0, columns=None):
     """a_0 .. a_{columns-1} of the estimator (g(w) = w) on the band extended by ``extra``
     shifted copies of its last row (:func:`_shift_extend`, without materialising them),
-    read along the diagonals (``accounting.pws_estimators``): the same numbers as
+    read along the diagonals (``accounting.pws.estimators``): the same numbers as
     :func:`mle_estimates` / :func:`biased_down_estimates` of the extended table's CSR."""
     rows = pws_estimators.from_rows(band.lo, band.indptr, band.values, extra)
     g = _statistic_values(None, rows.n_rows)
@@ -1199,22 +1208,8 @@ def _release_band(params):
     return band
 
 
-def keep_table(params):
-    """pi_0 .. pi_M of calibrated ``params`` (PWS Alg. 3): the same array as
-    ``release_tables(params).keep``, without the estimators' tables, which only the
-    release of the chosen bound reads. Planning reads this (the threshold of every
-    candidate bound, ``pipelines/kinds/weighted_sampling.py``); it lets go of the band
-    :func:`calibrate` kept for it (up to ~25 MB each at the largest automatic
-    candidates), which the release rebuilds for the one bound it uses."""
-    if params.report == "keys":
-        return release_tables(params).keep     # keys only: no estimators to build
-    keep = _release_band(params).keep
-    _BANDS.pop(_band_key(params), None)
-    return keep
-
-
 def release_tables_can_fail(params):
-    """Whether :func:`release_tables` can refuse ``params`` that :func:`calibrate`
+    """Whether accounting.pws.release.release_tables can refuse ``params`` that :func:`calibrate`
     returned. Only the biased-down estimates extrapolated beyond a shift table can: their
     tail must be periodic (:func:`_periodic_tail`). Keys only: no estimates; ``"clip"``:
     no extrapolation; the band: the rows :func:`calibrate` built within the caps. The MLE
@@ -1222,34 +1217,7 @@ def release_tables_can_fail(params):
     rows >= M only, which are row M shifted (pi = 1 there, as stationarity requires), so
     each such column holds the same entries at the same diagonals d and the estimate is
     a_j = g(j + d*) / 1 = j + d*, an exact integer: period 1, increment 1.0, and the tail
-    :func:`release_tables` reads (columns M + W .. M + 3W) lies there
+    release_tables reads (columns M + W .. M + 3W) lies there
     (tests/accounting/test_pws_keep_table.py checks it)."""
     return (params.report != "keys" and params.beyond_table == "shift"
             and params.estimator != "mle")
-
-
-@functools.lru_cache(maxsize=4)
-def release_tables(params):
-    """Build (and cache per process) the tables of a calibrated release. Deterministic."""
-    if params.report == "keys":
-        q = sampling_probabilities(params.max_frequency, sampling=params.sampling,
-                                   sampling_threshold=params.sampling_threshold)
-        if params.key_mu is not None:
-            from thresher.accounting import pws_pld
-            keep = pws_pld.keep_probabilities(q, params.key_mu, params.table_delta)
-        else:
-            keep = _alg3(q, params.key_epsilon, params.table_delta)
-        return ReleaseTables(params=params, keep=keep, band=None, estimates=None)
-    band = _release_band(params)
-    if params.beyond_table != "shift":
-        return ReleaseTables(params=params, keep=band.keep, band=band,
-                             estimates=_band_estimates(params.estimator, band))
-    width = len(band.row(band.max_frequency))
-    estimates = _band_estimates(params.estimator, band, extra=4 * width,
-                                columns=params.max_frequency + 3 * width + 1)
-    tail = _periodic_tail(estimates, width)
-    if tail is None:
-        raise ValueError("PWS estimates are not periodic beyond the table; "
-                         "set mechanism.max_frequency explicitly")
-    return ReleaseTables(params=params, keep=band.keep, band=band, estimates=estimates,
-                         period=tail[0], increment=tail[1])

@@ -1,6 +1,6 @@
 """Tight composition of sample-and-threshold over a user's keys (privacy-loss distributions).
 
-The mechanism (accounting/sample_threshold.py): each (user, key) contribution is kept with
+The mechanism (accounting/sample_threshold/core.py): each (user, key) contribution is kept with
 probability p independently; a key with k contributions is released with its sampled count
 v ~ Bin(k, p) when v >= tau. Write P_k for the law of that one-key output ('absent' or
 v in {tau..k}). A user with keys j = 1..C (k_j contributions each, counting the user)
@@ -40,7 +40,9 @@ import math
 import numpy as np
 from scipy import special
 
-from thresher.accounting.sample_threshold import _cdf, _sf, add_quantile, kl_divergence, remove_quantile
+from thresher.accounting.sample_threshold.core import (_cdf, _sf, add_quantile, kl_divergence,
+                                                      remove_quantile)
+from thresher.accounting.sample_threshold.core import delta as one_key_delta
 
 # The largest threshold whose per-k remove-direction bounds are computed exactly (k <= 2**20).
 MAX_TAU = 1 << 20
@@ -148,7 +150,7 @@ def survival_bound(p, tau, direction, xs):
       add:    S_k(x) <= P[Bin(k_b - 1, p) > max(floor(k_a q), tau - 1)],
       remove: the same with a_k replaced by its maximum over the block, m_k by m_{k_b},
               and Bin(k - 1, p) by Bin(k_a - 1, p) (a lower tail).
-    For k >= k_max (:func:`_k_max`) the Chernoff bounds of accounting.sample_threshold._tail_bound:
+    For k >= k_max (:func:`_k_max`) the Chernoff bounds of accounting.sample_threshold.core._tail_bound:
     exp(-k D(q || p)) (add), exp(-(k - 1) D(s || p)) with s >= max(tau, k r) / (k - 1)
     (remove), both decreasing in k.
     """
@@ -280,7 +282,6 @@ def user_delta(epsilon, sampling_rate, threshold, max_keys_per_user):
     one-key delta at epsilon / C): both bound the same release, so their minimum does.
     The PLD bound wins for several keys at small delta; basic can win for one or two
     keys at large delta, where the grid's rounding dominates."""
-    from thresher.accounting.sample_threshold import delta as one_key_delta
     c = int(max_keys_per_user)
     basic = c * one_key_delta(epsilon / c, sampling_rate, threshold)
     if basic == 0.0:

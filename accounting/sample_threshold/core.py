@@ -31,7 +31,8 @@ Thm 3.16) makes the release (C eps_0, C delta_0)-DP when every key is
 (eps_0, delta_0)-DP. :func:`calibrate` with ``composition="basic"`` gives each key
 (epsilon / C, delta / C); with ``composition="pld"`` (the default of the release kind) it
 meets (epsilon, delta) for the whole user by the privacy-loss-distribution bound of
-:mod:`accounting.sample_threshold_pld`, which allows a much lower release point.
+:mod:`accounting.sample_threshold.pld`, which allows a much lower release point
+(accounting.sample_threshold.calibration joins the two).
 """
 import dataclasses
 import math
@@ -341,7 +342,7 @@ class SampleThresholdParams:
     per_key_delta are each key's budget; per_key_delta_spent: delta(per_key_epsilon, p, tau)
     by ``method``; delta_spent = max_keys_per_user * per_key_delta_spent <= delta.
     composition "pld": the per-key fields are None and delta_spent is the bound of
-    accounting.sample_threshold_pld.user_delta(epsilon, p, tau, C) <= delta (the smaller
+    accounting.sample_threshold.pld.user_delta(epsilon, p, tau, C) <= delta (the smaller
     of the PLD bound and basic composition).
     ``calibrated`` names the fields that were computed rather than given.
     """
@@ -471,19 +472,9 @@ def _best_release_point_by(rate_for, budget, max_threshold):
     return finals[best_tau], best_tau
 
 
-def calibrate(epsilon, delta_target, max_keys_per_user, *, sampling_rate=None, threshold=None,
-              method="exact", composition="basic"):
-    """Sample-and-threshold parameters for a release of budget (epsilon, delta).
-
-    composition "pld" (``method`` "exact" only): the whole user's (epsilon, delta) is met
-    by accounting.sample_threshold_pld.composed_delta; the searches below run on it.
-    composition "basic": each key gets (epsilon / C, delta / C) (:func:`per_key_budget`). Then:
-      - neither given: (p, tau) minimising tau / p (:func:`best_release_point`);
-      - sampling_rate given: the smallest threshold (:func:`min_threshold`);
-      - threshold given: the largest sampling rate (:func:`sampling_rate_for`);
-      - both given: checked; CalibrationInfeasible says which threshold or rate would do.
-    Returns a :class:`SampleThresholdParams`; raises CalibrationInfeasible.
-    """
+def check_calibrate_arguments(epsilon, delta_target, method, composition):
+    """The checks calibrate runs first (this module's and accounting.sample_threshold's,
+    with composition pld), in this order; ValueError naming the argument."""
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise ValueError(f"epsilon must be finite and > 0, got {epsilon}")
     if not 0 < delta_target < 1:
@@ -492,12 +483,25 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, sampling_rate=None, t
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if composition not in COMPOSITIONS:
         raise ValueError(f"composition must be one of {COMPOSITIONS}, got {composition!r}")
+
+
+def calibrate(epsilon, delta_target, max_keys_per_user, *, sampling_rate=None, threshold=None,
+              method="exact", composition="basic"):
+    """Sample-and-threshold parameters for a release of budget (epsilon, delta), composition
+    "basic": each key gets (epsilon / C, delta / C) (:func:`per_key_budget`). Composition
+    "pld" is accounting.sample_threshold.calibrate's (accounting.sample_threshold.calibration,
+    on accounting.sample_threshold.pld's bound, which builds on this module): here it is
+    refused. Then:
+      - neither given: (p, tau) minimising tau / p (:func:`best_release_point`);
+      - sampling_rate given: the smallest threshold (:func:`min_threshold`);
+      - threshold given: the largest sampling rate (:func:`sampling_rate_for`);
+      - both given: checked; CalibrationInfeasible says which threshold or rate would do.
+    Returns a :class:`SampleThresholdParams`; raises CalibrationInfeasible.
+    """
+    check_calibrate_arguments(epsilon, delta_target, method, composition)
     if composition == "pld":
-        if method != "exact":
-            raise ValueError(f"composition pld needs method exact (the per-key laws), "
-                             f"got {method!r}")
-        return _calibrate_pld(epsilon, delta_target, _positive_int(max_keys_per_user,
-                              "max_keys_per_user"), sampling_rate, threshold)
+        raise ValueError("composition pld is calibrated by accounting.sample_threshold.calibrate "
+                         "(accounting.sample_threshold.calibration), not its core module")
     eps_key, delta_key = per_key_budget(epsilon, delta_target, max_keys_per_user)
     c = int(max_keys_per_user)
     budget = (f"epsilon {epsilon:g}, delta {delta_target:g} over {c} key(s) per user "
@@ -531,95 +535,6 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, sampling_rate=None, t
                           budget, min_threshold(eps_key, delta_key, sampling_rate, method=method),
                           sampling_rate_for(eps_key, delta_key, threshold, method=method))
     return _params(epsilon, delta_target, c, sampling_rate, threshold, method, ())
-
-
-def _calibrate_pld(epsilon, delta_target, c, sampling_rate, threshold):
-    """:func:`calibrate` with composition "pld": same four cases, on the composed bound."""
-    from thresher.accounting.sample_threshold_pld import user_delta
-
-    def spent(p, tau):
-        return user_delta(epsilon, p, tau, c)
-
-    hint = {}
-
-    def rate_for(tau, rel_tol):
-        """Largest p = e^-y meeting the target at tau, to y within max(rel_tol, 1e-4)
-        (the composed bound costs ~0.2 s); bracketed around the last tau's answer."""
-        def ok(y):
-            return spent(math.exp(-y), tau) <= delta_target
-
-        tol = max(rel_tol, 1e-4)
-        y_hi = hint.get("y", 1.0)
-        while not ok(y_hi):  # rates meeting the target: y >= y_hi
-            y_hi = 2 * y_hi + 0.5
-            if math.exp(-y_hi) < _MIN_SAMPLING_RATE:
-                return None
-        y_lo = max(0.0, y_hi - 0.5)
-        while y_lo > 0 and ok(y_lo):
-            y_hi, y_lo = y_lo, max(0.0, 2 * y_lo - y_hi - 0.5)
-        if y_lo == 0 and ok(0.0):
-            return 1.0
-        while y_hi - y_lo > tol:  # ok(y_hi), not ok(y_lo)
-            mid = 0.5 * (y_lo + y_hi)
-            if ok(mid):
-                y_hi = mid
-            else:
-                y_lo = mid
-        hint["y"] = y_hi
-        return math.exp(-y_hi)
-
-    def params(p, tau, calibrated):
-        return SampleThresholdParams(
-            sampling_rate=float(p), threshold=int(tau), epsilon=float(epsilon),
-            delta=float(delta_target), max_keys_per_user=c, per_key_epsilon=None,
-            per_key_delta=None, per_key_delta_spent=None, delta_spent=spent(p, tau),
-            method="exact", calibrated=tuple(calibrated), composition="pld")
-
-    budget = (f"epsilon {epsilon:g}, delta {delta_target:g} over {c} key(s) per user "
-              f"(privacy-loss-distribution composition)")
-    if sampling_rate is not None:
-        _check(epsilon, sampling_rate, 1, "exact")
-    if threshold is not None:
-        _check(epsilon, 0.5, threshold, "exact")
-
-    def min_tau(p):
-        return _min_threshold_by(lambda tau: spent(p, tau) <= delta_target, 100_000)
-
-    if sampling_rate is None and threshold is None:
-        # The composed bound costs ~0.2-1 s, so instead of the full search of
-        # best_release_point: the basic-composition optimum tau_b, then thresholds
-        # 0.5 .. 1 x tau_b (the tight composition needs a lower threshold at a higher
-        # rate), each with its largest rate; the best release point wins, and the basic
-        # calibration itself when it is better (both are valid guarantees).
-        basic = calibrate(epsilon, delta_target, c, method="exact", composition="basic")
-        best = None
-        for factor in (1.0, 0.8, 0.65, 0.5):
-            tau = max(2, round(basic.threshold * factor))
-            p = rate_for(tau, 1e-2)
-            if p is not None and (best is None or tau / p < best[1] / best[0]):
-                best = (p, tau)
-        if best is None or best[1] / best[0] >= basic.release_point:
-            return basic
-        return params(best[0], best[1], ("sampling_rate", "threshold"))
-    if threshold is None:
-        tau = min_tau(sampling_rate)
-        if tau is None:
-            raise CalibrationInfeasible(
-                f"sampling_rate {sampling_rate:g} cannot meet {budget} with any threshold "
-                f"<= 100000; use a smaller sampling_rate")
-        return params(sampling_rate, tau, ("threshold",))
-    if sampling_rate is None:
-        p = rate_for(threshold, 1e-9)
-        if p is None:
-            raise CalibrationInfeasible(
-                f"threshold {threshold} cannot meet {budget} with any sampling_rate; "
-                f"use a larger threshold")
-        return params(p, threshold, ("sampling_rate",))
-    used = spent(sampling_rate, threshold)
-    if used > delta_target:
-        raise _infeasible(sampling_rate, threshold, f"delta {used:.3g} > {delta_target:.3g}",
-                          budget, min_tau(sampling_rate), rate_for(threshold, 1e-9))
-    return params(sampling_rate, threshold, ())
 
 
 @dataclasses.dataclass(frozen=True)

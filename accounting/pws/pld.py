@@ -35,9 +35,10 @@ dominated by the C-fold product, whose hockey-stick divergence is at most
 (exact Bernoulli coins of the float pi_i, or q_i x fl(pi_i / q_i) on a pre-sampled input)
 is verified against (1) with directed bounds on every rounding (:func:`verify`).
 
-``calibrate`` uses this table only where it is no worse than ``optimal``'s at every
-frequency (up to delta, :func:`no_worse`), else optimal's tables. Keys only: the Alg. 4 frequency tokens are built for (eps0, delta0) and keep
-``optimal``.
+``calibrate`` (accounting.pws.release, composition pld) uses this table only where it is no
+worse than ``optimal``'s at every frequency (up to delta, :func:`no_worse`), else optimal's
+tables. Keys only: the Alg. 4 frequency tokens are built for (eps0, delta0) and keep
+``optimal``. This module needs nothing of accounting.pws.core: the release module joins them.
 """
 import dataclasses
 import math
@@ -273,58 +274,6 @@ def build(q_fn, budget, max_length, *, presampled=False):
         if margin >= 0.1:
             return None
     return None
-
-
-def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_threshold=None,
-              report="keys", estimator="mle", max_frequency=None, presampled=False):
-    """``composition: pld`` of accounting.pws.calibrate: the better of the ``optimal``
-    release and the table (2) of :func:`best_budget` (used when :func:`no_worse`: at every
-    frequency at least optimal's probability minus delta, and never longer than the table
-    the planning limits already admit). Keys only (frequencies: ValueError).
-    Returns accounting.pws.PWSParameters (composition "pld"; ``key_mu`` set when the
-    Gaussian table is used, else the optimal parameters)."""
-    from thresher.accounting import pws
-    if report != "keys":
-        raise ValueError("composition pld is available with report: keys only (the frequency "
-                         "tokens of Alg. 4 are built for an (eps0, delta0) per-key budget); use "
-                         "composition: optimal")
-    c = int(max_keys_per_user)
-    opt = pws.calibrate(epsilon, delta, c, sampling=sampling, sampling_threshold=sampling_threshold,
-                        report=report, estimator=estimator, composition="optimal",
-                        max_frequency=max_frequency, presampled=presampled)
-    fallback = dataclasses.replace(opt, composition="pld")
-    if c == 1 or max_frequency is not None or opt.saturation_frequency is None \
-            or opt.max_frequency > MAX_LENGTH:
-        return fallback
-    budget = best_budget(epsilon, delta, c)
-    if budget is None:
-        return fallback
-
-    def q_fn(m):
-        return pws.sampling_probabilities(m, sampling=sampling, sampling_threshold=sampling_threshold)
-
-    built = build(q_fn, budget, opt.max_frequency, presampled=presampled)
-    if built is None:
-        return fallback
-    keep, mu_build, d_build = built
-    if not no_worse(keep, pws.release_tables(opt).keep, delta):
-        return fallback
-    spent = composed_delta(epsilon, budget.mu, budget.delta0, c)
-    if spent > delta:  # cannot happen: budgets() checked it
-        raise ValueError(f"composed delta {spent:g} exceeds {delta:g}")
-    e0 = per_key_epsilon(budget.mu, budget.delta0)
-    # the per-key delta of the coins actually drawn (q x fl(pi / q) when pre-sampled), at
-    # e0: one key with tradeoff max(0, G_mu - delta0) is (e0, 2 delta0)-DP, not (e0, delta0)
-    drawn_q = q_fn(len(keep) - 1) if presampled else None
-    realized = pws.realized_delta(e0, keep, sampling_probabilities=drawn_q)
-    return pws.PWSParameters(
-        epsilon=float(epsilon), delta=float(delta), max_keys_per_user=c, sampling=sampling,
-        sampling_threshold=None if sampling_threshold is None else float(sampling_threshold),
-        report=report, estimator=estimator, composition="pld", key_epsilon=e0,
-        key_delta=2 * budget.delta0, table_delta=d_build, key_delta_realized=realized,
-        delta_realized=spent, max_frequency=len(keep) - 1, saturation_frequency=len(keep) - 1,
-        beyond_table="clip", presampled=bool(presampled), key_mu=mu_build,
-        key_mu_verified=budget.mu, key_delta0=budget.delta0)
 
 
 def no_worse(keep, optimal_keep, delta):

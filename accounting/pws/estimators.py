@@ -46,7 +46,7 @@ class TokenBand:
 
 
 def from_rows(lo, indptr, values, extra=0):
-    """TokenBand of Alg. 4 rows stored as in ``accounting.pws._Band`` (row i: columns
+    """TokenBand of Alg. 4 rows stored as in ``accounting.pws.core._Band`` (row i: columns
     lo[i].., values[indptr[i]:indptr[i+1]]), with ``extra`` more rows, each the last row
     shifted by one more column (``beyond_table="shift"``), sharing its storage."""
     m = len(lo) - 1

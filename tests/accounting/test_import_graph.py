@@ -1,0 +1,137 @@
+"""The accounting package imports without cycles (issue 29): every import between its
+modules, at the top of a file or inside a function, forms a graph with no cycle. The two
+former circles (``pws`` <-> ``pws_pld``, ``sample_threshold`` <-> ``sample_threshold_pld``)
+are now one subpackage each whose modules import one way; each of their modules imports
+alone in a fresh interpreter."""
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE = os.path.join(ROOT, "accounting")
+
+
+def _modules():
+    """{dotted name as installed (thresher.accounting...): path}; a package is its __init__."""
+    found = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                module = "thresher." + os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                found[module.removesuffix(".__init__")] = path
+    return found
+
+
+def _imports(source, module, modules):
+    """The modules of ``modules`` that ``source`` (the text of ``module``) imports, by any
+    import statement anywhere in it (function bodies included). ``from P import x`` counts
+    as importing P.x when that is a module, else P (x is defined in P itself)."""
+    package = module if modules.get(module, "").endswith("__init__.py") else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:      # relative: from .x import y / from . import y
+                anchor = package
+                for _ in range(node.level - 1):
+                    anchor = anchor.rpartition(".")[0]
+                base = f"{anchor}.{base}" if base else anchor
+            subs = {f"{base}.{a.name}" for a in node.names} & set(modules)
+            found.update(subs)
+            if base in modules and len(subs) < len(node.names):
+                found.add(base)
+    found.discard(module)
+    return found
+
+
+def _graph():
+    modules = _modules()
+    return {m: _imports(open(path, encoding="utf-8").read(), m, modules)
+            for m, path in modules.items()}
+
+
+def _cycle(edges):
+    """One cycle as a list of modules, or None (depth-first search)."""
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in sorted(edges.get(m, ())):
+            if state.get(n) == "open":
+                return stack[stack.index(n):] + [n]
+            if n not in state:
+                found = visit(n)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = "done"
+        return None
+
+    for m in sorted(edges):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_the_graph_sees_every_kind_of_import():
+    """The checker finds what it must (so an empty result means something): top-level and
+    function-local imports, ``from package import module``, names from a module, relative
+    imports; and the cycle search finds a known cycle."""
+    modules = {"thresher.accounting.a": "a.py", "thresher.accounting.b": "b.py",
+               "thresher.accounting.c": "c.py", "thresher.accounting.d": "d.py",
+               "thresher.accounting.e": "e.py"}
+    source = ("from thresher.accounting import a\n"
+              "def f():\n    from thresher.accounting.b import x\n"
+              "    import thresher.accounting.c\n"
+              "class K:\n    def g(self):\n        from . import d\n        from .e import y\n")
+    assert _imports(source, "thresher.accounting.z", modules) == {
+        "thresher.accounting.a", "thresher.accounting.b", "thresher.accounting.c",
+        "thresher.accounting.d", "thresher.accounting.e"}
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert "thresher.accounting.search" in _graph()["thresher.accounting.adaptive"]
+
+
+def test_no_import_cycle_in_accounting():
+    cycle = _cycle(_graph())
+    assert cycle is None, " -> ".join(cycle)
+
+
+# Each family: its modules from the bottom layer up; a module may import only those before it.
+FAMILIES = {
+    "pws": ("estimators", "pld", "core", "release"),
+    "sample_threshold": ("core", "pld", "calibration"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_family_imports_one_way(family):
+    """Inside a family a module imports only modules of a lower layer, never the family's
+    package (its __init__ imports them all) nor one that imports it back."""
+    edges = _graph()
+    package = f"thresher.accounting.{family}"
+    layers = FAMILIES[family]
+    inside = {m for m in edges if m.startswith(package + ".")}
+    assert inside == {f"{package}.{name}" for name in layers}
+    for i, name in enumerate(layers):
+        module = f"{package}.{name}"
+        allowed = {f"{package}.{lower}" for lower in layers[:i]}
+        reached = {m for m in edges[module] if m == package or m.startswith(package + ".")}
+        assert reached <= allowed, (module, sorted(reached - allowed))
+
+
+@pytest.mark.parametrize("module", sorted(
+    m for m in _modules() if any(m.startswith(f"thresher.accounting.{f}") for f in FAMILIES)))
+def test_each_family_module_imports_alone(module):
+    """A fresh interpreter imports the module by itself (no hidden order dependence)."""
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -3,7 +3,7 @@
     python benchmarks/bench_engines.py [--rows 1000000 10000000] [--only NAME ...]
 
 The quickstart spec (``max_keys_per_user: 8``, gaussian) on ``benchmarks/datagen.py``
-data of each size, through ``python -m pipelines.cli run SPEC --overwrite -- <flags>``:
+data of each size, through ``python -m thresher run SPEC --overwrite -- <flags>``:
 
 - ``in_process``: the default FnApiRunner, one process;
 - ``fnapi_1w`` / ``fnapi_2w``: the FnApiRunner with 1 / 2 worker processes

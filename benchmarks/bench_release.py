@@ -124,7 +124,7 @@ def _measure_main(out, cmd):
 # ---- thresher ---------------------------------------------------------------------------------
 
 def thresher_command():
-    """The checkout's thresher (``python -m pipelines.cli`` run from ROOT), never an
+    """The checkout's thresher (``python -m thresher`` run from ROOT), never an
     installed ``thresher`` of another version found on PATH."""
     return [sys.executable, "-m", "thresher.pipelines.cli"]
 

@@ -200,7 +200,7 @@ def test_a_valid_spec_loads_without_importing_jsonschema(tmp_path):
     bad = tmp_path / "bad.yaml"
     spec["bounding"]["max_keys_per_user"] = 0
     bad.write_text(yaml.safe_dump(spec))
-    probe = ("import sys\nfrom pipelines import spec\nspec.load(sys.argv[1])\n"
+    probe = ("import sys\nfrom thresher.pipelines.specs import spec\nspec.load(sys.argv[1])\n"
              "print('jsonschema' in sys.modules)\n"
              "try:\n    spec.load(sys.argv[2])\nexcept Exception as exc:\n    print(exc)\n")
     proc = subprocess.run([sys.executable, "-c", probe, str(path), str(bad)], cwd=ROOT,

@@ -3,7 +3,7 @@
 ``run_batch(argvs)`` starts one fresh interpreter (``python -m tests.robustness.cli_driver``,
 optionally through a ``prefix`` command such as setpriv or unshare) that caps its own
 address space (``resource.setrlimit(RLIMIT_AS)``, 3 GB) and runs each argv through
-``pipelines.cli.main`` (what ``python -m pipelines.cli`` runs) with stdout and stderr
+``pipelines.cli.main`` (what ``python -m thresher`` runs) with stdout and stderr
 captured, the root logger's handlers reset and a SIGALRM hang guard per case (a case still
 running after ``seconds`` is stopped and reported as ``code: "timeout"``; the guard ends a
 hung case, it is not a speed check). Each result holds the exit code (or "timeout" /

@@ -1,6 +1,6 @@
 """Hostile inputs for the real CLI: data generators, spec writer and a CLI runner.
 
-``run_cli`` runs ``python -m pipelines.cli`` either in a fresh interpreter (subprocess:
+``run_cli`` runs ``python -m thresher`` either in a fresh interpreter (subprocess:
 exactly what a user runs) or in-process through ``pipelines.cli.main`` with stdout and
 stderr captured (the same code path and the same Beam FnApiRunner, without the ~4 s of
 interpreter and Beam start-up, so the default run stays fast)."""

@@ -1,6 +1,6 @@
 """The hostile-input corpus of issue 18, through the real CLI in a fresh interpreter.
 
-Every case runs ``pipelines.cli.main`` (what ``python -m pipelines.cli`` runs) in a child
+Every case runs ``pipelines.cli.main`` (what ``python -m thresher`` runs) in a child
 interpreter (``tests.robustness.cli_driver``: address space capped at 3 GB, a 60 s alarm per
 case as a hang guard; a case it stops ends as "timeout" and fails the exit-code check),
 and must end with exit code 0 or 2, no traceback and no "internal error", a message naming the field or file, and nothing left beside the output

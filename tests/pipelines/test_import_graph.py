@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from .conftest import ROOT
+from tests.import_cycles import find_cycle
 
 PACKAGE = os.path.join(ROOT, "pipelines")
 
@@ -47,30 +48,7 @@ def _graph():
     return edges
 
 
-def _cycle(edges):
-    """One cycle as a list of modules, or None (depth-first search)."""
-    state, stack = {}, []
-
-    def visit(m):
-        state[m] = "open"
-        stack.append(m)
-        for n in sorted(edges[m]):
-            if state.get(n) == "open":
-                return stack[stack.index(n):] + [n]
-            if n not in state:
-                found = visit(n)
-                if found:
-                    return found
-        stack.pop()
-        state[m] = "done"
-        return None
-
-    for m in sorted(edges):
-        if m not in state:
-            found = visit(m)
-            if found:
-                return found
-    return None
+_cycle = find_cycle
 
 
 def test_the_graph_sees_the_imports():

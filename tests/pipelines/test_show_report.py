@@ -57,6 +57,9 @@ def test_show_formats_carry_every_released_row(release):
     assert done.returncode == 0 and done.stderr == ""
     got = list(csv.DictReader(io.StringIO(done.stdout)))
     assert [(r["word"], int(r["count"])) for r in got] == [(r["word"], r["count"]) for r in rows]
+    # the interval columns (issue 27) travel as they are in csv and json
+    assert [(int(r["count_low"]), int(r["count_high"])) for r in got] == [
+        (r["count_low"], r["count_high"]) for r in rows]
     done = thresher("show", release, "--format", "json")
     assert done.returncode == 0 and done.stderr == ""
     assert [json.loads(line) for line in done.stdout.splitlines()] == rows
@@ -66,7 +69,10 @@ def test_show_formats_carry_every_released_row(release):
     done = thresher("show", release, "--top", "3")           # table, the default
     lines = done.stdout.splitlines()
     assert lines[0].startswith("look: ") and lines[1].split() == ["word", "count"]
-    assert [line.split() for line in lines[3:]] == [[r["word"], f"{r['count']:,}"] for r in best]
+    # the table prints each count with its interval: 1,830 [1,811, 1,849]
+    assert [line.split() for line in lines[3:]] == [
+        [r["word"], f"{r['count']:,}", f"[{r['count_low']:,},", f"{r['count_high']:,}]"]
+        for r in best]
 
 
 @pytest.mark.parametrize("top", ["-5", "0", "x"])

@@ -110,7 +110,8 @@ def test_release_through_files_on_the_in_process_runner(tmp_path, monkeypatch, b
         out = tmp_path / name
         assert sorted(os.listdir(out)) == ["release_report.json", "released.parquet"]
         released = pq.read_table(out / "released.parquet")
-        return report, dict(zip(*released.to_pydict().values())), len(written)
+        columns = released.to_pydict()          # key, count and its interval (issue 27)
+        return report, dict(zip(columns["word"], columns["count"])), len(written)
 
     for name, spill_on in (("spilled", True), ("in_memory", False)):
         report, got, pieces = run_once(name, spill_on)

@@ -150,8 +150,16 @@ def count_bounds(y, tail, alpha, floor, threshold=None, clamped_at_zero=False):
 
     base = np.full(y.shape, floor, dtype=np.int64)
     top = np.maximum(y, floor) + reach + 1
+    return _invert(upper_tail, lower_tail, half, base, top)
+
+
+
+def _invert(upper_tail, lower_tail, half, base, top):
+    """The equal-tailed Neyman interval [n_lo, n_hi] of each observation, n in [base, top):
+    n_lo the first n whose upper tail exceeds ``half``, n_hi the last n whose lower tail
+    does (first n with lower_tail <= half, minus one); where that is empty (a tie of the
+    discrete law), the n whose lower tail is within _TIE of the largest, down to ``base``."""
     n_lo = _first_true(lambda n: upper_tail(n) > half, base, top)
-    # n_hi = the last n with lower_tail > half = (first n with lower_tail <= half) - 1
     n_hi = _first_true(lambda n: lower_tail(n) <= half, base, top) - 1
     empty = n_hi < n_lo
     if empty.any():
@@ -160,7 +168,6 @@ def count_bounds(y, tail, alpha, floor, threshold=None, clamped_at_zero=False):
         n_hi = np.where(empty, np.maximum(tie_hi, n_lo), n_hi)
         n_lo = np.where(empty, base, n_lo)
     return n_lo, n_hi
-
 
 def _laplace_reach(scale):
     # P(|Z| > r) = 2 q^(r+1) / (1 + q) < e^-800 for r >= 800 scale
@@ -251,12 +258,4 @@ def binomial_bounds(x, p, alpha, threshold):
     # far enough that X <= x has probability ~0 (mean n p, sd sqrt(n p)): n p >= x + 40 sd
     top = np.ceil((x + 40.0 * np.sqrt(x + 1.0) + 1600.0) / p).astype(np.int64) + 1
     with np.errstate(divide="ignore", invalid="ignore"):
-        n_lo = _first_true(lambda n: upper_tail(n) > half, base, top)
-        n_hi = _first_true(lambda n: lower_tail(n) <= half, base, top) - 1
-        empty = n_hi < n_lo
-        if empty.any():
-            level = lower_tail(base) * (1.0 - _TIE)
-            tie_hi = _first_true(lambda n: lower_tail(n) < level, base, top) - 1
-            n_hi = np.where(empty, np.maximum(tie_hi, n_lo), n_hi)
-            n_lo = np.where(empty, base, n_lo)
-    return n_lo, n_hi
+        return _invert(upper_tail, lower_tail, half, base, top)

@@ -43,7 +43,9 @@ Why the value returned is an upper bound (the proof of its margin):
    never the unsafe direction).
 
 So ``delta_upper(...) >= gshm.delta(...)`` up to the accounting's own float error, and the
-two agree to ~1e-12 relative where the accounting uses Lemma A (tests cross-check both).
+two agree closely where the accounting uses Lemma A (tests cross-check both; a review fuzz
+over 150 points found relative gaps up to 2.3e-10, with the plain bound the tighter one,
+still above a brute-force sum).
 Cost: the sums run over ~12 sigma sqrt(C) terms for each of 2C+1 evaluations;
 ``delta_upper`` gives up (returns None) beyond ``MAX_TERMS`` in all.
 """

@@ -238,6 +238,9 @@ def make_plan(spec):
     if spec.input.public_keys is not None:
         from thresher.pipelines.dataio.public_keys import input_key_types, load_domain
         domain = load_domain(spec.input.public_keys, spec.input.keys, input_key_types(spec.input))
+        if spec.kind == "quantiles":
+            from thresher.pipelines.kinds.quantiles import check_public_cells
+            check_public_cells(spec.mechanism, domain.num_rows)
         if spec.auto_bound:
             from thresher.pipelines.dataio.public_keys import domain_candidates
             candidates = domain_candidates(candidates, domain.num_rows, spec.bounding.model)

@@ -123,6 +123,27 @@ def parse(section):
     return out
 
 
+# Per-key hierarchical quantiles over public keys release a noisy count for every (key,
+# level, bucket) cell (transforms.public_cells.zero_cells makes them all): the product is
+# refused above this before anything is read.
+MAX_PUBLIC_CELLS = 1 << 26
+
+
+def check_public_cells(mechanism, domain_size):
+    """Refuse (SpecError naming the fields) a per-key hierarchical release whose public
+    cells, keys x (branching + branching^2 + ... + branching^levels), exceed
+    MAX_PUBLIC_CELLS."""
+    if mechanism.get("method") != "hierarchical" or "levels" not in mechanism:
+        return
+    branching, levels = int(mechanism["branching"]), int(mechanism["levels"])
+    per_key = sum(branching ** level for level in range(1, levels + 1))
+    if int(domain_size) * per_key > MAX_PUBLIC_CELLS:
+        raise SpecError("mechanism.levels", f"{int(domain_size):,} public keys x {per_key:,} "
+                        f"cells per key (branching {branching}, levels {levels}) is more than "
+                        f"the planning limit of {MAX_PUBLIC_CELLS:,} noisy cells; use fewer "
+                        f"levels, a smaller branching or fewer keys in input.public_keys")
+
+
 def _check_resolution(low, high, out):
     """The domain's width and the released resolution must be finite positive floats: a
     domain such as [-1e308, 1e308] has width inf (it released inf and wrote a non-JSON

@@ -220,3 +220,25 @@ def test_the_production_path_draws_from_the_pipeline_secret(tmp_path, keys):
     report = run(make_plan(spec))
     assert report["released_keys"] >= 0
     assert os.path.exists(tmp_path / "out" / "released.parquet")
+
+
+def test_too_many_public_cells_are_refused_before_reading(tmp_path, cli):
+    """Every (key, level, bucket) cell of public keys gets a noisy count: 100 keys x
+    (2 + 4 + ... + 2**20) cells is above the planning limit, refused by `plan` with exit 2
+    naming the field (before this check the run generated ~2e8 cells)."""
+    keys = str(tmp_path / "keys.parquet")
+    pq.write_table(pa.table({"country": [str(i) for i in range(100)]}), keys)
+    data = str(tmp_path / "x.parquet")
+    pq.write_table(pa.table({"user": ["u"], "country": ["0"], "x": [1.0]}), data)
+    spec = {"name": "q", "input": {"path": data, "user": "user", "keys": ["country"],
+                                   "public_keys": {"path": keys}},
+            "privacy": {"epsilon": 1.0, "delta": 1e-6}, "bounding": {"max_keys_per_user": 1},
+            "mechanism": {"kind": "quantiles", "column": "x", "ranks": [0.5],
+                          "domain": [0, 1000], "branching": 2, "levels": 20},
+            "output": {"path": str(tmp_path / "out")}}
+    done = cli(spec, command="plan")
+    assert done.returncode == 2, done.stderr
+    assert "mechanism.levels" in done.stderr and "planning limit" in done.stderr
+    assert "Traceback" not in done.stderr
+    spec["mechanism"]["levels"] = 4                      # 100 x 30 cells: planned
+    assert cli(spec, command="plan").returncode == 0

@@ -34,7 +34,7 @@ Numerics: tails are computed in log space (exact sums over the discrete Gaussian
 ``accounting.discrete_gaussian``; closed forms for the discrete Laplace), and every
 endpoint is an integer decided by comparing probabilities with alpha/2. The intervals are
 computed once per release, in the launcher, from the published values
-(``pipelines.intervals``), so every runner publishes the same bytes.
+(``pipelines.dataio.intervals``), so every runner publishes the same bytes.
 """
 import dataclasses
 import math

@@ -113,7 +113,7 @@ def main():
     parser.add_argument("--timeout", type=int, default=1800)
     args = parser.parse_args()
     sys.path.insert(0, ROOT)
-    from thresher.pipelines import engines
+    from thresher.pipelines.running import engines
     prism = engines.cached(engines.engine("prism"))
     folder = tempfile.mkdtemp(prefix="bench_engines-")
     print(f"load average before: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} "

@@ -4,14 +4,14 @@ Keys with known truth (counts spread around the release point tau*, per-user tot
 and clamped) go through the kernels thresher runs (``noisy_threshold`` +
 ``aggregate_values.noisy_outputs``, ``weighted_threshold``, the adaptive count stage) with
 keyed streams under a given secret; the interval columns are computed as the launcher
-computes them (``pipelines.intervals.interval_columns``). Shared by
+computes them (``pipelines.dataio.intervals.interval_columns``). Shared by
 tests/pipelines/test_coverage.py and benchmarks/bench_coverage.py.
 """
 import numpy as np
 import pyarrow as pa
 
 from thresher.accounting import aggregates as agg
-from thresher.pipelines import intervals
+from thresher.pipelines.dataio import intervals
 from thresher.transforms import keyed_random
 
 

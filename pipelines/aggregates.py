@@ -154,7 +154,7 @@ def auto_columns(aggregates):
 
 def output_fields(aggregates):
     """The published value columns, then the staged noisy sums behind variance / stddev
-    (``__ns<i>``: read by pipelines/intervals.py in the launcher and dropped before
+    (``__ns<i>``: read by pipelines/dataio/intervals.py in the launcher and dropped before
     publishing)."""
     fields = [pa.field(a.output, pa.float64()) for a in aggregates]
     staged = sorted({i for a in aggregates if a.square_index >= 0

@@ -115,7 +115,7 @@ def _python_type(arrow_type, field):
 
 def _without_intervals(report):
     """The report of a release this transform publishes: no <column>_low / _high columns
-    yet (``thresher run`` adds them in its launcher, pipelines/intervals.py), so the
+    yet (``thresher run`` adds them in its launcher, pipelines/dataio/intervals.py), so the
     report's ``intervals`` section lists every column as without one."""
     section = dict(report.get("intervals") or {})
     if not section:

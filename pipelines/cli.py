@@ -83,7 +83,7 @@ def _parser():
     validate = sub.add_parser("validate", parents=[common],
                               help="check a spec (and that its input has the columns)")
     validate.add_argument("config")
-    from thresher.pipelines.look import FORMATS, positive_rows
+    from thresher.pipelines.reports.look import FORMATS, positive_rows
     show = sub.add_parser("show", parents=[common],
                           help="the released rows of a published release (a table of the top "
                                "keys, or CSV / JSON lines)")
@@ -237,8 +237,8 @@ def main(argv=None):
         return exc.exit_code
     except BrokenPipeError:
         # stdout's reader went away (thresher plan ... | head -1): a normal end, as in
-        # show and report (pipelines/look.py)
-        from thresher.pipelines.look import _discard_stdout
+        # show and report (pipelines/reports/look.py)
+        from thresher.pipelines.reports.look import _discard_stdout
         _discard_stdout()
         return 0
     except KeyboardInterrupt:
@@ -513,7 +513,7 @@ def _spec_command(args, beam_args):
     progress.phase("checking the output folder and the Beam options")
     check_output_writable(spec.output.path)
     beam_flags.check(beam_args)
-    from thresher.pipelines import engines
+    from thresher.pipelines.running import engines
     beam_args = engines.complete_beam_args(beam_args)   # the cached job server / Prism
     progress.phase("checking the input files and building the Beam pipeline")
     report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
@@ -525,7 +525,7 @@ def _spec_command(args, beam_args):
 
 
 def _engines_command(args):
-    from thresher.pipelines import engines
+    from thresher.pipelines.running import engines
     for name in args.engine:
         eng = engines.engine(name, flink_version=args.flink_version if name == "flink" else None)
         path = engines.fetch(eng)
@@ -565,7 +565,7 @@ def _ledger_line(spec):
 
 
 def _look_command(args):
-    from thresher.pipelines import look
+    from thresher.pipelines.reports import look
     if args.command == "show":
         with look.to_stdout():
             look.show(args.output, args.format, args.top)

@@ -161,8 +161,8 @@ class Plan:
 
 
 def intervals_report(spec):
-    """The report's ``intervals`` section (pipelines/intervals.py)."""
-    from thresher.pipelines.intervals import report_section
+    """The report's ``intervals`` section (pipelines/dataio/intervals.py)."""
+    from thresher.pipelines.dataio.intervals import report_section
     return report_section(spec)
 
 

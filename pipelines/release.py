@@ -515,9 +515,9 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
 def _add_intervals(outputs, mechanism, spec):
     """Write the <column>_low / _high intervals into the staged released file, here in
     the launcher, once: post-processing of the released values with the public
-    parameters (pipelines/intervals.py), so the published bytes stay a function of the
+    parameters (pipelines/dataio/intervals.py), so the published bytes stay a function of the
     private output, the spec and the version on every runner."""
-    from thresher.pipelines import intervals
+    from thresher.pipelines.dataio import intervals
     if not intervals.kind_publishes(spec):
         return
     import pyarrow.parquet as pq

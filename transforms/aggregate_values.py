@@ -221,7 +221,7 @@ def noisy_outputs(counts, grid_sums, params, rng):
             variance = np.clip(squares / counts - mean * mean, 0.0, ((high - low) / 2.0) ** 2)
         value = variance if e["statistic"] == "variance" else np.sqrt(variance)
         out[e["output"]] = np.where(counts > 0, value, np.nan)
-        # the noisy sums behind it, for its interval (pipelines/intervals.py: read and
+        # the noisy sums behind it, for its interval (pipelines/dataio/intervals.py: read and
         # dropped in the launcher before publishing)
         for i in (e["sum_column"], e["squares"]["sum_column"]):
             out[f"{NOISY_SUM_PREFIX}{i}"] = noisy[i]

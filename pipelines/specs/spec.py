@@ -92,7 +92,7 @@ class BoundingSpec:
 @dataclasses.dataclass(frozen=True)
 class OutputSpec:
     path: str
-    confidence: float = 0.95   # of the <column>_low / _high intervals (pipelines/intervals.py)
+    confidence: float = 0.95   # of the <column>_low / _high intervals (pipelines/dataio/intervals.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,7 +83,7 @@ def check_release(out_dir, plan_report, input_path, user="user_id", key="word", 
     assert released.schema == pa.schema([(key, pa.string()), ("count", pa.int64()),
                                          ("count_low", pa.int64()), ("count_high", pa.int64())])
     # issue 27: the intervals are the launcher's post-processing of the released counts
-    from thresher.pipelines.intervals import count_interval
+    from thresher.pipelines.dataio.intervals import count_interval
     low, high = count_interval(released.column("count").to_numpy(), mech,
                                1.0 - report["intervals"]["confidence"])
     assert (released.column("count_low").to_numpy() == low).all()

@@ -38,7 +38,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from thresher.pipelines import engines, release
+from thresher.pipelines import release
+from thresher.pipelines.running import engines
 
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.plan import make_plan

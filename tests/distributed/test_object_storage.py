@@ -68,7 +68,7 @@ def test_release_read_from_and_published_to_object_storage(store, capsys):
     assert released.schema == pa.schema([("word", pa.string()), ("count", pa.int64()),
                                          ("count_low", pa.int64()), ("count_high", pa.int64())])
     # issue 27: the launcher read the staged object, added the intervals and wrote it back
-    from thresher.pipelines.intervals import count_interval
+    from thresher.pipelines.dataio.intervals import count_interval
     low, high = count_interval(released.column("count").to_numpy(), report["mechanism"], 0.05)
     assert (released.column("count_low").to_numpy() == low).all()
     assert (released.column("count_high").to_numpy() == high).all()

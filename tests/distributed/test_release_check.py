@@ -54,7 +54,7 @@ def _publish(folder, released, extra_files=()):
     counts = np.array([released[w] for w in words], dtype=np.int64)
     plan_report = _plan_report()
     # the launcher's post-processing (issue 27): the interval of each released count
-    from thresher.pipelines.intervals import count_interval
+    from thresher.pipelines.dataio.intervals import count_interval
     low, high = count_interval(counts, plan_report["mechanism"],
                                1.0 - plan_report["intervals"]["confidence"])
     table = pa.table({"word": pa.array(words, pa.string()), "count": pa.array(counts),

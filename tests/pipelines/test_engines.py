@@ -1,4 +1,4 @@
-"""``thresher engines fetch`` and the engine flags ``thresher run`` adds (pipelines/engines.py).
+"""``thresher engines fetch`` and the engine flags ``thresher run`` adds (pipelines/running/engines.py).
 
 Fast: nothing is downloaded. The registry clients are stand-ins on PATH (a ``go`` that
 writes a file where ``go install`` would put Prism, an ``mvn`` that writes the jar where
@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from thresher.pipelines import engines
+from thresher.pipelines.running import engines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(ROOT, "configs", "examples", "quickstart.yaml")

@@ -3,58 +3,19 @@ modules, at the top of a file or inside a function, forms a graph with no cycle.
 former circles (``pws`` <-> ``pws_pld``, ``sample_threshold`` <-> ``sample_threshold_pld``)
 are now one subpackage each whose modules import one way; each of their modules imports
 alone in a fresh interpreter."""
-import ast
-import os
-import subprocess
-import sys
-
 import pytest
-from tests.import_cycles import find_cycle
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PACKAGE = os.path.join(ROOT, "accounting")
+from tests.import_cycles import find_cycle, import_graph, imported_modules, imports_alone, package_modules
+
+_imports = imported_modules
 
 
 def _modules():
-    """{dotted name as installed (thresher.accounting...): path}; a package is its __init__."""
-    found = {}
-    for folder, _, files in os.walk(PACKAGE):
-        for name in files:
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                module = "thresher." + os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-                found[module.removesuffix(".__init__")] = path
-    return found
-
-
-def _imports(source, module, modules):
-    """The modules of ``modules`` that ``source`` (the text of ``module``) imports, by any
-    import statement anywhere in it (function bodies included). ``from P import x`` counts
-    as importing P.x when that is a module, else P (x is defined in P itself)."""
-    package = module if modules.get(module, "").endswith("__init__.py") else module.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name in modules)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:      # relative: from .x import y / from . import y
-                anchor = package
-                for _ in range(node.level - 1):
-                    anchor = anchor.rpartition(".")[0]
-                base = f"{anchor}.{base}" if base else anchor
-            subs = {f"{base}.{a.name}" for a in node.names} & set(modules)
-            found.update(subs)
-            if base in modules and len(subs) < len(node.names):
-                found.add(base)
-    found.discard(module)
-    return found
+    return package_modules("accounting")
 
 
 def _graph():
-    modules = _modules()
-    return {m: _imports(open(path, encoding="utf-8").read(), m, modules)
-            for m, path in modules.items()}
+    return import_graph("accounting")
 
 
 _cycle = find_cycle
@@ -110,6 +71,5 @@ def test_each_family_imports_one_way(family):
     m for m in _modules() if any(m.startswith(f"thresher.accounting.{f}") for f in FAMILIES)))
 def test_each_family_module_imports_alone(module):
     """A fresh interpreter imports the module by itself (no hidden order dependence)."""
-    done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
+    ok, stderr = imports_alone(module)
+    assert ok, stderr

@@ -2,49 +2,26 @@
 top of a file or inside a function, and the kinds that ``pipelines.kinds.module`` loads by
 name, form a graph with no cycle; and each module imports alone in a fresh interpreter."""
 import ast
-import os
-import subprocess
-import sys
 
 import pytest
 
-from .conftest import ROOT
-from tests.import_cycles import find_cycle
-
-PACKAGE = os.path.join(ROOT, "pipelines")
+from tests.import_cycles import find_cycle, import_graph, imports_alone, package_modules
 
 
 def _modules():
-    found = {}
-    for folder, _, files in os.walk(PACKAGE):
-        for name in files:
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                module = "thresher." + os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-                found[module.removesuffix(".__init__")] = path
-    return found
+    return package_modules("pipelines")
 
 
 def _graph():
     """{module: modules it imports}, function-local imports included; the kinds registry
     (``importlib.import_module`` in pipelines/kinds/__init__.py) imports every kind."""
     modules = _modules()
-    edges = {m: set() for m in modules}
-    for module, path in modules.items():
-        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-            if isinstance(node, ast.Import):
-                edges[module].update(a.name for a in node.names if a.name in modules)
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                subs = {f"{node.module}.{a.name}" for a in node.names} & set(modules)
-                edges[module].update(subs)
-                if node.module in modules and len(subs) < len(node.names):
-                    edges[module].add(node.module)      # names defined in the module itself
-            elif (isinstance(node, ast.Attribute) and node.attr == "import_module"
-                  and module == "thresher.pipelines.kinds"):
-                edges[module].update(m for m in modules if m.startswith("thresher.pipelines.kinds.")
-                                     and not m.rpartition(".")[2].startswith("_"))
-    for module in edges:
-        edges[module].discard(module)
+    edges = import_graph("pipelines")
+    registry = "thresher.pipelines.kinds"
+    tree = ast.parse(open(modules[registry], encoding="utf-8").read())
+    if any(isinstance(n, ast.Attribute) and n.attr == "import_module" for n in ast.walk(tree)):
+        edges[registry].update(m for m in modules if m.startswith(registry + ".")
+                               and not m.rpartition(".")[2].startswith("_"))
     return edges
 
 
@@ -88,6 +65,5 @@ def _circle(module):
     m if _circle(m) else pytest.param(m, marks=pytest.mark.slow) for m in sorted(_modules())])
 def test_each_module_imports_alone(module):
     """A fresh interpreter imports the module by itself (no hidden order dependence)."""
-    done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
+    ok, stderr = imports_alone(module)
+    assert ok, stderr

@@ -437,8 +437,9 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
     inside the pipeline, as a materialised singleton side input
     (``transforms.keyed_random.PipelineSecret``; never in the pipeline graph, never logged
     or written anywhere), so runners that retry or recompute stages draw the same values.
-    ``rng_factory`` is for tests (a ``KeyedSource`` with a fixed secret, or a seeded
-    generator factory): then it is used as is."""
+    ``rng_factory`` is for tests (a ``KeyedSource`` with a fixed secret, or
+    ``keyed_random.seeded_for_tests(seed)``: public identities, no privacy claim): then
+    every stage uses it as is."""
     from thresher.pipelines.running.beam_flags import refuse_graph_saving
     refuse_graph_saving(beam_args, "by thresher's release")   # before the ledger is asked
     with ledger.reservation_for(plan) as reservation:
@@ -475,8 +476,8 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
         from thresher.transforms import keyed_random
         if rng_factory is None:           # the secret is drawn inside the pipeline
             keyed = keyed_random.PipelineSecret.draw(pipeline)
-        else:                             # tests: a fixed KeyedSource or seeded factory
-            keyed = rng_factory if isinstance(rng_factory, keyed_random.KeyedSource) else None
+        else:                             # tests: a fixed KeyedSource, or seeded_for_tests
+            keyed = rng_factory           # (the reader refuses any other source)
         with keyed_random.building(keyed):    # every stage draws from the release secret
             build(pipeline, plan, files, est_rows, staging, rng_factory=rng_factory)
         progress.watch(beam_runner)       # live metrics of the in-process runner

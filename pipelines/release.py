@@ -117,8 +117,11 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     spill_dir = None   # a small input's shuffles stay in memory (a few MB at most)
     if not io.is_small_input(est_rows, exact_rows):
         spill_dir = _spill_dir(pipeline, staging)
+    notes = None          # a kind's report figures computed in the pipeline (apply_notes)
+    if getattr(module, "WRITES_NOTES", False):
+        notes = os.path.join(staging, module.NOTES_FILE)
     released, chosen = release_stages(records, plan, num_shards, rng_factory=rng_factory,
-                                      clip_sink=sink, spill_dir=spill_dir)
+                                      clip_sink=sink, spill_dir=spill_dir, notes_path=notes)
     if chosen is not None:
         (chosen
          | "FormatBound" >> beam.Map(lambda c: json.dumps({"max_keys_per_user": int(c)}))
@@ -144,7 +147,8 @@ def _spill_dir(pipeline, staging):
     return None
 
 
-def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, spill_dir=None):
+def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, spill_dir=None,
+                   notes_path=None):
     """The stages of a release between reading and writing (shared by ``thresher run``
     and the Beam YAML transform, pipelines/beam_yaml.py).
 
@@ -156,7 +160,9 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     spec = plan.spec
     keys = list(spec.input.keys)
     if hasattr(kind_module(spec.kind), "release_stages"):  # heavy_hitters, quantiles
-        return kind_module(spec.kind).release_stages(records, plan, num_shards, rng_factory), None
+        extra = {"notes_path": notes_path} if notes_path is not None else {}
+        return kind_module(spec.kind).release_stages(records, plan, num_shards, rng_factory,
+                                                     **extra), None
     if plan.domain is not None:
         return _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink, spill_dir)
     if _one_pass_auto(spec):
@@ -492,6 +498,7 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
         if spec.aggregates_auto is not None:   # clip: auto -- the chosen bounds
             from thresher.pipelines.aggregates import report_chosen_clips
             report = report_chosen_clips(report, staging)
+        report = _apply_kind_notes(report, staging, kind_module(spec.kind))
         publish.remove_sink_scratch(staging)
         outputs = publish.released_files(staging)
         if not outputs:
@@ -536,6 +543,23 @@ def _add_intervals(outputs, mechanism, spec):
                 handle.write(released_file.serialise(table))
         else:
             released_file.write(table, path)
+
+
+def _apply_kind_notes(report, staging, module):
+    """The report with the figures a kind's pipeline wrote to its NOTES_FILE (one JSON
+    line, read and removed from staging; e.g. quantiles' capped key selection)."""
+    if not getattr(module, "WRITES_NOTES", False):
+        return report
+    path = publish.join(staging, module.NOTES_FILE)
+    text = publish.read_text(path)
+    if text is None:
+        return report
+    lines = [line for line in text.splitlines() if line.strip()]
+    publish.delete(path)
+    if len(lines) != 1:
+        raise ThresherError(f"the {module.NOTES_FILE} stage wrote {len(lines)} lines, expected "
+                            f"exactly one; nothing was published")
+    return module.apply_notes(report, json.loads(lines[0]))
 
 
 def _read_chosen_bound(staging):

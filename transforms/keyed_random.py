@@ -56,7 +56,7 @@ applied: there is no fallback to per-worker OS randomness, and user identities n
 ``KeyedSource`` (or, in tests, :func:`seeded_for_tests` asked for by name:
 ``transforms.user_identity.identity_key``). Someone chaining the building blocks in their
 own pipeline draws the secret with ``PipelineSecret.draw(pipeline)`` and passes that one
-object to every transform (docs/running.md, "Secrets").
+object to every transform (docs/running.md, "Secrets for the building blocks").
 """
 import contextlib
 import hashlib

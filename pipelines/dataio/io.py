@@ -12,7 +12,10 @@ travels of a user id: users are grouped and their random streams keyed by it
 - a null key value, or NaN in a floating-point key column.
 
 CSV and JSONL key columns are read as text (so ``02139`` stays ``02139``); Parquet keeps
-its column types (dictionary-encoded columns are decoded).
+its column types (dictionary-encoded columns are decoded). User ids are identified by
+value, not by type (``transforms.user_identity``, "Type-stable ids"): CSV and JSONL ids
+as their text (``user_identity.text_ids``), and a Parquet dataset whose files store the
+user column as text in some and numbers in others is refused (:func:`check_input`).
 """
 import json
 import math

@@ -9,6 +9,7 @@ reader keyed user identities by a PUBLIC constant. Now each refuses with a
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
@@ -60,6 +61,11 @@ def _apply(pipeline, kind, transform):
     return pipeline | beam.Create([_counts()]) | transform
 
 
+def test_the_list_covers_every_exported_building_block():
+    exported = set(thresher.__all__) - {"Release", "plan", "load_spec"}
+    assert {name for name, _, _ in _building_blocks(None)} == exported
+
+
 @pytest.mark.parametrize("index", range(6))
 def test_every_building_block_without_a_secret_is_refused_naming_rng_factory(index):
     name, kind, transform = _building_blocks(None)[index]
@@ -84,7 +90,6 @@ def test_no_dofn_falls_back_to_os_randomness():
 
 def test_the_reader_refuses_no_secret_and_a_plain_generator_factory(tmp_path):
     path = tmp_path / "in.parquet"
-    import pyarrow.parquet as pq
     pq.write_table(pa.table({"user": ["a"], "word": ["w"]}), path)
     read_spec = spec_mod.InputSpec(path=str(path), format="parquet", user="user",
                                    keys=("word",))

@@ -28,6 +28,7 @@ if ROOT not in sys.path:
 
 def main(argv=None):
     from thresher.pipelines.dataio.io import prepare_batch
+    from thresher.transforms.user_identity import TEST_KEY   # public, tests only
     from thresher.pipelines.kinds import weighted_gaussian as kind
     from thresher.transforms import weighted_threshold as wt
 
@@ -44,7 +45,7 @@ def main(argv=None):
     truth_table = table.group_by("word").aggregate([("user", "count_distinct")])
     truth = dict(zip(truth_table.column("word").to_pylist(),
                      truth_table.column("user_count_distinct").to_pylist()))
-    records = prepare_batch(table, "user", ["word"])[0]
+    records = prepare_batch(table, "user", ["word"], identity_key=TEST_KEY)[0]
     print(f"corpus {a.corpus}: {table.num_rows} rows, {len(truth)} words; "
           f"release epsilon={a.epsilon:g}, delta={a.delta:g}")
     for bound in a.bounds:

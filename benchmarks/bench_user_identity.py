@@ -49,12 +49,16 @@ def _read_main(path):
     """In a fresh process with the measured checkout first on sys.path."""
     import pyarrow.parquet as pq
     from thresher.pipelines.dataio.io import prepare_batch
+    try:   # the public test key, asked for by name (an older checkout has no such argument)
+        from thresher.transforms.user_identity import TEST_KEY
+    except ImportError:
+        TEST_KEY = None
     handle = pq.ParquetFile(path)
     rows, wall, cpu = 0, 0.0, 0.0
     for group in range(handle.metadata.num_row_groups):
         table = handle.read_row_group(group)
         w0, c0 = time.perf_counter(), time.process_time()
-        prepared, _ = prepare_batch(table, "user_id", ["word"])
+        prepared, _ = prepare_batch(table, "user_id", ["word"], identity_key=TEST_KEY)
         wall += time.perf_counter() - w0
         cpu += time.process_time() - c0
         rows += prepared.num_rows

@@ -117,8 +117,11 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     spill_dir = None   # a small input's shuffles stay in memory (a few MB at most)
     if not io.is_small_input(est_rows, exact_rows):
         spill_dir = _spill_dir(pipeline, staging)
+    notes = None          # a kind's report figures computed in the pipeline (apply_notes)
+    if getattr(module, "WRITES_NOTES", False):
+        notes = os.path.join(staging, module.NOTES_FILE)
     released, chosen = release_stages(records, plan, num_shards, rng_factory=rng_factory,
-                                      clip_sink=sink, spill_dir=spill_dir)
+                                      clip_sink=sink, spill_dir=spill_dir, notes_path=notes)
     if chosen is not None:
         (chosen
          | "FormatBound" >> beam.Map(lambda c: json.dumps({"max_keys_per_user": int(c)}))
@@ -144,7 +147,8 @@ def _spill_dir(pipeline, staging):
     return None
 
 
-def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, spill_dir=None):
+def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, spill_dir=None,
+                   notes_path=None):
     """The stages of a release between reading and writing (shared by ``thresher run``
     and the Beam YAML transform, pipelines/beam_yaml.py).
 
@@ -156,7 +160,9 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     spec = plan.spec
     keys = list(spec.input.keys)
     if hasattr(kind_module(spec.kind), "release_stages"):  # heavy_hitters, quantiles
-        return kind_module(spec.kind).release_stages(records, plan, num_shards, rng_factory), None
+        extra = {"notes_path": notes_path} if notes_path is not None else {}
+        return kind_module(spec.kind).release_stages(records, plan, num_shards, rng_factory,
+                                                     **extra), None
     if plan.domain is not None:
         return _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink, spill_dir)
     if _one_pass_auto(spec):
@@ -437,8 +443,9 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
     inside the pipeline, as a materialised singleton side input
     (``transforms.keyed_random.PipelineSecret``; never in the pipeline graph, never logged
     or written anywhere), so runners that retry or recompute stages draw the same values.
-    ``rng_factory`` is for tests (a ``KeyedSource`` with a fixed secret, or a seeded
-    generator factory): then it is used as is."""
+    ``rng_factory`` is for tests (a ``KeyedSource`` with a fixed secret, or
+    ``keyed_random.seeded_for_tests(seed)``: public identities, no privacy claim): then
+    every stage uses it as is."""
     from thresher.pipelines.running.beam_flags import refuse_graph_saving
     refuse_graph_saving(beam_args, "by thresher's release")   # before the ledger is asked
     with ledger.reservation_for(plan) as reservation:
@@ -475,8 +482,8 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
         from thresher.transforms import keyed_random
         if rng_factory is None:           # the secret is drawn inside the pipeline
             keyed = keyed_random.PipelineSecret.draw(pipeline)
-        else:                             # tests: a fixed KeyedSource or seeded factory
-            keyed = rng_factory if isinstance(rng_factory, keyed_random.KeyedSource) else None
+        else:                             # tests: a fixed KeyedSource, or seeded_for_tests
+            keyed = rng_factory           # (the reader refuses any other source)
         with keyed_random.building(keyed):    # every stage draws from the release secret
             build(pipeline, plan, files, est_rows, staging, rng_factory=rng_factory)
         progress.watch(beam_runner)       # live metrics of the in-process runner
@@ -491,6 +498,7 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
         if spec.aggregates_auto is not None:   # clip: auto -- the chosen bounds
             from thresher.pipelines.aggregates import report_chosen_clips
             report = report_chosen_clips(report, staging)
+        report = _apply_kind_notes(report, staging, kind_module(spec.kind))
         publish.remove_sink_scratch(staging)
         outputs = publish.released_files(staging)
         if not outputs:
@@ -535,6 +543,23 @@ def _add_intervals(outputs, mechanism, spec):
                 handle.write(released_file.serialise(table))
         else:
             released_file.write(table, path)
+
+
+def _apply_kind_notes(report, staging, module):
+    """The report with the figures a kind's pipeline wrote to its NOTES_FILE (one JSON
+    line, read and removed from staging; e.g. quantiles' capped key selection)."""
+    if not getattr(module, "WRITES_NOTES", False):
+        return report
+    path = publish.join(staging, module.NOTES_FILE)
+    text = publish.read_text(path)
+    if text is None:
+        return report
+    lines = [line for line in text.splitlines() if line.strip()]
+    publish.delete(path)
+    if len(lines) != 1:
+        raise ThresherError(f"the {module.NOTES_FILE} stage wrote {len(lines)} lines, expected "
+                            f"exactly one; nothing was published")
+    return module.apply_notes(report, json.loads(lines[0]))
 
 
 def _read_chosen_bound(staging):

@@ -47,8 +47,16 @@ per-user identity computed by the record reader):
    :func:`stage_source` (``setup`` calls :func:`worker_rng`).
 
 Tests fix the randomness through the same argument: an explicit ``rng_factory`` (a
-``KeyedSource`` with a known secret, or a seeded generator factory) is used as is (then,
-and only then, a secret is in the graph).
+``KeyedSource`` with a known secret, or a seeded generator factory such as
+:func:`seeded_for_tests`) is used as is (then, and only then, a secret is in the graph).
+
+**Fail closed.** A transform given no ``rng_factory`` outside a release being built
+raises :class:`NoSecretError` (a ``ThresherError`` naming what to pass) when it is
+applied: there is no fallback to per-worker OS randomness, and user identities need a
+``KeyedSource`` (or, in tests, :func:`seeded_for_tests` asked for by name:
+``transforms.user_identity.identity_key``). Someone chaining the building blocks in their
+own pipeline draws the secret with ``PipelineSecret.draw(pipeline)`` and passes that one
+object to every transform (docs/running.md, "Secrets for the building blocks").
 """
 import contextlib
 import hashlib
@@ -59,6 +67,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from thresher.errors import ThresherError
 from thresher.transforms import samplers
 from thresher.transforms.hashing import canonical_text
 
@@ -298,11 +307,14 @@ def row_identities(table, columns):
 
 def worker_rng(factory):
     """For ``DoFn.setup``: the generator of a non-keyed factory (a seeded numpy
-    Generator in tests), a fresh ``SecureRandom`` when there is none, ``None`` for a
-    :class:`KeyedSource` (streams are made per element, see below)."""
+    Generator in tests), ``None`` for a :class:`KeyedSource` (streams are made per
+    element, see below). No factory is an error (:func:`resolve`): a DoFn never falls
+    back to OS randomness, which a retried bundle would draw afresh."""
     if isinstance(factory, KeyedSource):
         return None
-    return factory() if factory else samplers.secure_random()
+    if factory is None:
+        raise NoSecretError()
+    return factory()
 
 
 def stage_stream(factory, fallback, stage, identity=b""):
@@ -422,12 +434,54 @@ def building(source):
         _BUILDING.pop()
 
 
+class NoSecretError(ThresherError):
+    """A transform that draws was applied with no secret to draw from (:func:`resolve`)."""
+
+    def __init__(self):
+        super().__init__(
+            "this thresher transform draws random values and was given no secret: pass "
+            "rng_factory=keyed_random.PipelineSecret.draw(pipeline) (a secret drawn once "
+            "inside the pipeline; give the same object to every transform of one release) "
+            "or rng_factory=keyed_random.KeyedSource(secret) (a secret of at least 16 "
+            "bytes that you keep), or use thresher.Release(spec), which draws its own. "
+            "Without one, user identities would be public and a retried bundle would draw "
+            "different noise, so thresher refuses to run.")
+
+
 def resolve(factory):
-    """At expansion: an explicit factory, else the source of the release being built,
-    else None (a fresh ``SecureRandom`` per worker, for transforms used on their own)."""
+    """At expansion: an explicit factory, else the source of the release being built
+    (:func:`building`), else :class:`NoSecretError`. There is no silent fallback: a
+    transform used on its own (the public building blocks of ``thresher``) must be given
+    its ``rng_factory``, so no production path draws per-worker OS randomness (a
+    recomputed stage would spend its epsilon again) or uses a public identity key."""
     if factory is not None:
         return factory
-    return _BUILDING[-1] if _BUILDING else None
+    if _BUILDING and _BUILDING[-1] is not None:
+        return _BUILDING[-1]
+    raise NoSecretError()
+
+
+class SeededForTests:
+    """TESTS ONLY, asked for by name: a seeded numpy Generator per worker
+    (``seeded_for_tests(seed)()``) and the PUBLIC test user-identity key
+    (``transforms.user_identity.TEST_KEY``). Reproducible and fast for tests; it makes
+    no privacy claim (anyone can compute the identities and the draws)."""
+
+    public_test_identity = True
+
+    def __init__(self, seed):
+        self.seed = seed
+
+    def __call__(self):
+        return np.random.default_rng(self.seed)
+
+    def __repr__(self):
+        return f"seeded_for_tests({self.seed!r})"
+
+
+def seeded_for_tests(seed):
+    """TESTS ONLY: :class:`SeededForTests` (a seeded generator and the public test key)."""
+    return SeededForTests(seed)
 
 
 def stage_name(pvalue):

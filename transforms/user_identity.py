@@ -31,11 +31,27 @@ ids with equal identities; the accidental rate for ``q`` ids is about ``q^2 / 2^
 
 **Key.** ``K`` is the first 32 bytes of the release secret's stage key for the reserved
 stage :data:`IDENTITY_STAGE` (``KeyedSource.stage_key``), so it is as secret as the
-release's other streams and changes with every release. Without a ``KeyedSource`` (tests
-that pass a seeded generator factory, transforms used on their own) the key is
-:data:`TEST_KEY`, a fixed public constant: identities are then reproducible but public,
-collisions of them can be crafted, and no privacy claim is made (a release always has a
-``KeyedSource``: ``pipelines.release.run``, the Beam YAML transform).
+release's other streams and changes with every release. There is no default key: a
+reader given no ``KeyedSource`` refuses to run (:func:`check_identity_source`, a
+``ThresherError`` naming what to pass). :data:`TEST_KEY`, a fixed public constant, is
+used only when asked for by name -- ``prepare_batch(..., identity_key=TEST_KEY)`` or the
+test-only ``keyed_random.seeded_for_tests(seed)`` -- and then identities are
+reproducible but public, collisions of them can be crafted, and no privacy claim is made
+(a release always has a ``KeyedSource``: ``pipelines.release.run``, the Beam YAML
+transform).
+
+**Type-stable ids.** A user is its id's value, not the Arrow type a file stored it
+in: one real user split into two identities would have its contribution bound doubled.
+So integers of every width and booleans are one 64-bit word (above), a floating-point
+id that is a whole number in [-2**63, 2**64) is the integer it equals (``1.0`` is the
+user ``1``, ``-0.0`` is ``0``; exact, no rounding: :func:`integral_float_words`), and
+other floats go by their canonical text. CSV and JSONL user ids are read as text
+(``pipelines.dataio.io.prepare_batch``: the JSON number ``1`` and the string ``"1"`` are
+one user). Text and numbers are never equated: a Parquet dataset whose files store the
+user column as text in one file and as numbers in another is refused before any row is
+read (``pipelines.dataio.io.check_input``, naming the files and types), since whether
+``"01"`` is the user ``1`` is a question only the data's owner can answer. (Merging two
+real users into one identity only costs accuracy: they share one bound.)
 
 **Columns.** The 16 bytes are two little-endian uint64 words: ``__user`` (word 0; its top
 bits pick the user shard, ``transforms.user_shards.user_shard_of``) and ``__user_lo``
@@ -55,6 +71,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from thresher.errors import ThresherError
+
 IDENTITY_STAGE = "\x00thresher/user-identity"   # NUL: no Beam label is this stage
 TEST_KEY = hashlib.shake_256(b"thresher: public test-only user identity key").digest(32)
 _TAG_INT = b"thr:int\x00"
@@ -63,10 +81,30 @@ _BLOCK = 16
 _LONG_BYTES = 1024     # ids longer than this are MACed one by one
 
 
+def check_identity_source(factory):
+    """Refuse, when a reader is built, a randomness source that cannot key user
+    identities: a :class:`~transforms.keyed_random.KeyedSource` (the release secret) or
+    the test-only :func:`~transforms.keyed_random.seeded_for_tests`, asked for by name.
+    Anything else -- no source, or a plain generator factory -- would give identities
+    under the public :data:`TEST_KEY` without saying so."""
+    from thresher.transforms.keyed_random import KeyedSource, NoSecretError
+    if isinstance(factory, KeyedSource) or getattr(factory, "public_test_identity", False):
+        return factory
+    if factory is None:
+        raise NoSecretError()
+    raise ThresherError(
+        f"user identities are keyed by the release secret, and rng_factory={factory!r} "
+        "holds none: pass keyed_random.PipelineSecret.draw(pipeline) or "
+        "keyed_random.KeyedSource(secret) (tests: keyed_random.seeded_for_tests(seed), "
+        "which uses the public test key and makes no privacy claim)")
+
+
 def identity_key(factory):
-    """The AES-256 key of the identities of a release: from its ``KeyedSource``, else
-    :data:`TEST_KEY` (see the module docstring)."""
+    """The AES-256 key of the identities of a release: from its ``KeyedSource``;
+    :data:`TEST_KEY` only for :func:`~transforms.keyed_random.seeded_for_tests`; any
+    other source is refused (:func:`check_identity_source`; module docstring, "Key")."""
     from thresher.transforms.keyed_random import KeyedSource
+    check_identity_source(factory)
     if isinstance(factory, KeyedSource):
         return factory.stage_key(IDENTITY_STAGE)[:32]
     return TEST_KEY
@@ -192,6 +230,8 @@ def identify(arr, key):
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
         words = identities_of_integers(_integer_words(arr), key)
         return words[:, 0].copy(), words[:, 1].copy()
+    if pa.types.is_floating(t):
+        return _identify_floats(arr, key)
     if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
             or pa.types.is_large_binary(t)):
         arr = canonical_text(arr)
@@ -199,3 +239,76 @@ def identify(arr, key):
     distinct = identities_of_bytes(encoded.dictionary, key)
     codes = encoded.indices.to_numpy(zero_copy_only=False)
     return distinct[:, 0][codes], distinct[:, 1][codes]
+
+
+_TWO_63 = float(2 ** 63)
+_TWO_64 = float(2 ** 64)
+
+
+def integral_float_words(values):
+    """(mask, words) for a float64 numpy array: which values are whole numbers in
+    [-2**63, 2**64) and, for those, the 64-bit word of the integer they equal (the word
+    ``hashing._integer_words`` gives that integer in an int64 or uint64 column). The
+    conversion is exact: such a float is an integer and fits the word."""
+    finite = np.isfinite(values)
+    mask = finite & (values == np.floor(np.where(finite, values, 0.0))) \
+        & (values >= -_TWO_63) & (values < _TWO_64)
+    whole = values[mask]
+    words = np.empty(len(whole), dtype=np.uint64)
+    low = whole < _TWO_63
+    words[low] = whole[low].astype(np.int64).view(np.uint64)
+    words[~low] = whole[~low].astype(np.uint64)
+    return mask, words
+
+
+def _identify_floats(arr, key):
+    """Floating user ids (module docstring, "Type-stable ids"): a whole number is the
+    user of that integer (1.0 in one file and 1 in another are one user, -0.0 is 0);
+    any other value by its canonical text."""
+    from thresher.transforms.hashing import canonical_text
+    values = arr.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    mask, words = integral_float_words(values)
+    out0 = np.empty(len(values), dtype=np.uint64)
+    out1 = np.empty(len(values), dtype=np.uint64)
+    if mask.any():
+        ids = identities_of_integers(words, key)
+        out0[mask], out1[mask] = ids[:, 0], ids[:, 1]
+    rest = np.flatnonzero(~mask)
+    if len(rest):
+        text = canonical_text(arr.take(pa.array(rest)))
+        encoded = pc.dictionary_encode(text)
+        distinct = identities_of_bytes(encoded.dictionary, key)
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        out0[rest], out1[rest] = distinct[:, 0][codes], distinct[:, 1][codes]
+    return out0, out1
+
+
+def text_ids(arr):
+    """A user id column of a text format (CSV, JSONL) as text, whatever type the reader
+    inferred for it: strings as they are, integers and booleans in decimal / ``true``,
+    floats that are whole numbers as the integer's decimal (JSON ``1.0`` and ``1e3`` are
+    the users ``"1"`` and ``"1000"``, as ``1`` and ``1000`` are; ``-0.0`` is ``"0"``),
+    other values by ``hashing.canonical_text``; nulls stay null. So two files of one
+    dataset that a reader typed differently still name each user alike."""
+    from thresher.transforms.hashing import canonical_text
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(arr.type.value_type)
+    t = arr.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return arr
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        return pc.cast(arr, pa.string())
+    if not pa.types.is_floating(t):
+        return canonical_text(arr)
+    values = arr.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    mask, words = integral_float_words(values)
+    text = canonical_text(arr)
+    if not mask.any():
+        return text
+    high = values[mask] >= _TWO_63
+    signed = pc.cast(pa.array(words.view(np.int64)), pa.string())
+    unsigned = pc.cast(pa.array(words), pa.string())
+    whole = pc.if_else(pa.array(high), unsigned, signed)
+    return pc.replace_with_mask(text, pa.array(mask), whole)

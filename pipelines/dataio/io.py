@@ -12,7 +12,10 @@ travels of a user id: users are grouped and their random streams keyed by it
 - a null key value, or NaN in a floating-point key column.
 
 CSV and JSONL key columns are read as text (so ``02139`` stays ``02139``); Parquet keeps
-its column types (dictionary-encoded columns are decoded).
+its column types (dictionary-encoded columns are decoded). User ids are identified by
+value, not by type (``transforms.user_identity``, "Type-stable ids"): CSV and JSONL ids
+as their text (``user_identity.text_ids``), and a Parquet dataset whose files store the
+user column as text in some and numbers in others is refused (:func:`check_input`).
 """
 import json
 import math
@@ -29,10 +32,11 @@ import pyarrow.parquet as pq
 from thresher.pipelines.dataio import formats
 
 from thresher.pipelines.running import progress
-from thresher.pipelines.errors import InputError, SpecError
+from thresher.pipelines.errors import InputError, SpecError, ThresherError
 from thresher.transforms import keyed_random
 from thresher.transforms.hashing import hash_columns
-from thresher.transforms.user_identity import TEST_KEY, identify, identity_key
+from thresher.transforms.user_identity import (
+    check_identity_source, identify, identity_key, text_ids)
 from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN
 
 NOT_PRIVATE = "thresher_not_private"
@@ -96,6 +100,7 @@ def check_input(input_spec, files):
         names = [*names[1:], "input.sample.frequency"]
     est_rows = 0
     first_types = None
+    user_types = []        # (file, type of the user column): one kind in every file
     for path in files:
         schema = read_schema(path, input_spec.format, input_spec.delimiter)
         for field, col in zip(names, needed):
@@ -109,6 +114,9 @@ def check_input(input_spec, files):
             _check_column_type(field, col, schema.field(col).type, path)
         if input_spec.format == "parquet":
             types = {c: _value_type(schema.field(c).type) for c in input_spec.keys}
+            if input_spec.sample is None:
+                user_types.append((path, _value_type(schema.field(input_spec.user).type)))
+                _check_user_types(input_spec.user, user_types)
             if first_types is None:
                 first_types = types
             else:
@@ -120,6 +128,32 @@ def check_input(input_spec, files):
         else:
             est_rows += _estimate_text_rows(path)
     return est_rows
+
+
+def _user_kind(t):
+    """What a user id of Arrow type ``t`` is identified as (transforms.user_identity,
+    "Type-stable ids"): every integer, boolean and floating type is a number (1, 1.0
+    and True are one user), every string and binary type is text; any other type only
+    agrees with itself (a decimal's or a timestamp's text depends on its scale or unit)."""
+    if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t):
+        return "numbers"
+    if _is_text(t):
+        return "text"
+    return str(t)
+
+
+def _check_user_types(column, user_types):
+    """Refuse a Parquet dataset whose files store the user column as different kinds of
+    value (text in one, numbers in another): the same user would become two identities,
+    each with its own contribution bound -- a privacy loss, never a silent one."""
+    first_path, first = user_types[0]
+    path, t = user_types[-1]
+    if _user_kind(t) != _user_kind(first):
+        raise SpecError("input.user", f"column {column!r} holds {_user_kind(t)} ({t}) in "
+                        f"{path!r} but {_user_kind(first)} ({first}) in {first_path!r}; every "
+                        f"file must store user ids as one kind of value (integers and floats "
+                        f"agree, text and numbers do not: is \"01\" the user 1?). Rewrite "
+                        f"the files with one type for {column!r}")
 
 
 def _check_column_type(field, column, t, path):
@@ -268,15 +302,20 @@ def check_key_sizes(table, key_columns, where, row_offset=0):
 
 
 def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=(),
-                  identity_key=TEST_KEY):
+                  identity_key=None):
     """Drop unattributable rows, identify users and hash keys.
 
     value_columns: [(input column, prepared name)] of ``aggregates``: carried as float64,
     NaN/inf/null (or non-numeric text) as null, counted (transforms.aggregate_values).
     identity_key: the release's user identity key (``transforms.user_identity.
-    identity_key``; the public test key by default, for tests only).
+    identity_key``); required -- there is no default, and tests pass
+    ``transforms.user_identity.TEST_KEY`` (public, no privacy claim) by name.
     Returns (prepared table: __user, __user_lo, __key, key columns, values; dict of drop
     counts)."""
+    if identity_key is None:
+        raise ThresherError("prepare_batch: identity_key is required: pass "
+                            "transforms.user_identity.identity_key(source) for the release's "
+                            "KeyedSource (tests: transforms.user_identity.TEST_KEY, public)")
     drops = {}
     user = table.column(user_column)
     if pa.types.is_dictionary(user.type):
@@ -304,6 +343,8 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
         user = pc.filter(user, both)
         keys = {k: pc.filter(v, both) for k, v in keys.items()}
     keyed = pa.table(keys)
+    if as_text:   # CSV/JSONL ids are their text, whatever type the reader inferred per file
+        user = text_ids(user)
     word0, word1 = identify(user, identity_key)
     prepared = pa.table({USER_COLUMN: pa.array(word0, type=pa.uint64()),
                          USER_LOW_COLUMN: pa.array(word1, type=pa.uint64()),
@@ -389,10 +430,12 @@ class _PrepareSampleBatches(beam.DoFn):
 
 class _PrepareBatches(beam.DoFn):
     """Raw batches -> prepared batches (:func:`prepare_batch`). ``rng_factory``: the
-    release's ``KeyedSource`` (its secret keys the user identities), or None / a seeded
-    factory in tests (the public test key)."""
+    release's ``KeyedSource`` (its secret keys the user identities), or in tests
+    ``keyed_random.seeded_for_tests`` (the public test key); anything else is refused
+    here, when the pipeline is built (``user_identity.check_identity_source``)."""
 
     def __init__(self, user_column, key_columns, as_text, value_columns=(), rng_factory=None):
+        check_identity_source(rng_factory)
         self._user = user_column
         self._keys = tuple(key_columns)
         self._as_text = as_text

@@ -78,6 +78,10 @@ FIELDS = {
         low=0, high=1, low_open=True, high_open=True, description=(
             f"with input.keys and no input.public_keys: the share of epsilon and delta spent "
             f"finding the keys (default {DEFAULT_KEY_SELECTION_SHARE})")),
+    "max_selected_keys": declare.integer(low=1, high=1 << 26, description=(
+        "per-key hierarchical quantiles without input.public_keys: at most this many of the "
+        "keys select_keys releases get quantiles, those with the largest released counts "
+        "(default: 2**26 noisy cells / cells per key)")),
     "sampling_rate": declare.number(low=0, low_open=True, high=1, description=(
         "p in (0, 1], the same at every level/round (optional; calibrated if absent)")),
     "threshold": declare.integer(low=1, high=10**9, description=(
@@ -103,6 +107,8 @@ def parse(section):
            "threshold": _levels.optional_threshold(section)}
     if "key_selection_share" in section:
         out["key_selection_share"] = float(section["key_selection_share"])
+    if "max_selected_keys" in section:
+        out["max_selected_keys"] = int(section["max_selected_keys"])
     if method == "hierarchical":
         if "rounds" in section:
             raise SpecError("mechanism.rounds", "is for method: binary_search")
@@ -129,6 +135,12 @@ def parse(section):
 MAX_PUBLIC_CELLS = 1 << 26
 
 
+def cells_per_key(mechanism):
+    """branching + branching^2 + ... + branching^levels: the noisy cells of one key."""
+    branching, levels = int(mechanism["branching"]), int(mechanism["levels"])
+    return sum(branching ** level for level in range(1, levels + 1))
+
+
 def check_public_cells(mechanism, domain_size):
     """Refuse (SpecError naming the fields) a per-key hierarchical release whose public
     cells, keys x (branching + branching^2 + ... + branching^levels), exceed
@@ -136,12 +148,41 @@ def check_public_cells(mechanism, domain_size):
     if mechanism.get("method") != "hierarchical" or "levels" not in mechanism:
         return
     branching, levels = int(mechanism["branching"]), int(mechanism["levels"])
-    per_key = sum(branching ** level for level in range(1, levels + 1))
+    per_key = cells_per_key(mechanism)
     if int(domain_size) * per_key > MAX_PUBLIC_CELLS:
         raise SpecError("mechanism.levels", f"{int(domain_size):,} public keys x {per_key:,} "
                         f"cells per key (branching {branching}, levels {levels}) is more than "
                         f"the planning limit of {MAX_PUBLIC_CELLS:,} noisy cells; use fewer "
                         f"levels, a smaller branching or fewer keys in input.public_keys")
+
+
+def selected_keys_cap(mechanism, asked=None):
+    """The public cap on the keys of a per-key hierarchical release over SELECTED keys.
+
+    How many keys select_keys releases depends on the data, and every released key gets
+    ``cells_per_key`` noisy cells (transforms.public_cells.zero_cells makes them all), so
+    without a cap the cells, memory and time of the levels stage have no bound fixed
+    before reading. The cap is ``asked`` (``mechanism.max_selected_keys``) or
+    MAX_PUBLIC_CELLS // cells per key; keys beyond it are dropped by post-processing of
+    the private selection (the largest released counts are kept, ``_cap_selection``).
+    SpecError (exit 2) when one key's cells alone exceed MAX_PUBLIC_CELLS, or when
+    ``asked`` keys' cells would."""
+    per_key = cells_per_key(mechanism)
+    if per_key > MAX_PUBLIC_CELLS:
+        raise SpecError("mechanism.levels", f"{per_key:,} cells per key (branching "
+                        f"{mechanism['branching']}, levels {mechanism['levels']}) is more than "
+                        f"the planning limit of {MAX_PUBLIC_CELLS:,} noisy cells; use fewer "
+                        f"levels or a smaller branching")
+    limit = MAX_PUBLIC_CELLS // per_key
+    if asked is None:
+        return limit
+    if asked > limit:
+        raise SpecError("mechanism.max_selected_keys", f"{asked:,} keys x {per_key:,} cells "
+                        f"per key (branching {mechanism['branching']}, levels "
+                        f"{mechanism['levels']}) is more than the planning limit of "
+                        f"{MAX_PUBLIC_CELLS:,} noisy cells; at most {limit:,} keys at this "
+                        f"branching and levels")
+    return asked
 
 
 def _check_resolution(low, high, out):
@@ -183,6 +224,12 @@ def check_spec(mechanism, input_spec, bounding, privacy):
             raise SpecError(f"mechanism.{field}", "does not apply to per-key hierarchical "
                             "quantiles: the cells of the public keys are released with "
                             "Gaussian noise and no threshold")
+    cap = mechanism.pop("max_selected_keys", None)
+    if mechanism.get("public_cells") and "key_selection" in mechanism:
+        mechanism["key_selection"]["max_keys"] = selected_keys_cap(mechanism, cap)
+    elif cap is not None:
+        raise SpecError("mechanism.max_selected_keys", "is only for per-key hierarchical "
+                        "quantiles without input.public_keys (the keys found by select_keys)")
     if column in input_spec.keys or column == input_spec.user:
         raise SpecError("mechanism.column", f"{column!r} must not be the user or a key column")
     if column.startswith("__"):
@@ -312,6 +359,13 @@ def _key_selection(out, mech, max_keys_per_user):
             "per_key_delta": sel.per_key_delta_spent, "delta_achieved": sel.delta_spent,
             "what": "keys whose distinct users (each user in at most max_keys_per_user keys) "
                     "pass sample-and-threshold; the key set is published as the output's keys"}
+        if "max_keys" in selection:
+            out["key_selection"]["max_keys"] = selection["max_keys"]
+            out["key_selection"]["max_keys_rule"] = (
+                f"at most {selection['max_keys']:,} selected keys get quantiles (each has "
+                f"{cells_per_key(mech):,} noisy cells; the planning limit is "
+                f"{MAX_PUBLIC_CELLS:,}); beyond that, those with the largest released "
+                f"sampled counts (ties: key order) -- post-processing of the selection")
 
 
 def _numeric(table, column):
@@ -386,7 +440,7 @@ def _restrict_to(table, keys, selected):
         yield out
 
 
-def release_stages(records, plan, num_shards, rng_factory=None):
+def release_stages(records, plan, num_shards, rng_factory=None, notes_path=None):
     """Prepared records (key columns + value) -> [public keys only] -> whole users -> at
     most C distinct (key, value) pairs per user -> users per (key, value) -> the method's
     histograms -> Table(keys..., rank, value). Without public keys but with input.keys,
@@ -408,7 +462,8 @@ def release_stages(records, plan, num_shards, rng_factory=None):
         records = records | "RestrictToDomain" >> RestrictToDomain(plan.domain, keys)
     users = records | "ShardByUser" >> ShardByUser(num_shards)
     if params.get("public_cells") or mech.get("public_cells"):
-        return _public_cells_stages(users, records, plan, params, num_shards, rng_factory)
+        return _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
+                                    notes_path)
     counts = (users
               | "PerUserBound" >> PerUserBound(keys + [column], bound, rng_factory=rng_factory)
               | "SumCountsPerValue" >> SumCountsPerKey(keys + [column], num_shards)  # Table(keys, value, count)
@@ -451,6 +506,54 @@ def _key_table(tables, keys):
     return table.select(list(keys)).sort_by([(k, "ascending") for k in keys]).combine_chunks()
 
 
+def _cap_selection(tables, keys, cap):
+    """(key table, note): the keys select_keys released, at most ``cap`` of them -- those
+    with the largest released sampled ``count``, ties broken by key order -- as one
+    sorted table (:func:`_key_table`), and the note {selected_keys, kept_keys,
+    dropped_keys} for the report. A function of the released rows only (post-processing
+    of the private selection), computed exactly: integer counts and a total order."""
+    released = [t.select([*keys, "count"]) for t in tables if t.num_rows]
+    selected = sum(t.num_rows for t in released)     # select_keys releases a key once
+    if selected > cap:
+        table = pa.concat_tables(released).combine_chunks()
+        order = table.sort_by([("count", "descending"), *[(k, "ascending") for k in keys]])
+        tables = [order.slice(0, cap)]
+    kept = _key_table(tables, keys)
+    return kept, {"selected_keys": selected, "kept_keys": kept.num_rows,
+                  "dropped_keys": selected - kept.num_rows}
+
+
+def _table_of(selection):
+    return selection[0]
+
+
+def _note_of(selection):
+    import json
+    return json.dumps(selection[1], sort_keys=True)
+
+
+NOTES_FILE = "quantiles_key_selection"
+WRITES_NOTES = True      # release_stages(..., notes_path=): the launcher reads apply_notes
+
+
+def apply_notes(report, note):
+    """The report with the capped selection's figures (written by the pipeline to
+    NOTES_FILE): how many keys select_keys released, how many got quantiles, how many
+    were dropped by the public cap and why."""
+    report = dict(report)
+    mechanism = dict(report["mechanism"])
+    selection = dict(mechanism.get("key_selection", {}))
+    selection.update(note)
+    if note.get("dropped_keys"):
+        selection["dropped_why"] = (
+            f"select_keys released {note['selected_keys']:,} keys, more than max_keys "
+            f"({selection.get('max_keys', note['kept_keys']):,}): the {note['dropped_keys']:,} "
+            f"with the smallest released counts got no quantiles (max_keys_rule)")
+    mechanism["key_selection"] = selection
+    report["mechanism"] = mechanism
+    return report
+
+
 def _answer_cells(released, keys, key_list, mech, floor):
     from thresher.transforms.public_cells import answer
     lo, hi = mech["domain"]
@@ -458,7 +561,8 @@ def _answer_cells(released, keys, key_list, mech, floor):
                            branching=mech["branching"], levels=mech["levels"], floor=floor), keys)
 
 
-def _public_cells_stages(users, records, plan, params, num_shards, rng_factory):
+def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
+                         notes_path=None):
     """Per-key hierarchical quantiles over the public cells of public or selected keys
     (transforms.public_cells): one value per (user, key), at most C keys per user; every
     (level, key, bucket) cell of every selected key gets discrete Gaussian noise, no
@@ -485,7 +589,14 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory):
                      | "UsersPerKey" >> SumCountsPerKey(keys, num_shards)
                      | "SelectKeys" >> SampleAndThreshold(params["key_selection"], rng_factory)
                      | "GatherKeys" >> beam.combiners.ToList()
-                     | "KeyTable" >> beam.Map(_key_table, keys))
+                     | "CapKeys" >> beam.Map(_cap_selection, keys,
+                                             params["key_selection"]["max_keys"]))
+        if notes_path is not None:
+            (key_table
+             | "FormatNote" >> beam.Map(_note_of)
+             | "WriteNote" >> beam.io.WriteToText(notes_path, num_shards=1,
+                                                  shard_name_template=""))
+        key_table = key_table | "KeyTable" >> beam.Map(_table_of)
     else:
         key_table = records.pipeline | "KeyTable" >> beam.Create([plan.domain.select(keys)])
     key_list = beam.pvalue.AsSingleton(key_table | "KeyList" >> beam.Map(key_tuples, keys))

@@ -147,7 +147,8 @@ def test_audit_finds_a_generator_pickled_into_a_dofn(tmp_path):
     from thresher.transforms.noisy_threshold import release_table
     from thresher.transforms.release_fn import ReleaseBatchFn
 
-    fn = ReleaseBatchFn(release_table)
+    from thresher.transforms.keyed_random import PipelineSecret
+    fn = ReleaseBatchFn(release_table, PipelineSecret())   # no secret: it refuses to set up without one
     fn._carried = np.random.default_rng(0)  # what building an RNG in __init__ would ship
     pipeline = beam.Pipeline()
     _ = pipeline | beam.Create([pa.table({"count": [1]})]) | beam.ParDo(fn, {})

@@ -13,6 +13,7 @@ from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.plan import make_plan
 from thresher.pipelines.release import run
 from thresher.transforms.heavy_hitters import trie_heavy_hitters
+from thresher.transforms import keyed_random
 
 from .conftest import level_pair_delta
 
@@ -78,7 +79,7 @@ def test_trie_prefixes_are_characters_not_bytes():
 def test_release_finds_the_heavy_keys_with_utf8(tmp_path):
     data = _data(tmp_path)
     spec = _load(tmp_path, _spec(tmp_path, data, method="trie"))
-    report = run(make_plan(spec), rng_factory=lambda: np.random.default_rng(5))
+    report = run(make_plan(spec), rng_factory=keyed_random.seeded_for_tests(5))
     out = pq.read_table(tmp_path / "out" / "released.parquet")
     assert out.schema == pa.schema([("word", pa.string()), ("count", pa.float64()), ("rank", pa.int64())])
     rows = sorted(zip(out.column("rank").to_pylist(), out.column("word").to_pylist(),
@@ -228,7 +229,7 @@ def test_adaptive_method_is_the_adaptive_release_ranked(tmp_path):
                              max_keys_per_user=4, model="l0")
     assert mech["delta_achieved"] == ref["delta_achieved"] <= 1e-6
     assert mech["rounds"] == ref["rounds"] and mech["count_sigma"] == ref["count_sigma"]
-    report = run(plan, rng_factory=lambda: np.random.default_rng(5))
+    report = run(plan, rng_factory=keyed_random.seeded_for_tests(5))
     out = pq.read_table(tmp_path / "out" / "released.parquet")
     assert out.schema == pa.schema([("word", pa.string()), ("count", pa.float64()), ("rank", pa.int64())])
     rows = sorted(out.to_pylist(), key=lambda r: r["rank"])    # the file's order is canonical

@@ -2,6 +2,7 @@
 the accounting against an independent brute-force sum, the post-processing kernels
 against explicit least squares, the bounding, and a release on a 120-key corpus
 (benchmarks/per_key_quantiles.py) through the real release path."""
+import json
 import math
 import os
 
@@ -242,3 +243,82 @@ def test_too_many_public_cells_are_refused_before_reading(tmp_path, cli):
     assert "Traceback" not in done.stderr
     spec["mechanism"]["levels"] = 4                      # 100 x 30 cells: planned
     assert cli(spec, command="plan").returncode == 0
+
+
+def _selected_spec(tmp_path, data, **mech):
+    return {"name": "q", "input": {"path": data, "user": "user", "keys": ["country"]},
+            "privacy": {"epsilon": 4.0, "delta": 1e-6}, "bounding": {"max_keys_per_user": 1},
+            "mechanism": {"kind": "quantiles", "column": "x", "ranks": [0.25, 0.5, 0.75],
+                          "domain": [0, 1000], "branching": 4, "levels": 2, **mech},
+            "output": {"path": str(tmp_path / "out")}}
+
+
+def test_more_selected_keys_than_the_cap_keep_exactly_the_cap_and_say_so(tmp_path):
+    """8 keys pass select_keys, max_selected_keys is 4: exactly the 4 keys with the
+    largest released counts get quantiles, and the report says 8 selected, 4 kept, 4
+    dropped and why. Keys: b0..b3 with 600 users, s0..s3 with 150 (one key per user).
+    At this budget select_keys samples at p = 0.328 with threshold 14: a small key's
+    sampled count is Bin(150, p) (mean 49, sd 5.8), a big key's Bin(600, p) (mean 197,
+    sd 11.5), so a small key missing the threshold (< 14) or outranking a big one are
+    both > 6 sd events: false failure < 1e-9 (and the secret is fixed)."""
+    rng = np.random.default_rng(3)
+    sizes = {**{f"b{i}": 600 for i in range(4)}, **{f"s{i}": 150 for i in range(4)}}
+    users, countries = [], []
+    for k, n in sizes.items():
+        users += [f"{k}-u{j}" for j in range(n)]
+        countries += [k] * n
+    data = str(tmp_path / "x.parquet")
+    pq.write_table(pa.table({"user": users, "country": countries,
+                             "x": rng.uniform(0, 1000, len(users))}), data)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(_selected_spec(tmp_path, data, max_selected_keys=4)))
+    plan = make_plan(spec_mod.load(str(path)))
+    assert plan.report()["mechanism"]["key_selection"]["max_keys"] == 4
+    report = run(plan, rng_factory=keyed_random.KeyedSource(b"selected keys cap test secret.."))
+    rows = pq.read_table(tmp_path / "out" / "released.parquet").to_pylist()
+    assert sorted({r["country"] for r in rows}) == ["b0", "b1", "b2", "b3"]
+    assert len(rows) == 4 * 3
+    selection = report["mechanism"]["key_selection"]
+    assert (selection["selected_keys"], selection["kept_keys"], selection["dropped_keys"]) \
+        == (8, 4, 4)
+    assert "max_keys" in selection["dropped_why"] and "8" in selection["dropped_why"]
+    saved = json.loads((tmp_path / "out" / "release_report.json").read_text())
+    assert saved["mechanism"]["key_selection"]["dropped_keys"] == 4
+    assert sorted(os.listdir(tmp_path / "out")) == ["release_report.json", "released.parquet"]
+
+
+def test_the_cap_defaults_to_the_cell_limit_and_a_larger_one_is_refused(tmp_path, cli):
+    """Default max_keys = 2**26 // cells per key (4 + 16 = 20 here); asking for more
+    than the limit allows, or for a cap where no keys are selected, is refused by `plan`
+    with exit 2 naming mechanism.max_selected_keys."""
+    from thresher.pipelines.kinds.quantiles import MAX_PUBLIC_CELLS
+    data = str(tmp_path / "x.parquet")
+    pq.write_table(pa.table({"user": ["u"], "country": ["0"], "x": [1.0]}), data)
+    spec = _selected_spec(tmp_path, data)
+    path = tmp_path / "default.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    report = make_plan(spec_mod.load(str(path))).report()
+    assert report["mechanism"]["key_selection"]["max_keys"] == MAX_PUBLIC_CELLS // 20
+    spec["mechanism"]["max_selected_keys"] = MAX_PUBLIC_CELLS // 20 + 1
+    done = cli(spec, command="plan")
+    assert done.returncode == 2, done.stderr
+    assert "mechanism.max_selected_keys" in done.stderr and "planning limit" in done.stderr
+    assert "Traceback" not in done.stderr
+    spec["mechanism"]["max_selected_keys"] = MAX_PUBLIC_CELLS // 20
+    assert cli(spec, command="plan").returncode == 0
+    keys = str(tmp_path / "keys.parquet")
+    pq.write_table(pa.table({"country": ["0"]}), keys)
+    spec["input"]["public_keys"] = {"path": keys}
+    done = cli(spec, command="plan")
+    assert done.returncode == 2 and "mechanism.max_selected_keys" in done.stderr, done.stderr
+
+
+def test_cells_per_key_alone_above_the_limit_are_refused():
+    """The spec's leaf limit (2**20) keeps one key's cells below 2**26 today; the cap's
+    own check still refuses a shape whose cells per key alone exceed it."""
+    from thresher.pipelines.errors import SpecError
+    from thresher.pipelines.kinds.quantiles import MAX_PUBLIC_CELLS, selected_keys_cap
+    with pytest.raises(SpecError, match="mechanism.levels"):
+        selected_keys_cap({"branching": 2, "levels": 26})
+    assert selected_keys_cap({"branching": 2, "levels": 25}) == 1     # 2**26 - 2 cells
+    assert selected_keys_cap({"branching": 16, "levels": 3}) == MAX_PUBLIC_CELLS // 4368

@@ -112,7 +112,7 @@ def test_per_public_key_quantiles(tmp_path):
     keys = tmp_path / "cities.parquet"
     pq.write_table(pa.table({"city": ["a", "b", "nobody"]}), keys)
     spec = _load(tmp_path, _spec(tmp_path, data, keys=["city"], public_keys=str(keys), ranks=[0.5]))
-    run(make_plan(spec), rng_factory=lambda: np.random.default_rng(2))
+    run(make_plan(spec), rng_factory=keyed_random.seeded_for_tests(2))
     rows = {r["city"]: r for r in _released(tmp_path)}
     assert set(rows) == {"a", "b", "nobody"}
     assert abs(rows["a"]["value"] - 30) < 1.5 and abs(rows["b"]["value"] - 70) < 1.5
@@ -239,7 +239,7 @@ def test_keys_found_by_a_thresholded_stage(tmp_path, method):
     assert math.isclose(math.fsum(s["delta"] for s in stages), 1e-6, rel_tol=1e-12)
     selection = plan.report()["mechanism"]["key_selection"]
     assert selection["delta_achieved"] <= 5e-7 * (1 + 1e-12) and selection["threshold"] > 3
-    run(plan, rng_factory=lambda: np.random.default_rng(8))
+    run(plan, rng_factory=keyed_random.seeded_for_tests(8))
     rows = {r["city"]: r for r in _released(tmp_path)}
     assert set(rows) == {"a", "b"}
     assert abs(rows["a"]["value"] - 30) < 2 and abs(rows["b"]["value"] - 70) < 2

@@ -127,9 +127,10 @@ def test_l1_model_is_refused(tmp_path, cli):
 def _records(users_keys):
     """Prepared record batches (__user, __key, word), as the pipeline reads them."""
     from thresher.pipelines.dataio.io import prepare_batch
+    from thresher.transforms.user_identity import TEST_KEY   # public, tests only
     table = pa.table({"user": pa.array([u for u, _ in users_keys], pa.string()),
                       "word": pa.array([k for _, k in users_keys], pa.string())})
-    return prepare_batch(table, "user", ["word"])[0]
+    return prepare_batch(table, "user", ["word"], identity_key=TEST_KEY)[0]
 
 
 def test_transforms_on_fnapirunner_match_the_numpy_reference():

@@ -13,6 +13,7 @@ from thresher.pipelines.cli import main
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.plan import make_plan
 from thresher.pipelines.release import run
+from thresher.transforms import keyed_random
 
 CLIP = [0.0, 200.0]
 AGGREGATES = [{"column": "amount", "statistic": "sum", "clip": CLIP},
@@ -110,7 +111,7 @@ def test_gaussian_release_with_sum_and_mean_through_the_cli(write_spec, tmp_path
 def test_laplace_release_with_aggregates_splits_epsilon(write_spec, tmp_path):
     path, table = _data(tmp_path)
     plan = make_plan(_spec(write_spec, path, tmp_path, **{"mechanism.kind": "laplace"}))
-    report = run(plan, rng_factory=lambda: np.random.default_rng(7))
+    report = run(plan, rng_factory=keyed_random.seeded_for_tests(7))
     mech = report["mechanism"]
     assert mech["epsilon_count"] == 0.5 and mech["scale"] == pytest.approx(3 / 0.5)
     assert mech["aggregates"][0]["scale"] == pytest.approx(3 * 200 / 0.5)
@@ -125,7 +126,7 @@ def test_public_keys_release_with_aggregates(write_spec, tmp_path, kind):
     domain.write_text("key\n" + "\n".join(f"k{i}" for i in range(6)) + "\nzz\n")
     plan = make_plan(_spec(write_spec, path, tmp_path, **{
         "mechanism.kind": kind, "input.public_keys": {"path": str(domain)}}))
-    report = run(plan, rng_factory=lambda: np.random.default_rng(8))
+    report = run(plan, rng_factory=keyed_random.seeded_for_tests(8))
     rows = _check_release(tmp_path, report, table, public=True)
     assert len(rows) == 7
     if kind == "laplace":
@@ -140,7 +141,7 @@ def test_stages_add_up_with_aggregates_and_an_automatic_bound(write_spec, tmp_pa
     path, _ = _data(tmp_path, n_users=1500)
     plan = make_plan(_spec(write_spec, path, tmp_path, **{
         "bounding.max_keys_per_user": "auto", "bounding.auto": {"max_bound": 4}}))
-    report = run(plan, rng_factory=lambda: np.random.default_rng(2))
+    report = run(plan, rng_factory=keyed_random.seeded_for_tests(2))
     stages = report["privacy"]["stages"]
     assert [s["name"] for s in stages] == ["choose_contribution_bound", "release"]
     assert sum(s["epsilon"] for s in stages) == pytest.approx(1.0)
@@ -206,7 +207,7 @@ def test_clip_auto_with_auto_bound_stages_add_up_and_bounds_are_reported(write_s
                        {"column": "amount", "statistic": "mean", "clip": "auto"}],
         "aggregates_auto": {"epsilon": 0.5, "quantile": 0.99}})
     plan = make_plan(spec)
-    report = run(plan, rng_factory=lambda: np.random.default_rng(12))
+    report = run(plan, rng_factory=keyed_random.seeded_for_tests(12))
     stages = report["privacy"]["stages"]
     assert [s["name"] for s in stages] == ["choose_contribution_bound", "choose_aggregate_clip",
                                            "release"]

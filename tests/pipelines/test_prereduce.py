@@ -29,6 +29,7 @@ from thresher.transforms import keyed_random, user_shards
 from thresher.transforms.per_user_bound import bound_table_l0
 from thresher.transforms.prereduce import prereduce_l0
 from thresher.transforms.user_shards import exact_users
+from thresher.transforms.user_identity import TEST_KEY
 from tests.privacy.collisions import colliding_pair
 
 SECRET = b"test-only secret: prereduce D15."
@@ -76,7 +77,7 @@ def _bound_rows(table):
 
 @pytest.mark.parametrize("batch_rows", [97, 700, 5000])
 def test_bounding_after_prereduction_keeps_the_same_keys(batch_rows):
-    prepared, _ = pio.prepare_batch(_records(), "user_id", ["word"])
+    prepared, _ = pio.prepare_batch(_records(), "user_id", ["word"], identity_key=TEST_KEY)
     source = keyed_random.StageSource(keyed_random.KeyedSource(SECRET), "S/PerUserBound")
     pieces = []
     for start in range(0, prepared.num_rows, batch_rows):

@@ -15,6 +15,7 @@ from thresher.pipelines.cli import main
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.plan import make_plan
 from thresher.pipelines.release import run
+from thresher.transforms import keyed_random
 
 
 def _domain_file(tmp_path, small_parquet, n_present=40, absent=("zz-absent-1", "zz-absent-2"),
@@ -128,7 +129,7 @@ def test_gaussian_release_over_public_keys(write_spec, small_parquet, tmp_path):
                                      "input.public_keys": {"path": domain_path},
                                      "bounding.max_keys_per_user": bound}))
     plan = make_plan(spec)
-    report = run(plan, rng_factory=lambda: np.random.default_rng(5))
+    report = run(plan, rng_factory=keyed_random.seeded_for_tests(5))
     released = pq.read_table(tmp_path / "out" / "released.parquet")
     assert released.schema == pa.schema([("word", pa.string()), ("count", pa.int64()),
                                          ("count_low", pa.int64()), ("count_high", pa.int64())])
@@ -160,7 +161,7 @@ def test_laplace_l1_release_is_pure_and_counts_records(write_spec, small_parquet
         "input.path": small_parquet, "input.public_keys": {"path": domain_path},
         "bounding.max_keys_per_user": bound, "bounding.model": "l1",
         "mechanism": {"kind": "laplace", "clamp_negative": True}}))
-    report = run(make_plan(spec), rng_factory=lambda: np.random.default_rng(6))
+    report = run(make_plan(spec), rng_factory=keyed_random.seeded_for_tests(6))
     released = pq.read_table(tmp_path / "out" / "released.parquet").to_pydict()
     assert sorted(released["word"]) == sorted(words)
     b = report["mechanism"]["scale"]
@@ -187,7 +188,7 @@ def test_auto_bound_over_public_keys(write_spec, small_parquet, tmp_path, kind, 
                      "auto": {"epsilon": 0.2, "max_bound": 16}},
         "mechanism": mechanism}))
     plan = make_plan(spec)
-    report = run(plan, rng_factory=lambda: np.random.default_rng(7))
+    report = run(plan, rng_factory=keyed_random.seeded_for_tests(7))
     chosen = report["bounding"]["max_keys_per_user"]
     assert chosen in plan.candidates and chosen in report["bounding"]["candidates"]
     stages = report["privacy"]["stages"]
@@ -261,7 +262,7 @@ def test_auto_bound_over_public_keys_never_exceeds_the_domain(write_spec, small_
     chosen = []
     for seed in seeds:
         report = run(plan, overwrite=True,
-                     rng_factory=lambda seed=seed: np.random.default_rng(seed))
+                     rng_factory=keyed_random.seeded_for_tests(seed))
         chosen.append(report["bounding"]["max_keys_per_user"])
         released = pq.read_table(tmp_path / "out" / "released.parquet")
         assert sorted(released.column("word").to_pylist()) == sorted(words)

@@ -17,6 +17,7 @@ from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
 from thresher.pipelines.plan import make_plan
 from thresher.pipelines.release import run
+from thresher.transforms import keyed_random
 
 from .conftest import ROOT
 
@@ -31,7 +32,7 @@ def test_gaussian_release_report_and_schema(write_spec, small_parquet, tmp_path)
     spec = spec_mod.load(write_spec({"input.path": small_parquet,
                                      "bounding.max_keys_per_user": 1000}))
     plan = make_plan(spec)
-    report = run(plan, rng_factory=lambda: np.random.default_rng(17))
+    report = run(plan, rng_factory=keyed_random.seeded_for_tests(17))
     out = tmp_path / "out"
     assert sorted(os.listdir(out)) == ["release_report.json", "released.parquet"]
     on_disk = json.loads((out / "release_report.json").read_text())

@@ -13,6 +13,7 @@ import pytest
 
 from thresher.pipelines.reports import summary
 from thresher.pipelines.cli import main
+from thresher.transforms import keyed_random
 
 from .conftest import ROOT
 
@@ -210,7 +211,7 @@ def test_weighted_sampling_release_statement_is_true(write_spec, small_parquet, 
         "input.path": small_parquet, "bounding.max_keys_per_user": bound,
         "mechanism": {"kind": "weighted_sampling", "max_frequency": max_frequency}}))
     plan = make_plan(spec)
-    report = run(plan, rng_factory=lambda: np.random.default_rng(11))
+    report = run(plan, rng_factory=keyed_random.seeded_for_tests(11))
     keep = summary.weighted_sampling_keep(report["mechanism"])
     assert np.all(np.diff(keep) >= 0)
     n = np.arange(0, 3 * len(keep))

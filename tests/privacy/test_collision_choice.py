@@ -25,6 +25,7 @@ from thresher.transforms.aggregate_values import bound_with_values
 from thresher.transforms.per_user_bound import bound_table_l0, users_with_colliding_keys
 from thresher.transforms.user_shards import exact_users
 from thresher.transforms.weighted_threshold import WEIGHT_COLUMN, weighted_counts
+from thresher.transforms.user_identity import TEST_KEY
 
 SECRET = b"test-only secret: collision choice"
 BOUND = 2
@@ -52,7 +53,8 @@ def _with_colliding_user(table):
 
 def _prepared(table):
     prepared, _ = pio.prepare_batch(table, "user_id", ["word"],
-                                    value_columns=[("amount", "__v0")])
+                                    value_columns=[("amount", "__v0")],
+                                    identity_key=TEST_KEY)
     return exact_users(prepared)
 
 

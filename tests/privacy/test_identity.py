@@ -2,10 +2,13 @@
 (issue 13, item 3; issue 25, F1). Colliding ids are crafted with Thue-Morse strings
 (tests/privacy/collisions.py). Users are identified by a secret-keyed 128-bit PRF of
 their id computed at read time (transforms/user_identity.py), never by the public hash."""
+import os
+
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from thresher.errors import ThresherError
 from thresher.pipelines.dataio import io as pio
 from tests.privacy.collisions import colliding_pair
 from thresher.transforms import keyed_random, user_identity
@@ -13,6 +16,7 @@ from thresher.transforms.hashing import hash_array
 from thresher.transforms.per_user_bound import bound_table_l0
 from thresher.transforms.user_shards import (
     USER_HIGH_COLUMN, USER_LOW_COLUMN, exact_users, user_identity_columns)
+from thresher.transforms.user_identity import TEST_KEY
 from tests.robustness.conftest import diagnostics, run_cli, write_parquet, write_spec
 
 SECRET = b"test-only secret for identities.."
@@ -62,8 +66,11 @@ def test_identity_is_a_function_of_the_id_and_the_secret_alone():
     assert identity(ids) == alone == identity(ids[::-1])
     assert identity(ids + [f"o{i}" for i in range(300)])["v"] == alone["v"]
     assert all(identity([i], other)[i] != alone[i] for i in ids)
-    assert user_identity.identity_key(None) == user_identity.TEST_KEY
-    assert user_identity.identity_key(lambda: np.random.default_rng(0)) == user_identity.TEST_KEY
+    # no silent public key: only a KeyedSource, or the test key asked for by name
+    assert user_identity.identity_key(keyed_random.seeded_for_tests(0)) == user_identity.TEST_KEY
+    for unkeyed in (None, lambda: np.random.default_rng(0)):
+        with pytest.raises(ThresherError, match="rng_factory"):
+            user_identity.identity_key(unkeyed)
 
 
 def test_users_sharing_the_first_word_are_grouped_apart_and_keep_their_streams():
@@ -127,7 +134,7 @@ def test_integer_ids_are_identified_by_their_64_bit_word():
     same user (an input column has one type)."""
     def words(arr):
         prepared, _ = pio.prepare_batch(pa.table({"user_id": arr, "word": ["a"] * len(arr)}),
-                                        "user_id", ["word"])
+                                        "user_id", ["word"], identity_key=TEST_KEY)
         return _words(prepared)
     users = words(pa.array([1, 2**64 - 1, 1], pa.uint64()))
     assert users[0] == users[2] != users[1]
@@ -158,7 +165,7 @@ def _colliding_key_table(other_rows_first):
     v = pa.table({"user_id": ["v", "v"], "word": [ka, kb]})
     others = pa.table({"user_id": [f"o{i}" for i in range(50)], "word": [kb] * 25 + [ka] * 25})
     table = pa.concat_tables([others, v] if other_rows_first else [v, others])
-    prepared, _ = pio.prepare_batch(table, "user_id", ["word"])
+    prepared, _ = pio.prepare_batch(table, "user_id", ["word"], identity_key=TEST_KEY)
     return exact_users(prepared), ka
 
 
@@ -213,3 +220,53 @@ def test_adaptive_never_outputs_a_key_colliding_with_a_released_one():
                     | ar.AdaptiveRelease(["word"], params, 4, 2, 3,
                                          rng_factory=lambda: np.random.default_rng(1)))
         assert_that(released | beam.FlatMap(rows), equal_to([(k1, 50)]))
+
+
+def _two_files(folder, first, second, fmt="parquet"):
+    """A dataset of two files: user i has the word ``wa<i>`` in the first and ``wb<i>``
+    in the second; ``first`` and ``second`` are the 200 user ids as each file stores them."""
+    import json
+    os.makedirs(folder)
+    for name, ids, prefix in (("a", first, "wa"), ("b", second, "wb")):
+        words = [f"{prefix}{i}" for i in range(len(ids))]
+        if fmt == "parquet":
+            write_parquet(os.path.join(folder, f"{name}.parquet"),
+                          pa.table({"user_id": ids, "word": words}))
+        else:
+            with open(os.path.join(folder, f"{name}.jsonl"), "w", encoding="utf-8") as handle:
+                for u, w in zip(ids.to_pylist(), words):
+                    handle.write(json.dumps({"user_id": u, "word": w}) + "\n")
+    return str(folder)
+
+
+@pytest.mark.parametrize("fmt, first, second", [
+    ("parquet", pa.array(range(200), pa.int64()), pa.array([float(i) for i in range(200)])),
+    ("parquet", pa.array(range(200), pa.int32()), pa.array(range(200), pa.uint64())),
+    ("jsonl", pa.array(range(200), pa.int64()), pa.array([str(i) for i in range(200)])),
+    ("jsonl", pa.array(range(200), pa.int64()), pa.array([i + 0.0 for i in range(199)] + [0.5])),
+])
+def test_cli_one_user_stored_as_different_types_in_two_files_is_one_user(tmp_path, fmt, first,
+                                                                          second):
+    """User i is ``i`` in one file and ``float(i)`` (or another integer width; in JSONL
+    the string ``"i"``, or ``i.0``) in the other, with one word in each; C = 1 keeps ONE
+    word per user: 200 contributions (the last JSONL case: 199 users have both words,
+    the id 0.5 is a user of its own: 200 + 1). Identified by Arrow type, each user was
+    two users keeping both words, its bound doubled (400)."""
+    data = _two_files(tmp_path / "data", first, second, fmt)
+    spec, _ = write_spec(tmp_path, data, fmt=fmt, max_keys_per_user=1)
+    code, _, err = run_cli("run", spec)
+    assert code == 0, err
+    want = 201 if 0.5 in second.to_pylist() else 200
+    assert diagnostics(err)["contributions_kept"] == want
+
+
+def test_cli_refuses_user_ids_that_are_text_in_one_file_and_numbers_in_another(tmp_path):
+    """Whether "7" is the user 7 is the data owner's question: refused before any row is
+    read, exit 2, naming both files, both types and the field; nothing published."""
+    from tests.robustness.conftest import assert_clean_error, assert_nothing_published
+    data = _two_files(tmp_path / "data", pa.array(range(200), pa.int64()),
+                      pa.array([str(i) for i in range(200)]))
+    spec, output = write_spec(tmp_path, data, max_keys_per_user=1)
+    code, _, err = run_cli("run", spec)
+    assert_clean_error(code, err, "input.user", "a.parquet", "b.parquet", "int64", "string")
+    assert_nothing_published(output)

@@ -16,6 +16,7 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 
 from thresher.accounting import contribution_bound as cb
+from thresher.transforms import keyed_random
 from thresher.transforms.choose_contribution_bound import (
     ChooseContributionBound, ContributionBoundSums, key_shards, table_statistics)
 
@@ -136,7 +137,8 @@ def test_table_statistics_partials_cover_each_key_once_per_table():
 
 def _choose(pipeline, tables, **overrides):
     kwargs = dict(candidates=_CANDIDATES, epsilon=1.0, model="l1", score="laplace_l1",
-                  score_params={"epsilon": 1.0, "delta": 1e-5}, max_bound=_MAX_BOUND)
+                  score_params={"epsilon": 1.0, "delta": 1e-5}, max_bound=_MAX_BOUND,
+                  rng_factory=keyed_random.KeyedSource(b"choose-bound test secret........"))
     kwargs.update(overrides)
     return tables | ChooseContributionBound(["word", "bucket"], **kwargs)
 
@@ -214,7 +216,8 @@ def test_seeded_rng_factory_draws_what_the_kernel_draws():
 ])
 def test_invalid_configuration_is_refused_at_construction(overrides, field):
     kwargs = dict(candidates=_CANDIDATES, epsilon=1.0, model="l1", score="laplace_l1",
-                  score_params={"epsilon": 1.0, "delta": 1e-5}, max_bound=_MAX_BOUND)
+                  score_params={"epsilon": 1.0, "delta": 1e-5}, max_bound=_MAX_BOUND,
+                  rng_factory=keyed_random.KeyedSource(b"choose-bound test secret........"))
     kwargs.update(overrides)
     with pytest.raises(ValueError, match=field):
         ChooseContributionBound(["word"], **kwargs)

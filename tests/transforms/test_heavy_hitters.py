@@ -12,6 +12,7 @@ from scipy import stats
 
 from thresher.accounting import sample_threshold as acc
 from thresher.transforms import heavy_hitters as hh
+from thresher.transforms import keyed_random
 
 PREFIXES = (1, 2, 4, None)
 
@@ -123,5 +124,6 @@ def test_beam_trie_heavy_hitters_end_to_end_with_the_csprng():
     with TestPipeline(runner=FnApiRunner()) as p:
         side = p | "Params" >> beam.Create([params.as_report()])
         out = (p | beam.Create(batches)
-               | hh.TrieHeavyHitters("word", PREFIXES, beam.pvalue.AsSingleton(side), num_shards=4))
+               | hh.TrieHeavyHitters("word", PREFIXES, beam.pvalue.AsSingleton(side), num_shards=4,
+                                     rng_factory=keyed_random.KeyedSource(bytes(32))))
         assert_that(out | beam.combiners.ToList(), lambda lists: check(lists[0]))

@@ -14,6 +14,8 @@ from thresher.pipelines.dataio.io import prepare_batch
 from thresher.transforms.aggregate import SumCountsPerKey
 from thresher.transforms.per_user_bound import PerUserBound, bound_l0
 from thresher.transforms.user_shards import ShardByUser
+from thresher.transforms.user_identity import TEST_KEY
+from thresher.transforms import keyed_random
 
 
 def _random_records(rng, n, users, keys):
@@ -57,7 +59,7 @@ def test_kernel_empty_input():
 
 def _table(users, words):
     raw = pa.table({"user": pa.array(users), "word": pa.array(words)})
-    prepared, _ = prepare_batch(raw, "user", ["word"])
+    prepared, _ = prepare_batch(raw, "user", ["word"], identity_key=TEST_KEY)
     return prepared
 
 
@@ -87,7 +89,8 @@ def test_pipeline_bound_as_side_input_limits_each_user():
         totals = (p
                   | beam.Create([_table(users, words)])
                   | ShardByUser(4)
-                  | PerUserBound(["word"], beam.pvalue.AsSingleton(bound))
+                  | PerUserBound(["word"], beam.pvalue.AsSingleton(bound),
+                                 rng_factory=keyed_random.KeyedSource(bytes(32)))
                   | SumCountsPerKey(["word"], 2)
                   | beam.Map(lambda t: int(np.sum(t.column("count").to_numpy())))
                   | beam.CombineGlobally(sum))

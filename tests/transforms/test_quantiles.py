@@ -10,6 +10,7 @@ from apache_beam.testing.util import assert_that
 
 from thresher.accounting import sample_threshold as acc
 from thresher.transforms import quantiles as q
+from thresher.transforms import keyed_random
 
 N = 1_000_000
 BRANCHING, LEVELS = 4, 6
@@ -96,7 +97,8 @@ def test_hierarchical_histogram_end_to_end_on_beam():
     with TestPipeline(runner=FnApiRunner()) as p:
         out = (p | beam.Create(batches)
                | q.HierarchicalHistogram("v", lo=0, hi=1, branching=BRANCHING, levels=levels,
-                                         params=params.as_report(), num_shards=2))
+                                         params=params.as_report(), num_shards=2,
+                                         rng_factory=keyed_random.KeyedSource(bytes(32))))
         assert_that(out | beam.combiners.ToList(), lambda lists: check(lists[0]))
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from thresher.transforms import samplers
+from thresher.transforms import keyed_random
 from thresher.transforms.rand_clip import (
     RandClip, rand_clip, rand_clip_counts, rand_clip_table, user_codes_of)
 
@@ -109,7 +110,7 @@ def test_beam_rand_clip_counts_min_of_records_and_bound_per_user(as_side_input):
         c = beam.pvalue.AsSingleton(pipeline | "C" >> beam.Create([bound]), default_value=1)
     else:
         c = bound
-    counts = source | RandClip(["key"], c)
+    counts = source | RandClip(["key"], c, rng_factory=keyed_random.seeded_for_tests(0))
     rows = counts | beam.FlatMap(lambda t: zip(t.column("key").to_pylist(),
                                                t.column("count").to_pylist()))
 
@@ -131,4 +132,5 @@ def test_beam_rand_clip_refuses_a_bad_side_input_value():
     with pytest.raises(Exception, match="max_records_per_user"):
         with beam.Pipeline(runner=FnApiRunner()) as pipeline:
             c = beam.pvalue.AsSingleton(pipeline | "C" >> beam.Create([0]))
-            _ = pipeline | beam.Create(_tables()[:1]) | RandClip(["key"], c)
+            _ = pipeline | beam.Create(_tables()[:1]) | RandClip(
+                ["key"], c, rng_factory=keyed_random.seeded_for_tests(0))

@@ -15,6 +15,7 @@ from scipy import stats
 from thresher.transforms import samplers
 from thresher.transforms import sample_and_threshold as sat
 from thresher.transforms.release_fn import ReleaseBatchFn
+from thresher.transforms import keyed_random
 
 
 def chi_square_pvalue(draws, n, p):
@@ -124,7 +125,9 @@ def test_release_table_replaces_count_by_sampled_count_and_adds_estimate():
 
 def _run(tables, params, check, rng_factory=None):
     """Run SampleAndThreshold on FnApiRunner; ``check`` gets the list of output tables
-    (it runs inside the pipeline, so it asserts there)."""
+    (it runs inside the pipeline, so it asserts there). Without ``rng_factory`` a test
+    secret (a transform given no secret refuses to run)."""
+    rng_factory = rng_factory or keyed_random.KeyedSource(b"sample-and-threshold test secret")
     with TestPipeline(runner=FnApiRunner()) as p:
         side = p | "Params" >> beam.Create([params])
         out = (p | beam.Create(tables)
@@ -168,7 +171,8 @@ def test_beam_transform_sees_the_seeded_rng_factory_in_tests():
          rng_factory=lambda: np.random.default_rng(9))
 
 
-def test_dofn_creates_a_secure_random_in_setup():
+def test_dofn_without_a_secret_refuses_in_setup():
+    """No silent per-worker OS randomness (transforms/keyed_random.py, "Fail closed")."""
     fn = ReleaseBatchFn(sat.release_table)
-    fn.setup()
-    assert isinstance(fn._rng, samplers.SecureRandom)
+    with pytest.raises(keyed_random.NoSecretError, match="rng_factory"):
+        fn.setup()

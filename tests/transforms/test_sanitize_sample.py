@@ -18,6 +18,7 @@ from scipy import stats
 from thresher.accounting import pws
 from thresher.transforms import samplers
 from thresher.transforms.sanitize_sample import SanitizeSample, sanitize, sanitize_table
+from thresher.transforms import keyed_random
 
 ALPHA = 1e-4
 
@@ -247,7 +248,8 @@ def test_beam_sanitize_sample_with_side_input_params(report):
     with TestPipeline() as p:
         side = p | "Params" >> beam.Create([params_dict])
         released = (p | "Counts" >> beam.Create(parts)
-                    | SanitizeSample(beam.pvalue.AsSingleton(side), ["word", "shard"]))
+                    | SanitizeSample(beam.pvalue.AsSingleton(side), ["word", "shard"],
+                                     rng_factory=keyed_random.KeyedSource(bytes(32))))
         assert_that(released, check)
 
 

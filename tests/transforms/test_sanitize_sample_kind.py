@@ -12,6 +12,7 @@ from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.specs import declare
 from thresher.pipelines.kinds import weighted_sampling as ws
 from thresher.pipelines.specs.spec import parse_mechanism
+from thresher.transforms import keyed_random
 
 
 def test_parse_defaults():
@@ -155,7 +156,8 @@ def test_release_and_sanitize_existing_sample_in_beam():
         out = pa.concat_tables(tables)
         assert sorted(out.column("k").to_pylist()) == ["x", "y"]   # q = pi = 1 there
 
-    with TestPipeline() as p:
+    # the kind's stages take the release's secret as a release builds them (keyed_random.building)
+    with TestPipeline() as p, keyed_random.building(keyed_random.KeyedSource(bytes(32))):
         side = p | "P" >> beam.Create([params])
         released = ws.release(p | "C" >> beam.Create([counts]), beam.pvalue.AsSingleton(side), ["k"])
         assert_that(released, check_release, label="release")

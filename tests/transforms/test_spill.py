@@ -14,8 +14,9 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from thresher.pipelines.dataio.io import prepare_batch
-from thresher.transforms import spill
+from thresher.transforms import keyed_random, spill
 from thresher.transforms.user_shards import ShardByUser, user_shard_of
+from thresher.transforms.user_identity import TEST_KEY
 
 
 def _rows(table):
@@ -48,7 +49,7 @@ def _batches(n=6000, seed=5):
     users = [f"user-{i}" for i in rng.integers(0, 700, n)]
     words = [f"w{j}" for j in rng.integers(0, 90, n)]
     raw = pa.table({"user": users, "word": words})
-    return [prepare_batch(raw.slice(i, 1000), "user", ["word"])[0] for i in range(0, n, 1000)]
+    return [prepare_batch(raw.slice(i, 1000), "user", ["word"], identity_key=TEST_KEY)[0] for i in range(0, n, 1000)]
 
 
 def test_user_shards_through_files_equal_the_in_memory_shuffle(tmp_path):
@@ -105,7 +106,7 @@ def test_release_through_files_on_the_in_process_runner(tmp_path, monkeypatch, b
         monkeypatch.setattr(spill, "write_piece",
                             lambda table, folder: written.append(1) or original(table, folder))
         report = release.run(make_plan(spec_mod.load(str(path))),
-                             rng_factory=lambda: np.random.default_rng(11))
+                             rng_factory=keyed_random.seeded_for_tests(11))
         monkeypatch.undo()
         out = tmp_path / name
         assert sorted(os.listdir(out)) == ["release_report.json", "released.parquet"]

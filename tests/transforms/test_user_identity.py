@@ -60,6 +60,55 @@ def test_identify_maps_rows_through_their_distinct_ids():
     hi, lo = ui.identify(ids, KEY)
     assert list(zip(hi.tolist(), lo.tolist())) == [
         _reference_bytes(v.encode()) for v in ["b", "a", "b", "c" * 2000, "a"]]
-    floats = ui.identify(pa.array([1.5, -0.0]), KEY)
+    floats = ui.identify(pa.array([1.5, -0.0]), KEY)       # -0.0 is the whole number 0
     assert list(zip(*(w.tolist() for w in floats))) == [_reference_bytes(b"1.5"),
-                                                         _reference_bytes(b"0")]
+                                                         _reference_int(0)]
+
+
+def _reference_float(x, arrow_type=pa.float64()):
+    """The documented rule (module docstring, "Type-stable ids"), written from Python's
+    exact int/float comparison: a float equal to an integer in [-2**63, 2**64) is that
+    integer's word, anything else its text (Arrow's cast, as the reference for text)."""
+    if x == x and x not in (float("inf"), float("-inf")) and x == int(x) \
+            and -2**63 <= int(x) < 2**64:
+        return _reference_int(int(x))
+    text = pa.compute.cast(pa.array([x], arrow_type), pa.string())[0].as_py()
+    return _reference_bytes(text.encode())
+
+
+FLOATS = [0.0, -0.0, 1.0, -1.0, 7.0, 0.5, -2.5, 1e-300, 2.0**52 + 1, 2.0**53, 2.0**62,
+          2.0**63, 2.0**64 - 2048, 2.0**64, -2.0**63, -2.0**63 - 4096, 1e300, float("inf"),
+          float("-inf")]
+
+
+@pytest.mark.parametrize("arrow_type", [pa.float64(), pa.float32()])
+def test_whole_floats_are_the_integer_they_equal(arrow_type):
+    values = [x for x in FLOATS if arrow_type == pa.float64() or abs(x) < 3.4e38]
+    arr = pa.array(values, pa.float64()).cast(arrow_type)
+    hi, lo = ui.identify(arr, KEY)
+    exact = [float(v) for v in arr.to_pylist()]          # what float32 holds
+    assert list(zip(hi.tolist(), lo.tolist())) == [_reference_float(x, arrow_type) for x in exact]
+
+
+def test_one_user_whatever_numeric_type_a_file_stored_it_in():
+    """int64 1, uint8 1, True, float64 1.0 and float32 1.0 are one user; 2**63 as uint64
+    and as float; -1 as int64 and -1.0 (the brief's int-vs-float split)."""
+    one = [ui.identify(pa.array([v], t), KEY) for v, t in (
+        (1, pa.int64()), (1, pa.uint8()), (True, pa.bool_()), (1.0, pa.float64()),
+        (1.0, pa.float32()))]
+    assert len({(int(h[0]), int(l[0])) for h, l in one}) == 1
+    assert ui.identify(pa.array([2**63], pa.uint64()), KEY)[0][0] == \
+        ui.identify(pa.array([2.0**63]), KEY)[0][0]
+    assert ui.identify(pa.array([-1], pa.int64()), KEY)[0][0] == \
+        ui.identify(pa.array([-1.0]), KEY)[0][0]
+    # ... and text is not a number (Parquet files that disagree are refused instead)
+    assert ui.identify(pa.array(["1"]), KEY)[0][0] != one[0][0][0]
+
+
+def test_text_ids_of_a_text_format_name_numbers_by_their_integer():
+    assert ui.text_ids(pa.array([1.0, -0.0, 1.5, 1e16, 2.0**63, -2.0**63, None])).to_pylist() \
+        == ["1", "0", "1.5", "10000000000000000", "9223372036854775808",
+            "-9223372036854775808", None]
+    assert ui.text_ids(pa.array([10**16, -3])).to_pylist() == ["10000000000000000", "-3"]
+    assert ui.text_ids(pa.array([True])).to_pylist() == ["true"]
+    assert ui.text_ids(pa.array(["01", "1"])).to_pylist() == ["01", "1"]

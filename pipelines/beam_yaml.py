@@ -16,7 +16,35 @@ mechanism kind's release. It has two outputs:
 
 - ``released``: one row per released key (the key fields and the kind's output columns);
 - ``report``: one row with a single string field ``report``, the release report as JSON
-  (the plan's parameters and privacy guarantee, the chosen bound, ``released_keys``).
+  (the plan's parameters and privacy guarantee, the chosen bound and clips,
+  ``released_keys``).
+
+Every section of a ``thresher run`` spec is accepted except where it names files: the
+rows replace ``input.path`` (and ``format``/``delimiter``), the caller writes the two
+outputs wherever it likes (``output``; no interval columns yet), and ``input.sample``
+(an existing weighted sample, no users) has no transform form. What differs from the CLI:
+
+- ``aggregates`` with ``clip: auto``: the chosen clips flow as a singleton side input
+  into the bounding and into the report (the CLI writes them to its staging folder);
+- ``public_keys`` (the spec's ``input.public_keys``): the domain file is read when the
+  transform is constructed (a path relative to the working directory of the process
+  that builds the pipeline) and its keys are cast to the types of the rows' key fields
+  when it is applied;
+- ``mechanism.kind: quantiles``: the rows carry the value column ``mechanism.column``
+  beside the user and key fields;
+- ``budget`` (the ledger, ``pipelines.ledgers.ledger``): the release is charged when the
+  transform is applied (the pipeline is built), after every stage was added and before
+  anything runs, and recorded once, as published (output ``beam pipeline: <label>``):
+  thresher cannot see where or whether the pipeline writes its outputs, so from then on
+  the release counts as spent (a pipeline that later fails stays charged: the safe
+  side). A release the ledger cannot fit is refused there (``SpecError`` naming
+  ``ThresherRelease.budget``): the pipeline cannot be built, so nothing runs and nothing
+  is published.
+
+Randomness: the release secret is drawn inside the pipeline, as ``thresher run`` draws it
+(``transforms.keyed_random.PipelineSecret``), and every stage identity is taken relative
+to the transform's own label (``keyed_random.building``), so under one secret the
+transform draws exactly what ``thresher run`` draws for the same spec and records.
 
 The building blocks (PerUserBound, NoisyThreshold, ...) are deliberately not exposed one
 by one: they work on Arrow batches of hashed records, and a privacy guarantee holds only
@@ -43,11 +71,12 @@ from thresher.transforms.user_identity import identity_key
 DEFAULT_NUM_SHARDS = 16
 _BATCH_ROWS = 1 << 16
 # Fields of the spec's input section, as this transform's config names them.
-_CONFIG_FIELD = {"input.user": "user", "input.keys": "keys"}
+_CONFIG_FIELD = {"input.user": "user", "input.keys": "keys", "input.public_keys": "public_keys"}
 
 
 def ThresherRelease(user, keys, privacy, bounding, mechanism, name="beam_yaml_release",
-                    num_shards=DEFAULT_NUM_SHARDS, aggregates=None):
+                    num_shards=DEFAULT_NUM_SHARDS, aggregates=None, aggregates_auto=None,
+                    public_keys=None, budget=None):
     """A differentially private histogram of distinct users (or records) per key.
 
     The release of a ``thresher run`` spec on rows from any Beam YAML source. Outputs
@@ -59,45 +88,100 @@ def ThresherRelease(user, keys, privacy, bounding, mechanism, name="beam_yaml_re
       keys: the key fields (a list, or one name).
       privacy: ``{epsilon, delta}`` as in a thresher spec.
       bounding: ``{max_keys_per_user, model, auto}`` as in a thresher spec.
-      mechanism: ``{kind, ...}`` as in a thresher spec (gaussian, laplace, ...).
+      mechanism: ``{kind, ...}`` as in a thresher spec (gaussian, laplace, quantiles, ...).
+        quantiles reads the numeric field ``mechanism.column`` of the rows.
       name: the release's name in the report.
       aggregates: clipped sums and means of numeric fields per released key, as the
         spec's ``aggregates:`` section (docs/aggregates.md); each adds a float column
-        ``<column>_<statistic>`` to ``released``. ``clip: auto`` needs ``thresher run``.
+        ``<column>_<statistic>`` to ``released``; ``clip: auto`` bounds are chosen in the
+        pipeline and reported.
+      aggregates_auto: the spec's ``aggregates_auto`` section (the clip choice's budget).
+      public_keys: the spec's ``input.public_keys`` (``{path, format}``): a public key
+        domain, read when the transform is constructed.
+      budget: the spec's ``budget`` section (``{ledger, dataset, epsilon, delta}``): the
+        release is charged once, when the transform is applied (module docstring).
       num_shards: user and key shards of the shuffles, about rows / 1,000,000 (>= 1).
     """
     config = {"user": user, "keys": keys, "privacy": privacy, "bounding": bounding,
               "mechanism": mechanism, "name": name, "num_shards": num_shards}
-    if aggregates is not None:
-        config["aggregates"] = aggregates
-    document = {
-        "name": name,
+    input_section = {
         # The rows come from the YAML pipeline; path and format only satisfy the spec's
         # schema and are never read.
-        "input": {"path": "<beam yaml input>", "format": "parquet", "user": user, "keys": keys},
+        "path": "<beam yaml input>", "format": "parquet", "user": user, "keys": keys}
+    document = {
+        "name": name, "input": input_section,
         "privacy": privacy, "bounding": bounding, "mechanism": mechanism,
         "output": {"path": "<beam yaml output>"},
     }
-    if aggregates is not None:
-        document["aggregates"] = aggregates
+    for field, value in (("aggregates", aggregates), ("aggregates_auto", aggregates_auto),
+                         ("budget", budget)):
+        if value is not None:
+            config[field] = document[field] = value
+    if public_keys is not None:
+        config["public_keys"] = input_section["public_keys"] = public_keys
     try:
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise SpecError("num_shards", f"must be an integer >= 1, got {num_shards!r}")
         spec = parse(document, source_text=yaml.safe_dump(config, sort_keys=True))
-        if spec.kind == "quantiles":  # reads a value column the Beam YAML rows do not carry yet
-            raise SpecError("mechanism.kind", "quantiles is not available from Beam YAML yet; "
-                            "use thresher run")
-        if spec.aggregates_auto is not None:   # its chosen clips go to a staging folder
-            raise SpecError("aggregates", "clip: auto is not available from Beam YAML yet; "
-                            "give clip: [low, high] or use thresher run")
+        plan = make_plan(spec)
     except SpecError as exc:
-        field = exc.field
-        for spec_field, config_field in _CONFIG_FIELD.items():
-            if field == spec_field or field.startswith(spec_field + "["):
-                field = config_field + field[len(spec_field):]
-        raise SpecError(f"ThresherRelease.{field}" if field else "ThresherRelease",
-                        exc.message) from None
-    return _Release(make_plan(spec), num_shards)
+        raise _named(exc) from None
+    return _Release(plan, num_shards)
+
+
+def _named(exc):
+    """A SpecError of the spec's fields, named as this transform's config names them."""
+    field = exc.field
+    for spec_field, config_field in _CONFIG_FIELD.items():
+        if field == spec_field or field.startswith(spec_field + "[") \
+                or field.startswith(spec_field + "."):
+            field = config_field + field[len(spec_field):]
+    return SpecError(f"ThresherRelease.{field}" if field else "ThresherRelease", exc.message)
+
+
+_ARROW_OF = {bool: pa.bool_(), int: pa.int64(), float: pa.float64(), str: pa.string(),
+             bytes: pa.binary()}
+
+
+def _arrow_type(python_type):
+    """The Arrow type ``pa.array`` gives the values of a row field (None if unknown)."""
+    args = [a for a in typing.get_args(python_type) if a is not type(None)]
+    if typing.get_origin(python_type) is typing.Union and len(args) == 1:
+        python_type = args[0]
+    return _ARROW_OF.get(python_type)
+
+
+def _domain_for(plan, fields):
+    """The plan with its public key domain cast to the types of the rows' key fields (as
+    ``thresher run`` casts it to the types its reader gives the key columns)."""
+    spec = plan.spec
+    if plan.domain is None:
+        return plan
+    import dataclasses
+    from thresher.pipelines.dataio.public_keys import load_domain
+    types = {k: _arrow_type(fields[k]) for k in spec.input.keys}
+    if any(t is None for t in types.values()):
+        return plan        # keep the file's own types
+    try:
+        domain = load_domain(spec.input.public_keys, spec.input.keys, types)
+    except SpecError as exc:
+        raise _named(exc) from None
+    return dataclasses.replace(plan, domain=domain)
+
+
+def _charge(plan, label):
+    """Charge the release to the spec's ledger and record it, once (module docstring);
+    SpecError naming ``ThresherRelease.budget`` when the dataset's total would be
+    exceeded or the ledger cannot be used."""
+    from thresher.pipelines.ledgers import ledger
+    try:
+        with ledger.reservation_for(plan) as reservation:
+            if reservation is None:
+                return
+            reservation.publishing()
+            reservation.commit(output=f"beam pipeline: {label or 'ThresherRelease'}")
+    except SpecError as exc:
+        raise _named(exc) from None
 
 
 def _python_type(arrow_type, field):
@@ -159,8 +243,11 @@ def _table_to_rows(table, columns):
         yield beam.Row(**record)
 
 
-def _report_json(released_keys, reports, chosen):
+def _report_json(released_keys, reports, chosen, clips=None):
     report = dict(reports[int(chosen)])
+    if clips is not None:      # clip: auto -- the chosen bounds, as thresher run reports them
+        from thresher.pipelines.aggregates import apply_clips
+        report["mechanism"] = apply_clips(report["mechanism"], clips)
     report["released_keys"] = int(released_keys)
     return beam.Row(report=json.dumps(report, sort_keys=False, allow_nan=False))
 
@@ -170,6 +257,9 @@ class _Release(beam.PTransform):
         super().__init__(label)
         self._plan = plan
         self._num_shards = num_shards
+        # Tests only: a KeyedSource with a known secret, to compare with thresher run
+        # (pipelines.release.run's rng_factory). None: the secret is drawn in the pipeline.
+        self._rng_factory = None
 
     def expand(self, rows):
         from thresher.pipelines.running.beam_flags import refuse_graph_saving
@@ -178,19 +268,25 @@ class _Release(beam.PTransform):
         from thresher.pipelines.release import refuse_dask
         refuse_dask(rows.pipeline.runner)
         refuse_dask(rows.pipeline.options.view_as(StandardOptions).runner)
-        spec = self._plan.spec
+        plan = self._plan
+        spec = plan.spec
         user, keys = spec.input.user, list(spec.input.keys)
+        module = kind_module(spec.kind)
+        # what is read of each row: quantiles reads its value column like a key column
+        read_keys = list(module.read_spec(spec).keys if hasattr(module, "read_spec") else keys)
         try:
             fields = dict(named_fields_from_element_type(rows.element_type))
         except (TypeError, ValueError):
             raise SpecError("ThresherRelease", f"its input must be rows with a schema (fields "
                             f"{user!r}, {', '.join(map(repr, keys))}), got elements of type "
                             f"{rows.element_type}") from None
-        for i, name in enumerate([user] + keys):
+        for i, name in enumerate([user] + read_keys):
             if name not in fields:
-                where = "user" if i == 0 else f"keys[{i - 1}]"
+                where = ("user" if i == 0 else f"keys[{i - 1}]" if i <= len(keys)
+                         else "mechanism.column")
                 raise SpecError(f"ThresherRelease.{where}", f"field {name!r} is not in the "
                                 f"input; its fields are: {', '.join(fields)}")
+        plan = _domain_for(plan, fields)
         values = []
         if spec.aggregates:
             from thresher.pipelines.aggregates import value_columns
@@ -199,8 +295,12 @@ class _Release(beam.PTransform):
                 if name not in fields:
                     raise SpecError("ThresherRelease.aggregates", f"field {name!r} is not in "
                                     f"the input; its fields are: {', '.join(fields)}")
-        output_columns = dict(kind_module(spec.kind).OUTPUT_COLUMNS)
+        output_columns = dict(module.OUTPUT_COLUMNS)
         optional = {}
+        if spec.kind == "quantiles":
+            optional["value"] = True          # null where every cell was suppressed
+        if spec.mechanism.get("debias"):      # input.public_keys with debias: poisson
+            output_columns["debiased"] = pa.float64()
         for agg in spec.aggregates or ():
             output_columns[agg.output] = pa.float64()
             optional[agg.output] = True      # a mean over a public key can be null
@@ -211,27 +311,34 @@ class _Release(beam.PTransform):
 
         # the release secret: drawn inside the pipeline, never carried in its graph
         from thresher.transforms.keyed_random import PipelineSecret, building
-        source = PipelineSecret.draw(rows.pipeline)
+        source = (self._rng_factory if self._rng_factory is not None
+                  else PipelineSecret.draw(rows.pipeline))
         records = (rows
                    | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
                                                    max_batch_size=_BATCH_ROWS)
-                   | "ToRecords" >> keyed_random.par_do(_RowsToRecords(user, keys, values, source)))  # Table(__user, __user_lo, __key, keys)
-        with building(source):
-            released, chosen = release_stages(records, self._plan, self._num_shards)
+                   | "ToRecords" >> keyed_random.par_do(_RowsToRecords(user, read_keys, values, source)))  # Table(__user, __user_lo, __key, keys)
+        clips = []     # clip: auto -- the chosen bounds (one dict), for the report
+        root = rows.pipeline._current_transform().full_label   # the draws' root
+        with building(source, root=root):
+            released, chosen = release_stages(records, plan, self._num_shards,
+                                              clip_sink=clips.append)
         released_rows = released | "ToRows" >> beam.FlatMap(
             _table_to_rows, columns=keys + list(output_columns)).with_output_types(row_type)
 
         if chosen is None:
             bound = spec.bounding.max_keys_per_user
-            reports, chosen_value = {bound: self._plan.report()}, bound
+            reports, chosen_value = {bound: plan.report()}, bound
         else:
-            reports = {c: self._plan.report(chosen_bound=c) for c in self._plan.candidates}
-            chosen_value = beam.pvalue.AsSingleton(chosen, default_value=min(self._plan.candidates))
+            reports = {c: plan.report(chosen_bound=c) for c in plan.candidates}
+            chosen_value = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
         reports = {c: _without_intervals(r) for c, r in reports.items()}
         report = (released
                   | "CountReleased" >> beam.Map(lambda table: table.num_rows)
                   | "SumReleased" >> beam.CombineGlobally(sum)
-                  | "Report" >> beam.Map(_report_json, reports=reports, chosen=chosen_value)
+                  | "Report" >> beam.Map(_report_json, reports=reports, chosen=chosen_value,
+                                         clips=beam.pvalue.AsSingleton(clips[0]) if clips else None)
                   .with_output_types(RowTypeConstraint.from_fields([("report", str)])))
+        # last, once every stage is in the graph: a refused charge adds nothing to run
+        _charge(plan, root)
         return {"released": released_rows, "report": report}
 

@@ -211,7 +211,7 @@ def _prereduced(records, plan, rng_factory):
     from thresher.transforms.prereduce import PreReduceL0
     # the keyed draws are those of the PerUserBound applied in _bound_users, whose full
     # label is this composite's label / "PerUserBound" (keyed_random.stage_name)
-    parent = records.pipeline._current_transform().full_label
+    parent = keyed_random.stage_name(records)    # relative to the release's root
     stage = f"{parent}/PerUserBound" if parent else "PerUserBound"
     return records | "PreReduceUsers" >> PreReduceL0(
         spec.input.keys, spec.bounding.max_keys_per_user, source, stage,

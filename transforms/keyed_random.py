@@ -408,14 +408,21 @@ class _WithSecret(beam.DoFn):
         return self._inner.default_label()
 
 
-_BUILDING = []     # the KeyedSource of the release whose pipeline is being built
+_BUILDING = []     # (KeyedSource, root label) of the release whose pipeline is being built
 
 
 @contextlib.contextmanager
-def building(source):
+def building(source, root=""):
     """While a release's pipeline is built (``pipelines.release.build``), transforms
-    given no ``rng_factory`` take the release's :class:`KeyedSource` (:func:`resolve`)."""
-    _BUILDING.append(source)
+    given no ``rng_factory`` take the release's :class:`KeyedSource` (:func:`resolve`).
+
+    ``root``: the full label of the composite the release's stages are built in (the
+    Beam YAML transform's, ``pipelines.beam_yaml``; "" for ``thresher run``, whose stages
+    are at the top of its pipeline). Stage identities (:func:`stage_name`) are taken
+    relative to it, so one release's draws under one secret are the same wherever a
+    user's pipeline applies it. Two releases never share a secret, so equal relative
+    names in two releases of one pipeline name streams of different keys."""
+    _BUILDING.append((source, root))
     try:
         yield
     finally:
@@ -427,14 +434,21 @@ def resolve(factory):
     else None (a fresh ``SecureRandom`` per worker, for transforms used on their own)."""
     if factory is not None:
         return factory
-    return _BUILDING[-1] if _BUILDING else None
+    return _BUILDING[-1][0] if _BUILDING else None
 
 
 def stage_name(pvalue):
     """The full label of the composite being expanded (unique in the pipeline and the
-    same every time the pipeline is built): the stage identity of its draws."""
-    current = pvalue.pipeline._current_transform()
-    return current.full_label
+    same every time the pipeline is built), relative to the root of the release being
+    built (:func:`building`): the stage identity of its draws."""
+    label = pvalue.pipeline._current_transform().full_label
+    root = _BUILDING[-1][1] if _BUILDING else ""
+    if root:
+        if label == root:
+            return ""
+        if label.startswith(root + "/"):
+            return label[len(root) + 1:]
+    return label
 
 
 class StageSource:

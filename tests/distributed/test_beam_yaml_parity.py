@@ -1,0 +1,275 @@
+"""The Beam YAML transform (pipelines/beam_yaml.py ``ThresherRelease``) accepts what
+``thresher run`` accepts (issue 29): ``aggregates`` with ``clip: auto``, ``budget``,
+``input.public_keys`` and ``mechanism.kind: quantiles`` -- each refused by name before.
+
+Each release runs twice on the same records under one fixed, test-only secret (a
+``KeyedSource`` given to ``pipelines.release.run``, as tests/pipelines/
+test_keyed_recomputation.py does, and to the transform through its test-only
+``_rng_factory``): once through ``release.run`` (what ``thresher run`` calls) on a
+Parquet file, once through the transform in Beam's in-process runner on the same rows.
+The transform must publish exactly the same released rows (bit-identical floats) and
+the same report fields: the same code validates, calibrates and draws, and the secret's
+streams are keyed by stage identities relative to the release
+(``keyed_random.building``). No statistical assertion: no false-failure probability.
+"""
+import json
+import os
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from thresher.pipelines import release
+from thresher.pipelines.beam_yaml import ThresherRelease
+from thresher.pipelines.errors import SpecError
+from thresher.pipelines.plan import make_plan
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.transforms.keyed_random import KeyedSource
+
+from .conftest import ROOT
+
+SECRET = b"test-only release secret: 32 B.."
+PRIVACY = {"epsilon": 1.0, "delta": 1e-8}
+# Report fields that differ by construction: the hash of the spec's text (the CLI's
+# file vs the transform's config), the interval columns (only the CLI's launcher adds
+# them) and the CLI's file names.
+NOT_COMPARED = ("config_sha256", "intervals", "outputs")
+
+_SEEN = {"rows": [], "reports": []}
+
+
+def _records(n=6000):
+    """(user_id, word, amount) rows: the quickstart's first ``n`` with a value column
+    that varies per row (a function of the row number only)."""
+    data = pq.read_table(os.path.join(ROOT, "configs", "examples", "data",
+                                      "quickstart.parquet")).slice(0, n).to_pylist()
+    for i, row in enumerate(data):
+        row["amount"] = float((i * 37) % 101)
+    return data
+
+
+def _cli(tmp_path, records, config):
+    """release.run on ``records`` written as Parquet, the spec made from the transform's
+    ``config``; returns (released rows restricted to ``columns``, report)."""
+    data = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist(records), str(data))
+    input_section = {"path": str(data), "format": "parquet", "user": config["user"],
+                     "keys": config["keys"]}
+    if "public_keys" in config:
+        input_section["public_keys"] = config["public_keys"]
+    doc = {"name": config["name"], "input": input_section, "privacy": config["privacy"],
+           "bounding": config["bounding"], "mechanism": config["mechanism"],
+           "output": {"path": str(tmp_path / "out")}}
+    for field in ("aggregates", "aggregates_auto", "budget"):
+        if field in config:
+            doc[field] = config[field]
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    report = release.run(make_plan(spec_mod.load(str(spec_path))), [],
+                         rng_factory=KeyedSource(SECRET))
+    return pq.read_table(str(tmp_path / "out" / "released.parquet")), report
+
+
+def _keep_row(row):
+    _SEEN["rows"].append(row._asdict())
+
+
+def _keep_report(row):
+    _SEEN["reports"].append(json.loads(row.report))
+
+
+def _transform(records, config, fields=None, secret=SECRET):
+    """The transform on ``records`` (as beam.Rows of ``fields``) in the in-process
+    runner; returns (released rows as dicts, report)."""
+    fields = fields or list(records[0])
+    got, reports = _SEEN["rows"], _SEEN["reports"]
+    got.clear()
+    reports.clear()
+    transform = ThresherRelease(**config)
+    if secret is not None:
+        transform._rng_factory = KeyedSource(secret)
+    with beam.Pipeline() as pipeline:     # the in-process runner: same process, same _SEEN
+        rows = pipeline | beam.Create([beam.Row(**{f: r[f] for f in fields}) for r in records])
+        out = rows | "Release" >> transform
+        _ = out["released"] | beam.Map(_keep_row)
+        _ = out["report"] | beam.Map(_keep_report)
+    assert len(reports) == 1
+    return list(got), reports[0]
+
+
+def _same_release(tmp_path, records, config, fields=None):
+    """Run both; assert the same released rows and report; return (rows, report)."""
+    cli_table, cli_report = _cli(tmp_path, records, config)
+    rows, report = _transform(records, config, fields)
+    assert rows, "nothing released: the comparison would be empty"
+    columns = list(rows[0])
+    assert set(columns) <= set(cli_table.column_names), (columns, cli_table.column_names)
+
+    def key(row):
+        return tuple((c, repr(row[c])) for c in columns)
+    cli_rows = cli_table.select(columns).to_pylist()
+    assert sorted(rows, key=key) == sorted(cli_rows, key=key)
+    expected = {k: v for k, v in json.loads(json.dumps(cli_report)).items()
+                if k not in NOT_COMPARED}
+    got = {k: v for k, v in report.items() if k not in NOT_COMPARED}
+    assert got == expected
+    return rows, report
+
+
+def _config(**changes):
+    config = {"user": "user_id", "keys": ["word"], "privacy": PRIVACY,
+              "bounding": {"max_keys_per_user": 4}, "mechanism": {"kind": "gaussian"},
+              "name": "parity"}
+    config.update(changes)
+    return config
+
+
+def test_the_transform_matches_thresher_run_for_a_plain_count(tmp_path):
+    """The pattern itself: a plain Gaussian histogram (accepted before issue 29's rest)."""
+    _same_release(tmp_path, _records(), _config(), fields=["user_id", "word"])
+
+
+def test_aggregates_clip_auto_matches_thresher_run(tmp_path):
+    """(a) clip: auto: the chosen clip flows as a side input into the bounding and the
+    report; the report names the chosen clip as the CLI's does."""
+    aggregates = [{"column": "amount", "statistic": "sum", "clip": "auto"},
+                  {"column": "amount", "statistic": "mean", "clip": "auto"}]
+    rows, report = _same_release(tmp_path, _records(), _config(aggregates=aggregates))
+    assert set(rows[0]) == {"word", "count", "amount_sum", "amount_mean"}
+    entries = report["mechanism"]["aggregates"]
+    assert entries and all(e["clip_chosen_by"] == "exponential_mechanism" for e in entries)
+
+
+def test_public_keys_match_thresher_run(tmp_path):
+    """(c) input.public_keys: every listed key is released once (with noise, no
+    threshold), also a key no record has; records of unlisted keys are dropped."""
+    records = _records()
+    words = sorted({r["word"] for r in records})
+    domain = words[::3] + ["no-record-has-this-word"]
+    keys_file = tmp_path / "domain.parquet"
+    pq.write_table(pa.table({"word": domain}), str(keys_file))
+    rows, report = _same_release(tmp_path, records, _config(
+        public_keys={"path": str(keys_file)}), fields=["user_id", "word"])
+    assert sorted(r["word"] for r in rows) == sorted(domain)
+    assert report["bounding"]["public_keys"]
+
+
+@pytest.mark.parametrize("keys", [[], ["word"]])
+def test_quantiles_match_thresher_run(tmp_path, keys):
+    """(d) quantiles: the rows carry the value column named by mechanism.column."""
+    records = _records()
+    if keys:     # few keys with many users, so that select_keys releases some
+        for r in records:
+            r["word"] = r["word"][:1]
+    mechanism = {"kind": "quantiles", "column": "amount", "ranks": [0.25, 0.5, 0.9],
+                 "domain": [0, 128], "levels": 2, "branching": 8}
+    rows, _ = _same_release(tmp_path, records, _config(keys=keys, mechanism=mechanism,
+                                                       bounding={"max_keys_per_user": 1}))
+    assert set(rows[0]) == set(keys) | {"rank", "value"}
+    assert any(r["value"] is not None for r in rows)
+
+
+def _ledger_rows(path):
+    import sqlite3
+    conn = sqlite3.connect(str(path))
+    try:
+        return conn.execute("SELECT dataset, name, epsilon, delta, state FROM releases "
+                            "ORDER BY id").fetchall()
+    finally:
+        conn.close()
+
+
+def test_budget_charges_once_like_thresher_run_and_refuses_without_running(tmp_path):
+    """(b) budget: the transform charges the ledger once, when it is applied, and
+    records the release as the CLI does (same dataset, name, epsilon, delta, state); a
+    release the ledger cannot fit is refused by name while the pipeline is built, and
+    nothing of it runs: no released row and no report reach the pipeline's sinks."""
+    records = _records()
+
+    def budget(ledger):
+        return {"ledger": str(ledger), "dataset": "quickstart", "epsilon": 1.5,
+                "delta": 1e-6}
+    cli_ledger, yaml_ledger = tmp_path / "cli.sqlite", tmp_path / "yaml.sqlite"
+    _cli(tmp_path, records, _config(budget=budget(cli_ledger)))
+    _transform(records, _config(budget=budget(yaml_ledger)), fields=["user_id", "word"])
+    assert _ledger_rows(yaml_ledger) == _ledger_rows(cli_ledger)
+    assert _ledger_rows(yaml_ledger) == [("quickstart", "parity", "1.0", "1E-8", "published")]
+
+    # a second release of epsilon 1 exceeds the total 1.5: refused, nothing runs
+    _SEEN["rows"].clear()
+    _SEEN["reports"].clear()
+    with pytest.raises(SpecError, match=r"^ThresherRelease\.budget: dataset 'quickstart' has "
+                                        r"spent epsilon=1"):
+        _transform(records, _config(budget=budget(yaml_ledger)), fields=["user_id", "word"])
+    assert _SEEN["rows"] == [] and _SEEN["reports"] == []
+    assert len(_ledger_rows(yaml_ledger)) == 1      # recorded exactly once, nothing reserved
+
+
+def test_missing_quantile_value_field_is_refused_by_name():
+    pipeline = beam.Pipeline()
+    rows = pipeline | beam.Create([beam.Row(user_id="u", word="w")])
+    mechanism = {"kind": "quantiles", "column": "amount", "ranks": [0.5], "domain": [0, 1]}
+    with pytest.raises(SpecError, match=r"^ThresherRelease\.mechanism\.column: field 'amount' "
+                                        r"is not in the input; its fields are: user_id, word"):
+        _ = rows | ThresherRelease(**_config(keys=[], mechanism=mechanism))
+
+
+def test_a_missing_public_keys_file_is_refused_by_name(tmp_path):
+    with pytest.raises(SpecError, match=r"^ThresherRelease\.public_keys\.path: .* does not exist"):
+        ThresherRelease(**_config(public_keys={"path": str(tmp_path / "none.parquet")}))
+
+
+def test_api_release_takes_every_section_of_a_cli_spec(tmp_path):
+    """thresher.Release(spec) refused `budget` (and had no way to pass `aggregates_auto`
+    or `input.public_keys`): the CLI's own spec file, with every top-level section, now
+    gives the release thresher run publishes under the same secret, and one ledger
+    charge. input.path/format and output are ignored (the rows are the input)."""
+    import thresher
+    records = _records()
+    keys_file = tmp_path / "domain.parquet"
+    pq.write_table(pa.table({"word": sorted({r["word"] for r in records})[::2]}), str(keys_file))
+    config = _config(public_keys={"path": str(keys_file)},
+                     aggregates=[{"column": "amount", "statistic": "mean", "clip": "auto"}],
+                     aggregates_auto={"quantile": 0.9},
+                     budget={"ledger": str(tmp_path / "cli.sqlite"), "dataset": "d",
+                             "epsilon": 2.0, "delta": 1e-6})
+    cli_table, cli_report = _cli(tmp_path, records, config)
+    spec = yaml.safe_load((tmp_path / "spec.yaml").read_text())
+    spec["description"] = "every section of a CLI spec"
+    spec["budget"]["ledger"] = str(tmp_path / "api.sqlite")
+    assert set(spec) == set(spec_mod.TOP_FIELDS)
+
+    got, reports = _SEEN["rows"], _SEEN["reports"]
+    got.clear()
+    reports.clear()
+    transform = thresher.Release(spec)
+    transform._rng_factory = KeyedSource(SECRET)
+    with beam.Pipeline() as pipeline:
+        rows = pipeline | beam.Create([beam.Row(**r) for r in records])
+        out = rows | "Release" >> transform
+        _ = out["released"] | beam.Map(_keep_row)
+        _ = out["report"] | beam.Map(_keep_report)
+    columns = list(got[0])
+    assert "amount_mean" in columns
+
+    def key(row):
+        return tuple((c, repr(row[c])) for c in columns)
+    assert sorted(got, key=key) == sorted(cli_table.select(columns).to_pylist(), key=key)
+    assert ({k: v for k, v in reports[0].items() if k not in NOT_COMPARED}
+            == {k: v for k, v in json.loads(json.dumps(cli_report)).items()
+                if k not in NOT_COMPARED})
+    assert _ledger_rows(tmp_path / "api.sqlite") == _ledger_rows(tmp_path / "cli.sqlite")
+
+
+def test_api_release_refuses_unknown_sections_and_input_sample_by_name():
+    import thresher
+    base = {"input": {"user": "user_id", "keys": ["word"]}, "privacy": PRIVACY,
+            "bounding": {"max_keys_per_user": 4}, "mechanism": {"kind": "gaussian"}}
+    with pytest.raises(SpecError, match=r"^budgets: is not a section of a release spec; "
+                                        r"allowed sections: name, "):
+        thresher.Release(dict(base, budgets={}))
+    with pytest.raises(SpecError, match=r"^input\.sample: "):
+        thresher.Release(dict(base, input={"user": "user_id", "keys": ["word"],
+                                           "sample": {"frequency": "f"}}))

@@ -13,7 +13,8 @@ random word of a release from
   or jar; never logged, never written to the report, the spec or any output
   (``docs/running.md``); and
 * a **stable identity** of what is drawn: the stage (the full Beam label of the
-  composite that draws, fixed when the pipeline is built) and, for per-key draws, the
+  composite that draws, fixed when the pipeline is built, relative to the release's
+  root composite when a user's pipeline applies the release: :func:`building`) and, for per-key draws, the
   canonical text of the key (:func:`row_identities`, the text form of
   ``transforms.hashing.canonical_text``); for per-user draws, the canonical text of the
   user's two identity words (:func:`bind_users`), a 128-bit PRF of the user id under a

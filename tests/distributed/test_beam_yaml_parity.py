@@ -197,23 +197,32 @@ def test_budget_charges_once_like_thresher_run_and_refuses_without_running(tmp_p
     assert _ledger_rows(yaml_ledger) == _ledger_rows(cli_ledger)
     assert _ledger_rows(yaml_ledger) == [("quickstart", "parity", "1.0", "1E-8", "published")]
 
-    # a second release of epsilon 1 exceeds the total 1.5: refused, nothing runs
+    # a second release of epsilon 1 exceeds the total 1.5: refused while the pipeline is
+    # built, so the pipeline never runs (a sink on the input rows sees nothing)
     _SEEN["rows"].clear()
     _SEEN["reports"].clear()
     with pytest.raises(SpecError, match=r"^ThresherRelease\.budget: dataset 'quickstart' has "
                                         r"spent epsilon=1"):
-        _transform(records, _config(budget=budget(yaml_ledger)), fields=["user_id", "word"])
+        with beam.Pipeline() as pipeline:
+            rows = pipeline | beam.Create([beam.Row(user_id=r["user_id"], word=r["word"])
+                                           for r in records])
+            _ = rows | "InputSeen" >> beam.Map(_keep_row)    # runs iff the pipeline runs
+            out = rows | "Release" >> ThresherRelease(**_config(budget=budget(yaml_ledger)))
+            _ = out["report"] | beam.Map(_keep_report)
     assert _SEEN["rows"] == [] and _SEEN["reports"] == []
     assert len(_ledger_rows(yaml_ledger)) == 1      # recorded exactly once, nothing reserved
 
 
-def test_missing_quantile_value_field_is_refused_by_name():
+def test_missing_quantile_value_field_is_refused_by_name_and_not_charged(tmp_path):
     pipeline = beam.Pipeline()
     rows = pipeline | beam.Create([beam.Row(user_id="u", word="w")])
     mechanism = {"kind": "quantiles", "column": "amount", "ranks": [0.5], "domain": [0, 1]}
+    ledger = tmp_path / "ledger.sqlite"
+    budget = {"ledger": str(ledger), "dataset": "d", "epsilon": 2.0, "delta": 1e-6}
     with pytest.raises(SpecError, match=r"^ThresherRelease\.mechanism\.column: field 'amount' "
                                         r"is not in the input; its fields are: user_id, word"):
-        _ = rows | ThresherRelease(**_config(keys=[], mechanism=mechanism))
+        _ = rows | ThresherRelease(**_config(keys=[], mechanism=mechanism, budget=budget))
+    assert not ledger.exists()       # refused before the charge: the ledger was not asked
 
 
 def test_a_missing_public_keys_file_is_refused_by_name(tmp_path):
@@ -273,3 +282,54 @@ def test_api_release_refuses_unknown_sections_and_input_sample_by_name():
     with pytest.raises(SpecError, match=r"^input\.sample: "):
         thresher.Release(dict(base, input={"user": "user_id", "keys": ["word"],
                                            "sample": {"frequency": "f"}}))
+
+
+@pytest.mark.slow
+def test_beam_yaml_main_runs_quantiles_over_public_keys_with_a_budget(tmp_path):
+    """The four through `python -m apache_beam.yaml.main` itself (config as Beam YAML
+    passes it: plain mappings and lists): per-key quantiles of `amount` over a public key
+    file, aggregates are not for quantiles, so a second transform in the same pipeline
+    releases sums with clip: auto; both charge one ledger once (two rows, published)."""
+    import subprocess
+    import sys
+    records = _records()
+    data = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist(records), str(data))
+    keys_file = tmp_path / "domain.csv"
+    keys_file.write_text("word\n" + "\n".join(sorted({r["word"] for r in records})[:5]) + "\n")
+    ledger = str(tmp_path / "ledger.sqlite")
+    budget = {"ledger": ledger, "dataset": "d", "epsilon": 2.0, "delta": 1e-6}
+    common = {"user": "user_id", "keys": ["word"], "privacy": PRIVACY,
+              "bounding": {"max_keys_per_user": 1}, "num_shards": 2, "budget": budget}
+    doc = {"pipeline": {"transforms": [
+        {"type": "ReadFromParquet", "name": "Read", "config": {"path": str(data)}},
+        {"type": "ThresherRelease", "name": "Quantiles", "input": "Read", "config": dict(
+            common, name="q", public_keys={"path": str(keys_file)},
+            mechanism={"kind": "quantiles", "column": "amount", "ranks": [0.5],
+                       "domain": [0, 128], "levels": 2, "branching": 8})},
+        {"type": "ThresherRelease", "name": "Sums", "input": "Read", "config": dict(
+            common, name="s", mechanism={"kind": "gaussian"},
+            aggregates=[{"column": "amount", "statistic": "sum", "clip": "auto"}])},
+        {"type": "WriteToText", "name": "WriteQ", "input": "Quantiles.report",
+         "config": {"path": str(tmp_path / "out" / "q.json")}},
+        {"type": "WriteToText", "name": "WriteS", "input": "Sums.report",
+         "config": {"path": str(tmp_path / "out" / "s.json")}},
+        {"type": "WriteToParquet", "name": "WriteQRows", "input": "Quantiles.released",
+         "config": {"path": str(tmp_path / "out" / "q_rows")}},
+    ]}, "providers": [{"type": "python", "config": {}, "transforms": {
+        "ThresherRelease": "thresher.pipelines.beam_yaml.ThresherRelease"}}]}
+    pipeline_file = tmp_path / "pipeline.yaml"
+    pipeline_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run(
+        [sys.executable, "-m", "apache_beam.yaml.main", f"--yaml_pipeline_file={pipeline_file}",
+         "--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"],
+        capture_output=True, text=True, cwd=str(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = sorted(os.listdir(tmp_path / "out"))
+    q = json.loads((tmp_path / "out" / next(f for f in out if f.startswith("q.json"))).read_text())
+    s = json.loads((tmp_path / "out" / next(f for f in out if f.startswith("s.json"))).read_text())
+    assert q["mechanism"]["kind"] == "quantiles" and q["bounding"]["public_keys"]
+    assert q["released_keys"] == 5          # one row per listed key and rank
+    assert s["mechanism"]["aggregates"][0]["clip_chosen_by"] == "exponential_mechanism"
+    assert _ledger_rows(ledger) == [("d", "q", "1.0", "1E-8", "published"),
+                                    ("d", "s", "1.0", "1E-8", "published")]

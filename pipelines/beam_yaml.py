@@ -39,7 +39,8 @@ outputs wherever it likes (``output``; no interval columns yet), and ``input.sam
   the release counts as spent (a pipeline that later fails stays charged: the safe
   side). A release the ledger cannot fit is refused there (``SpecError`` naming
   ``ThresherRelease.budget``): the pipeline cannot be built, so nothing runs and nothing
-  is published.
+  is published. A built pipeline must run once: a second ``run()`` of the same pipeline
+  object draws a new secret, a second release the ledger does not see.
 
 Randomness: the release secret is drawn inside the pipeline, as ``thresher run`` draws it
 (``transforms.keyed_random.PipelineSecret``), and every stage identity is taken relative

@@ -72,12 +72,14 @@ from thresher.transforms.user_identity import identity_key
 DEFAULT_NUM_SHARDS = 16
 _BATCH_ROWS = 1 << 16
 # Fields of the spec's input section, as this transform's config names them.
-_CONFIG_FIELD = {"input.user": "user", "input.keys": "keys", "input.public_keys": "public_keys"}
+_CONFIG_FIELD = {"input.user": "user", "input.keys": "keys", "input.public_keys": "public_keys",
+                 "input.sample": "sample", "output.confidence": "confidence"}
 
 
-def ThresherRelease(user, keys, privacy, bounding, mechanism, name="beam_yaml_release",
-                    num_shards=DEFAULT_NUM_SHARDS, aggregates=None, aggregates_auto=None,
-                    public_keys=None, budget=None):
+def ThresherRelease(user=None, keys=None, privacy=None, bounding=None, mechanism=None,
+                    name="beam_yaml_release", num_shards=DEFAULT_NUM_SHARDS, aggregates=None,
+                    aggregates_auto=None, public_keys=None, budget=None, sample=None,
+                    confidence=None):
     """A differentially private histogram of distinct users (or records) per key.
 
     The release of a ``thresher run`` spec on rows from any Beam YAML source. Outputs
@@ -85,7 +87,8 @@ def ThresherRelease(user, keys, privacy, bounding, mechanism, name="beam_yaml_re
     the release report as JSON).
 
     Args:
-      user: the field identifying a user; all of a user's rows are protected together.
+      user: the field identifying a user; all of a user's rows are protected together
+        (left out with ``sample``).
       keys: the key fields (a list, or one name).
       privacy: ``{epsilon, delta}`` as in a thresher spec.
       bounding: ``{max_keys_per_user, model, auto}`` as in a thresher spec.
@@ -101,25 +104,34 @@ def ThresherRelease(user, keys, privacy, bounding, mechanism, name="beam_yaml_re
         domain, read when the transform is constructed.
       budget: the spec's ``budget`` section (``{ledger, dataset, epsilon, delta}``): the
         release is charged once, when the transform is applied (module docstring).
+      sample: the spec's ``input.sample`` (``{frequency, scheme[, threshold]}``): the rows
+        are an existing weighted sample, one per key with its frequency field and no user
+        (``mechanism.kind: weighted_sampling``; docs/weighted_sampling.md).
+      confidence: the spec's ``output.confidence`` (default 0.95): the level of the
+        ``<column>_low`` / ``<column>_high`` interval columns (docs/intervals.md).
       num_shards: user and key shards of the shuffles, about rows / 1,000,000 (>= 1).
     """
-    config = {"user": user, "keys": keys, "privacy": privacy, "bounding": bounding,
-              "mechanism": mechanism, "name": name, "num_shards": num_shards}
-    input_section = {
-        # The rows come from the YAML pipeline; path and format only satisfy the spec's
-        # schema and are never read.
-        "path": "<beam yaml input>", "format": "parquet", "user": user, "keys": keys}
+    config = {"privacy": privacy, "bounding": bounding, "mechanism": mechanism, "name": name,
+              "num_shards": num_shards}
+    # The rows come from the YAML pipeline; path and format only satisfy the spec's
+    # schema and are never read.
+    input_section = {"path": "<beam yaml input>", "format": "parquet"}
+    output_section = {"path": "<beam yaml output>"}
     document = {
         "name": name, "input": input_section,
         "privacy": privacy, "bounding": bounding, "mechanism": mechanism,
-        "output": {"path": "<beam yaml output>"},
+        "output": output_section,
     }
     for field, value in (("aggregates", aggregates), ("aggregates_auto", aggregates_auto),
                          ("budget", budget)):
         if value is not None:
             config[field] = document[field] = value
-    if public_keys is not None:
-        config["public_keys"] = input_section["public_keys"] = public_keys
+    for field, value in (("user", user), ("keys", keys), ("public_keys", public_keys),
+                         ("sample", sample)):
+        if value is not None:
+            config[field] = input_section[field] = value
+    if confidence is not None:
+        config["confidence"] = output_section["confidence"] = confidence
     try:
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise SpecError("num_shards", f"must be an integer >= 1, got {num_shards!r}")
@@ -198,19 +210,23 @@ def _python_type(arrow_type, field):
                     f"YAML schema type here")
 
 
-def _without_intervals(report):
-    """The report of a release this transform publishes: no <column>_low / _high columns
-    yet (``thresher run`` adds them in its launcher, pipelines/dataio/intervals.py), so the
-    report's ``intervals`` section lists every column as without one."""
-    section = dict(report.get("intervals") or {})
-    if not section:
-        return report
-    without = dict(section.get("without_interval", {}))
-    for column in section.get("columns", {}):
-        without[column] = ("the Beam YAML transform publishes no interval columns yet "
-                           "(thresher run does; docs/intervals.md)")
-    section.update(columns={}, without_interval=without)
-    return {**report, "intervals": section}
+def _interval_columns(spec, output_columns):
+    """``output_columns`` with the ``<column>_low`` / ``_high`` columns ``thresher run``
+    publishes, each after its value column (pipelines/dataio/intervals.py ``add_columns``):
+    {name: (Arrow type, nullable)}."""
+    from thresher.pipelines.dataio import intervals
+    with_interval = (intervals.report_section(spec)["columns"]
+                     if intervals.kind_publishes(spec) else {})
+    out = {}
+    for name, (arrow_type, nullable) in output_columns.items():
+        out[name] = (arrow_type, nullable)
+        if name in with_interval:
+            # counts: integer endpoints, never null; other values: float endpoints, null
+            # where the value has no interval (a mean without users, ...)
+            bounds = (pa.int64(), False) if name == "count" else (pa.float64(), True)
+            for column in intervals.output_names(name):
+                out[column] = bounds
+    return out
 
 
 class _RowsToRecords(beam.DoFn):
@@ -239,16 +255,54 @@ class _RowsToRecords(beam.DoFn):
             yield prepared
 
 
-def _table_to_rows(table, columns):
+class _SampleRowsToRecords(beam.DoFn):
+    """``input.sample``: a batch of an existing sample's rows (key fields and the frequency
+    field, no user) -> one prepared Arrow table (``pipelines.io.prepare_sample_batch``, as
+    ``thresher run`` reads a sample file)."""
+
+    def __init__(self, keys, frequency):
+        self._keys = tuple(keys)
+        self._frequency = frequency
+
+    def process(self, rows):
+        names = list(dict.fromkeys((*self._keys, self._frequency)))
+        table = pa.table({name: pa.array([getattr(row, name) for row in rows]) for name in names})
+        beam.metrics.Metrics.counter(io.NOT_PRIVATE, "rows_read").inc(table.num_rows)
+        prepared, drops = io.prepare_sample_batch(table, self._keys, self._frequency)
+        for name, value in drops.items():
+            if value:
+                beam.metrics.Metrics.counter(io.NOT_PRIVATE, name).inc(value)
+        if prepared.num_rows:
+            yield prepared
+
+
+def _chosen_report(reports, chosen, clips=None):
+    """The plan's report for the chosen bound, with the chosen clips (clip: auto) as
+    ``thresher run`` reports them (``aggregates.report_chosen_clips``)."""
+    report = dict(reports[int(chosen)])
+    if clips is not None:
+        from thresher.pipelines.aggregates import apply_clips
+        report["mechanism"] = apply_clips(report["mechanism"], clips)
+    return report
+
+
+def _table_to_rows(table, columns, spec, reports, chosen, clips=None):
+    """Released rows of one Arrow table, with the interval columns ``thresher run`` adds
+    in its launcher (``intervals.add_columns``: post-processing of the released values
+    and the report's public parameters, row by row, so a table's rows get the same
+    endpoints here as in the CLI's gathered file)."""
+    if not table.num_rows:
+        return
+    from thresher.pipelines.dataio import intervals
+    if intervals.kind_publishes(spec):
+        mechanism = _chosen_report(reports, chosen, clips)["mechanism"]
+        table = intervals.add_columns(table, mechanism, spec)
     for record in table.select(list(columns)).to_pylist():
         yield beam.Row(**record)
 
 
 def _report_json(released_keys, reports, chosen, clips=None):
-    report = dict(reports[int(chosen)])
-    if clips is not None:      # clip: auto -- the chosen bounds, as thresher run reports them
-        from thresher.pipelines.aggregates import apply_clips
-        report["mechanism"] = apply_clips(report["mechanism"], clips)
+    report = _chosen_report(reports, chosen, clips)
     report["released_keys"] = int(released_keys)
     return beam.Row(report=json.dumps(report, sort_keys=False, allow_nan=False))
 
@@ -272,19 +326,27 @@ class _Release(beam.PTransform):
         plan = self._plan
         spec = plan.spec
         user, keys = spec.input.user, list(spec.input.keys)
+        sample = spec.input.sample
         module = kind_module(spec.kind)
         # what is read of each row: quantiles reads its value column like a key column
         read_keys = list(module.read_spec(spec).keys if hasattr(module, "read_spec") else keys)
         try:
             fields = dict(named_fields_from_element_type(rows.element_type))
         except (TypeError, ValueError):
+            wanted = [f for f in ([user] if sample is None else []) + keys
+                      + ([sample["frequency"]] if sample is not None else [])]
             raise SpecError("ThresherRelease", f"its input must be rows with a schema (fields "
-                            f"{user!r}, {', '.join(map(repr, keys))}), got elements of type "
+                            f"{', '.join(map(repr, wanted))}), got elements of type "
                             f"{rows.element_type}") from None
-        for i, name in enumerate([user] + read_keys):
+        if sample is not None:     # an existing sample: keys and frequency, no user
+            needed = [(f"keys[{i}]", k) for i, k in enumerate(keys)] + [
+                ("sample.frequency", sample["frequency"])]
+        else:
+            needed = [("user", user)] + [
+                (f"keys[{i}]" if i < len(keys) else "mechanism.column", k)
+                for i, k in enumerate(read_keys)]
+        for where, name in needed:
             if name not in fields:
-                where = ("user" if i == 0 else f"keys[{i - 1}]" if i <= len(keys)
-                         else "mechanism.column")
                 raise SpecError(f"ThresherRelease.{where}", f"field {name!r} is not in the "
                                 f"input; its fields are: {', '.join(fields)}")
         plan = _domain_for(plan, fields)
@@ -296,35 +358,38 @@ class _Release(beam.PTransform):
                 if name not in fields:
                     raise SpecError("ThresherRelease.aggregates", f"field {name!r} is not in "
                                     f"the input; its fields are: {', '.join(fields)}")
-        output_columns = dict(module.OUTPUT_COLUMNS)
-        optional = {}
-        if spec.kind == "quantiles":
-            optional["value"] = True          # null where every cell was suppressed
+        output_columns = {c: (t, False) for c, t in module.OUTPUT_COLUMNS.items()}
+        if spec.kind == "quantiles":          # null where every cell was suppressed
+            output_columns["value"] = (output_columns["value"][0], True)
+        if spec.kind == "weighted_sampling":  # token and estimate: null with report: keys
+            output_columns = {c: (t, True) for c, (t, _) in output_columns.items()}
         if spec.mechanism.get("debias"):      # input.public_keys with debias: poisson
-            output_columns["debiased"] = pa.float64()
-        for agg in spec.aggregates or ():
-            output_columns[agg.output] = pa.float64()
-            optional[agg.output] = True      # a mean over a public key can be null
+            output_columns["debiased"] = (pa.float64(), False)
+        for agg in spec.aggregates or ():     # a mean over a public key can be null
+            output_columns[agg.output] = (pa.float64(), True)
+        output_columns = _interval_columns(spec, output_columns)
         row_type = RowTypeConstraint.from_fields(
             [(k, fields[k]) for k in keys]
-            + [(c, typing.Optional[_python_type(t, c)] if c in optional else _python_type(t, c))
-               for c, t in output_columns.items()])
+            + [(c, typing.Optional[_python_type(t, c)] if nullable else _python_type(t, c))
+               for c, (t, nullable) in output_columns.items()])
 
         # the release secret: drawn inside the pipeline, never carried in its graph
         from thresher.transforms.keyed_random import PipelineSecret, building
         source = (self._rng_factory if self._rng_factory is not None
                   else PipelineSecret.draw(rows.pipeline))
-        records = (rows
-                   | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
-                                                   max_batch_size=_BATCH_ROWS)
-                   | "ToRecords" >> keyed_random.par_do(_RowsToRecords(user, read_keys, values, source)))  # Table(__user, __user_lo, __key, keys)
+        batches = rows | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
+                                                       max_batch_size=_BATCH_ROWS)
+        if sample is not None:       # Table(__key, keys, count)
+            records = batches | "ToRecords" >> beam.ParDo(
+                _SampleRowsToRecords(keys, sample["frequency"]))
+        else:                        # Table(__user, __user_lo, __key, keys)
+            records = batches | "ToRecords" >> keyed_random.par_do(
+                _RowsToRecords(user, read_keys, values, source))
         clips = []     # clip: auto -- the chosen bounds (one dict), for the report
         root = rows.pipeline._current_transform().full_label   # the draws' root
         with building(source, root=root):
             released, chosen = release_stages(records, plan, self._num_shards,
                                               clip_sink=clips.append)
-        released_rows = released | "ToRows" >> beam.FlatMap(
-            _table_to_rows, columns=keys + list(output_columns)).with_output_types(row_type)
 
         if chosen is None:
             bound = spec.bounding.max_keys_per_user
@@ -332,14 +397,16 @@ class _Release(beam.PTransform):
         else:
             reports = {c: plan.report(chosen_bound=c) for c in plan.candidates}
             chosen_value = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
-        reports = {c: _without_intervals(r) for c, r in reports.items()}
+        clips_value = beam.pvalue.AsSingleton(clips[0]) if clips else None
+        released_rows = released | "ToRows" >> beam.FlatMap(
+            _table_to_rows, columns=keys + list(output_columns), spec=spec, reports=reports,
+            chosen=chosen_value, clips=clips_value).with_output_types(row_type)
         report = (released
                   | "CountReleased" >> beam.Map(lambda table: table.num_rows)
                   | "SumReleased" >> beam.CombineGlobally(sum)
                   | "Report" >> beam.Map(_report_json, reports=reports, chosen=chosen_value,
-                                         clips=beam.pvalue.AsSingleton(clips[0]) if clips else None)
+                                         clips=clips_value)
                   .with_output_types(RowTypeConstraint.from_fields([("report", str)])))
         # last, once every stage is in the graph: a refused charge adds nothing to run
         _charge(plan, root)
         return {"released": released_rows, "report": report}
-

@@ -1,6 +1,8 @@
 """The Beam YAML transform (pipelines/beam_yaml.py ``ThresherRelease``) accepts what
 ``thresher run`` accepts (issue 29): ``aggregates`` with ``clip: auto``, ``budget``,
-``input.public_keys`` and ``mechanism.kind: quantiles`` -- each refused by name before.
+``input.public_keys``, ``mechanism.kind: quantiles`` and ``input.sample`` -- each refused
+by name before -- and publishes thresher run's ``<column>_low`` / ``_high`` interval
+columns and report section (it published none before).
 
 Each release runs twice on the same records under one fixed, test-only secret (a
 ``KeyedSource`` given to ``pipelines.release.run``, as tests/pipelines/
@@ -10,7 +12,8 @@ Parquet file, once through the transform in Beam's in-process runner on the same
 The transform must publish exactly the same released rows (bit-identical floats) and
 the same report fields: the same code validates, calibrates and draws, and the secret's
 streams are keyed by stage identities relative to the release
-(``keyed_random.building``). No statistical assertion: no false-failure probability.
+(``keyed_random.building``). One test runs the transform on two SDK worker processes.
+No statistical assertion: no false-failure probability.
 """
 import json
 import os
@@ -33,9 +36,8 @@ from .conftest import ROOT
 SECRET = b"test-only release secret: 32 B.."
 PRIVACY = {"epsilon": 1.0, "delta": 1e-8}
 # Report fields that differ by construction: the hash of the spec's text (the CLI's
-# file vs the transform's config), the interval columns (only the CLI's launcher adds
-# them) and the CLI's file names.
-NOT_COMPARED = ("config_sha256", "intervals", "outputs")
+# file vs the transform's config) and the CLI's file names.
+NOT_COMPARED = ("config_sha256", "outputs")
 
 _SEEN = {"rows": [], "reports": []}
 
@@ -55,13 +57,15 @@ def _cli(tmp_path, records, config):
     ``config``; returns (released rows restricted to ``columns``, report)."""
     data = tmp_path / "data.parquet"
     pq.write_table(pa.Table.from_pylist(records), str(data))
-    input_section = {"path": str(data), "format": "parquet", "user": config["user"],
-                     "keys": config["keys"]}
-    if "public_keys" in config:
-        input_section["public_keys"] = config["public_keys"]
+    input_section = {"path": str(data), "format": "parquet", "keys": config["keys"]}
+    for field in ("user", "public_keys", "sample"):
+        if field in config:
+            input_section[field] = config[field]
     doc = {"name": config["name"], "input": input_section, "privacy": config["privacy"],
            "bounding": config["bounding"], "mechanism": config["mechanism"],
            "output": {"path": str(tmp_path / "out")}}
+    if "confidence" in config:
+        doc["output"]["confidence"] = config["confidence"]
     for field in ("aggregates", "aggregates_auto", "budget"):
         if field in config:
             doc[field] = config[field]
@@ -100,12 +104,13 @@ def _transform(records, config, fields=None, secret=SECRET):
 
 
 def _same_release(tmp_path, records, config, fields=None):
-    """Run both; assert the same released rows and report; return (rows, report)."""
+    """Run both; assert the same released rows (the same columns in the same order, the
+    interval columns among them) and report; return (rows, report)."""
     cli_table, cli_report = _cli(tmp_path, records, config)
     rows, report = _transform(records, config, fields)
     assert rows, "nothing released: the comparison would be empty"
     columns = list(rows[0])
-    assert set(columns) <= set(cli_table.column_names), (columns, cli_table.column_names)
+    assert columns == cli_table.column_names
 
     def key(row):
         return tuple((c, repr(row[c])) for c in columns)
@@ -137,7 +142,9 @@ def test_aggregates_clip_auto_matches_thresher_run(tmp_path):
     aggregates = [{"column": "amount", "statistic": "sum", "clip": "auto"},
                   {"column": "amount", "statistic": "mean", "clip": "auto"}]
     rows, report = _same_release(tmp_path, _records(), _config(aggregates=aggregates))
-    assert set(rows[0]) == {"word", "count", "amount_sum", "amount_mean"}
+    assert list(rows[0]) == ["word", "count", "count_low", "count_high",
+                             "amount_sum", "amount_sum_low", "amount_sum_high",
+                             "amount_mean", "amount_mean_low", "amount_mean_high"]
     entries = report["mechanism"]["aggregates"]
     assert entries and all(e["clip_chosen_by"] == "exponential_mechanism" for e in entries)
 
@@ -272,16 +279,145 @@ def test_api_release_takes_every_section_of_a_cli_spec(tmp_path):
     assert _ledger_rows(tmp_path / "api.sqlite") == _ledger_rows(tmp_path / "cli.sqlite")
 
 
-def test_api_release_refuses_unknown_sections_and_input_sample_by_name():
+def test_api_release_refuses_unknown_sections_and_a_user_beside_a_sample_by_name():
     import thresher
     base = {"input": {"user": "user_id", "keys": ["word"]}, "privacy": PRIVACY,
             "bounding": {"max_keys_per_user": 4}, "mechanism": {"kind": "gaussian"}}
     with pytest.raises(SpecError, match=r"^budgets: is not a section of a release spec; "
                                         r"allowed sections: name, "):
         thresher.Release(dict(base, budgets={}))
-    with pytest.raises(SpecError, match=r"^input\.sample: "):
-        thresher.Release(dict(base, input={"user": "user_id", "keys": ["word"],
-                                           "sample": {"frequency": "f"}}))
+    # input.sample is accepted (test_an_existing_weighted_sample_matches_thresher_run);
+    # the spec's own rules about it still hold, named
+    with pytest.raises(SpecError, match=r"^ThresherRelease\.user: must be left out with "
+                                        r"input\.sample"):
+        thresher.Release(dict(base, mechanism={"kind": "weighted_sampling"}, input={
+            "user": "user_id", "keys": ["word"], "sample": {"frequency": "n", "scheme": "none"}}))
+    with pytest.raises(SpecError, match=r"^ThresherRelease\.confidence: "):
+        thresher.Release(dict(base, output={"confidence": 1.5}))
+
+
+def _sample(records):
+    """An existing weighted sample of ``records``' words: one row per word with its
+    number of distinct users (field ``n``), no user field."""
+    users = {}
+    for r in records:
+        users.setdefault(r["word"], set()).add(r["user_id"])
+    return [{"word": w, "n": len(u)} for w, u in sorted(users.items())]
+
+
+@pytest.mark.parametrize("scheme", [{"scheme": "none"},
+                                    {"scheme": "priority", "threshold": 0.02}])
+def test_an_existing_weighted_sample_matches_thresher_run(tmp_path, scheme):
+    """(1) input.sample (refused by name before): the rows are an existing sample, one
+    per key with its frequency and no user; the transform reads them with the CLI's
+    prepare_sample_batch and releases them through the CLI's stages (OneRowPerKey,
+    SanitizeSample), so under one secret it publishes the CLI's rows (token, estimate;
+    no interval columns: weighted_sampling has none, and the report says so)."""
+    sample = _sample(_records())
+    config = _config(user=None, sample={"frequency": "n", **scheme},
+                     mechanism={"kind": "weighted_sampling"},
+                     bounding={"max_keys_per_user": 1})
+    del config["user"]
+    rows, report = _same_release(tmp_path, sample, config)
+    assert list(rows[0]) == ["word", "token", "estimate"]
+    assert 0 < len(rows) < len(sample)
+    assert report["intervals"]["columns"] == {}
+    assert "count" in report["intervals"]["without_interval"]
+
+
+def test_api_release_takes_an_existing_sample(tmp_path):
+    """thresher.Release with the CLI's own spec of an existing sample (report: keys:
+    token and estimate null in every row, nullable in the rows' schema)."""
+    import thresher
+    sample = _sample(_records())
+    config = _config(sample={"frequency": "n", "scheme": "none"},
+                     mechanism={"kind": "weighted_sampling", "report": "keys"},
+                     bounding={"max_keys_per_user": 1})
+    del config["user"]
+    cli_table, cli_report = _cli(tmp_path, sample, config)
+    spec = yaml.safe_load((tmp_path / "spec.yaml").read_text())
+    got, reports = _SEEN["rows"], _SEEN["reports"]
+    got.clear()
+    reports.clear()
+    transform = thresher.Release(spec)
+    transform._rng_factory = KeyedSource(SECRET)
+    with beam.Pipeline() as pipeline:
+        rows = pipeline | beam.Create([beam.Row(**r) for r in sample])
+        out = rows | "Release" >> transform
+        _ = out["released"] | beam.Map(_keep_row)
+        _ = out["report"] | beam.Map(_keep_report)
+    assert got and all(r["token"] is None and r["estimate"] is None for r in got)
+    assert sorted(got, key=lambda r: r["word"]) == sorted(cli_table.to_pylist(),
+                                                          key=lambda r: r["word"])
+    assert ({k: v for k, v in reports[0].items() if k not in NOT_COMPARED}
+            == {k: v for k, v in json.loads(json.dumps(cli_report)).items()
+                if k not in NOT_COMPARED})
+
+
+@pytest.mark.parametrize("changes", [
+    {"confidence": 0.8},
+    {"mechanism": {"kind": "laplace"}},
+    {"mechanism": {"kind": "weighted_gaussian"}},
+    {"mechanism": {"kind": "sample_and_threshold"}, "bounding": {"max_keys_per_user": 1}},
+    {"aggregates": [{"column": "amount", "statistic": s, "clip": [0, 60]}
+                    for s in ("variance", "stddev", "mean")]},
+], ids=["gaussian_confidence_0.8", "laplace", "weighted_gaussian", "sample_and_threshold",
+        "variance_stddev_mean"])
+def test_interval_columns_match_thresher_run(tmp_path, changes):
+    """(2) The released rows carry thresher run's <column>_low / _high columns (the
+    transform published none before, and its report listed every column as without
+    one): same columns in the same order, same endpoints, same report section, at the
+    spec's output.confidence. Kinds: the count's truncated Neyman interval (gaussian,
+    laplace), the count stage's (weighted_gaussian), the estimate's binomial interval
+    (sample_and_threshold), and aggregates whose intervals read staged noisy sums that
+    are never published (variance, stddev; a mean alone)."""
+    fields = None if "aggregates" in changes else ["user_id", "word"]
+    rows, report = _same_release(tmp_path, _records(), _config(**changes), fields=fields)
+    columns = report["intervals"]["columns"]
+    assert columns
+    for column in columns:
+        assert {f"{column}_low", f"{column}_high"} <= set(rows[0])
+    assert not any(c.startswith("__") for c in rows[0])
+    assert report["intervals"]["confidence"] == changes.get("confidence", 0.95)
+
+
+@pytest.mark.parametrize("method", [{"method": "adaptive"},
+                                    {"method": "trie", "prefix_lengths": [2, 4, None]}])
+def test_heavy_hitters_match_thresher_run(tmp_path, method):
+    """(3) heavy_hitters (its own release_stages): the same top keys, ranks and counts."""
+    rows, report = _same_release(tmp_path, _records(20_000), _config(
+        mechanism={"kind": "heavy_hitters", "top_k": 10, **method}),
+        fields=["user_id", "word"])
+    assert list(rows[0]) == ["word", "count", "rank"]
+    assert sorted(r["rank"] for r in rows) == list(range(1, len(rows) + 1))
+
+
+def test_auto_bound_over_public_keys_matches_thresher_run(tmp_path):
+    """(3) max_keys_per_user: auto with input.public_keys: the bounded-domain rule's
+    choice (ChooseDomainBound) flows into the bounding and the report as in the CLI."""
+    records = _records()
+    words = sorted({r["word"] for r in records})
+    keys_file = tmp_path / "domain.parquet"
+    pq.write_table(pa.table({"word": words[::4]}), str(keys_file))
+    rows, report = _same_release(tmp_path, records, _config(
+        public_keys={"path": str(keys_file)}, bounding={"max_keys_per_user": "auto"}),
+        fields=["user_id", "word"])
+    assert report["bounding"]["chosen_by"] == "exponential_mechanism"
+    assert report["bounding"]["max_keys_per_user"] in report["bounding"]["candidates"]
+    assert len(rows) == len(words[::4])
+
+
+def test_auto_bound_with_clip_auto_matches_thresher_run(tmp_path):
+    """(3) max_keys_per_user: auto with aggregates clip: auto: both private choices in
+    one release, both side inputs of the bounding and of the report and intervals."""
+    aggregates = [{"column": "amount", "statistic": "mean", "clip": "auto"}]
+    rows, report = _same_release(tmp_path, _records(), _config(
+        aggregates=aggregates,
+        bounding={"max_keys_per_user": "auto", "auto": {"max_bound": 8}}))   # quicker plan
+    assert report["bounding"]["chosen_by"] == "exponential_mechanism"
+    assert report["bounding"]["max_keys_per_user"] in report["bounding"]["candidates"]
+    assert report["mechanism"]["aggregates"][0]["clip_chosen_by"] == "exponential_mechanism"
+    assert "amount_mean_low" in rows[0]
 
 
 @pytest.mark.slow
@@ -333,3 +469,54 @@ def test_beam_yaml_main_runs_quantiles_over_public_keys_with_a_budget(tmp_path):
     assert s["mechanism"]["aggregates"][0]["clip_chosen_by"] == "exponential_mechanism"
     assert _ledger_rows(ledger) == [("d", "q", "1.0", "1E-8", "published"),
                                     ("d", "s", "1.0", "1E-8", "published")]
+
+
+def _as_json(row):
+    return json.dumps(row._asdict(), sort_keys=True)
+
+
+def test_clip_auto_on_two_worker_processes_matches_thresher_run(tmp_path, worker_env):
+    """(4) The transform on the FnApiRunner with two SDK worker processes (every DoFn,
+    the test secret's KeyedSource and the chosen clips' side input cross a process
+    boundary): aggregates with clip: auto publish exactly thresher run's rows (interval
+    columns included) and report under the same secret. The outputs are written to
+    files (the workers share no memory with the test)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    records = _records()
+    config = _config(aggregates=[{"column": "amount", "statistic": "sum", "clip": "auto"},
+                                 {"column": "amount", "statistic": "mean", "clip": "auto"}],
+                     num_shards=2)
+    cli_config = {k: v for k, v in config.items() if k != "num_shards"}
+    cli_table, cli_report = _cli(tmp_path, records, cli_config)
+    transform = ThresherRelease(**config)
+    transform._rng_factory = KeyedSource(SECRET)
+    out_dir = tmp_path / "yaml_out"
+    options = PipelineOptions(["--direct_running_mode=multi_processing",
+                               "--direct_num_workers=2"])
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    with beam.Pipeline(runner=FnApiRunner(), options=options) as pipeline:
+        rows = pipeline | beam.Create([beam.Row(**r) for r in records])
+        out = rows | "Release" >> transform
+        _ = (out["released"] | "RowsJson" >> beam.Map(_as_json)
+             | "WriteRows" >> beam.io.WriteToText(str(out_dir / "rows")))
+        _ = (out["report"] | "ReportJson" >> beam.Map(lambda row: row.report)
+             | "WriteReport" >> beam.io.WriteToText(str(out_dir / "report")))
+        _ = (out["released"] | "WorkerPid" >> beam.Map(lambda row: os.getpid())
+             | "WritePids" >> beam.io.WriteToText(str(out_dir / "pids")))
+    names = sorted(os.listdir(out_dir))
+    pids = {int(line) for f in names if f.startswith("pids")
+            for line in (out_dir / f).read_text().splitlines()}
+    assert pids and os.getpid() not in pids       # the rows were made in worker processes
+    rows = [json.loads(line) for f in names if f.startswith("rows")
+            for line in (out_dir / f).read_text().splitlines()]
+    reports = [json.loads(line) for f in names if f.startswith("report")
+               for line in (out_dir / f).read_text().splitlines()]
+    assert rows and len(reports) == 1
+    assert "amount_mean_low" in rows[0]
+
+    def key(row):
+        return row["word"]
+    assert sorted(rows, key=key) == sorted(cli_table.to_pylist(), key=key)
+    assert ({k: v for k, v in reports[0].items() if k not in NOT_COMPARED}
+            == {k: v for k, v in json.loads(json.dumps(cli_report)).items()
+                if k not in NOT_COMPARED})

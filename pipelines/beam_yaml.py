@@ -6,7 +6,8 @@ and runs with ``python -m apache_beam.yaml.main --yaml_pipeline_file=...`` (need
 ``pip install 'thresher[yaml]'``); see ``configs/beam_yaml/quickstart_release.yaml`` and
 docs/running.md.
 
-``ThresherRelease`` takes schema'd rows (one per input record, from any Beam YAML source:
+``ThresherRelease`` takes schema'd rows (one per input record, or with ``sample`` one per
+key of an existing sample, from any Beam YAML source:
 ReadFromParquet, ReadFromCsv, ReadFromBigQuery, ...) and is the whole release of a
 ``thresher run`` spec — the same ``privacy``, ``bounding`` and ``mechanism`` sections,
 validated and calibrated by the same code (``pipelines.spec``, ``pipelines.plan``), then
@@ -14,15 +15,19 @@ the same transforms: ShardByUser, PerUserBound / RandClip (with
 ChooseContributionBound for ``max_keys_per_user: auto``), SumCountsPerKey and the
 mechanism kind's release. It has two outputs:
 
-- ``released``: one row per released key (the key fields and the kind's output columns);
+- ``released``: one row per released key (the key fields, the kind's output columns and
+  their interval columns);
 - ``report``: one row with a single string field ``report``, the release report as JSON
   (the plan's parameters and privacy guarantee, the chosen bound and clips,
   ``released_keys``).
 
 Every section of a ``thresher run`` spec is accepted except where it names files: the
-rows replace ``input.path`` (and ``format``/``delimiter``), the caller writes the two
-outputs wherever it likes (``output``; no interval columns yet), and ``input.sample``
-(an existing weighted sample, no users) has no transform form. What differs from the CLI:
+rows replace ``input.path`` (and ``format``/``delimiter``), and the caller writes the two
+outputs wherever it likes (``output.path``; ``output.confidence`` is the config's
+``confidence``). ``released`` carries the CLI's ``<column>_low`` / ``<column>_high``
+interval columns, computed per released table by ``intervals.add_columns`` from the
+released values and the report's parameters (the CLI's launcher computes them on its
+gathered file; they are row by row, so the same). What differs from the CLI:
 
 - ``aggregates`` with ``clip: auto``: the chosen clips flow as a singleton side input
   into the bounding and into the report (the CLI writes them to its staging folder);
@@ -32,6 +37,9 @@ outputs wherever it likes (``output``; no interval columns yet), and ``input.sam
   when it is applied;
 - ``mechanism.kind: quantiles``: the rows carry the value column ``mechanism.column``
   beside the user and key fields;
+- ``input.sample`` (the config's ``sample``): the rows are an existing weighted sample,
+  the key fields and the frequency field, no user; they go through the CLI's stages
+  (``release.release_stages``: OneRowPerKey, SanitizeSample);
 - ``budget`` (the ledger, ``pipelines.ledgers.ledger``): the release is charged when the
   transform is applied (the pipeline is built), after every stage was added and before
   anything runs, and recorded once, as published (output ``beam pipeline: <label>``):
@@ -333,8 +341,7 @@ class _Release(beam.PTransform):
         try:
             fields = dict(named_fields_from_element_type(rows.element_type))
         except (TypeError, ValueError):
-            wanted = [f for f in ([user] if sample is None else []) + keys
-                      + ([sample["frequency"]] if sample is not None else [])]
+            wanted = ([user] + keys if sample is None else keys + [sample["frequency"]])
             raise SpecError("ThresherRelease", f"its input must be rows with a schema (fields "
                             f"{', '.join(map(repr, wanted))}), got elements of type "
                             f"{rows.element_type}") from None

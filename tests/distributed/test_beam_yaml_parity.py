@@ -325,6 +325,17 @@ def test_an_existing_weighted_sample_matches_thresher_run(tmp_path, scheme):
     assert "count" in report["intervals"]["without_interval"]
 
 
+def test_a_missing_sample_frequency_field_is_refused_by_name():
+    pipeline = beam.Pipeline()
+    rows = pipeline | beam.Create([beam.Row(word="w", count=3)])
+    config = _config(sample={"frequency": "n", "scheme": "none"},
+                     mechanism={"kind": "weighted_sampling"}, bounding={"max_keys_per_user": 1})
+    del config["user"]
+    with pytest.raises(SpecError, match=r"^ThresherRelease\.sample\.frequency: field 'n' is "
+                                        r"not in the input; its fields are: word, count"):
+        _ = rows | ThresherRelease(**config)
+
+
 def test_api_release_takes_an_existing_sample(tmp_path):
     """thresher.Release with the CLI's own spec of an existing sample (report: keys:
     token and estimate null in every row, nullable in the rows' schema)."""
@@ -520,3 +531,40 @@ def test_clip_auto_on_two_worker_processes_matches_thresher_run(tmp_path, worker
     assert ({k: v for k, v in reports[0].items() if k not in NOT_COMPARED}
             == {k: v for k, v in json.loads(json.dumps(cli_report)).items()
                 if k not in NOT_COMPARED})
+
+
+@pytest.mark.slow
+def test_beam_yaml_main_releases_an_existing_sample(tmp_path):
+    """input.sample through `python -m apache_beam.yaml.main` (config as Beam YAML passes
+    it, no user field; rows from ReadFromParquet): the CLI's release of the same file."""
+    import subprocess
+    import sys
+    sample = _sample(_records())
+    config = _config(sample={"frequency": "n", "scheme": "none"},
+                     mechanism={"kind": "weighted_sampling"},
+                     bounding={"max_keys_per_user": 1})
+    del config["user"]
+    _, cli_report = _cli(tmp_path, sample, config)       # writes tmp_path / data.parquet
+    doc = {"pipeline": {"transforms": [
+        {"type": "ReadFromParquet", "name": "Read",
+         "config": {"path": str(tmp_path / "data.parquet")}},
+        {"type": "ThresherRelease", "name": "Release", "input": "Read",
+         "config": dict(config, num_shards=2)},
+        {"type": "WriteToText", "name": "WriteReport", "input": "Release.report",
+         "config": {"path": str(tmp_path / "yaml_out" / "report.json")}},
+    ]}, "providers": [{"type": "python", "config": {}, "transforms": {
+        "ThresherRelease": "thresher.pipelines.beam_yaml.ThresherRelease"}}]}
+    pipeline_file = tmp_path / "pipeline.yaml"
+    pipeline_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run(
+        [sys.executable, "-m", "apache_beam.yaml.main", f"--yaml_pipeline_file={pipeline_file}",
+         "--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"],
+        capture_output=True, text=True, cwd=str(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = tmp_path / "yaml_out"
+    report = json.loads((out / sorted(os.listdir(out))[0]).read_text())
+    assert report["mechanism"]["presampled"] is True
+    assert (report["mechanism"], report["privacy"]) == (
+        json.loads(json.dumps(cli_report["mechanism"])),
+        json.loads(json.dumps(cli_report["privacy"])))
+    assert 0 < report["released_keys"] < len(sample)

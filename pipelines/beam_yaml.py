@@ -6,7 +6,8 @@ and runs with ``python -m apache_beam.yaml.main --yaml_pipeline_file=...`` (need
 ``pip install 'thresher[yaml]'``); see ``configs/beam_yaml/quickstart_release.yaml`` and
 docs/running.md.
 
-``ThresherRelease`` takes schema'd rows (one per input record, from any Beam YAML source:
+``ThresherRelease`` takes schema'd rows (one per input record, or with ``sample`` one per
+key of an existing sample, from any Beam YAML source:
 ReadFromParquet, ReadFromCsv, ReadFromBigQuery, ...) and is the whole release of a
 ``thresher run`` spec — the same ``privacy``, ``bounding`` and ``mechanism`` sections,
 validated and calibrated by the same code (``pipelines.spec``, ``pipelines.plan``), then
@@ -14,9 +15,45 @@ the same transforms: ShardByUser, PerUserBound / RandClip (with
 ChooseContributionBound for ``max_keys_per_user: auto``), SumCountsPerKey and the
 mechanism kind's release. It has two outputs:
 
-- ``released``: one row per released key (the key fields and the kind's output columns);
+- ``released``: one row per released key (the key fields, the kind's output columns and
+  their interval columns);
 - ``report``: one row with a single string field ``report``, the release report as JSON
-  (the plan's parameters and privacy guarantee, the chosen bound, ``released_keys``).
+  (the plan's parameters and privacy guarantee, the chosen bound and clips,
+  ``released_keys``).
+
+Every section of a ``thresher run`` spec is accepted except where it names files: the
+rows replace ``input.path`` (and ``format``/``delimiter``), and the caller writes the two
+outputs wherever it likes (``output.path``; ``output.confidence`` is the config's
+``confidence``). ``released`` carries the CLI's ``<column>_low`` / ``<column>_high``
+interval columns, computed per released table by ``intervals.add_columns`` from the
+released values and the report's parameters (the CLI's launcher computes them on its
+gathered file; they are row by row, so the same). What differs from the CLI:
+
+- ``aggregates`` with ``clip: auto``: the chosen clips flow as a singleton side input
+  into the bounding and into the report (the CLI writes them to its staging folder);
+- ``public_keys`` (the spec's ``input.public_keys``): the domain file is read when the
+  transform is constructed (a path relative to the working directory of the process
+  that builds the pipeline) and its keys are cast to the types of the rows' key fields
+  when it is applied;
+- ``mechanism.kind: quantiles``: the rows carry the value column ``mechanism.column``
+  beside the user and key fields;
+- ``input.sample`` (the config's ``sample``): the rows are an existing weighted sample,
+  the key fields and the frequency field, no user; they go through the CLI's stages
+  (``release.release_stages``: OneRowPerKey, SanitizeSample);
+- ``budget`` (the ledger, ``pipelines.ledgers.ledger``): the release is charged when the
+  transform is applied (the pipeline is built), after every stage was added and before
+  anything runs, and recorded once, as published (output ``beam pipeline: <label>``):
+  thresher cannot see where or whether the pipeline writes its outputs, so from then on
+  the release counts as spent (a pipeline that later fails stays charged: the safe
+  side). A release the ledger cannot fit is refused there (``SpecError`` naming
+  ``ThresherRelease.budget``): the pipeline cannot be built, so nothing runs and nothing
+  is published. A built pipeline must run once: a second ``run()`` of the same pipeline
+  object draws a new secret, a second release the ledger does not see.
+
+Randomness: the release secret is drawn inside the pipeline, as ``thresher run`` draws it
+(``transforms.keyed_random.PipelineSecret``), and every stage identity is taken relative
+to the transform's own label (``keyed_random.building``), so under one secret the
+transform draws exactly what ``thresher run`` draws for the same spec and records.
 
 The building blocks (PerUserBound, NoisyThreshold, ...) are deliberately not exposed one
 by one: they work on Arrow batches of hashed records, and a privacy guarantee holds only
@@ -43,11 +80,14 @@ from thresher.transforms.user_identity import identity_key
 DEFAULT_NUM_SHARDS = 16
 _BATCH_ROWS = 1 << 16
 # Fields of the spec's input section, as this transform's config names them.
-_CONFIG_FIELD = {"input.user": "user", "input.keys": "keys"}
+_CONFIG_FIELD = {"input.user": "user", "input.keys": "keys", "input.public_keys": "public_keys",
+                 "input.sample": "sample", "output.confidence": "confidence"}
 
 
-def ThresherRelease(user, keys, privacy, bounding, mechanism, name="beam_yaml_release",
-                    num_shards=DEFAULT_NUM_SHARDS, aggregates=None):
+def ThresherRelease(user=None, keys=None, privacy=None, bounding=None, mechanism=None,
+                    name="beam_yaml_release", num_shards=DEFAULT_NUM_SHARDS, aggregates=None,
+                    aggregates_auto=None, public_keys=None, budget=None, sample=None,
+                    confidence=None):
     """A differentially private histogram of distinct users (or records) per key.
 
     The release of a ``thresher run`` spec on rows from any Beam YAML source. Outputs
@@ -55,49 +95,114 @@ def ThresherRelease(user, keys, privacy, bounding, mechanism, name="beam_yaml_re
     the release report as JSON).
 
     Args:
-      user: the field identifying a user; all of a user's rows are protected together.
+      user: the field identifying a user; all of a user's rows are protected together
+        (left out with ``sample``).
       keys: the key fields (a list, or one name).
       privacy: ``{epsilon, delta}`` as in a thresher spec.
       bounding: ``{max_keys_per_user, model, auto}`` as in a thresher spec.
-      mechanism: ``{kind, ...}`` as in a thresher spec (gaussian, laplace, ...).
+      mechanism: ``{kind, ...}`` as in a thresher spec (gaussian, laplace, quantiles, ...).
+        quantiles reads the numeric field ``mechanism.column`` of the rows.
       name: the release's name in the report.
       aggregates: clipped sums and means of numeric fields per released key, as the
         spec's ``aggregates:`` section (docs/aggregates.md); each adds a float column
-        ``<column>_<statistic>`` to ``released``. ``clip: auto`` needs ``thresher run``.
+        ``<column>_<statistic>`` to ``released``; ``clip: auto`` bounds are chosen in the
+        pipeline and reported.
+      aggregates_auto: the spec's ``aggregates_auto`` section (the clip choice's budget).
+      public_keys: the spec's ``input.public_keys`` (``{path, format}``): a public key
+        domain, read when the transform is constructed.
+      budget: the spec's ``budget`` section (``{ledger, dataset, epsilon, delta}``): the
+        release is charged once, when the transform is applied (module docstring).
+      sample: the spec's ``input.sample`` (``{frequency, scheme[, threshold]}``): the rows
+        are an existing weighted sample, one per key with its frequency field and no user
+        (``mechanism.kind: weighted_sampling``; docs/weighted_sampling.md).
+      confidence: the spec's ``output.confidence`` (default 0.95): the level of the
+        ``<column>_low`` / ``<column>_high`` interval columns (docs/intervals.md).
       num_shards: user and key shards of the shuffles, about rows / 1,000,000 (>= 1).
     """
-    config = {"user": user, "keys": keys, "privacy": privacy, "bounding": bounding,
-              "mechanism": mechanism, "name": name, "num_shards": num_shards}
-    if aggregates is not None:
-        config["aggregates"] = aggregates
+    config = {"privacy": privacy, "bounding": bounding, "mechanism": mechanism, "name": name,
+              "num_shards": num_shards}
+    # The rows come from the YAML pipeline; path and format only satisfy the spec's
+    # schema and are never read.
+    input_section = {"path": "<beam yaml input>", "format": "parquet"}
+    output_section = {"path": "<beam yaml output>"}
     document = {
-        "name": name,
-        # The rows come from the YAML pipeline; path and format only satisfy the spec's
-        # schema and are never read.
-        "input": {"path": "<beam yaml input>", "format": "parquet", "user": user, "keys": keys},
+        "name": name, "input": input_section,
         "privacy": privacy, "bounding": bounding, "mechanism": mechanism,
-        "output": {"path": "<beam yaml output>"},
+        "output": output_section,
     }
-    if aggregates is not None:
-        document["aggregates"] = aggregates
+    for field, value in (("aggregates", aggregates), ("aggregates_auto", aggregates_auto),
+                         ("budget", budget)):
+        if value is not None:
+            config[field] = document[field] = value
+    for field, value in (("user", user), ("keys", keys), ("public_keys", public_keys),
+                         ("sample", sample)):
+        if value is not None:
+            config[field] = input_section[field] = value
+    if confidence is not None:
+        config["confidence"] = output_section["confidence"] = confidence
     try:
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise SpecError("num_shards", f"must be an integer >= 1, got {num_shards!r}")
         spec = parse(document, source_text=yaml.safe_dump(config, sort_keys=True))
-        if spec.kind == "quantiles":  # reads a value column the Beam YAML rows do not carry yet
-            raise SpecError("mechanism.kind", "quantiles is not available from Beam YAML yet; "
-                            "use thresher run")
-        if spec.aggregates_auto is not None:   # its chosen clips go to a staging folder
-            raise SpecError("aggregates", "clip: auto is not available from Beam YAML yet; "
-                            "give clip: [low, high] or use thresher run")
+        plan = make_plan(spec)
     except SpecError as exc:
-        field = exc.field
-        for spec_field, config_field in _CONFIG_FIELD.items():
-            if field == spec_field or field.startswith(spec_field + "["):
-                field = config_field + field[len(spec_field):]
-        raise SpecError(f"ThresherRelease.{field}" if field else "ThresherRelease",
-                        exc.message) from None
-    return _Release(make_plan(spec), num_shards)
+        raise _named(exc) from None
+    return _Release(plan, num_shards)
+
+
+def _named(exc):
+    """A SpecError of the spec's fields, named as this transform's config names them."""
+    field = exc.field
+    for spec_field, config_field in _CONFIG_FIELD.items():
+        if field == spec_field or field.startswith(spec_field + "[") \
+                or field.startswith(spec_field + "."):
+            field = config_field + field[len(spec_field):]
+    return SpecError(f"ThresherRelease.{field}" if field else "ThresherRelease", exc.message)
+
+
+_ARROW_OF = {bool: pa.bool_(), int: pa.int64(), float: pa.float64(), str: pa.string(),
+             bytes: pa.binary()}
+
+
+def _arrow_type(python_type):
+    """The Arrow type ``pa.array`` gives the values of a row field (None if unknown)."""
+    args = [a for a in typing.get_args(python_type) if a is not type(None)]
+    if typing.get_origin(python_type) is typing.Union and len(args) == 1:
+        python_type = args[0]
+    return _ARROW_OF.get(python_type)
+
+
+def _domain_for(plan, fields):
+    """The plan with its public key domain cast to the types of the rows' key fields (as
+    ``thresher run`` casts it to the types its reader gives the key columns)."""
+    spec = plan.spec
+    if plan.domain is None:
+        return plan
+    import dataclasses
+    from thresher.pipelines.dataio.public_keys import load_domain
+    types = {k: _arrow_type(fields[k]) for k in spec.input.keys}
+    if any(t is None for t in types.values()):
+        return plan        # keep the file's own types
+    try:
+        domain = load_domain(spec.input.public_keys, spec.input.keys, types)
+    except SpecError as exc:
+        raise _named(exc) from None
+    return dataclasses.replace(plan, domain=domain)
+
+
+def _charge(plan, label):
+    """Charge the release to the spec's ledger and record it, once (module docstring);
+    SpecError naming ``ThresherRelease.budget`` when the dataset's total would be
+    exceeded or the ledger cannot be used."""
+    from thresher.pipelines.ledgers import ledger
+    try:
+        with ledger.reservation_for(plan) as reservation:
+            if reservation is None:
+                return
+            reservation.publishing()
+            reservation.commit(output=f"beam pipeline: {label or 'ThresherRelease'}")
+    except SpecError as exc:
+        raise _named(exc) from None
 
 
 def _python_type(arrow_type, field):
@@ -113,19 +218,23 @@ def _python_type(arrow_type, field):
                     f"YAML schema type here")
 
 
-def _without_intervals(report):
-    """The report of a release this transform publishes: no <column>_low / _high columns
-    yet (``thresher run`` adds them in its launcher, pipelines/dataio/intervals.py), so the
-    report's ``intervals`` section lists every column as without one."""
-    section = dict(report.get("intervals") or {})
-    if not section:
-        return report
-    without = dict(section.get("without_interval", {}))
-    for column in section.get("columns", {}):
-        without[column] = ("the Beam YAML transform publishes no interval columns yet "
-                           "(thresher run does; docs/intervals.md)")
-    section.update(columns={}, without_interval=without)
-    return {**report, "intervals": section}
+def _interval_columns(spec, output_columns):
+    """``output_columns`` with the ``<column>_low`` / ``_high`` columns ``thresher run``
+    publishes, each after its value column (pipelines/dataio/intervals.py ``add_columns``):
+    {name: (Arrow type, nullable)}."""
+    from thresher.pipelines.dataio import intervals
+    with_interval = (intervals.report_section(spec)["columns"]
+                     if intervals.kind_publishes(spec) else {})
+    out = {}
+    for name, (arrow_type, nullable) in output_columns.items():
+        out[name] = (arrow_type, nullable)
+        if name in with_interval:
+            # counts: integer endpoints, never null; other values: float endpoints, null
+            # where the value has no interval (a mean without users, ...)
+            bounds = (pa.int64(), False) if name == "count" else (pa.float64(), True)
+            for column in intervals.output_names(name):
+                out[column] = bounds
+    return out
 
 
 class _RowsToRecords(beam.DoFn):
@@ -154,13 +263,54 @@ class _RowsToRecords(beam.DoFn):
             yield prepared
 
 
-def _table_to_rows(table, columns):
+class _SampleRowsToRecords(beam.DoFn):
+    """``input.sample``: a batch of an existing sample's rows (key fields and the frequency
+    field, no user) -> one prepared Arrow table (``pipelines.io.prepare_sample_batch``, as
+    ``thresher run`` reads a sample file)."""
+
+    def __init__(self, keys, frequency):
+        self._keys = tuple(keys)
+        self._frequency = frequency
+
+    def process(self, rows):
+        names = list(dict.fromkeys((*self._keys, self._frequency)))
+        table = pa.table({name: pa.array([getattr(row, name) for row in rows]) for name in names})
+        beam.metrics.Metrics.counter(io.NOT_PRIVATE, "rows_read").inc(table.num_rows)
+        prepared, drops = io.prepare_sample_batch(table, self._keys, self._frequency)
+        for name, value in drops.items():
+            if value:
+                beam.metrics.Metrics.counter(io.NOT_PRIVATE, name).inc(value)
+        if prepared.num_rows:
+            yield prepared
+
+
+def _chosen_report(reports, chosen, clips=None):
+    """The plan's report for the chosen bound, with the chosen clips (clip: auto) as
+    ``thresher run`` reports them (``aggregates.report_chosen_clips``)."""
+    report = dict(reports[int(chosen)])
+    if clips is not None:
+        from thresher.pipelines.aggregates import apply_clips
+        report["mechanism"] = apply_clips(report["mechanism"], clips)
+    return report
+
+
+def _table_to_rows(table, columns, spec, reports, chosen, clips=None):
+    """Released rows of one Arrow table, with the interval columns ``thresher run`` adds
+    in its launcher (``intervals.add_columns``: post-processing of the released values
+    and the report's public parameters, row by row, so a table's rows get the same
+    endpoints here as in the CLI's gathered file)."""
+    if not table.num_rows:
+        return
+    from thresher.pipelines.dataio import intervals
+    if intervals.kind_publishes(spec):
+        mechanism = _chosen_report(reports, chosen, clips)["mechanism"]
+        table = intervals.add_columns(table, mechanism, spec)
     for record in table.select(list(columns)).to_pylist():
         yield beam.Row(**record)
 
 
-def _report_json(released_keys, reports, chosen):
-    report = dict(reports[int(chosen)])
+def _report_json(released_keys, reports, chosen, clips=None):
+    report = _chosen_report(reports, chosen, clips)
     report["released_keys"] = int(released_keys)
     return beam.Row(report=json.dumps(report, sort_keys=False, allow_nan=False))
 
@@ -170,6 +320,9 @@ class _Release(beam.PTransform):
         super().__init__(label)
         self._plan = plan
         self._num_shards = num_shards
+        # Tests only: a KeyedSource with a known secret, to compare with thresher run
+        # (pipelines.release.run's rng_factory). None: the secret is drawn in the pipeline.
+        self._rng_factory = None
 
     def expand(self, rows):
         from thresher.pipelines.running.beam_flags import refuse_graph_saving
@@ -178,19 +331,32 @@ class _Release(beam.PTransform):
         from thresher.pipelines.release import refuse_dask
         refuse_dask(rows.pipeline.runner)
         refuse_dask(rows.pipeline.options.view_as(StandardOptions).runner)
-        spec = self._plan.spec
+        plan = self._plan
+        spec = plan.spec
         user, keys = spec.input.user, list(spec.input.keys)
+        sample = spec.input.sample
+        module = kind_module(spec.kind)
+        # what is read of each row: quantiles reads its value column like a key column
+        read_keys = list(module.read_spec(spec).keys if hasattr(module, "read_spec") else keys)
         try:
             fields = dict(named_fields_from_element_type(rows.element_type))
         except (TypeError, ValueError):
+            wanted = ([user] + keys if sample is None else keys + [sample["frequency"]])
             raise SpecError("ThresherRelease", f"its input must be rows with a schema (fields "
-                            f"{user!r}, {', '.join(map(repr, keys))}), got elements of type "
+                            f"{', '.join(map(repr, wanted))}), got elements of type "
                             f"{rows.element_type}") from None
-        for i, name in enumerate([user] + keys):
+        if sample is not None:     # an existing sample: keys and frequency, no user
+            needed = [(f"keys[{i}]", k) for i, k in enumerate(keys)] + [
+                ("sample.frequency", sample["frequency"])]
+        else:
+            needed = [("user", user)] + [
+                (f"keys[{i}]" if i < len(keys) else "mechanism.column", k)
+                for i, k in enumerate(read_keys)]
+        for where, name in needed:
             if name not in fields:
-                where = "user" if i == 0 else f"keys[{i - 1}]"
                 raise SpecError(f"ThresherRelease.{where}", f"field {name!r} is not in the "
                                 f"input; its fields are: {', '.join(fields)}")
+        plan = _domain_for(plan, fields)
         values = []
         if spec.aggregates:
             from thresher.pipelines.aggregates import value_columns
@@ -199,39 +365,55 @@ class _Release(beam.PTransform):
                 if name not in fields:
                     raise SpecError("ThresherRelease.aggregates", f"field {name!r} is not in "
                                     f"the input; its fields are: {', '.join(fields)}")
-        output_columns = dict(kind_module(spec.kind).OUTPUT_COLUMNS)
-        optional = {}
-        for agg in spec.aggregates or ():
-            output_columns[agg.output] = pa.float64()
-            optional[agg.output] = True      # a mean over a public key can be null
+        output_columns = {c: (t, False) for c, t in module.OUTPUT_COLUMNS.items()}
+        if spec.kind == "quantiles":          # null where every cell was suppressed
+            output_columns["value"] = (output_columns["value"][0], True)
+        if spec.kind == "weighted_sampling":  # token and estimate: null with report: keys
+            output_columns = {c: (t, True) for c, (t, _) in output_columns.items()}
+        if spec.mechanism.get("debias"):      # input.public_keys with debias: poisson
+            output_columns["debiased"] = (pa.float64(), False)
+        for agg in spec.aggregates or ():     # a mean over a public key can be null
+            output_columns[agg.output] = (pa.float64(), True)
+        output_columns = _interval_columns(spec, output_columns)
         row_type = RowTypeConstraint.from_fields(
             [(k, fields[k]) for k in keys]
-            + [(c, typing.Optional[_python_type(t, c)] if c in optional else _python_type(t, c))
-               for c, t in output_columns.items()])
+            + [(c, typing.Optional[_python_type(t, c)] if nullable else _python_type(t, c))
+               for c, (t, nullable) in output_columns.items()])
 
         # the release secret: drawn inside the pipeline, never carried in its graph
         from thresher.transforms.keyed_random import PipelineSecret, building
-        source = PipelineSecret.draw(rows.pipeline)
-        records = (rows
-                   | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
-                                                   max_batch_size=_BATCH_ROWS)
-                   | "ToRecords" >> keyed_random.par_do(_RowsToRecords(user, keys, values, source)))  # Table(__user, __user_lo, __key, keys)
-        with building(source):
-            released, chosen = release_stages(records, self._plan, self._num_shards)
-        released_rows = released | "ToRows" >> beam.FlatMap(
-            _table_to_rows, columns=keys + list(output_columns)).with_output_types(row_type)
+        source = (self._rng_factory if self._rng_factory is not None
+                  else PipelineSecret.draw(rows.pipeline))
+        batches = rows | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
+                                                       max_batch_size=_BATCH_ROWS)
+        if sample is not None:       # Table(__key, keys, count)
+            records = batches | "ToRecords" >> beam.ParDo(
+                _SampleRowsToRecords(keys, sample["frequency"]))
+        else:                        # Table(__user, __user_lo, __key, keys)
+            records = batches | "ToRecords" >> keyed_random.par_do(
+                _RowsToRecords(user, read_keys, values, source))
+        clips = []     # clip: auto -- the chosen bounds (one dict), for the report
+        root = rows.pipeline._current_transform().full_label   # the draws' root
+        with building(source, root=root):
+            released, chosen = release_stages(records, plan, self._num_shards,
+                                              clip_sink=clips.append)
 
         if chosen is None:
             bound = spec.bounding.max_keys_per_user
-            reports, chosen_value = {bound: self._plan.report()}, bound
+            reports, chosen_value = {bound: plan.report()}, bound
         else:
-            reports = {c: self._plan.report(chosen_bound=c) for c in self._plan.candidates}
-            chosen_value = beam.pvalue.AsSingleton(chosen, default_value=min(self._plan.candidates))
-        reports = {c: _without_intervals(r) for c, r in reports.items()}
+            reports = {c: plan.report(chosen_bound=c) for c in plan.candidates}
+            chosen_value = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
+        clips_value = beam.pvalue.AsSingleton(clips[0]) if clips else None
+        released_rows = released | "ToRows" >> beam.FlatMap(
+            _table_to_rows, columns=keys + list(output_columns), spec=spec, reports=reports,
+            chosen=chosen_value, clips=clips_value).with_output_types(row_type)
         report = (released
                   | "CountReleased" >> beam.Map(lambda table: table.num_rows)
                   | "SumReleased" >> beam.CombineGlobally(sum)
-                  | "Report" >> beam.Map(_report_json, reports=reports, chosen=chosen_value)
+                  | "Report" >> beam.Map(_report_json, reports=reports, chosen=chosen_value,
+                                         clips=clips_value)
                   .with_output_types(RowTypeConstraint.from_fields([("report", str)])))
+        # last, once every stage is in the graph: a refused charge adds nothing to run
+        _charge(plan, root)
         return {"released": released_rows, "report": report}
-

@@ -102,13 +102,9 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
 
     read_spec = module.read_spec(spec) if hasattr(module, "read_spec") else spec.input
     records = pipeline | "Read" >> io.ReadRecords(read_spec, files)         # Table(__user, __key, keys)
-    if spec.input.sample is not None:
-        # An existing weighted sample: one row per key with its frequency; no users to
-        # bound, the declared bound is the sample's (paper 001's post-processing use).
-        params = plan.params_by_bound[spec.bounding.max_keys_per_user]
-        from thresher.transforms.unique_keys import OneRowPerKey
-        counts = records | "OneRowPerKey" >> OneRowPerKey(keys, num_shards)  # Table(keys, count)
-        _write(module.release(counts, params, keys), staging, schema, keys)
+    if spec.input.sample is not None:   # an existing weighted sample (release_stages)
+        released, _ = release_stages(records, plan, num_shards)
+        _write(released, staging, schema, keys)
         return
     sink = None
     if spec.aggregates_auto is not None:   # the chosen clip bounds, for the report
@@ -153,12 +149,16 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     and the Beam YAML transform, pipelines/beam_yaml.py).
 
     records: PCollection[pyarrow.Table] of prepared batches (``pipelines.io.prepare_batch``:
-    ``__user``, ``__key`` and the key columns); spill_dir: a local folder for the user
+    ``__user``, ``__key`` and the key columns; with ``input.sample``
+    ``pipelines.io.prepare_sample_batch``: ``__key``, the key columns and ``count``);
+    spill_dir: a local folder for the user
     shuffle's pieces (in-process runner only, see ``_spill_dir``). Returns (released PCollection[pyarrow.Table],
     chosen bound PCollection[int] with exactly one element, or None for a fixed bound).
     """
     spec = plan.spec
     keys = list(spec.input.keys)
+    if spec.input.sample is not None:
+        return _sample_stages(records, plan, num_shards), None
     if hasattr(kind_module(spec.kind), "release_stages"):  # heavy_hitters, quantiles
         extra = {"notes_path": notes_path} if notes_path is not None else {}
         return kind_module(spec.kind).release_stages(records, plan, num_shards, rng_factory,
@@ -195,6 +195,18 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     return released, chosen
 
 
+def _sample_stages(records, plan, num_shards):
+    """An existing weighted sample (``input.sample``): one row per key with its frequency;
+    no users to bound, the declared bound is the sample's, and the kind's release
+    (weighted_sampling: SanitizeSample) sanitizes it (paper 001's post-processing use)."""
+    spec = plan.spec
+    keys = list(spec.input.keys)
+    params = plan.params_by_bound[spec.bounding.max_keys_per_user]
+    from thresher.transforms.unique_keys import OneRowPerKey
+    counts = records | "OneRowPerKey" >> OneRowPerKey(keys, num_shards)     # Table(keys, count)
+    return kind_module(spec.kind).release(counts, params, keys)
+
+
 def _prereduced(records, plan, rng_factory):
     """Fixed-bound l0 bounding by ``PerUserBound`` (or ``PerUserBoundWithValues`` with
     fixed clips): drop before the shuffle the rows the
@@ -217,7 +229,7 @@ def _prereduced(records, plan, rng_factory):
     from thresher.transforms.prereduce import PreReduceL0
     # the keyed draws are those of the PerUserBound applied in _bound_users, whose full
     # label is this composite's label / "PerUserBound" (keyed_random.stage_name)
-    parent = records.pipeline._current_transform().full_label
+    parent = keyed_random.stage_name(records)    # relative to the release's root
     stage = f"{parent}/PerUserBound" if parent else "PerUserBound"
     return records | "PreReduceUsers" >> PreReduceL0(
         spec.input.keys, spec.bounding.max_keys_per_user, source, stage,

@@ -13,7 +13,8 @@ random word of a release from
   or jar; never logged, never written to the report, the spec or any output
   (``docs/running.md``); and
 * a **stable identity** of what is drawn: the stage (the full Beam label of the
-  composite that draws, fixed when the pipeline is built) and, for per-key draws, the
+  composite that draws, fixed when the pipeline is built, relative to the release's
+  root composite when a user's pipeline applies the release: :func:`building`) and, for per-key draws, the
   canonical text of the key (:func:`row_identities`, the text form of
   ``transforms.hashing.canonical_text``); for per-user draws, the canonical text of the
   user's two identity words (:func:`bind_users`), a 128-bit PRF of the user id under a
@@ -420,14 +421,21 @@ class _WithSecret(beam.DoFn):
         return self._inner.default_label()
 
 
-_BUILDING = []     # the KeyedSource of the release whose pipeline is being built
+_BUILDING = []     # (KeyedSource, root label) of the release whose pipeline is being built
 
 
 @contextlib.contextmanager
-def building(source):
+def building(source, root=""):
     """While a release's pipeline is built (``pipelines.release.build``), transforms
-    given no ``rng_factory`` take the release's :class:`KeyedSource` (:func:`resolve`)."""
-    _BUILDING.append(source)
+    given no ``rng_factory`` take the release's :class:`KeyedSource` (:func:`resolve`).
+
+    ``root``: the full label of the composite the release's stages are built in (the
+    Beam YAML transform's, ``pipelines.beam_yaml``; "" for ``thresher run``, whose stages
+    are at the top of its pipeline). Stage identities (:func:`stage_name`) are taken
+    relative to it, so one release's draws under one secret are the same wherever a
+    user's pipeline applies it. Two releases never share a secret, so equal relative
+    names in two releases of one pipeline name streams of different keys."""
+    _BUILDING.append((source, root))
     try:
         yield
     finally:
@@ -456,8 +464,8 @@ def resolve(factory):
     recomputed stage would spend its epsilon again) or uses a public identity key."""
     if factory is not None:
         return factory
-    if _BUILDING and _BUILDING[-1] is not None:
-        return _BUILDING[-1]
+    if _BUILDING and _BUILDING[-1][0] is not None:
+        return _BUILDING[-1][0]
     raise NoSecretError()
 
 
@@ -486,9 +494,16 @@ def seeded_for_tests(seed):
 
 def stage_name(pvalue):
     """The full label of the composite being expanded (unique in the pipeline and the
-    same every time the pipeline is built): the stage identity of its draws."""
-    current = pvalue.pipeline._current_transform()
-    return current.full_label
+    same every time the pipeline is built), relative to the root of the release being
+    built (:func:`building`): the stage identity of its draws."""
+    label = pvalue.pipeline._current_transform().full_label
+    root = _BUILDING[-1][1] if _BUILDING else ""
+    if root:
+        if label == root:
+            return ""
+        if label.startswith(root + "/"):
+            return label[len(root) + 1:]
+    return label
 
 
 class StageSource:

@@ -309,8 +309,10 @@ def _table_to_rows(table, columns, spec, reports, chosen, clips=None):
         yield beam.Row(**record)
 
 
-def _report_json(released_keys, reports, chosen, clips=None):
+def _report_json(released_keys, reports, chosen, clips=None, notes=None, kind=None):
     report = _chosen_report(reports, chosen, clips)
+    if notes is not None:    # e.g. quantiles' capped key selection, as thresher run reports it
+        report = kind_module(kind).apply_notes(report, json.loads(notes))
     report["released_keys"] = int(released_keys)
     return beam.Row(report=json.dumps(report, sort_keys=False, allow_nan=False))
 
@@ -394,9 +396,10 @@ class _Release(beam.PTransform):
                 _RowsToRecords(user, read_keys, values, source))
         clips = []     # clip: auto -- the chosen bounds (one dict), for the report
         root = rows.pipeline._current_transform().full_label   # the draws' root
+        notes = []     # a kind's report figures computed in the pipeline (one JSON line)
         with building(source, root=root):
             released, chosen = release_stages(records, plan, self._num_shards,
-                                              clip_sink=clips.append)
+                                              clip_sink=clips.append, notes_sink=notes.append)
 
         if chosen is None:
             bound = spec.bounding.max_keys_per_user
@@ -405,6 +408,7 @@ class _Release(beam.PTransform):
             reports = {c: plan.report(chosen_bound=c) for c in plan.candidates}
             chosen_value = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
         clips_value = beam.pvalue.AsSingleton(clips[0]) if clips else None
+        notes_value = beam.pvalue.AsSingleton(notes[0]) if notes else None
         released_rows = released | "ToRows" >> beam.FlatMap(
             _table_to_rows, columns=keys + list(output_columns), spec=spec, reports=reports,
             chosen=chosen_value, clips=clips_value).with_output_types(row_type)
@@ -412,7 +416,8 @@ class _Release(beam.PTransform):
                   | "CountReleased" >> beam.Map(lambda table: table.num_rows)
                   | "SumReleased" >> beam.CombineGlobally(sum)
                   | "Report" >> beam.Map(_report_json, reports=reports, chosen=chosen_value,
-                                         clips=clips_value)
+                                         clips=clips_value, notes=notes_value,
+                                         kind=spec.kind)
                   .with_output_types(RowTypeConstraint.from_fields([("report", str)])))
         # last, once every stage is in the graph: a refused charge adds nothing to run
         _charge(plan, root)

@@ -113,11 +113,14 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     spill_dir = None   # a small input's shuffles stay in memory (a few MB at most)
     if not io.is_small_input(est_rows, exact_rows):
         spill_dir = _spill_dir(pipeline, staging)
-    notes = None          # a kind's report figures computed in the pipeline (apply_notes)
-    if getattr(module, "WRITES_NOTES", False):
-        notes = os.path.join(staging, module.NOTES_FILE)
+    notes = []            # a kind's report figures computed in the pipeline (apply_notes)
     released, chosen = release_stages(records, plan, num_shards, rng_factory=rng_factory,
-                                      clip_sink=sink, spill_dir=spill_dir, notes_path=notes)
+                                      clip_sink=sink, spill_dir=spill_dir,
+                                      notes_sink=notes.append)
+    for note in notes:    # one JSON line, read back by _apply_kind_notes
+        (note
+         | "WriteNote" >> beam.io.WriteToText(os.path.join(staging, module.NOTES_FILE),
+                                              num_shards=1, shard_name_template=""))
     if chosen is not None:
         (chosen
          | "FormatBound" >> beam.Map(lambda c: json.dumps({"max_keys_per_user": int(c)}))
@@ -144,7 +147,7 @@ def _spill_dir(pipeline, staging):
 
 
 def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, spill_dir=None,
-                   notes_path=None):
+                   notes_sink=None):
     """The stages of a release between reading and writing (shared by ``thresher run``
     and the Beam YAML transform, pipelines/beam_yaml.py).
 
@@ -152,7 +155,11 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     ``__user``, ``__key`` and the key columns; with ``input.sample``
     ``pipelines.io.prepare_sample_batch``: ``__key``, the key columns and ``count``);
     spill_dir: a local folder for the user
-    shuffle's pieces (in-process runner only, see ``_spill_dir``). Returns (released PCollection[pyarrow.Table],
+    shuffle's pieces (in-process runner only, see ``_spill_dir``); notes_sink: called with a
+    PCollection of one JSON line when the kind computes report figures in the pipeline
+    (``WRITES_NOTES``; ``thresher run`` writes it to staging, the Beam YAML transform takes
+    it as a side input of its report; both fold it in with the kind's ``apply_notes``).
+    Returns (released PCollection[pyarrow.Table],
     chosen bound PCollection[int] with exactly one element, or None for a fixed bound).
     """
     spec = plan.spec
@@ -160,7 +167,9 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     if spec.input.sample is not None:
         return _sample_stages(records, plan, num_shards), None
     if hasattr(kind_module(spec.kind), "release_stages"):  # heavy_hitters, quantiles
-        extra = {"notes_path": notes_path} if notes_path is not None else {}
+        module = kind_module(spec.kind)
+        extra = ({"notes_sink": notes_sink}
+                 if notes_sink is not None and getattr(module, "WRITES_NOTES", False) else {})
         return kind_module(spec.kind).release_stages(records, plan, num_shards, rng_factory,
                                                      **extra), None
     if plan.domain is not None:

@@ -440,7 +440,7 @@ def _restrict_to(table, keys, selected):
         yield out
 
 
-def release_stages(records, plan, num_shards, rng_factory=None, notes_path=None):
+def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None):
     """Prepared records (key columns + value) -> [public keys only] -> whole users -> at
     most C distinct (key, value) pairs per user -> users per (key, value) -> the method's
     histograms -> Table(keys..., rank, value). Without public keys but with input.keys,
@@ -463,7 +463,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_path=None)
     users = records | "ShardByUser" >> ShardByUser(num_shards)
     if params.get("public_cells") or mech.get("public_cells"):
         return _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
-                                    notes_path)
+                                    notes_sink)
     counts = (users
               | "PerUserBound" >> PerUserBound(keys + [column], bound, rng_factory=rng_factory)
               | "SumCountsPerValue" >> SumCountsPerKey(keys + [column], num_shards)  # Table(keys, value, count)
@@ -533,7 +533,7 @@ def _note_of(selection):
 
 
 NOTES_FILE = "quantiles_key_selection"
-WRITES_NOTES = True      # release_stages(..., notes_path=): the launcher reads apply_notes
+WRITES_NOTES = True      # release_stages(..., notes_sink=): the report goes through apply_notes
 
 
 def apply_notes(report, note):
@@ -562,7 +562,7 @@ def _answer_cells(released, keys, key_list, mech, floor):
 
 
 def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
-                         notes_path=None):
+                         notes_sink=None):
     """Per-key hierarchical quantiles over the public cells of public or selected keys
     (transforms.public_cells): one value per (user, key), at most C keys per user; every
     (level, key, bucket) cell of every selected key gets discrete Gaussian noise, no
@@ -591,11 +591,8 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
                      | "GatherKeys" >> beam.combiners.ToList()
                      | "CapKeys" >> beam.Map(_cap_selection, keys,
                                              params["key_selection"]["max_keys"]))
-        if notes_path is not None:
-            (key_table
-             | "FormatNote" >> beam.Map(_note_of)
-             | "WriteNote" >> beam.io.WriteToText(notes_path, num_shards=1,
-                                                  shard_name_template=""))
+        if notes_sink is not None:    # one JSON line for the report (apply_notes)
+            notes_sink(key_table | "FormatNote" >> beam.Map(_note_of))
         key_table = key_table | "KeyTable" >> beam.Map(_table_of)
     else:
         key_table = records.pipeline | "KeyTable" >> beam.Create([plan.domain.select(keys)])

@@ -21,11 +21,11 @@ from thresher.accounting.sample_threshold.core import (
     exact_delta_search, group_privacy, kl_divergence, min_threshold, paper_parameters,
     per_key_budget, remove_quantile, sampling_rate_for)
 from thresher.accounting.sample_threshold.trie import (SCHEDULES, TrieParams, calibrate_trie,
-                                                       choose_schedule)
+                                                       choose_schedule, fewest_levels)
 
 __all__ = [
     "COMPOSITIONS", "METHODS", "CalibrationInfeasible", "LevelParams", "SampleThresholdParams",
     "add_quantile", "best_release_point", "c_alpha", "calibrate", "calibrate_levels", "delta",
     "divergences", "exact_delta_search", "group_privacy", "kl_divergence", "min_threshold",
     "paper_parameters", "per_key_budget", "remove_quantile", "sampling_rate_for", "SCHEDULES",
-    "TrieParams", "calibrate_trie", "choose_schedule"]
+    "TrieParams", "calibrate_trie", "choose_schedule", "fewest_levels"]

@@ -98,24 +98,19 @@ SCHEDULE_RULE = ("the candidate prefix schedule with the lowest release point of
                  "levels cannot reach a lower release point)")
 
 
-def choose_schedule(mechanism, epsilon, delta, max_keys_per_user):
-    """Fill ``prefix_lengths`` (and ``schedule_choice``) when the spec gave none."""
+def choose_schedule(mechanism):
+    """Fill ``prefix_lengths`` (and ``schedule_choice``) when the spec gave none: the
+    candidate with the lowest last-level release point, which is the one with the fewest
+    levels (accounting.sample_threshold.trie proves it), so nothing is calibrated here;
+    the calibration (and the point, added to ``schedule_choice``) is the plan's."""
     from thresher.accounting import sample_threshold
-    from thresher.pipelines.errors import CalibrationError
     if mechanism.get("prefix_lengths") is not None:
         return
-    try:
-        best, points = sample_threshold.choose_schedule(
-            epsilon, delta, max_keys_per_user, sampling_rate=mechanism.get("sampling_rate"),
-            threshold=mechanism.get("threshold"))
-    except ValueError as exc:
-        raise CalibrationError(f"heavy_hitters (TrieHH++) at epsilon={epsilon:g}, "
-                               f"delta={delta:g}, max_keys_per_user={max_keys_per_user}: "
-                               f"{exc}") from None
+    best = sample_threshold.fewest_levels(sample_threshold.SCHEDULES)
     mechanism["prefix_lengths"] = list(best)
     mechanism["schedule_choice"] = {
-        "chosen": list(best), "release_point": points[best],
-        "candidates": [list(s) for s in sample_threshold.SCHEDULES], "rule": SCHEDULE_RULE}
+        "chosen": list(best), "candidates": [list(s) for s in sample_threshold.SCHEDULES],
+        "rule": SCHEDULE_RULE}
 
 
 def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
@@ -161,7 +156,7 @@ def check_spec(mechanism, input_spec, bounding, privacy):
     if input_spec.keys[0] == "rank":
         raise SpecError("input.keys[0]", "'rank' is an output column of heavy_hitters; rename the column")
     if mechanism.get("method") != "adaptive":
-        choose_schedule(mechanism, privacy.epsilon, privacy.delta, bounding.max_keys_per_user)
+        choose_schedule(mechanism)
     if mechanism.get("method") is None:
         # The default from public parameters only: the method whose release point (users a
         # key needs, each holding C keys) is lower has the better expected recall.
@@ -233,7 +228,10 @@ def _calibrate_trie(mech, *, epsilon, delta, max_keys_per_user, model):
         raise CalibrationError(f"heavy_hitters (TrieHH++) release at epsilon={epsilon:g}, "
                                f"delta={delta:g}, max_keys_per_user={max_keys_per_user} over "
                                f"{levels} level(s): {exc}") from None
-    extra = {k: mech[k] for k in ("method_choice", "schedule_choice") if mech.get(k)}
+    extra = {"method_choice": mech["method_choice"]} if mech.get("method_choice") else {}
+    if mech.get("schedule_choice"):
+        extra["schedule_choice"] = {**mech["schedule_choice"],
+                                    "release_point": params.release_point}
     return {"kind": "heavy_hitters", "method": "trie", "top_k": mech["top_k"],
             "prefix_lengths": list(mech["prefix_lengths"]), "levels": levels,
             "sampling_rate": params.sampling_rate, "threshold": params.threshold,

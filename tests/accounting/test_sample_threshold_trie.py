@@ -136,7 +136,8 @@ def test_fixed_parameters_are_checked_or_completed():
 
 def test_schedule_is_the_fewest_levels_and_public():
     best, points = acc.choose_schedule(1.0, 1e-6, 2)
-    assert best == (None,) and list(points) == [(None,)]
+    assert best == (None,) == acc.fewest_levels() and list(points) == [(None,)]
+    assert acc.fewest_levels([(2, None), (4, None), (1, 2, None)]) == (2, None)
     assert points[(None,)] == acc.calibrate_trie(1.0, 1e-6, 1, 2).release_point
 
 

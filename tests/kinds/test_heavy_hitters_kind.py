@@ -220,7 +220,9 @@ def test_default_method_is_chosen_from_public_parameters(tmp_path):
     from thresher.pipelines.kinds.heavy_hitters import release_points
     plan = make_plan(_load(tmp_path, _spec(tmp_path, "x.parquet")))
     mech = plan.report()["mechanism"]
-    points = release_points(1.0, 1e-6, 4, 3)
+    points = release_points(1.0, 1e-6, 4, 1)      # the plan's schedule: [null], one level
+    assert plan.spec.mechanism["prefix_lengths"] == [None]
+    assert plan.spec.mechanism["schedule_choice"]["chosen"] == [None]
     assert mech["method"] == ("adaptive" if points["adaptive"] <= points["trie"] else "trie")
     assert mech["method_choice"]["release_points"] == points
     assert points["adaptive"] < points["trie"]          # at these parameters

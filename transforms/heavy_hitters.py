@@ -131,9 +131,11 @@ def prune_trie(released, key_column, prefix_lengths):
     return released.filter(pa.array(keep))
 
 
-def heavy_hitters(released, key_column, k=None):
-    """The last level's released keys by decreasing estimate (the top ``k`` if given)."""
-    last = pc.max(released.column(LEVEL_COLUMN)).as_py()
+def heavy_hitters(released, key_column, k=None, level=None):
+    """The whole-key level's released keys by decreasing estimate (the top ``k`` if
+    given). ``level``: its index (len(prefix_lengths) - 1); None takes the largest level
+    present, which is a prefix level when the whole-key level released nothing -- pass it."""
+    last = pc.max(released.column(LEVEL_COLUMN)).as_py() if level is None else int(level)
     rows = released.filter(pc.equal(released.column(LEVEL_COLUMN), last))
     rows = rows.sort_by([("estimate", "descending"), (key_column, "ascending")])
     return rows if k is None else rows.slice(0, k)

@@ -285,11 +285,15 @@ def _string_keys(table, key):
     return table
 
 
-def _top_k(tables, key, top_k):
+def _top_k(tables, key, top_k, last_level):
+    """The whole-key level (``last_level``) only: prefixes released at earlier levels
+    are never keys, even when the last level released nothing."""
     tables = [t for t in tables if t.num_rows]
     if not tables:
         return
-    top = heavy_hitters(pa.concat_tables(tables), key, top_k)
+    top = heavy_hitters(pa.concat_tables(tables), key, top_k, level=last_level)
+    if not top.num_rows:
+        return
     ranks = pa.array(range(1, top.num_rows + 1), type=pa.int64())
     yield pa.table({key: top.column(key), "count": top.column("estimate"), "rank": ranks})
 
@@ -315,7 +319,7 @@ class HeavyHittersRelease(beam.PTransform):
                                                rng_factory=self._rng_factory,
                                                user_column=self._user)
                 | "GatherTrie" >> beam.combiners.ToList()
-                | "TopK" >> beam.FlatMap(_top_k, self._key, self._top_k))
+                | "TopK" >> beam.FlatMap(_top_k, self._key, self._top_k, len(self._lengths) - 1))
 
 
 def stage_budget(budget, mechanism):

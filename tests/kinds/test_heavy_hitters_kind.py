@@ -68,6 +68,18 @@ def test_plan_is_one_stage_with_the_trie_accounting_over_c_times_l_cells(tmp_pat
     assert mech["release_point"] < mech["group_privacy_split"]["release_point"]
 
 
+def test_top_k_never_returns_prefixes_when_the_whole_key_level_is_empty():
+    from thresher.pipelines.kinds.heavy_hitters import _top_k
+    released = pa.table({"level": pa.array([0, 0], pa.int32()), "word": ["ab", "cd"],
+                         "count": pa.array([30, 20], pa.int64()), "estimate": [300.0, 200.0]})
+    assert list(_top_k([released], "word", 5, last_level=1)) == []
+    both = pa.concat_tables([released, pa.table({
+        "level": pa.array([1], pa.int32()), "word": ["abc"], "count": pa.array([25], pa.int64()),
+        "estimate": [250.0]})])
+    (out,) = _top_k([both], "word", 5, last_level=1)
+    assert out.column("word").to_pylist() == ["abc"] and out.column("rank").to_pylist() == [1]
+
+
 def test_trie_prefixes_are_characters_not_bytes():
     table = pa.table({"word": ["日本語", "日本人", "été", "étage"], "count": [50, 40, 30, 30]})
     out = trie_heavy_hitters(table, "word", (2, None), {"sampling_rate": 1.0, "threshold": 1},

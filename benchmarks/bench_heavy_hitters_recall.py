@@ -9,12 +9,15 @@ max_keys_per_user = 16, top_k = 20, for each of ``--seeds`` release secrets:
   parameters; printed);
 - ``kind: adaptive`` with its defaults, then the top 20 of its released keys by noisy
   count ("adaptive + top-k");
-- ``kind: heavy_hitters, method: trie`` (TrieHH++, the previous default) on the first
-  ``--trie-seeds`` secrets.
+- ``kind: heavy_hitters, method: trie`` (TrieHH++; prefix schedule chosen by the plan,
+  the C x L-cell PLD accounting) on the first ``--trie-seeds`` secrets (default: all).
 
 Printed: recall@20 per run, and per method the mean and its standard error over the seeds.
+``--points``: instead, the trie's release point tau / p for 1, 2 and 3 levels with the
+group-privacy split (``calibrate_levels``) and with the C x L-cell accounting
+(``calibrate_trie``), and the adaptive method's point (the default method rule).
 
-    python -m benchmarks.bench_heavy_hitters_recall [--seeds 10] [--trie-seeds 2]
+    python -m benchmarks.bench_heavy_hitters_recall [--seeds 10] [--trie-seeds N] [--points]
 """
 import argparse
 import math
@@ -65,12 +68,31 @@ def summary(name, recalls):
     return m, se
 
 
+def points(epsilon=1.0, delta=1e-6, bound=16):
+    from thresher.accounting import sample_threshold as st
+    from thresher.pipelines.kinds.heavy_hitters import release_points
+    print(f"epsilon={epsilon:g}, delta={delta:g}, C={bound}: trie release point tau/p")
+    for schedule in st.SCHEDULES:
+        old = st.calibrate_levels(epsilon, delta, len(schedule), bound)
+        new = st.calibrate_trie(epsilon, delta, len(schedule), bound)
+        print(f"  {len(schedule)} level(s) {list(schedule)}: group-privacy split p={old.sampling_rate:.5f} "
+              f"tau={old.threshold} point={old.threshold / old.sampling_rate:,.1f} | C x L-cell "
+              f"{new.composition} p={new.sampling_rate:.5f} tau={new.threshold} "
+              f"point={new.release_point:,.1f} delta_spent={new.delta_spent:.3g}", flush=True)
+    print(f"  default method rule (1 level): {release_points(epsilon, delta, bound, 1)}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=10)
-    ap.add_argument("--trie-seeds", type=int, default=2)
+    ap.add_argument("--trie-seeds", type=int, default=None)
+    ap.add_argument("--points", action="store_true")
     ap.add_argument("--data-dir", default=identifier_corpus.DEFAULT_DATA_DIR)
     args = ap.parse_args(argv)
+    if args.points:
+        return points()
+    if args.trie_seeds is None:
+        args.trie_seeds = args.seeds
     data = identifier_corpus.cached(args.data_dir)
     print(f"corpus: {identifier_corpus.describe(pq.read_table(data))}")
     truth, kth, next_ = true_top(data)

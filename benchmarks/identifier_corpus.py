@@ -12,7 +12,6 @@ built from data installed on the machine, offline, and differs from
 import argparse
 import keyword
 import os
-import site
 import sys
 import time
 import tokenize
@@ -25,7 +24,10 @@ DEFAULT_DATA_DIR = os.path.join(os.path.expanduser("~"), ".cache", "thresher-ben
 
 
 def site_root():
-    return site.getsitepackages()[0]
+    """Where the packages are installed: numpy's folder's parent (a virtualenv's own
+    site-packages, site.getsitepackages()[0], may not hold them: an empty corpus)."""
+    import numpy
+    return os.path.dirname(os.path.dirname(os.path.abspath(numpy.__file__)))
 
 
 def python_files(packages=PACKAGES, root=None):

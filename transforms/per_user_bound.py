@@ -320,8 +320,9 @@ def count_per_key(table, key_columns):
 
 
 class _BoundL0Fn(beam.DoFn):
-    def __init__(self, key_columns, rng_factory, stage=""):
+    def __init__(self, key_columns, rng_factory, stage="", rows=False):
         self._key_columns = tuple(key_columns)
+        self._rows = rows
         self._rng_factory = rng_factory
         self._stage = stage
 
@@ -333,7 +334,9 @@ class _BoundL0Fn(beam.DoFn):
         kept = bound_table_l0(table, self._key_columns, int(max_keys_per_user), rng)
         beam.metrics.Metrics.counter("thresher_not_private", "contributions_kept").inc(len(kept))
         beam.metrics.Metrics.counter("thresher_not_private", "rows_bounded").inc(table.num_rows)
-        if len(kept):
+        if len(kept) and self._rows:
+            yield table.take(pa.array(kept)).select([USER_COLUMN, *self._key_columns])
+        elif len(kept):
             yield count_per_key(table.take(pa.array(kept)), self._key_columns)
 
 
@@ -344,10 +347,15 @@ class PerUserBound(beam.PTransform):
     (whole users per element). Output: PCollection[pyarrow.Table] of partial counts —
     key columns, ``__key`` and int64 ``count`` (distinct users per key in that shard).
     ``max_keys_per_user`` is an int or a side input (``AsSingleton``) carrying one.
+    ``rows=True``: the kept (``__user``, key columns) rows instead, whole users per element
+    (what per-user statistics of the kept keys need, e.g. TrieHH++'s distinct users per
+    prefix).
     """
 
-    def __init__(self, key_columns, max_keys_per_user, rng_factory=None, label=None):
+    def __init__(self, key_columns, max_keys_per_user, rng_factory=None, label=None,
+                 rows=False):
         super().__init__(label)
+        self._rows = rows
         self._key_columns = tuple(key_columns)
         self._max_keys_per_user = max_keys_per_user
         self._rng_factory = rng_factory
@@ -355,5 +363,6 @@ class PerUserBound(beam.PTransform):
     def expand(self, user_shards):
         return user_shards | "BoundL0" >> keyed_random.par_do(
             _BoundL0Fn(self._key_columns, keyed_random.resolve(self._rng_factory),
-                       keyed_random.stage_name(user_shards)), self._max_keys_per_user
+                       keyed_random.stage_name(user_shards), rows=self._rows),
+            self._max_keys_per_user
         ).with_output_types(TABLE)

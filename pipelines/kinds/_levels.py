@@ -1,6 +1,7 @@
 """Budget and calibration shared by the kinds built on several sample-and-threshold
-histograms (``heavy_hitters``: TrieHH++ prefix levels; ``quantiles``: hierarchy levels or
-binary-search rounds).
+histograms (``quantiles``: hierarchy levels or binary-search rounds; ``heavy_hitters``
+uses only the stage and field helpers here: its trie is calibrated by
+``accounting.sample_threshold.calibrate_trie``, one stage).
 
 Paper 003 Lemma 4.1: L (epsilon_l, delta_l)-DP histograms compose to (L epsilon_l,
 L delta_l) (basic composition, adaptive choices allowed). The plan records one stage per

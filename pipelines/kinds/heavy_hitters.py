@@ -3,22 +3,25 @@
 One string key column. Each user is bounded to at most C = max_keys_per_user distinct
 keys (``PerUserBound``), so a key's count is its number of distinct users. Level i of the
 trie releases a sample-and-threshold histogram of the length-``prefix_lengths[i]``
-prefixes (characters, i.e. Unicode code points, not bytes; ``null`` = the whole key),
-each level with fresh Poisson sampling; a prefix survives only if its parent prefix
-survived one level up (the TrieHH trie constraint, post-processing). The released keys
-are the last level's survivors, the ``top_k`` of them by estimate.
+prefixes (characters, i.e. Unicode code points, not bytes; ``null`` = the whole key) in
+which a prefix's count is its number of distinct users, each level with fresh Poisson
+sampling; a prefix survives only if its parent prefix survived one level up (the TrieHH
+trie constraint, post-processing). The released keys are the last level's survivors, the
+``top_k`` of them by estimate.
 
 Output columns: ``count`` (float64): the sampled count at the whole-key level divided by
 the sampling rate, v / p -- an unbiased estimate of the key's number of distinct users
 after bounding, biased up near the release point tau / p because only v >= tau is
 released; ``rank`` (int64): 1 for the largest ``count`` (ties by key).
 
-Privacy (``pipelines/kinds/_levels.py``): the L levels compose (paper 003 Lemma 4.1),
-one report stage per level with (epsilon / L, delta / L); each level's prefix cell counts
-(user, key) contributions and a user has at most C, so (sampling_rate, threshold) come
-from ``accounting.sample_threshold.calibrate_levels`` (exact per-contribution accounting,
-group privacy over C). Paper 003 Sec. 4.1 notes that when only the heavy hitters are
-wanted the factor L can be dropped: ``prefix_lengths: [null]`` is one level.
+Privacy (``accounting.sample_threshold.trie``, which has the argument): a user moves at
+most C cells per level by one, so the L levels are C L one-cell sample-and-threshold
+mechanisms composed non-adaptively; one (sampling_rate, threshold) for every level meets
+the whole (epsilon, delta) by the privacy-loss-distribution bound over C L cells. One
+plan stage (``release``). Without ``prefix_lengths`` the plan picks the schedule
+(``accounting.sample_threshold.trie.choose_schedule``: the lowest last-level release
+point, which is the fewest levels -- [null], paper 003 Sec. 4.1's remark); an explicit
+``prefix_lengths`` is used as given.
 """
 import apache_beam as beam
 import pyarrow as pa
@@ -30,7 +33,6 @@ from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
 from thresher.transforms.heavy_hitters import LEVEL_COLUMN, TrieHeavyHitters, heavy_hitters
 
-DEFAULT_PREFIX_LENGTHS = (2, 4, None)
 DEFAULT_TOP_K = 20
 METHODS = ("adaptive", "trie")
 
@@ -41,8 +43,12 @@ FIELDS = {
     "prefix_lengths": declare.array(
         declare.one_of(declare.integer(low=1, high=10**4), {"type": "null"}),
         min_items=1, max_items=64, description=(
-            "increasing prefix lengths in characters, null (the whole key) last "
-            f"(default {[n for n in DEFAULT_PREFIX_LENGTHS]}; [null] = one level)")),
+            "increasing prefix lengths in characters, null (the whole key) last; [null] = "
+            "one level. Default: chosen by the plan among [null], [4, null], [2, 4, null] "
+            "as the one with the lowest release point of the last level, from epsilon, "
+            "delta and max_keys_per_user only -- the fewest levels, [null], since every "
+            "level adds max_keys_per_user cells to a user's composition "
+            "(docs/heavy_hitters_and_quantiles.md)")),
     "sampling_rate": _levels.SAMPLING_RATE,
     "threshold": _levels.THRESHOLD,
     "method": declare.choice(METHODS, description=(
@@ -56,7 +62,12 @@ OUTPUT_COLUMNS = {"count": pa.float64(), "rank": pa.int64()}
 
 def parse(section):
     top_k = int(section.get("top_k", DEFAULT_TOP_K))
-    lengths = section.get("prefix_lengths", list(DEFAULT_PREFIX_LENGTHS))
+    lengths = section.get("prefix_lengths")
+    if lengths is None:  # the plan chooses the schedule (check_spec)
+        return {"top_k": top_k, "prefix_lengths": None,
+                "sampling_rate": optional_float(section, "sampling_rate"),
+                "threshold": _levels.optional_threshold(section),
+                "method": _method(section)}
     parsed = [None if n is None else int(n) for n in lengths]
     finite = [n for n in parsed if n is not None]
     if finite != sorted(set(finite)) or parsed.count(None) > 1 \
@@ -66,28 +77,55 @@ def parse(section):
     if parsed[-1] is not None:
         parsed.append(None)  # the released keys are whole keys: the last level is the key
     rate = optional_float(section, "sampling_rate")
+    return {"top_k": top_k, "prefix_lengths": parsed, "sampling_rate": rate,
+            "threshold": _levels.optional_threshold(section), "method": _method(section)}
+
+
+def _method(section):
     method = section.get("method")
     trie_only = [f for f in ("prefix_lengths", "sampling_rate", "threshold") if f in section]
     if method == "adaptive" and trie_only:
         raise SpecError(f"mechanism.{trie_only[0]}", "is for method: trie")
     if method is None and trie_only:
         method = "trie"     # trie parameters given: the spec asks for the trie
-    return {"top_k": top_k, "prefix_lengths": parsed, "sampling_rate": rate,
-            "threshold": _levels.optional_threshold(section), "method": method}
+    return method
+
+
+SCHEDULE_RULE = ("the candidate prefix schedule with the lowest release point of its last "
+                 "level, from epsilon, delta and max_keys_per_user only: the fewest levels, "
+                 "because one (sampling_rate, threshold) serves every level and each level "
+                 "adds max_keys_per_user cells to a user's composition (a schedule with more "
+                 "levels cannot reach a lower release point)")
+
+
+def choose_schedule(mechanism):
+    """Fill ``prefix_lengths`` (and ``schedule_choice``) when the spec gave none: the
+    candidate with the lowest last-level release point, which is the one with the fewest
+    levels (accounting.sample_threshold.trie proves it), so nothing is calibrated here;
+    the calibration (and the point, added to ``schedule_choice``) is the plan's."""
+    from thresher.accounting import sample_threshold
+    if mechanism.get("prefix_lengths") is not None:
+        return
+    best = sample_threshold.fewest_levels(sample_threshold.SCHEDULES)
+    mechanism["prefix_lengths"] = list(best)
+    mechanism["schedule_choice"] = {
+        "chosen": list(best), "candidates": [list(s) for s in sample_threshold.SCHEDULES],
+        "rule": SCHEDULE_RULE}
 
 
 def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
     """The users a key needs to be released half of the time when each holds C keys,
-    for each method, from public parameters only: trie, the last level's tau / p with
-    the budget split over the levels; adaptive, the smallest round threshold over the
+    for each method, from public parameters only: trie, the last level's tau / p of one
+    (sampling_rate, threshold) meeting (epsilon, delta) over the user's C x levels cells
+    (accounting.sample_threshold.trie); adaptive, the smallest round threshold over the
     grid weight of a user with C keys (Gopi et al. 2020 weights floor(S / sqrt(C)))."""
     from thresher.accounting import adaptive as ad
     from thresher.accounting import sample_threshold
     from thresher.accounting import weighted_gaussian as wg
     out = {}
     try:
-        lp = sample_threshold.calibrate_levels(epsilon, delta, prefix_levels, max_keys_per_user)
-        out["trie"] = lp.threshold / lp.sampling_rate
+        out["trie"] = sample_threshold.calibrate_trie(
+            epsilon, delta, prefix_levels, max_keys_per_user).release_point
     except ValueError:
         out["trie"] = float("inf")
     try:
@@ -117,6 +155,8 @@ def check_spec(mechanism, input_spec, bounding, privacy):
                         f"got {list(input_spec.keys)}")
     if input_spec.keys[0] == "rank":
         raise SpecError("input.keys[0]", "'rank' is an output column of heavy_hitters; rename the column")
+    if mechanism.get("method") != "adaptive":
+        choose_schedule(mechanism)
     if mechanism.get("method") is None:
         # The default from public parameters only: the method whose release point (users a
         # key needs, each holding C keys) is lower has the better expected recall.
@@ -130,16 +170,15 @@ def check_spec(mechanism, input_spec, bounding, privacy):
 
 
 def stage_names(mechanism):
-    if mechanism.get("method") == "adaptive":
-        return ["release"]
-    return [f"level_{i}_{'whole_key' if n is None else f'prefix_{n}'}"
-            for i, n in enumerate(mechanism["prefix_lengths"])]
+    """One stage: adaptive's rounds and count compose by f-DP inside it, the trie's levels
+    by the privacy-loss-distribution bound over a user's C x L cells."""
+    return ["release"]
 
 
 def level_structure(mechanism):
     """(levels, contributions per level per unit of max_keys_per_user): one histogram per
     prefix length, one contribution per kept key in each (pipelines.limits reads it)."""
-    if mechanism.get("method") == "adaptive":
+    if mechanism.get("method") == "adaptive" or mechanism.get("prefix_lengths") is None:
         return 1, 1
     return len(mechanism["prefix_lengths"]), 1
 
@@ -178,22 +217,64 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 
 
 def _calibrate_trie(mech, *, epsilon, delta, max_keys_per_user, model):
-    levels, _ = level_structure(mech)
-    params = _levels.calibrate(mech, epsilon=epsilon, delta=delta, levels=levels,
-                               max_keys_per_user=max_keys_per_user,
-                               what="heavy_hitters (TrieHH++) release")
-    section = _levels.report_section(params)
+    from thresher.accounting import sample_threshold
+    from thresher.pipelines.errors import CalibrationError
+    levels = len(mech["prefix_lengths"])
+    try:
+        params = sample_threshold.calibrate_trie(
+            epsilon, delta, levels, max_keys_per_user, sampling_rate=mech.get("sampling_rate"),
+            threshold=mech.get("threshold"))
+    except ValueError as exc:
+        raise CalibrationError(f"heavy_hitters (TrieHH++) release at epsilon={epsilon:g}, "
+                               f"delta={delta:g}, max_keys_per_user={max_keys_per_user} over "
+                               f"{levels} level(s): {exc}") from None
     extra = {"method_choice": mech["method_choice"]} if mech.get("method_choice") else {}
+    if mech.get("schedule_choice"):
+        extra["schedule_choice"] = {**mech["schedule_choice"],
+                                    "release_point": params.release_point}
     return {"kind": "heavy_hitters", "method": "trie", "top_k": mech["top_k"],
-            "prefix_lengths": list(mech["prefix_lengths"]),
-            **section, **extra,
-            "fewer_than_top_k": FEWER_THAN_TOP_K.format(point=section["release_point"]).replace(
+            "prefix_lengths": list(mech["prefix_lengths"]), "levels": levels,
+            "sampling_rate": params.sampling_rate, "threshold": params.threshold,
+            "release_point": params.release_point,
+            "cells_per_user": params.cells_per_user, "composition": params.composition,
+            "delta_achieved": params.delta_spent,
+            "calibrated": list(params.cells.calibrated),
+            "group_privacy_split": _split_point(mech, epsilon, delta, levels, max_keys_per_user),
+            **extra,
+            "fewer_than_top_k": FEWER_THAN_TOP_K.format(point=params.release_point).replace(
                 "pass the selection", "pass every prefix level"),
             "count": "sampled count / sampling_rate at the whole-key level: distinct users "
                      "after bounding, unbiased above the release point",
-            "accounting": "TrieHH++ (paper 003 Sec. 4.1) over prefix levels; "
-                          + _levels.accounting("(user, key)"),
-            "contributions_per_level": max_keys_per_user}
+            "accounting": _TRIE_ACCOUNTING.format(n=params.cells_per_user, c=max_keys_per_user,
+                                                  levels=levels,
+                                                  how=_HOW[params.composition])}
+
+
+_HOW = {"pld": "a privacy-loss distribution dominating every cell count (pessimistic grid, "
+               "docs/sample_and_threshold.md)",
+        "basic": "basic composition (the cells' exact deltas at epsilon / cells; the smaller "
+                 "bound where it is lower, or above 64 cells where the PLD search is not run)"}
+_TRIE_ACCOUNTING = (
+    "TrieHH++ (paper 003 Sec. 4.1): every level released over all prefixes, a prefix cell "
+    "counting distinct users, fresh Poisson sampling per (level, cell); a user moves at most "
+    "{c} cells per level by one, so the {levels} level(s) are at most {n} one-cell "
+    "sample-and-threshold mechanisms (exact laws of thresholded Bin(k, p) vs Bin(k-1, p)) "
+    "composed non-adaptively by {how}; the trie constraint, ranking and top_k are "
+    "post-processing (accounting/sample_threshold/trie.py)")
+
+
+def _split_point(mech, epsilon, delta, levels, max_keys_per_user):
+    """What the earlier accounting (each level epsilon / L, delta / L; group privacy over C
+    within a level) would need, for comparison: its release point (None if infeasible)."""
+    from thresher.accounting import sample_threshold
+    try:
+        lp = sample_threshold.calibrate_levels(epsilon, delta, levels, max_keys_per_user,
+                                               sampling_rate=mech.get("sampling_rate"),
+                                               threshold=mech.get("threshold"))
+    except ValueError:
+        return None
+    return {"sampling_rate": lp.sampling_rate, "threshold": lp.threshold,
+            "release_point": lp.threshold / lp.sampling_rate}
 
 
 def _string_keys(table, key):
@@ -204,23 +285,29 @@ def _string_keys(table, key):
     return table
 
 
-def _top_k(tables, key, top_k):
+def _top_k(tables, key, top_k, last_level):
+    """The whole-key level (``last_level``) only: prefixes released at earlier levels
+    are never keys, even when the last level released nothing."""
     tables = [t for t in tables if t.num_rows]
     if not tables:
         return
-    top = heavy_hitters(pa.concat_tables(tables), key, top_k)
+    top = heavy_hitters(pa.concat_tables(tables), key, top_k, level=last_level)
+    if not top.num_rows:
+        return
     ranks = pa.array(range(1, top.num_rows + 1), type=pa.int64())
     yield pa.table({key: top.column(key), "count": top.column("estimate"), "rank": ranks})
 
 
 class HeavyHittersRelease(beam.PTransform):
-    """Table(key, count) of per-key distinct-user counts -> Table(key, count, rank) of the
-    top_k TrieHH++ heavy hitters (paper 003 Sec. 4.1). ``params``: dict or side input with
-    sampling_rate and threshold."""
+    """Table(key, count) of per-key distinct-user counts, or with ``user_column`` the kept
+    (user, key) rows of whole users -> Table(key, count, rank) of the top_k TrieHH++ heavy
+    hitters (paper 003 Sec. 4.1). ``params``: dict or side input with sampling_rate and
+    threshold."""
 
     def __init__(self, key, prefix_lengths, top_k, params, num_shards=16, rng_factory=None,
-                 label=None):
+                 label=None, user_column=None):
         super().__init__(label)
+        self._user = user_column
         self._key, self._lengths, self._top_k = key, list(prefix_lengths), int(top_k)
         self._params, self._num_shards, self._rng_factory = params, num_shards, rng_factory
 
@@ -229,14 +316,14 @@ class HeavyHittersRelease(beam.PTransform):
                 | "StringKeys" >> beam.Map(_string_keys, self._key)
                 | "TrieHH" >> TrieHeavyHitters(self._key, self._lengths, self._params,
                                                num_shards=self._num_shards,
-                                               rng_factory=self._rng_factory)
+                                               rng_factory=self._rng_factory,
+                                               user_column=self._user)
                 | "GatherTrie" >> beam.combiners.ToList()
-                | "TopK" >> beam.FlatMap(_top_k, self._key, self._top_k))
+                | "TopK" >> beam.FlatMap(_top_k, self._key, self._top_k, len(self._lengths) - 1))
 
 
 def stage_budget(budget, mechanism):
-    """One plan stage per trie level, (epsilon / L, delta / L) each (paper 003 Lemma 4.1);
-    method adaptive: one stage, its rounds and count composed by f-DP inside it."""
+    """One plan stage, ``release``, with the whole budget (:func:`stage_names`)."""
     return _levels.spend_levels(budget, stage_names(mechanism))
 
 
@@ -270,11 +357,11 @@ def _adaptive_stages(records, plan, num_shards, rng_factory):
 
 
 def release_stages(records, plan, num_shards, rng_factory=None):
-    """Prepared records -> whole users -> at most C distinct keys per user -> distinct-user
-    count per key -> TrieHH++ -> top_k. Returns PCollection[Table(key, count, rank)]."""
-    from thresher.transforms.aggregate import SumCountsPerKey
+    """Prepared records -> whole users -> at most C distinct keys per user (the kept
+    (user, key) rows) -> per level, distinct users per prefix -> TrieHH++ -> top_k.
+    Returns PCollection[Table(key, count, rank)]."""
     from thresher.transforms.per_user_bound import PerUserBound
-    from thresher.transforms.user_shards import ShardByUser
+    from thresher.transforms.user_shards import USER_COLUMN, ShardByUser
     spec = plan.spec
     keys = list(spec.input.keys)
     bound = spec.bounding.max_keys_per_user
@@ -283,8 +370,8 @@ def release_stages(records, plan, num_shards, rng_factory=None):
         return _adaptive_stages(records, plan, num_shards, rng_factory)
     return (records
             | "ShardByUser" >> ShardByUser(num_shards)
-            | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory)
-            | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards)             # Table(key, count)
+            | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory,
+                                             rows=True)                      # Table(__user, key)
             | "HeavyHitters" >> HeavyHittersRelease(
                 keys[0], mech["prefix_lengths"], mech["top_k"], plan.params_by_bound[bound],
-                num_shards=num_shards, rng_factory=rng_factory))
+                num_shards=num_shards, rng_factory=rng_factory, user_column=USER_COLUMN))

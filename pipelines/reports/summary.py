@@ -396,6 +396,8 @@ def noise_in_words(report, keys, release_point=True):
                f"TrieHH++ over prefix levels {mech.get('prefix_lengths')}")
         out.append(f"heavy hitters: {how}; release point about {mech['release_point']:,.0f} "
                    f"{unit} for a {key} whose users hold {c} keys each")
+        if mech.get("schedule_choice"):
+            out.append(f"prefix levels chosen by the plan: {mech['schedule_choice']['rule']}")
         got, top_k = report.get("released_keys"), mech.get("top_k")
         if got is not None and top_k is not None and got < top_k:
             out.append(f"{got:,} of top_k {top_k:,} came back: {mech['fewer_than_top_k']}")

@@ -22,7 +22,7 @@ import pytest
 from thresher.accounting import sample_threshold as acc
 from tests.audit import auditor
 from tests.audit.scenarios import DELTA, EPSILON, Scenario
-from thresher.transforms.heavy_hitters import prefix_counts
+from thresher.transforms.heavy_hitters import prefix_counts, user_prefix_counts
 from thresher.transforms.quantiles import level_cells
 from thresher.transforms.sample_and_threshold import release_table
 
@@ -93,6 +93,40 @@ def heavy_hitters_scenario(*, mutation="", trials=TRIALS):
                                f"levels={len(lengths)}, C={c}")
 
 
+def trie_scenario(*, mutation="", trials=TRIALS):
+    """The heavy_hitters kind's trie (issue 28): cells count distinct users
+    (``user_prefix_counts``) and (p, tau) come from ``calibrate_trie`` (C x L = 4 one-cell
+    mechanisms composed by the PLD bound). C = 2, the user's keys "ab" and "ac" share the
+    level-0 prefix "a" (which moves by one, not two)."""
+    if mutation:
+        raise ValueError(mutation)
+    lengths, user_words, c = (1, None), ["ab", "ac"], 2
+    params = acc.calibrate_trie(EPSILON, DELTA, len(lengths), c)
+    p, tau = params.sampling_rate, params.threshold
+    ks = np.arange(tau, int(4 * tau / p) + 2)
+    add, remove = acc.divergences(EPSILON / 4, p, tau, ks)
+    k = int(ks[int(np.argmax(np.maximum(add, remove)))])
+
+    def cells(pairs):
+        table = pa.table({"u": [u for u, _ in pairs], "word": [w for _, w in pairs]})
+        out = []
+        for n in lengths:
+            out.extend(user_prefix_counts(table, "word", n, user_column="u").sort_by("word")
+                       .column("count").to_pylist())
+        return out
+
+    base = [(f"{w}{i}", w) for w in user_words for i in range(k)]
+    with_user = cells(base + [("u", w) for w in user_words])
+    without = cells(base)
+    return Scenario(mechanism="TrieHH++ distinct-user cells (heavy_hitters)",
+                    case=f"k={k} per key", claimed_epsilon=EPSILON,
+                    claimed_delta=params.delta_spent,
+                    run_d=_runner(with_user, params), run_d_prime=_runner(without, params),
+                    trials=trials, mutation=mutation,
+                    parameters=f"p={p:.4g}, tau={tau}, levels={len(lengths)}, C={c}, "
+                               f"cells={params.cells_per_user}")
+
+
 def quantiles_scenario(*, mutation="", trials=TRIALS):
     """Hierarchy over [0, 1); k other users and the user all at value 0.3 (one cell per
     level gets every contribution). Honest: branching 4, 3 levels, C = 2 (the user's two
@@ -132,8 +166,8 @@ def quantiles_scenario(*, mutation="", trials=TRIALS):
                                f"levels={levels}, C={c}")
 
 
-@pytest.mark.parametrize("builder", [heavy_hitters_scenario, quantiles_scenario],
-                         ids=["heavy_hitters", "quantiles"])
+@pytest.mark.parametrize("builder", [heavy_hitters_scenario, trie_scenario, quantiles_scenario],
+                         ids=["heavy_hitters", "heavy_hitters_trie", "quantiles"])
 def test_honest_levels_stay_within_the_claim(builder):
     scenario = builder()
     result = scenario.audit(seed=11)

@@ -48,22 +48,37 @@ def _load(tmp_path, spec):
     return spec_mod.load(str(path))
 
 
-def test_plan_stages_add_up_and_each_level_meets_its_share(tmp_path):
+def test_plan_is_one_stage_with_the_trie_accounting_over_c_times_l_cells(tmp_path):
+    """An explicit prefix_lengths is used as given; one stage holds the whole budget, and
+    the reported (p, tau, delta) are the C x L-cell accounting's, checked independently
+    by dp_accounting's PLD of the one-cell pair composed C x L = 12 times (several k)."""
+    from tests.accounting.test_sample_threshold_pld import _dp_accounting_delta
     spec = _load(tmp_path, _spec(tmp_path, "x.parquet", prefix_lengths=[1, 3]))
     plan = make_plan(spec)
     report = plan.report()
     stages = report["privacy"]["stages"]
-    assert [s["name"] for s in stages] == ["level_0_prefix_1", "level_1_prefix_3", "level_2_whole_key"]
-    assert math.isclose(math.fsum(s["epsilon"] for s in stages), 1.0, rel_tol=1e-12)
-    assert math.isclose(math.fsum(s["delta"] for s in stages), 1e-6, rel_tol=1e-12)
+    assert [s["name"] for s in stages] == ["release"]
+    assert stages[0]["epsilon"] == 1.0 and stages[0]["delta"] == 1e-6
     mech = report["mechanism"]
     assert mech["levels"] == 3 and mech["prefix_lengths"] == [1, 3, None]
-    assert mech["delta_achieved"] <= 1e-6 * (1 + 1e-12)
-    # Independent check: one level's output, a user putting all C = 4 contributions into
-    # one prefix cell (the worst case for one cell), by direct pmf sums, meets the stage.
-    got = level_pair_delta(stages[0]["epsilon"], mech["sampling_rate"], mech["threshold"],
-                           group=4, k_max=3000)
-    assert got <= stages[0]["delta"]
+    assert mech["cells_per_user"] == 12 and "schedule_choice" not in mech
+    assert mech["delta_achieved"] <= 1e-6
+    p, tau = mech["sampling_rate"], mech["threshold"]
+    peer = max(_dp_accounting_delta(1.0, p, tau, k, 12) for k in (tau, int(tau / p), int(2 * tau / p)))
+    assert peer <= mech["delta_achieved"] * 1.01
+    assert mech["release_point"] < mech["group_privacy_split"]["release_point"]
+
+
+def test_top_k_never_returns_prefixes_when_the_whole_key_level_is_empty():
+    from thresher.pipelines.kinds.heavy_hitters import _top_k
+    released = pa.table({"level": pa.array([0, 0], pa.int32()), "word": ["ab", "cd"],
+                         "count": pa.array([30, 20], pa.int64()), "estimate": [300.0, 200.0]})
+    assert list(_top_k([released], "word", 5, last_level=1)) == []
+    both = pa.concat_tables([released, pa.table({
+        "level": pa.array([1], pa.int32()), "word": ["abc"], "count": pa.array([25], pa.int64()),
+        "estimate": [250.0]})])
+    (out,) = _top_k([both], "word", 5, last_level=1)
+    assert out.column("word").to_pylist() == ["abc"] and out.column("rank").to_pylist() == [1]
 
 
 def test_trie_prefixes_are_characters_not_bytes():
@@ -99,18 +114,31 @@ def test_release_finds_the_heavy_keys_with_utf8(tmp_path):
 
 
 def test_cli_run_and_plan(tmp_path, cli):
-    """CSPRNG sampling: "the" has ~3,000 of the 5,000 users, the release point is ~510
-    (p ~ 0.039, tau = 20), so every level releases it except with probability < 1e-20."""
+    """method trie, no prefix_lengths: the plan chooses the schedule ([null], one level)
+    and the report and run summary say so, with the release point. CSPRNG sampling: "the"
+    has ~3,000 of the 5,000 users, the release point is ~76 users (p ~ 0.2, tau = 15), so
+    it is released except with probability < 1e-20."""
+    from thresher.accounting import sample_threshold
     data = _data(tmp_path, users=5000)
     done = cli(_spec(tmp_path, data, method="trie"), command="plan", extra=["--verbose"])
     assert done.returncode == 0, done.stderr
-    assert "stage level_2_whole_key: epsilon=0.333333" in done.stdout
+    assert "stage release: epsilon=1" in done.stdout
     assert "sampling_rate=" in done.stdout and "threshold=" in done.stdout
-    done = cli(_spec(tmp_path, data, method="trie"))
+    done = cli(_spec(tmp_path, data, method="trie", top_k=20))
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "out" / "release_report.json").read_text())
-    assert report["mechanism"]["kind"] == "heavy_hitters"
+    mech = report["mechanism"]
+    assert mech["kind"] == "heavy_hitters" and mech["prefix_lengths"] == [None]
+    assert mech["schedule_choice"]["chosen"] == [None]
+    assert "lowest release point" in mech["schedule_choice"]["rule"]
+    expected = sample_threshold.calibrate_trie(1.0, 1e-6, 1, 4)
+    assert mech["release_point"] == expected.release_point == mech["schedule_choice"]["release_point"]
+    assert mech["delta_achieved"] == expected.delta_spent <= 1e-6
     assert pq.read_table(tmp_path / "out" / "released.parquet").num_rows == report["released_keys"] > 0
+    # the run summary: the release point, the schedule, and why fewer than top_k (8 words)
+    assert f"release point about {mech['release_point']:,.0f}" in done.stdout
+    assert "prefix levels chosen by the plan" in done.stdout
+    assert f"of top_k 20 came back" in done.stdout
 
 
 def test_cli_empty_input_gives_an_empty_release(tmp_path, cli):
@@ -180,8 +208,8 @@ def test_beam_yaml_accepts_quantiles():
 
 def test_example_config_runs(tmp_path, cli):
     """configs/examples/heavy_hitters.yaml through the CLI (output redirected). The top word
-    has 11,594 distinct users, the release point is ~2,005: it is missed with probability
-    < 1e-12 (Chernoff), so at least one row is released."""
+    has 11,594 distinct users, the release point is ~235 (3 levels, C = 16): it is missed
+    with probability < 1e-12 (Chernoff), so at least one row is released."""
     import os
     import yaml
     from .conftest import ROOT
@@ -206,7 +234,9 @@ def test_default_method_is_chosen_from_public_parameters(tmp_path):
     from thresher.pipelines.kinds.heavy_hitters import release_points
     plan = make_plan(_load(tmp_path, _spec(tmp_path, "x.parquet")))
     mech = plan.report()["mechanism"]
-    points = release_points(1.0, 1e-6, 4, 3)
+    points = release_points(1.0, 1e-6, 4, 1)      # the plan's schedule: [null], one level
+    assert plan.spec.mechanism["prefix_lengths"] == [None]
+    assert plan.spec.mechanism["schedule_choice"]["chosen"] == [None]
     assert mech["method"] == ("adaptive" if points["adaptive"] <= points["trie"] else "trie")
     assert mech["method_choice"]["release_points"] == points
     assert points["adaptive"] < points["trie"]          # at these parameters

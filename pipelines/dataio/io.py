@@ -526,14 +526,38 @@ class _ReadParquetRowGroup(beam.DoFn):
             yield pa.Table.from_batches([batch])
 
 
+# Above 2**53 a float64 no longer holds every integer: an id read as floating point there
+# may have lost digits (user_identity.text_ids would then name a different user).
+_FLOAT_EXACT = 2.0 ** 53
+
+
+def check_float_user_ids(column, path, name):
+    """A JSONL user column that pyarrow typed as floating point (some id in the file is
+    fractional) keeps its ids exact only below 2**53; a larger id may already have lost
+    digits, and the same user stored exactly in another file would become a second
+    identity with a bound of its own. Refused, naming the file, row and field."""
+    if not pa.types.is_floating(column.type):
+        return
+    values = column.to_numpy(zero_copy_only=False).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        far = np.flatnonzero(np.isfinite(values) & (np.abs(values) >= _FLOAT_EXACT))
+    if len(far):
+        raise InputError(
+            f"input.user: {path!r} row {int(far[0]) + 1}: the user id {values[far[0]]!r} was "
+            f"read as a floating-point number (column {name!r} holds a fractional id in "
+            f"this file), and above 2**53 floating point loses digits, so the id may name "
+            f"another user; store the user ids of this file as JSON strings")
+
+
 class _ReadTextFile(beam.DoFn):
     """Read one CSV or JSONL file into Arrow batches of at most BATCH_ROWS rows."""
 
-    def __init__(self, fmt, columns, keys=(), delimiter=","):
+    def __init__(self, fmt, columns, keys=(), delimiter=",", user=None):
         self._fmt = fmt
         self._columns = tuple(columns)
         self._keys = tuple(keys)
         self._delimiter = delimiter
+        self._user = user
 
     def process(self, path):
         import pyarrow.csv as pcsv
@@ -556,6 +580,8 @@ class _ReadTextFile(beam.DoFn):
                 else:
                     table = pjson.read_json(handle).select(list(self._columns))
                     _check_utf8(table, path)
+                    if self._user is not None:
+                        check_float_user_ids(table.column(self._user), path, self._user)
                     check_key_sizes(table, self._keys, repr(path))
                     for batch in table.to_batches(max_chunksize=BATCH_ROWS):
                         yield pa.Table.from_batches([batch])
@@ -596,7 +622,8 @@ class ReadRecords(beam.PTransform):
         else:
             raw = files | "ReadText" >> beam.ParDo(
                 _ReadTextFile(self._spec.format, columns, self._spec.keys,
-                              getattr(self._spec, "delimiter", ","))).with_output_types(pa.Table)
+                              getattr(self._spec, "delimiter", ","),
+                              user=self._spec.user)).with_output_types(pa.Table)
         return self._prepare(raw)
 
     def _single_row_group(self):

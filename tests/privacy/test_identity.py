@@ -270,3 +270,24 @@ def test_cli_refuses_user_ids_that_are_text_in_one_file_and_numbers_in_another(t
     code, _, err = run_cli("run", spec)
     assert_clean_error(code, err, "input.user", "a.parquet", "b.parquet", "int64", "string")
     assert_nothing_published(output)
+
+
+def test_cli_refuses_jsonl_user_ids_read_as_floats_beyond_2_to_53(tmp_path):
+    """A JSONL file with one fractional id is read with a floating-point user column: the
+    id 2**53 + 1 in it becomes 2**53 (digits lost), so the user 2**53 + 1 of the other
+    file (an exact integer there) would be split into two identities, each with its own
+    bound. Refused, exit 2, naming the field, the file and the row; nothing published."""
+    from tests.robustness.conftest import assert_clean_error, assert_nothing_published
+    import json
+    big = 2 ** 53 + 1
+    folder = tmp_path / "data"
+    os.makedirs(folder)
+    for name, ids in (("a", [big] + list(range(1, 200))), ("b", [big] + list(range(1, 199)) + [0.5])):
+        with open(folder / f"{name}.jsonl", "w", encoding="utf-8") as handle:
+            for i, u in enumerate(ids):
+                handle.write(json.dumps({"user_id": u, "word": f"w{name}{i}"}) + "\n")
+    data = str(folder)
+    spec, output = write_spec(tmp_path, data, fmt="jsonl", max_keys_per_user=1)
+    code, _, err = run_cli("run", spec)
+    assert_clean_error(code, err, "input.user", "b.jsonl", "row 1", "2**53")
+    assert_nothing_published(output)

@@ -107,6 +107,15 @@ def cached(name, function, verify=None):
     return call
 
 
+def same(a, b):
+    """a and b are the same value, types included (1, 1.0 and True differ): a verify
+    function compares the report it recomputed with the cached one by this."""
+    try:
+        return _tag(a) == _tag(b)
+    except _Uncacheable:
+        return False
+
+
 def _verified(verify, value, args, kwargs):
     """verify's answer; any error in it (a value of the wrong shape) counts as a failure."""
     try:

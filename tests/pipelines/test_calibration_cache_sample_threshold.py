@@ -149,3 +149,45 @@ def test_the_checks_refuse_what_the_accounting_refuses(module, mech, changes):
         assert not module.verify_calibration(honest, other, **kw)
     assert not module.verify_calibration({**honest, "delta_achieved": 1e-30}, mech, **kw)
     assert not module.verify_calibration([honest], mech, **kw)
+
+
+# ---- a fixed (sampling_rate, threshold) that misses the budget (refused in seconds) -------
+
+MISSES = {
+    "heavy_hitters_3_levels": {"kind": "heavy_hitters", "prefix_lengths": [2, 4, None],
+                               "sampling_rate": 0.1, "threshold": 8},
+    "heavy_hitters_high_rate": {"kind": "heavy_hitters", "prefix_lengths": [None],
+                                "sampling_rate": 0.9, "threshold": 10},
+    "sample_and_threshold": {"kind": "sample_and_threshold", "sampling_rate": 0.2,
+                             "threshold": 5},
+}
+
+
+@pytest.mark.parametrize("label", list(MISSES))
+def test_a_fixed_setting_that_misses_is_refused_naming_settings_that_pass(write_spec, capfd,
+                                                                          label):
+    """``thresher plan``: exit 2, the message names mechanism.sampling_rate and
+    mechanism.threshold and a threshold (at the given rate) and/or a rate (at the given
+    threshold) that meet the budget; each named setting then plans (exit 0) and its
+    delta, by the accounting, is within the budget."""
+    import re
+
+    from thresher.pipelines.cli import main
+    mechanism = MISSES[label]
+    assert main(["plan", write_spec({"mechanism": mechanism})]) == 2
+    err = capfd.readouterr().err
+    assert "mechanism.sampling_rate, mechanism.threshold:" in err, err
+    assert "Traceback" not in err
+    taus = re.findall(r"threshold >= (\d+) at sampling_rate", err)
+    rates = re.findall(r"sampling_rate <= ([0-9.e-]+) at threshold", err)
+    assert taus or rates, err
+    named = [{**mechanism, "threshold": int(t)} for t in taus] + \
+            [{**mechanism, "sampling_rate": float(r)} for r in rates]
+    for i, fixed in enumerate(named):
+        path = write_spec({"mechanism": fixed}, name=f"named{i}.yaml")
+        assert main(["plan", path, "--json"]) == 0, capfd.readouterr().err
+        capfd.readouterr()
+        spec = spec_mod.parse(__import__("yaml").safe_load(open(path, encoding="utf-8")))
+        c = spec.bounding.max_keys_per_user * len(fixed.get("prefix_lengths", [None]))
+        assert pld.user_delta(spec.privacy.epsilon, fixed["sampling_rate"], fixed["threshold"],
+                              c) <= spec.privacy.delta

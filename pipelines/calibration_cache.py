@@ -19,7 +19,9 @@ asked for again by the same code:
   the calls that have a forward check (``cached(..., verify=)``);
 - a value read back is only a guess: before it is used its forward accounting is
   recomputed (the delta of the cached parameters at the spec's epsilon, in plain ``math``
-  for the gaussian kind: ``accounting.plain_gshm``, so scipy is still not imported) and it
+  for the gaussian kind: ``accounting.plain_gshm``, so scipy is still not imported; one
+  ``pld.user_delta`` or one-key exact delta for sample_and_threshold and heavy_hitters'
+  trie, ``accounting.sample_threshold.calibration.recheck``) and it
   is used only if that meets the budget; otherwise it is recalibrated and a warning says so
   (an edited or corrupted file that still decodes never reaches a release);
 - the folder is ``$THRESHER_CACHE_DIR`` or ``$XDG_CACHE_HOME/thresher`` or

@@ -191,3 +191,19 @@ def test_a_fixed_setting_that_misses_is_refused_naming_settings_that_pass(write_
         c = spec.bounding.max_keys_per_user * len(fixed.get("prefix_lengths", [None]))
         assert pld.user_delta(spec.privacy.epsilon, fixed["sampling_rate"], fixed["threshold"],
                               c) <= spec.privacy.delta
+
+
+@pytest.mark.parametrize("epsilon, delta, c", [(1.0, 1e-6, 16), (0.5, 1e-8, 4), (2.0, 1e-5, 48),
+                                               (1.0, 1e-9, 2)])
+def test_basic_compositions_settings_meet_the_composed_bound(epsilon, delta, c):
+    """The claim the refusal's named settings rest on: basic composition's calibration
+    (free, and the smallest threshold at a fixed rate) meets the budget by pld.user_delta
+    too, and user_delta never exceeds its basic term (it is their minimum)."""
+    basic = core.calibrate(epsilon, delta, c, composition="basic")
+    settings = [(basic.sampling_rate, basic.threshold)]
+    rate = basic.sampling_rate * 2
+    settings.append((rate, core.min_threshold(epsilon / c, delta / c, rate)))
+    for p, tau in settings:
+        term = c * core.delta(epsilon / c, p, tau)
+        assert term <= delta * (1 + 1e-12)
+        assert pld.user_delta(epsilon, p, tau, c) <= min(term, delta)

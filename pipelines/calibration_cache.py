@@ -19,7 +19,9 @@ asked for again by the same code:
   the calls that have a forward check (``cached(..., verify=)``);
 - a value read back is only a guess: before it is used its forward accounting is
   recomputed (the delta of the cached parameters at the spec's epsilon, in plain ``math``
-  for the gaussian kind: ``accounting.plain_gshm``, so scipy is still not imported) and it
+  for the gaussian kind: ``accounting.plain_gshm``, so scipy is still not imported; one
+  ``pld.user_delta`` or one-key exact delta for sample_and_threshold and heavy_hitters'
+  trie, ``accounting.sample_threshold.calibration.recheck``) and it
   is used only if that meets the budget; otherwise it is recalibrated and a warning says so
   (an edited or corrupted file that still decodes never reaches a release);
 - the folder is ``$THRESHER_CACHE_DIR`` or ``$XDG_CACHE_HOME/thresher`` or
@@ -105,6 +107,15 @@ def cached(name, function, verify=None):
             _write(key, [value])
         return value
     return call
+
+
+def same(a, b):
+    """a and b are the same value, types included (1, 1.0 and True differ): a verify
+    function compares the report it recomputed with the cached one by this."""
+    try:
+        return _tag(a) == _tag(b)
+    except _Uncacheable:
+        return False
 
 
 def _verified(verify, value, args, kwargs):

@@ -386,10 +386,10 @@ class SampleThresholdParams:
         }
 
 
-def _infeasible(sampling_rate, threshold, what, budget, tau, p):
+def _infeasible(sampling_rate, threshold, what, budget, tau, p, note=None):
     """The error for a fixed (sampling_rate, threshold) that misses the budget, with the
     nearest settings that meet it (tau: the smallest threshold at this rate; p: the largest
-    rate at this threshold; None where there is none)."""
+    rate at this threshold; None where there is none; ``note``: how they were found)."""
     options = []
     if tau is not None:
         options.append(f"threshold >= {tau} at sampling_rate {sampling_rate:g}")
@@ -397,7 +397,8 @@ def _infeasible(sampling_rate, threshold, what, budget, tau, p):
         options.append(f"sampling_rate <= {_round_down(p)} at threshold {threshold}")
     return CalibrationInfeasible(
         f"sampling_rate {sampling_rate:g} with threshold {threshold} gives {what} for {budget}; "
-        + (" or ".join(options) + " would meet it" if options else "no nearby setting meets it"))
+        + (" or ".join(options) + " would meet it" + (f" {note}" if note else "")
+           if options else "no nearby setting meets it"))
 
 
 def _round_down(x, digits=6):

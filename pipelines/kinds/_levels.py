@@ -52,6 +52,13 @@ def optional_threshold(section):
     return None if value is None else integer(value, "mechanism.threshold", low=1, high=10**9)
 
 
+def fixed_fields(mech):
+    """The prefix of a refusal that names the spec's fixed fields that missed the budget
+    ("mechanism.sampling_rate, mechanism.threshold: "), or "" when the plan chose them."""
+    given = [f"mechanism.{f}" for f in ("sampling_rate", "threshold") if mech.get(f) is not None]
+    return ", ".join(given) + ": " if given else ""
+
+
 def calibrate(mech, *, epsilon, delta, levels, max_keys_per_user, what):
     try:
         return sample_threshold.calibrate_levels(

@@ -122,10 +122,13 @@ def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
     from thresher.accounting import adaptive as ad
     from thresher.accounting import sample_threshold
     from thresher.accounting import weighted_gaussian as wg
+    from thresher.pipelines import calibration_cache
     out = {}
+    # the CLI reads the trie's calibration back from its cache (checked forward first)
+    trie_point = calibration_cache.cached("heavy_hitters.trie_release_point",
+                                          _trie_release_point, _verify_trie_release_point)
     try:
-        out["trie"] = sample_threshold.calibrate_trie(
-            epsilon, delta, prefix_levels, max_keys_per_user).release_point
+        out["trie"] = trie_point(epsilon, delta, prefix_levels, max_keys_per_user)["release_point"]
     except ValueError:
         out["trie"] = float("inf")
     try:
@@ -138,6 +141,73 @@ def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
     except ValueError:
         out["adaptive"] = float("inf")
     return out
+
+
+def _trie_release_point(epsilon, delta, levels, max_keys_per_user):
+    """The trie's calibration at free (sampling_rate, threshold) over C x levels cells
+    (accounting.sample_threshold.calibrate_trie), as plain values the cache can hold."""
+    from thresher.accounting import sample_threshold
+    trie = sample_threshold.calibrate_trie(epsilon, delta, levels, max_keys_per_user)
+    return {"sampling_rate": trie.sampling_rate, "threshold": trie.threshold,
+            "composition": trie.composition, "release_point": trie.release_point}
+
+
+def _verify_trie_release_point(value, epsilon, delta, levels, max_keys_per_user):
+    """Forward check of a cached :func:`_trie_release_point`: its (sampling_rate,
+    threshold) meets (epsilon, delta) over the C x levels cells by the delta recomputed
+    here (:func:`_trie_cells`), and the point is its tau / p."""
+    if type(value) is not dict or set(value) != {"sampling_rate", "threshold", "composition",
+                                                 "release_point"}:
+        return False
+    cells = _trie_cells(epsilon, delta, levels, max_keys_per_user, value["sampling_rate"],
+                        value["threshold"], value["composition"], None, None)
+    return cells is not None and value["release_point"] == cells.release_point
+
+
+def _trie_cells(epsilon, delta, levels, max_keys_per_user, p, tau, composition, rate,
+                threshold):
+    """The TrieParams of a (p, tau) found earlier, with the delta over the user's n = C L
+    cells recomputed as accounting.sample_threshold.calibrate_trie computes it (PLD up to
+    trie.PLD_MAX_CELLS cells, basic beyond; basic also where the PLD search returned the
+    basic calibration, which it does when both are free and basic is better), or None
+    when it misses the budget or does not match the spec's fixed ``rate`` / ``threshold``."""
+    from thresher.accounting import sample_threshold
+    from thresher.accounting.sample_threshold import trie
+    from thresher.accounting.sample_threshold.calibration import recheck
+    from thresher.pipelines.kinds.sample_and_threshold import calibrated_fields
+    n = trie.cells_per_user(levels, max_keys_per_user)
+    allowed = {"pld" if n <= trie.PLD_MAX_CELLS else "basic"}
+    if rate is None and threshold is None:
+        allowed.add("basic")
+    if composition not in allowed or (rate is not None and p != float(rate)) \
+            or (threshold is not None and tau != threshold):
+        return None
+    cells = recheck(epsilon, delta, n, p, tau, method="exact", composition=composition,
+                    calibrated=calibrated_fields(rate, threshold))
+    if cells is None:
+        return None
+    return sample_threshold.TrieParams(levels=int(levels),
+                                       max_keys_per_user=int(max_keys_per_user), cells=cells)
+
+
+def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model):
+    """Forward check of a cached calibration (``pipelines.calibration_cache``), method trie:
+    True only if the delta of its (sampling_rate, threshold) over the user's C x L cells,
+    recomputed here (:func:`_trie_cells`: one pld.user_delta, ~0.15 s at 16 cells), meets
+    the budget, the spec's fixed sampling_rate / threshold are the cached ones, and the
+    whole report recomputed from them (:func:`_trie_report`) is the cached one. Method
+    adaptive has no check here: it is never cached (computed every time)."""
+    if mech.get("method") == "adaptive" or type(params) is not dict \
+            or params.get("method") != "trie" or mech.get("prefix_lengths") is None:
+        return False
+    levels = len(mech["prefix_lengths"])
+    again = _trie_cells(epsilon, delta, levels, max_keys_per_user, params.get("sampling_rate"),
+                        params.get("threshold"), params.get("composition"),
+                        mech.get("sampling_rate"), mech.get("threshold"))
+    if again is None:
+        return False
+    from thresher.pipelines.calibration_cache import same
+    return same(_trie_report(mech, again, epsilon, delta, levels, max_keys_per_user), params)
 
 
 def _adaptive_mechanism():
@@ -225,9 +295,14 @@ def _calibrate_trie(mech, *, epsilon, delta, max_keys_per_user, model):
             epsilon, delta, levels, max_keys_per_user, sampling_rate=mech.get("sampling_rate"),
             threshold=mech.get("threshold"))
     except ValueError as exc:
-        raise CalibrationError(f"heavy_hitters (TrieHH++) release at epsilon={epsilon:g}, "
+        raise CalibrationError(f"{_levels.fixed_fields(mech)}heavy_hitters (TrieHH++) release at epsilon={epsilon:g}, "
                                f"delta={delta:g}, max_keys_per_user={max_keys_per_user} over "
                                f"{levels} level(s): {exc}") from None
+    return _trie_report(mech, params, epsilon, delta, levels, max_keys_per_user)
+
+
+def _trie_report(mech, params, epsilon, delta, levels, max_keys_per_user):
+    """The plan's parameters dict of a TrieParams."""
     extra = {"method_choice": mech["method_choice"]} if mech.get("method_choice") else {}
     if mech.get("schedule_choice"):
         extra["schedule_choice"] = {**mech["schedule_choice"],

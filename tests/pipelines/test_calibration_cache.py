@@ -72,7 +72,7 @@ def test_a_cached_plan_is_the_computed_plan(cache, monkeypatch, kind, mechanism)
     assert _typed(make_plan(spec).params_by_bound) == _typed(first.params_by_bound)
 
 
-@pytest.mark.parametrize("kind", ["sample_and_threshold", "weighted_gaussian", "adaptive"])
+@pytest.mark.parametrize("kind", ["weighted_gaussian", "adaptive"])
 def test_kinds_without_a_forward_check_are_not_cached(cache, monkeypatch, kind):
     """A kind whose calibration has no cheap forward check (verify_calibration) is computed
     every time and nothing of it is stored."""

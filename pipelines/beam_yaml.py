@@ -64,6 +64,7 @@ import json
 import typing
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 import yaml
 from apache_beam.typehints.row_type import RowTypeConstraint
@@ -237,6 +238,49 @@ def _interval_columns(spec, output_columns):
     return out
 
 
+def _refuse_windowing(rows):
+    """A release is one computation over all of its input: each user bounded once over all
+    of their rows and one privacy charge. Windows or a trigger would bound users per window
+    or pane, and release (and charge) nothing or several times; so the input must be in
+    Beam's global window with its default trigger (SpecError otherwise)."""
+    from apache_beam.transforms.trigger import DefaultTrigger
+    from apache_beam.transforms.window import GlobalWindows
+    windowing = rows.windowing
+    if not isinstance(windowing.windowfn, GlobalWindows):
+        raise SpecError("ThresherRelease", f"its input is in windows "
+                        f"({type(windowing.windowfn).__name__}); a release bounds each user "
+                        f"over all of their rows once: apply it to rows in the global window "
+                        f"(beam.WindowInto(window.GlobalWindows())) with the default trigger")
+    if not isinstance(windowing.triggerfn, DefaultTrigger):
+        raise SpecError("ThresherRelease", f"its input has a trigger "
+                        f"({windowing.triggerfn}); a release bounds each user over all of "
+                        f"their rows once and fires once: use the default trigger")
+
+
+def _plain_type(field_type):
+    """The type inside ``Optional[...]`` (a nullable field), else the type itself."""
+    args = [a for a in getattr(field_type, "__args__", ()) or () if a is not type(None)]
+    if getattr(field_type, "__origin__", None) is typing.Union and len(args) == 1:
+        return args[0]
+    return field_type
+
+
+def _check_identity_type(field_type):
+    """The user field must have one Arrow type in every batch (each batch of rows becomes
+    its own Arrow table): integers, floats, booleans, text or bytes. A decimal's Arrow
+    precision and scale follow the values in the batch, so one user could read as "2" in
+    one batch and "2.0" in another -- two identities, each with its own bound; other
+    types are refused alike (SpecError naming the field)."""
+    plain = _plain_type(field_type)
+    allowed = (int, float, bool, str, bytes, np.integer, np.floating, np.bool_)
+    if isinstance(plain, type) and issubclass(plain, allowed):
+        return
+    raise SpecError("ThresherRelease.user", f"the user field has type {plain!r}; a user id "
+                    f"must be an integer, float, boolean, string or bytes field (a decimal "
+                    f"or other type may be encoded differently from batch to batch, which "
+                    f"would split one user into several); cast it in the pipeline first")
+
+
 class _RowsToRecords(beam.DoFn):
     """A batch of rows -> one prepared Arrow table (``pipelines.io.prepare_batch``); rows
     without a user or with a null key are dropped and counted, as ``thresher run`` does.
@@ -253,6 +297,7 @@ class _RowsToRecords(beam.DoFn):
         names = list(dict.fromkeys((self._user, *self._keys, *(c for c, _ in self._values))))
         table = pa.table({name: pa.array([getattr(row, name) for row in rows]) for name in names})
         beam.metrics.Metrics.counter(io.NOT_PRIVATE, "rows_read").inc(table.num_rows)
+        io.check_float_user_ids(table.column(self._user), "the input rows", self._user)
         prepared, drops = io.prepare_batch(table, self._user, self._keys,
                                            value_columns=self._values,
                                            identity_key=identity_key(self._rng_factory))
@@ -333,6 +378,7 @@ class _Release(beam.PTransform):
         from thresher.pipelines.release import refuse_dask
         refuse_dask(rows.pipeline.runner)
         refuse_dask(rows.pipeline.options.view_as(StandardOptions).runner)
+        _refuse_windowing(rows)
         plan = self._plan
         spec = plan.spec
         user, keys = spec.input.user, list(spec.input.keys)
@@ -358,6 +404,8 @@ class _Release(beam.PTransform):
             if name not in fields:
                 raise SpecError(f"ThresherRelease.{where}", f"field {name!r} is not in the "
                                 f"input; its fields are: {', '.join(fields)}")
+        if sample is None:
+            _check_identity_type(fields[user])
         plan = _domain_for(plan, fields)
         values = []
         if spec.aggregates:

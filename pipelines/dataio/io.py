@@ -504,9 +504,10 @@ class _ReadParquetRowGroup(beam.DoFn):
     whose data pages are corrupt is an input error naming the file and row group, never
     a partial release."""
 
-    def __init__(self, columns, keys=()):
+    def __init__(self, columns, keys=(), user=None):
         self._columns = list(columns)
         self._keys = tuple(keys)
+        self._user = user
 
     def process(self, path_and_group):
         path, group = path_and_group
@@ -521,32 +522,39 @@ class _ReadParquetRowGroup(beam.DoFn):
             raise InputError(f"input.path: cannot read {path!r} as parquet (row group "
                              f"{group}): {_first_line(exc)}") from None
         check_key_sizes(table, self._keys, f"{path!r} (row group {group})")
+        if self._user is not None:
+            check_float_user_ids(table.column(self._user), f"{path!r} (row group {group})",
+                                 self._user)
         table = _decoded(table, text_keys)
         for batch in table.to_batches(max_chunksize=BATCH_ROWS):
             yield pa.Table.from_batches([batch])
 
 
-# Above 2**53 a float64 no longer holds every integer: an id read as floating point there
-# may have lost digits (user_identity.text_ids would then name a different user).
-_FLOAT_EXACT = 2.0 ** 53
-
-
-def check_float_user_ids(column, path, name):
-    """A JSONL user column that pyarrow typed as floating point (some id in the file is
-    fractional) keeps its ids exact only below 2**53; a larger id may already have lost
-    digits, and the same user stored exactly in another file would become a second
-    identity with a bound of its own. Refused, naming the file, row and field."""
+def check_float_user_ids(column, where, name):
+    """Refuse a floating-point user column holding a whole number at or above 2**53
+    (float64; 2**24 for float32, 2**11 for float16) in magnitude: floating point no longer
+    holds every integer there, so such an id has usually been rounded already (a 64-bit
+    id in a float column, e.g. after pandas made an integer column with a missing value
+    float), and the same user stored exactly as an integer elsewhere would become a
+    second identity with a bound of its own. ``where``: the file (and row group) or
+    "the input rows". Raises InputError naming the field, the row and what to do."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
     if not pa.types.is_floating(column.type):
         return
+    dtype = column.type.to_pandas_dtype()
+    exact = 2.0 ** (np.finfo(dtype).nmant + 1)
     values = column.to_numpy(zero_copy_only=False).astype(np.float64)
     with np.errstate(invalid="ignore"):
-        far = np.flatnonzero(np.isfinite(values) & (np.abs(values) >= _FLOAT_EXACT))
+        far = np.flatnonzero(np.isfinite(values) & (np.abs(values) >= exact))
     if len(far):
         raise InputError(
-            f"input.user: {path!r} row {int(far[0]) + 1}: the user id {values[far[0]]!r} was "
-            f"read as a floating-point number (column {name!r} holds a fractional id in "
-            f"this file), and above 2**53 floating point loses digits, so the id may name "
-            f"another user; store the user ids of this file as JSON strings")
+            f"input.user: {where} row {int(far[0]) + 1}: the user id {values[far[0]]!r} in "
+            f"column {name!r} is a {column.type} at or above 2**{np.finfo(dtype).nmant + 1}, "
+            f"where floating point cannot hold every integer (the id may have lost digits "
+            f"and name another user); store user ids as integers or text")
 
 
 class _ReadTextFile(beam.DoFn):
@@ -581,7 +589,7 @@ class _ReadTextFile(beam.DoFn):
                     table = pjson.read_json(handle).select(list(self._columns))
                     _check_utf8(table, path)
                     if self._user is not None:
-                        check_float_user_ids(table.column(self._user), path, self._user)
+                        check_float_user_ids(table.column(self._user), repr(path), self._user)
                     check_key_sizes(table, self._keys, repr(path))
                     for batch in table.to_batches(max_chunksize=BATCH_ROWS):
                         yield pa.Table.from_batches([batch])
@@ -611,14 +619,14 @@ class ReadRecords(beam.PTransform):
         if single is not None:   # nothing to spread: no Reshuffle, one stage fewer
             raw = (pbegin
                    | "InputFiles" >> beam.Create([single])                     # (path, 0)
-                   | "ReadParquet" >> beam.ParDo(_ReadParquetRowGroup(columns, self._spec.keys)).with_output_types(pa.Table))
+                   | "ReadParquet" >> beam.ParDo(_ReadParquetRowGroup(columns, self._spec.keys, user=self._spec.user)).with_output_types(pa.Table))
             return self._prepare(raw)
         files = pbegin | "InputFiles" >> beam.Create(self._files)
         if self._spec.format == "parquet":
             raw = (files
                    | "ParquetRowGroups" >> beam.ParDo(_ParquetRowGroups())       # (path, group)
                    | "SpreadRowGroups" >> beam.Reshuffle()
-                   | "ReadParquet" >> beam.ParDo(_ReadParquetRowGroup(columns, self._spec.keys)).with_output_types(pa.Table))
+                   | "ReadParquet" >> beam.ParDo(_ReadParquetRowGroup(columns, self._spec.keys, user=self._spec.user)).with_output_types(pa.Table))
         else:
             raw = files | "ReadText" >> beam.ParDo(
                 _ReadTextFile(self._spec.format, columns, self._spec.keys,

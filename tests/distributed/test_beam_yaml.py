@@ -174,3 +174,33 @@ def test_a_bad_aggregate_and_a_missing_value_field_are_refused_by_name():
                                         r"the input; its fields are: user_id, word"):
         _ = rows | ThresherRelease(**dict(CONFIG, aggregates=[
             {"column": "amount", "statistic": "sum", "clip": [0, 200]}]))
+
+
+def test_a_decimal_user_field_is_refused_when_the_pipeline_is_built():
+    """A decimal's Arrow precision and scale follow each batch's values, so one user read
+    as "7" in one batch and "7.0" in another would be two identities (two bounds): the
+    transform takes integer, float, boolean, text or bytes user fields only."""
+    import decimal
+    pipeline = beam.Pipeline()
+    rows = pipeline | beam.Create([beam.Row(user_id=decimal.Decimal("7"), word="w")])
+    with pytest.raises(SpecError, match=r"^ThresherRelease\.user: the user field has type "
+                                        r".*Decimal"):
+        _ = rows | ThresherRelease(**CONFIG)
+
+
+def test_windowed_or_triggered_input_is_refused_when_the_pipeline_is_built():
+    """A release bounds each user over all of their rows once and is charged once: rows in
+    fixed windows, or in the global window with a repeated trigger (which released 0 keys
+    on the direct runner while the ledger was charged), are refused by name."""
+    from apache_beam.transforms import trigger, window
+    pipeline = beam.Pipeline()
+    rows = pipeline | beam.Create([beam.Row(user_id="u", word="w")])
+    with pytest.raises(SpecError, match=r"^ThresherRelease: its input is in windows "
+                                        r"\(FixedWindows\)"):
+        _ = rows | "Fixed" >> beam.WindowInto(window.FixedWindows(60)) | "R1" >> ThresherRelease(**CONFIG)
+    triggered = rows | "Triggered" >> beam.WindowInto(
+        window.GlobalWindows(), trigger=trigger.Repeatedly(trigger.AfterCount(500)),
+        accumulation_mode=trigger.AccumulationMode.DISCARDING)
+    with pytest.raises(SpecError, match=r"^ThresherRelease: its input has a trigger"):
+        _ = triggered | "R2" >> ThresherRelease(**CONFIG)
+    _ = rows | "R3" >> ThresherRelease(**CONFIG)     # the global window, default trigger: built

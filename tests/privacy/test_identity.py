@@ -291,3 +291,36 @@ def test_cli_refuses_jsonl_user_ids_read_as_floats_beyond_2_to_53(tmp_path):
     code, _, err = run_cli("run", spec)
     assert_clean_error(code, err, "input.user", "b.jsonl", "row 1", "2**53")
     assert_nothing_published(output)
+
+
+def test_cli_refuses_parquet_float_user_ids_at_or_beyond_2_to_53(tmp_path):
+    """pandas makes an int64 id column with a missing value float64: the 64-bit id
+    2**53 + 1 is then stored as 2**53 in one file and exactly in the other, one user as
+    two identities with two bounds. Refused, exit 2, naming the field, the file and the
+    row; nothing published."""
+    from tests.robustness.conftest import assert_clean_error, assert_nothing_published
+    big = 2 ** 53 + 1
+    data = _two_files(tmp_path / "data", pa.array([big] + list(range(1, 200)), pa.int64()),
+                      pa.array([float(big)] + [float(i) for i in range(1, 199)] + [None]))
+    spec, output = write_spec(tmp_path, data, max_keys_per_user=1)
+    code, _, err = run_cli("run", spec)
+    assert_clean_error(code, err, "input.user", "b.parquet", "row 1", "2**53")
+    assert_nothing_published(output)
+
+
+def test_only_named_test_sources_get_the_public_identity_key():
+    """An object that merely claims ``public_test_identity`` (a Mock, a user's class) is
+    not the test source: refused like any source without a secret."""
+    from thresher.errors import ThresherError
+    from thresher.transforms.keyed_random import seeded_for_tests
+    from thresher.transforms.user_identity import TEST_KEY, identity_key
+
+    class Claims:
+        public_test_identity = True
+
+        def __call__(self):
+            return np.random.default_rng(0)
+
+    assert identity_key(seeded_for_tests(1)) == TEST_KEY
+    with pytest.raises(ThresherError, match="holds none"):
+        identity_key(Claims())

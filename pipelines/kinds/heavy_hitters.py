@@ -70,12 +70,15 @@ def parse(section):
                 "method": _method(section)}
     parsed = [None if n is None else int(n) for n in lengths]
     finite = [n for n in parsed if n is not None]
+    if parsed and parsed[-1] is not None:
+        parsed.append(None)  # the released keys are whole keys: the last level is the key
+    # the level count is checked after the whole-key level is added: 64 finite lengths
+    # are 65 levels
     if finite != sorted(set(finite)) or parsed.count(None) > 1 \
             or (None in parsed and parsed[-1] is not None) or len(parsed) > 64:
         raise SpecError("mechanism.prefix_lengths", f"must increase strictly, with null (the "
-                        f"whole key) only last, at most 64 levels; got {lengths!r}")
-    if parsed[-1] is not None:
-        parsed.append(None)  # the released keys are whole keys: the last level is the key
+                        f"whole key) only last, at most 64 levels including the whole-key "
+                        f"level (so at most 63 finite lengths); got {lengths!r}")
     rate = optional_float(section, "sampling_rate")
     return {"top_k": top_k, "prefix_lengths": parsed, "sampling_rate": rate,
             "threshold": _levels.optional_threshold(section), "method": _method(section)}

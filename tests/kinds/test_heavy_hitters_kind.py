@@ -157,6 +157,9 @@ def test_cli_empty_input_gives_an_empty_release(tmp_path, cli):
     ({"mechanism": {"kind": "heavy_hitters", "prefix_lengths": [3, 2]}}, "mechanism.prefix_lengths"),
     ({"mechanism": {"kind": "heavy_hitters", "prefix_lengths": [None, 2]}}, "mechanism.prefix_lengths"),
     ({"mechanism": {"kind": "heavy_hitters", "prefix_lengths": ["a"]}}, "mechanism.prefix_lengths[0]"),
+    # 64 finite lengths are 65 levels with the whole key appended (review C)
+    ({"mechanism": {"kind": "heavy_hitters", "prefix_lengths": list(range(1, 65))}},
+     "mechanism.prefix_lengths"),
     ({"mechanism": {"kind": "heavy_hitters", "sampling_rate": 2}}, "mechanism.sampling_rate"),
     ({"mechanism": {"kind": "heavy_hitters", "beta": 2}}, "mechanism.beta"),
 ])
@@ -165,6 +168,18 @@ def test_spec_errors_name_the_field(tmp_path, change, field):
     with pytest.raises(SpecError) as err:
         _load(tmp_path, spec)
     assert str(err.value).startswith(field + ":") or err.value.field == field
+
+
+def test_at_most_64_levels_counting_the_whole_key_level(tmp_path):
+    """63 finite lengths plus the appended whole-key level are the 64 allowed; 64 finite
+    lengths with or without a trailing null are refused (65 levels)."""
+    spec = _load(tmp_path, _spec(tmp_path, "x.parquet", prefix_lengths=list(range(1, 64))))
+    assert len(spec.mechanism["prefix_lengths"]) == 64
+    assert spec.mechanism["prefix_lengths"][-1] is None
+    for lengths in (list(range(1, 65)), list(range(1, 65)) + [None]):
+        with pytest.raises(SpecError, match="at most 64") as err:
+            _load(tmp_path, _spec(tmp_path, "x.parquet", prefix_lengths=lengths))
+        assert err.value.field == "mechanism.prefix_lengths"
 
 
 def test_fixed_parameters_that_miss_the_budget_are_refused(tmp_path):

@@ -228,6 +228,22 @@ def _check_levels(spec, epsilon, delta, c, field):
                         + (f" or max_keys_per_user <= {c_max}" if c_max else ""))
 
 
+def release_fits(kind, mechanism, epsilon, delta, c):
+    """True when :func:`check_release`'s bound and table-length limits of a
+    sample-and-threshold kind pass at (epsilon, delta, C = c): a kind that calibrates
+    while the spec is parsed (heavy_hitters' default method, from release points) asks
+    first and leaves the refusal, with its message, to the plan (issue: it calibrated a
+    max_keys_per_user of 1e7 for minutes before the plan refused it). The spec's whole
+    budget is an upper bound on the release stage's, so a False here is a refusal there."""
+    if not (isinstance(c, int) and 1 <= c <= MAX_KEYS[kind]):
+        return False
+    structure = getattr(_kind_module(kind), "level_structure", None)
+    levels, per_key = structure(mechanism) if structure else (1, 1)
+    if c * per_key > MAX_KEYS[kind]:
+        return False
+    return _length(epsilon / levels, delta / levels, c * per_key) <= L_MAX
+
+
 def _kind_module(kind):
     from thresher.pipelines import kinds
     return kinds.module(kind)

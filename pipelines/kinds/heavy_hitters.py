@@ -27,6 +27,7 @@ import apache_beam as beam
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from thresher.pipelines import limits
 from thresher.pipelines.errors import InputError, SpecError
 from thresher.pipelines.kinds import _levels
 from thresher.pipelines.specs import declare
@@ -230,6 +231,13 @@ def check_spec(mechanism, input_spec, bounding, privacy):
         raise SpecError("input.keys[0]", "'rank' is an output column of heavy_hitters; rename the column")
     if mechanism.get("method") != "adaptive":
         choose_schedule(mechanism)
+    if mechanism.get("method") is None and not limits.release_fits(
+            "heavy_hitters", mechanism, privacy.epsilon, privacy.delta,
+            bounding.max_keys_per_user):
+        # beyond the planning limits no method is chosen (that would calibrate at the
+        # refused bound / table length, for minutes): the plan's limits.check_release
+        # refuses the spec naming the field
+        return
     if mechanism.get("method") is None:
         # The default from public parameters only: the method whose release point (users a
         # key needs, each holding C keys) is lower has the better expected recall.

@@ -182,6 +182,34 @@ def test_at_most_64_levels_counting_the_whole_key_level(tmp_path):
         assert err.value.field == "mechanism.prefix_lengths"
 
 
+def _plan_cli(tmp_path, spec, timeout=120):
+    """thresher plan in a new process, cut at ``timeout`` seconds so a regression to the
+    minutes-long calibration fails instead of hanging (no timing is asserted)."""
+    import subprocess
+    import sys
+    import yaml
+    from .conftest import ROOT
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return subprocess.run([sys.executable, "-m", "thresher.pipelines.cli", "plan", str(path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+@pytest.mark.parametrize("bound, field", [(10**7, "bounding.max_keys_per_user"),
+                                          (10**5, "privacy.epsilon")])
+def test_default_method_is_not_chosen_beyond_the_planning_limits(tmp_path, bound, field):
+    """Without mechanism.method the parse step used to calibrate both methods' release
+    points at the refused bound / table length (> 180 s) before the plan's limits refused
+    it; now the limits' refusal comes first (review A): exit 2 naming the field."""
+    path = tmp_path / "tiny.parquet"
+    pq.write_table(pa.table({"user": ["a", "b"], "word": ["x", "y"]}), path)
+    spec = _spec(tmp_path, str(path))
+    spec["bounding"]["max_keys_per_user"] = bound
+    done = _plan_cli(tmp_path, spec)
+    assert done.returncode == 2, done.stderr
+    assert f"error: {field}:" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_fixed_parameters_that_miss_the_budget_are_refused(tmp_path):
     spec = _load(tmp_path, _spec(tmp_path, "x.parquet", sampling_rate=0.5, threshold=3))
     with pytest.raises(CalibrationError, match="heavy_hitters"):

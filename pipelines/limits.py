@@ -30,7 +30,11 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
   of the sampled distributions (``accounting.pws.rounding_excess``, ~ width 2^-53 e^eps0)
   must stay below the per-key delta, or no table can be verified: refused naming
   privacy.delta (the smallest delta that works) or privacy.epsilon (the largest).
-  A fixed sample_and_threshold threshold is <= L_MAX.
+  A GIVEN mechanism.threshold of any sample-and-threshold kind is <= THRESHOLD_MAX = 100:
+  the sampling-rate search for it evaluates the delta over binomial tails of O(threshold)
+  counts ~15 times, and ``thresher plan`` took ~9-15 s at 100, 15-22 s at 200-300 and
+  > 180 s at 10,000 (C = 16 and 64, load ~4-5; benchmarks/bench_fixed_threshold.py,
+  docs/performance.md). A calibrated threshold is bounded by L_MAX above.
 * ``mechanism.sampling_rate`` (sample-and-threshold kinds) >= SAMPLING_RATE_MIN = 1e-12.
 * every kind: privacy.epsilon <= 100 (e^epsilon overflows a float near 709; no release
   is meaningfully private beyond single digits) and privacy.delta >= 1e-100.
@@ -49,6 +53,8 @@ SIGMA_MIN = 1e-3
 GAP_MAX = 10 * SIGMA_MAX
 LAPLACE_THRESHOLD_MAX = 1e12
 L_MAX = 20_000.0
+# a GIVEN sample-and-threshold threshold (module docstring; docs/performance.md)
+THRESHOLD_MAX = 100
 MAX_KEYS = {"gaussian": 100_000, "laplace": 100_000, "sample_and_threshold": 100_000,
             "weighted_sampling": 10_000, "heavy_hitters": 100_000, "quantiles": 100_000,
             "weighted_gaussian": 2048, "adaptive": 2048}
@@ -107,10 +113,13 @@ def check_spec(spec):
             and mech["threshold"] > LAPLACE_THRESHOLD_MAX:
         raise SpecError("mechanism.threshold", f"must be <= {LAPLACE_THRESHOLD_MAX:g} (the "
                         f"planning limit), got {mech['threshold']:g}")
-    if kind == "sample_and_threshold" and mech.get("threshold") is not None \
-            and mech["threshold"] > L_MAX:
-        raise SpecError("mechanism.threshold", f"must be <= {L_MAX:.0f} (the planning limit "
-                        f"of sample_and_threshold), got {mech['threshold']}")
+    if kind in _SAMPLE_AND_THRESHOLD_KINDS and mech.get("threshold") is not None \
+            and mech["threshold"] > THRESHOLD_MAX:
+        raise SpecError("mechanism.threshold", f"a given threshold must be an integer in "
+                        f"[1, {THRESHOLD_MAX}] for {kind} (the planning limit: checking it "
+                        f"searches the sampling rate over binomial tails whose cost grows "
+                        f"with the threshold, ~10 s at {THRESHOLD_MAX}, docs/performance.md); "
+                        f"leave it out to have it calibrated, got {mech['threshold']}")
     if kind == "weighted_sampling" and mech.get("sampling_threshold") is not None \
             and mech["sampling_threshold"] < WS_SAMPLING_THRESHOLD_MIN:
         field = "input.sample.threshold" if mech.get("presampled") else "mechanism.sampling_threshold"

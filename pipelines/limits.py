@@ -180,8 +180,9 @@ def check_release(spec, epsilon, delta, candidates):
             need = _smallest(lambda e: _gaussian_fits(e, delta, c, SIGMA_MAX), epsilon)
             raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage "
                             f"{epsilon:g}) with delta={delta:g}, max_keys_per_user={c} needs "
-                            f"sigma > {SIGMA_MAX:g}, the planning limit; use a release "
-                            f"epsilon >= {need:.3g}, a larger delta or a smaller bound")
+                            f"sigma > {SIGMA_MAX:g}, the planning limit; "
+                            + _epsilon_advice(need, spec.privacy.epsilon, epsilon,
+                                              "a larger delta or a smaller bound"))
     if kind == "weighted_gaussian":
         _check_weighted_gaussian(spec, epsilon, delta, c)
     if kind == "adaptive":
@@ -232,9 +233,10 @@ def _check_levels(spec, epsilon, delta, c, field):
         raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage "
                         f"{epsilon:g}{split}) with delta={delta:g} and max_keys_per_user={c} "
                         f"needs thresholds/tables of ~{length(epsilon, c):.3g} counts "
-                        f"(> {L_MAX:.0f}, the planning limit for {kind}); use a release "
-                        f"epsilon >= {need:.3g}"
-                        + (f" or max_keys_per_user <= {c_max}" if c_max else ""))
+                        f"(> {L_MAX:.0f}, the planning limit for {kind}); "
+                        + _epsilon_advice(need, spec.privacy.epsilon, epsilon,
+                                          f"max_keys_per_user <= {c_max}" if c_max
+                                          else "a larger delta"))
 
 
 def release_fits(kind, mechanism, epsilon, delta, c):
@@ -339,6 +341,18 @@ def _gaussian_fits_computed(epsilon, delta, c, sigma):
 # 1% bisection of a bracket [x, 2^k x] needs ~log2(k / 0.01) < 20 steps.
 _DOUBLINGS_MAX = 1100
 _BISECTIONS_MAX = 200
+
+
+def _epsilon_advice(need, spec_epsilon, release_epsilon, others):
+    """The refusal's advice: "use a release epsilon >= X or <others>" for the smallest
+    release epsilon that fits (from :func:`_smallest`), or, when none up to what
+    privacy.epsilon <= EPSILON_MAX gives the stage fits (_smallest's nan), "use <others>
+    (no release epsilon up to Y fits)" -- never "nan". ``others``: the other remedies."""
+    if math.isfinite(need):
+        return f"use a release epsilon >= {need:.3g} or {others}"
+    largest = EPSILON_MAX * release_epsilon / spec_epsilon if spec_epsilon > 0 else EPSILON_MAX
+    return (f"use {others} (no release epsilon up to {largest:.3g}, what privacy.epsilon "
+            f"<= {EPSILON_MAX:g} gives this stage, fits)")
 
 
 def _smallest(ok, start):

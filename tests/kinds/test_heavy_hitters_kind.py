@@ -210,6 +210,32 @@ def test_default_method_is_not_chosen_beyond_the_planning_limits(tmp_path, bound
     assert f"error: {field}:" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("lengths, levels", [(None, ""), (list(range(1, 64)), " over 64 levels")])
+def test_refusal_with_no_workable_epsilon_names_what_is_allowed_not_nan(tmp_path, lengths,
+                                                                        levels):
+    """No release epsilon <= 100 brings C = 1e5 within the table-length limit: the refusal
+    used to say "use a release epsilon >= nan" (review E); it names the bound that works
+    and the epsilon range it searched instead."""
+    path = tmp_path / "tiny.parquet"
+    pq.write_table(pa.table({"user": ["a", "b"], "word": ["x", "y"]}), path)
+    spec = _spec(tmp_path, str(path), method="trie",
+                 **({"prefix_lengths": lengths} if lengths else {}))
+    spec["bounding"]["max_keys_per_user"] = 10**5
+    done = _plan_cli(tmp_path, spec)
+    assert done.returncode == 2, done.stderr
+    assert "error: privacy.epsilon:" in done.stderr and levels in done.stderr
+    assert "nan" not in done.stderr.lower()
+    assert "use max_keys_per_user <= " in done.stderr
+    assert "no release epsilon up to 100" in done.stderr
+
+
+def test_epsilon_advice_is_never_nan():
+    from thresher.pipelines import limits
+    assert limits._epsilon_advice(0.5, 1.0, 1.0, "x") == "use a release epsilon >= 0.5 or x"
+    text = limits._epsilon_advice(math.nan, 2.0, 1.0, "a larger delta")
+    assert "nan" not in text and text.startswith("use a larger delta (no release epsilon up to 50,")
+
+
 def test_fixed_parameters_that_miss_the_budget_are_refused(tmp_path):
     spec = _load(tmp_path, _spec(tmp_path, "x.parquet", sampling_rate=0.5, threshold=3))
     with pytest.raises(CalibrationError, match="heavy_hitters"):

@@ -122,7 +122,8 @@ def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
     for each method, from public parameters only: trie, the last level's tau / p of one
     (sampling_rate, threshold) meeting (epsilon, delta) over the user's C x levels cells
     (accounting.sample_threshold.trie); adaptive, the smallest round threshold over the
-    grid weight of a user with C keys (Gopi et al. 2020 weights floor(S / sqrt(C)))."""
+    grid weight of a user with C keys (Gopi et al. 2020 weights floor(S / sqrt(C))), inf
+    above the adaptive kind's planning limit (limits.MAX_KEYS["adaptive"])."""
     from thresher.accounting import adaptive as ad
     from thresher.accounting import sample_threshold
     from thresher.accounting import weighted_gaussian as wg
@@ -135,6 +136,11 @@ def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
         out["trie"] = trie_point(epsilon, delta, prefix_levels, max_keys_per_user)["release_point"]
     except ValueError:
         out["trie"] = float("inf")
+    if max_keys_per_user > limits.MAX_KEYS["adaptive"]:
+        # beyond the adaptive kind's planning limit its calibration runs for minutes (C =
+        # 1e5 at epsilon 100: > 90 s); the method is then out of the running
+        out["adaptive"] = float("inf")
+        return out
     try:
         p = ad.calibrate(epsilon, delta, max_keys_per_user,
                          fractions=ad.DEFAULT_ROUND_FRACTIONS[ad.DEFAULT_ROUNDS],

@@ -210,6 +210,20 @@ def test_default_method_is_not_chosen_beyond_the_planning_limits(tmp_path, bound
     assert f"error: {field}:" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_default_method_skips_adaptive_beyond_its_planning_limit(tmp_path):
+    """C = 1e5 at epsilon 100 is within heavy_hitters' limits, but the adaptive release
+    point (for the default method) calibrated for > 90 s at that bound, beyond the
+    adaptive kind's limit (2048); it is now out of the running and the trie is chosen."""
+    path = tmp_path / "tiny.parquet"
+    pq.write_table(pa.table({"user": ["a", "b"], "word": ["x", "y"]}), path)
+    spec = _spec(tmp_path, str(path))
+    spec["bounding"]["max_keys_per_user"] = 10**5
+    spec["privacy"]["epsilon"] = 100.0
+    done = _plan_cli(tmp_path, spec)
+    assert done.returncode == 0, done.stderr
+    assert "method=trie" in done.stdout
+
+
 @pytest.mark.parametrize("lengths, levels", [(None, ""), (list(range(1, 64)), " over 64 levels")])
 def test_refusal_with_no_workable_epsilon_names_what_is_allowed_not_nan(tmp_path, lengths,
                                                                         levels):

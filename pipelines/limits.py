@@ -175,6 +175,12 @@ def check_release(spec, epsilon, delta, candidates):
     if c > MAX_KEYS[kind]:
         raise SpecError(field, f"must be <= {MAX_KEYS[kind]} for {kind} (the planning limit: "
                         f"calibration is O(max_keys_per_user) per step), got {c}")
+    if kind == "heavy_hitters" and spec.mechanism.get("method") == "adaptive" \
+            and c > MAX_KEYS["adaptive"]:
+        # its calibration is the adaptive kind's (accounting.adaptive): minutes beyond it
+        raise SpecError(field, f"must be <= {MAX_KEYS['adaptive']} for heavy_hitters with "
+                        f"method: adaptive (the planning limit of the adaptive calibration; "
+                        f"method: trie allows {MAX_KEYS[kind]}), got {c}")
     if kind == "gaussian" and spec.mechanism.get("sigma") is None:
         if not _gaussian_fits(epsilon, delta, c, SIGMA_MAX):
             need = _smallest(lambda e: _gaussian_fits(e, delta, c, SIGMA_MAX), epsilon)

@@ -30,7 +30,11 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
   of the sampled distributions (``accounting.pws.rounding_excess``, ~ width 2^-53 e^eps0)
   must stay below the per-key delta, or no table can be verified: refused naming
   privacy.delta (the smallest delta that works) or privacy.epsilon (the largest).
-  A fixed sample_and_threshold threshold is <= L_MAX.
+  A GIVEN mechanism.threshold of any sample-and-threshold kind is <= THRESHOLD_MAX = 100:
+  the sampling-rate search for it evaluates the delta over binomial tails of O(threshold)
+  counts ~15 times, and ``thresher plan`` took ~9-15 s at 100, 15-22 s at 200-300 and
+  > 180 s at 10,000 (C = 16 and 64, load ~4-5; benchmarks/bench_fixed_threshold.py,
+  docs/performance.md). A calibrated threshold is bounded by L_MAX above.
 * ``mechanism.sampling_rate`` (sample-and-threshold kinds) >= SAMPLING_RATE_MIN = 1e-12.
 * every kind: privacy.epsilon <= 100 (e^epsilon overflows a float near 709; no release
   is meaningfully private beyond single digits) and privacy.delta >= 1e-100.
@@ -49,6 +53,8 @@ SIGMA_MIN = 1e-3
 GAP_MAX = 10 * SIGMA_MAX
 LAPLACE_THRESHOLD_MAX = 1e12
 L_MAX = 20_000.0
+# a GIVEN sample-and-threshold threshold (module docstring; docs/performance.md)
+THRESHOLD_MAX = 100
 MAX_KEYS = {"gaussian": 100_000, "laplace": 100_000, "sample_and_threshold": 100_000,
             "weighted_sampling": 10_000, "heavy_hitters": 100_000, "quantiles": 100_000,
             "weighted_gaussian": 2048, "adaptive": 2048}
@@ -107,10 +113,13 @@ def check_spec(spec):
             and mech["threshold"] > LAPLACE_THRESHOLD_MAX:
         raise SpecError("mechanism.threshold", f"must be <= {LAPLACE_THRESHOLD_MAX:g} (the "
                         f"planning limit), got {mech['threshold']:g}")
-    if kind == "sample_and_threshold" and mech.get("threshold") is not None \
-            and mech["threshold"] > L_MAX:
-        raise SpecError("mechanism.threshold", f"must be <= {L_MAX:.0f} (the planning limit "
-                        f"of sample_and_threshold), got {mech['threshold']}")
+    if kind in _SAMPLE_AND_THRESHOLD_KINDS and mech.get("threshold") is not None \
+            and mech["threshold"] > THRESHOLD_MAX:
+        raise SpecError("mechanism.threshold", f"a given threshold must be an integer in "
+                        f"[1, {THRESHOLD_MAX}] for {kind} (the planning limit: checking it "
+                        f"searches the sampling rate over binomial tails whose cost grows "
+                        f"with the threshold, ~10 s at {THRESHOLD_MAX}, docs/performance.md); "
+                        f"leave it out to have it calibrated, got {mech['threshold']}")
     if kind == "weighted_sampling" and mech.get("sampling_threshold") is not None \
             and mech["sampling_threshold"] < WS_SAMPLING_THRESHOLD_MIN:
         field = "input.sample.threshold" if mech.get("presampled") else "mechanism.sampling_threshold"
@@ -166,13 +175,20 @@ def check_release(spec, epsilon, delta, candidates):
     if c > MAX_KEYS[kind]:
         raise SpecError(field, f"must be <= {MAX_KEYS[kind]} for {kind} (the planning limit: "
                         f"calibration is O(max_keys_per_user) per step), got {c}")
+    if kind == "heavy_hitters" and spec.mechanism.get("method") == "adaptive" \
+            and c > MAX_KEYS["adaptive"]:
+        # its calibration is the adaptive kind's (accounting.adaptive): minutes beyond it
+        raise SpecError(field, f"must be <= {MAX_KEYS['adaptive']} for heavy_hitters with "
+                        f"method: adaptive (the planning limit of the adaptive calibration; "
+                        f"method: trie allows {MAX_KEYS[kind]}), got {c}")
     if kind == "gaussian" and spec.mechanism.get("sigma") is None:
         if not _gaussian_fits(epsilon, delta, c, SIGMA_MAX):
             need = _smallest(lambda e: _gaussian_fits(e, delta, c, SIGMA_MAX), epsilon)
             raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage "
                             f"{epsilon:g}) with delta={delta:g}, max_keys_per_user={c} needs "
-                            f"sigma > {SIGMA_MAX:g}, the planning limit; use a release "
-                            f"epsilon >= {need:.3g}, a larger delta or a smaller bound")
+                            f"sigma > {SIGMA_MAX:g}, the planning limit; "
+                            + _epsilon_advice(need, spec.privacy.epsilon, epsilon,
+                                              "a larger delta or a smaller bound"))
     if kind == "weighted_gaussian":
         _check_weighted_gaussian(spec, epsilon, delta, c)
     if kind == "adaptive":
@@ -223,9 +239,26 @@ def _check_levels(spec, epsilon, delta, c, field):
         raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage "
                         f"{epsilon:g}{split}) with delta={delta:g} and max_keys_per_user={c} "
                         f"needs thresholds/tables of ~{length(epsilon, c):.3g} counts "
-                        f"(> {L_MAX:.0f}, the planning limit for {kind}); use a release "
-                        f"epsilon >= {need:.3g}"
-                        + (f" or max_keys_per_user <= {c_max}" if c_max else ""))
+                        f"(> {L_MAX:.0f}, the planning limit for {kind}); "
+                        + _epsilon_advice(need, spec.privacy.epsilon, epsilon,
+                                          f"max_keys_per_user <= {c_max}" if c_max
+                                          else "a larger delta"))
+
+
+def release_fits(kind, mechanism, epsilon, delta, c):
+    """True when :func:`check_release`'s bound and table-length limits of a
+    sample-and-threshold kind pass at (epsilon, delta, C = c): a kind that calibrates
+    while the spec is parsed (heavy_hitters' default method, from release points) asks
+    first and leaves the refusal, with its message, to the plan (issue: it calibrated a
+    max_keys_per_user of 1e7 for minutes before the plan refused it). The spec's whole
+    budget is an upper bound on the release stage's, so a False here is a refusal there."""
+    if not (isinstance(c, int) and 1 <= c <= MAX_KEYS[kind]):
+        return False
+    structure = getattr(_kind_module(kind), "level_structure", None)
+    levels, per_key = structure(mechanism) if structure else (1, 1)
+    if c * per_key > MAX_KEYS[kind]:
+        return False
+    return _length(epsilon / levels, delta / levels, c * per_key) <= L_MAX
 
 
 def _kind_module(kind):
@@ -314,6 +347,18 @@ def _gaussian_fits_computed(epsilon, delta, c, sigma):
 # 1% bisection of a bracket [x, 2^k x] needs ~log2(k / 0.01) < 20 steps.
 _DOUBLINGS_MAX = 1100
 _BISECTIONS_MAX = 200
+
+
+def _epsilon_advice(need, spec_epsilon, release_epsilon, others):
+    """The refusal's advice: "use a release epsilon >= X or <others>" for the smallest
+    release epsilon that fits (from :func:`_smallest`), or, when none up to what
+    privacy.epsilon <= EPSILON_MAX gives the stage fits (_smallest's nan), "use <others>
+    (no release epsilon up to Y fits)" -- never "nan". ``others``: the other remedies."""
+    if math.isfinite(need):
+        return f"use a release epsilon >= {need:.3g} or {others}"
+    largest = EPSILON_MAX * release_epsilon / spec_epsilon if spec_epsilon > 0 else EPSILON_MAX
+    return (f"use {others} (no release epsilon up to {largest:.3g}, what privacy.epsilon "
+            f"<= {EPSILON_MAX:g} gives this stage, fits)")
 
 
 def _smallest(ok, start):

@@ -118,19 +118,51 @@ def cells_per_user(levels, max_keys_per_user):
         max_keys_per_user, "max_keys_per_user")
 
 
-@functools.lru_cache(maxsize=64)
 def calibrate_trie(epsilon, delta_target, levels, max_keys_per_user, *, sampling_rate=None,
                    threshold=None):
     """:class:`TrieParams` for ``levels`` prefix levels of users bounded to
     ``max_keys_per_user`` keys at (epsilon, delta_target) for the whole release: the
     composition over n = C L cells (PLD up to :data:`PLD_MAX_CELLS` cells, basic beyond).
     sampling_rate / threshold: as accounting.sample_threshold.calibrate (given ones are
-    checked, missing ones calibrated). Raises CalibrationInfeasible / ValueError."""
+    checked, missing ones calibrated). Raises CalibrationInfeasible / ValueError.
+
+    Memoised on the normalised arguments (floats; integral counts as int), so 1 and 1.0,
+    or positional and keyword calls, share one entry (``calibrate_trie.cache_info()``)."""
+    return _calibrate_trie_cached(_as_float(epsilon), _as_float(delta_target),
+                                  _as_count(levels), _as_count(max_keys_per_user),
+                                  None if sampling_rate is None else _as_float(sampling_rate),
+                                  None if threshold is None else _as_count(threshold))
+
+
+def _as_float(x):
+    """float(x) for a real number; anything else unchanged (the calibration refuses it)."""
+    try:
+        return x if isinstance(x, bool) else float(x)
+    except (TypeError, ValueError):
+        return x
+
+
+def _as_count(x):
+    """int(x) for an integral real number (1.0 -> 1); anything else unchanged (refused by
+    the calibration with its own message)."""
+    try:
+        return int(x) if not isinstance(x, bool) and int(x) == x else x
+    except (TypeError, ValueError, OverflowError):
+        return x
+
+
+@functools.lru_cache(maxsize=64)
+def _calibrate_trie_cached(epsilon, delta_target, levels, max_keys_per_user, sampling_rate,
+                           threshold):
     n = cells_per_user(levels, max_keys_per_user)
     composition = "pld" if n <= PLD_MAX_CELLS else "basic"
     cells = calibration.calibrate(epsilon, delta_target, n, sampling_rate=sampling_rate,
                                   threshold=threshold, method="exact", composition=composition)
     return TrieParams(levels=int(levels), max_keys_per_user=int(max_keys_per_user), cells=cells)
+
+
+calibrate_trie.cache_info = _calibrate_trie_cached.cache_info
+calibrate_trie.cache_clear = _calibrate_trie_cached.cache_clear
 
 
 def fewest_levels(schedules=SCHEDULES):

@@ -42,7 +42,8 @@ def refuse_auto_bound(bounding, kind):
 SAMPLING_RATE = declare.number(low=0, low_open=True, high=1, description=(
     "p in (0, 1], the same at every level (optional; calibrated if absent)"))
 THRESHOLD = declare.integer(low=1, high=10**9, description=(
-    "tau >= 1, the same at every level (optional; calibrated if absent)"))
+    "tau >= 1, the same at every level (optional; calibrated if absent; a given one is at "
+    "most 100, the planning limit: docs/performance.md)"))
 
 
 def optional_threshold(section):

@@ -27,6 +27,7 @@ import apache_beam as beam
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from thresher.pipelines import limits
 from thresher.pipelines.errors import InputError, SpecError
 from thresher.pipelines.kinds import _levels
 from thresher.pipelines.specs import declare
@@ -70,12 +71,15 @@ def parse(section):
                 "method": _method(section)}
     parsed = [None if n is None else int(n) for n in lengths]
     finite = [n for n in parsed if n is not None]
+    if parsed and parsed[-1] is not None:
+        parsed.append(None)  # the released keys are whole keys: the last level is the key
+    # the level count is checked after the whole-key level is added: 64 finite lengths
+    # are 65 levels
     if finite != sorted(set(finite)) or parsed.count(None) > 1 \
             or (None in parsed and parsed[-1] is not None) or len(parsed) > 64:
         raise SpecError("mechanism.prefix_lengths", f"must increase strictly, with null (the "
-                        f"whole key) only last, at most 64 levels; got {lengths!r}")
-    if parsed[-1] is not None:
-        parsed.append(None)  # the released keys are whole keys: the last level is the key
+                        f"whole key) only last, at most 64 levels including the whole-key "
+                        f"level (so at most 63 finite lengths); got {lengths!r}")
     rate = optional_float(section, "sampling_rate")
     return {"top_k": top_k, "prefix_lengths": parsed, "sampling_rate": rate,
             "threshold": _levels.optional_threshold(section), "method": _method(section)}
@@ -118,7 +122,8 @@ def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
     for each method, from public parameters only: trie, the last level's tau / p of one
     (sampling_rate, threshold) meeting (epsilon, delta) over the user's C x levels cells
     (accounting.sample_threshold.trie); adaptive, the smallest round threshold over the
-    grid weight of a user with C keys (Gopi et al. 2020 weights floor(S / sqrt(C)))."""
+    grid weight of a user with C keys (Gopi et al. 2020 weights floor(S / sqrt(C))), inf
+    above the adaptive kind's planning limit (limits.MAX_KEYS["adaptive"])."""
     from thresher.accounting import adaptive as ad
     from thresher.accounting import sample_threshold
     from thresher.accounting import weighted_gaussian as wg
@@ -131,6 +136,11 @@ def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
         out["trie"] = trie_point(epsilon, delta, prefix_levels, max_keys_per_user)["release_point"]
     except ValueError:
         out["trie"] = float("inf")
+    if max_keys_per_user > limits.MAX_KEYS["adaptive"]:
+        # beyond the adaptive kind's planning limit its calibration runs for minutes (C =
+        # 1e5 at epsilon 100: > 90 s); the method is then out of the running
+        out["adaptive"] = float("inf")
+        return out
     try:
         p = ad.calibrate(epsilon, delta, max_keys_per_user,
                          fractions=ad.DEFAULT_ROUND_FRACTIONS[ad.DEFAULT_ROUNDS],
@@ -227,6 +237,13 @@ def check_spec(mechanism, input_spec, bounding, privacy):
         raise SpecError("input.keys[0]", "'rank' is an output column of heavy_hitters; rename the column")
     if mechanism.get("method") != "adaptive":
         choose_schedule(mechanism)
+    if mechanism.get("method") is None and not limits.release_fits(
+            "heavy_hitters", mechanism, privacy.epsilon, privacy.delta,
+            bounding.max_keys_per_user):
+        # beyond the planning limits no method is chosen (that would calibrate at the
+        # refused bound / table length, for minutes): the plan's limits.check_release
+        # refuses the spec naming the field
+        return
     if mechanism.get("method") is None:
         # The default from public parameters only: the method whose release point (users a
         # key needs, each holding C keys) is lower has the better expected recall.

@@ -38,7 +38,8 @@ FIELDS = {
         "calibrated if absent)")),
     "threshold": declare.integer(low=1, high=10**9, description=(
         "tau >= 1: keys whose sampled count is below tau are suppressed (optional; "
-        "calibrated if absent)")),
+        "calibrated if absent; a given one is at most 100, the "
+        "planning limit: docs/performance.md)")),
     "accounting": declare.choice(sample_threshold.METHODS, default="exact", description=(
         "exact (default), kl (paper 003 Thm 1) or alpha (paper 003, C_alpha form): how "
         "delta is computed when calibrating")),

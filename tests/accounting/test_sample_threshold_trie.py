@@ -159,3 +159,21 @@ def test_exhaustive_schedule_choice_agrees_with_the_rule_at_the_issue_setting():
     for schedule, point in points.items():
         old = acc.calibrate_levels(1.0, 1e-6, len(schedule), 16)
         assert point < old.threshold / old.sampling_rate
+
+
+def test_calibrate_trie_memo_normalises_its_arguments():
+    """1 and 1.0, positional and keyword-default calls are one memo entry (one miss, then
+    hits): the plan's different call sites must not calibrate the same trie twice. The
+    result is the same object, and a different budget is a different entry."""
+    trie.calibrate_trie.cache_clear()
+    first = acc.calibrate_trie(1, 1e-6, 1, 2)
+    again = [acc.calibrate_trie(1.0, 1e-6, 1.0, 2.0),
+             acc.calibrate_trie(1, 1e-6, 1, 2, sampling_rate=None, threshold=None),
+             acc.calibrate_trie(epsilon=1.0, delta_target=1e-6, levels=1, max_keys_per_user=2)]
+    info = acc.calibrate_trie.cache_info()
+    assert (info.misses, info.hits) == (1, 3)
+    assert all(a is first for a in again)
+    fixed = acc.calibrate_trie(1, 1e-6, 1, 2, threshold=float(first.threshold))
+    assert fixed is acc.calibrate_trie(1, 1e-6, 1, 2, threshold=int(first.threshold))
+    assert acc.calibrate_trie.cache_info().misses == 2
+    assert fixed.threshold == first.threshold

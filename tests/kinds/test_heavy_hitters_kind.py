@@ -157,6 +157,9 @@ def test_cli_empty_input_gives_an_empty_release(tmp_path, cli):
     ({"mechanism": {"kind": "heavy_hitters", "prefix_lengths": [3, 2]}}, "mechanism.prefix_lengths"),
     ({"mechanism": {"kind": "heavy_hitters", "prefix_lengths": [None, 2]}}, "mechanism.prefix_lengths"),
     ({"mechanism": {"kind": "heavy_hitters", "prefix_lengths": ["a"]}}, "mechanism.prefix_lengths[0]"),
+    # 64 finite lengths are 65 levels with the whole key appended (review C)
+    ({"mechanism": {"kind": "heavy_hitters", "prefix_lengths": list(range(1, 65))}},
+     "mechanism.prefix_lengths"),
     ({"mechanism": {"kind": "heavy_hitters", "sampling_rate": 2}}, "mechanism.sampling_rate"),
     ({"mechanism": {"kind": "heavy_hitters", "beta": 2}}, "mechanism.beta"),
 ])
@@ -165,6 +168,86 @@ def test_spec_errors_name_the_field(tmp_path, change, field):
     with pytest.raises(SpecError) as err:
         _load(tmp_path, spec)
     assert str(err.value).startswith(field + ":") or err.value.field == field
+
+
+def test_at_most_64_levels_counting_the_whole_key_level(tmp_path):
+    """63 finite lengths plus the appended whole-key level are the 64 allowed; 64 finite
+    lengths with or without a trailing null are refused (65 levels)."""
+    spec = _load(tmp_path, _spec(tmp_path, "x.parquet", prefix_lengths=list(range(1, 64))))
+    assert len(spec.mechanism["prefix_lengths"]) == 64
+    assert spec.mechanism["prefix_lengths"][-1] is None
+    for lengths in (list(range(1, 65)), list(range(1, 65)) + [None]):
+        with pytest.raises(SpecError, match="at most 64") as err:
+            _load(tmp_path, _spec(tmp_path, "x.parquet", prefix_lengths=lengths))
+        assert err.value.field == "mechanism.prefix_lengths"
+
+
+def _plan_cli(tmp_path, spec, timeout=120):
+    """thresher plan in a new process, cut at ``timeout`` seconds so a regression to the
+    minutes-long calibration fails instead of hanging (no timing is asserted)."""
+    import subprocess
+    import sys
+    import yaml
+    from .conftest import ROOT
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return subprocess.run([sys.executable, "-m", "thresher.pipelines.cli", "plan", str(path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+@pytest.mark.parametrize("bound, field", [(10**7, "bounding.max_keys_per_user"),
+                                          (10**5, "privacy.epsilon")])
+def test_default_method_is_not_chosen_beyond_the_planning_limits(tmp_path, bound, field):
+    """Without mechanism.method the parse step used to calibrate both methods' release
+    points at the refused bound / table length (> 180 s) before the plan's limits refused
+    it; now the limits' refusal comes first (review A): exit 2 naming the field."""
+    path = tmp_path / "tiny.parquet"
+    pq.write_table(pa.table({"user": ["a", "b"], "word": ["x", "y"]}), path)
+    spec = _spec(tmp_path, str(path))
+    spec["bounding"]["max_keys_per_user"] = bound
+    done = _plan_cli(tmp_path, spec)
+    assert done.returncode == 2, done.stderr
+    assert f"error: {field}:" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_default_method_skips_adaptive_beyond_its_planning_limit(tmp_path):
+    """C = 1e5 at epsilon 100 is within heavy_hitters' limits, but the adaptive release
+    point (for the default method) calibrated for > 90 s at that bound, beyond the
+    adaptive kind's limit (2048); it is now out of the running and the trie is chosen."""
+    path = tmp_path / "tiny.parquet"
+    pq.write_table(pa.table({"user": ["a", "b"], "word": ["x", "y"]}), path)
+    spec = _spec(tmp_path, str(path))
+    spec["bounding"]["max_keys_per_user"] = 10**5
+    spec["privacy"]["epsilon"] = 100.0
+    done = _plan_cli(tmp_path, spec)
+    assert done.returncode == 0, done.stderr
+    assert "method=trie" in done.stdout
+
+
+@pytest.mark.parametrize("lengths, levels", [(None, ""), (list(range(1, 64)), " over 64 levels")])
+def test_refusal_with_no_workable_epsilon_names_what_is_allowed_not_nan(tmp_path, lengths,
+                                                                        levels):
+    """No release epsilon <= 100 brings C = 1e5 within the table-length limit: the refusal
+    used to say "use a release epsilon >= nan" (review E); it names the bound that works
+    and the epsilon range it searched instead."""
+    path = tmp_path / "tiny.parquet"
+    pq.write_table(pa.table({"user": ["a", "b"], "word": ["x", "y"]}), path)
+    spec = _spec(tmp_path, str(path), method="trie",
+                 **({"prefix_lengths": lengths} if lengths else {}))
+    spec["bounding"]["max_keys_per_user"] = 10**5
+    done = _plan_cli(tmp_path, spec)
+    assert done.returncode == 2, done.stderr
+    assert "error: privacy.epsilon:" in done.stderr and levels in done.stderr
+    assert "nan" not in done.stderr.lower()
+    assert "use max_keys_per_user <= " in done.stderr
+    assert "no release epsilon up to 100" in done.stderr
+
+
+def test_epsilon_advice_is_never_nan():
+    from thresher.pipelines import limits
+    assert limits._epsilon_advice(0.5, 1.0, 1.0, "x") == "use a release epsilon >= 0.5 or x"
+    text = limits._epsilon_advice(math.nan, 2.0, 1.0, "a larger delta")
+    assert "nan" not in text and text.startswith("use a larger delta (no release epsilon up to 50,")
 
 
 def test_fixed_parameters_that_miss_the_budget_are_refused(tmp_path):

@@ -444,21 +444,12 @@ def beam_write(path):
 
 def report_chosen_clips(report, staging):
     """Fill the report's aggregates with the chosen clips (read and removed from staging)."""
-    import json
-
     from thresher.pipelines.dataio import publish
-    from thresher.pipelines.errors import ThresherError
-    path = publish.join(staging, CLIPS_FILE)
-    text = publish.read_text(path)
-    if text is None:
+    clips = publish.take_one_json_line(staging, CLIPS_FILE, "the clip stage")
+    if clips is None:
         return report
-    lines = [line for line in text.splitlines() if line.strip()]
-    publish.delete(path)
-    if len(lines) != 1:
-        raise ThresherError(f"the clip stage produced {len(lines)} results, expected exactly "
-                            f"one; nothing was published")
     report = dict(report)
-    report["mechanism"] = apply_clips(report["mechanism"], json.loads(lines[0]))
+    report["mechanism"] = apply_clips(report["mechanism"], clips)
     return report
 
 

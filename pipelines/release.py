@@ -571,26 +571,14 @@ def _apply_kind_notes(report, staging, module):
     line, read and removed from staging; e.g. quantiles' capped key selection)."""
     if not getattr(module, "WRITES_NOTES", False):
         return report
-    path = publish.join(staging, module.NOTES_FILE)
-    text = publish.read_text(path)
-    if text is None:
-        return report
-    lines = [line for line in text.splitlines() if line.strip()]
-    publish.delete(path)
-    if len(lines) != 1:
-        raise ThresherError(f"the {module.NOTES_FILE} stage wrote {len(lines)} lines, expected "
-                            f"exactly one; nothing was published")
-    return module.apply_notes(report, json.loads(lines[0]))
+    note = publish.take_one_json_line(staging, module.NOTES_FILE,
+                                      f"the {module.NOTES_FILE} stage")
+    return report if note is None else module.apply_notes(report, note)
 
 
 def _read_chosen_bound(staging):
-    path = publish.join(staging, CHOSEN_BOUND_FILE)
-    text = publish.read_text(path)
-    if text is None:
+    chosen = publish.take_one_json_line(staging, CHOSEN_BOUND_FILE,
+                                        "the contribution-bound stage")
+    if chosen is None:
         raise ThresherError("the contribution-bound stage produced no bound; nothing was published")
-    lines = [line for line in text.splitlines() if line.strip()]
-    publish.delete(path)
-    if len(lines) != 1:
-        raise ThresherError(f"the contribution-bound stage produced {len(lines)} bounds, "
-                            f"expected exactly one; nothing was published")
-    return int(json.loads(lines[0])["max_keys_per_user"])
+    return int(chosen["max_keys_per_user"])

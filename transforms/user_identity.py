@@ -218,14 +218,20 @@ def _mac_one(message, key):
     return np.frombuffer(last, dtype="<u8").astype(np.uint64)
 
 
-def identify(arr, key):
-    """(word 0, word 1): uint64 arrays, the identity of each value of a null-free user id
-    Array (module docstring). Values are de-duplicated first (non-integer ids)."""
-    from thresher.transforms.hashing import _integer_words, canonical_text
+def flat_array(arr):
+    """One plain Arrow array of a column: chunks combined, dictionary values decoded."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
+    return arr
+
+
+def identify(arr, key):
+    """(word 0, word 1): uint64 arrays, the identity of each value of a null-free user id
+    Array (module docstring). Values are de-duplicated first (non-integer ids)."""
+    from thresher.transforms.hashing import _integer_words, canonical_text
+    arr = flat_array(arr)
     t = arr.type
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
         words = identities_of_integers(_integer_words(arr), key)
@@ -291,10 +297,7 @@ def text_ids(arr):
     other values by ``hashing.canonical_text``; nulls stay null. So two files of one
     dataset that a reader typed differently still name each user alike."""
     from thresher.transforms.hashing import canonical_text
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
-    if pa.types.is_dictionary(arr.type):
-        arr = arr.cast(arr.type.value_type)
+    arr = flat_array(arr)
     t = arr.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return arr

@@ -36,7 +36,7 @@ from thresher.pipelines.errors import InputError, SpecError, ThresherError
 from thresher.transforms import keyed_random
 from thresher.transforms.hashing import hash_columns
 from thresher.transforms.user_identity import (
-    check_identity_source, identify, identity_key, text_ids)
+    check_identity_source, flat_array, identify, identity_key, text_ids)
 from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN
 
 NOT_PRIVATE = "thresher_not_private"
@@ -538,10 +538,7 @@ def check_float_user_ids(column, where, name):
     float), and the same user stored exactly as an integer elsewhere would become a
     second identity with a bound of its own. ``where``: the file (and row group) or
     "the input rows". Raises InputError naming the field, the row and what to do."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    if pa.types.is_dictionary(column.type):
-        column = column.cast(column.type.value_type)
+    column = flat_array(column)
     if not pa.types.is_floating(column.type):
         return
     dtype = column.type.to_pandas_dtype()

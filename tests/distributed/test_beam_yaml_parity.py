@@ -17,6 +17,8 @@ No statistical assertion: no false-failure probability.
 """
 import json
 import os
+import subprocess
+import sys
 
 import apache_beam as beam
 import pyarrow as pa
@@ -431,14 +433,25 @@ def test_auto_bound_with_clip_auto_matches_thresher_run(tmp_path):
     assert "amount_mean_low" in rows[0]
 
 
+def _run_yaml_main(tmp_path, doc):
+    """Run the Beam YAML pipeline ``doc`` (with thresher's provider added) through
+    ``python -m apache_beam.yaml.main`` on the in-process runner; fail with its stderr."""
+    doc = dict(doc, providers=[{"type": "python", "config": {}, "transforms": {
+        "ThresherRelease": "thresher.pipelines.beam_yaml.ThresherRelease"}}])
+    pipeline_file = tmp_path / "pipeline.yaml"
+    pipeline_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run(
+        [sys.executable, "-m", "apache_beam.yaml.main", f"--yaml_pipeline_file={pipeline_file}",
+         "--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"],
+        capture_output=True, text=True, cwd=str(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+
 @pytest.mark.slow
 def test_beam_yaml_main_runs_quantiles_over_public_keys_with_a_budget(tmp_path):
     """The four through `python -m apache_beam.yaml.main` itself (config as Beam YAML
     passes it: plain mappings and lists): per-key quantiles of `amount` over a public key
     file, aggregates are not for quantiles, so a second transform in the same pipeline
     releases sums with clip: auto; both charge one ledger once (two rows, published)."""
-    import subprocess
-    import sys
     records = _records()
     data = tmp_path / "data.parquet"
     pq.write_table(pa.Table.from_pylist(records), str(data))
@@ -463,15 +476,8 @@ def test_beam_yaml_main_runs_quantiles_over_public_keys_with_a_budget(tmp_path):
          "config": {"path": str(tmp_path / "out" / "s.json")}},
         {"type": "WriteToParquet", "name": "WriteQRows", "input": "Quantiles.released",
          "config": {"path": str(tmp_path / "out" / "q_rows")}},
-    ]}, "providers": [{"type": "python", "config": {}, "transforms": {
-        "ThresherRelease": "thresher.pipelines.beam_yaml.ThresherRelease"}}]}
-    pipeline_file = tmp_path / "pipeline.yaml"
-    pipeline_file.write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run(
-        [sys.executable, "-m", "apache_beam.yaml.main", f"--yaml_pipeline_file={pipeline_file}",
-         "--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"],
-        capture_output=True, text=True, cwd=str(tmp_path), timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+    ]}}
+    _run_yaml_main(tmp_path, doc)
     out = sorted(os.listdir(tmp_path / "out"))
     q = json.loads((tmp_path / "out" / next(f for f in out if f.startswith("q.json"))).read_text())
     s = json.loads((tmp_path / "out" / next(f for f in out if f.startswith("s.json"))).read_text())
@@ -537,8 +543,6 @@ def test_clip_auto_on_two_worker_processes_matches_thresher_run(tmp_path, worker
 def test_beam_yaml_main_releases_an_existing_sample(tmp_path):
     """input.sample through `python -m apache_beam.yaml.main` (config as Beam YAML passes
     it, no user field; rows from ReadFromParquet): the CLI's release of the same file."""
-    import subprocess
-    import sys
     sample = _sample(_records())
     config = _config(sample={"frequency": "n", "scheme": "none"},
                      mechanism={"kind": "weighted_sampling"},
@@ -552,15 +556,8 @@ def test_beam_yaml_main_releases_an_existing_sample(tmp_path):
          "config": dict(config, num_shards=2)},
         {"type": "WriteToText", "name": "WriteReport", "input": "Release.report",
          "config": {"path": str(tmp_path / "yaml_out" / "report.json")}},
-    ]}, "providers": [{"type": "python", "config": {}, "transforms": {
-        "ThresherRelease": "thresher.pipelines.beam_yaml.ThresherRelease"}}]}
-    pipeline_file = tmp_path / "pipeline.yaml"
-    pipeline_file.write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run(
-        [sys.executable, "-m", "apache_beam.yaml.main", f"--yaml_pipeline_file={pipeline_file}",
-         "--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"],
-        capture_output=True, text=True, cwd=str(tmp_path), timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+    ]}}
+    _run_yaml_main(tmp_path, doc)
     out = tmp_path / "yaml_out"
     report = json.loads((out / sorted(os.listdir(out))[0]).read_text())
     assert report["mechanism"]["presampled"] is True

@@ -78,7 +78,9 @@ def _bound_field(spec):
 
 
 def _default(max_bound):
-    from thresher.pipelines.specs.spec import default_candidates
+    """The spec's default candidate grid (``specs.spec.default_candidates``), taken from
+    accounting so that this module imports neither the spec nor the kinds."""
+    from thresher.accounting.contribution_bound import default_candidates
     return default_candidates(max_bound)
 
 
@@ -166,9 +168,11 @@ def _check_pws_table_size(mech):
                     f"reported with probability ~{q_cap:.6g})")
 
 
-def check_release(spec, epsilon, delta, candidates):
+def check_release(spec, epsilon, delta, candidates, level_structure=(1, 1)):
     """Limits that depend on the release stage's (epsilon, delta) and the largest bound C
-    the plan calibrates; raise SpecError naming the field and what would work."""
+    the plan calibrates; raise SpecError naming the field and what would work.
+    level_structure: the kind's (levels, contributions per level per unit of C), passed
+    by the plan (this module imports no kind)."""
     kind = spec.kind
     c = max(candidates)
     field = _bound_field(spec)
@@ -214,16 +218,15 @@ def check_release(spec, epsilon, delta, candidates):
                             f"release epsilon of about {epsilon * length / L_MAX:.3g} or more, "
                             f"or a smaller max_keys_per_user")
     if kind in _SAMPLE_AND_THRESHOLD_KINDS:
-        _check_levels(spec, epsilon, delta, c, field)
+        _check_levels(spec, epsilon, delta, c, field, level_structure)
 
 
-def _check_levels(spec, epsilon, delta, c, field):
+def _check_levels(spec, epsilon, delta, c, field, level_structure):
     """Sample-and-threshold kinds calibrate one contribution at epsilon / (levels * C'),
     C' = c * per_key (``accounting.sample_threshold.calibrate_levels``): the table length
     and the O(C') calibration are checked at what is actually calibrated."""
     kind = spec.kind
-    structure = getattr(_kind_module(kind), "level_structure", None)
-    levels, per_key = structure(spec.mechanism) if structure else (1, 1)
+    levels, per_key = level_structure
 
     def length(e, k):
         return _length(e / levels, delta / levels, k * per_key)
@@ -245,7 +248,7 @@ def _check_levels(spec, epsilon, delta, c, field):
                                           else "a larger delta"))
 
 
-def release_fits(kind, mechanism, epsilon, delta, c):
+def release_fits(kind, level_structure, epsilon, delta, c):
     """True when :func:`check_release`'s bound and table-length limits of a
     sample-and-threshold kind pass at (epsilon, delta, C = c): a kind that calibrates
     while the spec is parsed (heavy_hitters' default method, from release points) asks
@@ -254,16 +257,10 @@ def release_fits(kind, mechanism, epsilon, delta, c):
     budget is an upper bound on the release stage's, so a False here is a refusal there."""
     if not (isinstance(c, int) and 1 <= c <= MAX_KEYS[kind]):
         return False
-    structure = getattr(_kind_module(kind), "level_structure", None)
-    levels, per_key = structure(mechanism) if structure else (1, 1)
+    levels, per_key = level_structure
     if c * per_key > MAX_KEYS[kind]:
         return False
     return _length(epsilon / levels, delta / levels, c * per_key) <= L_MAX
-
-
-def _kind_module(kind):
-    from thresher.pipelines import kinds
-    return kinds.module(kind)
 
 
 def _check_weighted_gaussian(spec, epsilon, delta, c):

@@ -253,8 +253,11 @@ def make_plan(spec):
         release = budget.spend(RELEASE_STAGE, budget.remaining_epsilon, 0.0)
     else:
         release = budget.spend_rest(RELEASE_STAGE)
-    limits.check_release(spec, release.epsilon, release.delta, candidates)
     module = kind_module(spec.kind)
+    # (levels, contributions per level per unit of C) of a sample-and-threshold kind
+    structure = getattr(module, "level_structure", None)
+    limits.check_release(spec, release.epsilon, release.delta, candidates,
+                         structure(spec.mechanism) if structure else (1, 1))
     mechanism = spec.mechanism
     if spec.auto_bound and hasattr(module, "for_auto_bound"):
         mechanism = module.for_auto_bound(mechanism)  # the kind's cheaper default there

@@ -238,7 +238,7 @@ def check_spec(mechanism, input_spec, bounding, privacy):
     if mechanism.get("method") != "adaptive":
         choose_schedule(mechanism)
     if mechanism.get("method") is None and not limits.release_fits(
-            "heavy_hitters", mechanism, privacy.epsilon, privacy.delta,
+            "heavy_hitters", level_structure(mechanism), privacy.epsilon, privacy.delta,
             bounding.max_keys_per_user):
         # beyond the planning limits no method is chosen (that would calibrate at the
         # refused bound / table length, for minutes): the plan's limits.check_release

@@ -259,16 +259,7 @@ def test_api_release_takes_every_section_of_a_cli_spec(tmp_path):
     spec["budget"]["ledger"] = str(tmp_path / "api.sqlite")
     assert set(spec) == set(spec_mod.TOP_FIELDS)
 
-    got, reports = _SEEN["rows"], _SEEN["reports"]
-    got.clear()
-    reports.clear()
-    transform = thresher.Release(spec)
-    transform._rng_factory = KeyedSource(SECRET)
-    with beam.Pipeline() as pipeline:
-        rows = pipeline | beam.Create([beam.Row(**r) for r in records])
-        out = rows | "Release" >> transform
-        _ = out["released"] | beam.Map(_keep_row)
-        _ = out["report"] | beam.Map(_keep_report)
+    got, reports = _api_release(spec, records)
     columns = list(got[0])
     assert "amount_mean" in columns
 
@@ -349,16 +340,7 @@ def test_api_release_takes_an_existing_sample(tmp_path):
     del config["user"]
     cli_table, cli_report = _cli(tmp_path, sample, config)
     spec = yaml.safe_load((tmp_path / "spec.yaml").read_text())
-    got, reports = _SEEN["rows"], _SEEN["reports"]
-    got.clear()
-    reports.clear()
-    transform = thresher.Release(spec)
-    transform._rng_factory = KeyedSource(SECRET)
-    with beam.Pipeline() as pipeline:
-        rows = pipeline | beam.Create([beam.Row(**r) for r in sample])
-        out = rows | "Release" >> transform
-        _ = out["released"] | beam.Map(_keep_row)
-        _ = out["report"] | beam.Map(_keep_report)
+    got, reports = _api_release(spec, sample)
     assert got and all(r["token"] is None and r["estimate"] is None for r in got)
     assert sorted(got, key=lambda r: r["word"]) == sorted(cli_table.to_pylist(),
                                                           key=lambda r: r["word"])
@@ -432,6 +414,23 @@ def test_auto_bound_with_clip_auto_matches_thresher_run(tmp_path):
     assert report["mechanism"]["aggregates"][0]["clip_chosen_by"] == "exponential_mechanism"
     assert "amount_mean_low" in rows[0]
 
+
+
+def _api_release(spec, records):
+    """thresher.Release(spec) over ``records`` under the test secret: (released rows,
+    reports) as the sinks saw them."""
+    import thresher
+    got, reports = _SEEN["rows"], _SEEN["reports"]
+    got.clear()
+    reports.clear()
+    transform = thresher.Release(spec)
+    transform._rng_factory = KeyedSource(SECRET)
+    with beam.Pipeline() as pipeline:
+        rows = pipeline | beam.Create([beam.Row(**r) for r in records])
+        out = rows | "Release" >> transform
+        _ = out["released"] | beam.Map(_keep_row)
+        _ = out["report"] | beam.Map(_keep_report)
+    return got, reports
 
 def _run_yaml_main(tmp_path, doc):
     """Run the Beam YAML pipeline ``doc`` (with thresher's provider added) through

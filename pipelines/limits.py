@@ -39,8 +39,10 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
 * ``input.public_keys`` (paper 002 Sec. 4): the domain file lists at most
   PUBLIC_KEYS_MAX keys (a CSV or JSONL file at most PUBLIC_KEYS_MAX_BYTES bytes, checked
   before it is read; Parquet by its row count, from the footer): the plan holds the
-  domain as a table and every domain key is released, so the domain's memory and the
-  release's output grow with it (measured: docs/performance.md, "Public key domains").
+  domain as a table and every domain key is released, so the run's memory grows with it:
+  ~470 bytes per domain key beyond the data's own (1e6 keys 825 MB, 3e6 keys 1.76 GB
+  peak RSS in process; docs/performance.md, "Keyed randomness in bulk"). A text file of
+  256 MiB holds ~3e6 keys of 80 bytes.
 * every kind: privacy.epsilon <= 100 (e^epsilon overflows a float near 709; no release
   is meaningfully private beyond single digits) and privacy.delta >= 1e-100.
 
@@ -72,8 +74,8 @@ WS_SAMPLING_THRESHOLD_MIN = 1e-6
 # 1e-100 the accounting's binomial blocks overflow (issue 30 D4)
 SAMPLING_RATE_MIN = 1e-12
 # input.public_keys: keys listed, and bytes of a text (CSV/JSONL) domain file
-PUBLIC_KEYS_MAX = 10_000_000
-PUBLIC_KEYS_MAX_BYTES = 1 << 30
+PUBLIC_KEYS_MAX = 3_000_000
+PUBLIC_KEYS_MAX_BYTES = 256 << 20
 
 
 def check_public_keys(path, rows=None, size_bytes=None):

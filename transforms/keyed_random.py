@@ -417,19 +417,30 @@ def _dense(codes):
     return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), len(encoded.dictionary)
 
 
-def text_identities(keys, group, table, columns):
+def text_identities(keys, group, table, columns, distinct_rows=False):
     """(n, 2) uint64: the text identity of each row of ``table`` in ``columns`` (the
     prefix-free CBC-MAC of :func:`row_identity_array` under the group's text key). The
     rows' distinct value combinations are found by dictionary codes, and only one row of
-    each is encoded and MACed."""
+    each is encoded and MACed -- unless the caller knows the rows are distinct
+    (``distinct_rows``: a batch of per-key counts has each key once), when that search
+    would only cost time."""
     n = table.num_rows
-    codes, size = np.zeros(n, dtype=np.int64), 1
+    if n == 0:
+        return np.zeros((0, 2), dtype=np.uint64)
+    if distinct_rows:
+        return block_prf.mac_bytes(row_identity_array(table, columns),
+                                   keys.key(f"{group}:text"), _TAG_TEXT)
+    codes, size = None, 1
     for name in columns:
         column_codes, m = _codes(table.column(name))
+        if codes is None:
+            codes, size = column_codes, m
+            continue
         if size > (1 << 62) // m:
             codes, size = _dense(codes)
         codes, size = codes * m + column_codes, size * m
-    codes, size = _dense(codes)
+    if len(columns) > 1:
+        codes, size = _dense(codes)
     representative = np.zeros(size, dtype=np.int64)
     representative[codes] = np.arange(n)        # any row of a combination: one text
     texts = row_identity_array(table.take(pa.array(representative)), columns)
@@ -468,6 +479,8 @@ def worker_rng(factory):
     retried bundle or another worker would draw afresh."""
     if isinstance(factory, KeyedSource):
         return None
+    if factory is None:
+        raise NoSecretError()
     return resolve(factory)()
 
 
@@ -483,8 +496,10 @@ def table_streams(factory, fallback, stage, table, columns):
     in ``columns`` (a :class:`_RowView`; the streams of
     ``factory.rows(stage, row_identities(table, columns))``), or the setup generator."""
     if isinstance(factory, KeyedSource):
-        return StageSource(factory, stage).bind(table, **{_TEXT_GROUP: list(columns)}).rows(
-            np.arange(table.num_rows), _TEXT_GROUP)
+        keys = StageKeys(factory.stage_key(stage))
+        streams = TableStreams(keys, table, {_TEXT_GROUP: list(columns)},
+                               distinct_rows=(_TEXT_GROUP,))   # a batch holds a key once
+        return streams.rows(np.arange(table.num_rows), _TEXT_GROUP)
     return fallback
 
 
@@ -700,10 +715,11 @@ class TableStreams:
     MACed to a 128-bit text identity, so a pair's message is (user, key, counter)) or
     are all MACed to one text identity (a key; a caller's own user column)."""
 
-    def __init__(self, stage_keys, table, groups):
+    def __init__(self, stage_keys, table, groups, distinct_rows=()):
         self._keys = stage_keys
         self._table = table
         self._groups = groups
+        self._distinct = frozenset(distinct_rows)   # groups whose rows are distinct keys
         self._words = {}
 
     def _user_words(self, group):
@@ -720,7 +736,8 @@ class TableStreams:
         texts = None
         if rest:
             part = self._table.select(rest).take(pa.array(index))
-            texts = text_identities(self._keys, group, part, rest)
+            texts = text_identities(self._keys, group, part, rest,
+                                    distinct_rows=group in self._distinct)
         return self._keys.streams(group, users=users, texts=texts).view
 
 

@@ -249,3 +249,15 @@ def test_groups_and_shapes_never_share_a_key():
                                                                       "key")}
     assert drawn["user"] == int(as_user[0])
     assert len({int(as_text[0]), *drawn.values()}) == 5
+
+
+def test_empty_selections_and_tables_draw_nothing():
+    table = _users_table()
+    source = keyed_random.StageSource(keyed_random.KeyedSource(SECRET), "Bound")
+    bound = keyed_random.bind_users(source, table, ["word"])
+    for group in ("user", "pair"):
+        assert len(bound.rows(np.zeros(0, dtype=np.int64), group).element_words(0)) == 0
+    empty = pa.table({"word": pa.array([], pa.string())})
+    view = keyed_random.table_streams(keyed_random.KeyedSource(SECRET), None, "R", empty, ["word"])
+    assert len(view) == 0
+    assert len(keyed_random.KeyedSource(SECRET).rows("R", []).view) == 0

@@ -17,7 +17,6 @@ Issue #34 item 1 and issue #36 D13. Three parts, each figure with the 1-minute l
     python benchmarks/bench_keyed_random.py --python /usr/bin/python3 --python .venv/bin/python
 """
 import argparse
-import json
 import os
 import pstats
 import subprocess

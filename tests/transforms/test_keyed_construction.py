@@ -261,3 +261,14 @@ def test_empty_selections_and_tables_draw_nothing():
     view = keyed_random.table_streams(keyed_random.KeyedSource(SECRET), None, "R", empty, ["word"])
     assert len(view) == 0
     assert len(keyed_random.KeyedSource(SECRET).rows("R", []).view) == 0
+
+
+def test_the_report_names_the_construction():
+    """An audit tells from the report which construction drew a release."""
+    from thresher.pipelines.plan import make_plan
+    from thresher.pipelines.specs import spec as spec_mod
+    import os
+    spec = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "examples",
+                        "quickstart.yaml")
+    report = make_plan(spec_mod.load(spec)).report()
+    assert report["randomness"]["construction"] == keyed_random.CONSTRUCTION == "aes256-cbcmac-v1"

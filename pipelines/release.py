@@ -290,7 +290,8 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     from thresher.transforms import public_domain
     spec = plan.spec
     keys = list(spec.input.keys)
-    kept = records | "RestrictToDomain" >> public_domain.RestrictToDomain(plan.domain, keys)
+    domain = public_domain.packed_domain(records.pipeline, plan.domain, keys)   # once
+    kept = records | "RestrictToDomain" >> public_domain.RestrictToDomain(domain, keys)
     shards = _UserShards(kept, num_shards, keys, spec.auto_bound, spill_dir)
     chosen = None
     if spec.auto_bound:
@@ -300,7 +301,7 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     users = shards.users(chosen, min(plan.candidates))                     # Table of whole users
     clips = _choose_clips(users, plan, rng_factory, clip_sink)
     partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
-    zeros = records.pipeline | "DomainZeroCounts" >> public_domain.DomainZeroCounts(plan.domain, keys)
+    zeros = records.pipeline | "DomainZeroCounts" >> public_domain.DomainZeroCounts(domain, keys)
     if spec.aggregates:   # zero grid sums beside the zero counts (pipelines/aggregates.py)
         from thresher.pipelines.aggregates import sum_columns
         from thresher.transforms.aggregate_values import zero_sums
@@ -419,15 +420,25 @@ def _write(released, staging, schema, keys, domain=None):
     The released Tables reach the writer as one side input (``AsList``) of a one-element
     stage, rather than through ``ToList``: Beam's global combine is two more fused stages
     (its merge, and the stage that supplies its default for an empty input), which on the
-    in-process runner cost more than the rows of a small release (docs/performance.md)."""
+    in-process runner cost more than the rows of a small release (docs/performance.md).
+    A public key domain arrives as the release's one packed copy
+    (``public_domain.packed_domain``), never pickled into the writer (issue 36 D13)."""
+    extra = {}
+    if domain is not None:
+        from thresher.transforms.public_domain import packed_domain
+        extra["domain"] = beam.pvalue.AsSingleton(
+            packed_domain(released.pipeline, domain, keys))
     (released.pipeline
      | "GatherReleased" >> beam.Impulse()
      | "WriteReleased" >> beam.Map(_write_gathered, tables=beam.pvalue.AsList(released),
                                    path=publish.join(staging, io.RELEASED_FILE),
-                                   schema=schema, keys=tuple(keys), domain=domain))
+                                   schema=schema, keys=tuple(keys), **extra))
 
 
-def _write_gathered(unused_impulse, tables, path, schema, keys, domain):
+def _write_gathered(unused_impulse, tables, path, schema, keys, domain=None):
+    if domain is not None:
+        from thresher.transforms.public_domain import unpack
+        domain = unpack(domain)
     return _write_canonical(list(tables), path, schema, keys, domain)
 
 

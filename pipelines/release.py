@@ -176,8 +176,9 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
         return _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink, spill_dir)
     if _one_pass_auto(spec):
         return _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir)
-    records = _prereduced(records, plan, rng_factory)
-    shards = _UserShards(records, num_shards, keys, spec.auto_bound, spill_dir)
+    reduced = _prereduced(records, plan, rng_factory)
+    shards = _UserShards(reduced, num_shards, keys, spec.auto_bound, spill_dir,
+                         combined=reduced is not records)
     chosen = None
     if spec.auto_bound:
         from thresher.transforms.choose_contribution_bound import ChooseContributionBound
@@ -218,9 +219,9 @@ def _sample_stages(records, plan, num_shards):
 
 def _prereduced(records, plan, rng_factory):
     """Fixed-bound l0 bounding by ``PerUserBound`` (or ``PerUserBoundWithValues`` with
-    fixed clips): drop before the shuffle the rows the
-    bounding cannot keep (transforms/prereduce.py; same released bytes, a heavy user
-    shuffles about C rows instead of all of them). Every other bounding needs all of a
+    fixed clips): combine the read batches into the shuffle's tables and drop from each,
+    where that pays, rows the bounding cannot keep (transforms/prereduce.py; same
+    released bytes, a heavy user shuffles about C rows per table instead of all of them). Every other bounding needs all of a
     user's records (prereduce.py's docstring says why), and so does fresh randomness
     (a test's seeded factory): their records pass unchanged."""
     spec = plan.spec
@@ -329,8 +330,10 @@ class _UserShards:
     them whole beside the shuffle: 1.6x the time and memory of a fixed bound). The
     shuffle itself happens once."""
 
-    def __init__(self, records, num_shards, keys, auto_bound, spill_dir=None):
-        self._shard = ShardByUser(num_shards, key_columns=keys, spill_dir=spill_dir)
+    def __init__(self, records, num_shards, keys, auto_bound, spill_dir=None, combined=False):
+        # combined: the tables are combined already (PreReduceL0): split each as it comes
+        self._shard = ShardByUser(num_shards, key_columns=keys, spill_dir=spill_dir,
+                                  coalesce_rows=1 if combined else None)
         if not auto_bound:
             self.for_choice = None
             self._users = records | "ShardByUser" >> self._shard

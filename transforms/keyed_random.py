@@ -171,7 +171,13 @@ class RowStreams:
         self._cursor = np.zeros(n, dtype=np.int64)
         self._more = {}
         self._stride = 1 << 32      # block numbers per row in the cache's combined index
-        self.view = _RowView(self, np.arange(n), True)
+
+    @property
+    def view(self):
+        """A view of every row (made on demand: a view stored here would make a reference
+        cycle, and each batch's streams would wait for a full garbage collection: peak
+        memory grew with the input, issue 34)."""
+        return _RowView(self, np.arange(len(self._ids)), True)
 
     def __len__(self):
         return len(self._ids)

@@ -206,9 +206,67 @@ def exact_users(table):
     return table.add_column(position + 1, USER_HIGH_COLUMN, high)
 
 
-def _concat_shard(shard_and_tables, key_columns=None, after=None):
+# The most rows of one user that a consumer of whole users accepts, where its kernels
+# hold all of them in one element (pipelines.release names the setting that makes it so:
+# an automatic bound, l1, adaptive rounds, aggregates): ~500 bytes a row in the automatic
+# bound's kernels, so 2**21 rows stay near 1 GB; one user with more fails the run.
+MAX_USER_ROWS = 1 << 21
+
+
+def user_row_counts(pieces):
+    """(largest number of rows of one user, that user's __user word) over shuffle pieces
+    (tables or spilled paths), reading only the user columns: per piece the counts per
+    (``__user``, ``__user_lo``) pair, merged across pieces (memory grows with the users,
+    not the rows)."""
+    users, counts = [], []
+    for piece in pieces:
+        part = (spill.read_piece_columns(piece, [USER_COLUMN, USER_LOW_COLUMN])
+                if isinstance(piece, str) else piece.select([USER_COLUMN, USER_LOW_COLUMN]))
+        if part.num_rows:
+            pairs = np.stack([part.column(USER_COLUMN).to_numpy(),
+                              part.column(USER_LOW_COLUMN).to_numpy()], axis=1)
+            unique, count = np.unique(pairs, axis=0, return_counts=True)
+            users.append(unique)
+            counts.append(count)
+    if not users:
+        return 0, None
+    unique, inverse = np.unique(np.concatenate(users), axis=0, return_inverse=True)
+    total = np.bincount(inverse.ravel(), weights=np.concatenate(counts)).astype(np.int64)
+    top = int(np.argmax(total))
+    return int(total[top]), int(unique[top, 0])
+
+
+def _piece_rows(piece):
+    if isinstance(piece, str):
+        with pa.memory_map(piece, "rb") as source:
+            return pa.ipc.open_file(source).read_all().num_rows
+    return piece.num_rows
+
+
+def check_user_rows(pieces, max_user_rows, setting):
+    """Raise ``InputError`` when one user has more than ``max_user_rows`` rows in a
+    shard's pieces, before they are concatenated. ``setting``: (the spec field that makes
+    the consumers hold all of a user's rows, what to do instead). Costs nothing while the
+    shard itself has fewer rows (the usual case)."""
+    if sum(_piece_rows(p) for p in pieces) <= max_user_rows:
+        return
+    rows, _ = user_row_counts(pieces)
+    if rows > max_user_rows:
+        from thresher.errors import InputError
+        field, remedy = setting
+        raise InputError(
+            f"{field}: one user has {rows:,} rows, and with this setting all of a user's "
+            f"rows are held in one place: at most {max_user_rows:,} rows per user are "
+            f"accepted (memory); {remedy}. Nothing was published.")
+
+
+def _concat_shard(shard_and_tables, key_columns=None, after=None, max_user_rows=None,
+                  setting=None):
     # ``after``: an unused side input that orders this step after its producer
     _, tables = shard_and_tables
+    tables = list(tables)
+    if max_user_rows is not None:
+        check_user_rows(tables, max_user_rows, setting)
     tables = [spill.read_piece(t) if isinstance(t, str) else t for t in tables]
     table = concat(tables)
     if table is not None:
@@ -229,12 +287,16 @@ class ShardByUser(beam.PTransform):
     """Hash-shard record batches by user so each output element has whole users."""
 
     def __init__(self, num_shards, key_columns=None, spill_dir=None, coalesce_rows=None,
-                 label=None):
+                 max_user_rows=None, setting=None, label=None):
         """``coalesce_rows``: read batches are combined up to this many rows before they
         are split (``COALESCE_ROWS`` by default; 1 when the input's tables are combined
-        already, e.g. by ``transforms.prereduce.PreReduceL0``)."""
+        already, e.g. by ``transforms.prereduce.PreReduceL0``). ``max_user_rows``: refuse
+        (``InputError`` naming ``setting``, the spec setting that makes the consumers hold
+        every row of a user) a user with more rows (:func:`check_user_rows`)."""
         super().__init__(label)
         self._coalesce_rows = coalesce_rows
+        self._max_user_rows = max_user_rows
+        self._setting = setting
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self._num_shards = int(num_shards)
@@ -270,5 +332,7 @@ class ShardByUser(beam.PTransform):
         ``after``: a side input (its value is not used) that this step must wait for, so
         that it runs in its consumer's stage rather than fused with the other consumer."""
         extra = {} if after is None else {"after": after}
+        if self._max_user_rows is not None:
+            extra.update(max_user_rows=self._max_user_rows, setting=self._setting)
         return beam.FlatMap(_concat_shard, key_columns=self._key_columns,
                             **extra).with_output_types(TABLE)

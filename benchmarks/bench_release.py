@@ -627,6 +627,81 @@ def _released_keys(out):
         return json.load(handle).get("released_keys")
 
 
+def _process_tree(root):
+    """{pid: (command, cpu seconds, peak RSS KB)} of ``root`` and its descendants, from
+    /proc (Linux); processes that end between two looks keep their last figures."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="utf-8") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, stack, tick = {}, [root], os.sysconf("SC_CLK_TCK")
+    while stack:
+        pid = stack.pop()
+        stack.extend(children.get(pid, []))
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
+                hwm = next((int(line.split()[1]) for line in handle
+                            if line.startswith("VmHWM")), 0)
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, StopIteration, ValueError):
+            continue
+        out[pid] = (command, (int(fields[11]) + int(fields[12])) / tick, hwm)
+    return out
+
+
+def measure_tree(cmd, cwd=ROOT, interval=0.5):
+    """Run ``cmd``; returns (wall, rc, {pid: (command, cpu s, peak RSS KB)}) of every
+    process it started, sampled every ``interval`` seconds (a worker's CPU after its
+    last sample is lost: at most ``interval`` s of it)."""
+    load0 = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    seen = {}
+    while proc.poll() is None:
+        seen.update(_process_tree(proc.pid))
+        time.sleep(interval)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode(errors="replace")
+    return {"wall": wall, "rc": proc.returncode, "processes": seen, "stderr": err,
+            "load": (load0, os.getloadavg()[0])}
+
+
+def workers_table(args, work):
+    """``thresher run`` in process and with two worker processes
+    (``--direct_num_workers=2 --direct_running_mode=multi_processing``) on the same
+    data: wall time, and each process's CPU seconds, share of the wall time and peak
+    RSS (where the second core waits shows as a worker's CPU share well below 1)."""
+    rows = args.rows
+    data = ensure_data(args.data_dir, rows, args.seed)
+    bound = args.compare_bound
+    print(f"\n## One process vs two workers: {rows:,} rows, gaussian, C={bound}")
+    for label, extra in (("in process", []),
+                         ("2 workers", ["--", "--direct_num_workers=2",
+                                        "--direct_running_mode=multi_processing"])):
+        config, _ = write_config(work, f"workers_{len(extra)}", data, "gaussian", bound)
+        m = measure_tree([*thresher_command(), "run", config, "--overwrite", "--quiet",
+                          *extra])
+        total = sum(cpu for _, cpu, _ in m["processes"].values())
+        print(f"{label}: rc={m['rc']} wall {m['wall']:.2f} s, cpu {total:.2f} s "
+              f"({total / m['wall']:.2f} cores busy), load {m['load'][0]:.1f}->"
+              f"{m['load'][1]:.1f}", flush=True)
+        for pid, (command, cpu, hwm) in sorted(m["processes"].items()):
+            role = ("worker" if "sdk_worker" in command or "worker_pool" in command
+                    else "controller" if "thresher" in command else command[:40])
+            print(f"    pid {pid:>7} {role:<12} cpu {cpu:>7.2f} s  "
+                  f"{cpu / m['wall']:>5.0%} of wall  peak RSS {hwm / 1024:>7,.0f} MB",
+                  flush=True)
+
+
 def keys_table(args, work):
     rows = args.key_rows
     print(f"\n## Distinct keys at {rows:,} rows (thresher gaussian, C={BOUND})")
@@ -673,8 +748,8 @@ def main(argv=None):
     parser.add_argument("--compare-rounds", type=int, default=1)
     parser.add_argument("--only", default=None,
                         help="comma-separated subset of: main, peer, scaling, keys, startup, "
-                             "large, compare (default: all but compare; with --compare: "
-                             "compare)")
+                             "large, compare, workers (default: all but compare and "
+                             "workers; with --compare: compare)")
     args = parser.parse_args(argv)
     args.key_rows = args.key_rows or args.rows
     args.data_dir = os.path.abspath(args.data_dir)
@@ -687,6 +762,8 @@ def main(argv=None):
           f"python {sys.version.split()[0]}")
     if "compare" in only:
         compare_table(args, work)
+    if "workers" in only:
+        workers_table(args, work)
     if "main" in only:
         main_table(args, work)
     if "peer" in only:

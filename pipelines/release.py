@@ -262,7 +262,7 @@ def _whole_user_setting(plan):
     the check never fires there."""
     spec = plan.spec
     if spec.auto_bound:
-        return ("bounding.max_keys_per_user", f"'auto' scores every key of every user; "
+        return ("bounding.max_keys_per_user", "'auto' scores every key of every user; "
                 + _FIXED_L0)
     if spec.bounding.model == "l1":
         return ("bounding.model", "l1 samples a user's records, not keys; " + _FIXED_L0)

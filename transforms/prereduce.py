@@ -52,13 +52,13 @@ from thresher.transforms.arrow_coder import TABLE
 from thresher.transforms.per_user_bound import (
     _runs, exact_key_codes, key_hash_is_exact, l0_ranks)
 from thresher.transforms.user_shards import (
-    COALESCE_ROWS, KEY_HASH_COLUMN, USER_COLUMN, concat, exact_users, order_by_user)
+    COALESCE_ROWS, KEY_HASH_COLUMN, USER_COLUMN, concat, exact_users)
 
 NOT_PRIVATE = "thresher_not_private"
 
-# A user with more than HEAVY_FACTOR * C rows in a table goes through the kernel, which
-# then removes at least half of its rows; a table is reduced when the kernel can remove
-# at least MIN_REMOVED_ROWS rows (below that the copy costs more than the shuffle saves).
+# A user with more than HEAVY_FACTOR * C rows in a table goes through the kernel (which
+# can then remove at least half of them); a table is reduced when at least
+# MIN_REMOVED_ROWS rows could go (below that the copy costs more than the shuffle saves).
 HEAVY_FACTOR = 2
 MIN_REMOVED_ROWS = 1024
 BUCKET_BITS = 20     # at most 2**20 user buckets in the decision (one per row of 1e6)

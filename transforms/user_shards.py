@@ -25,7 +25,6 @@ GroupByKey on the shard id gathers them.
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.utils.windowed_value import WindowedValue
 
 from thresher.transforms import spill

@@ -273,7 +273,13 @@ def _whole_user_setting(plan):
         return ("aggregates", "a kept key's rows are summed where the user's rows meet; "
                 "sum each user's values per key before the release (one row per user and "
                 "key)")
-    return ("bounding.max_keys_per_user", _FIXED_L0)
+    if plan.domain is not None:
+        return ("input.public_keys", "with a public key domain a user's rows are bounded "
+                "where they meet, not before the shuffle; leave such users out of the input")
+    return ("mechanism.kind", f"{spec.kind} bounds a user's keys where all its rows meet; "
+            "gaussian, laplace and sample_and_threshold with a fixed "
+            "bounding.max_keys_per_user and bounding.model: l0 drop a user's extra rows "
+            "before the shuffle, or leave such users out of the input")
 
 
 def _one_pass_auto(spec):

@@ -259,7 +259,12 @@ class RowStreams:
         n = len(self._states)
         self._first = block_prf.encrypt(encryptor, self._states)   # <0> is the zero block
         self._cursor = np.zeros(n, dtype=np.int64)
-        self.view = _RowView(self, np.arange(n), True)
+    @property
+    def view(self):
+        """A view of every row (made on demand: a view stored here would make a reference
+        cycle, and each batch's streams would wait for a full garbage collection: peak
+        memory grew with the input, issue 34)."""
+        return _RowView(self, np.arange(len(self._states)), True)
 
     def __len__(self):
         return len(self._states)

@@ -43,7 +43,7 @@ def dec(value):
 
 def text(value):
     """A decimal as stored (plain notation for the usual range)."""
-    return None if value is None else str(dec(value).normalize())
+    return None if value is None else str(dec(value))
 
 
 def add(a, b):

@@ -549,15 +549,24 @@ def reserve(plan, run_token=None, output=None):
     ``run_token`` (a Beam pipeline's run, ``pipelines.beam_yaml``): the release is recorded
     at once as ``published`` with ``output``, and a token already in the ledger is not
     charged again (the Reservation of the existing row, ``charged`` False)."""
-    with errors(plan.spec.budget.ledger):
-        return _reserve(plan, full_charge(plan), run_token, output)
-
-
-def _reserve(plan, charge, run_token=None, output=None):
     spec = plan.spec
-    budget = spec.budget
+    return reserve_charge(spec.budget, spec.name, config_sha256(spec), full_charge(plan),
+                          run_token, output)
+
+
+def config_sha256(spec):
+    return hashlib.sha256(spec.source_text.encode("utf-8")).hexdigest()
+
+
+def reserve_charge(budget, name, sha, charge, run_token=None, output=None):
+    """``reserve`` of a charge computed beforehand (``full_charge``): what a pipeline's
+    worker calls with the values the pipeline was built with."""
+    with errors(budget.ledger):
+        return _reserve(budget, name, sha, charge, run_token, output)
+
+
+def _reserve(budget, name, sha, charge, run_token=None, output=None):
     wanted = comp.Totals.of_spec(budget)
-    sha = hashlib.sha256(spec.source_text.encode("utf-8")).hexdigest()
     conn = _connect(budget.ledger, create=True)
     try:
         with _write_transaction(conn):
@@ -596,7 +605,7 @@ def _reserve(plan, charge, run_token=None, output=None):
                    "reserved_at, host, pid, rho, delta0, run_token, finished_at, output) "
                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
             now = _now()
-            params = (budget.dataset, spec.name, comp.text(charge.epsilon), comp.text(charge.delta),
+            params = (budget.dataset, name, comp.text(charge.epsilon), comp.text(charge.delta),
                       sha, state, now, socket.gethostname(), os.getpid(), comp.text(charge.rho),
                       comp.text(charge.delta0), run_token,
                       None if run_token is None else now, output)

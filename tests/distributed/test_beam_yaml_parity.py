@@ -191,7 +191,7 @@ def _ledger_rows(path):
 
 
 def test_budget_charges_once_like_thresher_run_and_refuses_without_running(tmp_path):
-    """(b) budget: the transform charges the ledger once, when it is applied, and
+    """(b) budget: the transform charges the ledger once, when the pipeline runs, and
     records the release as the CLI does (same dataset, name, epsilon, delta, state); a
     release the ledger cannot fit is refused by name while the pipeline is built, and
     nothing of it runs: no released row and no report reach the pipeline's sinks."""
@@ -210,8 +210,8 @@ def test_budget_charges_once_like_thresher_run_and_refuses_without_running(tmp_p
     # built, so the pipeline never runs (a sink on the input rows sees nothing)
     _SEEN["rows"].clear()
     _SEEN["reports"].clear()
-    with pytest.raises(SpecError, match=r"^ThresherRelease\.budget: dataset 'quickstart' has "
-                                        r"spent epsilon=1"):
+    with pytest.raises(SpecError, match=r"^ThresherRelease\.budget: dataset 'quickstart' "
+                                        r"\(basic composition\) has spent epsilon=1"):
         with beam.Pipeline() as pipeline:
             rows = pipeline | beam.Create([beam.Row(user_id=r["user_id"], word=r["word"])
                                            for r in records])

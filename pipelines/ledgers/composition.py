@@ -85,7 +85,8 @@ class Totals:
         from thresher.accounting import zcdp
         delta0 = threshold_delta(budget)
         conv = sub(delta, delta0)
-        rho = zcdp.decimal_down(zcdp.rho_budget(float(epsilon), _float_down(conv)))
+        # rho_budget returns the float of a 12-digit decimal rounded down: repr gives it back
+        rho = dec(zcdp.rho_budget(float(epsilon), _float_down(conv)))
         return cls(ZCDP, epsilon, delta, delta0, rho)
 
     def epsilon_of(self, rho):

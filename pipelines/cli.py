@@ -546,7 +546,7 @@ def _ledger_preview(plan, refuse):
         return None
     if seen.refuses:
         if refuse:
-            raise ThresherError(f"budget: {seen.text}")
+            raise ThresherError(f"{seen.field}: {seen.text}")
         return f"ledger: REFUSES this release: {seen.text}"
     return seen.text
 

@@ -936,6 +936,7 @@ class Preview:
     refuses: bool
     text: str
     warning: bool = False
+    field: str = "budget"       # what a refusal names
 
 
 def preview(plan):
@@ -974,7 +975,7 @@ def preview(plan):
         try:
             _check_fixed(budget, totals, wanted)
         except SpecError as exc:
-            return Preview(True, f"{exc.message}: the run will be refused")
+            return Preview(True, f"{exc.message}: the run will be refused", field=exc.field)
         where = f"ledger: {comp.state_text(budget.dataset, totals, spent)}"
     if not comp.admits(totals, spent, charge):
         return Preview(True, f"{comp.refusal_text(budget.dataset, totals, spent, charge)}: "

@@ -70,7 +70,7 @@ def check_fits(plan):
     already cannot fit the release (read only; the run decides, under its lock)."""
     seen = ledger.preview(plan)
     if seen.refuses:
-        raise SpecError("budget", seen.text)
+        raise SpecError(seen.field, seen.text)
 
 
 class ChargeRun(beam.DoFn):

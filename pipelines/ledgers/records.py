@@ -27,7 +27,15 @@ def privacy_record(plan):
 
 
 def record_of(plan):
-    """The release's ``accounting.zcdp.Record`` (floats, before rounding)."""
+    """The release's ``accounting.zcdp.Record`` (floats, before rounding); computed once
+    per plan (a report per candidate bound asks again)."""
+    cached = plan.__dict__.get("_zcdp_record")
+    if cached is None:
+        cached = plan.__dict__["_zcdp_record"] = _record_of(plan)
+    return cached
+
+
+def _record_of(plan):
     stages = [(s.name, s.epsilon, s.delta) for s in plan.budget.stages]
     total = zcdp.ZERO
     for name, epsilon, _ in stages:

@@ -52,6 +52,7 @@ uses numpy only.
 """
 import dataclasses
 import decimal
+import functools
 import math
 
 import numpy as np
@@ -164,6 +165,7 @@ def _eps_log(rho, delta, log_m1):
     return alpha * rho + (math.log(1.0 / delta) - np.log1p(m1)) / m1 + np.log(m1 / alpha)
 
 
+@functools.lru_cache(maxsize=64)
 def rho_budget(epsilon, delta):
     """rho_B: the largest rho (rounded down to DIGITS significant digits) whose CKS
     conversion at ``delta`` is at most ``epsilon`` (times 1 - 1e-12), by bisection; the

@@ -20,36 +20,33 @@ from thresher.pipelines.ledgers import ledger
 
 
 def bench(mode, count, block, folder):
+    """Reserve ``count`` releases on one dataset; print a line per ``block``."""
     budget = ledger.BudgetSpec(ledger=os.path.join(folder, f"{mode}.sqlite"), dataset="d",
                                epsilon=1e6, delta=0.5, composition=mode)
     charge = comp.Charge(comp.dec(0.01), comp.dec(1e-9), comp.dec("0.0000125"),
                          comp.dec("1E-12"))
-    rows = []
+    print(f"{mode}: {'reservations':>12} {'wall ms/res':>12} {'cpu ms/res':>11}  load1",
+          flush=True)
     for start in range(0, count, block):
         wall, cpu = time.perf_counter(), time.process_time()
         for _ in range(block):
             ledger.reserve_charge(budget, "r", "0" * 64, charge)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        rows.append((start + block, 1e3 * wall / block, 1e3 * cpu / block, os.getloadavg()[0]))
+        print(f"{mode}: {start + block:>12} {1e3 * wall / block:>12.3f} "
+              f"{1e3 * cpu / block:>11.3f}  {os.getloadavg()[0]:.2f}", flush=True)
     shown = ledger.summary(budget.ledger)[0]
     assert len(shown["releases"]) == count and "warning" not in shown
-    return rows
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=10_000)
     parser.add_argument("--block", type=int, default=1_000)
+    parser.add_argument("--modes", default="zcdp,basic")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        results = {mode: bench(mode, args.count, args.block, folder)
-                   for mode in (comp.BASIC, comp.ZCDP)}
-    print(f"{'reservations':>12}  " + "  ".join(
-        f"{mode + ' wall ms':>14} {mode + ' cpu ms':>13}" for mode in results) + "  load1")
-    for i in range(len(results[comp.BASIC])):
-        line = f"{results[comp.BASIC][i][0]:>12}  "
-        line += "  ".join(f"{r[i][1]:>14.3f} {r[i][2]:>13.3f}" for r in results.values())
-        print(line + f"  {results[comp.ZCDP][i][3]:.2f}")
+        for mode in args.modes.split(","):
+            bench(mode, args.count, args.block, folder)
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 

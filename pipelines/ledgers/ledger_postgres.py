@@ -6,8 +6,10 @@ makes "two runs with room for one: exactly one proceeds" hold here is a row lock
 check then a write: ``reserve`` runs in one transaction that first makes sure the
 dataset's row exists (``INSERT ... ON CONFLICT DO NOTHING``) and then takes that row
 ``FOR UPDATE``; a second run on the same dataset waits at that lock until the first
-commits, and then reads the sum including the first release. The tables are created
-under a transaction-scoped advisory lock, so two first runs do not race on ``CREATE``.
+commits, and then reads the running sums (kept in that row) including the first
+release. The tables are created -- and an older ledger's tables given the columns added
+since (``ADD COLUMN IF NOT EXISTS``, all nullable) -- under a transaction-scoped advisory
+lock, so two first runs do not race on ``CREATE`` or ``ALTER``.
 """
 import contextlib
 import re

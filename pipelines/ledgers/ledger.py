@@ -30,9 +30,10 @@ The life of one release in the ledger (``thresher run``, ``pipelines.release.run
 
 1. ``reserve`` — before any input is opened, one ``BEGIN IMMEDIATE`` transaction (SQLite
    takes the database's write lock at BEGIN, so two runs cannot both read the old sum
-   and both write) sums what is charged, refuses the release if it would exceed the
-   total (``SpecError`` naming ``budget``, exit 2), and otherwise inserts the release as
-   ``reserved``. A reserved release counts as spent.
+   and both write) reads the dataset's running sums, refuses the release if it would
+   exceed the dataset's budget in its mode (``SpecError`` naming ``budget``, exit 2), and
+   otherwise inserts the release as ``reserved`` and adds it to the sums. A reserved
+   release counts as spent.
 2. The pipeline runs into a staging location that only the operator can see.
 3. ``publishing`` — just before the release is moved into place the row becomes
    ``publishing`` in a write transaction, only if it is still ``reserved``. If that

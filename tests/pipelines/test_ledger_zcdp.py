@@ -86,6 +86,13 @@ def test_ten_gaussian_releases_fit_zcdp_where_basic_fits_three(data, capsys):
     assert shown["zcdp"]["delta0_spent"] == 0.0
     report = json.loads((data / "out-z0" / "release_report.json").read_text())
     assert report["privacy"]["zcdp"]["rho"] == shown["releases"][0]["rho"]
+    # the ledger's converted epsilon against dp_accounting's RdpAccountant on the same
+    # ten Gaussian mechanisms: never above it, within 1e-2
+    dp_accounting = pytest.importorskip("dp_accounting")
+    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(report["mechanism"]["sigma"]), 10)
+    theirs = accountant.get_epsilon(1e-5)
+    assert theirs - 1e-2 <= shown["spent"]["epsilon"] <= theirs
 
     basic = [_run(["run", _spec(data, f"b{i}", "basic")], capsys)[0] for i in range(4)]
     assert basic == [0, 0, 0, 2]

@@ -59,7 +59,7 @@ import numpy as np
 
 from thresher.accounting import discrete_gaussian as dg
 from thresher.accounting import gshm
-from thresher.accounting import laplace_threshold
+from thresher.accounting import plain_gshm
 from thresher.accounting import weighted_gaussian as wg
 
 # Stored records and budgets keep this many significant digits (rho and delta0 rounded
@@ -275,7 +275,17 @@ def gaussian_record(mechanism, stages, max_keys_per_user):
     if mechanism.get("public_keys"):
         return Record(rho, 0.0)
     gap = float(mechanism["threshold"]) - int(mechanism["pre_threshold"])
-    return Record(rho, suppression_delta0(gshm.log_beta(sigma, gap), c))
+    return Record(rho, suppression_delta0(_log_beta_lower(sigma, gap), c))
+
+
+def _log_beta_lower(sigma, gap):
+    """log P[v <= ceil(gap) - 1] for v ~ N_Z(0, sigma^2), from below: plain_gshm's rigorous
+    lower bound in plain math (no SciPy: a release read from the calibration cache stays
+    SciPy-free), or, past its term limit, gshm's exact sum."""
+    try:
+        return plain_gshm.log_beta_lower(sigma, gap)
+    except plain_gshm.TooLarge:
+        return gshm.log_beta(sigma, gap)
 
 
 def laplace_record(mechanism, stages, max_keys_per_user):
@@ -287,6 +297,7 @@ def laplace_record(mechanism, stages, max_keys_per_user):
     epsilon minus the count's equally. Thresholded: delta0 = 1 - beta^C (l0) or the
     worst split of the user's C records over lifted keys (l1, as
     ``accounting.laplace_threshold``'s suppression term)."""
+    from thresher.accounting import laplace_threshold   # imports SciPy: only for laplace
     c = int(max_keys_per_user)
     b = float(mechanism["scale"])
     l1 = mechanism.get("model") == "l1"

@@ -62,6 +62,9 @@ class _TooLarge(Exception):
     pass
 
 
+TooLarge = _TooLarge    # for callers of log_beta_lower (accounting.zcdp)
+
+
 class _Budget:
     def __init__(self, terms):
         self.left = terms

@@ -11,7 +11,9 @@ and ``output.path`` are ignored (the rows are the input; the caller writes the
 PCollections wherever it likes), ``output.confidence`` sets the level of the
 ``<column>_low`` / ``_high`` interval columns ``released`` carries as ``thresher run``'s
 file does; ``description`` is ignored too (it is in no report); ``budget`` charges the
-ledger once, when the transform is applied (``pipelines.beam_yaml``'s docstring).
+ledger once per run of the pipeline, under a run token drawn with the run's secret
+(``pipelines.ledgers.pipeline_charge``; a ledger the workers cannot reach is refused when
+the pipeline is built).
 
 ``plan(spec)`` calibrates a spec without reading data (``pipelines.plan.make_plan``): the
 returned plan's ``report()`` is the release report minus its data fields, as

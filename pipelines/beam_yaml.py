@@ -41,14 +41,16 @@ gathered file; they are row by row, so the same). What differs from the CLI:
   the key fields and the frequency field, no user; they go through the CLI's stages
   (``release.release_stages``: OneRowPerKey, SanitizeSample);
 - ``budget`` (the ledger, ``pipelines.ledgers.ledger``): the release is charged when the
-  transform is applied (the pipeline is built), after every stage was added and before
-  anything runs, and recorded once, as published (output ``beam pipeline: <label>``):
-  thresher cannot see where or whether the pipeline writes its outputs, so from then on
-  the release counts as spent (a pipeline that later fails stays charged: the safe
-  side). A release the ledger cannot fit is refused there (``SpecError`` naming
-  ``ThresherRelease.budget``): the pipeline cannot be built, so nothing runs and nothing
-  is published. A built pipeline must run once: a second ``run()`` of the same pipeline
-  object draws a new secret, a second release the ledger does not see.
+  pipeline *runs*, once per run, by a stage that reserves under a run token derived from
+  the run's secret (``pipelines.ledgers.pipeline_charge``): a retried reservation charges
+  once, a second ``run()`` of the same pipeline object is a second release and a second
+  charge (refused when the budget cannot fit it: the run fails, and neither output gets
+  a row). Both outputs wait for the charge. It is recorded as published (output
+  ``beam pipeline: <label>``): thresher cannot see where or whether the pipeline writes
+  its outputs, so from then on the release counts as spent. The ledger must be one the
+  workers reach -- PostgreSQL, or SQLite under Beam's in-process and Prism runners --
+  and is refused otherwise when the pipeline is built (``ThresherRelease.budget.ledger``);
+  a release the ledger already cannot fit is refused then too (``ThresherRelease.budget``).
 
 Randomness: the release secret is drawn inside the pipeline, as ``thresher run`` draws it
 (``transforms.keyed_random.PipelineSecret``), and every stage identity is taken relative
@@ -60,6 +62,7 @@ by one: they work on Arrow batches of hashed records, and a privacy guarantee ho
 for the composition (noise calibrated for counts that were bounded per user), which
 this transform fixes.
 """
+import dataclasses
 import json
 import typing
 
@@ -111,8 +114,9 @@ def ThresherRelease(user=None, keys=None, privacy=None, bounding=None, mechanism
       aggregates_auto: the spec's ``aggregates_auto`` section (the clip choice's budget).
       public_keys: the spec's ``input.public_keys`` (``{path, format}``): a public key
         domain, read when the transform is constructed.
-      budget: the spec's ``budget`` section (``{ledger, dataset, epsilon, delta}``): the
-        release is charged once, when the transform is applied (module docstring).
+      budget: the spec's ``budget`` section (``{ledger, dataset, epsilon, delta[,
+        composition, threshold_delta]}``): the release is charged once per run of the
+        pipeline (module docstring).
       sample: the spec's ``input.sample`` (``{frequency, scheme[, threshold]}``): the rows
         are an existing weighted sample, one per key with its frequency field and no user
         (``mechanism.kind: weighted_sampling``; docs/weighted_sampling.md).
@@ -179,7 +183,6 @@ def _domain_for(plan, fields):
     spec = plan.spec
     if plan.domain is None:
         return plan
-    import dataclasses
     from thresher.pipelines.dataio.public_keys import load_domain
     types = {k: _arrow_type(fields[k]) for k in spec.input.keys}
     if any(t is None for t in types.values()):
@@ -191,19 +194,20 @@ def _domain_for(plan, fields):
     return dataclasses.replace(plan, domain=domain)
 
 
-def _charge(plan, label):
-    """Charge the release to the spec's ledger and record it, once (module docstring);
-    SpecError naming ``ThresherRelease.budget`` when the dataset's total would be
-    exceeded or the ledger cannot be used."""
-    from thresher.pipelines.ledgers import ledger
+def _budget_checked(plan, pipeline):
+    """With a budget: the plan with a ledger the workers reach (SpecError naming
+    ``ThresherRelease.budget.ledger`` otherwise) that can still fit the release
+    (``ThresherRelease.budget`` otherwise), checked when the pipeline is built."""
+    if plan.spec.budget is None:
+        return plan
+    from thresher.pipelines.ledgers import pipeline_charge
     try:
-        with ledger.reservation_for(plan) as reservation:
-            if reservation is None:
-                return
-            reservation.publishing()
-            reservation.commit(output=f"beam pipeline: {label or 'ThresherRelease'}")
+        budget = pipeline_charge.workers_reach(plan.spec.budget, pipeline)
+        plan = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, budget=budget))
+        pipeline_charge.check_fits(plan)
     except SpecError as exc:
         raise _named(exc) from None
+    return plan
 
 
 def _python_type(arrow_type, field):
@@ -339,11 +343,12 @@ def _chosen_report(reports, chosen, clips=None):
     return report
 
 
-def _table_to_rows(table, columns, spec, reports, chosen, clips=None):
+def _table_to_rows(table, columns, spec, reports, chosen, clips=None, charged=None):
     """Released rows of one Arrow table, with the interval columns ``thresher run`` adds
     in its launcher (``intervals.add_columns``: post-processing of the released values
     and the report's public parameters, row by row, so a table's rows get the same
-    endpoints here as in the CLI's gathered file)."""
+    endpoints here as in the CLI's gathered file). ``charged``: with a budget, this run's
+    ledger charge, a side input read only so that no row is emitted before it exists."""
     if not table.num_rows:
         return
     from thresher.pipelines.dataio import intervals
@@ -354,7 +359,8 @@ def _table_to_rows(table, columns, spec, reports, chosen, clips=None):
         yield beam.Row(**record)
 
 
-def _report_json(released_keys, reports, chosen, clips=None, notes=None, kind=None):
+def _report_json(released_keys, reports, chosen, clips=None, notes=None, kind=None,
+                 charged=None):
     report = _chosen_report(reports, chosen, clips)
     if notes is not None:    # e.g. quantiles' capped key selection, as thresher run reports it
         report = kind_module(kind).apply_notes(report, json.loads(notes))
@@ -379,7 +385,7 @@ class _Release(beam.PTransform):
         refuse_dask(rows.pipeline.runner)
         refuse_dask(rows.pipeline.options.view_as(StandardOptions).runner)
         _refuse_windowing(rows)
-        plan = self._plan
+        plan = _budget_checked(self._plan, rows.pipeline)
         spec = plan.spec
         user, keys = spec.input.user, list(spec.input.keys)
         sample = spec.input.sample
@@ -457,16 +463,18 @@ class _Release(beam.PTransform):
             chosen_value = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
         clips_value = beam.pvalue.AsSingleton(clips[0]) if clips else None
         notes_value = beam.pvalue.AsSingleton(notes[0]) if notes else None
+        charged = None      # budget: this run's charge; both outputs wait for it
+        if spec.budget is not None:
+            from thresher.pipelines.ledgers.pipeline_charge import charge_when_run
+            charged = beam.pvalue.AsSingleton(charge_when_run(rows.pipeline, plan, source, root))
         released_rows = released | "ToRows" >> beam.FlatMap(
             _table_to_rows, columns=keys + list(output_columns), spec=spec, reports=reports,
-            chosen=chosen_value, clips=clips_value).with_output_types(row_type)
+            chosen=chosen_value, clips=clips_value, charged=charged).with_output_types(row_type)
         report = (released
                   | "CountReleased" >> beam.Map(lambda table: table.num_rows)
                   | "SumReleased" >> beam.CombineGlobally(sum)
                   | "Report" >> beam.Map(_report_json, reports=reports, chosen=chosen_value,
                                          clips=clips_value, notes=notes_value,
-                                         kind=spec.kind)
+                                         kind=spec.kind, charged=charged)
                   .with_output_types(RowTypeConstraint.from_fields([("report", str)])))
-        # last, once every stage is in the graph: a refused charge adds nothing to run
-        _charge(plan, root)
         return {"released": released_rows, "report": report}

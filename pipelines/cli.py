@@ -546,7 +546,7 @@ def _ledger_preview(plan, refuse):
         return None
     if seen.refuses:
         if refuse:
-            raise ThresherError(f"budget: {seen.text}")
+            raise ThresherError(f"{seen.field}: {seen.text}")
         return f"ledger: REFUSES this release: {seen.text}"
     return seen.text
 
@@ -555,13 +555,7 @@ def _ledger_line(spec):
     if getattr(spec, "budget", None) is None:
         return None
     from thresher.pipelines.ledgers import ledger
-    try:
-        d = ledger.summary(spec.budget.ledger, spec.budget.dataset)[0]
-    except ThresherError as exc:      # the release is published; the warning above says more
-        return f"ledger: cannot be read now ({exc})"
-    return (f"ledger: dataset {d['dataset']} has spent epsilon {d['spent']['epsilon']:g} of "
-            f"{d['budget']['epsilon']:g}, delta {d['spent']['delta']:g} of {d['budget']['delta']:g} "
-            f"({spec.budget.ledger})")
+    return ledger.after_run_line(spec.budget)
 
 
 def _look_command(args):

@@ -141,6 +141,8 @@ class Plan:
             privacy["delta_spent"] = self.budget.spent_delta
             privacy["delta_note"] = ("the stages spend delta 0: the release is (epsilon, 0)-DP; "
                                      "privacy.delta is the spec's budget, unused")
+        from thresher.pipelines.ledgers.records import report_section
+        privacy["zcdp"] = report_section(self)     # what a zcdp ledger charges (docs/accounting.md)
         if spec.input.sample is not None:
             sample = spec.input.sample
             scheme = sample["scheme"] + (f" (threshold {sample['threshold']:g})"

@@ -9,19 +9,31 @@ same users, across every release made from it)::
       epsilon: 3.0
       delta: 1.0e-6
 
-Composition across releases is basic: a release fits if the sum of the (epsilon, delta)
-of every release already charged to the dataset, plus its own, stays within the total
-(Dwork & Roth, *The Algorithmic Foundations of Differential Privacy*, Thm 3.16). Sums
-are exact: each number is kept as the decimal it was written as (``repr`` of the float)
-and added with ``decimal.Decimal``, so ten releases at 0.1 fill a total of 1.0 exactly.
+      composition: zcdp                    # optional: basic (default) or zcdp
+      threshold_delta: 5.0e-7              # optional, zcdp only: delta0_B (default delta/2)
+
+Composition across releases (``pipelines.ledgers.composition``): ``basic`` -- a release
+fits if the sum of the (epsilon, delta) of every release already charged to the dataset,
+plus its own, stays within the total (Dwork & Roth, *The Algorithmic Foundations of
+Differential Privacy*, Thm 3.16); ``zcdp`` -- each release is charged its approximate-zCDP
+record (rho, delta0) (``pipelines.ledgers.records``) against rho_B and delta0_B, fixed
+with the dataset (an approximate-zCDP filter; docs/accounting.md). The mode is fixed by
+the dataset's first charged release. Sums are exact: each number is kept as the decimal
+it was written as (``repr`` of the float; records rounded up, rho_B down, to 12
+significant digits) and added with ``decimal.Decimal``, so ten releases at 0.1 fill a
+total of 1.0 exactly. The running sums live in the dataset's row and are updated in the
+transaction that reserves, abandons or releases a release (a reservation reads one row,
+not the history); a ledger written by an older thresher gets the new columns (all
+nullable) when it is next opened for writing, and its sums are folded once.
 
 The life of one release in the ledger (``thresher run``, ``pipelines.release.run``):
 
 1. ``reserve`` — before any input is opened, one ``BEGIN IMMEDIATE`` transaction (SQLite
    takes the database's write lock at BEGIN, so two runs cannot both read the old sum
-   and both write) sums what is charged, refuses the release if it would exceed the
-   total (``SpecError`` naming ``budget``, exit 2), and otherwise inserts the release as
-   ``reserved``. A reserved release counts as spent.
+   and both write) reads the dataset's running sums, refuses the release if it would
+   exceed the dataset's budget in its mode (``SpecError`` naming ``budget``, exit 2), and
+   otherwise inserts the release as ``reserved`` and adds it to the sums. A reserved
+   release counts as spent.
 2. The pipeline runs into a staging location that only the operator can see.
 3. ``publishing`` — just before the release is moved into place the row becomes
    ``publishing`` in a write transaction, only if it is still ``reserved``. If that
@@ -47,6 +59,12 @@ file system (not NFS). A ledger path that does not exist yet is created, with it
 Or it is a PostgreSQL database, given as a ``postgresql://`` URL
 (``pipelines.ledger_postgres``: the same tables; the dataset's row is locked ``FOR
 UPDATE`` where SQLite takes its write lock), shared by runs on several machines.
+
+A release built into a user's Beam pipeline (``pipelines.beam_yaml``, ``thresher.Release``)
+reserves when the pipeline *runs*, under a run token derived from the run's secret:
+``reserve(plan, run_token=...)`` charges a token once, so a retried reservation of the
+same run charges nothing more, and a second run of the same pipeline object (a new
+secret, a new token) is a second release, charged again.
 """
 import contextlib
 import dataclasses
@@ -61,12 +79,13 @@ import sqlite3
 
 from thresher.pipelines.specs import declare
 
+from thresher.pipelines.ledgers import composition as comp
 from thresher.pipelines.ledgers import ledger_postgres
 from thresher.pipelines.errors import SpecError
 
 log = logging.getLogger("thresher")
 
-# The spec's budget section (declared for pipelines.schema; all four are required).
+# The spec's budget section (declared for pipelines.schema; REQUIRED are required).
 FIELDS = {
     "ledger": declare.string(description="a SQLite file path, or a PostgreSQL database URL "
                                          "(postgresql://user@host:5432/db)"),
@@ -75,7 +94,15 @@ FIELDS = {
     "epsilon": declare.number(low=0, low_open=True, description="the total over all releases "
                                                                 "on this dataset"),
     "delta": declare.number(low=0, high=1, high_open=True),
+    "composition": declare.choice(comp.MODES, default=comp.BASIC, description=(
+        "how releases on the dataset compose: basic (sum of epsilons and deltas) or zcdp "
+        "(sum of each release's rho and delta0; docs/accounting.md); fixed by the "
+        "dataset's first release")),
+    "threshold_delta": declare.number(low=0, high=1, high_open=True, description=(
+        "zcdp only: delta0_B, the part of delta charged at face value to thresholds "
+        "(default delta / 2; 0 allowed)")),
 }
+REQUIRED = ("ledger", "dataset", "epsilon", "delta")
 RESERVED, PUBLISHING, PUBLISHED, PUBLISH_FAILED = ("reserved", "publishing", "published",
                                                    "publish_failed")
 BUSY_TIMEOUT_S = 60.0
@@ -86,7 +113,14 @@ CREATE TABLE IF NOT EXISTS datasets (
     dataset TEXT PRIMARY KEY,
     epsilon TEXT NOT NULL,            -- the total, as a decimal string
     delta TEXT NOT NULL,
-    created TEXT NOT NULL
+    created TEXT NOT NULL,
+    composition TEXT,                 -- basic | zcdp (NULL: basic, a ledger before modes)
+    threshold_delta TEXT,             -- zcdp: delta0_B
+    rho TEXT,                         -- zcdp: rho_B
+    spent_epsilon TEXT,               -- running sums (NULL: not folded yet)
+    spent_delta TEXT,
+    spent_rho TEXT,                   -- NULL once a release without a record is charged
+    spent_delta0 TEXT
 );
 CREATE TABLE IF NOT EXISTS releases (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -100,9 +134,20 @@ CREATE TABLE IF NOT EXISTS releases (
     finished_at TEXT,
     output TEXT,
     host TEXT,
-    pid INTEGER
+    pid INTEGER,
+    rho TEXT,                         -- the release's record (NULL: charged before records)
+    delta0 TEXT,
+    run_token TEXT                    -- a Beam pipeline run's token (NULL: thresher run)
 );
+CREATE UNIQUE INDEX IF NOT EXISTS releases_run_token ON releases (run_token);
 """
+# Columns added after the first ledgers were written: added (nullable) to an older ledger
+# when it is opened for writing (``_migrate``); readers treat them as NULL until then.
+NEW_COLUMNS = {
+    "datasets": ("composition", "threshold_delta", "rho", "spent_epsilon", "spent_delta",
+                 "spent_rho", "spent_delta0"),
+    "releases": ("rho", "delta0", "run_token"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +157,8 @@ class BudgetSpec:
     dataset: str
     epsilon: float
     delta: float
+    composition: str = comp.BASIC
+    threshold_delta: float = None        # zcdp: delta0_B (None: delta / 2)
 
 
 def parse_section(section, privacy):
@@ -125,10 +172,16 @@ def parse_section(section, privacy):
                         f"file (e.g. ledgers/my-dataset.sqlite)")
     dataset = section["dataset"]
     epsilon, delta = float(section["epsilon"]), float(section["delta"])
-    if privacy.epsilon > epsilon:
+    mode = section.get("composition", comp.BASIC)
+    threshold = section.get("threshold_delta")
+    comp.check_section(mode, None if threshold is None else float(threshold), delta)
+    if mode == comp.BASIC and privacy.epsilon > epsilon:
+        # (zcdp: one release may carry a larger epsilon and still fit rho_B.)
         raise SpecError("budget.epsilon", f"the dataset's total ({epsilon:g}) is smaller than "
                         f"this one release's privacy.epsilon ({privacy.epsilon:g})")
-    return BudgetSpec(ledger=ledger, dataset=dataset, epsilon=epsilon, delta=delta)
+    return BudgetSpec(ledger=ledger, dataset=dataset, epsilon=epsilon, delta=delta,
+                      composition=mode,
+                      threshold_delta=None if threshold is None else float(threshold))
 
 
 def charge_of(plan):
@@ -138,22 +191,24 @@ def charge_of(plan):
     return budget.epsilon, (budget.delta if budget.spent_delta > 0 else 0.0)
 
 
+def full_charge(plan):
+    """The release's ``composition.Charge``: (epsilon, delta) and its record (rho, delta0),
+    both charged in either mode's columns."""
+    from thresher.pipelines.ledgers.records import privacy_record
+    epsilon, delta = charge_of(plan)
+    rho, delta0 = privacy_record(plan)
+    return comp.Charge(_dec(epsilon), _dec(delta), rho, delta0)
+
+
 # ---- exact sums -------------------------------------------------------------------------
 
 def _dec(value):
-    return decimal.Decimal(repr(float(value)))
-
-
-def _sum(values):
-    total = decimal.Decimal(0)
-    for v in values:
-        total += decimal.Decimal(v)
-    return total
+    return comp.dec(value)
 
 
 def _num(text):
     """A stored decimal as the float a person reads (2.0, 1e-08)."""
-    return float(decimal.Decimal(text))
+    return None if text is None else float(decimal.Decimal(text))
 
 
 def _now():
@@ -167,6 +222,8 @@ def _connect(path, create):
         conn = ledger_postgres.connect(path, create, "budget.ledger" if create else "")
         try:
             check_shape(conn, path, "budget.ledger" if create else "")
+            if create:
+                _migrate(conn, path)
         except BaseException:
             conn.close()
             raise
@@ -190,26 +247,43 @@ def _connect(path, create):
             conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         conn.execute("PRAGMA foreign_keys = ON")
         if create:
-            conn.executescript(_SCHEMA)
+            _create_tables(conn)
     except sqlite3.Error as exc:
         raise SpecError("budget.ledger" if create else "", f"{path!r} "
                         f"({os.path.abspath(path)}) is not a usable ledger: {exc}") from None
     try:
         check_shape(conn, path, "budget.ledger" if create else "")
+        if create:
+            _migrate(conn, path)
     except BaseException:
         conn.close()
         raise
     return conn
 
 
+def _create_tables(conn):
+    """The tables of a new ledger (the unique run-token index once the column exists: an
+    older ledger gets it from ``_migrate``)."""
+    tables, _, index = _SCHEMA.rpartition("CREATE UNIQUE INDEX")
+    conn.executescript(tables)
+    if "run_token" in _columns(conn, "releases"):
+        conn.execute("CREATE UNIQUE INDEX " + index.strip().rstrip(";"))
+
+
 # The columns each table must have (a ledger made by another program, or an older
 # thresher, with tables of these names but another shape is refused naming what is
-# missing; issue 30 D8: it was an internal OperationalError).
+# missing; issue 30 D8: it was an internal OperationalError). NEW_COLUMNS are added.
 COLUMNS = {
     "datasets": ("dataset", "epsilon", "delta", "created"),
     "releases": ("id", "dataset", "name", "epsilon", "delta", "config_sha256", "state",
                  "reserved_at", "finished_at", "output", "host", "pid"),
 }
+
+
+def _columns(conn, table):
+    if hasattr(conn, "columns_of"):
+        return conn.columns_of(table)
+    return [row[1] for row in conn.execute(f"PRAGMA table_info({table})").fetchall()]
 
 
 def check_shape(conn, path, field):
@@ -218,10 +292,7 @@ def check_shape(conn, path, field):
     nothing was ever recorded in."""
     with errors(path, field):
         for table, wanted in COLUMNS.items():
-            if hasattr(conn, "columns_of"):
-                have = conn.columns_of(table)
-            else:
-                have = [row[1] for row in conn.execute(f"PRAGMA table_info({table})").fetchall()]
+            have = _columns(conn, table)
             if not have and not field:
                 continue          # ledger show on an empty file: "no dataset yet"
             missing = [c for c in wanted if c not in have]
@@ -231,6 +302,33 @@ def check_shape(conn, path, field):
                                     f"lacks the columns {', '.join(missing)}" if have
                                     else "is missing") + f" (it has: {', '.join(have) or '-'}); "
                                 "use a ledger made by thresher, or a new file/database")
+
+
+def _migrate(conn, path):
+    """A ledger written before composition modes and records: add the NEW_COLUMNS (all
+    nullable, nothing rewritten) and the run-token index, in one write transaction (two
+    runs migrating at once: the second finds them). A ledger that cannot be altered is
+    refused naming the table (exit 2); nothing is lost."""
+    if all(set(cols) <= set(_columns(conn, t)) for t, cols in NEW_COLUMNS.items()):
+        return
+    table = None
+    try:
+        with _write_transaction(conn):
+            for table, cols in NEW_COLUMNS.items():
+                have = _columns(conn, table)
+                for col in cols:
+                    if col not in have:
+                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {col} TEXT")
+            table = "releases"
+            conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS releases_run_token ON releases "
+                         "(run_token)")
+    except _all_database_errors() as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SpecError("budget.ledger", f"the ledger {_shown(path)!r} was written by an older "
+                        f"thresher and its table {table!r} cannot be given the columns this "
+                        f"version records ({', '.join(NEW_COLUMNS.get(table, ()))}): {first}; "
+                        f"nothing was changed (open it writable once, or use a new "
+                        f"ledger)") from None
 
 
 @contextlib.contextmanager
@@ -286,10 +384,71 @@ def _write_transaction(conn):
     conn.execute("COMMIT")
 
 
-def _charged(conn, dataset):
-    rows = conn.execute("SELECT epsilon, delta FROM releases WHERE dataset = ?",
-                        (dataset,)).fetchall()
-    return _sum(r[0] for r in rows), _sum(r[1] for r in rows)
+# ---- a dataset's row: its budgets and running sums ---------------------------------------
+
+_DATASET_COLUMNS = ("epsilon", "delta", "composition", "threshold_delta", "rho",
+                    "spent_epsilon", "spent_delta", "spent_rho", "spent_delta0")
+
+
+def _select(conn, table, columns, where="", params=()):
+    """SELECT ``columns`` (NULL for a column an unmigrated, read-only ledger lacks)."""
+    have = set(_columns(conn, table))
+    exprs = ", ".join(c if c in have else "NULL" for c in columns)
+    return conn.execute(f"SELECT {exprs} FROM {table}{where}", params)
+
+
+def _dataset_state(conn, dataset, fold=False):
+    """(Totals, Spent) of a dataset's row, or None. Running sums not yet folded (a
+    migrated ledger) are folded from the history: written back when ``fold`` (inside the
+    reservation's write transaction), else computed for reading."""
+    row = _select(conn, "datasets", _DATASET_COLUMNS, " WHERE dataset = ?", (dataset,)).fetchone()
+    if row is None:
+        return None
+    eps, delta, mode, delta0_b, rho_b, s_eps, s_delta, s_rho, s_delta0 = row
+    mode = mode or comp.BASIC
+    totals = comp.Totals(mode, _dec(eps), _dec(delta),
+                         None if delta0_b is None else _dec(delta0_b),
+                         None if rho_b is None else _dec(rho_b))
+    if s_eps is None:
+        spent = _fold(conn, dataset)
+        if fold:
+            _write_spent(conn, dataset, spent)
+    else:
+        spent = comp.Spent(_dec(s_eps), _dec(s_delta), None if s_rho is None else _dec(s_rho),
+                           None if s_delta0 is None else _dec(s_delta0))
+    return totals, spent
+
+
+def _fold(conn, dataset):
+    """The sums over the dataset's releases (only to fill running sums once, and for
+    ``ledger show``'s check)."""
+    rows = _select(conn, "releases", ("epsilon", "delta", "rho", "delta0"),
+                   " WHERE dataset = ?", (dataset,)).fetchall()
+    return comp.Spent.fold(rows)
+
+
+def _write_spent(conn, dataset, spent):
+    conn.execute("UPDATE datasets SET spent_epsilon = ?, spent_delta = ?, spent_rho = ?, "
+                 "spent_delta0 = ? WHERE dataset = ?",
+                 (comp.text(spent.epsilon), comp.text(spent.delta), comp.text(spent.rho),
+                  comp.text(spent.delta0), dataset))
+
+
+def _uncharge(conn, dataset, row_id):
+    """Inside a write transaction: delete a ``reserved`` release and take its charge off
+    the dataset's running sums. Returns whether a row was deleted."""
+    row = _select(conn, "releases", ("epsilon", "delta", "rho", "delta0"),
+                  " WHERE id = ? AND state = ?", (row_id, RESERVED)).fetchone()
+    if row is None:
+        return False
+    state = _dataset_state(conn, dataset, fold=True)
+    conn.execute("DELETE FROM releases WHERE id = ? AND state = ?", (row_id, RESERVED))
+    if state is not None:
+        eps, delta, rho, delta0 = row
+        _write_spent(conn, dataset, state[1].minus(comp.Charge(
+            _dec(eps), _dec(delta), None if rho is None else _dec(rho),
+            None if delta0 is None else _dec(delta0))))
+    return True
 
 
 # ---- one release -----------------------------------------------------------------------------
@@ -301,9 +460,10 @@ class Reservation:
         self.path = path
         self.row_id = row_id
         self.dataset = dataset
-        self.total = total           # (epsilon, delta) of the dataset, floats
-        self.spent = spent           # (epsilon, delta) charged including this release
+        self.total = total           # composition.Totals of the dataset
+        self.spent = spent           # composition.Spent, including this release
         self.new_dataset = new_dataset   # this reservation created the dataset's row
+        self.charged = True          # False: a run token already charged (reserve)
         self._publishing = False
         self._done = False
 
@@ -340,8 +500,7 @@ class Reservation:
         try:
             with _write_transaction(conn):
                 if state is None:
-                    conn.execute("DELETE FROM releases WHERE id = ? AND state = ?",
-                                 (self.row_id, RESERVED))
+                    _uncharge(conn, self.dataset, self.row_id)
                     if self.new_dataset:
                         # A dataset's total is fixed by its first charged release: a first
                         # release abandoned before publishing leaves no dataset behind.
@@ -382,62 +541,113 @@ class Reservation:
                         self.row_id, PUBLISHING if self._publishing else RESERVED, exc)
 
 
-def reserve(plan):
-    """Reserve the release's (epsilon, delta) on its dataset; SpecError naming ``budget``
-    if the dataset's total would be exceeded, or ``budget.ledger`` if the ledger cannot
-    be used. Returns a Reservation."""
-    with errors(plan.spec.budget.ledger):
-        return _reserve(plan)
+def reserve(plan, run_token=None, output=None):
+    """Reserve the release's charge on its dataset; SpecError naming ``budget`` if the
+    dataset's budget would be exceeded (``budget.composition`` / ``budget.threshold_delta``
+    if the spec names another mode or delta0_B than the dataset's), or ``budget.ledger``
+    if the ledger cannot be used. Returns a Reservation.
 
-
-def _reserve(plan):
+    ``run_token`` (a Beam pipeline's run, ``pipelines.beam_yaml``): the release is recorded
+    at once as ``published`` with ``output``, and a token already in the ledger is not
+    charged again (the Reservation of the existing row, ``charged`` False)."""
     spec = plan.spec
-    budget = spec.budget
-    epsilon, delta = charge_of(plan)
-    sha = hashlib.sha256(spec.source_text.encode("utf-8")).hexdigest()
+    return reserve_charge(spec.budget, spec.name, config_sha256(spec), full_charge(plan),
+                          run_token, output)
+
+
+def config_sha256(spec):
+    return hashlib.sha256(spec.source_text.encode("utf-8")).hexdigest()
+
+
+def reserve_charge(budget, name, sha, charge, run_token=None, output=None):
+    """``reserve`` of a charge computed beforehand (``full_charge``): what a pipeline's
+    worker calls with the values the pipeline was built with."""
+    with errors(budget.ledger):
+        return _reserve(budget, name, sha, charge, run_token, output)
+
+
+def _reserve(budget, name, sha, charge, run_token=None, output=None):
+    wanted = comp.Totals.of_spec(budget)
     conn = _connect(budget.ledger, create=True)
     try:
         with _write_transaction(conn):
-            total = (str(_dec(budget.epsilon)), str(_dec(budget.delta)), _now())
+            if run_token is not None:
+                row = conn.execute("SELECT id FROM releases WHERE run_token = ?",
+                                   (run_token,)).fetchone()
+                if row is not None:      # this run was charged already (a retried reserve)
+                    state = _dataset_state(conn, budget.dataset)
+                    reservation = Reservation(budget.ledger, int(row[0]), budget.dataset,
+                                              state[0], state[1])
+                    reservation.charged = False
+                    reservation._done = True
+                    return reservation
+            created = _now()
+            fresh = (budget.dataset, comp.text(wanted.epsilon), comp.text(wanted.delta), created,
+                     wanted.composition, comp.text(wanted.delta0), comp.text(wanted.rho),
+                     "0", "0", "0", "0")
             if hasattr(conn, "lock_dataset"):
-                row, new = conn.lock_dataset(budget.dataset, total)
+                new = conn.lock_dataset(budget.dataset, fresh)
             else:
-                row = conn.execute("SELECT epsilon, delta FROM datasets WHERE dataset = ?",
-                                   (budget.dataset,)).fetchone()
-                new = row is None
+                new = conn.execute("SELECT 1 FROM datasets WHERE dataset = ?",
+                                   (budget.dataset,)).fetchone() is None
                 if new:
-                    conn.execute("INSERT INTO datasets VALUES (?, ?, ?, ?)",
-                                 (budget.dataset, *total))
+                    conn.execute(_INSERT_DATASET, fresh)
             if new:
-                log.info("ledger %s: new dataset %r with total epsilon=%g, delta=%g",
-                         budget.ledger, budget.dataset, budget.epsilon, budget.delta)
-            elif (decimal.Decimal(row[0]), decimal.Decimal(row[1])) != (
-                    _dec(budget.epsilon), _dec(budget.delta)):
-                raise SpecError("budget", f"the ledger {_shown(budget.ledger)!r} records the total "
-                                f"epsilon={_num(row[0]):g}, delta={_num(row[1]):g} for dataset "
-                                f"{budget.dataset!r}; the spec says epsilon={budget.epsilon:g}, "
-                                f"delta={budget.delta:g} (a dataset's total cannot change)")
-            spent_eps, spent_delta = _charged(conn, budget.dataset)
-            total_eps, total_delta = _dec(budget.epsilon), _dec(budget.delta)
-            need_eps, need_delta = spent_eps + _dec(epsilon), spent_delta + _dec(delta)
-            if need_eps > total_eps or need_delta > total_delta:
-                raise SpecError("budget", f"dataset {budget.dataset!r} has spent "
-                                f"epsilon={float(spent_eps):g}, delta={float(spent_delta):g} of "
-                                f"its total epsilon={budget.epsilon:g}, delta={budget.delta:g}; "
-                                f"this release needs epsilon={epsilon:g}, delta={delta:g} more "
+                log.info("ledger %s: new dataset %r (%s composition) with total epsilon=%g, "
+                         "delta=%g", budget.ledger, budget.dataset, wanted.composition,
+                         budget.epsilon, budget.delta)
+            totals, spent = _dataset_state(conn, budget.dataset, fold=True)
+            _check_fixed(budget, totals, wanted)
+            if not comp.admits(totals, spent, charge):
+                raise SpecError("budget", f"{comp.refusal_text(budget.dataset, totals, spent, charge)} "
                                 f"(ledger {_shown(budget.ledger)}); nothing was read or published")
+            state = RESERVED if run_token is None else PUBLISHED
             sql = ("INSERT INTO releases (dataset, name, epsilon, delta, config_sha256, state, "
-                   "reserved_at, host, pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
-            params = (budget.dataset, spec.name, str(_dec(epsilon)), str(_dec(delta)), sha,
-                      RESERVED, _now(), socket.gethostname(), os.getpid())
+                   "reserved_at, host, pid, rho, delta0, run_token, finished_at, output) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+            now = _now()
+            params = (budget.dataset, name, comp.text(charge.epsilon), comp.text(charge.delta),
+                      sha, state, now, socket.gethostname(), os.getpid(), comp.text(charge.rho),
+                      comp.text(charge.delta0), run_token,
+                      None if run_token is None else now, output)
             if hasattr(conn, "insert_release"):
                 row_id = conn.insert_release(sql, params)
             else:
                 row_id = conn.execute(sql, params).lastrowid
+            spent = spent.plus(charge)
+            _write_spent(conn, budget.dataset, spent)
     finally:
         conn.close()
-    return Reservation(budget.ledger, row_id, budget.dataset,
-                       (budget.epsilon, budget.delta), (float(need_eps), float(need_delta)), new_dataset=new)
+    reservation = Reservation(budget.ledger, row_id, budget.dataset, totals, spent,
+                              new_dataset=new)
+    if run_token is not None:
+        reservation._done = True
+    return reservation
+
+
+_INSERT_DATASET = ("INSERT INTO datasets (dataset, epsilon, delta, created, composition, "
+                   "threshold_delta, rho, spent_epsilon, spent_delta, spent_rho, spent_delta0) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
+
+def _check_fixed(budget, totals, wanted):
+    """A dataset's total, composition mode and delta0_B are fixed by its first release."""
+    shown = _shown(budget.ledger)
+    if (totals.epsilon, totals.delta) != (wanted.epsilon, wanted.delta):
+        raise SpecError("budget", f"the ledger {shown!r} records the total epsilon="
+                        f"{float(totals.epsilon):g}, delta={float(totals.delta):g} for dataset "
+                        f"{budget.dataset!r}; the spec says epsilon={budget.epsilon:g}, "
+                        f"delta={budget.delta:g} (a dataset's total cannot change)")
+    if totals.composition != wanted.composition:
+        raise SpecError("budget.composition", f"dataset {budget.dataset!r} composes by "
+                        f"{totals.composition} in the ledger {shown!r} (fixed by its first "
+                        f"release); the spec says {wanted.composition}: a dataset with releases "
+                        f"cannot switch modes (its charges are kept in {totals.composition}'s "
+                        f"terms); use composition: {totals.composition}, or a new dataset")
+    if totals.composition == comp.ZCDP and totals.delta0 != wanted.delta0:
+        raise SpecError("budget.threshold_delta", f"dataset {budget.dataset!r} has delta0_B="
+                        f"{float(totals.delta0):g} in the ledger {shown!r} (fixed by its first "
+                        f"release); the spec gives {float(wanted.delta0):g}")
 
 
 @contextlib.contextmanager
@@ -565,7 +775,7 @@ def release_reservation(path, row_id, force=False):
                                     f"reserved and {why}; pass --force once you know it has "
                                     f"ended (a run whose reservation is released refuses to "
                                     f"publish)")
-                conn.execute("DELETE FROM releases WHERE id = ? AND state = ?", (row_id, RESERVED))
+                _uncharge(conn, ds, row_id)
         finally:
             conn.close()
     return {"id": int(rid), "dataset": ds, "name": name, "epsilon": _num(eps),
@@ -595,7 +805,8 @@ def _age(seconds):
 # ---- thresher ledger show ------------------------------------------------------------------
 
 def summary(path, dataset=None):
-    """Every dataset of a ledger (or one): its total, what is charged, every release."""
+    """Every dataset of a ledger (or one): its mode and budgets, what is charged (the
+    running sums, checked against the releases), every release."""
     with errors(path, "", "read"):
         return _summary(path, dataset)
 
@@ -604,32 +815,64 @@ def _summary(path, dataset):
     conn = _connect(path, create=False)
     try:
         try:
-            datasets = conn.execute("SELECT dataset, epsilon, delta FROM datasets "
-                                    "ORDER BY dataset").fetchall()
+            names = [r[0] for r in conn.execute("SELECT dataset FROM datasets "
+                                                "ORDER BY dataset").fetchall()]
         except _database_errors(conn) as exc:
             raise SpecError("", f"{_shown(path)!r} is not a thresher ledger: {exc}") from None
         if dataset is not None:
-            datasets = [d for d in datasets if d[0] == dataset]
-            if not datasets:
+            names = [d for d in names if d == dataset]
+            if not names:
                 raise SpecError("--dataset", f"no dataset {dataset!r} in the ledger "
                                              f"{_shown(path)!r}")
         out = []
-        for name, eps, delta in datasets:
-            rows = conn.execute(
-                "SELECT name, epsilon, delta, config_sha256, state, reserved_at, finished_at, "
-                "output, id FROM releases WHERE dataset = ? ORDER BY id", (name,)).fetchall()
-            spent_eps, spent_delta = _charged(conn, name)
-            out.append({
-                "dataset": name,
-                "budget": {"epsilon": _num(eps), "delta": _num(delta)},
-                "spent": {"epsilon": float(spent_eps), "delta": float(spent_delta)},
-                "releases": [{"id": r[8], "name": r[0], "epsilon": _num(r[1]), "delta": _num(r[2]),
-                              "config_sha256": r[3], "state": r[4], "time": r[6] or r[5],
-                              "output": r[7]} for r in rows],
-            })
+        for name in names:
+            rows = _select(conn, "releases", (
+                "name", "epsilon", "delta", "config_sha256", "state", "reserved_at",
+                "finished_at", "output", "id", "rho", "delta0"),
+                " WHERE dataset = ? ORDER BY id", (name,)).fetchall()
+            totals, spent = _dataset_state(conn, name)
+            out.append(_dataset_summary(name, totals, spent, _fold(conn, name), rows))
         return out
     finally:
         conn.close()
+
+
+def _dataset_summary(name, totals, spent, folded, rows):
+    zcdp = totals.composition == comp.ZCDP
+    if zcdp:
+        eps = totals.epsilon_of(spent.rho)
+        shown_spent = {"epsilon": eps, "delta": float(comp.add(
+            spent.delta0, totals.conversion_delta if spent.rho > 0 else 0))}
+    else:
+        shown_spent = {"epsilon": float(spent.epsilon), "delta": float(spent.delta)}
+    records = {"rho_spent": _num(comp.text(spent.rho)),
+               "delta0_spent": _num(comp.text(spent.delta0))}
+    if zcdp:
+        records.update(rho_budget=float(totals.rho), delta0_budget=float(totals.delta0),
+                       conversion_delta=float(totals.conversion_delta),
+                       epsilon_of_rho_spent=shown_spent["epsilon"])
+    elif spent.rho is not None:
+        records["epsilon_of_rho_spent_at_delta"] = {
+            "delta": float(totals.delta), "note": "what these releases would convert to "
+            "under zcdp with threshold_delta 0, for comparison",
+            "epsilon": comp.Totals(comp.ZCDP, totals.epsilon, totals.delta, comp.ZERO,
+                                   comp.ZERO).epsilon_of(spent.rho)}
+    entry = {
+        "dataset": name,
+        "composition": totals.composition,
+        "budget": {"epsilon": float(totals.epsilon), "delta": float(totals.delta)},
+        "spent": shown_spent,
+        "zcdp": records,
+        "releases": [{"id": r[8], "name": r[0], "epsilon": _num(r[1]), "delta": _num(r[2]),
+                      "rho": _num(r[9]), "delta0": _num(r[10]),
+                      "config_sha256": r[3], "state": r[4], "time": r[6] or r[5],
+                      "output": r[7]} for r in rows],
+    }
+    if folded != spent:
+        entry["warning"] = (f"the running sums in the dataset's row ({spent}) differ from the "
+                            f"sums of its releases ({folded}): the ledger was edited by hand "
+                            f"or is corrupt")
+    return entry
 
 
 def _shown(ledger):
@@ -645,15 +888,44 @@ def _database_errors(conn):
 def format_summary(datasets):
     lines = []
     for d in datasets:
-        b, s = d["budget"], d["spent"]
-        lines.append(f"dataset {d['dataset']}: spent epsilon {s['epsilon']:g} of {b['epsilon']:g}, "
-                     f"delta {s['delta']:g} of {b['delta']:g} ({len(d['releases'])} release"
-                     f"{'s' if len(d['releases']) != 1 else ''}, basic composition)")
+        b, s, z = d["budget"], d["spent"], d["zcdp"]
+        count = f"{len(d['releases'])} release{'s' if len(d['releases']) != 1 else ''}"
+        if d["composition"] == comp.ZCDP:
+            lines.append(f"dataset {d['dataset']} (zcdp composition, {count}): spent rho "
+                         f"{z['rho_spent']:g} of rho_B {z['rho_budget']:g}, delta0 "
+                         f"{z['delta0_spent']:g} of delta0_B {z['delta0_budget']:g}; that is "
+                         f"epsilon {s['epsilon']:.4g} of {b['epsilon']:g} at delta "
+                         f"{z['conversion_delta']:g} + delta0 (total delta {b['delta']:g})")
+        else:
+            lines.append(f"dataset {d['dataset']}: spent epsilon {s['epsilon']:g} of "
+                         f"{b['epsilon']:g}, delta {s['delta']:g} of {b['delta']:g} ({count}, "
+                         f"basic composition)")
+        if d.get("warning"):
+            lines.append(f"  WARNING: {d['warning']}")
         for r in d["releases"]:
+            record = ("" if r["rho"] is None else
+                      f" rho={r['rho']:g} delta0={r['delta0']:g}")
             lines.append(f"  {r['time']}  {r['state']:<14} {r['name']}  epsilon={r['epsilon']:g} "
-                         f"delta={r['delta']:g}  config {r['config_sha256'][:12]}  "
+                         f"delta={r['delta']:g}{record}  config {r['config_sha256'][:12]}  "
                          f"{r['output'] or '-'}")
     return "\n".join(lines) if lines else "the ledger holds no dataset yet"
+
+
+def after_run_line(budget):
+    """The line ``thresher run`` prints after a charged release."""
+    try:
+        d = summary(budget.ledger, budget.dataset)[0]
+    except SpecError as exc:      # the release is published; the warning above says more
+        return f"ledger: cannot be read now ({exc})"
+    s, b = d["spent"], d["budget"]
+    if d["composition"] == comp.ZCDP:
+        z = d["zcdp"]
+        return (f"ledger: dataset {d['dataset']} (zcdp) has spent rho {z['rho_spent']:g} of "
+                f"{z['rho_budget']:g}, delta0 {z['delta0_spent']:g} of {z['delta0_budget']:g} "
+                f"(epsilon {s['epsilon']:.4g} of {b['epsilon']:g}) ({_shown(budget.ledger)})")
+    return (f"ledger: dataset {d['dataset']} has spent epsilon {s['epsilon']:g} of "
+            f"{b['epsilon']:g}, delta {s['delta']:g} of {b['delta']:g} "
+            f"({_shown(budget.ledger)})")
 
 
 # ---- validate and plan: what the ledger would say, without charging it -----------------------
@@ -665,53 +937,49 @@ class Preview:
     refuses: bool
     text: str
     warning: bool = False
+    field: str = "budget"       # what a refusal names
 
 
 def preview(plan):
     """Read the ledger (read-only; no reservation, no new dataset, no file created) and
-    say what this release would leave, or why the ledger will refuse it. A ledger that
-    cannot be reached is a warning (the run will try again and refuse then if it must)."""
+    say what this release costs in both modes and what it would leave, or why the ledger
+    will refuse it. A ledger that cannot be reached is a warning (the run will try again
+    and refuse then if it must)."""
     budget = plan.spec.budget
-    epsilon, delta = charge_of(plan)
+    charge = full_charge(plan)
+    wanted = comp.Totals.of_spec(budget)
     shown = _shown(budget.ledger)
+    cost = f"this release costs {comp.cost_text(charge)}"
     if not ledger_postgres.is_url(budget.ledger) and not os.path.exists(budget.ledger):
-        return Preview(False, f"ledger: {shown!r} does not exist yet; the first run creates it "
-                              f"and charges dataset {budget.dataset!r} epsilon={epsilon:g}, "
-                              f"delta={delta:g} of its total epsilon={budget.epsilon:g}, "
-                              f"delta={budget.delta:g}")
-    try:
-        conn = _connect(budget.ledger, create=False)
+        state = None
+    else:
         try:
-            row = conn.execute("SELECT epsilon, delta FROM datasets WHERE dataset = ?",
-                               (budget.dataset,)).fetchone()
-            spent_eps, spent_delta = _charged(conn, budget.dataset) if row else (_sum([]), _sum([]))
-        finally:
-            conn.close()
-    except (SpecError, OSError) as exc:
-        return Preview(False, f"cannot read the ledger {shown!r} ({exc}); not checked: the run "
-                              f"reads it again and refuses then if it must", warning=True)
-    except Exception as exc:  # noqa: BLE001 - any database failure: a warning here
-        return Preview(False, f"cannot read the ledger {shown!r} ({type(exc).__name__}: "
-                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); "
-                              f"not checked: the run reads it again and refuses then if it must",
-                       warning=True)
-    if row is not None and (decimal.Decimal(row[0]), decimal.Decimal(row[1])) != (
-            _dec(budget.epsilon), _dec(budget.delta)):
-        return Preview(True, f"the ledger {shown!r} records the total epsilon={_num(row[0]):g}, "
-                             f"delta={_num(row[1]):g} for dataset {budget.dataset!r}; the spec "
-                             f"says epsilon={budget.epsilon:g}, delta={budget.delta:g} (a "
-                             f"dataset's total cannot change): the run will be refused")
-    total_eps, total_delta = _dec(budget.epsilon), _dec(budget.delta)
-    left_eps, left_delta = total_eps - spent_eps, total_delta - spent_delta
-    if spent_eps + _dec(epsilon) > total_eps or spent_delta + _dec(delta) > total_delta:
-        return Preview(True, f"dataset {budget.dataset!r} has spent epsilon={float(spent_eps):g}, "
-                             f"delta={float(spent_delta):g} of its total epsilon="
-                             f"{budget.epsilon:g}, delta={budget.delta:g} (left: epsilon="
-                             f"{float(left_eps):g}, delta={float(left_delta):g}); this release "
-                             f"needs epsilon={epsilon:g}, delta={delta:g}: the ledger {shown!r} "
-                             f"will refuse it")
-    return Preview(False, f"ledger: dataset {budget.dataset!r} has spent epsilon="
-                          f"{float(spent_eps):g}, delta={float(spent_delta):g} of epsilon="
-                          f"{budget.epsilon:g}, delta={budget.delta:g}; after this release "
-                          f"epsilon={float(left_eps - _dec(epsilon)):g}, delta="
-                          f"{float(left_delta - _dec(delta)):g} are left ({shown!r}; not charged)")
+            conn = _connect(budget.ledger, create=False)
+            try:
+                state = _dataset_state(conn, budget.dataset)
+            finally:
+                conn.close()
+        except (SpecError, OSError) as exc:
+            return Preview(False, f"cannot read the ledger {shown!r} ({exc}); not checked: the "
+                                  f"run reads it again and refuses then if it must", warning=True)
+        except Exception as exc:  # noqa: BLE001 - any database failure: a warning here
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return Preview(False, f"cannot read the ledger {shown!r} ({type(exc).__name__}: "
+                                  f"{first}); not checked: the run reads it again and refuses "
+                                  f"then if it must", warning=True)
+    if state is None:
+        totals, spent = wanted, comp.Spent()
+        where = (f"ledger: dataset {budget.dataset!r} is new in {shown!r} ({wanted.composition} "
+                 f"composition; the first run creates it)")
+    else:
+        totals, spent = state
+        try:
+            _check_fixed(budget, totals, wanted)
+        except SpecError as exc:
+            return Preview(True, f"{exc.message}: the run will be refused", field=exc.field)
+        where = f"ledger: {comp.state_text(budget.dataset, totals, spent)}"
+    if not comp.admits(totals, spent, charge):
+        return Preview(True, f"{comp.refusal_text(budget.dataset, totals, spent, charge)}: "
+                             f"the ledger {shown!r} will refuse it")
+    return Preview(False, f"{where}; {cost}; after it {comp.remaining_text(totals, spent, charge)} "
+                          f"remain ({shown!r}; not charged)")

@@ -6,8 +6,10 @@ makes "two runs with room for one: exactly one proceeds" hold here is a row lock
 check then a write: ``reserve`` runs in one transaction that first makes sure the
 dataset's row exists (``INSERT ... ON CONFLICT DO NOTHING``) and then takes that row
 ``FOR UPDATE``; a second run on the same dataset waits at that lock until the first
-commits, and then reads the sum including the first release. The tables are created
-under a transaction-scoped advisory lock, so two first runs do not race on ``CREATE``.
+commits, and then reads the running sums (kept in that row) including the first
+release. The tables are created -- and an older ledger's tables given the columns added
+since (``ADD COLUMN IF NOT EXISTS``, all nullable) -- under a transaction-scoped advisory
+lock, so two first runs do not race on ``CREATE`` or ``ALTER``.
 """
 import contextlib
 import re
@@ -22,7 +24,14 @@ _SCHEMA = (
         dataset TEXT PRIMARY KEY,
         epsilon TEXT NOT NULL,
         delta TEXT NOT NULL,
-        created TEXT NOT NULL)""",
+        created TEXT NOT NULL,
+        composition TEXT,
+        threshold_delta TEXT,
+        rho TEXT,
+        spent_epsilon TEXT,
+        spent_delta TEXT,
+        spent_rho TEXT,
+        spent_delta0 TEXT)""",
     """CREATE TABLE IF NOT EXISTS releases (
         id BIGSERIAL PRIMARY KEY,
         dataset TEXT NOT NULL REFERENCES datasets(dataset),
@@ -35,7 +44,20 @@ _SCHEMA = (
         finished_at TEXT,
         output TEXT,
         host TEXT,
-        pid INTEGER)""",
+        pid INTEGER,
+        rho TEXT,
+        delta0 TEXT,
+        run_token TEXT)""",
+)
+# The columns added since the first ledgers (pipelines.ledgers.ledger.NEW_COLUMNS): an
+# older database gets them here, under the same advisory lock as CREATE TABLE.
+_MIGRATIONS = (
+    *(f"ALTER TABLE datasets ADD COLUMN IF NOT EXISTS {c} TEXT" for c in (
+        "composition", "threshold_delta", "rho", "spent_epsilon", "spent_delta", "spent_rho",
+        "spent_delta0")),
+    *(f"ALTER TABLE releases ADD COLUMN IF NOT EXISTS {c} TEXT" for c in (
+        "rho", "delta0", "run_token")),
+    "CREATE UNIQUE INDEX IF NOT EXISTS releases_run_token ON releases (run_token)",
 )
 
 
@@ -67,19 +89,22 @@ class Connection:
         with self._conn.transaction():
             yield self
 
-    def lock_dataset(self, dataset, total):
-        """Inside a write transaction: the dataset's row, created with ``total`` (epsilon,
-        delta, created) if new, locked until the transaction ends. Returns (row, new)."""
+    def lock_dataset(self, dataset, fresh):
+        """Inside a write transaction: the dataset's row, created with the values ``fresh``
+        (every column of ``datasets``, dataset first) if new, locked until the transaction
+        ends. Returns whether this call created it."""
         # A first release abandoned meanwhile deletes the row it created (only a charged
         # release fixes a total): the SELECT may then find none, and the INSERT is retried.
         for _ in range(10):
-            cur = self.execute("INSERT INTO datasets VALUES (?, ?, ?, ?) ON CONFLICT (dataset) "
-                               "DO NOTHING", (dataset, *total))
+            cur = self.execute("INSERT INTO datasets (dataset, epsilon, delta, created, "
+                               "composition, threshold_delta, rho, spent_epsilon, spent_delta, "
+                               "spent_rho, spent_delta0) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                               "?) ON CONFLICT (dataset) DO NOTHING", fresh)
             new = cur.rowcount == 1
-            row = self.execute("SELECT epsilon, delta FROM datasets WHERE dataset = ? FOR "
+            row = self.execute("SELECT epsilon FROM datasets WHERE dataset = ? FOR "
                                "UPDATE", (dataset,)).fetchone()
             if row is not None:
-                return row, new
+                return new
         raise SpecError("budget.ledger", f"the dataset {dataset!r} kept vanishing from the "
                         "ledger while this run reserved (deleted by other runs); try again")
 
@@ -110,7 +135,7 @@ def connect(url, create, field="budget.ledger"):
         try:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ADVISORY_KEY,))
-                for statement in _SCHEMA:
+                for statement in (*_SCHEMA, *_MIGRATIONS):
                     conn.execute(statement)
         except psycopg.Error as exc:
             # e.g. a datasets table of another shape: REFERENCES datasets(dataset) fails

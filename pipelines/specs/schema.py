@@ -131,7 +131,7 @@ def sections(kinds=KINDS):
                                                        "(gaussian, laplace)"),
         "aggregates_auto": d.mapping(aggregates_fields.AUTO_FIELDS,
                                      description="the private choice of clip: auto bounds"),
-        "budget": d.mapping(ledger.FIELDS, tuple(ledger.FIELDS),
+        "budget": d.mapping(ledger.FIELDS, ledger.REQUIRED,
                             description="charge this release to a dataset's total in a ledger"),
     }
 

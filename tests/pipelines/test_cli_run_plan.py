@@ -163,27 +163,33 @@ def test_validate_and_plan_read_the_ledger_without_charging_it(write_spec, small
     spec = _ledger_spec(write_spec, small_parquet, ledger, 1.5)
     done = thresher("validate", spec)
     assert done.returncode == 0, done.stderr
-    assert (f"ledger: '{ledger}' does not exist yet; the first run creates it and charges "
-            f"dataset 'logs' epsilon=1, delta=1e-08") in done.stdout
+    assert (f"ledger: dataset 'logs' is new in '{ledger}' (basic composition; the first "
+            f"run creates it); this release costs epsilon=1, delta=1e-08 under basic "
+            f"composition; rho=") in done.stdout
     assert not ledger.exists()                       # reading creates nothing
     assert thresher("run", spec, "-q").returncode == 0       # charges epsilon 1 of 1.5
     before = _ledger_state(ledger)
     done = thresher("validate", spec)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == (f"thresher: error: budget: dataset 'logs' has spent epsilon=1, "
-                           f"delta=1e-08 of its total epsilon=1.5, delta=1e-06 (left: "
-                           f"epsilon=0.5, delta=9.9e-07); this release needs epsilon=1, "
-                           f"delta=1e-08: the ledger '{ledger}' will refuse it\n")
+    assert done.stderr.startswith(
+        "thresher: error: budget: dataset 'logs' (basic composition) has spent epsilon=1, "
+        "delta=1e-08 of its total epsilon=1.5, delta=1e-06; this release needs epsilon=1, "
+        "delta=1e-08 under basic composition; rho=")
+    assert done.stderr.endswith(f"remaining epsilon=0.5, delta=9.9e-07: the ledger "
+                                f"'{ledger}' will refuse it\n")
     done = thresher("plan", spec)
     assert done.returncode == 0, done.stderr
-    assert "ledger: REFUSES this release: dataset 'logs' has spent epsilon=1" in done.stdout
+    assert ("ledger: REFUSES this release: dataset 'logs' (basic composition) has spent "
+            "epsilon=1") in " ".join(done.stdout.split())
     assert _ledger_state(ledger) == before              # nothing charged, nothing reserved
     roomy = _ledger_spec(write_spec, small_parquet, tmp_path / "other.sqlite", 3)
     assert thresher("run", roomy, "-q", "--overwrite").returncode == 0
     done = thresher("validate", roomy)
     assert done.returncode == 0, done.stderr
-    assert ("ledger: dataset 'logs' has spent epsilon=1, delta=1e-08 of epsilon=3, "
-            "delta=1e-06; after this release epsilon=1, delta=9.8e-07 are left") in done.stdout
+    assert ("ledger: dataset 'logs' (basic composition) has spent epsilon=1, delta=1e-08 of "
+            "its total epsilon=3, delta=1e-06; this release costs epsilon=1, delta=1e-08 under "
+            "basic composition; rho=") in done.stdout
+    assert "after it epsilon=1, delta=9.8e-07 remain" in done.stdout
 
 
 @pytest.mark.parametrize("what", ["folder", "garbage"])

@@ -14,6 +14,7 @@ import tempfile
 import pytest
 import yaml
 
+from thresher.pipelines.errors import SpecError
 from thresher.pipelines.ledgers import ledger
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
@@ -176,3 +177,34 @@ def test_ledger_show_errors_name_the_server_without_its_password(server, capsys)
     err = capsys.readouterr().err
     assert "cannot connect to the ledger" in err and "s3cret" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_an_older_postgres_ledger_is_migrated_and_zcdp_datasets_work(url):
+    """Tables of a ledger written before composition modes: the first write adds the new
+    columns (nullable, rows kept) and folds the running sums once; a zcdp dataset then
+    reserves and refuses by its records, on the server."""
+    from thresher.pipelines.ledgers import composition as comp
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE datasets (dataset TEXT PRIMARY KEY, epsilon TEXT NOT NULL, "
+                     "delta TEXT NOT NULL, created TEXT NOT NULL)")
+        conn.execute("CREATE TABLE releases (id BIGSERIAL PRIMARY KEY, dataset TEXT NOT NULL "
+                     "REFERENCES datasets(dataset), name TEXT NOT NULL, epsilon TEXT NOT NULL, "
+                     "delta TEXT NOT NULL, config_sha256 TEXT NOT NULL, state TEXT NOT NULL, "
+                     "reserved_at TEXT NOT NULL, finished_at TEXT, output TEXT, host TEXT, "
+                     "pid INTEGER)")
+        conn.execute("INSERT INTO datasets VALUES ('old', '3.0', '1e-06', 'x')")
+        conn.execute("INSERT INTO releases (dataset, name, epsilon, delta, config_sha256, state, "
+                     "reserved_at) VALUES ('old', 'r', '1.0', '1E-8', 'x', 'published', 'x')")
+    charge = comp.Charge(comp.dec(1.0), comp.dec(1e-8), comp.dec("0.1"), comp.dec("1E-7"))
+    old = ledger.BudgetSpec(ledger=url, dataset="old", epsilon=3.0, delta=1e-6)
+    ledger.reserve_charge(old, "new", "0" * 64, charge)
+    shown = ledger.summary(url, "old")[0]
+    assert shown["spent"] == {"epsilon": 2.0, "delta": 2e-8} and "warning" not in shown
+    assert [r["rho"] for r in shown["releases"]] == [None, 0.1]
+    zcdp = ledger.BudgetSpec(ledger=url, dataset="z", epsilon=5.0, delta=1e-6,
+                             composition="zcdp", threshold_delta=2.5e-7)
+    for _ in range(2):
+        ledger.reserve_charge(zcdp, "z", "0" * 64, charge)
+    with pytest.raises(SpecError, match=r"^budget: dataset 'z' \(zcdp composition\) has spent "
+                                        r"rho=0\.2 of rho_B=0\.[0-9]+ and delta0=2e-07"):
+        ledger.reserve_charge(zcdp, "z", "0" * 64, charge)

@@ -1,0 +1,105 @@
+"""The ledger charge of a release built into a Beam pipeline (``pipelines.beam_yaml``'s
+``ThresherRelease``, ``thresher.Release``): once per *run*, never per build.
+
+The release secret is drawn inside the pipeline (``keyed_random.PipelineSecret``), so each
+``run()`` of one pipeline object is a new release with new noise. Charging when the
+transform is applied charged one of them; here the charge is a stage of the pipeline:
+
+- ``LedgerCharge`` (Impulse -> a DoFn with the secret's side input) derives a **run
+  token** from the run's secret, a PRF output under a reserved stage name containing a
+  NUL (like ``user_identity.IDENTITY_STAGE``; the secret never leaves the worker), and
+  reserves with it (``ledger.reserve_charge(..., run_token=...)``): the ledger charges a
+  token once, so a retried or recomputed reservation of the same run (the same secret,
+  materialised once by the secret's Reshuffle) charges nothing more, and a second run
+  (a new secret) is a second charge, refused like any release the budget cannot fit.
+- Both outputs (``released``, ``report``) read the charge's one element as a side input:
+  no row derived from the data reaches the pipeline's sinks before the release is
+  charged, and a refused charge fails the run with the ledger's message, nothing
+  written by these outputs.
+
+The workers must reach the ledger: a PostgreSQL ledger (a server the workers connect
+to), or a SQLite file under the runners whose workers run on the machine that built the
+pipeline (Beam's in-process runners and Prism, without a docker or external worker
+environment). Every other combination is refused when the pipeline is built (SpecError
+naming ``budget.ledger``, exit 2): a worker elsewhere would create or lock another file
+of that name, charging a ledger nobody reads. The SQLite path is made absolute when the
+pipeline is built (workers may run in another folder).
+
+Recorded like the CLI's release (same dataset, name, charge and config hash), state
+``published`` at once with output ``beam pipeline: <label>``: thresher cannot see where
+or whether the pipeline writes its outputs, so from the charge on the release counts as
+spent (a run that later fails stays charged: the safe side). The CLI keeps its order:
+reserve before reading, publish, mark (``pipelines.ledgers.ledger``).
+"""
+import dataclasses
+import os
+
+import apache_beam as beam
+
+from thresher.pipelines.errors import SpecError
+from thresher.pipelines.ledgers import ledger, ledger_postgres
+
+RUN_TOKEN_STAGE = "\x00thresher/ledger-run-token"    # NUL: no Beam label is this stage
+# Runners whose Python workers run on the machine that builds the pipeline.
+LOCAL_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner",
+                 "FnApiRunner", "PrismRunner")
+LOCAL_ENVIRONMENTS = (None, "", "LOOPBACK", "PROCESS", "EMBED")
+
+
+def workers_reach(budget, pipeline):
+    """The budget section with a SQLite path made absolute, or SpecError naming
+    ``budget.ledger`` when the pipeline's workers could not reach this ledger."""
+    if ledger_postgres.is_url(budget.ledger):
+        return budget
+    from apache_beam.options.pipeline_options import PortableOptions
+    runner = type(pipeline.runner).__name__ if pipeline.runner is not None else "DirectRunner"
+    environment = pipeline.options.view_as(PortableOptions).environment_type
+    if runner not in LOCAL_RUNNERS or (environment or "").upper() not in (
+            e or "" for e in LOCAL_ENVIRONMENTS):
+        where = runner + (f" with environment_type {environment}" if environment else "")
+        raise SpecError("budget.ledger", f"a SQLite ledger ({budget.ledger!r}) is a file on "
+                        f"this machine, and the release is charged by a worker of the pipeline "
+                        f"when it runs ({where}), which may be on another machine and would "
+                        f"charge another file; use a PostgreSQL ledger (postgresql://...) that "
+                        f"the workers reach, or Beam's in-process or Prism runner")
+    return dataclasses.replace(budget, ledger=os.path.abspath(budget.ledger))
+
+
+def check_fits(plan):
+    """At build time: SpecError naming ``budget`` (or the mode fields) when the ledger
+    already cannot fit the release (read only; the run decides, under its lock)."""
+    seen = ledger.preview(plan)
+    if seen.refuses:
+        raise SpecError(seen.field, seen.text)
+
+
+class ChargeRun(beam.DoFn):
+    """Impulse -> the ledger row id of this run's charge (module docstring)."""
+
+    def __init__(self, budget, name, config_sha256, charge, output, rng_factory):
+        self._budget = budget
+        self._name = name
+        self._sha = config_sha256
+        self._charge = charge
+        self._output = output
+        self._rng_factory = rng_factory      # the release's KeyedSource (its secret)
+
+    def process(self, _):
+        token = self._rng_factory.stage_key(RUN_TOKEN_STAGE)[:16].hex()
+        reservation = ledger.reserve_charge(self._budget, self._name, self._sha, self._charge,
+                                            run_token=token, output=self._output)
+        yield reservation.row_id
+
+
+def charge_when_run(pipeline, plan, source, label):
+    """The PCollection of this run's one charge (a ledger row id), for a side input that
+    gates the release's outputs; applied inside the release's ``expand`` (its stages are
+    the release's). ``plan.spec.budget`` must have passed :func:`workers_reach`."""
+    from thresher.transforms import keyed_random
+    spec = plan.spec
+    charge = ledger.full_charge(plan)
+    return (pipeline
+            | "LedgerCharge" >> beam.Impulse()
+            | "LedgerChargeReserve" >> keyed_random.par_do(ChargeRun(
+                spec.budget, spec.name, ledger.config_sha256(spec), charge,
+                f"beam pipeline: {label or 'ThresherRelease'}", source)))

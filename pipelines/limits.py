@@ -55,6 +55,9 @@ LAPLACE_THRESHOLD_MAX = 1e12
 L_MAX = 20_000.0
 # a GIVEN sample-and-threshold threshold (module docstring; docs/performance.md)
 THRESHOLD_MAX = 100
+# gaussian with mechanism.noise: correlated (= accounting.correlated_gshm.MAX_KEYS: its
+# calibration sums Thm 5.4 over the shared draw; minutes beyond it)
+CORRELATED_MAX_KEYS = 1024
 MAX_KEYS = {"gaussian": 100_000, "laplace": 100_000, "sample_and_threshold": 100_000,
             "weighted_sampling": 10_000, "heavy_hitters": 100_000, "quantiles": 100_000,
             "weighted_gaussian": 2048, "adaptive": 2048}
@@ -179,6 +182,11 @@ def check_release(spec, epsilon, delta, candidates, level_structure=(1, 1)):
     if c > MAX_KEYS[kind]:
         raise SpecError(field, f"must be <= {MAX_KEYS[kind]} for {kind} (the planning limit: "
                         f"calibration is O(max_keys_per_user) per step), got {c}")
+    if kind == "gaussian" and spec.mechanism.get("noise") == "correlated" \
+            and c > CORRELATED_MAX_KEYS:
+        raise SpecError(field, f"must be <= {CORRELATED_MAX_KEYS} for gaussian with noise: "
+                        f"correlated (the planning limit of its calibration; noise: "
+                        f"discrete_gaussian allows {MAX_KEYS[kind]}), got {c}")
     if kind == "heavy_hitters" and spec.mechanism.get("method") == "adaptive" \
             and c > MAX_KEYS["adaptive"]:
         # its calibration is the adaptive kind's (accounting.adaptive): minutes beyond it

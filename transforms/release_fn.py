@@ -86,6 +86,8 @@ class KernelRelease(beam.PTransform):
 
     def expand(self, counts):
         stage = self._stage or keyed_random.stage_name(counts)
+        shared = type(self).shared_component
+        extra = {} if shared is None else {"shared_component": shared}
         return counts | self.stage_label >> keyed_random.par_do(
             ReleaseBatchFn(type(self).release_table, keyed_random.resolve(self._rng_factory), stage,
-                           type(self).shared_component), self._params)
+                           **extra), self._params)

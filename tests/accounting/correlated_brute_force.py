@@ -107,8 +107,12 @@ def configurations(max_keys, pre_threshold, high, witnesses=0, witness_count=Non
 
 
 def renyi(p, q, alpha):
-    """D_alpha(P || Q) of two distributions on one grid (q > 0 wherever p > 0)."""
-    mask = p > 0
-    if np.any(q[mask] <= 0):
-        return math.inf
-    return float(np.log(np.sum(p[mask] ** alpha * q[mask] ** (1.0 - alpha))) / (alpha - 1.0))
+    """D_alpha(P || Q) summed over the outcomes where both truncated laws are positive, and
+    the mass of P where Q is 0 (the truncation's edge: a shift moves one value of each key
+    past the grid; the tests keep it below 1e-12). Truncation leaves out the terms
+    p^alpha q^(1 - alpha) of noise beyond ``width`` sigmas: small for alpha well inside
+    the width (the tilted law sum p^alpha q^(1-alpha) is centred near alpha shifts)."""
+    both = (p > 0) & (q > 0)
+    only = float(p[(p > 0) & (q <= 0)].sum())
+    total = np.sum(p[both] ** alpha * q[both] ** (1.0 - alpha))
+    return float(np.log(total) / (alpha - 1.0)), only

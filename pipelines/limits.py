@@ -11,6 +11,9 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
   naming privacy.epsilon and the smallest epsilon that works. A fixed threshold tau*
   needs sigma ~ (tau* - tau) / 6, so tau* - tau <= 10 SIGMA_MAX. The Thm 5.4 maximum is
   vectorised over a_= = 0..C-1 (arrays of O(C) floats, ~100 evaluations): C <= 1e5.
+  With ``mechanism.noise: correlated`` (``accounting.correlated_gshm``) Thm 5.4 is
+  evaluated at ~16 s + 1 thresholds per split for 9 splits: C <= CORRELATED_MAX_KEYS =
+  1024 (~2 s CPU there); ``noise: auto`` compares the two only up to it.
 * ``laplace`` (paper 002; ``accounting.laplace_threshold``): the same O(C) maximum,
   C <= 1e5; tau* <= 1e12 (counts of users; larger values overflow the integer search).
 * ``sample_and_threshold`` (papers 000/003) and ``weighted_sampling`` (paper 001): the

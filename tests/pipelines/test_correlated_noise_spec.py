@@ -163,3 +163,12 @@ def test_a_correlated_release_publishes_intervals_and_says_errors_are_correlated
     # the shared draw itself is nowhere: only these parameters are numbers in the section
     assert {k for k, v in mech.items() if isinstance(v, (int, float))} == {
         "pre_threshold", "sigma", "shared_sigma", "threshold", "delta_achieved"}
+
+
+def test_auto_above_the_correlated_limit_keeps_discrete_gaussian_without_comparing():
+    from thresher.pipelines import limits
+    assert limits.CORRELATED_MAX_KEYS == correlated_gshm.MAX_KEYS
+    mech = {"pre_threshold": 1, "sigma": None, "threshold": None, "noise": "auto"}
+    out = gaussian.calibrate(mech, epsilon=1.0, delta=1e-6, max_keys_per_user=2048, model="l0")
+    assert out["noise"] == "discrete_gaussian"
+    assert out["noise_auto"]["release_points"] == {"discrete_gaussian": out["threshold"]}

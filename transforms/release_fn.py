@@ -35,7 +35,8 @@ class ReleaseBatchFn(beam.DoFn):
     def setup(self):
         self._rng = keyed_random.worker_rng(self._rng_factory)
         # seeded test generators: one fresh generator per worker, the same first draw
-        self._shared_rng = None if self._rng is None else self._rng_factory()
+        self._shared_rng = (self._rng_factory() if self._rng is not None
+                            and self._shared_component is not None else None)
         self._shared = None
 
     def process(self, table, params):

@@ -276,3 +276,14 @@ def test_bounded_support_reproduces_the_papers_factor_one_half():
     assert ratios[0] == pytest.approx(1.0, abs=1e-9)
     assert ratios[0] > ratios[1] > ratios[2] > 0.5
     assert ratios[2] < 0.55
+
+
+def test_theorem_1_with_a_pre_threshold_above_one():
+    """pre_threshold tau = 3: the user moves keys from 2 (never noised) to 3; Theorem 1 at
+    gap tau* - tau bounds the brute-force delta of every split, with a witness key."""
+    tau, sigma, shared, threshold, c_u = 3, 1.5, 1.0, 8, 2
+    claimed = cg.delta(1.0, sigma, shared, threshold - tau, c_u)
+    configs = bf.configurations(c_u, tau, _high(threshold, sigma, shared), 1)
+    exact, dropped = bf.worst_delta(configs, sigma, shared, tau, threshold, 1.0)
+    assert exact + dropped <= claimed
+    assert exact > 0.5 * cg.new_keys_release_probability(sigma, shared, threshold - tau, c_u)

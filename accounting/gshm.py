@@ -83,14 +83,27 @@ def sparse_histogram_delta(epsilon, log_beta, max_keys_per_user, shift_delta, me
         return float(np.clip(np.max(-np.expm1(lb) + np.exp(lb) * shifted), 0.0, 1.0))
     if method != "exact":
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return float(exact_delta_over_log_betas(epsilon, np.array([log_beta]), c_u, shift_delta)[0])
+
+
+def exact_delta_over_log_betas(epsilon, log_betas, max_keys_per_user, shift_delta):
+    """Thm 5.4's delta (the "exact" method of :func:`sparse_histogram_delta`) at each of
+    several values of log beta at once (one shift_delta call for all of them): what a
+    mixture over thresholds needs (``accounting.correlated_gshm``). Returns an array."""
+    c_u = int(max_keys_per_user)
+    log_betas = np.minimum(np.asarray(log_betas, dtype=np.float64), 0.0)
     a_eq = np.arange(c_u, dtype=np.float64)
     a_plus = (c_u - a_eq).astype(np.int64)
-    lb = a_eq * log_beta
-    both = shift_delta(np.concatenate([a_plus, a_plus]),
-                       np.concatenate([epsilon - lb, epsilon + lb]))
-    d2, d3 = both[:c_u], both[c_u:]
+    lb = log_betas[:, None] * a_eq[None, :]                    # (betas, a_=)
+    count = np.tile(a_plus, 2 * len(log_betas))
+    both = np.asarray(shift_delta(count, np.concatenate([(epsilon - lb).ravel(),
+                                                         (epsilon + lb).ravel()])))
+    d2 = both[:lb.size].reshape(lb.shape)
+    d3 = both[lb.size:].reshape(lb.shape)
     term2 = -np.expm1(lb) + np.exp(lb) * d2
-    return float(np.clip(max(delta_infinite, term2.max(), d3.max()), 0.0, 1.0))
+    delta_infinite = -np.expm1(c_u * log_betas)
+    worst = np.maximum(delta_infinite, np.maximum(term2.max(axis=1), d3.max(axis=1)))
+    return np.clip(worst, 0.0, 1.0)
 
 
 # ---------------------------------------------------------------------------------------

@@ -65,20 +65,30 @@ class NoiseTail:
 
     ``reach``: how far past its own _TABLE_SIGMAS sigmas a discrete Gaussian's tail is
     tabulated (tau* - tau for a count interval); past the table the tail counts as 0
-    (or as 1 on the left)."""
+    (or as 1 on the left). ``shared`` > 0 (discrete Gaussian only): the noise is
+    correlated, V = S + X with S ~ N_Z(0, shared^2) the release's shared component and X
+    ~ N_Z(0, scale^2) the key's own (``accounting.correlated_gshm``); the table is of V, the
+    exact convolution (summed in log space), which is log-concave like its parts, so the
+    intervals' construction is unchanged."""
     noise: str
     scale: float
     reach: int = 0
+    shared: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "noise", _noise_name(self.noise))
         if not (math.isfinite(self.scale) and self.scale > 0):
             raise ValueError(f"noise scale must be > 0, got {self.scale}")
+        if not (math.isfinite(self.shared) and self.shared >= 0):
+            raise ValueError(f"shared noise scale must be >= 0, got {self.shared}")
+        if self.shared > 0 and self.noise != GAUSSIAN:
+            raise ValueError("a shared component is supported with discrete Gaussian noise only")
         if self.noise == GAUSSIAN:
-            reach = int(self.reach) + int(math.ceil(_TABLE_SIGMAS * self.scale)) + 2
-            span = int(math.ceil(_TABLE_SIGMAS * self.scale)) + 2
+            spread = math.sqrt(self.scale ** 2 + self.shared ** 2)
+            reach = int(self.reach) + int(math.ceil(_TABLE_SIGMAS * spread)) + 2
+            span = int(math.ceil(_TABLE_SIGMAS * spread)) + 2
             z = np.arange(-reach, reach + span + 1, dtype=np.float64)
-            logpmf = -z * z / (2.0 * self.scale * self.scale) - dg.log_normalizer(self.scale)
+            logpmf = _log_gaussian_pmf(z, self.scale, self.shared)
             # log P(Z >= z) = logsumexp of the pmf from z up (sequential, so deterministic)
             table = np.logaddexp.accumulate(logpmf[::-1])[::-1]
             object.__setattr__(self, "_lo", -reach)
@@ -100,6 +110,25 @@ class NoiseTail:
         out[z > self._hi] = -np.inf
         out[z < self._lo] = 0.0
         return out
+
+
+def _log_gaussian_pmf(v, scale, shared):
+    """log P(V = v) for V = X (shared 0) or V = S + X, X ~ N_Z(0, scale^2), S ~ N_Z(0,
+    shared^2): the convolution sum_s P(S = s) P(X = v - s) over |s| <= 38.6 shared (the
+    rest, < 1e-300, underflows), as a log-sum-exp per v."""
+    def logpmf(x, sd):
+        return -x * x / (2.0 * sd * sd) - dg.log_normalizer(sd)
+    if shared == 0:
+        return logpmf(v, scale)
+    k = int(math.ceil(38.6 * shared)) + 1
+    s = np.arange(-k, k + 1, dtype=np.float64)
+    log_s = logpmf(s, shared)
+    out = np.empty(v.shape, dtype=np.float64)
+    for start in range(0, v.size, 256):          # bounded memory: 256 rows at a time
+        terms = log_s[None, :] + logpmf(v[start:start + 256, None] - s[None, :], scale)
+        top = terms.max(axis=1)
+        out[start:start + 256] = top + np.log(np.exp(terms - top[:, None]).sum(axis=1))
+    return out
 
 
 def _first_true(pred, lo, hi):

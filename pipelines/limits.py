@@ -11,6 +11,9 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
   naming privacy.epsilon and the smallest epsilon that works. A fixed threshold tau*
   needs sigma ~ (tau* - tau) / 6, so tau* - tau <= 10 SIGMA_MAX. The Thm 5.4 maximum is
   vectorised over a_= = 0..C-1 (arrays of O(C) floats, ~100 evaluations): C <= 1e5.
+  With ``mechanism.noise: correlated`` (``accounting.correlated_gshm``) Thm 5.4 is
+  evaluated at ~16 s + 1 thresholds per split for 9 splits: C <= CORRELATED_MAX_KEYS =
+  1024 (~2 s CPU there); ``noise: auto`` compares the two only up to it.
 * ``laplace`` (paper 002; ``accounting.laplace_threshold``): the same O(C) maximum,
   C <= 1e5; tau* <= 1e12 (counts of users; larger values overflow the integer search).
 * ``sample_and_threshold`` (papers 000/003) and ``weighted_sampling`` (paper 001): the
@@ -62,6 +65,9 @@ LAPLACE_THRESHOLD_MAX = 1e12
 L_MAX = 20_000.0
 # a GIVEN sample-and-threshold threshold (module docstring; docs/performance.md)
 THRESHOLD_MAX = 100
+# gaussian with mechanism.noise: correlated (= accounting.correlated_gshm.MAX_KEYS: its
+# calibration sums Thm 5.4 over the shared draw; minutes beyond it)
+CORRELATED_MAX_KEYS = 1024
 MAX_KEYS = {"gaussian": 100_000, "laplace": 100_000, "sample_and_threshold": 100_000,
             "weighted_sampling": 10_000, "heavy_hitters": 100_000, "quantiles": 100_000,
             "weighted_gaussian": 2048, "adaptive": 2048}
@@ -204,6 +210,11 @@ def check_release(spec, epsilon, delta, candidates, level_structure=(1, 1)):
     if c > MAX_KEYS[kind]:
         raise SpecError(field, f"must be <= {MAX_KEYS[kind]} for {kind} (the planning limit: "
                         f"calibration is O(max_keys_per_user) per step), got {c}")
+    if kind == "gaussian" and spec.mechanism.get("noise") == "correlated" \
+            and c > CORRELATED_MAX_KEYS:
+        raise SpecError(field, f"must be <= {CORRELATED_MAX_KEYS} for gaussian with noise: "
+                        f"correlated (the planning limit of its calibration; noise: "
+                        f"discrete_gaussian allows {MAX_KEYS[kind]}), got {c}")
     if kind == "heavy_hitters" and spec.mechanism.get("method") == "adaptive" \
             and c > MAX_KEYS["adaptive"]:
         # its calibration is the adaptive kind's (accounting.adaptive): minutes beyond it

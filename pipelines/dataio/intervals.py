@@ -103,12 +103,20 @@ def _count_text(spec):
                 "construction": "test inversion of the noise law (every key released, no "
                                 "threshold)",
                 "holds": "for every true count >= 0"}
-    return {"target": bounded,
-            "construction": "Neyman interval from the noise law truncated to {noisy count >= "
-                            "threshold}: the true counts n >= pre_threshold for which "
-                            "neither one-sided tail of the released value, given release, is "
-                            "below (1 - confidence) / 2",
-            "holds": "for every true count >= pre_threshold, conditional on release"}
+    out = {"target": bounded,
+           "construction": "Neyman interval from the noise law truncated to {noisy count >= "
+                           "threshold}: the true counts n >= pre_threshold for which "
+                           "neither one-sided tail of the released value, given release, is "
+                           "below (1 - confidence) / 2",
+           "holds": "for every true count >= pre_threshold, conditional on release"}
+    if spec.mechanism.get("noise") in ("correlated", "auto"):
+        out["correlated"] = (
+            "with noise: correlated the noise law is the exact convolution of the shared and "
+            "the independent discrete Gaussian; every key's interval holds for that key, but "
+            "the errors of different keys share one draw: they are correlated, so misses "
+            "come together rather than as independent 1 - confidence fractions (when the "
+            "noise chosen by auto is discrete_gaussian the errors are independent)")
+    return out
 
 
 def _aggregate_text(a):
@@ -145,12 +153,15 @@ def count_tail_and_rule(mechanism, count_threshold=True):
         sigma = float(mechanism["count_sigma"])
         return iv.NoiseTail(iv.GAUSSIAN, sigma), 0, None, False
     noise = mechanism["noise"]
-    scale = float(mechanism["sigma"] if noise == iv.GAUSSIAN else mechanism["scale"])
+    scale = float(mechanism["sigma"] if noise in (iv.GAUSSIAN, "correlated") else mechanism["scale"])
     if mechanism.get("public_keys"):
         return (iv.NoiseTail(noise, scale), 0, None, bool(mechanism.get("clamp_negative")))
     floor = int(mechanism["pre_threshold"])
     threshold = float(mechanism["threshold"])
     reach = max(0, int(np.ceil(threshold)) - floor)
+    if noise == "correlated":     # shared + independent: the tail of their convolution
+        return (iv.NoiseTail(iv.GAUSSIAN, scale, reach=reach,
+                             shared=float(mechanism["shared_sigma"])), floor, threshold, False)
     return iv.NoiseTail(noise, scale, reach=reach), floor, threshold, False
 
 

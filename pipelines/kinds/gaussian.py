@@ -4,19 +4,27 @@ Per key with user count c (after l0/l_inf bounding): dropped if c < pre_threshol
 otherwise c + v with v discrete Gaussian(sigma) is released when it reaches
 ``threshold`` (tau*). sigma and tau* are calibrated by ``accounting.gshm.calibrate`` with
 the exact accounting of Thm 5.4 for the discrete Gaussian actually drawn.
+
+``mechanism.noise``: ``discrete_gaussian`` (the default, above), ``correlated`` (v = Z + X:
+one shared Z drawn once per release plus an independent X per key,
+``accounting.correlated_gshm``; never a lower threshold when the key space is open, see
+that module) or ``auto`` (both calibrated from (epsilon, delta, C, tau) alone; the lower
+release point wins, discrete_gaussian on ties).
 """
 import math
 
 import pyarrow as pa
 
-from thresher.accounting import gshm, plain_gshm
-from thresher.pipelines.errors import SpecError
+from thresher.accounting import correlated_gshm, gshm, plain_gshm
+from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
 from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
                                      public_domain_calibration)
 from thresher.pipelines.dataio.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
 from thresher.transforms.noisy_threshold import NoisyThreshold
+
+NOISES = ("discrete_gaussian", "correlated", "auto")
 
 FIELDS = {
     "pre_threshold": pre_threshold_field("tau: keys with fewer users are never released "
@@ -25,6 +33,11 @@ FIELDS = {
         "noise standard deviation in users (optional; calibrated if absent)")),
     "threshold": declare.number(description=(
         "tau*: noisy counts below it are suppressed (optional; calibrated if absent)")),
+    "noise": declare.choice(NOISES, default="discrete_gaussian", description=(
+        "discrete_gaussian (independent noise per key), correlated (a shared component "
+        "drawn once per release plus independent noise per key; sigma not allowed) or auto "
+        "(the lower release point of the two, from epsilon, delta, max_keys_per_user and "
+        "pre_threshold alone)")),
     **MECHANISM_FIELDS,
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
@@ -36,7 +49,26 @@ def parse(section):
     threshold = optional_float(section, "threshold")
     if threshold is not None and threshold < tau:
         raise SpecError("mechanism.threshold", f"must be >= pre_threshold ({tau}), got {threshold:g}")
-    return {**parse_mechanism_fields(section), "pre_threshold": tau, "sigma": sigma, "threshold": threshold}
+    noise = section.get("noise", "discrete_gaussian")
+    if noise == "correlated" and sigma is not None:
+        raise SpecError("mechanism.sigma", "does not apply with noise: correlated (two noise "
+                        "scales, the shared and the independent one, are calibrated together); "
+                        "remove it, or use noise: discrete_gaussian")
+    out = {**parse_mechanism_fields(section), "pre_threshold": tau, "sigma": sigma,
+           "threshold": threshold}
+    if noise != "discrete_gaussian":
+        out["noise"] = noise
+    return out
+
+
+def check_spec(mechanism, input_spec, bounding, privacy):
+    """noise: correlated / auto is analysed for the counted path only (docs/partition_selection.md,
+    "Correlated noise"): refused with input.public_keys."""
+    if mechanism.get("noise") in ("correlated", "auto") and input_spec.public_keys is not None:
+        raise SpecError("mechanism.noise", f"{mechanism['noise']} applies to a thresholded "
+                        "release; with input.public_keys every key is released with "
+                        "independent noise (use noise: discrete_gaussian)")
+    return None
 
 
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
@@ -46,21 +78,66 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     if mech.get("public_keys"):
         return public_domain_calibration(mech, kind="gaussian", epsilon=epsilon, delta=delta,
                                          max_keys_per_user=max_keys_per_user, model=model)
+    noise = mech.get("noise", "discrete_gaussian")
+    what = (f"gaussian release at epsilon={epsilon:g}, delta={delta:g}, "
+            f"max_keys_per_user={max_keys_per_user}")
+    if noise == "correlated":
+        return _correlated(mech, epsilon, delta, max_keys_per_user, what)
     params = calibration(
         lambda: gshm.calibrate(epsilon, delta, max_keys_per_user,
                                pre_threshold=mech["pre_threshold"], sigma=mech.get("sigma"),
                                threshold=mech.get("threshold"), noise="discrete_gaussian"),
-        f"gaussian release at epsilon={epsilon:g}, delta={delta:g}, "
-        f"max_keys_per_user={max_keys_per_user}")
+        what)
     out = {"kind": "gaussian", "pre_threshold": int(params.pre_threshold),
            "sigma": float(params.sigma), "threshold": _int_if_whole(params.threshold),
            "noise": "discrete_gaussian", "accounting": ACCOUNTING,
            "delta_achieved": float(params.delta)}
+    if noise == "auto":
+        return _auto(out, mech, epsilon, delta, max_keys_per_user, what)
     return out
+
+
+def _correlated(mech, epsilon, delta, max_keys_per_user, what):
+    params = calibration(
+        lambda: correlated_gshm.calibrate(epsilon, delta, max_keys_per_user,
+                                          pre_threshold=mech["pre_threshold"],
+                                          threshold=mech.get("threshold")),
+        what + ", noise correlated")
+    return {"kind": "gaussian", "pre_threshold": int(params.pre_threshold),
+            "sigma": float(params.sigma), "shared_sigma": float(params.shared_sigma),
+            "threshold": int(params.threshold), "noise": correlated_gshm.NOISE,
+            "accounting": CORRELATED_ACCOUNTING, "delta_achieved": float(params.delta)}
+
+
+def _auto(independent, mech, epsilon, delta, max_keys_per_user, what):
+    """noise: auto: the lower release point of the two calibrations (both functions of
+    (epsilon, delta, C, tau) and the spec's threshold only); discrete_gaussian on ties, with
+    a user-set sigma (it names the independent noise's scale) and above the correlated
+    planning limit. The comparison is part of the report (public parameters only)."""
+    chosen = independent
+    compared = {"discrete_gaussian": correlated_gshm.release_point(independent["threshold"])}
+    if mech.get("sigma") is None and max_keys_per_user <= correlated_gshm.MAX_KEYS:
+        try:
+            other = _correlated(mech, epsilon, delta, max_keys_per_user, what)
+        except CalibrationError:
+            other = None
+        if other is not None:
+            compared["correlated"] = correlated_gshm.release_point(other["threshold"])
+            if compared["correlated"] < compared["discrete_gaussian"]:
+                chosen = other
+    return {**chosen, "noise_auto": {"release_points": compared,
+                                     "chosen": chosen["noise"]}}
 
 
 ACCOUNTING = ("exact Gaussian sparse histogram accounting (paper 004 Thm 5.4) for discrete "
               "Gaussian noise")
+CORRELATED_ACCOUNTING = (
+    "correlated discrete Gaussian noise (Lebeda & Retschmeier, \"The Correlated Gaussian "
+    "Sparse Histogram Mechanism\" (FORC 2025)): a shared "
+    "component (shared_sigma) drawn once per release plus independent noise (sigma) per key; "
+    "delta is the mixture over the shared draw of paper 004 Thm 5.4's exact delta "
+    "(accounting.correlated_gshm, Theorem 1)")
+# its citation in the text above matches citations.PAPERS["LR25"] (cited_papers finds it)
 # Relative gap allowed between the reported delta_achieved and the plain upper bound
 # (they agree to ~1e-12 where the accounting uses Lemma A; a larger gap is recomputed).
 _REPORT_TOLERANCE = 1e-6
@@ -73,6 +150,8 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
     ``epsilon`` is within ``delta``, and its reported delta_achieved is that delta."""
     if model != "l0" or mech.get("public_keys") or type(params) is not dict:
         return False
+    if mech.get("noise", "discrete_gaussian") != "discrete_gaussian":
+        return False      # correlated / auto: no plain-math check; always recalibrated
     if set(params) != {"kind", "pre_threshold", "sigma", "threshold", "noise", "accounting",
                        "delta_achieved"}:
         return False

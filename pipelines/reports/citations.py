@@ -14,6 +14,9 @@ PAPERS = {
             'applications" (AISTATS)'),
     "004": ('Karrer, Kifer, Wilkins & Zhang, "Exact privacy analysis of the Gaussian sparse '
             'histogram mechanism"'),
+    # not among the project's numbered papers (the accounting text cites it in full)
+    "LR25": ('Lebeda & Retschmeier, "The Correlated Gaussian Sparse Histogram Mechanism" '
+             '(FORC 2025)'),
 }
 _BOTH_SAMPLE_AND_THRESHOLD = ('Bharadwaj & Cormode, "Sample and Threshold Differential Privacy: '
                               'Histograms and applications" (workshop and AISTATS versions)')

@@ -184,7 +184,8 @@ def expected_errors(params, users):
     kind = params.get("kind")
     out = []
     if kind == "gaussian" and "sigma" in params:
-        out.append(f"expected error: E|noise| of a count {expected_abs_gaussian(params['sigma']):.3g}")
+        sd = math.hypot(params["sigma"], params.get("shared_sigma", 0.0))  # shared + own
+        out.append(f"expected error: E|noise| of a count {expected_abs_gaussian(sd):.3g}")
     elif kind == "laplace" and "scale" in params:
         out.append(f"expected error: E|noise| of a count {expected_abs_laplace(params['scale']):.3g}")
     elif kind in ("weighted_gaussian", "adaptive") and "count_sigma" in params:

@@ -272,8 +272,15 @@ def release_probability(report, counts):
     if mech.get("public_keys") or "by_max_keys_per_user" in mech:
         return None
     if kind == "gaussian":
-        from thresher.accounting.discrete_gaussian import sf
-        p = np.asarray(sf(mech["threshold"] - n, mech["sigma"]), dtype=np.float64)
+        from thresher.accounting.discrete_gaussian import pmf, sf
+        if mech.get("noise") == "correlated":     # sum over the shared draw z
+            k = int(np.ceil(38.6 * mech["shared_sigma"])) + 1
+            z = np.arange(-k, k + 1)
+            grid = mech["threshold"] - n[:, None] - z[None, :]
+            p = np.asarray(sf(grid.ravel(), mech["sigma"]), dtype=np.float64).reshape(grid.shape)
+            p = p @ pmf(z, mech["shared_sigma"])
+        else:
+            p = np.asarray(sf(mech["threshold"] - n, mech["sigma"]), dtype=np.float64)
         return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
     if kind == "laplace":
         from thresher.accounting.laplace_threshold import log_suppress
@@ -367,6 +374,10 @@ def noise_in_words(report, keys, release_point=True):
     if kind in ("gaussian", "laplace"):
         noise = (f"discrete Gaussian noise with sigma {_g(mech['sigma'])}" if kind == "gaussian"
                  else f"discrete Laplace noise with scale {_g(mech['scale'])}")
+        if mech.get("noise") == "correlated":
+            noise += (f" plus one shared discrete Gaussian draw (sigma "
+                      f"{_g(mech['shared_sigma'])}) common to every {key}: the errors are "
+                      f"correlated")
         out.append(f"noise: each {key}'s count of {unit} gets {noise}; a {key} is released "
                    f"when its count is at least {mech.get('pre_threshold', 1)} and its noisy "
                    f"count at least {_g(mech['threshold'])}")

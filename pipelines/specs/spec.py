@@ -403,6 +403,10 @@ def parse(data, source_text=""):
         input_spec = dataclasses.replace(input_spec, values=tuple(
             c for c, _ in aggregates_mod.value_columns(aggregates)))
         aggregates_auto = aggregates_mod.parse_auto(data.get("aggregates_auto"), privacy, aggregates)
+        if mechanism.get("noise") in ("correlated", "auto"):
+            raise SpecError("mechanism.noise", f"{mechanism['noise']} is not analysed with "
+                            "aggregates (the sums' noise is calibrated with independent count "
+                            "noise); use noise: discrete_gaussian")
     return ReleaseSpec(
         name=data["name"],
         description=data.get("description", ""),

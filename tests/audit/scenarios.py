@@ -173,6 +173,64 @@ def laplace_threshold(pair, *, keys=1, epsilon=EPSILON, delta=DELTA, mutation=""
 
 
 # ---------------------------------------------------------------------------------------
+# Correlated noise (noisy_threshold with a shared component, accounting.correlated_gshm).
+
+CORRELATED = "correlated GSHM (noisy_threshold, shared + independent discrete Gaussian)"
+
+
+def correlated_gshm(pair, *, keys=2, witnesses=0, shared_ratio=None, epsilon=EPSILON,
+                    delta=DELTA, mutation="", trials=TRIALS):
+    """Correlated noise at C = ``keys``: calibrated by accounting.correlated_gshm.calibrate,
+    or, with ``shared_ratio``, a shared scale of shared_ratio * sigma at the calibrated sigma
+    and the smallest threshold Theorem 1 allows there. Each trial draws one shared value
+    for all its keys (the kernel's ``shared`` per key); ``witnesses`` keys of other users
+    at a high count reveal it. Mutation "shared ignored": the threshold that paper 004's
+    delta at sigma alone would allow, claimed at that delta (an accounting that forgot
+    the shared draw)."""
+    acc = _module("thresher.accounting.correlated_gshm")
+    kernel = _module("thresher.transforms.noisy_threshold").noisy_threshold
+    samplers = _module("thresher.transforms.samplers")
+    gshm_acc = _module("thresher.accounting.gshm")
+    p = acc.calibrate(epsilon, delta, keys)
+    sigma, shared, threshold, claimed = p.sigma, p.shared_sigma, p.threshold, p.delta
+    if shared_ratio is not None:
+        shared = shared_ratio * sigma
+        gap = acc.min_threshold_gap(epsilon, delta, sigma, shared, keys)
+        threshold = p.pre_threshold + gap
+        claimed = acc.delta(epsilon, sigma, shared, gap, keys)
+    if mutation == "shared ignored":
+        gap = gshm_acc.min_threshold_gap(epsilon, delta, sigma, keys, noise="discrete_gaussian")
+        threshold = p.pre_threshold + gap
+        claimed = gshm_acc.delta(epsilon, sigma, gap, keys, noise="discrete_gaussian")
+    elif mutation:
+        raise ValueError(mutation)
+    high = int(math.ceil(threshold + 12 * (sigma + shared) + 12))
+    d, d_prime = _pair_counts(pair, keys, p.pre_threshold, high)
+    d, d_prime = d + [high] * witnesses, d_prime + [high] * witnesses
+
+    def runner(counts):
+        row = np.asarray(counts, dtype=np.int64)
+
+        def run(rng, n):
+            z = samplers.discrete_gaussian(rng, shared, n)
+            keep, values = kernel(np.tile(row, n), noise="correlated", scale=sigma,
+                                  pre_threshold=p.pre_threshold, threshold=threshold, rng=rng,
+                                  shared=np.repeat(z, row.size))
+            keep, values = keep.reshape(n, row.size), values.reshape(n, row.size)
+            if witnesses:    # the user's keys' values less the witnesses' mean (z's estimate)
+                est = np.rint(values[:, keys:].mean(axis=1) - high).astype(np.int64)
+                values = values.copy()
+                values[:, :keys] -= np.where(keep[:, :keys], est[:, None], 0)
+            return auditor.released_count_and_sum(keep[:, :keys], values[:, :keys])
+        return run
+    return Scenario(mechanism=CORRELATED, case=pair + (f"+{witnesses}w" if witnesses else ""),
+                    claimed_epsilon=epsilon, claimed_delta=claimed, run_d=runner(d),
+                    run_d_prime=runner(d_prime), mutation=mutation, trials=trials,
+                    parameters=f"sigma={sigma:.4g}, shared={shared:.4g}, T={threshold}, "
+                               f"{keys} key(s), {witnesses} witness key(s)")
+
+
+# ---------------------------------------------------------------------------------------
 # Contribution bounding (transforms.per_user_bound.bound_l0) feeding GSHM.
 
 BOUNDING = "PerUserBound l0 + GSHM"

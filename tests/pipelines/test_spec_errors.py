@@ -16,7 +16,8 @@ def _validate(path, capsys):
 @pytest.mark.parametrize("changes,field,allowed", [
     ({"extra": 1}, "extra", "unknown field"),
     ({"input.columns": ["a"]}, "input.columns", "unknown field"),
-    ({"mechanism.noise": "cauchy"}, "mechanism.noise", "unknown field"),
+    ({"mechanism.noise_law": "cauchy"}, "mechanism.noise_law", "unknown field"),
+    ({"mechanism.noise": "cauchy"}, "mechanism.noise", "one of discrete_gaussian, correlated, auto"),
     ({"privacy.epsilon": 0}, "privacy.epsilon", "must be > 0"),
     ({"privacy.epsilon": -1}, "privacy.epsilon", "must be > 0"),
     ({"privacy.epsilon": "one"}, "privacy.epsilon", "must be a number"),

@@ -31,6 +31,9 @@ CASES = {
     "weighted_gaussian_auto": dict(kind="weighted_gaussian", auto=True),
     "adaptive": dict(kind="adaptive"),
     "adaptive_auto": dict(kind="adaptive", auto=True),
+    # issue 38: one shared draw per release; its value never reaches the file or report
+    "gaussian_correlated": dict(kind="gaussian", noise="correlated"),
+    "gaussian_noise_auto_bound_auto": dict(kind="gaussian", noise="auto", auto=True),
 }
 FAST = ("gaussian", "laplace_public_keys_auto", "weighted_gaussian", "adaptive")
 

@@ -270,6 +270,13 @@ def gaussian_record(mechanism, stages, max_keys_per_user):
     tau - 1 to tau, all C of them at worst; their sums are released only with them)."""
     c = int(max_keys_per_user)
     sigma = float(mechanism["sigma"])
+    if mechanism.get("noise") == "correlated":
+        # v = Z + X with Z shared by every key (docs/accounting.md, "correlated"): Theorem 3
+        # of accounting.correlated_gshm, never the independent row below (it ignores Z).
+        from thresher.accounting import correlated_gshm
+        return Record(*correlated_gshm.correlated_privacy_record(
+            sigma, float(mechanism["shared_sigma"]), mechanism["threshold"],
+            int(mechanism["pre_threshold"]), c))
     per_key = 1.0 / sigma ** 2 + float(mechanism.get("mu_o", 0.0)) ** 2
     rho = 0.5 * c * per_key
     if mechanism.get("public_keys"):

@@ -142,6 +142,22 @@ def test_gaussian_threshold():
     _check(rho, 3 * per_key, delta0, 1 - (1 - p) ** 3)
 
 
+def test_gaussian_correlated_noise_is_charged_its_own_record():
+    """noise: correlated (v = Z + X): the stored record is Theorem 3's, whose delta0
+    includes the shared draw's tail and which is at least the independent row's; a record
+    ignoring Z (the plain gaussian row at the independent sigma) is strictly smaller."""
+    from thresher.accounting import correlated_gshm
+    plan = _plan(mechanism={"kind": "gaussian", "noise": "correlated"})
+    m = plan.params_by_bound[3]
+    rho, delta0 = _stored(plan)
+    want_rho, want_delta0 = correlated_gshm.correlated_privacy_record(
+        m["sigma"], m["shared_sigma"], m["threshold"], m["pre_threshold"], 3)
+    assert rho >= want_rho * (1 - 1e-12) and delta0 >= want_delta0 * (1 - 1e-12)
+    p = _dg_release_probability(m["sigma"], m["threshold"] - m["pre_threshold"])
+    assert delta0 > 1 - (1 - p) ** 3               # the shared part raises the new-key tail
+    _check(rho, 3 * _dg_shift_rho(m["sigma"], 1))
+
+
 def test_gaussian_public_keys(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -196,9 +196,11 @@ def test_a_fixed_setting_that_misses_is_refused_naming_settings_that_pass(write_
 @pytest.mark.parametrize("epsilon, delta, c", [(1.0, 1e-6, 16), (0.5, 1e-8, 4), (2.0, 1e-5, 48),
                                                (1.0, 1e-9, 2)])
 def test_basic_compositions_settings_meet_the_composed_bound(epsilon, delta, c):
-    """The claim the refusal's named settings rest on: basic composition's calibration
-    (free, and the smallest threshold at a fixed rate) meets the budget by pld.user_delta
-    too, and user_delta never exceeds its basic term (it is their minimum)."""
+    """Basic composition's calibration (free, and the smallest threshold at a fixed rate)
+    meets the budget by pld.user_delta too, far below its basic term: the composed bound
+    is the tighter of the two wherever basic's settings land (issue 38: the pair of
+    accounting/sample_threshold/pld.py; its validity is tested in
+    tests/accounting/test_sample_threshold_pld.py)."""
     basic = core.calibrate(epsilon, delta, c, composition="basic")
     settings = [(basic.sampling_rate, basic.threshold)]
     rate = basic.sampling_rate * 2

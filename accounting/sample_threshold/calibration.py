@@ -15,11 +15,12 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, sampling_rate=None, t
     """Sample-and-threshold parameters for a release of budget (epsilon, delta).
 
     composition "pld" (``method`` "exact" only): the whole user's (epsilon, delta) is met
-    by accounting.sample_threshold.pld.composed_delta; the searches below run on it.
-    composition "basic": each key gets (epsilon / C, delta / C) (core.per_key_budget). Then:
-      - neither given: (p, tau) minimising tau / p (core.best_release_point);
-      - sampling_rate given: the smallest threshold (core.min_threshold);
-      - threshold given: the largest sampling rate (core.sampling_rate_for);
+    by accounting.sample_threshold.pld.user_delta (one dominating pair composed over the
+    C keys); the searches of :class:`_PldSearch` run on it. composition "basic": each key
+    gets (epsilon / C, delta / C) (core.per_key_budget), core's searches. Then:
+      - neither given: (p, tau) minimising tau / p;
+      - sampling_rate given: the smallest threshold;
+      - threshold given: the largest sampling rate;
       - both given: checked; CalibrationInfeasible says which threshold or rate would do.
     Returns a core.SampleThresholdParams; raises CalibrationInfeasible.
     """
@@ -219,7 +220,10 @@ class _PldSearch:
                 points[tau] = math.inf if p is None else tau / p
             return points[tau]
 
-        start = min(_MAX_FREE_TAU, max(1, _start_tau(self.epsilon, self.delta, self.c)))
+        try:
+            start = min(_MAX_FREE_TAU, max(1, _start_tau(self.epsilon, self.delta, self.c)))
+        except core.CalibrationInfeasible:
+            return None                       # a user with one key cannot meet it: nor C
         direction = 1 if point(start + 1) < point(start) else -1
         here, moves = start, 0
         while True:

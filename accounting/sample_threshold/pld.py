@@ -31,11 +31,14 @@ keys") has the proof in full; in short:
    losses x_j = i_j * step, with upper bounds u_j >= h*(alpha_j), the lower convex hull
    of (0, 1) and the points (alpha_j, u_j) is >= h* everywhere (h* is one of the convex
    functions below the points), and it is the curve of an explicit pair: an A*-atom at
-   each hull vertex x_j with B*-mass b_j = (difference of the hull's slopes there) and
-   A*-mass a_j = e^{x_j} b_j, A*-mass u_last at loss +inf, B*-mass 1 - sum b_j where A*
-   has none ("connect the dots": Doroshenko, Ghazi, Kamath, Kumar, Manurangsi, PETS
-   2022, here on the supremum over k of the asymmetric profiles). Every atom sits on the
-   grid, so its C-fold convolution needs no rounding.
+   each hull vertex x_j with B*-mass b_j = (change of the hull's slope there) and
+   A*-mass a_j = e^{x_j} b_j, A*-mass u_last at loss +inf, B*-mass (u_0 - 1 + alpha_0) /
+   alpha_0 (first vertex) where A* has none ("connect the dots": Doroshenko, Ghazi,
+   Kamath, Kumar, Manurangsi, PETS 2022, here on the supremum over k of the asymmetric
+   profiles). The masses are taken from A's coordinates for x >= 0 and from B's,
+   (beta, H_beta(B||A)) with beta = 1 / alpha, for x < 0 ((1) maps lines to lines: same
+   hull), so each side's small values keep their digits. Every atom sits on the grid, so
+   the C-fold convolution needs no rounding.
 4. sup over k. u_j = max_{tau <= k <= K} (divergence at k) and the divergence of the
    UNthresholded pair (Bin(K+1, p), Bin(K, p)), which bounds every k > K: thresholding is
    a post-processing (data processing), and (Bin(k, p), Bin(k-1, p)) is the image of
@@ -49,13 +52,14 @@ keys") has the proof in full; in short:
    law, by direct sums of non-negative terms each scaled up by its floating-point bound
    (1 + 2 n u), with mass above eps + _HEADROOM moved to +inf and mass below
    -(eps + _HEADROOM) moved up to that point: every step can only increase the result.
-   Before the convolution each side's atoms are checked against the u_j at every grid
-   point by sums of non-negative terms and scaled up by any deficit (float rounding of
-   the hull), so the curves used are >= h* at every point the argument needs.
+   Each side's curve is linear between its atoms and h* is convex, so the curve is >= h*
+   everywhere once it is at every atom and its total mass is 1: both are checked by sums
+   of non-negative terms and any float shortfall of the hull is patched upwards
+   (:func:`_patch`).
 
 This replaced (issue 38) a bound that dominated the loss of every k by one variable with
 the pointwise supremum of the survival functions P[L_k > x]: it ignored that a loss law
-must satisfy E[e^-L] = 1 and charged 8.3e-7 where this pair charges 2.9e-10 at the
+must satisfy E[e^-L] = 1 and charged 8.3e-7 where this pair charges 2.6e-10 at the
 heavy_hitters example (p = 0.0426, tau = 10, 48 cells, eps = 1; the worst equal-count
 vector found has 1.6e-10). ``benchmarks/bench_sample_threshold_bound.py`` prints the
 comparison and the decomposition of the old gap.
@@ -64,15 +68,12 @@ import functools
 import math
 
 import numpy as np
-
 from scipy import special
 
 from thresher.accounting.sample_threshold.core import delta as one_key_delta
 
 # The largest threshold accepted (the k scan starts at tau; bounded work).
 MAX_TAU = 1 << 20
-# Version of the bound: the calibration cache (pipelines/calibration_cache.py) keys on it.
-BOUND_VERSION = 2
 
 # Grid (_grid): losses are multiples of a power-of-two step, the largest below
 # epsilon / 32, |ln(1 - p)| / 8 (the width of the losses below 0, where h* bends most) and

@@ -8,6 +8,7 @@ sample-and-threshold calibration: what every plan costs in imports). Figures in
 docs/performance.md (calibration cache) and docs/sample_and_threshold.md (issue 38).
 
     python -m benchmarks.bench_plan_cache [--runs 2] [--import-floor]
+        [--before-python /path/to/python --before-root /path/to/its/checkout]
 """
 import argparse
 import os
@@ -46,12 +47,12 @@ def specs(folder):
     return out
 
 
-def plan(path, env):
+def plan(path, env, python=sys.executable, root=ROOT):
     """(wall s, CPU s, peak RSS MiB, exit code) of one ``thresher plan`` process."""
     start = time.perf_counter()
     with open(os.devnull, "wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "thresher", "plan", str(path)],
-                               cwd=ROOT, env=env, stdout=sink, stderr=sink)
+        proc = subprocess.Popen([python, "-m", "thresher", "plan", str(path)],
+                               cwd=root, env=env, stdout=sink, stderr=sink)
         _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return (time.perf_counter() - start, usage.ru_utime + usage.ru_stime,
@@ -62,19 +63,28 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--import-floor", action="store_true")
+    parser.add_argument("--before-python", help="an interpreter with an earlier thresher "
+                        "installed (e.g. main's): each spec is planned by it too, first")
+    parser.add_argument("--before-root", default=str(ROOT),
+                        help="working folder of the --before-python runs")
     args = parser.parse_args(argv)
+    builds = [("now", sys.executable, ROOT)]
+    if args.before_python:
+        builds.insert(0, ("before", args.before_python, args.before_root))
     with tempfile.TemporaryDirectory() as folder:
         todo = specs(folder)
         if args.import_floor:
             todo.insert(0, ("gaussian quickstart (imports only)",
                             ROOT / "configs" / "examples" / "quickstart.yaml"))
         for label, path in todo:
-            env = {**os.environ, "THRESHER_CACHE_DIR": str(pathlib.Path(folder) / label[:24])}
-            for run in range(1, args.runs + 1):
-                wall, cpu, rss, code = plan(path, env)
-                print(f"{label:40s} run {run}: wall {wall:5.1f} s  CPU {cpu:5.2f} s  "
-                      f"peak RSS {rss:4.0f} MiB  exit {code}  load {os.getloadavg()[0]:.1f}",
-                      flush=True)
+            for build, python, root in builds:
+                env = {**os.environ,
+                       "THRESHER_CACHE_DIR": str(pathlib.Path(folder) / build / label[:24])}
+                for run in range(1, args.runs + 1):
+                    wall, cpu, rss, code = plan(path, env, python, root)
+                    print(f"{label:40s} {build:6s} run {run}: wall {wall:5.1f} s  "
+                          f"CPU {cpu:5.2f} s  peak RSS {rss:4.0f} MiB  exit {code}  "
+                          f"load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,10 @@ import tempfile
 log = logging.getLogger("thresher")
 
 ENV = "THRESHER_CACHE_DIR"
-FORMAT = 1                 # bump when the stored layout changes
+FORMAT = 2                 # bump when the stored layout or a cached bound changes
+# 2: issue 38's sample-and-threshold bound (accounting/sample_threshold/pld.py, one
+# dominating pair): entries of format 1 hold the old bound's (p, tau) and report; they
+# are refused on reading (and their keys no longer match: the fingerprint changed).
 _PACKAGES = ("accounting", "pipelines")
 _enabled = False
 

@@ -342,8 +342,8 @@ class SampleThresholdParams:
     per_key_delta are each key's budget; per_key_delta_spent: delta(per_key_epsilon, p, tau)
     by ``method``; delta_spent = max_keys_per_user * per_key_delta_spent <= delta.
     composition "pld": the per-key fields are None and delta_spent is the bound of
-    accounting.sample_threshold.pld.user_delta(epsilon, p, tau, C) <= delta (the smaller
-    of the PLD bound and basic composition).
+    accounting.sample_threshold.pld.user_delta(epsilon, p, tau, C) <= delta (one
+    dominating pair composed over the C keys; C = 1: the exact one-key delta).
     ``calibrated`` names the fields that were computed rather than given.
     """
 

@@ -23,11 +23,10 @@ the argument is made tighter as follows.
    so no level's cells depend on another level's output: the composition is of n fixed
    one-cell mechanisms, the situation of a user holding n keys in the one-level
    ``sample_and_threshold`` kind.
-4. The bound. accounting/sample_threshold/pld.py bounds exactly that situation: the
-   privacy loss of one cell is dominated, for every k >= 1, by one distribution L*, and
-   delta(epsilon) of the product is at most that of the n-fold convolution of L* (both
-   directions), also at most basic composition n delta_1(epsilon / n); ``user_delta``
-   takes the smaller. One (sampling_rate, threshold) serves every level, found by
+4. The bound. accounting/sample_threshold/pld.py bounds exactly that situation: one pair
+   of distributions whose privacy profile dominates every one-cell pair (P_k, P_{k-1}),
+   k >= 1, composed n times (both neighbour orders; ``user_delta``). One (sampling_rate,
+   threshold) serves every level, found by
    accounting.sample_threshold.calibration.calibrate(epsilon, delta, n, composition="pld").
 5. Pruning, ranking, top_k: post-processing of the released levels.
 
@@ -35,17 +34,19 @@ Before (``core.calibrate_levels``, still used by the quantiles kind): each level
 (epsilon / L, delta / L), and within a level group privacy over C contributions of one
 unit at epsilon / (L C) -- needed there because a cell counted contributions, so one user
 could add up to C to one cell. At epsilon = 1, delta = 1e-6, C = 16 the release point
-tau / p is 700 / 1,352 / 2,005 users for 1 / 2 / 3 levels before and 127 / 181 / 235 with
-this accounting (``python -m benchmarks.bench_heavy_hitters_recall --points``).
+tau / p is 700 / 1,352 / 2,005 users for 1 / 2 / 3 levels before and 93 / 114 / 130 with
+this accounting (127 / 181 / 235 with the PLD bound before issue 38;
+``python -m benchmarks.bench_heavy_hitters_recall --points``).
 
 The prefix schedule (:func:`choose_schedule`): among the candidate schedules
 (:data:`SCHEDULES`), the one with the lowest last-level release point. With one (p, tau)
-for every level that is the one with the fewest levels: both terms of ``pld.user_delta``
-are non-decreasing in the number of cells n -- the PLD term adds one more independent,
-non-negative dominating loss per cell, which can only raise E[(1 - e^{eps - L})_+], and
-basic composition n delta_1(eps / n) = eps delta_1(x) / x at x = eps / n, where delta_1 is
-non-increasing in x -- so every (p, tau) that meets the budget over C L' cells meets it
-over C L cells for L <= L', and the best release point of fewer levels is never higher.
+for every level that is the one with the fewest levels: ``pld.user_delta`` is
+non-decreasing in the number of cells n -- the composed pair over n cells is a marginal
+of the one over n + 1 (data processing), the one-key delta (n = 1) is below both, and
+basic composition (taken below 1e-15) n delta_1(eps / n) = eps delta_1(x) / x at
+x = eps / n, where delta_1 is non-increasing in x -- so every (p, tau) that meets the
+budget over C L' cells meets it over C L cells for L <= L', and the best release point of
+fewer levels is never higher.
 The plan therefore takes the fewest-levels candidate (:func:`fewest_levels`) and
 calibrates only it (each calibration costs seconds); ``exhaustive=True`` calibrates them all (the benchmark prints them, a slow test
 checks the rule against them). It depends on (epsilon, delta, C) and the spec's optional
@@ -62,10 +63,10 @@ from thresher.accounting.sample_threshold import calibration, core
 # Candidate prefix schedules (None: the whole key), fewest levels first (the tie rule).
 SCHEDULES = ((None,), (4, None), (2, 4, None))
 
-# Above this many cells per user the PLD search is not run (its calibration grows with
-# the number of cells: ~10 s at 64, ~58 s at 192 on 2 shared cores); basic composition
-# over the C L cells is used instead (valid, and never worse than the per-level
-# group-privacy split). 64 is also the sample_and_threshold kind's PLD limit.
+# Above this many cells per user the PLD search is not run; basic composition over the
+# C L cells is used instead (valid, and never worse than the per-level group-privacy
+# split). 64 is also the sample_and_threshold kind's PLD limit. (Since issue 38 the
+# search costs 0.4-0.5 s of CPU at 48 to 256 cells alike: the limit could be raised.)
 PLD_MAX_CELLS = 64
 
 

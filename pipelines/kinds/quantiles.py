@@ -347,16 +347,22 @@ def _key_selection(out, mech, max_keys_per_user):
     selection = mech.get("key_selection")
     if selection is not None:
         from thresher.accounting import sample_threshold
+        from thresher.pipelines.kinds.sample_and_threshold import PLD_DEFAULT_MAX_KEYS
+        # as kind sample_and_threshold: a user's C keys composed by the PLD bound for
+        # 2 <= C <= 64 (a lower release point at the same budget), basic otherwise
+        composition = "pld" if 1 < max_keys_per_user <= PLD_DEFAULT_MAX_KEYS else "basic"
         try:
-            sel = sample_threshold.calibrate(selection["epsilon"], selection["delta"], max_keys_per_user)
+            sel = sample_threshold.calibrate(selection["epsilon"], selection["delta"],
+                                             max_keys_per_user, composition=composition)
         except ValueError as exc:
             raise CalibrationError(f"quantiles key selection at epsilon={selection['epsilon']:g}, "
                                    f"delta={selection['delta']:g}: {exc}") from None
         out["key_selection"] = {
             "stage": SELECT_KEYS_STAGE, "share": selection["share"],
             "sampling_rate": sel.sampling_rate, "threshold": sel.threshold,
-            "release_point": sel.release_point, "per_key_epsilon": sel.per_key_epsilon,
-            "per_key_delta": sel.per_key_delta_spent, "delta_achieved": sel.delta_spent,
+            "release_point": sel.release_point, "composition": sel.composition,
+            "per_key_epsilon": sel.per_key_epsilon, "per_key_delta": sel.per_key_delta_spent,
+            "delta_achieved": sel.delta_spent,
             "what": "keys whose distinct users (each user in at most max_keys_per_user keys) "
                     "pass sample-and-threshold; the key set is published as the output's keys"}
         if "max_keys" in selection:

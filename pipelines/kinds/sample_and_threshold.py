@@ -8,9 +8,9 @@ is released with its sampled count v when v >= tau. No noise. Output columns: ``
 p and tau come from ``accounting.sample_threshold.calibrate``. ``composition: pld`` (the
 default with a fixed max_keys_per_user > 1) meets the user's (epsilon, delta) by the
 privacy-loss-distribution bound over the user's <= C keys
-(``accounting.sample_threshold.pld``); ``composition: basic`` (the default with
-``max_keys_per_user: auto``, where every candidate is calibrated at plan time and the PLD
-search costs ~20 s per candidate, so pld is refused there) gives each key
+(``accounting.sample_threshold.pld``: one pair dominating every key's count, composed C
+times); ``composition: basic`` (the default with ``max_keys_per_user: auto``, where every
+candidate is calibrated at plan time, so pld is refused there) gives each key
 (epsilon / C, delta / C). Both are valid
 because every (user, key) contribution is sampled independently, so keys are independent
 mechanisms; per key, delta is the exact hockey-stick divergence of thresholded Bin(k, p)
@@ -26,9 +26,9 @@ from thresher.pipelines.specs.fields import optional_float, optional_int
 from thresher.transforms.sample_and_threshold import OUTPUT_COLUMNS as _TRANSFORM_COLUMNS
 from thresher.transforms.sample_and_threshold import SampleAndThreshold
 
-# The PLD calibration costs about 7 s at C = 8 and 10 s at C = 64 (2 cores, idle): it is
-# the default up to PLD_DEFAULT_MAX_KEYS and refused above PLD_MAX_KEYS, so every plan
-# stays within seconds (issue 18's bounded planning).
+# The PLD calibration costs 0.2-0.6 s of CPU up to C = 64 (15-25 evaluations of the
+# composed bound; benchmarks/bench_plan_cache.py): it is the default up to
+# PLD_DEFAULT_MAX_KEYS and refused above PLD_MAX_KEYS (issue 18's bounded planning).
 PLD_DEFAULT_MAX_KEYS = 64
 PLD_MAX_KEYS = 64
 
@@ -76,13 +76,15 @@ def parse(section):
 
 def for_auto_bound(mech):
     """The mechanism section used to calibrate the candidates of an automatic bound:
-    composition basic there. One PLD calibration costs ~20 s and an automatic bound
-    calibrates every candidate before the run, so an explicit pld is refused (plans stay
-    within seconds)."""
+    composition basic there. An automatic bound calibrates every candidate before the run
+    (up to thousands of keys, beyond the PLD limit of 64), so an explicit pld is refused
+    (plans stay within seconds)."""
     if mech.get("composition") == "pld":
         raise SpecError("mechanism.composition", "pld is not available with "
-                        "bounding.max_keys_per_user: auto (every candidate would need a ~20 s "
-                        "calibration); use composition: basic or a fixed max_keys_per_user")
+                        "bounding.max_keys_per_user: auto (every candidate would need its "
+                        "own composed calibration, and candidates go beyond the PLD limit of "
+                        f"{PLD_MAX_KEYS} keys); use composition: basic or a fixed "
+                        "max_keys_per_user")
     return {**mech, "composition": "basic"}
 
 
@@ -96,8 +98,8 @@ def _accounting_choice(mech, max_keys_per_user, model):
         "pld" if method == "exact" and 1 < max_keys_per_user <= PLD_DEFAULT_MAX_KEYS else "basic")
     if composition == "pld" and max_keys_per_user > PLD_MAX_KEYS:
         raise SpecError("mechanism.composition", f"pld is available up to max_keys_per_user="
-                        f"{PLD_MAX_KEYS} (its calibration grows with the bound: about 10 s at "
-                        f"64), got {max_keys_per_user}; use composition: basic")
+                        f"{PLD_MAX_KEYS} (the planning limit of its calibration), got "
+                        f"{max_keys_per_user}; use composition: basic")
     return method, composition
 
 
@@ -111,7 +113,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
             threshold=mech.get("threshold"), method=method, composition=composition)
     except ValueError as exc:
         raise CalibrationError(f"{_levels.fixed_fields(mech)}{what}: {exc}") from None
-    return _report(params, mech, epsilon, delta, max_keys_per_user, method)
+    return _report(params, method)
 
 
 def calibrated_fields(sampling_rate, threshold):
@@ -128,8 +130,7 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
     composition pld, the exact one-key delta at epsilon / C for basic), meets the budget,
     the spec's fixed sampling_rate / threshold are the ones cached, and the whole report
     (delta_achieved, comparisons) recomputed from them is the cached one. One delta
-    evaluation (~0.15 s at C = 16) and the basic comparison (~0.3 s) instead of the search
-    (~9 s)."""
+    evaluation (~20 ms at C = 16) instead of the search (~15-25 of them)."""
     from thresher.accounting.sample_threshold.calibration import recheck
     try:
         method, composition = _accounting_choice(mech, max_keys_per_user, model)
@@ -141,19 +142,17 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
     rate, threshold = mech.get("sampling_rate"), mech.get("threshold")
     if (rate is not None and p != float(rate)) or (threshold is not None and tau != threshold):
         return False
-    # composition pld with both free returns the basic calibration where it is better
-    allowed = {composition} | ({"basic"} if rate is None and threshold is None else set())
-    if used not in allowed:
+    if used != composition:
         return False
     again = recheck(epsilon, delta, max_keys_per_user, p, tau, method=method, composition=used,
                     calibrated=calibrated_fields(rate, threshold))
     if again is None:
         return False
     from thresher.pipelines.calibration_cache import same
-    return same(_report(again, mech, epsilon, delta, max_keys_per_user, method), params)
+    return same(_report(again, method), params)
 
 
-def _report(params, mech, epsilon, delta, max_keys_per_user, method):
+def _report(params, method):
     """The plan's parameters dict of a core.SampleThresholdParams."""
     out = {"kind": "sample_and_threshold",
            "sampling_rate": params.sampling_rate,
@@ -168,29 +167,14 @@ def _report(params, mech, epsilon, delta, max_keys_per_user, method):
                     "comparison": comparison(params)})
     else:
         out["accounting"] = _PLD_ACCOUNTING
-        out["basic_composition"] = _basic_comparison(epsilon, delta, max_keys_per_user, mech)
     return out
 
 
 _PLD_ACCOUNTING = (
     "sample-and-threshold (papers 000/003), exact per-key laws of thresholded Bin(k, p) vs "
     "Bin(k-1, p); (user, key) contributions Poisson-sampled independently, composed over a "
-    "user's keys by a privacy-loss distribution dominating every k (pessimistic grid, "
-    "docs/sample_and_threshold.md)")
-
-
-def _basic_comparison(epsilon, delta, max_keys_per_user, mech):
-    """What basic composition would need at the same budget: its threshold at the
-    calibrated sampling rate is not computed here (it costs a search); the basic
-    calibration's own (p, tau) when both are free, else None."""
-    if mech.get("sampling_rate") is not None or mech.get("threshold") is not None:
-        return None
-    try:
-        basic = sample_threshold.calibrate(epsilon, delta, max_keys_per_user, composition="basic")
-    except ValueError:
-        return None
-    return {"sampling_rate": basic.sampling_rate, "threshold": basic.threshold,
-            "release_point": basic.release_point}
+    "user's keys by the privacy-loss distribution of one pair whose privacy profile "
+    "dominates every k's, composed exactly on a loss grid (docs/sample_and_threshold.md)")
 
 
 def comparison(params):

@@ -106,13 +106,14 @@ def test_kernel_cells_meet_the_trie_accounting_exactly_and_contribution_counts_d
 def test_reported_delta_is_above_dp_accounting_and_within_the_target(c, levels):
     """delta_spent (reported) <= 1e-6, and dp_accounting's PLD of C x L copies of the
     one-cell pair for k from tau up to ~3 tau / p (where the worst k sits) stays below it
-    (dp_accounting's own pessimistic rounding may add ~1e-4 relative per cell)."""
+    (dp_accounting's optimistic estimate: a lower bound on the exact delta of each
+    vector)."""
     params = acc.calibrate_trie(1.0, 1e-6, levels, c)
     p, tau, n = params.sampling_rate, params.threshold, c * levels
     assert params.cells_per_user == n and params.delta_spent <= 1e-6
     ks = np.unique(np.linspace(tau, 3 * tau / p, 12).astype(int))
-    peer = [_dp_accounting_delta(1.0, p, tau, int(k), n) for k in ks]
-    assert 0 < max(peer) <= params.delta_spent * 1.01
+    peer = [_dp_accounting_delta(1.0, p, tau, (int(k),) * n) for k in ks]
+    assert 0 < max(peer) <= params.delta_spent
     # and the reported value is the module's bound at exactly the drawn parameters
     assert params.delta_spent == pld.user_delta(1.0, p, tau, n)
 
@@ -151,7 +152,7 @@ def test_cells_grow_the_composed_delta():
 @pytest.mark.slow
 def test_exhaustive_schedule_choice_agrees_with_the_rule_at_the_issue_setting():
     """epsilon 1, delta 1e-6, C = 16: every candidate calibrated; the lowest release
-    point is the one-level schedule (measured 127 / 181 / 235 users for 1 / 2 / 3 levels
+    point is the one-level schedule (measured 93 / 114 / 130 users for 1 / 2 / 3 levels
     against 700 / 1,352 / 2,005 with the group-privacy split)."""
     best, points = acc.choose_schedule(1.0, 1e-6, 16, exhaustive=True)
     assert best == (None,)

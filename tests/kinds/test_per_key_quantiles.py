@@ -322,3 +322,31 @@ def test_cells_per_key_alone_above_the_limit_are_refused():
         selected_keys_cap({"branching": 2, "levels": 26})
     assert selected_keys_cap({"branching": 2, "levels": 25}) == 1     # 2**26 - 2 cells
     assert selected_keys_cap({"branching": 16, "levels": 3}) == MAX_PUBLIC_CELLS // 4368
+
+
+@pytest.mark.parametrize("bound", [1, 4])
+def test_select_keys_composes_a_users_keys_by_the_pld_bound(tmp_path, bound):
+    """Issue 38: select_keys over C = 4 keys is calibrated with composition pld (as kind
+    sample_and_threshold), a lower release point than basic composition at the same
+    stage budget, its delta by pld.user_delta; C = 1 is the exact one-key calibration
+    either way (pld and basic coincide)."""
+    from thresher.accounting import sample_threshold as acc
+    from thresher.accounting.sample_threshold import pld
+    data = str(tmp_path / "x.parquet")
+    pq.write_table(pa.table({"user": ["u"], "country": ["a"], "x": [1.0]}), data)
+    spec = _selected_spec(tmp_path, data)
+    spec["bounding"]["max_keys_per_user"] = bound
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    selection = make_plan(spec_mod.load(str(path))).report()["mechanism"]["key_selection"]
+    eps, delta = 4.0 * selection["share"], 1e-6 * selection["share"]
+    basic = acc.calibrate(eps, delta, bound, composition="basic")
+    assert selection["composition"] == ("pld" if bound > 1 else "basic")
+    assert selection["delta_achieved"] <= delta
+    if bound > 1:
+        assert selection["delta_achieved"] == pld.user_delta(
+            eps, selection["sampling_rate"], selection["threshold"], bound)
+        assert selection["release_point"] < 0.7 * basic.release_point
+    else:
+        assert (selection["sampling_rate"], selection["threshold"]) == (
+            basic.sampling_rate, basic.threshold)

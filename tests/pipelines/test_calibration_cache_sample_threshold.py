@@ -196,9 +196,11 @@ def test_a_fixed_setting_that_misses_is_refused_naming_settings_that_pass(write_
 @pytest.mark.parametrize("epsilon, delta, c", [(1.0, 1e-6, 16), (0.5, 1e-8, 4), (2.0, 1e-5, 48),
                                                (1.0, 1e-9, 2)])
 def test_basic_compositions_settings_meet_the_composed_bound(epsilon, delta, c):
-    """The claim the refusal's named settings rest on: basic composition's calibration
-    (free, and the smallest threshold at a fixed rate) meets the budget by pld.user_delta
-    too, and user_delta never exceeds its basic term (it is their minimum)."""
+    """Basic composition's calibration (free, and the smallest threshold at a fixed rate)
+    meets the budget by pld.user_delta too, far below its basic term: the composed bound
+    is the tighter of the two wherever basic's settings land (issue 38: the pair of
+    accounting/sample_threshold/pld.py; its validity is tested in
+    tests/accounting/test_sample_threshold_pld.py)."""
     basic = core.calibrate(epsilon, delta, c, composition="basic")
     settings = [(basic.sampling_rate, basic.threshold)]
     rate = basic.sampling_rate * 2
@@ -207,3 +209,31 @@ def test_basic_compositions_settings_meet_the_composed_bound(epsilon, delta, c):
         term = c * core.delta(epsilon / c, p, tau)
         assert term <= delta * (1 + 1e-12)
         assert pld.user_delta(epsilon, p, tau, c) <= min(term, delta)
+
+def test_an_entry_of_the_earlier_bound_is_refused_and_recalibrated(cache, monkeypatch, caplog):
+    """Issue 38 changed the composed bound (pld.py): a cache entry written by the earlier
+    bound -- file format 1, its lower sampling rate, its own delta_achieved and the report
+    field it had (basic_composition) -- is never used: format 1 is refused on reading,
+    and the same value stored under the current format fails the forward check (its
+    delta_achieved is not the one recomputed by the current bound, although its rate
+    meets the budget), so the plan is recalibrated and equals a fresh one."""
+    calls = _count_calls(monkeypatch, "sample_and_threshold")
+    spec = _spec(mechanism={"kind": "sample_and_threshold"})
+    first = make_plan(spec)
+    (key, value), = _entries(cache).items()
+    old_rate = value["sampling_rate"] * 0.7            # the earlier bound needed a lower rate
+    old = {**value, "sampling_rate": old_rate, "release_point": value["threshold"] / old_rate,
+           "delta_achieved": value["delta_achieved"] * 0.93,
+           "basic_composition": {"sampling_rate": 0.01, "threshold": 28,
+                                 "release_point": 2800.0}}
+    assert not _misses(old, spec)                      # private enough: still not used
+    document = {"format": 1, "key": key, "value": cc._tag([old])}
+    (cache / f"{key}.json").write_text(__import__("json").dumps(document))
+    assert cc._read(key) is None                       # format 1: refused on reading
+    second = make_plan(_spec(mechanism={"kind": "sample_and_threshold"}))
+    assert len(calls) == 2 and second.report() == first.report()
+    cc._write(key, [old])                              # current format, stale value
+    with caplog.at_level(logging.WARNING, logger="thresher"):
+        third = make_plan(_spec(mechanism={"kind": "sample_and_threshold"}))
+    assert len(calls) == 3 and third.report() == first.report()
+    assert any("fails its forward privacy check" in r.getMessage() for r in caplog.records)

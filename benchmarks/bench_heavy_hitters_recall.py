@@ -3,7 +3,7 @@
 Corpus: ``benchmarks/identifier_corpus.py`` (identifiers of numpy, scipy, pandas and
 pyarrow as installed, one user per .py file: 2,810 users, 339,379 (user, word) rows).
 Truth: the 20 words with the most distinct users. At epsilon = 1, delta = 1e-6,
-max_keys_per_user = 16, top_k = 20, for each of ``--seeds`` release secrets:
+max_keys_per_user = ``--bound`` (16), top_k = 20, for each of ``--seeds`` release secrets:
 
 - ``kind: heavy_hitters`` with its default method (chosen by the plan from public
   parameters; printed);
@@ -17,7 +17,7 @@ Printed: recall@20 per run, and per method the mean and its standard error over 
 group-privacy split (``calibrate_levels``) and with the C x L-cell accounting
 (``calibrate_trie``), and the adaptive method's point (the default method rule).
 
-    python -m benchmarks.bench_heavy_hitters_recall [--seeds 10] [--trie-seeds N] [--points]
+    python -m benchmarks.bench_heavy_hitters_recall [--seeds 10] [--trie-seeds N] [--bound C] [--points]
 """
 import argparse
 import math
@@ -88,15 +88,17 @@ def main(argv=None):
     ap.add_argument("--trie-seeds", type=int, default=None)
     ap.add_argument("--points", action="store_true")
     ap.add_argument("--data-dir", default=identifier_corpus.DEFAULT_DATA_DIR)
+    ap.add_argument("--bound", type=int, default=16, help="max_keys_per_user (default 16)")
     args = ap.parse_args(argv)
     if args.points:
-        return points()
+        return points(bound=args.bound)
     if args.trie_seeds is None:
         args.trie_seeds = args.seeds
     data = identifier_corpus.cached(args.data_dir)
     print(f"corpus: {identifier_corpus.describe(pq.read_table(data))}")
     truth, kth, next_ = true_top(data)
-    print(f"true top {TOP}: 20th word has {kth} users, 21st {next_}")
+    print(f"true top {TOP}: 20th word has {kth} users, 21st {next_}; max_keys_per_user "
+          f"{args.bound}, load {os.getloadavg()[0]:.1f}")
     truth = set(truth)
     methods = {"heavy_hitters (default method)": ({"kind": "heavy_hitters", "top_k": TOP}, args.seeds),
                "adaptive + top-k": ({"kind": "adaptive"}, args.seeds),
@@ -107,7 +109,8 @@ def main(argv=None):
         for name, (mech, seeds) in methods.items():
             recalls = []
             for s in range(seeds):
-                top, report = release(data, os.path.join(tmp, "out"), mech, f"heavy hitters recall secret {s}".encode())
+                top, report = release(data, os.path.join(tmp, "out"), mech, f"heavy hitters recall secret {s}".encode(),
+                                   bound=args.bound)
                 hits = len(truth & set(top))
                 recalls.append(hits / TOP)
                 extra = ""

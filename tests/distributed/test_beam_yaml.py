@@ -79,6 +79,56 @@ def test_example_runs_with_beam_yaml_main(tmp_path):
     check_counts(released, report, input_path)
 
 
+def _documented_command():
+    """The Beam YAML command of docs/running.md, which the example's own comment repeats."""
+    import re
+    with open(os.path.join(ROOT, "docs", "running.md"), encoding="utf-8") as handle:
+        docs = re.findall(r"^    (python -m apache_beam\.yaml\.main .*)$", handle.read(), re.M)
+    with open(EXAMPLE, encoding="utf-8") as handle:
+        comment = re.findall(r"^#   (python -m apache_beam\.yaml\.main .*)$", handle.read(), re.M)
+    assert len(docs) == 1 and comment == docs, (docs, comment)
+    return docs[0].split()
+
+
+def test_the_documented_command_names_its_runner():
+    """Issue 36 D7: without --runner, Beam's DirectRunner first tries to download Prism
+    from GitHub; the documented command gives the runner explicitly."""
+    assert "--runner=FnApiRunner" in _documented_command()
+
+
+@pytest.mark.slow
+def test_the_documented_command_runs_as_written(tmp_path):
+    """The command of docs/running.md, word for word (``python`` is this interpreter),
+    from a folder where its relative paths resolve (``configs`` links to the repository's):
+    it publishes the release without trying to download anything."""
+    os.symlink(os.path.join(ROOT, "configs"), tmp_path / "configs")
+    argv = [sys.executable, *_documented_command()[1:]]
+    env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + os.environ["PYTHONPATH"]
+                                              if os.environ.get("PYTHONPATH") else ""))
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=str(tmp_path),
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "prism" not in done.stderr.lower(), done.stderr[-4000:]
+    outputs = os.listdir(tmp_path / "out" / "quickstart_yaml")
+    assert any(f.startswith("released") for f in outputs), outputs
+    assert any(f.startswith("release_report.json") for f in outputs), outputs
+
+
+def test_importing_thresher_first_hides_beams_apitools_warning():
+    """Issue 36 D7: the API's path (thresher imported before Beam) prints no "apitools not
+    found" warning; other warnings still show; Beam imported alone still prints it (the
+    check can fail)."""
+    code = ("import logging, thresher, apache_beam; "
+            "logging.warning('another warning')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "apitools" not in done.stderr and "another warning" in done.stderr, done.stderr
+    alone = subprocess.run([sys.executable, "-c", "import apache_beam"], capture_output=True,
+                           text=True, timeout=300)
+    assert "apitools not found" in alone.stderr, alone.stderr
+
+
 def test_config_errors_name_the_transform_field():
     with pytest.raises(SpecError, match=r"^ThresherRelease\.keys: "):
         ThresherRelease(**dict(CONFIG, keys=[]))

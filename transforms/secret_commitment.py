@@ -15,8 +15,9 @@ twice, a contribution bound of 2C where C was claimed. A check per shard cannot 
   bytes of the secret's stage key for the reserved stage :data:`COMMITMENT_STAGE`, a PRF
   output (``KeyedSource.stage_key``), never the secret; the stage name starts with a NUL,
   so no Beam label draws from it (as ``user_identity.IDENTITY_STAGE``);
-* the commitments of all those stages are side inputs of the **publisher** (:func:`publisher`, the stage that writes the released file of ``thresher
-  run``; :class:`OneSecret` before the Beam YAML transform's outputs), which reads the
+* the commitments of all those stages are side inputs of the **publisher**
+  (:func:`publisher`, the stage that writes the released file of ``thresher run``;
+  :class:`OneSecret` before the Beam YAML transform's outputs), which reads the
   secret itself and refuses -- :class:`MixedSecretsError`, exit 2, raised in the pipeline
   so the run fails and nothing is published -- unless every commitment equals its own: the
   set of commitments of the run, its own included, has exactly one element.
@@ -102,40 +103,30 @@ def sealed(source):
             {"release_secret": source.side_input()})
 
 
-class CommittedParDo(beam.PTransform):
-    """``keyed_random.par_do`` under a ``PipelineSecret``: the DoFn runs with the secret's
-    side input set on its source (``keyed_random._WithSecret``) and emits its commitments
-    on a tagged output, which is registered for the publisher. Outputs as the ParDo's:
-    the main output, or with :meth:`with_outputs` the tagged outputs."""
+class CommittedParDo(beam.ParDo):
+    """``keyed_random.par_do`` under a ``PipelineSecret``: the ParDo of
+    ``keyed_random._WithSecret(dofn)`` (the secret's side input set on the DoFn's source
+    before each element) with one more output, :data:`COMMITMENTS`, registered for the
+    publisher. Still a ParDo, with the caller's label as its step name: its main output,
+    ``with_outputs`` and ``with_output_types`` are the plain ParDo's."""
 
     def __init__(self, dofn, source, args, kwargs):
-        super().__init__()
-        self._dofn = dofn
+        super().__init__(_Committing(dofn), *args, release_secret=source.side_input(),
+                         **kwargs)
         self._source = source
-        self._args = args
-        self._kwargs = kwargs
-        self._tags = None
-        self._main = None
-
-    def with_outputs(self, *tags, main=None):
-        self._tags, self._main = tags, main
-        return self
-
-    def default_label(self):
-        return f"ParDo({self._dofn.default_label()})"
 
     def expand(self, pcoll):
-        pardo = beam.ParDo(_Committing(self._dofn), *self._args,
-                           release_secret=self._source.side_input(), **self._kwargs)
-        hints = self.get_type_hints().output_types
-        if hints:
-            pardo = pardo.with_output_types(*hints[0], **hints[1])
-        outputs = pcoll | "Committed" >> pardo.with_outputs(COMMITMENTS, *(self._tags or ()),
-                                                            main=self._main)
-        _register(self._source, outputs[COMMITMENTS])
-        if self._tags is None:
-            return outputs[self._main]
-        return outputs
+        main = super().expand(pcoll)
+        # the commitments' output, added to this ParDo's application as Beam adds a tagged
+        # output (pvalue.DoOutputsTuple): the producing step is this ParDo itself
+        applied = pcoll.pipeline._current_transform()
+        self.output_tags.add(COMMITMENTS)
+        commitments = beam.pvalue.PCollection(pcoll.pipeline, tag=COMMITMENTS,
+                                              element_type=bytes, is_bounded=pcoll.is_bounded)
+        commitments.producer = applied
+        applied.add_output(commitments, COMMITMENTS)
+        _register(self._source, commitments)
+        return main
 
 
 class _Committing(keyed_random._WithSecret):

@@ -131,3 +131,17 @@ def test_the_check_itself():
     for others in ([secret_commitment.commitment(b)], [own, secret_commitment.commitment(b)]):
         with pytest.raises(secret_commitment.MixedSecretsError, match="2 different"):
             secret_commitment.check(own, others)
+
+
+def test_a_stage_reading_the_secret_after_the_publisher_is_refused_when_built():
+    """The publisher is added last; a secret reader added after it would go unchecked."""
+    from thresher.transforms.noisy_threshold import NoisyThreshold
+    pipeline = beam.Pipeline(runner="FnApiRunner")
+    secret = keyed_random.PipelineSecret.draw(pipeline)
+    params = {"noise": "laplace", "scale": 1.0, "pre_threshold": 0, "threshold": 1.0}
+    counts = pipeline | "Counts" >> beam.Create([])
+    _ = counts | "Before" >> NoisyThreshold(params, rng_factory=secret)
+    _ = (pipeline | beam.Impulse()
+         | "Publish" >> secret_commitment.publisher(lambda _: None, secret))
+    with pytest.raises(RuntimeError, match="added after the publisher"):
+        _ = counts | "After" >> NoisyThreshold(params, rng_factory=secret)

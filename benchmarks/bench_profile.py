@@ -27,6 +27,9 @@ STAGES = [
     ("read Parquet", "thresher.pipelines.dataio.io:_ReadParquetRowGroup.process"),
     ("read Parquet (Beam parquetio)", ["parquetio.py", "(read_records)"]),
     ("prepare: drop, hash users+keys", "thresher.pipelines.dataio.io:prepare_batch"),
+    ("pre-reduce: all (combine, decide, kernel)", "thresher.transforms.prereduce:_PreReduceFn._flush"),
+    ("  of which the decision", "thresher.transforms.prereduce:heavy_user_rows"),
+    ("  of which the l0 kernel", "thresher.transforms.prereduce:prereduce_l0"),
     ("split batches by user shard", "thresher.transforms.user_shards:_SplitByUser._split"),
     ("concat a user shard", "thresher.transforms.user_shards:_concat_shard"),
     ("bound: bound_l0 kernel", "thresher.transforms.per_user_bound:bound_l0"),
@@ -90,7 +93,7 @@ def profile(config, save=None, top=25):
     for stage, parts in STAGES:
         seconds = _cum(stats, parts)
         if seconds:
-            inside += seconds
+            inside += seconds if not stage.startswith("  ") else 0.0
             print(f"{stage:<36} {seconds:>8.2f} {seconds / total:>6.0%}")
     runner = max(0.0, run_stages - inside)
     print(f"{'Beam runner (outside DoFns)':<36} {runner:>8.2f} {runner / total:>6.0%}")

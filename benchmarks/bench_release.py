@@ -27,7 +27,15 @@ row groups), cached under ``--data-dir`` (default ``benchmarks/data``, not commi
 The key-cardinality data keep the user column of the main data set and replace the key by
 ``k<i>`` with i = a seeded permutation of the rows modulo K (exactly K distinct keys).
 
+- with ``--compare REV[,REV...]``: older commits installed beside this checkout, each in
+  its own virtualenv (``git archive REV`` + ``pip install``, cached under
+  ``--data-dir``/compare), and ``thresher run`` of each and of this checkout on the same
+  data and spec (``--rows``, gaussian, ``--compare-bound``), taken in turns for
+  ``--compare-rounds`` rounds: wall, CPU and peak RSS side by side (see
+  :func:`compare_table`).
+
     python benchmarks/bench_release.py                   # everything (about 10 minutes)
+    python -m benchmarks.bench_release --compare 364e7c4,aec4b08 --rows 1e7
     python benchmarks/bench_release.py --rows 1000000 --scaling 100000,1000000 --keys 1000
 """
 import argparse
@@ -534,6 +542,166 @@ def large_table(args, work):
             seconds=fl["compute"] if _ok(fl) else None)
 
 
+def install_revision(rev, cache):
+    """(thresher command, full commit) of ``rev`` of this repository, installed in a
+    virtualenv of its own under ``cache``/<commit> (``git archive`` of the commit and a
+    non-editable ``pip install``; reused when present). The command is the venv's
+    ``thresher`` console script, run from a folder outside any checkout so that no
+    ``pipelines`` or ``thresher`` folder on the working directory shadows the install."""
+    import shutil
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--verify", f"{rev}^{{commit}}"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    folder = os.path.join(cache, commit[:12])
+    thresher = os.path.join(folder, "venv", "bin", "thresher")
+    done = os.path.join(folder, "installed")
+    if os.path.exists(done):
+        return [thresher], commit
+    shutil.rmtree(folder, ignore_errors=True)
+    source = os.path.join(folder, "src")
+    os.makedirs(source)
+    t0 = time.perf_counter()
+    archive = subprocess.run(["git", "-C", ROOT, "archive", "--format=tar", commit],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", source], input=archive, check=True)
+    subprocess.run([sys.executable, "-m", "venv", os.path.join(folder, "venv")], check=True)
+    subprocess.run([os.path.join(folder, "venv", "bin", "python"), "-m", "pip", "install", "-q",
+                    source], check=True)
+    with open(done, "w", encoding="utf-8") as handle:
+        handle.write(commit + "\n")
+    print(f"# installed {rev} ({commit[:12]}) in {time.perf_counter() - t0:.0f} s: {folder}",
+          flush=True)
+    return [thresher], commit
+
+
+def compare_table(args, work):
+    """This checkout against older commits (``--compare``) on one input: ``thresher run``
+    of each, gaussian, ``max_keys_per_user`` = ``--compare-bound``, string user ids,
+    in a fresh process each (:func:`measure`), the commits taken in turns (a different
+    order every round) so that the machine's load falls on all alike."""
+    rows = args.rows
+    data = ensure_data(args.data_dir, rows, args.seed)
+    cache = os.path.join(args.data_dir, "compare")
+    targets = []
+    for rev in args.compare:
+        command, commit = install_revision(rev, cache)
+        targets.append((f"{rev} ({commit[:7]})", command, tempfile.mkdtemp(prefix="cmp_")))
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    targets.append((f"HEAD ({head}{'+' if dirty else ''})", thresher_command(), ROOT))
+    bound = args.compare_bound
+    print(f"\n## Compare: {rows:,} rows, gaussian, C={bound}, epsilon={EPSILON:g}, "
+          f"delta={DELTA:g}, string user ids (data {os.path.relpath(data, ROOT)}); "
+          f"{args.compare_rounds} round(s), commits in turns")
+    print(HEADER)
+    results = {label: [] for label, _, _ in targets}
+    for round_ in range(args.compare_rounds):
+        order = targets if round_ % 2 == 0 else targets[::-1]
+        for label, command, cwd in order:
+            config, out = write_config(work, f"compare_{targets.index((label, command, cwd))}",
+                                       data, "gaussian", bound)
+            m = measure([*command, "run", config, "--overwrite", "--quiet"], cwd=cwd)
+            m["keys"] = _released_keys(out) if m["rc"] == 0 else None
+            results[label].append(m)
+            row(label, rows, m, f"round {round_ + 1}")
+    if args.compare_rounds > 1:
+        print("#   medians over the rounds:")
+        import statistics
+        for label, ms in results.items():
+            ok = [m for m in ms if _ok(m)]
+            if ok:
+                median = dict(ok[0], wall=statistics.median(m["wall"] for m in ok),
+                              cpu=statistics.median(m["cpu"] for m in ok),
+                              rss_mb=statistics.median(m["rss_mb"] for m in ok),
+                              load=(min(m["load"][0] for m in ok), max(m["load"][1] for m in ok)))
+                row(label, rows, median, "median")
+    return results
+
+
+def _released_keys(out):
+    path = os.path.join(out, "release_report.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle).get("released_keys")
+
+
+def _process_tree(root):
+    """{pid: (command, cpu seconds, peak RSS KB)} of ``root`` and its descendants, from
+    /proc (Linux); processes that end between two looks keep their last figures."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="utf-8") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, stack, tick = {}, [root], os.sysconf("SC_CLK_TCK")
+    while stack:
+        pid = stack.pop()
+        stack.extend(children.get(pid, []))
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
+                hwm = next((int(line.split()[1]) for line in handle
+                            if line.startswith("VmHWM")), 0)
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, StopIteration, ValueError):
+            continue
+        out[pid] = (command, (int(fields[11]) + int(fields[12])) / tick, hwm)
+    return out
+
+
+def measure_tree(cmd, cwd=ROOT, interval=0.5):
+    """Run ``cmd``; returns (wall, rc, {pid: (command, cpu s, peak RSS KB)}) of every
+    process it started, sampled every ``interval`` seconds (a worker's CPU after its
+    last sample is lost: at most ``interval`` s of it)."""
+    load0 = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    seen = {}
+    while proc.poll() is None:
+        seen.update(_process_tree(proc.pid))
+        time.sleep(interval)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode(errors="replace")
+    return {"wall": wall, "rc": proc.returncode, "processes": seen, "stderr": err,
+            "load": (load0, os.getloadavg()[0])}
+
+
+def workers_table(args, work):
+    """``thresher run`` in process and with two worker processes
+    (``--direct_num_workers=2 --direct_running_mode=multi_processing``) on the same
+    data: wall time, and each process's CPU seconds, share of the wall time and peak
+    RSS (where the second core waits shows as a worker's CPU share well below 1)."""
+    rows = args.rows
+    data = ensure_data(args.data_dir, rows, args.seed)
+    bound = args.compare_bound
+    print(f"\n## One process vs two workers: {rows:,} rows, gaussian, C={bound}")
+    for label, extra in (("in process", []),
+                         ("2 workers", ["--", "--direct_num_workers=2",
+                                        "--direct_running_mode=multi_processing"])):
+        config, _ = write_config(work, f"workers_{len(extra)}", data, "gaussian", bound)
+        m = measure_tree([*thresher_command(), "run", config, "--overwrite", "--quiet",
+                          *extra])
+        total = sum(cpu for _, cpu, _ in m["processes"].values())
+        print(f"{label}: rc={m['rc']} wall {m['wall']:.2f} s, cpu {total:.2f} s "
+              f"({total / m['wall']:.2f} cores busy), load {m['load'][0]:.1f}->"
+              f"{m['load'][1]:.1f}", flush=True)
+        for pid, (command, cpu, hwm) in sorted(m["processes"].items()):
+            role = ("worker" if "sdk_worker" in command or "worker_pool" in command
+                    else "controller" if "thresher" in command else command[:40])
+            print(f"    pid {pid:>7} {role:<12} cpu {cpu:>7.2f} s  "
+                  f"{cpu / m['wall']:>5.0%} of wall  peak RSS {hwm / 1024:>7,.0f} MB",
+                  flush=True)
+
+
 def keys_table(args, work):
     rows = args.key_rows
     print(f"\n## Distinct keys at {rows:,} rows (thresher gaussian, C={BOUND})")
@@ -573,18 +741,29 @@ def main(argv=None):
                         help="rows above which PipelineDP is not run (time)")
     parser.add_argument("--floor-max", type=lambda s: int(float(s)), default=30_000_000,
                         help="rows above which the floor is not run (memory)")
-    parser.add_argument("--only", default="main,peer,scaling,keys,startup,large",
+    parser.add_argument("--compare", type=lambda s: [r for r in s.split(",") if r], default=[],
+                        help="older commits (any git revision) to measure beside this "
+                             "checkout: runs only the comparison unless --only is given")
+    parser.add_argument("--compare-bound", type=int, default=4)
+    parser.add_argument("--compare-rounds", type=int, default=1)
+    parser.add_argument("--only", default=None,
                         help="comma-separated subset of: main, peer, scaling, keys, startup, "
-                             "large")
+                             "large, compare, workers (default: all but compare and "
+                             "workers; with --compare: compare)")
     args = parser.parse_args(argv)
     args.key_rows = args.key_rows or args.rows
     args.data_dir = os.path.abspath(args.data_dir)
     os.makedirs(args.data_dir, exist_ok=True)
     work = os.path.join(args.data_dir, "work")
     os.makedirs(os.path.join(work, "out"), exist_ok=True)
-    only = set(args.only.split(","))
+    only = set((args.only or ("compare" if args.compare else
+                              "main,peer,scaling,keys,startup,large")).split(","))
     print(f"# thresher bench_release: {os.cpu_count()} cores, load {os.getloadavg()}, "
           f"python {sys.version.split()[0]}")
+    if "compare" in only:
+        compare_table(args, work)
+    if "workers" in only:
+        workers_table(args, work)
     if "main" in only:
         main_table(args, work)
     if "peer" in only:

@@ -36,6 +36,13 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
   > 180 s at 10,000 (C = 16 and 64, load ~4-5; benchmarks/bench_fixed_threshold.py,
   docs/performance.md). A calibrated threshold is bounded by L_MAX above.
 * ``mechanism.sampling_rate`` (sample-and-threshold kinds) >= SAMPLING_RATE_MIN = 1e-12.
+* ``input.public_keys`` (paper 002 Sec. 4): the domain file lists at most
+  PUBLIC_KEYS_MAX keys (a CSV or JSONL file at most PUBLIC_KEYS_MAX_BYTES bytes, checked
+  before it is read; Parquet by its row count, from the footer): the plan holds the
+  domain as a table and every domain key is released, so the run's memory grows with it:
+  ~470 bytes per domain key beyond the data's own (1e6 keys 825 MB, 3e6 keys 1.76 GB
+  peak RSS in process; docs/performance.md, "Keyed randomness in bulk"). A text file of
+  256 MiB holds ~3e6 keys of 80 bytes.
 * every kind: privacy.epsilon <= 100 (e^epsilon overflows a float near 709; no release
   is meaningfully private beyond single digits) and privacy.delta >= 1e-100.
 
@@ -66,6 +73,24 @@ WS_SAMPLING_THRESHOLD_MIN = 1e-6
 # sample-and-threshold kinds: below this rate a released key needs > 1e12 users, and at
 # 1e-100 the accounting's binomial blocks overflow (issue 30 D4)
 SAMPLING_RATE_MIN = 1e-12
+# input.public_keys: keys listed, and bytes of a text (CSV/JSONL) domain file
+PUBLIC_KEYS_MAX = 3_000_000
+PUBLIC_KEYS_MAX_BYTES = 256 << 20
+
+
+def check_public_keys(path, rows=None, size_bytes=None):
+    """The public key domain fits the planning limits (module docstring): SpecError
+    naming ``input.public_keys`` otherwise. ``rows``: the file's key count where known
+    before reading (Parquet's footer) or after; ``size_bytes``: a text file's size."""
+    if size_bytes is not None and size_bytes > PUBLIC_KEYS_MAX_BYTES:
+        raise SpecError("input.public_keys", f"{path!r} is {size_bytes:,} bytes; a public key "
+                        f"list in CSV or JSONL may be at most {PUBLIC_KEYS_MAX_BYTES:,} bytes "
+                        f"(the planning limit: the domain is held in memory, every key "
+                        f"released); store it as Parquet or release fewer keys")
+    if rows is not None and rows > PUBLIC_KEYS_MAX:
+        raise SpecError("input.public_keys", f"{path!r} lists {rows:,} keys; a public key "
+                        f"domain may hold at most {PUBLIC_KEYS_MAX:,} (the planning limit: the "
+                        f"domain is held in memory and every key is released with noise)")
 
 
 def _bound_field(spec):

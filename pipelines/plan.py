@@ -156,8 +156,17 @@ class Plan:
             "mechanism": mechanism,
             "bounding": bounding,
             "privacy": privacy,
+            "randomness": randomness_report(),
             "intervals": intervals_report(spec),
         })}
+
+
+def randomness_report():
+    """The report's ``randomness`` section: which construction draws the release's keyed
+    randomness from its secret (``transforms.stream_construction``)."""
+    from thresher.transforms import stream_construction
+    return {"construction": stream_construction.CONSTRUCTION,
+            "description": stream_construction.DESCRIPTION}
 
 
 def intervals_report(spec):

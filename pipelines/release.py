@@ -28,7 +28,7 @@ from thresher.pipelines.specs.spec import input_files, kind_module
 from thresher.transforms import keyed_random, secret_commitment
 from thresher.transforms.aggregate import SumCountsPerKey
 from thresher.transforms.per_user_bound import PerUserBound
-from thresher.transforms.user_shards import ShardByUser
+from thresher.transforms.user_shards import MAX_USER_ROWS, ShardByUser
 
 log = logging.getLogger("thresher")
 
@@ -177,8 +177,12 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
         return _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink, spill_dir)
     if _one_pass_auto(spec):
         return _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir)
-    records = _prereduced(records, plan, rng_factory)
-    shards = _UserShards(records, num_shards, keys, spec.auto_bound, spill_dir)
+    reduced = _prereduced(records, plan, rng_factory)
+    combined = reduced is not records   # pre-reduced: a user sends ~C rows per table
+    shards = _UserShards(reduced, num_shards, keys, spec.auto_bound, spill_dir,
+                         combined=combined,
+                         setting=_whole_user_setting(plan) if not combined or spec.aggregates
+                         else None)
     chosen = None
     if spec.auto_bound:
         from thresher.transforms.choose_contribution_bound import ChooseContributionBound
@@ -219,9 +223,9 @@ def _sample_stages(records, plan, num_shards):
 
 def _prereduced(records, plan, rng_factory):
     """Fixed-bound l0 bounding by ``PerUserBound`` (or ``PerUserBoundWithValues`` with
-    fixed clips): drop before the shuffle the rows the
-    bounding cannot keep (transforms/prereduce.py; same released bytes, a heavy user
-    shuffles about C rows instead of all of them). Every other bounding needs all of a
+    fixed clips): combine the read batches into the shuffle's tables and drop from each,
+    where that pays, rows the bounding cannot keep (transforms/prereduce.py; same
+    released bytes, a heavy user shuffles about C rows per table instead of all of them). Every other bounding needs all of a
     user's records (prereduce.py's docstring says why), and so does fresh randomness
     (a test's seeded factory): their records pass unchanged."""
     spec = plan.spec
@@ -246,6 +250,39 @@ def _prereduced(records, plan, rng_factory):
         every_row=bool(spec.aggregates))
 
 
+_FIXED_L0 = ("use a fixed bounding.max_keys_per_user with bounding.model: l0 (its "
+             "bounding drops a user's extra rows before the shuffle), or leave such users "
+             "out of the input")
+
+
+def _whole_user_setting(plan):
+    """(spec field, remedy) of a release whose user shards hold all of a user's rows:
+    each consumer refuses a user with more than ``user_shards.MAX_USER_ROWS`` rows,
+    naming the field (issue 34: such a user took 1.6-5.5 GB in process). Fixed-bound l0
+    bounding pre-reduces a user to about C rows per table (transforms/prereduce.py), so
+    the check never fires there."""
+    spec = plan.spec
+    if spec.auto_bound:
+        return ("bounding.max_keys_per_user", "'auto' scores every key of every user; "
+                + _FIXED_L0)
+    if spec.bounding.model == "l1":
+        return ("bounding.model", "l1 samples a user's records, not keys; " + _FIXED_L0)
+    if hasattr(kind_module(spec.kind), "release_users"):
+        return ("mechanism.kind", f"{spec.kind} re-bounds a user's keys in every round; "
+                + _FIXED_L0)
+    if spec.aggregates:
+        return ("aggregates", "a kept key's rows are summed where the user's rows meet; "
+                "sum each user's values per key before the release (one row per user and "
+                "key)")
+    if plan.domain is not None:
+        return ("input.public_keys", "with a public key domain a user's rows are bounded "
+                "where they meet, not before the shuffle; leave such users out of the input")
+    return ("mechanism.kind", f"{spec.kind} bounds a user's keys where all its rows meet; "
+            "gaussian, laplace and sample_and_threshold with a fixed "
+            "bounding.max_keys_per_user and bounding.model: l0 drop a user's extra rows "
+            "before the shuffle, or leave such users out of the input")
+
+
 def _one_pass_auto(spec):
     """``auto`` with plain l0 bounding (PerUserBound): bounded and scored in one pass."""
     module = kind_module(spec.kind)
@@ -265,8 +302,9 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
     from thresher.transforms.scored_bound import ScoredPerUserBound
     spec = plan.spec
     keys = list(spec.input.keys)
-    users = records | "ShardByUser" >> ShardByUser(num_shards, key_columns=keys,
-                                                   spill_dir=spill_dir)
+    users = records | "ShardByUser" >> ShardByUser(
+        num_shards, key_columns=keys, spill_dir=spill_dir, max_user_rows=MAX_USER_ROWS,
+        setting=_whole_user_setting(plan))
     choose = ChooseContributionBound(
         keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
         model=spec.bounding.model, score=plan.score_name,
@@ -291,8 +329,10 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     from thresher.transforms import public_domain
     spec = plan.spec
     keys = list(spec.input.keys)
-    kept = records | "RestrictToDomain" >> public_domain.RestrictToDomain(plan.domain, keys)
-    shards = _UserShards(kept, num_shards, keys, spec.auto_bound, spill_dir)
+    domain = public_domain.packed_domain(records.pipeline, plan.domain, keys)   # once
+    kept = records | "RestrictToDomain" >> public_domain.RestrictToDomain(domain, keys)
+    shards = _UserShards(kept, num_shards, keys, spec.auto_bound, spill_dir,
+                         setting=_whole_user_setting(plan))
     chosen = None
     if spec.auto_bound:
         chosen = shards.for_choice | "ChooseDomainBound" >> public_domain.ChooseDomainBound(
@@ -301,7 +341,7 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     users = shards.users(chosen, min(plan.candidates))                     # Table of whole users
     clips = _choose_clips(users, plan, rng_factory, clip_sink)
     partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
-    zeros = records.pipeline | "DomainZeroCounts" >> public_domain.DomainZeroCounts(plan.domain, keys)
+    zeros = records.pipeline | "DomainZeroCounts" >> public_domain.DomainZeroCounts(domain, keys)
     if spec.aggregates:   # zero grid sums beside the zero counts (pipelines/aggregates.py)
         from thresher.pipelines.aggregates import sum_columns
         from thresher.transforms.aggregate_values import zero_sums
@@ -330,8 +370,14 @@ class _UserShards:
     them whole beside the shuffle: 1.6x the time and memory of a fixed bound). The
     shuffle itself happens once."""
 
-    def __init__(self, records, num_shards, keys, auto_bound, spill_dir=None):
-        self._shard = ShardByUser(num_shards, key_columns=keys, spill_dir=spill_dir)
+    def __init__(self, records, num_shards, keys, auto_bound, spill_dir=None, combined=False,
+                 setting=None):
+        # combined: the tables are combined already (PreReduceL0): split each as it comes;
+        # setting: what _whole_user_setting says (a user over MAX_USER_ROWS fails the run)
+        self._shard = ShardByUser(num_shards, key_columns=keys, spill_dir=spill_dir,
+                                  coalesce_rows=1 if combined else None,
+                                  max_user_rows=MAX_USER_ROWS if setting else None,
+                                  setting=setting)
         if not auto_bound:
             self.for_choice = None
             self._users = records | "ShardByUser" >> self._shard
@@ -422,16 +468,26 @@ def _write(released, staging, schema, keys, domain=None, source=None):
     The released Tables reach the writer as one side input (``AsList``) of a one-element
     stage, rather than through ``ToList``: Beam's global combine is two more fused stages
     (its merge, and the stage that supplies its default for an empty input), which on the
-    in-process runner cost more than the rows of a small release (docs/performance.md)."""
+    in-process runner cost more than the rows of a small release (docs/performance.md).
+    A public key domain arrives as the release's one packed copy
+    (``public_domain.packed_domain``), never pickled into the writer (issue 36 D13)."""
+    extra = {}
+    if domain is not None:
+        from thresher.transforms.public_domain import packed_domain
+        extra["domain"] = beam.pvalue.AsSingleton(
+            packed_domain(released.pipeline, domain, keys))
     (released.pipeline
      | "GatherReleased" >> beam.Impulse()
      | "WriteReleased" >> secret_commitment.publisher(
          _write_gathered, source, tables=beam.pvalue.AsList(released),
          path=publish.join(staging, io.RELEASED_FILE), schema=schema, keys=tuple(keys),
-         domain=domain))
+         **extra))
 
 
-def _write_gathered(unused_impulse, tables, path, schema, keys, domain):
+def _write_gathered(unused_impulse, tables, path, schema, keys, domain=None):
+    if domain is not None:
+        from thresher.transforms.public_domain import unpack
+        domain = unpack(domain)
     return _write_canonical(list(tables), path, schema, keys, domain)
 
 

@@ -98,7 +98,7 @@ def trie_heavy_hitters(table, key_column, prefix_lengths, params, rng, prune=Tru
         user's rows present; cells count distinct users, see the module docstring).
       prefix_lengths: increasing prefix lengths, e.g. (1, 2, 3, None); None = whole key.
       params: sampling_rate and threshold (dict or LevelParams / SampleThresholdParams).
-      rng: SecureRandom or a seeded numpy Generator.
+      rng: keyed streams (``transforms.keyed_random``) or a seeded numpy Generator (tests).
       prune: apply the trie constraint (:func:`prune_trie`).
       user_column: the user column of (user, key) rows; None for per-key counts.
     Returns: pyarrow.Table(level, key_column, count, estimate).

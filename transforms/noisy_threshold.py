@@ -33,7 +33,8 @@ def noisy_threshold(counts, *, noise, scale, pre_threshold, threshold, rng):
       scale: sigma or the Laplace scale b, in users.
       pre_threshold: tau; keys with count < tau are never released (and get no noise).
       threshold: tau*; a key is released when count + noise >= tau*.
-      rng: ``transforms.samplers.SecureRandom`` or a seeded ``numpy.random.Generator``.
+      rng: per-key keyed streams (``transforms.keyed_random``; pipelines) or a seeded
+        ``numpy.random.Generator`` (tests).
 
     Returns:
       (keep, values): boolean mask of released keys and the int64 noisy counts

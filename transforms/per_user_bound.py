@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from thresher.transforms import keyed_random, samplers
 from thresher.transforms.arrow_coder import TABLE
 from thresher.transforms.hashing import mix64
-from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, order_by_user
 
 
 def _runs(sorted_values):
@@ -38,27 +38,7 @@ def _runs(sorted_values):
     return starts
 
 
-def _order_by_user(user_hash):
-    """A permutation that makes each user's rows contiguous.
-
-    Value sorts of uint64 are ~7x faster than argsorts here, so the row number rides in
-    the low b = bit_length(n - 1) bits of the user hash and one ``np.sort`` of the packed
-    words gives the order. Two users sharing their top 64 - b bits (probability about
-    U^2 2^-(65-b) for U users) could interleave: that is detected and the exact argsort
-    is used instead."""
-    n = len(user_hash)
-    bits = max(1, (n - 1).bit_length())
-    if bits > 32:
-        return np.argsort(user_hash)
-    low = np.uint64((1 << bits) - 1)
-    packed = (user_hash & ~low) | np.arange(n, dtype=np.uint64)
-    packed.sort()
-    order = (packed & low).astype(np.intp)
-    top = packed & ~low
-    users = user_hash[order]
-    if np.any((top[1:] == top[:-1]) & (users[1:] != users[:-1])):
-        return np.argsort(user_hash)
-    return order
+_order_by_user = order_by_user   # (moved to user_shards: exact_users uses it too)
 
 
 def bound_l0(user_hash, key_hash, max_keys_per_user, rng):

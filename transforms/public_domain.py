@@ -18,16 +18,19 @@ Stages (Arrow tables throughout, no per-row Python):
   post-processing.
 """
 import logging
+import weakref
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from thresher.accounting import known_domain
 from thresher.transforms import keyed_random, samplers
 from thresher.transforms.arrow_coder import TABLE
 from thresher.transforms.choose_contribution_bound import SumIntegers
 from thresher.transforms.hashing import hash_columns
+from thresher.transforms.user_identity import flat_array
 from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 _LOG = logging.getLogger("thresher.public_domain")
@@ -47,6 +50,66 @@ def restrict_to_domain(table, domain, key_columns):
     kept = table.join(domain.select(list(key_columns)), keys=list(key_columns),
                       join_type="left semi", use_threads=False)
     return kept.select(table.column_names).combine_chunks()
+
+
+class DomainIndex:
+    """Membership in a public key domain, built once per worker: the domain keys' public
+    64-bit hashes (``transforms.hashing.hash_columns``), sorted. A batch's keys are
+    looked up by one ``searchsorted`` over their hashes and each candidate is confirmed
+    by comparing its values with the one domain key of that hash (the hash only finds
+    the candidate; membership is exact). Keys whose hash several domain keys share (a
+    collision inside the domain, rare and craftable) fall back to the exact join. So a
+    batch costs O(rows), not a hash table of the whole domain per batch."""
+
+    def __init__(self, domain, key_columns):
+        self._keys = list(key_columns)
+        self._domain = domain.select(self._keys).combine_chunks()
+        hashes = hash_columns(self._domain, self._keys)
+        self._order = np.argsort(hashes, kind="stable")
+        self._sorted = hashes[self._order]
+
+    def member(self, table):
+        """Boolean mask of the rows of ``table`` whose key is in the domain."""
+        n = table.num_rows
+        if n == 0 or len(self._sorted) == 0:
+            return np.zeros(n, dtype=bool)
+        hashes = hash_columns(table, self._keys)
+        left = np.searchsorted(self._sorted, hashes, side="left")
+        right = np.searchsorted(self._sorted, hashes, side="right")
+        single = np.flatnonzero(right - left == 1)
+        mask = np.zeros(n, dtype=bool)
+        if len(single):
+            rows, at = pa.array(single), pa.array(self._order[left[single]])
+            equal = np.ones(len(single), dtype=bool)
+            for name in self._keys:
+                same = pc.equal(flat_array(table.column(name).take(rows)),
+                                self._domain.column(name).take(at))
+                equal &= pc.fill_null(same, False).to_numpy(zero_copy_only=False)
+            mask[single[equal]] = True
+        shared = np.flatnonzero(right - left > 1)
+        if len(shared):   # several domain keys with this hash: the exact join decides
+            part = table.select(self._keys).take(pa.array(shared)).append_column(
+                "__row", pa.array(shared))
+            kept = restrict_to_domain(part, self._domain, self._keys)
+            mask[kept.column("__row").to_numpy()] = True
+        return mask
+
+
+def pack(table):
+    """A table as zstd-compressed Arrow IPC bytes: how a public domain travels in the
+    pipeline graph. Beam pickles a DoFn's or a ``Create``'s arguments and compresses the
+    pickle with bz2, which took ~50 s for a 3e5-key domain held as a table (issue 36
+    D13); the packed bytes are a fraction of the size and cost milliseconds to pack."""
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def unpack(data):
+    """The table :func:`pack` packed."""
+    return pa.ipc.open_stream(pa.BufferReader(data)).read_all().combine_chunks()
 
 
 def zero_counts(domain, key_columns):
@@ -109,45 +172,101 @@ def release_domain_table(table, params, rng):
 # Beam stages
 # --------------------------------------------------------------------------------------
 
-class _RestrictFn(beam.DoFn):
-    def __init__(self, domain, key_columns):
-        self._domain = domain
-        self._keys = tuple(key_columns)
-
-    def process(self, table):
-        kept = restrict_to_domain(table, self._domain, self._keys)
-        dropped = table.num_rows - kept.num_rows
-        if dropped:
-            beam.metrics.Metrics.counter(NOT_PRIVATE, "rows_dropped_not_in_public_keys").inc(dropped)
-        if kept.num_rows:
-            yield kept
-
-
-class RestrictToDomain(beam.PTransform):
-    """PCollection[pa.Table] of records -> the records whose key is in ``domain``."""
+class PackedDomain(beam.PTransform):
+    """PBegin -> a PCollection of one element: the domain's key columns, packed
+    (:func:`pack`). The graph holds the domain once, in this ``Create``; the stages that
+    need it (:class:`RestrictToDomain`, :class:`DomainZeroCounts`, the writer's order)
+    read it as a side input or an element."""
 
     def __init__(self, domain, key_columns, label=None):
         super().__init__(label)
-        self._domain = domain.select(list(key_columns)).combine_chunks()
+        self._packed = pack(domain.select(list(key_columns)).combine_chunks())
+
+    def expand(self, pbegin):
+        # Impulse + Map, not Create: Create pickles its values twice more (its own
+        # transform and a MaybeReshuffle), for one element that needs no reshuffle
+        return (pbegin
+                | "Impulse" >> beam.Impulse()
+                | "Packed" >> beam.Map(_constant, self._packed))
+
+
+def _constant(unused_impulse, value):
+    return value
+
+
+_SHARED = weakref.WeakKeyDictionary()    # pipeline -> [(domain, keys, PCollection)]
+
+
+def packed_domain(pipeline, domain, key_columns):
+    """``domain`` as a PCollection of its packed bytes: as it is when it already is one,
+    else the pipeline's one :class:`PackedDomain` of that table and key columns (made on
+    first use, then shared, so the graph holds each domain once)."""
+    if isinstance(domain, beam.pvalue.PCollection):
+        return domain
+    keys = tuple(key_columns)
+    made = _SHARED.setdefault(pipeline, [])
+    for table, columns, pcoll in made:
+        if table is domain and columns == keys:
+            return pcoll
+    pcoll = pipeline | f"PublicKeys{len(made) or ''}" >> PackedDomain(domain, keys)
+    made.append((domain, keys, pcoll))
+    return pcoll
+
+
+class _RestrictFn(beam.DoFn):
+    def __init__(self, key_columns):
+        self._keys = tuple(key_columns)
+        self._packed = None
+        self._index = None
+
+    def process(self, table, packed):
+        if self._index is None or (packed is not self._packed and packed != self._packed):
+            self._index = DomainIndex(unpack(packed), self._keys)   # once per worker
+            self._packed = packed
+        member = self._index.member(table)
+        dropped = table.num_rows - int(member.sum())
+        if dropped:
+            beam.metrics.Metrics.counter(NOT_PRIVATE, "rows_dropped_not_in_public_keys").inc(dropped)
+        if dropped < table.num_rows:
+            yield table.filter(pa.array(member)) if dropped else table
+
+
+class RestrictToDomain(beam.PTransform):
+    """PCollection[pa.Table] of records -> the records whose key is in ``domain`` (a
+    Table of the domain keys, or the PCollection of a :class:`PackedDomain`)."""
+
+    def __init__(self, domain, key_columns, label=None):
+        super().__init__(label)
+        self._domain = domain
         self._keys = tuple(key_columns)
 
     def expand(self, records):
+        packed = packed_domain(records.pipeline, self._domain, self._keys)
         return records | "SemiJoinDomain" >> beam.ParDo(
-            _RestrictFn(self._domain, self._keys)).with_output_types(TABLE)
+            _RestrictFn(self._keys), beam.pvalue.AsSingleton(packed)).with_output_types(TABLE)
+
+
+def _zero_parts(packed_domain, key_columns, rows_per_element):
+    zeros = zero_counts(unpack(packed_domain), key_columns)
+    for start in range(0, zeros.num_rows, rows_per_element):   # one element per slice
+        yield zeros.slice(start, rows_per_element).combine_chunks()
 
 
 class DomainZeroCounts(beam.PTransform):
     """PBegin -> PCollection[pa.Table]: every domain key with count 0, in elements of at
-    most ``rows_per_element`` keys."""
+    most ``rows_per_element`` keys, made on the worker from the packed domain
+    (``domain``: a Table, or the PCollection of a :class:`PackedDomain`)."""
 
     def __init__(self, domain, key_columns, rows_per_element=DOMAIN_ROWS_PER_ELEMENT, label=None):
         super().__init__(label)
-        zeros = zero_counts(domain, key_columns)
-        self._parts = [zeros.slice(i, rows_per_element).combine_chunks()
-                       for i in range(0, zeros.num_rows, rows_per_element)]
+        self._domain = domain
+        self._keys = tuple(key_columns)
+        self._rows = int(rows_per_element)
 
     def expand(self, pbegin):
-        return pbegin | "DomainKeys" >> beam.Create(self._parts).with_output_types(TABLE)
+        packed = packed_domain(pbegin.pipeline, self._domain, self._keys)
+        return packed | "ZeroCounts" >> beam.FlatMap(
+            _zero_parts, self._keys, self._rows).with_output_types(TABLE)
 
 
 class _StatisticFn(beam.DoFn):

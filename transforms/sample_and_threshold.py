@@ -34,7 +34,8 @@ def sample_and_threshold(counts, *, sampling_rate, threshold, rng):
       counts: int array of per-key contribution counts (users per key, l_inf = 1).
       sampling_rate: p in (0, 1], each contribution's inclusion probability.
       threshold: tau >= 1; keys with sampled count >= tau are released.
-      rng: ``transforms.samplers.SecureRandom`` (pipelines) or a seeded numpy Generator.
+      rng: per-key keyed streams (``transforms.keyed_random``; pipelines) or a seeded numpy
+        Generator (tests).
 
     Returns:
       (keep, sampled_counts): boolean mask over ``counts`` of released keys, and int64

@@ -2,10 +2,11 @@
 
 Every coin a release flips (bounding priorities, Poisson sampling, Bernoulli keep coins,
 discrete Gaussian and discrete Laplace noise) is drawn through these functions, from an
-``rng`` that is keyed streams derived from the release secret (the pipeline;
-``transforms.keyed_random``: one stream per key or user, so recomputations draw the same
-values), :class:`SecureRandom` (a transform used on its own; bits from ``os.urandom``)
-or a seeded ``numpy.random.Generator`` (tests only). The samplers only consume uniform
+``rng`` that is keyed streams derived from the release secret (every drawing transform,
+in a release or used on its own: ``transforms.keyed_random``, one stream per key, user
+or pair, so recomputations draw the same values), :class:`SecureRandom` (bits from
+``os.urandom``; kernels called directly, benchmarks and tests -- no transform accepts
+it, ``keyed_random.resolve``) or a seeded ``numpy.random.Generator`` (tests only). The samplers only consume uniform
 64-bit words from it (``rng.bits(n)``, ``rng.integers(0, 2**64, dtype=uint64)`` for a
 numpy Generator, or one word per row of a view of per-row streams: the slow paths then
 continue each row's own stream through :func:`take` and the row's ``element`` view).

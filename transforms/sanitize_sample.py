@@ -56,7 +56,7 @@ def sanitize(frequencies, *, keep_probabilities, frequency_table=None, rng,
     keep_probabilities: pi_0..pi_M (``accounting.pws.keep_probabilities``).
     frequency_table: the (M+1) x (M+1) table T[i, j] = pi_{i,j} (sparse or dense, or the
         banded rows ``ReleaseTables.band``) to also release tokens; None releases keys only.
-    rng: ``samplers.SecureRandom`` or a seeded numpy Generator (tests).
+    rng: per-key keyed streams (``transforms.keyed_random``) or a seeded numpy Generator (tests).
     sampling_probabilities: None for the one-step path; for the post-processing path, the
         probability q_w with which each input key was sampled (array like ``frequencies``).
     beyond_table: how counts w > M are treated: "clip" (as M) or "shift" (row M, token

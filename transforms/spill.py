@@ -44,6 +44,12 @@ def read_piece(path):
         return pa.ipc.open_file(source).read_all()
 
 
+def read_piece_columns(path, columns):
+    """Some columns of a piece, through a memory map (the other columns are not read)."""
+    with pa.memory_map(path, "rb") as source:
+        return pa.ipc.open_file(source).read_all().select(list(columns)).combine_chunks()
+
+
 def _spill_value(key_and_table, folder):
     key, table = key_and_table
     return key, write_piece(table, folder)

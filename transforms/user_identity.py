@@ -63,7 +63,7 @@ rows by user with one uint64 sort or hash.
 **Cost.** Integer ids: one AES block per row (no de-duplication needed). Other ids: the
 batch's distinct ids (one Arrow dictionary encoding) are MACed together, one AES call per
 block position over all ids still that long, and the identities taken back to the rows;
-ids longer than :data:`_LONG_BYTES` are MACed one by one (CBC mode, one call each).
+ids longer than ``block_prf.LONG_BYTES`` are MACed one by one (CBC mode, one call each).
 """
 import hashlib
 
@@ -72,13 +72,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from thresher.errors import ThresherError
+from thresher.transforms import block_prf
 
 IDENTITY_STAGE = "\x00thresher/user-identity"   # NUL: no Beam label is this stage
 TEST_KEY = hashlib.shake_256(b"thresher: public test-only user identity key").digest(32)
 _TAG_INT = b"thr:int\x00"
 _TAG_BYTES = b"thr:str\x00"
-_BLOCK = 16
-_LONG_BYTES = 1024     # ids longer than this are MACed one by one
 
 
 def check_identity_source(factory):
@@ -110,112 +109,18 @@ def identity_key(factory):
     return TEST_KEY
 
 
-def _ecb(key):
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-    return Cipher(algorithms.AES(key), modes.ECB()).encryptor()
-
-
-def _encrypt_words(encryptor, words):
-    """AES of each row of an (n, 2) uint64 array (16 bytes per row, little-endian)."""
-    data = np.ascontiguousarray(words, dtype="<u8")
-    out = np.empty((len(data) + 1, 2), dtype="<u8")   # update_into wants a spare block
-    if len(data):   # no bytes copies: the arrays' own buffers
-        encryptor.update_into(memoryview(data.view(np.uint8).reshape(-1)),
-                              memoryview(out.view(np.uint8).reshape(-1)))
-    return out[:len(data)].astype(np.uint64, copy=False)
-
-
-def _word(tag):
-    return np.frombuffer(tag, dtype="<u8")[0]
-
-
 def identities_of_integers(words, key):
     """(n, 2) uint64 identities of 64-bit words (an integer id column, as uint64)."""
     blocks = np.empty((len(words), 2), dtype=np.uint64)
-    blocks[:, 0] = _word(_TAG_INT)
+    blocks[:, 0] = block_prf.tag_word(_TAG_INT)
     blocks[:, 1] = words
-    return _encrypt_words(_ecb(key), blocks)
-
-
-def _binary(arr):
-    """``arr`` as a binary-like Array Arrow can join (string, binary or their large forms
-    as they are: no copy of the offsets or data)."""
-    t = arr.type
-    if (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
-            or pa.types.is_large_binary(t)):
-        return arr
-    return arr.cast(pa.large_binary())
+    return block_prf.encrypt(block_prf.encryptor(key), blocks)
 
 
 def identities_of_bytes(arr, key):
-    """(n, 2) uint64 identities of the values of a null-free binary/string Array."""
-    n = len(arr)
-    out = np.zeros((n, 2), dtype=np.uint64)
-    if n == 0:
-        return out
-    from thresher.transforms.hashing import _offsets_and_data
-    arr = _binary(arr)
-    lengths = pc.binary_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
-    long = lengths > _LONG_BYTES
-    if long.any():
-        offsets, data = _offsets_and_data(arr)
-        for i in np.flatnonzero(long):
-            out[i] = _mac_one(bytes(data[offsets[i]:offsets[i + 1]]), key)
-        short = np.flatnonzero(~long)
-        out[short] = _mac_short(arr.take(pa.array(short)), lengths[short], key)
-    else:
-        out[:] = _mac_short(arr, lengths, key)
-    return out
-
-
-_PADS = pa.array([bytes(k) for k in range(_BLOCK)], pa.binary())
-
-
-def _header_blocks(lengths):
-    header = np.empty((len(lengths), 2), dtype=np.uint64)
-    header[:, 0] = _word(_TAG_BYTES)
-    header[:, 1] = lengths.astype(np.uint64)
-    return header
-
-
-def _mac_short(arr, lengths, key):
-    """CBC-MAC of many short messages at once. Arrow appends each value's zero padding
-    (one element-wise join, no per-byte Python or index arrays), so the data buffer is
-    the messages' blocks back to back; then block position j of every message that has
-    one goes through AES in a single call (messages ordered by block count, longest
-    first, so those still running are a prefix)."""
-    from thresher.transforms.hashing import _offsets_and_data
-    if len(arr) == 0:
-        return np.zeros((0, 2), dtype=np.uint64)
-    pads = _PADS.take(pa.array((-lengths) % _BLOCK)).cast(arr.type)
-    padded = pc.binary_join_element_wise(arr, pads, pa.scalar(b"", arr.type))
-    offsets, data = _offsets_and_data(padded)
-    base = int(offsets[0])
-    blocks = np.frombuffer(data[base:int(offsets[-1])].tobytes() if base % 8 else
-                           data[base:int(offsets[-1])], dtype="<u8").reshape(-1, 2)
-    first = (offsets[:-1] - base) // _BLOCK
-    data_blocks = np.diff(offsets) // _BLOCK
-    order = np.argsort(-data_blocks, kind="stable")
-    first, data_blocks = first[order], data_blocks[order]
-    encryptor = _ecb(key)
-    state = _encrypt_words(encryptor, _header_blocks(lengths[order]))
-    descending = -data_blocks                 # ascending, for searchsorted
-    for j in range(int(data_blocks.max(initial=0))):
-        active = int(np.searchsorted(descending, -j, side="left"))   # data_blocks > j
-        state[:active] = _encrypt_words(encryptor, state[:active] ^ blocks[first[:active] + j])
-    out = np.empty_like(state)
-    out[order] = state
-    return out
-
-
-def _mac_one(message, key):
-    """CBC-MAC of one long message (CBC encryption with a zero IV; its last block)."""
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-    header = _TAG_BYTES + len(message).to_bytes(8, "little")
-    padded = header + message + bytes(-len(message) % _BLOCK)
-    encryptor = Cipher(algorithms.AES(key), modes.CBC(bytes(_BLOCK))).encryptor()
-    last = encryptor.update(padded)[-_BLOCK:]
-    return np.frombuffer(last, dtype="<u8").astype(np.uint64)
+    """(n, 2) uint64 identities of the values of a null-free binary/string Array: the
+    prefix-free CBC-MAC of ``"thr:str\\0" || len`` and the bytes (``block_prf.mac_bytes``)."""
+    return block_prf.mac_bytes(arr, key, _TAG_BYTES)
 
 
 def flat_array(arr):

@@ -25,7 +25,6 @@ GroupByKey on the shard id gathers them.
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.utils.windowed_value import WindowedValue
 
 from thresher.transforms import spill
@@ -144,6 +143,31 @@ def user_columns(table):
     return [c for c in (USER_COLUMN, USER_HIGH_COLUMN, USER_LOW_COLUMN) if c in table.column_names]
 
 
+def order_by_user(user_hash):
+    """A permutation that makes each user's rows contiguous, users in increasing
+    ``user_hash`` and each user's rows in their table order.
+
+    Value sorts of uint64 are ~7x faster than argsorts here, so the row number rides in
+    the low b = bit_length(n - 1) bits of the user hash and one ``np.sort`` of the packed
+    words gives the order. Two users sharing their top 64 - b bits (probability about
+    U^2 2^-(65-b) for U users) could interleave: that is detected and the exact (stable)
+    argsort is used instead."""
+    user_hash = np.asarray(user_hash, dtype=np.uint64)
+    n = len(user_hash)
+    bits = max(1, (n - 1).bit_length())
+    if bits > 32:
+        return np.argsort(user_hash, kind="stable")
+    low = np.uint64((1 << bits) - 1)
+    packed = (user_hash & ~low) | np.arange(n, dtype=np.uint64)
+    packed.sort()
+    order = (packed & low).astype(np.intp)
+    top = packed & ~low
+    users = user_hash[order]
+    if np.any((top[1:] == top[:-1]) & (users[1:] != users[:-1])):
+        return np.argsort(user_hash, kind="stable")
+    return order
+
+
 def exact_users(table):
     """``table`` with ``__user`` one-to-one on its users (the (``__user``,
     ``__user_lo``) pairs), so grouping rows by ``__user`` alone groups them by the full
@@ -151,26 +175,26 @@ def exact_users(table):
     batch's rows by user before the shuffle, e.g. to pre-reduce a heavy user: use the
     result locally; what is shuffled keeps word 0 in ``__user``, which picks the shard).
 
-    The check is one hash pass: ``__user_lo`` must be constant on each distinct
-    ``__user``. Where it is not (two users sharing word 0: accidental, about U^2 / 2^65
-    for U users, and not craftable without the release secret), ``__user`` becomes
-    mix64 of the rank of each (word 0, word 1) pair among the table's distinct pairs, a
-    bijection of the pairs used for grouping and sorting only, and word 0 is kept as
-    ``__user_hi`` for the streams (:func:`user_identity_columns`). Tables without
-    ``__user_lo`` (built by hand in tests) are returned as they are."""
+    The check is one sort (:func:`order_by_user`, a value sort of packed words; a hash
+    pass, Arrow's dictionary encoding of the words, cost 8x more): ``__user_lo`` must be
+    constant on each run of equal ``__user``. Where it is not (two users sharing word 0:
+    accidental, about U^2 / 2^65 for U users, and not craftable without the release
+    secret), ``__user`` becomes mix64 of the rank of each (word 0, word 1) pair among the
+    table's distinct pairs, a bijection of the pairs used for grouping and sorting only,
+    and word 0 is kept as ``__user_hi`` for the streams (:func:`user_identity_columns`).
+    Tables without ``__user_lo`` (built by hand in tests) are returned as they are."""
     names = table.column_names
     if USER_LOW_COLUMN not in names or USER_HIGH_COLUMN in names or table.num_rows < 2:
         return table
     high = table.column(USER_COLUMN)
     high = high.combine_chunks() if high.num_chunks != 1 else high.chunk(0)
-    encoded = pc.dictionary_encode(high)
-    codes = encoded.indices.to_numpy(zero_copy_only=False)
-    low = table.column(USER_LOW_COLUMN).to_numpy()
-    seen = np.empty(len(encoded.dictionary), dtype=np.uint64)
-    seen[codes] = low
-    if np.array_equal(seen[codes], low):
-        return table
     words = high.to_numpy(zero_copy_only=False)
+    low = table.column(USER_LOW_COLUMN).to_numpy()
+    order = order_by_user(words)
+    sorted_words, sorted_low = words[order], low[order]
+    if not np.any((sorted_words[1:] == sorted_words[:-1])
+                  & (sorted_low[1:] != sorted_low[:-1])):
+        return table
     order = np.lexsort((low, words))
     new = np.ones(len(order), dtype=bool)
     new[1:] = (words[order][1:] != words[order][:-1]) | (low[order][1:] != low[order][:-1])
@@ -181,9 +205,67 @@ def exact_users(table):
     return table.add_column(position + 1, USER_HIGH_COLUMN, high)
 
 
-def _concat_shard(shard_and_tables, key_columns=None, after=None):
+# The most rows of one user that a consumer of whole users accepts, where its kernels
+# hold all of them in one element (pipelines.release names the setting that makes it so:
+# an automatic bound, l1, adaptive rounds, aggregates): ~500 bytes a row in the automatic
+# bound's kernels, so 2**21 rows stay near 1 GB; one user with more fails the run.
+MAX_USER_ROWS = 1 << 21
+
+
+def user_row_counts(pieces):
+    """(largest number of rows of one user, that user's __user word) over shuffle pieces
+    (tables or spilled paths), reading only the user columns: per piece the counts per
+    (``__user``, ``__user_lo``) pair, merged across pieces (memory grows with the users,
+    not the rows)."""
+    users, counts = [], []
+    for piece in pieces:
+        part = (spill.read_piece_columns(piece, [USER_COLUMN, USER_LOW_COLUMN])
+                if isinstance(piece, str) else piece.select([USER_COLUMN, USER_LOW_COLUMN]))
+        if part.num_rows:
+            pairs = np.stack([part.column(USER_COLUMN).to_numpy(),
+                              part.column(USER_LOW_COLUMN).to_numpy()], axis=1)
+            unique, count = np.unique(pairs, axis=0, return_counts=True)
+            users.append(unique)
+            counts.append(count)
+    if not users:
+        return 0, None
+    unique, inverse = np.unique(np.concatenate(users), axis=0, return_inverse=True)
+    total = np.bincount(inverse.ravel(), weights=np.concatenate(counts)).astype(np.int64)
+    top = int(np.argmax(total))
+    return int(total[top]), int(unique[top, 0])
+
+
+def _piece_rows(piece):
+    if isinstance(piece, str):
+        with pa.memory_map(piece, "rb") as source:
+            return pa.ipc.open_file(source).read_all().num_rows
+    return piece.num_rows
+
+
+def check_user_rows(pieces, max_user_rows, setting):
+    """Raise ``InputError`` when one user has more than ``max_user_rows`` rows in a
+    shard's pieces, before they are concatenated. ``setting``: (the spec field that makes
+    the consumers hold all of a user's rows, what to do instead). Costs nothing while the
+    shard itself has fewer rows (the usual case)."""
+    if sum(_piece_rows(p) for p in pieces) <= max_user_rows:
+        return
+    rows, _ = user_row_counts(pieces)
+    if rows > max_user_rows:
+        from thresher.errors import InputError
+        field, remedy = setting
+        raise InputError(
+            f"{field}: one user has {rows:,} rows, and with this setting all of a user's "
+            f"rows are held in one place: at most {max_user_rows:,} rows per user are "
+            f"accepted (memory); {remedy}. Nothing was published.")
+
+
+def _concat_shard(shard_and_tables, key_columns=None, after=None, max_user_rows=None,
+                  setting=None):
     # ``after``: an unused side input that orders this step after its producer
     _, tables = shard_and_tables
+    tables = list(tables)
+    if max_user_rows is not None:
+        check_user_rows(tables, max_user_rows, setting)
     tables = [spill.read_piece(t) if isinstance(t, str) else t for t in tables]
     table = concat(tables)
     if table is not None:
@@ -203,8 +285,17 @@ def with_key_hash(table, key_columns):
 class ShardByUser(beam.PTransform):
     """Hash-shard record batches by user so each output element has whole users."""
 
-    def __init__(self, num_shards, key_columns=None, spill_dir=None, label=None):
+    def __init__(self, num_shards, key_columns=None, spill_dir=None, coalesce_rows=None,
+                 max_user_rows=None, setting=None, label=None):
+        """``coalesce_rows``: read batches are combined up to this many rows before they
+        are split (``COALESCE_ROWS`` by default; 1 when the input's tables are combined
+        already, e.g. by ``transforms.prereduce.PreReduceL0``). ``max_user_rows``: refuse
+        (``InputError`` naming ``setting``, the spec setting that makes the consumers hold
+        every row of a user) a user with more rows (:func:`check_user_rows`)."""
         super().__init__(label)
+        self._coalesce_rows = coalesce_rows
+        self._max_user_rows = max_user_rows
+        self._setting = setting
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self._num_shards = int(num_shards)
@@ -216,12 +307,17 @@ class ShardByUser(beam.PTransform):
         return grouped | "ConcatUserShard" >> self.concat()
 
     def grouped(self, batches):
-        """The shuffle alone: PCollection[(shard, [Table])]. With ``key_columns`` the
-        ``__key`` hash does not travel (8 of the ~36 bytes a string row moves): it is
-        recomputed from the key columns in :meth:`concat`. With ``spill_dir`` (a local
-        folder every worker can reach) the pieces are written there and only their file
-        names are shuffled (:mod:`transforms.spill`)."""
-        split = _SplitByUser(self._num_shards, drop_key_hash=self._key_columns is not None,
+        """The shuffle alone: PCollection[(shard, [Table])]. With ``key_columns`` and no
+        ``spill_dir`` the ``__key`` hash does not travel through the runner's shuffle (8
+        of the ~36 bytes a string row moves): it is recomputed from the key columns in
+        :meth:`concat`. With ``spill_dir`` (a local folder every worker can reach) the
+        pieces, ``__key`` included, are written there and only their file names are
+        shuffled (:mod:`transforms.spill`)."""
+        # a spilled piece keeps __key: 8 bytes a row on local disk cost less than hashing
+        # every key again after the shuffle (~0.6 s of CPU per 1e7 string keys)
+        split = _SplitByUser(self._num_shards, coalesce_rows=self._coalesce_rows,
+                             drop_key_hash=(self._key_columns is not None
+                                            and self._spill_dir is None),
                              spill_dir=self._spill_dir)
         return (batches
                 | "SplitByUserHash" >> beam.ParDo(split).with_output_types(
@@ -235,5 +331,7 @@ class ShardByUser(beam.PTransform):
         ``after``: a side input (its value is not used) that this step must wait for, so
         that it runs in its consumer's stage rather than fused with the other consumer."""
         extra = {} if after is None else {"after": after}
+        if self._max_user_rows is not None:
+            extra.update(max_user_rows=self._max_user_rows, setting=self._setting)
         return beam.FlatMap(_concat_shard, key_columns=self._key_columns,
                             **extra).with_output_types(TABLE)

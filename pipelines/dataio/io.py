@@ -305,15 +305,21 @@ def _is_text(arrow_type):
             or pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type))
 
 
-def _read_row_group(source, group, columns, keys):
+def _read_row_group(source, group, columns, keys, user=None):
     """One row group, its text key columns first read as dictionaries so that
     :func:`check_key_sizes` refuses an over-long key before the column is decoded (the
-    decoded column is what the release uses, as before)."""
-    text_keys = [k for k in keys if k in columns and _is_text(
-        pq.ParquetFile(source).schema_arrow.field(k).type)]
-    if not text_keys:
+    decoded column is what the release uses, as before), and a text ``user`` column read
+    as a dictionary too: the file's dictionary of ids is what :func:`prepare_batch`
+    identifies (one MAC per distinct id, no hash of every row's id), never decoded."""
+    schema = pq.ParquetFile(source).schema_arrow
+    text_keys = [k for k in keys if k in columns and _is_text(schema.field(k).type)]
+    dictionaries = list(text_keys)
+    if user is not None and user in columns and user not in dictionaries \
+            and _is_text(schema.field(user).type):
+        dictionaries.append(user)
+    if not dictionaries:
         return pq.ParquetFile(source).read_row_group(group, columns=columns), []
-    table = pq.ParquetFile(source, read_dictionary=text_keys).read_row_group(
+    table = pq.ParquetFile(source, read_dictionary=dictionaries).read_row_group(
         group, columns=columns)
     return table, text_keys
 
@@ -371,16 +377,19 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
                             "KeyedSource (tests: transforms.user_identity.TEST_KEY, public)")
     drops = {}
     user = table.column(user_column)
-    if pa.types.is_dictionary(user.type):
-        user = user.cast(user.type.value_type)
-    valid = pc.is_valid(user)
-    if pa.types.is_string(user.type) or pa.types.is_large_string(user.type) \
-            or pa.types.is_binary(user.type) or pa.types.is_large_binary(user.type):
-        # fill_null: binary_length of a null is null, and and_(False, null) is null
-        valid = pc.and_(valid, pc.fill_null(pc.greater(pc.binary_length(user), 0), False))
-    elif pa.types.is_floating(user.type):
-        # NaN identifies no user (NaN != NaN): dropped like a null user id, as NaN keys are
-        valid = pc.and_(valid, pc.fill_null(pc.invert(pc.is_nan(user)), False))
+    words = None    # a text dictionary (Parquet): identities of the dictionary, per row
+    if pa.types.is_dictionary(user.type) and not as_text and _is_text(user.type.value_type):
+        valid, words = _identify_dictionary(user, identity_key)
+    else:
+        if pa.types.is_dictionary(user.type):
+            user = user.cast(user.type.value_type)
+        valid = pc.is_valid(user)
+        if _is_text(user.type):
+            # fill_null: binary_length of a null is null, and and_(False, null) is null
+            valid = pc.and_(valid, pc.fill_null(pc.greater(pc.binary_length(user), 0), False))
+        elif pa.types.is_floating(user.type):
+            # NaN identifies no user (NaN != NaN): dropped like a null user id, as NaN keys are
+            valid = pc.and_(valid, pc.fill_null(pc.invert(pc.is_nan(user)), False))
     drops["rows_dropped_null_or_empty_user"] = table.num_rows - (pc.sum(valid).as_py() or 0) if table.num_rows else 0
     keys = _normalise_keys(table, key_columns, as_text)
     key_valid = None
@@ -393,12 +402,16 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
     n_ok = pc.sum(both).as_py() or 0
     drops["rows_dropped_null_key"] = (pc.sum(valid).as_py() or 0) - n_ok
     if n_ok < table.num_rows:
-        user = pc.filter(user, both)
         keys = {k: pc.filter(v, both) for k, v in keys.items()}
+        if words is None:
+            user = pc.filter(user, both)
+        else:
+            keep = flat_array(both).to_numpy(zero_copy_only=False)
+            words = (words[0][keep], words[1][keep])
     keyed = pa.table(keys)
     if as_text:   # CSV/JSONL ids are their text, whatever type the reader inferred per file
         user = text_ids(user)
-    word0, word1 = identify(user, identity_key)
+    word0, word1 = identify(user, identity_key) if words is None else words
     prepared = pa.table({USER_COLUMN: pa.array(word0, type=pa.uint64()),
                          USER_LOW_COLUMN: pa.array(word1, type=pa.uint64()),
                          KEY_HASH_COLUMN: pa.array(hash_columns(keyed, key_columns),
@@ -419,6 +432,30 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
             dropped += n_bad
         drops["aggregate_values_dropped_nan_inf_null"] = dropped
     return prepared, drops
+
+
+def _identify_dictionary(user, key):
+    """(validity, (word 0, word 1)) of a dictionary-encoded text user column, every row:
+    the identity (``transforms.user_identity``) of each dictionary value, taken to the
+    rows by their indices. The file's dictionary holds each distinct id once, so no row's
+    id is hashed or decoded (a duplicate value would only be MACed twice, to the same
+    identity). A null row, a null or empty value is not valid (dropped by the caller)."""
+    from thresher.transforms.user_identity import identities_of_bytes
+    chunks = user.chunks if isinstance(user, pa.ChunkedArray) else [user]
+    valid, word0, word1 = [np.zeros(0, dtype=bool)], [np.zeros(0, np.uint64)], [np.zeros(0, np.uint64)]
+    for chunk in chunks:
+        values = chunk.dictionary
+        usable = np.append(pc.and_(pc.is_valid(values), pc.fill_null(
+            pc.greater(pc.binary_length(values), 0), False)).to_numpy(zero_copy_only=False),
+            False)                                  # index len(values): a null row
+        identities = np.zeros((len(values) + 1, 2), dtype=np.uint64)
+        identities[:-1] = identities_of_bytes(
+            pc.fill_null(values, pa.scalar(b"", pa.binary()).cast(values.type)), key)
+        index = pc.fill_null(chunk.indices, len(values)).to_numpy(zero_copy_only=False)
+        valid.append(usable[index])
+        word0.append(identities[:, 0][index])
+        word1.append(identities[:, 1][index])
+    return pa.array(np.concatenate(valid)), (np.concatenate(word0), np.concatenate(word1))
 
 
 # A frequency counts distinct users; above this it is not a user count (and not exact in
@@ -566,11 +603,12 @@ class _ReadParquetRowGroup(beam.DoFn):
         path, group = path_and_group
         try:
             if _is_local(path):  # pyarrow's own file reader, no Python file object
-                table, text_keys = _read_row_group(path, group, self._columns, self._keys)
+                table, text_keys = _read_row_group(path, group, self._columns, self._keys,
+                                                   self._user)
             else:
                 with _open(path) as handle:
                     table, text_keys = _read_row_group(handle, group, self._columns,
-                                                       self._keys)
+                                                       self._keys, self._user)
         except (pa.ArrowInvalid, OSError) as exc:
             raise InputError(f"input.path: cannot read {path!r} as parquet (row group "
                              f"{group}): {_first_line(exc)}") from None
@@ -591,9 +629,10 @@ def check_float_user_ids(column, where, name):
     float), and the same user stored exactly as an integer elsewhere would become a
     second identity with a bound of its own. ``where``: the file (and row group) or
     "the input rows". Raises InputError naming the field, the row and what to do."""
+    t = column.type
+    if not pa.types.is_floating(t.value_type if pa.types.is_dictionary(t) else t):
+        return      # (before flat_array: a dictionary of text ids is never decoded here)
     column = flat_array(column)
-    if not pa.types.is_floating(column.type):
-        return
     dtype = column.type.to_pandas_dtype()
     exact = 2.0 ** (np.finfo(dtype).nmant + 1)
     values = column.to_numpy(zero_copy_only=False).astype(np.float64)

@@ -15,6 +15,7 @@ import os
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from thresher.pipelines import limits
 from thresher.pipelines.specs import declare
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.dataio.formats import infer
@@ -113,6 +114,21 @@ def _read(path, fmt):
     return pjson.read_json(path)
 
 
+def _check_size(path, fmt):
+    """The planning limit on the domain (``pipelines.limits.check_public_keys``), from
+    what the file says before it is read: a Parquet footer's row count, a text file's
+    size. A footer that cannot be read is left to the reader's own error."""
+    if fmt != "parquet":
+        limits.check_public_keys(path, size_bytes=os.path.getsize(path))
+        return
+    import pyarrow.parquet as pq
+    try:
+        rows = pq.ParquetFile(path).metadata.num_rows
+    except (pa.ArrowInvalid, OSError, ValueError):
+        return
+    limits.check_public_keys(path, rows=rows)
+
+
 def load_domain(public_keys, key_columns, key_types=None, data_types=None):
     """Read the domain file into a table of the key columns, cast to ``key_types``
     ({column: pyarrow type}, the released key types; None keeps the file's types).
@@ -126,6 +142,7 @@ def load_domain(public_keys, key_columns, key_types=None, data_types=None):
     path, fmt = public_keys["path"], public_keys["format"]
     if not os.path.isfile(path):
         raise SpecError(field, f"{path!r} does not exist (the public key list)")
+    _check_size(path, fmt)     # before reading: nothing allocated for a domain too large
     try:
         table = _read(path, fmt)
     except (pa.ArrowInvalid, OSError, ValueError) as exc:
@@ -158,6 +175,7 @@ def load_domain(public_keys, key_columns, key_types=None, data_types=None):
                             f"value(s); every public key must be a full key")
         cols[name] = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     domain = pa.table(cols)
+    limits.check_public_keys(path, rows=domain.num_rows)
     if domain.num_rows == 0:
         raise SpecError(field, f"{path!r} lists no keys: the public domain must not be empty")
     distinct = domain.group_by(list(key_columns), use_threads=False).aggregate([([], "count_all")])

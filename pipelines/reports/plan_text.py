@@ -48,6 +48,16 @@ def params_lines(params, indent="  ", inline_achieved=False):
     return ", ".join(main), extra
 
 
+def _domain_lines(plan):
+    """The public key domain's size (input.public_keys): every listed key is released."""
+    if plan.domain is None:
+        return []
+    from thresher.pipelines import limits
+    return [f"public keys: {plan.domain.num_rows:,} keys listed in "
+            f"{plan.spec.input.public_keys['path']}, each released with noise and no "
+            f"threshold (limit {limits.PUBLIC_KEYS_MAX:,})"]
+
+
 def format_plan(plan, report):
     """The lines of ``thresher plan``."""
     spec = plan.spec
@@ -55,6 +65,7 @@ def format_plan(plan, report):
             f"sanitizing the existing sample's column {spec.input.sample['frequency']}")
     keys = ", ".join(spec.input.keys) or "(none: one global release)"
     out = [f"release {spec.name}: {spec.kind} over keys {keys}, {unit}",
+           *_domain_lines(plan),
            f"privacy: epsilon={value_text(plan.budget.epsilon)}, delta={value_text(plan.budget.delta)} "
            f"({report['privacy']['neighbouring']})"]
     for stage in plan.budget.stages:
@@ -118,6 +129,7 @@ def format_short(plan, report, users=2000):
     out = [f"release {spec.name}: {spec.kind} over "
            + (f"keys {', '.join(keys)}" if keys else "all rows (no keys)")
            + f", users in column {spec.input.user}",
+           *_domain_lines(plan),
            f"guarantee: (epsilon={value_text(plan.budget.epsilon)}, "
            f"delta={value_text(plan.budget.delta)})-DP, user-level: {privacy['neighbouring']}",
            "stages: " + "; ".join(f"{s.name} (epsilon {value_text(s.epsilon)}, delta "

@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 from thresher.accounting import adaptive as ad, discrete_gaussian, weighted_gaussian as wg
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.plan import make_plan
-from thresher.transforms import adaptive_rounds as ar
+from thresher.transforms import adaptive_rounds as ar, keyed_random
 from thresher.transforms.user_shards import ShardByUser
 from thresher.transforms.weighted_threshold import WEIGHT_COLUMN, weighted_counts
 
@@ -183,7 +183,7 @@ def test_adaptive_release_on_beam_matches_the_reference(runner, spill, tmp_path)
         released = (p | beam.Create([_records(pairs)])
                     | ShardByUser(3)
                     | ar.AdaptiveRelease(["word"], params, bound, 2, 3,
-                                         rng_factory=lambda: np.random.default_rng(1),
+                                         rng_factory=keyed_random.seeded_for_tests(1),
                                          spill_dir=str(tmp_path) if spill else None))
         assert_that(released | beam.FlatMap(rows), equal_to(want))
 
@@ -215,7 +215,7 @@ def test_count_stage_counts_each_user_in_at_most_counts_per_user_released_keys(s
             prm, bnd = params, bound
         released = (p | beam.Create([_records(pairs)]) | ShardByUser(3)
                     | ar.AdaptiveRelease(["word"], prm, bnd, 2, 3,
-                                         rng_factory=lambda: np.random.default_rng(1)))
+                                         rng_factory=keyed_random.seeded_for_tests(1)))
         assert_that(released | beam.combiners.ToList() | beam.Map(total), equal_to([holders]))
 
 
@@ -239,7 +239,7 @@ def test_params_without_the_calibrated_counts_per_user_are_refused(side_inputs, 
                    else params)
             _ = (p | beam.Create([_records(pairs)]) | ShardByUser(2)
                  | ar.AdaptiveRelease(["word"], prm, 4, 2, 2,
-                                      rng_factory=lambda: np.random.default_rng(1)))
+                                      rng_factory=keyed_random.seeded_for_tests(1)))
     assert ar.counts_per_user(dict(params, count_stage={"counts_per_user": 3})) == 3
 
 

@@ -226,7 +226,7 @@ def test_beam_bound_with_a_count_cap_matches_the_numpy_reference():
 
     with beam.Pipeline(runner=FnApiRunner()) as p:
         sums = (p | beam.Create([_records(pairs)]) | ShardByUser(3)
-                | WeightedPerUserBound(["word"], 6, rng_factory=lambda: np.random.default_rng(1),
+                | WeightedPerUserBound(["word"], 6, rng_factory=keyed_random.seeded_for_tests(1),
                                        count_keys_per_user=2)
                 | SumCountsPerKey(["word"], 2))
         assert_that(sums | beam.FlatMap(rows) | beam.combiners.ToList(),

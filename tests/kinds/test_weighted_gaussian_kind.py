@@ -15,6 +15,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from thresher.accounting import discrete_gaussian, weighted_gaussian as wg
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.plan import make_plan
+from thresher.transforms import keyed_random
 from thresher.transforms.aggregate import SumCountsPerKey
 from thresher.transforms.user_shards import ShardByUser
 from thresher.transforms.weighted_threshold import (WEIGHT_COLUMN, WeightedPerUserBound,
@@ -158,11 +159,11 @@ def test_transforms_on_fnapirunner_match_the_numpy_reference():
     with beam.Pipeline(runner=FnApiRunner()) as p:
         sums = (p | beam.Create([records])
                 | ShardByUser(4)
-                | WeightedPerUserBound(["word"], 6, rng_factory=lambda: np.random.default_rng(1))
+                | WeightedPerUserBound(["word"], 6, rng_factory=keyed_random.seeded_for_tests(1))
                 | SumCountsPerKey(["word"], 3))
         assert_that(sums | "SumRows" >> beam.FlatMap(rows, ["word", "count", WEIGHT_COLUMN]),
                     equal_to(want_sums), label="CheckSums")
-        released = sums | WeightedThreshold(params, rng_factory=lambda: np.random.default_rng(2))
+        released = sums | WeightedThreshold(params, rng_factory=keyed_random.seeded_for_tests(2))
         assert_that(released | "Columns" >> beam.Map(lambda t: tuple(t.column_names)),
                     lambda got: _all_equal(got, ("word", "count")), label="CheckColumns")
         assert_that(released | "ReleasedRows" >> beam.FlatMap(rows, ["word", "count"]),

@@ -7,9 +7,13 @@ the shuffle. Checked here:
 - the kernel: pre-reducing any split of the records into batches, then bounding, keeps
   exactly what bounding the whole records keeps (users holding colliding keys included,
   with the colliding keys in different batches);
+- the per-table decision (``heavy_user_rows``): only users with more than 2C rows in a
+  table are read by the kernel, and a table where that removes too little passes whole;
+- the Beam step: every row passes it once (its counters), and what it emits bounds to
+  the same keys;
 - through ``pipelines.release.run`` under one fixed secret: the published bytes are the
-  same with and without the step, and a heavy user hands at most C rows per read batch
-  to the user shuffle (about 3,000 without it).
+  same with and without the step, with its decision forced either way (``MODE``), and a
+  heavy user hands at most C rows per table to the user shuffle (about 3,000 without it).
 
 No statistical assertions: every comparison is exact under a fixed secret.
 """
@@ -27,7 +31,8 @@ from thresher.pipelines.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.transforms import keyed_random, user_shards
 from thresher.transforms.per_user_bound import bound_table_l0
-from thresher.transforms.prereduce import prereduce_l0
+from thresher.transforms import prereduce
+from thresher.transforms.prereduce import PreReduceL0, heavy_user_rows, prereduce_l0
 from thresher.transforms.user_shards import exact_users
 from thresher.transforms.user_identity import TEST_KEY
 from tests.privacy.collisions import colliding_pair
@@ -139,13 +144,65 @@ def _with_and_without(tmp_path, monkeypatch, aggregates=None):
     return reduced, with_step, whole, seen
 
 
-def test_release_bytes_are_the_same_and_a_heavy_user_shuffles_c_rows(tmp_path, monkeypatch):
+def test_the_decision_reads_only_heavy_users_and_skips_tables_that_do_not_pay(monkeypatch):
+    prepared, _ = pio.prepare_batch(_records(), "user_id", ["word"], identity_key=TEST_KEY)
+    users = prepared.column("__user").to_numpy()
+    counts = dict(zip(*np.unique(users, return_counts=True)))
+    rows = heavy_user_rows(prepared, BOUND)
+    # h (3,000 rows) and v (12 rows > 2C = 8); no ordinary user has more than 12 rows...
+    heavy = {u for u, c in counts.items() if c > 2 * BOUND}   # h, v, the odd users (12 rows)
+    read = set(users[rows])
+    assert heavy <= read and np.all(np.diff(rows) > 0)
+    # a light user is read only when it shares its bucket (top bits of the word) with others
+    bits = (prepared.num_rows - 1).bit_length()
+    bucket_rows = dict(zip(*np.unique(users >> np.uint64(64 - bits), return_counts=True)))
+    assert all(bucket_rows[u >> np.uint64(64 - bits)] > 2 * BOUND for u in read - heavy)
+    assert np.array_equal(rows, np.flatnonzero(np.isin(users, list(read))))
+    # the table passes whole when too few rows could go
+    monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", prepared.num_rows)
+    assert heavy_user_rows(prepared, BOUND) is None
+    monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", sum(counts[u] - BOUND for u in heavy))
+    assert np.array_equal(heavy_user_rows(prepared, BOUND), rows)
+
+
+def test_every_row_passes_the_step_once_and_bounds_to_the_same_keys(tmp_path, monkeypatch):
+    import apache_beam as beam
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from thresher.transforms import spill
+    prepared, _ = pio.prepare_batch(_records(), "user_id", ["word"], identity_key=TEST_KEY)
+    batches = [prepared.slice(start, 500) for start in range(0, prepared.num_rows, 500)]
+    monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 100)   # tables of ~2,000 rows here
+    pipeline = beam.Pipeline(runner=FnApiRunner())
+    (pipeline
+     | beam.Create(batches)
+     | PreReduceL0(["word"], BOUND, keyed_random.KeyedSource(SECRET), "S/PerUserBound",
+                   coalesce_rows=2000)
+     | beam.Map(spill.write_piece, str(tmp_path)))
+    result = pipeline.run()
+    result.wait_until_finish()
+    counters = {c.key.metric.name: c.committed for c in result.metrics().query(
+        beam.metrics.MetricsFilter().with_namespace("thresher_not_private"))["counters"]}
+    reduced = pa.concat_tables([spill.read_piece(str(path)) for path in tmp_path.iterdir()])
+    assert counters["rows_prereduced_in"] == prepared.num_rows        # once per row
+    # h (3,000 rows) leaves each table with at most C rows
+    assert counters["rows_prereduced_out"] == reduced.num_rows < prepared.num_rows - 0.9 * HEAVY_ROWS
+    assert 0 < counters["rows_prereduce_examined"] < prepared.num_rows
+    assert _bound_rows(reduced) == _bound_rows(prepared)
+
+
+@pytest.mark.parametrize("mode", ["auto", "always", "never"])
+def test_release_bytes_are_the_same_and_a_heavy_user_shuffles_c_rows(tmp_path, monkeypatch,
+                                                                      mode):
+    monkeypatch.setattr(prereduce, "MODE", mode)
     reduced, with_step, whole, seen = _with_and_without(tmp_path, monkeypatch)
     assert len(reduced) > 500 and reduced == whole
+    assert max(seen) >= HEAVY_ROWS / 2   # without the step h's rows travel (1,500 distinct)
+    if mode == "never":
+        assert max(with_step) == max(seen)
+        return
     # v keeps at most C + 2 rows (its two colliding pairs may both rank in its first C
     # hashes); h at most C per split: at most C + 2 in all
     assert with_step and max(with_step) <= BOUND + 2
-    assert max(seen) >= HEAVY_ROWS / 2   # without the step h's rows travel (1,500 distinct)
 
 
 def test_aggregates_with_fixed_clips_release_the_same_bytes(tmp_path, monkeypatch):

@@ -313,3 +313,76 @@ def test_auto_bound_over_public_keys_never_exceeds_the_domain(write_spec, small_
         released = pq.read_table(tmp_path / "out" / "released.parquet")
         assert sorted(released.column("word").to_pylist()) == sorted(words)
     assert all(1 <= c <= d for c in chosen), (d, chosen)
+
+
+# ---- large public domains (issue 36 D13) --------------------------------------------------
+
+def test_plan_states_the_domain_size(write_spec, small_parquet, tmp_path, capsys):
+    domain_path, words = _domain_file(tmp_path, small_parquet, n_present=7)
+    path = write_spec({"input.path": small_parquet, "input.public_keys": {"path": domain_path}})
+    for args in (["plan", path], ["plan", path, "--verbose"]):
+        assert main(args) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert f"public keys: {len(words):,} keys listed in" in out
+        assert "each released with noise and no threshold" in out
+
+
+@pytest.mark.parametrize("name", ["keys.parquet", "keys.csv", "keys.jsonl"])
+def test_a_domain_over_the_planning_limit_is_refused_before_it_is_read(
+        write_spec, small_parquet, tmp_path, monkeypatch, capsys, name):
+    """Parquet by its footer's row count, CSV/JSONL by their size: exit 2 naming
+    input.public_keys, and the file is never read into memory."""
+    from thresher.pipelines import limits
+    from thresher.pipelines.dataio import public_keys
+    words = [f"w{i}" for i in range(50)]
+    path = tmp_path / name
+    if name.endswith(".parquet"):
+        pq.write_table(pa.table({"word": words}), path)
+        monkeypatch.setattr(limits, "PUBLIC_KEYS_MAX", 49)
+    else:
+        path.write_text("word\n" + "\n".join(words) + "\n" if name.endswith(".csv") else
+                        "".join(json.dumps({"word": w}) + "\n" for w in words))
+        monkeypatch.setattr(limits, "PUBLIC_KEYS_MAX_BYTES", path.stat().st_size - 1)
+
+    def never(*args):
+        raise AssertionError("the domain file was read")
+    monkeypatch.setattr(public_keys, "_read", never)
+    spec = write_spec({"input.path": small_parquet, "input.public_keys": {"path": str(path)}})
+    for command in ("plan", "validate", "run"):
+        assert main([command, spec]) == 2
+        err = capsys.readouterr().err
+        assert "input.public_keys" in err and "planning limit" in err and "Traceback" not in err
+
+
+def test_a_domain_at_the_limit_is_accepted_and_counted_after_reading(write_spec, small_parquet,
+                                                                       tmp_path, monkeypatch):
+    from thresher.pipelines import limits
+    domain_path, words = _domain_file(tmp_path, small_parquet, n_present=10, absent=())
+    monkeypatch.setattr(limits, "PUBLIC_KEYS_MAX", len(words))
+    spec = write_spec({"input.path": small_parquet, "input.public_keys": {"path": domain_path}})
+    assert make_plan(spec_mod.load(spec)).domain.num_rows == len(words)
+    monkeypatch.setattr(limits, "PUBLIC_KEYS_MAX", len(words) - 1)
+    with pytest.raises(SpecError, match="input.public_keys"):
+        make_plan(spec_mod.load(spec))
+
+
+def test_the_graph_holds_a_large_domain_once_packed(write_spec, small_parquet, tmp_path):
+    """Before: the domain table was pickled into the restriction DoFn, the zero counts'
+    Create and the writer (each pickle bz2-compressed by Beam: ~50 s of CPU for 3e5
+    keys). Now one packed copy (zstd Arrow IPC) feeds all three."""
+    import apache_beam as beam
+    from thresher.pipelines import release
+    from thresher.transforms import public_domain
+    words = [f"domain key {i:07d}" for i in range(100_000)]
+    path = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"word": words}), path)
+    spec = write_spec({"input.path": small_parquet, "input.public_keys": {"path": str(path)}})
+    plan = make_plan(spec_mod.load(spec))
+    packed = len(public_domain.pack(plan.domain))
+    table_bytes = plan.domain.nbytes
+    pipeline = beam.Pipeline()
+    with keyed_random.building(keyed_random.KeyedSource(b"graph size test secret.........")):
+        release.build(pipeline, plan, [small_parquet], 20_000, str(tmp_path / "staging"),
+                      rng_factory=keyed_random.KeyedSource(b"graph size test secret........."))
+    graph = len(pipeline.to_runner_api().SerializeToString())
+    assert graph < 3 * packed + 2_000_000 < table_bytes + 2_000_000

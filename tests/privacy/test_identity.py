@@ -218,7 +218,7 @@ def test_adaptive_never_outputs_a_key_colliding_with_a_released_one():
     with beam.Pipeline(runner=FnApiRunner()) as p:
         released = (p | beam.Create([records]) | ShardByUser(3)
                     | ar.AdaptiveRelease(["word"], params, 4, 2, 3,
-                                         rng_factory=lambda: np.random.default_rng(1)))
+                                         rng_factory=keyed_random.seeded_for_tests(1)))
         assert_that(released | beam.FlatMap(rows), equal_to([(k1, 50)]))
 
 

@@ -1,7 +1,8 @@
 """The exact samplers fed by keyed per-row streams (transforms/keyed_random.py).
 
 Two things are checked: (1) the laws stay exact -- the same chi-square tests as
-test_pmf.py, now over words drawn from SHAKE256 keyed streams, one stream per row,
+test_pmf.py, now over words drawn from the keyed streams (AES-256 CBC-MAC,
+``aes256-cbcmac-v1``), one stream per row,
 including the 8-bit-prefix and short-table variants that force the exact slow paths
 (ties, tails) through the per-row ``element`` views; (2) a row's values depend only on
 its identity, the stage and the secret -- never on the other rows of the batch, their

@@ -203,7 +203,7 @@ def test_seeded_rng_factory_draws_what_the_kernel_draws():
                               np.random.default_rng(42), monotone=True)
     with beam.Pipeline(runner=FnApiRunner()) as pipeline:
         chosen = _choose(pipeline, pipeline | beam.Create(tables), epsilon=0.05,
-                         rng_factory=lambda: np.random.default_rng(42))
+                         rng_factory=keyed_random.seeded_for_tests(42))
         assert_that(chosen, equal_to([want]))
 
 

@@ -74,6 +74,36 @@ def test_every_building_block_without_a_secret_is_refused_naming_rng_factory(ind
             _apply(p, kind, transform)
 
 
+def test_per_user_bound_refuses_a_plain_generator_factory():
+    """issue 36 P3: ``resolve`` returned any factory as is, and ``worker_rng`` called it
+    in every DoFn's ``setup``: ``PerUserBound(rng_factory=np.random.default_rng)`` drew
+    fresh, unkeyed randomness per worker and per retry. Now refused when applied."""
+    transform = thresher.PerUserBound(["word"], 2, rng_factory=np.random.default_rng)
+    with pytest.raises(ThresherError, match=r"not a secret source.*PipelineSecret\.draw"):
+        with beam.Pipeline(runner=FnApiRunner()) as p:
+            _apply(p, "users", transform)
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_every_building_block_refuses_a_plain_generator_factory(index):
+    name, kind, transform = _building_blocks(lambda: np.random.default_rng(0))[index]
+    with pytest.raises(ThresherError, match="not a secret source"):
+        with beam.Pipeline(runner=FnApiRunner()) as p:
+            _apply(p, kind, transform)
+
+
+def test_only_the_secret_sources_resolve():
+    source = keyed_random.KeyedSource(SECRET)
+    seeded = keyed_random.seeded_for_tests(3)
+    assert keyed_random.resolve(source) is source and keyed_random.resolve(seeded) is seeded
+    for plain in (np.random.default_rng, lambda: np.random.default_rng(0), object()):
+        with pytest.raises(keyed_random.NotASecretError, match="seeded_for_tests"):
+            keyed_random.resolve(plain)
+        with pytest.raises(keyed_random.NotASecretError):
+            keyed_random.worker_rng(plain)
+    assert keyed_random.NotASecretError(np.random.default_rng).exit_code == 2
+
+
 def test_the_error_is_a_one_line_exit_2_error():
     err = keyed_random.NoSecretError()
     assert err.exit_code == 2 and "\n" not in str(err)

@@ -9,6 +9,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 from scipy import stats
 
+from thresher.transforms import keyed_random
 from thresher.transforms.noisy_threshold import NoisyThreshold, noisy_threshold
 
 
@@ -98,5 +99,5 @@ def test_beam_wrapper_releases_noisy_counts_above_threshold():
         side = p | "Params" >> beam.Create([params])
         released = (p | beam.Create([table.slice(0, 120), table.slice(120)])
                     | NoisyThreshold(beam.pvalue.AsSingleton(side),
-                                     rng_factory=lambda: np.random.default_rng(4)))
+                                     rng_factory=keyed_random.seeded_for_tests(4)))
         assert_that(released, check)

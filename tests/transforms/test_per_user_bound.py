@@ -73,7 +73,7 @@ def test_pipeline_counts_equal_brute_force_when_bound_is_not_binding():
         counts = (p
                   | beam.Create(batches)
                   | ShardByUser(5)
-                  | PerUserBound(["word"], 30, rng_factory=lambda: np.random.default_rng(1))
+                  | PerUserBound(["word"], 30, rng_factory=keyed_random.seeded_for_tests(1))
                   | SumCountsPerKey(["word"], 3)
                   | beam.FlatMap(lambda t: zip(t.column("word").to_pylist(), t.column("count").to_pylist())))
         assert_that(counts, equal_to(list(expected.items())))

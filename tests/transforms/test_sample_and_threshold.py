@@ -168,7 +168,7 @@ def test_beam_transform_sees_the_seeded_rng_factory_in_tests():
     def check(out):
         assert len(out) == 1 and out[0].equals(expected)
     _run(tables, {"sampling_rate": 0.3, "threshold": 20}, check,
-         rng_factory=lambda: np.random.default_rng(9))
+         rng_factory=keyed_random.seeded_for_tests(9))
 
 
 def test_dofn_without_a_secret_refuses_in_setup():

@@ -278,5 +278,5 @@ def test_beam_post_processing_reports_the_end_to_end_rates():
     with TestPipeline() as p:
         released = (p | beam.Create([sample.slice(0, 5000), sample.slice(5000)])
                     | SanitizeSample(params, ["item"], frequency_column="freq",
-                                     rng_factory=lambda: np.random.default_rng(5)))
+                                     rng_factory=keyed_random.seeded_for_tests(5)))
         assert_that(released, check)

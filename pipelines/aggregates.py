@@ -43,6 +43,13 @@ SUM_PREFIX = "__s"       # per-key int64 sums on the fixed-point grid
 # Sum noise ratio: sigma_j = SUM_NOISE_RATIO * D_j * sigma (each column costs what the
 # count costs per row, mu_j = 1/sigma).
 SUM_NOISE_RATIO = 1.0
+# The largest |clip| of a variance or stddev (issue 36 D10: clip [-1e300, 1e300] squared to
+# inf, an internal error in run, plan and validate). Its squares lie on the grid of
+# [0, 2**e] with e <= 2 * MAX_SPREAD_EXPONENT, and the float of a noisy sum of squares of
+# up to MAX_USERS users, units / grid scale <= 2**(GRID_BITS + MAX_USER_BITS) *
+# 2**(e - GRID_BITS), must stay below float64's largest power of two, 2**1023.
+MAX_SPREAD_EXPONENT = (1022 - acc.MAX_USER_BITS) // 2
+MAX_SPREAD_CLIP = math.ldexp(1.0, MAX_SPREAD_EXPONENT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +113,12 @@ def parse(section, input_spec, kind, bounding, reserved=()):
             acc.fixed_point_grid(low, high)
         except ValueError as exc:
             raise SpecError(f"{field}.clip", str(exc)) from None
+        if statistic in SPREAD and max(abs(low), abs(high)) > MAX_SPREAD_CLIP:
+            raise SpecError(f"{field}.clip", f"a {statistic}'s clip must lie within "
+                            f"[-2**{MAX_SPREAD_EXPONENT}, 2**{MAX_SPREAD_EXPONENT}] (about "
+                            f"+-{MAX_SPREAD_CLIP:.3g}), the largest a {statistic} accepts: its "
+                            f"squares, summed over up to 2**{acc.MAX_USER_BITS} users, must stay "
+                            f"finite; got [{low:g}, {high:g}]")
         seen.add(output)
         value_index = values.setdefault(column, len(values))
         sum_index = sums.setdefault((column, low, high), len(sums))

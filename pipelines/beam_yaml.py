@@ -454,6 +454,9 @@ class _Release(beam.PTransform):
         with building(source, root=root):
             released, chosen = release_stages(records, plan, self._num_shards,
                                               clip_sink=clips.append, notes_sink=notes.append)
+        # nothing leaves before the run is known to have read one secret (issue 36 P2)
+        from thresher.transforms.secret_commitment import OneSecret
+        released = released | "OneSecret" >> OneSecret(source)
 
         if chosen is None:
             bound = spec.bounding.max_keys_per_user

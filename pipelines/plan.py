@@ -247,8 +247,10 @@ def make_plan(spec):
         budget.spend(AUTO_STAGE, spec.aggregates_auto.epsilon, 0.0)
     domain = None
     if spec.input.public_keys is not None:
-        from thresher.pipelines.dataio.public_keys import input_key_types, load_domain
-        domain = load_domain(spec.input.public_keys, spec.input.keys, input_key_types(spec.input))
+        from thresher.pipelines.dataio.public_keys import (
+            input_file_key_types, input_key_types, load_domain)
+        domain = load_domain(spec.input.public_keys, spec.input.keys, input_key_types(spec.input),
+                             input_file_key_types(spec.input))
         if spec.kind == "quantiles":
             from thresher.pipelines.kinds.quantiles import check_public_cells
             check_public_cells(spec.mechanism, domain.num_rows)
@@ -256,6 +258,11 @@ def make_plan(spec):
             from thresher.pipelines.dataio.public_keys import domain_candidates
             candidates = domain_candidates(candidates, domain.num_rows, spec.bounding.model)
     module = kind_module(spec.kind)
+    if hasattr(module, "check_key_types"):   # from the input's schema (issue 36 D17)
+        from thresher.pipelines.dataio.public_keys import input_key_types
+        key_types = input_key_types(spec.input)
+        if key_types is not None:
+            module.check_key_types(key_types)
     if hasattr(module, "stage_budget"):
         # Several composed histograms (heavy_hitters, quantiles): one stage each.
         release = module.stage_budget(budget, spec.mechanism)

@@ -25,7 +25,7 @@ from thresher.pipelines.running import progress, signals
 from thresher.pipelines.dataio.claim import claim
 from thresher.pipelines.errors import InputError, ThresherError
 from thresher.pipelines.specs.spec import input_files, kind_module
-from thresher.transforms import keyed_random
+from thresher.transforms import keyed_random, secret_commitment
 from thresher.transforms.aggregate import SumCountsPerKey
 from thresher.transforms.per_user_bound import PerUserBound
 from thresher.transforms.user_shards import MAX_USER_ROWS, ShardByUser
@@ -102,9 +102,10 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
 
     read_spec = module.read_spec(spec) if hasattr(module, "read_spec") else spec.input
     records = pipeline | "Read" >> io.ReadRecords(read_spec, files)         # Table(__user, __key, keys)
+    source = keyed_random.resolve(rng_factory)   # the publisher checks: one secret per run
     if spec.input.sample is not None:   # an existing weighted sample (release_stages)
         released, _ = release_stages(records, plan, num_shards)
-        _write(released, staging, schema, keys)
+        _write(released, staging, schema, keys, source=source)
         return
     sink = None
     if spec.aggregates_auto is not None:   # the chosen clip bounds, for the report
@@ -126,7 +127,7 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
          | "FormatBound" >> beam.Map(lambda c: json.dumps({"max_keys_per_user": int(c)}))
          | "WriteBound" >> beam.io.WriteToText(os.path.join(staging, CHOSEN_BOUND_FILE),
                                                num_shards=1, shard_name_template=""))
-    _write(released, staging, schema, keys, domain=plan.domain)
+    _write(released, staging, schema, keys, domain=plan.domain, source=source)
 
 
 def _spill_dir(pipeline, staging):
@@ -457,10 +458,12 @@ def _params_for(bound, table):
     return table[int(bound)]
 
 
-def _write(released, staging, schema, keys, domain=None):
+def _write(released, staging, schema, keys, domain=None, source=None):
     """Gather every released row and write ``released.parquet`` once, in the canonical
     order and layout of ``pipelines.released_file`` (a function of the released rows,
-    never of shards, bundles or input size).
+    never of shards, bundles or input size). The writer is the release's publisher: under
+    the in-pipeline secret it first checks that every stage of the run read one secret
+    (``transforms.secret_commitment``; added last, after every stage that draws).
 
     The released Tables reach the writer as one side input (``AsList``) of a one-element
     stage, rather than through ``ToList``: Beam's global combine is two more fused stages
@@ -475,9 +478,10 @@ def _write(released, staging, schema, keys, domain=None):
             packed_domain(released.pipeline, domain, keys))
     (released.pipeline
      | "GatherReleased" >> beam.Impulse()
-     | "WriteReleased" >> beam.Map(_write_gathered, tables=beam.pvalue.AsList(released),
-                                   path=publish.join(staging, io.RELEASED_FILE),
-                                   schema=schema, keys=tuple(keys), **extra))
+     | "WriteReleased" >> secret_commitment.publisher(
+         _write_gathered, source, tables=beam.pvalue.AsList(released),
+         path=publish.join(staging, io.RELEASED_FILE), schema=schema, keys=tuple(keys),
+         **extra))
 
 
 def _write_gathered(unused_impulse, tables, path, schema, keys, domain=None):

@@ -560,11 +560,13 @@ def _draw_secret(_):
 
 def par_do(dofn, *args, **kwargs):
     """``beam.ParDo(dofn, *args, **kwargs)``, with the release secret's side input when
-    the DoFn's ``_rng_factory`` is a :class:`PipelineSecret` (module docstring)."""
+    the DoFn's ``_rng_factory`` is a :class:`PipelineSecret` (module docstring); then the
+    stage also commits to the secret it read (``transforms.secret_commitment``: one secret
+    per run, checked by the publisher)."""
     source = getattr(dofn, "_rng_factory", None)
-    if isinstance(source, PipelineSecret):
-        return beam.ParDo(_WithSecret(dofn), *args, release_secret=source.side_input(),
-                          **kwargs)
+    if isinstance(source, PipelineSecret):   # and its commitments, for the publisher's check
+        from thresher.transforms.secret_commitment import CommittedParDo
+        return CommittedParDo(dofn, source, args, kwargs)
     return beam.ParDo(dofn, *args, **kwargs)
 
 

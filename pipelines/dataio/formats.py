@@ -9,6 +9,7 @@ mistakes worth naming.
   that says so.
 """
 import gzip
+import re
 
 from thresher.pipelines.errors import InputError, SpecError
 from thresher.pipelines.specs.fields import describe
@@ -55,7 +56,7 @@ def infer_folder(folder, field="input.path"):
     """(format, default delimiter) of a local folder given as the input path: the one
     format its files' names tell (the files ``pipelines.paths.input_files`` reads: names
     starting with . or _ are skipped). A folder mixing formats, or holding a file whose
-    name tells none, is a SpecError naming ``field`` and the files."""
+    name tells none, is a SpecError naming ``field`` and the files; so is an empty folder."""
     import os
     names = sorted(f for f in os.listdir(folder) if not f.startswith((".", "_"))
                    and os.path.isfile(os.path.join(folder, f)))
@@ -76,8 +77,9 @@ def infer_folder(folder, field="input.path"):
         raise SpecError(field, f"the folder {folder!r} mixes input formats ({kinds}); one "
                         f"release reads one format: set input.path to a glob such as "
                         f"{os.path.join(folder, '*' + _example(found))}")
-    if not found:
-        return None
+    if not found:   # issue 36: said "cannot tell the format" of an empty folder
+        raise SpecError(field, f"the folder {folder!r} is empty: it holds no input files "
+                        f"(names starting with . or _ are skipped)")
     return next(iter(found))
 
 
@@ -112,9 +114,26 @@ def open_local(path):
     return open(path, "rb")
 
 
-def json_input_error(path, exc, handle_opener):
+_CHANGED_TYPE = re.compile(r"Column\(/([^)]*)\) changed from (\w+) to (\w+)")
+
+
+def json_input_error(path, exc, handle_opener, fields=None):
     """An InputError for a JSONL file pyarrow could not parse; names the common mistake of
-    a JSON array (``[{...}, {...}]``) where one object per line is expected."""
+    a JSON array (``[{...}, {...}]``) where one object per line is expected, and a column
+    holding two JSON types (issue 36 D15: ``1`` and ``"1"`` for the user in one file):
+    pyarrow's reader types each column once per file and cannot read a number as text,
+    so thresher needs one JSON type per column -- in a file, and for the user column in
+    every file (``io._check_json_user_types``). ``fields``: {column: spec field} to name
+    (``input.user``, ``input.keys[i]``)."""
+    changed = _CHANGED_TYPE.search(str(exc))
+    if changed:
+        column, before, after = changed.groups()
+        field = (fields or {}).get(column, "input.path")
+        return InputError(f"{field}: {path!r}: column {column!r} holds JSON {before} values "
+                          f"and JSON {after} values; thresher reads every JSONL column with one "
+                          f"JSON type (pyarrow: {first_line(exc)}): write each value of "
+                          f"{column!r} as a string (\"1\") or each as a number (1), in every "
+                          f"file")
     first = b""
     try:
         with handle_opener(path) as handle:

@@ -15,7 +15,10 @@ CSV and JSONL key columns are read as text (so ``02139`` stays ``02139``); Parqu
 its column types (dictionary-encoded columns are decoded). User ids are identified by
 value, not by type (``transforms.user_identity``, "Type-stable ids"): CSV and JSONL ids
 as their text (``user_identity.text_ids``), and a Parquet dataset whose files store the
-user column as text in some and numbers in others is refused (:func:`check_input`).
+user column as text in some and numbers in others is refused (:func:`check_input`), as is
+a JSONL dataset writing the user ids as JSON numbers in one file and strings in another
+(a number's text depends on its spelling: ``1e3`` is not ``"1e3"``); within one file
+pyarrow's reader refuses a column of two JSON types (``formats.json_input_error``).
 """
 import json
 import math
@@ -53,8 +56,9 @@ def _is_local(path):
     return "://" not in path
 
 
-def read_schema(path, fmt, delimiter=","):
-    """The Arrow schema of one input file (Parquet footer, or the first CSV/JSONL block)."""
+def read_schema(path, fmt, delimiter=",", fields=None):
+    """The Arrow schema of one input file (Parquet footer, or the first CSV/JSONL block).
+    ``fields``: {column: spec field} that a JSONL error names (``column_fields``)."""
     try:
         if fmt == "parquet":
             if _is_local(path):
@@ -70,8 +74,16 @@ def read_schema(path, fmt, delimiter=","):
             return pjson.read_json(handle, read_options=pjson.ReadOptions(block_size=1 << 20)).schema
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError, EOFError) as exc:
         if fmt == "jsonl":
-            raise formats.json_input_error(path, exc, _open) from None
+            raise formats.json_input_error(path, exc, _open, fields) from None
         raise InputError(f"input.path: cannot read {path!r} as {fmt}: {_first_line(exc)}") from None
+
+
+def column_fields(input_spec):
+    """{column: the spec field naming it} of the user and key columns."""
+    out = {k: f"input.keys[{i}]" for i, k in enumerate(input_spec.keys)}
+    if input_spec.user is not None:
+        out[input_spec.user] = "input.user"
+    return out
 
 
 def _first_line(exc):
@@ -101,8 +113,10 @@ def check_input(input_spec, files):
     est_rows = 0
     first_types = None
     user_types = []        # (file, type of the user column): one kind in every file
+    json_user_types = []   # the same for JSONL files (the JSON type the reader inferred)
     for path in files:
-        schema = read_schema(path, input_spec.format, input_spec.delimiter)
+        schema = read_schema(path, input_spec.format, input_spec.delimiter,
+                             column_fields(input_spec))
         for field, col in zip(names, needed):
             if col not in schema.names:
                 raise SpecError(field, f"column {col!r} is not in {path!r}; its columns are: "
@@ -126,6 +140,11 @@ def check_input(input_spec, files):
                                          f"{first_types[c]} in {files[0]!r}; all files must agree")
             est_rows += _parquet_rows(path)
         else:
+            if input_spec.format == "jsonl" and input_spec.sample is None:
+                t = _value_type(schema.field(input_spec.user).type)
+                if not pa.types.is_null(t):      # a file of null ids only: no user at all
+                    json_user_types.append((path, t))
+                    _check_json_user_types(input_spec.user, json_user_types)
             est_rows += _estimate_text_rows(path)
     return est_rows
 
@@ -153,6 +172,40 @@ def _check_user_types(column, user_types):
                         f"{path!r} but {_user_kind(first)} ({first}) in {first_path!r}; every "
                         f"file must store user ids as one kind of value (integers and floats "
                         f"agree, text and numbers do not: is \"01\" the user 1?). Rewrite "
+                        f"the files with one type for {column!r}")
+
+
+def _json_user_kind(t):
+    """What the JSON values of a JSONL user column of inferred Arrow type ``t`` are:
+    numbers (JSON integers and floats: ``1`` and ``1.0`` are one user,
+    ``user_identity.text_ids``), strings, booleans; any other type (pyarrow infers
+    timestamps from date-like strings) only agrees with itself."""
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return "JSON numbers"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "JSON strings"
+    if pa.types.is_boolean(t):
+        return "JSON booleans"
+    return str(t)
+
+
+def _check_json_user_types(column, user_types):
+    """Refuse a JSONL dataset whose files write the user ids as JSON numbers in one file
+    and as strings (or booleans) in another (issue 36 P4). A user is its id's text, but
+    the text of a number depends on its spelling: ``1`` and ``"1"`` would be one user while
+    ``1e3`` and ``"1e3"``, or ``1.0`` and ``"1.0"``, would be two, each with its own
+    contribution bound. Within one file pyarrow's reader refuses a column holding two
+    JSON types (``formats.json_input_error``), so one JSON type per dataset holds: refused
+    before any row is read, naming both files, as a Parquet dataset mixing text and
+    numbers is (:func:`_check_user_types`)."""
+    first_path, first = user_types[0]
+    path, t = user_types[-1]
+    if _json_user_kind(t) != _json_user_kind(first):
+        raise SpecError("input.user", f"column {column!r} holds {_json_user_kind(t)} in "
+                        f"{path!r} but {_json_user_kind(first)} in {first_path!r}; every "
+                        f"JSONL file must write user ids as one JSON type (all strings, "
+                        f"\"1\", or all numbers, 1: the text of a number depends on how "
+                        f"it is written, so 1e3 and \"1e3\" would be two users). Rewrite "
                         f"the files with one type for {column!r}")
 
 
@@ -596,12 +649,13 @@ def check_float_user_ids(column, where, name):
 class _ReadTextFile(beam.DoFn):
     """Read one CSV or JSONL file into Arrow batches of at most BATCH_ROWS rows."""
 
-    def __init__(self, fmt, columns, keys=(), delimiter=",", user=None):
+    def __init__(self, fmt, columns, keys=(), delimiter=",", user=None, fields=None):
         self._fmt = fmt
         self._columns = tuple(columns)
         self._keys = tuple(keys)
         self._delimiter = delimiter
         self._user = user
+        self._fields = dict(fields or {})
 
     def process(self, path):
         import pyarrow.csv as pcsv
@@ -631,7 +685,7 @@ class _ReadTextFile(beam.DoFn):
                         yield pa.Table.from_batches([batch])
         except (pa.ArrowInvalid, UnicodeDecodeError, EOFError, OSError) as exc:
             if self._fmt == "jsonl":
-                raise formats.json_input_error(path, exc, _open) from None
+                raise formats.json_input_error(path, exc, _open, self._fields) from None
             raise InputError(f"input.path: cannot read {path!r} as {self._fmt}: "
                              f"{_first_line(exc)}") from None
 
@@ -667,7 +721,8 @@ class ReadRecords(beam.PTransform):
             raw = files | "ReadText" >> beam.ParDo(
                 _ReadTextFile(self._spec.format, columns, self._spec.keys,
                               getattr(self._spec, "delimiter", ","),
-                              user=self._spec.user)).with_output_types(pa.Table)
+                              user=self._spec.user, fields=column_fields(self._spec))
+            ).with_output_types(pa.Table)
         return self._prepare(raw)
 
     def _single_row_group(self):

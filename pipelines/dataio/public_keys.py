@@ -129,9 +129,12 @@ def _check_size(path, fmt):
     limits.check_public_keys(path, rows=rows)
 
 
-def load_domain(public_keys, key_columns, key_types=None):
+def load_domain(public_keys, key_columns, key_types=None, data_types=None):
     """Read the domain file into a table of the key columns, cast to ``key_types``
     ({column: pyarrow type}, the released key types; None keeps the file's types).
+    ``data_types``: the key types of the data as its files store them
+    (:func:`input_file_key_types`; default ``key_types``), which the domain's must agree
+    with (:func:`check_key_type`).
 
     SpecError (field input.public_keys.path) for: a missing or unreadable file, a missing
     key column, a key that cannot be cast, a null key, an empty domain, a duplicate key."""
@@ -157,6 +160,9 @@ def load_domain(public_keys, key_columns, key_types=None):
         if pa.types.is_large_string(col.type):
             col = col.cast(pa.string())
         target = (key_types or {}).get(name)
+        stored = (data_types if data_types is not None else key_types or {}).get(name)
+        if stored is not None:
+            check_key_type(name, col.type, stored, path, fmt)
         if target is not None and col.type != target:
             try:
                 col = pc.cast(col, target)
@@ -180,6 +186,39 @@ def load_domain(public_keys, key_columns, key_types=None):
                         f"({domain.num_rows - distinct.num_rows} duplicate row(s)); each public "
                         f"key must appear once")
     return domain
+
+
+def _type_kind(t):
+    """What a key column of Arrow type ``t`` holds, for comparing a domain file's column
+    with the data's: text, bytes, numbers (integers and floats: a cast between them is
+    checked value by value), booleans; any other type only agrees with itself."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "text"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "bytes"
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return "numbers"
+    if pa.types.is_boolean(t):
+        return "booleans"
+    return str(t)
+
+
+def check_key_type(name, domain_type, data_type, path, fmt):
+    """Refuse a domain file whose key column holds another kind of value than the data's
+    (issue 36 D12): an int64 domain cast to the text keys of the data named keys "1",
+    "2", ... that no record had, and the release published noise alone at the full
+    charge. Text and numbers are never equated (is "01" the key 1?), as for user ids.
+    A CSV domain is text by nature: it is cast to the data's type, and a value that does
+    not convert is refused by name (:func:`load_domain`). SpecError naming
+    ``input.public_keys``."""
+    if fmt == "csv" or _type_kind(domain_type) == _type_kind(data_type):
+        return
+    raise SpecError(FIELD, f"key column {name!r} of {path!r} holds {_type_kind(domain_type)} "
+                    f"({domain_type}) but the input's {name!r} holds {_type_kind(data_type)} "
+                    f"({data_type}); the public keys must have the data's type (no record "
+                    f"would match a key of another type, and the release would be noise "
+                    f"alone): rewrite the domain file with {data_type} keys, or list them in "
+                    f"a CSV file (read as text and converted to the data's type)")
 
 
 def domain_candidates(candidates, domain_size, model):
@@ -226,4 +265,26 @@ def input_key_types(input_spec):
         if pa.types.is_dictionary(t):
             t = t.value_type
         out[name] = pa.string() if pa.types.is_large_string(t) else t
+    return out
+
+
+def input_file_key_types(input_spec):
+    """{key column: pyarrow type} of the key columns as the input files store them: the
+    Parquet or JSONL schema of the first file (JSON numbers are numbers there, although the
+    reader then takes their text), text for CSV; None when the files cannot be listed or
+    read yet (``thresher plan`` on a spec whose data is elsewhere)."""
+    from thresher.pipelines.dataio import io
+    if input_spec.format == "csv":
+        return {k: pa.string() for k in input_spec.keys}
+    try:
+        files = input_files(input_spec)
+        schema = io.read_schema(files[0], input_spec.format)
+    except SpecError:
+        return None
+    out = {}
+    for name in input_spec.keys:
+        if name not in schema.names:
+            return None   # io.check_input reports the missing column
+        t = schema.field(name).type
+        out[name] = t.value_type if pa.types.is_dictionary(t) else t
     return out

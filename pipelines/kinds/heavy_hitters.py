@@ -71,8 +71,13 @@ def parse(section):
                 "method": _method(section)}
     parsed = [None if n is None else int(n) for n in lengths]
     finite = [n for n in parsed if n is not None]
+    note = {}
     if parsed and parsed[-1] is not None:
         parsed.append(None)  # the released keys are whole keys: the last level is the key
+        # said in the plan and the report (issue 36: [2, 4] ran [2, 4, None] silently)
+        note = {"prefix_lengths_note": WHOLE_KEY_ADDED.format(
+            given=finite, levels=len(parsed),
+            run="[" + ", ".join([*map(str, finite), "null"]) + "]")}
     # the level count is checked after the whole-key level is added: 64 finite lengths
     # are 65 levels
     if finite != sorted(set(finite)) or parsed.count(None) > 1 \
@@ -82,7 +87,14 @@ def parse(section):
                         f"level (so at most 63 finite lengths); got {lengths!r}")
     rate = optional_float(section, "sampling_rate")
     return {"top_k": top_k, "prefix_lengths": parsed, "sampling_rate": rate,
-            "threshold": _levels.optional_threshold(section), "method": _method(section)}
+            "threshold": _levels.optional_threshold(section), "method": _method(section),
+            **note}
+
+
+WHOLE_KEY_ADDED = ("mechanism.prefix_lengths {given} does not end with null (the whole key): "
+                   "a release publishes whole keys, so the whole-key level was added last and "
+                   "the trie runs {levels} levels, {run} (each level adds max_keys_per_user "
+                   "cells to a user's composition)")
 
 
 def _method(section):
@@ -321,6 +333,8 @@ def _trie_report(mech, params, epsilon, delta, levels, max_keys_per_user):
     if mech.get("schedule_choice"):
         extra["schedule_choice"] = {**mech["schedule_choice"],
                                     "release_point": params.release_point}
+    if mech.get("prefix_lengths_note"):
+        extra["prefix_lengths_note"] = mech["prefix_lengths_note"]
     return {"kind": "heavy_hitters", "method": "trie", "top_k": mech["top_k"],
             "prefix_lengths": list(mech["prefix_lengths"]), "levels": levels,
             "sampling_rate": params.sampling_rate, "threshold": params.threshold,
@@ -364,6 +378,18 @@ def _split_point(mech, epsilon, delta, levels, max_keys_per_user):
         return None
     return {"sampling_rate": lp.sampling_rate, "threshold": lp.threshold,
             "release_point": lp.threshold / lp.sampling_rate}
+
+
+def check_key_types(key_types):
+    """Refuse, from the input's schema before any row is read (``validate``, ``plan`` and
+    ``run``: ``pipelines.plan.make_plan``), a key column that is not text (issue 36 D17:
+    an int64 key passed validate and failed once the pipeline ran). ``key_types``: the
+    key columns' types as the reader gives them (CSV and JSONL keys are text)."""
+    for i, (key, t) in enumerate(key_types.items()):
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            raise SpecError(f"input.keys[{i}]", f"heavy_hitters needs a string key column "
+                            f"(its prefixes are characters); {key!r} is {t} in the input: "
+                            f"store it as text")
 
 
 def _string_keys(table, key):

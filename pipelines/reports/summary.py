@@ -409,6 +409,8 @@ def noise_in_words(report, keys, release_point=True):
                    f"{unit} for a {key} whose users hold {c} keys each")
         if mech.get("schedule_choice"):
             out.append(f"prefix levels chosen by the plan: {mech['schedule_choice']['rule']}")
+        if mech.get("prefix_lengths_note"):
+            out.append(mech["prefix_lengths_note"])
         got, top_k = report.get("released_keys"), mech.get("top_k")
         if got is not None and top_k is not None and got < top_k:
             out.append(f"{got:,} of top_k {top_k:,} came back: {mech['fewer_than_top_k']}")

@@ -14,7 +14,7 @@ import re
 
 import yaml
 
-from thresher.pipelines.specs import declare, schema
+from thresher.pipelines.specs import columns, declare, schema
 
 from thresher.pipelines.dataio import formats, public_keys
 
@@ -365,6 +365,7 @@ def parse(data, source_text=""):
     if not isinstance(data, dict):
         raise SpecError("", f"the spec must be a YAML mapping with fields "
                             f"{', '.join(TOP_FIELDS)}; got {_describe(data)}")
+    _refuse_null_confidence(data)
     data = declare.without_nulls(data)
     declare.check(data, _spec_schema(data))
     privacy = _parse_privacy(data["privacy"])
@@ -407,6 +408,7 @@ def parse(data, source_text=""):
             raise SpecError("mechanism.noise", f"{mechanism['noise']} is not analysed with "
                             "aggregates (the sums' noise is calibrated with independent count "
                             "noise); use noise: discrete_gaussian")
+    columns.check(input_spec, mechanism, aggregates, kind_module(mechanism["kind"]).OUTPUT_COLUMNS)
     return ReleaseSpec(
         name=data["name"],
         description=data.get("description", ""),
@@ -421,6 +423,17 @@ def parse(data, source_text=""):
         aggregates_auto=aggregates_auto,
         budget=ledger.parse_section(data["budget"], privacy) if "budget" in data else None,
     )
+
+
+def _refuse_null_confidence(data):
+    """``output.confidence: null`` is refused, not read as the default 0.95 (issue 36): it
+    sets what the published interval columns claim, so a level nobody wrote is never
+    published (leave the field out for the default)."""
+    output = data.get("output")
+    if isinstance(output, dict) and "confidence" in output and output["confidence"] is None:
+        raise SpecError("output.confidence", f"must be a number > 0 and < 1, got nothing "
+                        f"(null); leave the field out for the default "
+                        f"{OutputSpec.confidence}")
 
 
 def _presampled_mechanism(mechanism, sample, bounding):

@@ -15,8 +15,26 @@ release). The names below are the public Python API; they are imported on first 
   ``Release`` wires it).
 """
 import importlib
+import logging
 
 __version__ = "0.1.0"
+
+
+class _BeamApitoolsWarning(logging.Filter):
+    """Drops the one warning importing Beam logs without Google's ``apitools`` package
+    ("apitools not found, and bigquery client libraries are not available ...", from
+    ``apache_beam.io.gcp.internal.clients.bigquery``): it concerns BigQuery, which thresher
+    never uses, and it was printed on every API and Beam YAML run (issue 36 D7). Installed
+    on the root logger when thresher is imported, so a program that imports thresher before
+    Beam never shows it; every other record passes."""
+
+    def filter(self, record):
+        return not (record.name == "root"
+                    and str(record.msg).startswith("apitools not found, and bigquery"))
+
+
+if not any(isinstance(f, _BeamApitoolsWarning) for f in logging.getLogger().filters):
+    logging.getLogger().addFilter(_BeamApitoolsWarning())
 
 _EXPORTS = {
     "Release": "thresher.pipelines.api",

@@ -116,6 +116,52 @@ def test_csv_domain_is_cast_to_the_input_key_type(write_spec, tmp_path):
     assert err.value.field == "input.public_keys.path" and "int64" in str(err.value)
 
 
+def _jsonl_lines(path, rows):
+    with open(path, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("data_keys, domain, refused", [
+    # the data's JSON numbers are numbers in its schema: an integer domain matches them
+    ([1, 2, 3], pa.array([1, 2, 3], pa.int64()), False),
+    # JSON strings in the data, an integer domain: "1" is never the key 1 (issue 36 D12)
+    (["1", "2", "3"], pa.array([1, 2, 3], pa.int64()), True),
+    # JSON numbers in the data, a text domain (Parquet strings) is refused alike
+    ([1, 2, 3], pa.array(["1", "2", "3"]), True),
+])
+def test_a_domain_of_another_kind_than_the_jsonl_data_is_refused(write_spec, tmp_path,
+                                                                  data_keys, domain, refused):
+    data = _jsonl_lines(tmp_path / "in.jsonl", [{"user_id": f"u{i}", "code": data_keys[i % 3]}
+                                                for i in range(30)])
+    pq.write_table(pa.table({"code": domain}), tmp_path / "domain.parquet")
+    spec = spec_mod.load(write_spec({"input.path": data, "input.format": "jsonl",
+                                     "input.keys": ["code"],
+                                     "input.public_keys": {"path": str(tmp_path / "domain.parquet")}}))
+    if not refused:
+        assert make_plan(spec).domain.column("code").to_pylist() == ["1", "2", "3"]
+        return
+    with pytest.raises(SpecError) as err:
+        make_plan(spec)
+    assert err.value.field == "input.public_keys" and "code" in str(err.value)
+
+
+def test_the_beam_yaml_transform_refuses_a_domain_of_another_type(tmp_path):
+    """The transform casts the domain to its rows' field types: an int64 domain for a
+    string key field is refused by name when the pipeline is built (issue 36 D12)."""
+    import apache_beam as beam
+    from thresher.pipelines.beam_yaml import ThresherRelease
+    pq.write_table(pa.table({"word": pa.array([1, 2], pa.int64())}), tmp_path / "d.parquet")
+    release = ThresherRelease("user_id", ["word"], {"epsilon": 1.0, "delta": 1e-8},
+                              {"max_keys_per_user": 2}, {"kind": "gaussian"},
+                              public_keys={"path": str(tmp_path / "d.parquet")})
+    with pytest.raises(SpecError) as err:
+        with beam.Pipeline() as pipeline:
+            _ = (pipeline | beam.Create([beam.Row(user_id="u1", word="a")]) | release)
+    assert err.value.field == "ThresherRelease.public_keys", err.value
+
+
 # ---- releases ---------------------------------------------------------------------------
 
 def test_gaussian_release_over_public_keys(write_spec, small_parquet, tmp_path):

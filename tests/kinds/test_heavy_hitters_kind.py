@@ -313,21 +313,38 @@ def test_example_config_runs(tmp_path, cli):
 # ---- method: adaptive (issue 28) -----------------------------------------------------------
 
 def test_default_method_is_chosen_from_public_parameters(tmp_path):
-    """No method: the plan compares the two release points (from epsilon, delta and C
-    only) and takes the lower; trie parameters in the spec ask for the trie."""
+    """No method: the plan records both release points (from epsilon, delta and C only)
+    and takes adaptive, which calibrates here; trie parameters in the spec ask for the
+    trie."""
     from thresher.pipelines.kinds.heavy_hitters import release_points
     plan = make_plan(_load(tmp_path, _spec(tmp_path, "x.parquet")))
     mech = plan.report()["mechanism"]
     points = release_points(1.0, 1e-6, 4, 1)      # the plan's schedule: [null], one level
     assert plan.spec.mechanism["prefix_lengths"] == [None]
     assert plan.spec.mechanism["schedule_choice"]["chosen"] == [None]
-    assert mech["method"] == ("adaptive" if points["adaptive"] <= points["trie"] else "trie")
+    assert mech["method"] == "adaptive"
     assert mech["method_choice"]["release_points"] == points
     assert points["adaptive"] < points["trie"]          # at these parameters
     assert [s["name"] for s in plan.report()["privacy"]["stages"]] == ["release"]
     assert "fewer than top_k" in mech["fewer_than_top_k"]
     trie = make_plan(_load(tmp_path, _spec(tmp_path, "x.parquet", prefix_lengths=[2])))
     assert trie.report()["mechanism"]["method"] == "trie"
+
+
+def test_default_method_is_adaptive_where_the_tries_release_point_is_lower(tmp_path):
+    """At C = 16 (epsilon 1, delta 1e-6) the trie's release point is below adaptive's since
+    issue 38's tighter bound, but its ranking by v/p is noisier near the top_k-th count:
+    the default stays adaptive (recall@20 on the identifier corpus: 0.915 adaptive vs 0.720
+    trie; docs/heavy_hitters_and_quantiles.md). Fails with the lower-point rule."""
+    from thresher.pipelines.kinds.heavy_hitters import release_points
+    points = release_points(1.0, 1e-6, 16, 1)
+    assert points["trie"] < points["adaptive"] < float("inf")
+    spec = _spec(tmp_path, "x.parquet")
+    spec["bounding"]["max_keys_per_user"] = 16
+    plan = make_plan(_load(tmp_path, spec))
+    mech = plan.report()["mechanism"]
+    assert mech["method"] == "adaptive"
+    assert mech["method_choice"]["release_points"] == points
 
 
 def test_adaptive_method_is_the_adaptive_release_ranked(tmp_path):

@@ -483,10 +483,10 @@ def _spec_command(args, beam_args):
     progress.phase(f"reading the spec {args.config}")
     spec = spec_mod.load(args.config)
     if args.command == "validate":
-        from thresher.pipelines.dataio import io
+        from thresher.pipelines.dataio import input_schema
         from thresher.pipelines.preflight import check_output_writable
         files = spec_mod.input_files(spec.input)
-        io.check_input(spec.input, files)
+        input_schema.check_input(spec.input, files)
         check_output_writable(spec.output.path)
         plan = make_plan(spec)
         ledger_text = _ledger_preview(plan, refuse=True)
@@ -509,13 +509,15 @@ def _spec_command(args, beam_args):
         return 0
     from thresher.pipelines.running import beam_flags
     from thresher.pipelines.preflight import check_output_writable
-    from thresher.pipelines.release import run
     progress.phase("checking the output folder and the Beam options")
     check_output_writable(spec.output.path)
     beam_flags.check(beam_args)
     from thresher.pipelines.running import engines
     beam_args = engines.complete_beam_args(beam_args)   # the cached job server / Prism
     progress.phase("checking the input files and building the Beam pipeline")
+    from thresher.pipelines.running import process
+    process.prepare_pipeline()
+    from thresher.pipelines.release import run
     report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
     if not args.quiet:
         from thresher.pipelines.reports import summary

@@ -38,7 +38,7 @@ import functools
 import math
 
 import numpy as np
-from scipy import special
+from thresher.accounting._lazy import special
 
 from thresher.accounting.sample_threshold.core import (_cdf, _sf, add_quantile, kl_divergence,
                                                       remove_quantile)

@@ -38,7 +38,6 @@ group privacy over the user's contributions to one level).
 import dataclasses
 import math
 
-import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -446,6 +445,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
     histograms -> Table(keys..., rank, value). Without public keys but with input.keys,
     the keys are those a sample-and-threshold stage (select_keys) releases from the
     distinct users per key, each user bounded to C keys separately for that stage."""
+    import apache_beam as beam
     from thresher.transforms.aggregate import SumCountsPerKey
     from thresher.transforms.per_user_bound import PerUserBound
     from thresher.transforms.quantile_release import BinarySearchQuantiles, KeyedHierarchy
@@ -567,6 +567,7 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
     (transforms.public_cells): one value per (user, key), at most C keys per user; every
     (level, key, bucket) cell of every selected key gets discrete Gaussian noise, no
     threshold; per-key post-processing answers every rank."""
+    import apache_beam as beam
     from thresher.transforms.aggregate import SumCountsPerKey
     from thresher.transforms.key_value_bound import BoundKeyValues
     from thresher.transforms.per_user_bound import PerUserBound

@@ -110,7 +110,7 @@ def _top(files, report, n, column, schema):
     """The n rows with the largest ``column`` (ties by key), over the files' chunks: at
     most n + one chunk of rows in memory."""
     import pyarrow as pa
-    best = schema.empty_table()
+    best = pa.Table.from_batches([], schema=schema)   # (empty_table() imports pandas)
     for batch in summary.iter_batches(files, 1 << 16):
         chunk = pa.Table.from_batches([batch], schema=schema)
         best = summary.top_rows(pa.concat_tables([best, chunk]), report, n, column)

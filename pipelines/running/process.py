@@ -64,14 +64,21 @@ def memoize_dofn_specs():
 
 
 def prepare(command):
-    """Settings for one ``thresher COMMAND`` process."""
+    """Settings for one ``thresher COMMAND`` process (Beam is not imported here: a spec
+    that is refused, and every command but ``run``, answers without it)."""
     skip_ipython_probe()
-    if command == "run":
-        memoize_dofn_specs()        # (imports Beam)
-        if gc.get_freeze_count() == 0:   # once per process (in-process CLI calls in tests)
-            gc.freeze()
     from thresher.pipelines import calibration_cache
     calibration_cache.enable()      # calibrations read back, not recomputed (scipy not imported)
+
+
+def prepare_pipeline():
+    """Settings for building and running a pipeline, once the spec is planned and checked
+    (``thresher run``, just before the release is built): imports Beam and the release's
+    modules, then freezes what exists into the collector's permanent generation."""
+    import thresher.pipelines.release  # noqa: F401 -- Beam and the transforms, frozen below
+    memoize_dofn_specs()
+    if gc.get_freeze_count() == 0:   # once per process (in-process CLI calls in tests)
+        gc.freeze()
 
 
 def finish():

@@ -115,7 +115,6 @@ def test_commands_that_run_no_pipeline_do_not_import_beam(released, tmp_path):
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    print([(c["argv"][0], c["seconds"]) for c in result["commands"]], os.getloadavg())
     assert result["before"] == []
     expected = [0] * 9 + [2] * 5
     got = [(c["argv"], c["exit"], c["imported"]) for c in result["commands"]]

@@ -8,7 +8,7 @@
     thresher ledger release LEDGER ID [--force]
     thresher show OUTPUT [--format table|csv|json] [--top N]
     thresher schema
-    thresher report OUTPUT [--html [FILE]]
+    thresher report OUTPUT [--html [FILE] [--overwrite]]
     thresher engines fetch flink|spark|prism [...] [--flink-version X.Y]
 
 Usage and spec errors print one line naming the field and exit with code 2; no
@@ -101,6 +101,9 @@ def _parser():
     report.add_argument("--html", nargs="?", const="", default=None, metavar="FILE",
                         help="write a self-contained HTML page with plots (default "
                              "OUTPUT/release_report.html); needs the report extra (matplotlib)")
+    report.add_argument("--overwrite", action="store_true",
+                        help="with --html: replace FILE even if it is not an earlier report "
+                             "page (an earlier page is replaced without it)")
     sub.add_parser("schema", parents=[common],
                    help="print the spec's JSON Schema (for editors and linters)")
     engines = sub.add_parser("engines", help="the Flink/Spark job servers and Prism, fetched once")
@@ -602,7 +605,7 @@ def _look_command(args):
             print("\n".join(look.report_lines(args.output)))
         return 0
     from thresher.pipelines.reports import html_report
-    dest = look.html_destination(args.output, args.html)
+    dest = look.html_destination(args.output, args.html, overwrite=args.overwrite)
     html_report.write(args.output, dest)
     with look.to_stdout():
         print(f"wrote {dest}")

@@ -21,8 +21,13 @@ Methods (``method``, default ``hierarchical``):
   takes part in every rank's search, so a user has at most C * len(ranks) contributions
   per round. One stage per round.
 
-Output: the key columns (if any), ``rank`` (the requested phi, float64) and ``value``
-(float64; null when nothing about that key was released -- every cell suppressed).
+Output: the key columns (if any), ``rank`` (the requested phi, float64), ``value``
+(float64; null when nothing about that key was released -- every cell suppressed) and
+``resolution`` (float64, null with the value): the resolution the value actually has
+(issue 36 D9) -- hierarchical, the width of the bucket that locates it, coarser than the
+leaf width when the deeper levels released nothing there; binary search, the half-width
+of its final interval, wider when rounds released nothing; public cells, the leaf width.
+The report's ``resolution`` is the finest the plan allows.
 With keys, the keys are ``input.public_keys`` (every listed key gets one row per rank;
 records with other keys are dropped before bounding), or, without public keys, the keys a
 ``select_keys`` stage releases: sample-and-threshold over the distinct users per key (each
@@ -89,7 +94,9 @@ FIELDS = {
 REQUIRED = ("column", "ranks", "domain")
 MAX_LEAVES = 2 ** 20
 KEYS_OPTIONAL = True     # no input.keys: one global release
-OUTPUT_COLUMNS = {"rank": pa.float64(), "value": pa.float64()}
+# resolution: the resolution each value actually has (issue 36 D9; the report's
+# ``resolution`` is the finest the plan allows): transforms.quantile_release.RESOLUTION_COLUMN
+OUTPUT_COLUMNS = {"rank": pa.float64(), "value": pa.float64(), "resolution": pa.float64()}
 
 
 def parse(section):
@@ -403,7 +410,8 @@ def _key_list(plan):
 def _to_table(columns, keys):
     return pa.table({**{k: columns[k] for k in keys},
                      "rank": pa.array(columns["rank"], pa.float64()),
-                     "value": pa.array(columns["value"], pa.float64())})
+                     "value": pa.array(columns["value"], pa.float64()),
+                     "resolution": pa.array(columns["resolution"], pa.float64())})
 
 
 def _answer_hierarchy(released, keys, key_list, mech):

@@ -13,7 +13,6 @@ Arrow table with the same key types as the released rows. Errors name the field 
 import os
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from thresher.pipelines.specs import declare
 from thresher.pipelines.errors import SpecError
@@ -119,6 +118,7 @@ def load_domain(public_keys, key_columns, key_types=None):
 
     SpecError (field input.public_keys.path) for: a missing or unreadable file, a missing
     key column, a key that cannot be cast, a null key, an empty domain, a duplicate key."""
+    import pyarrow.compute as pc     # (here: thresher schema and plan need not load it)
     field = f"{FIELD}.path"
     path, fmt = public_keys["path"], public_keys["format"]
     if not os.path.isfile(path):

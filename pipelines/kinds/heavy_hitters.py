@@ -24,7 +24,6 @@ point, which is the fewest levels -- [null], paper 003 Sec. 4.1's remark); an ex
 ``prefix_lengths`` is used as given.
 """
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from thresher.pipelines import limits
 from thresher.pipelines.errors import SpecError

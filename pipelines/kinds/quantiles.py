@@ -45,7 +45,6 @@ import math
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from thresher.pipelines.errors import CalibrationError, InputError, SpecError
 from thresher.pipelines.kinds import _levels
@@ -375,6 +374,7 @@ def _key_selection(out, mech, max_keys_per_user):
 
 
 def _numeric(table, column):
+    import pyarrow.compute as pc     # (here: importing the kind loads no compute module)
     col = table.column(column)
     if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
         try:

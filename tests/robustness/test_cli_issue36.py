@@ -156,7 +156,7 @@ def test_an_internal_error_of_a_report_does_not_say_nothing_was_published(
         raise RuntimeError("injected")
     for module, name in ((html_report, "write"), (look, "report_lines"), (look, "show")):
         monkeypatch.setattr(module, name, broken)
-    monkeypatch.setattr(look, "html_destination", lambda output, dest: dest)
+    monkeypatch.setattr(look, "html_destination", lambda output, dest, overwrite=False: dest)
     out = tmp_path / "out"
     out.mkdir()
     code = cli.main([a.format(out=out, page=tmp_path / "page.html") for a in argv])

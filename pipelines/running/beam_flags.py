@@ -103,6 +103,8 @@ def check_runner(beam_args):
     name = PipelineOptions(list(beam_args)).view_as(StandardOptions).runner
     if not name or not isinstance(name, str):
         return
+    from thresher.pipelines.release import refuse_dask
+    refuse_dask(name)          # a runner thresher refuses by name says why (docs/running.md)
     try:
         create_runner(name)
     except (ValueError, ImportError, AttributeError, TypeError) as exc:

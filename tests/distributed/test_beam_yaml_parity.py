@@ -167,7 +167,7 @@ def test_public_keys_match_thresher_run(tmp_path):
 
 @pytest.mark.parametrize("keys", [[], ["word"]])
 def test_quantiles_match_thresher_run(tmp_path, keys):
-    """(d) quantiles: the rows carry the value column named by mechanism.column."""
+    """(d) quantiles: the rows carry the value column named by mechanism.column and each value's resolution (issue 36 D9)."""
     records = _records()
     if keys:     # few keys with many users, so that select_keys releases some
         for r in records:
@@ -176,7 +176,7 @@ def test_quantiles_match_thresher_run(tmp_path, keys):
                  "domain": [0, 128], "levels": 2, "branching": 8}
     rows, _ = _same_release(tmp_path, records, _config(keys=keys, mechanism=mechanism,
                                                        bounding={"max_keys_per_user": 1}))
-    assert set(rows[0]) == set(keys) | {"rank", "value"}
+    assert set(rows[0]) == set(keys) | {"rank", "value", "resolution"}
     assert any(r["value"] is not None for r in rows)
 
 

@@ -381,7 +381,7 @@ class _Release(beam.PTransform):
         from thresher.pipelines.running.beam_flags import refuse_graph_saving
         refuse_graph_saving(rows.pipeline.options, "by ThresherRelease")
         from apache_beam.options.pipeline_options import StandardOptions
-        from thresher.pipelines.release import refuse_dask
+        from thresher.pipelines.running.beam_flags import refuse_dask
         refuse_dask(rows.pipeline.runner)
         refuse_dask(rows.pipeline.options.view_as(StandardOptions).runner)
         _refuse_windowing(rows)

@@ -24,6 +24,7 @@ from thresher.pipelines.ledgers import ledger
 from thresher.pipelines.running import progress, signals
 from thresher.pipelines.dataio.claim import claim
 from thresher.pipelines.errors import InputError, ThresherError
+from thresher.pipelines.running.beam_flags import refuse_dask
 from thresher.pipelines.specs.spec import input_files, kind_module
 from thresher.transforms import keyed_random, secret_commitment
 from thresher.transforms.aggregate import SumCountsPerKey
@@ -45,19 +46,6 @@ def pipeline_options(beam_args):
     runner = options.view_as(StandardOptions).runner
     refuse_dask(runner)
     return options, runner
-
-
-def refuse_dask(runner):
-    """Beam's DaskRunner publishes wrong releases, and it recomputes side inputs per
-    partition: the release secret (drawn inside the pipeline and pinned by a Reshuffle,
-    transforms.keyed_random.PipelineSecret) could take a different value in each consumer.
-    ``runner``: a runner name or a runner object."""
-    name = runner if isinstance(runner, str) else type(runner).__name__ if runner else ""
-    if name.rsplit(".", 1)[-1].lower() in ("daskrunner", "dask"):
-        raise InputError("--runner=DaskRunner is not supported: Beam's Dask runner drops "
-                         "outputs of finish_bundle, mixes tagged outputs, ignores "
-                         "Reshuffle and recomputes side inputs (the release secret among "
-                         "them), so it publishes wrong releases (docs/running.md)")
 
 
 def _make_runner(runner_name):

@@ -36,7 +36,7 @@ from thresher.pipelines.dataio import formats
 # The schema checks live in input_schema (thresher validate imports them without Beam);
 # io.check_input, io.read_schema and the helpers below are still reachable from here.
 from thresher.pipelines.dataio.input_schema import (  # noqa: F401
-    _first_line, _is_local, _is_text, _open, check_input, read_schema)
+    _first_line, _is_local, _is_text, _open, check_input, column_fields, read_schema)
 
 from thresher.pipelines.running import progress
 from thresher.pipelines.errors import InputError, SpecError, ThresherError

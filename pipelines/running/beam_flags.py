@@ -5,7 +5,7 @@ and a Beam flag put before ``--`` gets a hint.
 import difflib
 import logging
 
-from thresher.pipelines.errors import SpecError
+from thresher.pipelines.errors import InputError, SpecError
 
 _BEAM_OPTIONS_LOGGER = "apache_beam.options.pipeline_options"
 
@@ -93,6 +93,19 @@ GRAPH_SAVING = {
 }
 
 
+def refuse_dask(runner):
+    """Beam's DaskRunner publishes wrong releases, and it recomputes side inputs per
+    partition: the release secret (drawn inside the pipeline and pinned by a Reshuffle,
+    transforms.keyed_random.PipelineSecret) could take a different value in each consumer.
+    ``runner``: a runner name or a runner object."""
+    name = runner if isinstance(runner, str) else type(runner).__name__ if runner else ""
+    if name.rsplit(".", 1)[-1].lower() in ("daskrunner", "dask"):
+        raise InputError("--runner=DaskRunner is not supported: Beam's Dask runner drops "
+                         "outputs of finish_bundle, mixes tagged outputs, ignores "
+                         "Reshuffle and recomputes side inputs (the release secret among "
+                         "them), so it publishes wrong releases (docs/running.md)")
+
+
 def check_runner(beam_args):
     """SpecError naming ``--runner`` when Beam has no runner by that name (issue 36 D3: an
     internal error, exit 1, before): the runner is made the way ``beam.Pipeline`` makes it
@@ -103,7 +116,6 @@ def check_runner(beam_args):
     name = PipelineOptions(list(beam_args)).view_as(StandardOptions).runner
     if not name or not isinstance(name, str):
         return
-    from thresher.pipelines.release import refuse_dask
     refuse_dask(name)          # a runner thresher refuses by name says why (docs/running.md)
     try:
         create_runner(name)

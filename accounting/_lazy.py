@@ -1,4 +1,4 @@
-"""``scipy.special`` imported on first use, not when an accounting module is imported.
+"""``scipy.special`` (and ``scipy.stats``, ``scipy.sparse``) imported on first use, not when an accounting module is imported.
 
 Importing ``scipy.special`` costs 0.15-0.5 s here (SciPy 1.17 clones the numpy namespace
 for its array-API layer, which loads ``numpy.f2py`` and ``numpy.testing``), more than the
@@ -25,3 +25,8 @@ class LazyModule:
 
 
 special = LazyModule("scipy.special")
+# scipy.stats costs 0.7-1.4 s to import here and scipy.sparse 0.2-0.4 s: planning a
+# weighted_sampling release needs them (accounting.pws, accounting.known_domain), listing
+# the kinds' fields (thresher schema, validate) does not.
+stats = LazyModule("scipy.stats")
+sparse = LazyModule("scipy.sparse")

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 
 import numpy as np
-from scipy import special
+from thresher.accounting._lazy import special
 
 from thresher.accounting import exact_scores, search, selection
 

@@ -49,7 +49,7 @@ import math
 from fractions import Fraction
 
 import numpy as np
-from scipy import stats
+from thresher.accounting._lazy import stats
 
 from thresher.accounting import contribution_bound, discrete_gaussian, search, selection
 

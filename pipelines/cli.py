@@ -8,7 +8,7 @@
     thresher ledger release LEDGER ID [--force]
     thresher show OUTPUT [--format table|csv|json] [--top N]
     thresher schema
-    thresher report OUTPUT [--html [FILE]]
+    thresher report OUTPUT [--html [FILE] [--overwrite]]
     thresher engines fetch flink|spark|prism [...] [--flink-version X.Y]
 
 Usage and spec errors print one line naming the field and exit with code 2; no
@@ -52,6 +52,7 @@ def _parser():
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks and Beam's logs")
+    from thresher.pipelines.reports.look import FORMATS, positive_rows
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser(
         "run", parents=[common], help="run a release; Beam options go after --",
@@ -78,12 +79,11 @@ def _parser():
     plan.add_argument("--json", action="store_true", help="print the plan as the report's JSON")
     plan.add_argument("-v", "--verbose", action="store_true",
                       help="every parameter (each candidate bound's), the accounting in full")
-    plan.add_argument("--users", type=int, default=2000,
+    plan.add_argument("--users", type=positive_rows, default=2000, metavar="N",
                       help="users per key for the aggregates' expected errors (default 2000)")
     validate = sub.add_parser("validate", parents=[common],
                               help="check a spec (and that its input has the columns)")
     validate.add_argument("config")
-    from thresher.pipelines.reports.look import FORMATS, positive_rows
     show = sub.add_parser("show", parents=[common],
                           help="the released rows of a published release (a table of the top "
                                "keys, or CSV / JSON lines)")
@@ -101,6 +101,9 @@ def _parser():
     report.add_argument("--html", nargs="?", const="", default=None, metavar="FILE",
                         help="write a self-contained HTML page with plots (default "
                              "OUTPUT/release_report.html); needs the report extra (matplotlib)")
+    report.add_argument("--overwrite", action="store_true",
+                        help="with --html: replace FILE even if it is not an earlier report "
+                             "page (an earlier page is replaced without it)")
     sub.add_parser("schema", parents=[common],
                    help="print the spec's JSON Schema (for editors and linters)")
     engines = sub.add_parser("engines", help="the Flink/Spark job servers and Prism, fetched once")
@@ -197,8 +200,26 @@ def _user_error_in_text(text):
 
 
 def main(argv=None):
+    # The Ctrl-C handler comes first: an interrupt at any point of the command, start-up
+    # included (parsing, calibrating, importing Beam), ends it with one line and exit 130
+    # (issue 36 D14: a raw KeyboardInterrupt traceback before).
+    interrupted = []
+    restore_sigint = _watch_sigint(interrupted)
+    outcome = [None]       # what the command would have written, for the closing line
+    try:
+        return _main(argv, interrupted, outcome)
+    except KeyboardInterrupt:
+        return _interrupted(interrupted, outcome[0])
+    finally:
+        if restore_sigint is not None:
+            signal.signal(signal.SIGINT, restore_sigint)
+
+
+def _main(argv, interrupted, outcome):
     argv = list(sys.argv[1:] if argv is None else argv)
     own, beam_args = _split_beam_args(argv)
+    from thresher.pipelines.running import process
+    process.memoize_translation_lookups()      # argparse's gettext look-ups, once each
     parser = _parser()
     args, extra = parser.parse_known_args(own)
     if extra:
@@ -213,12 +234,10 @@ def main(argv=None):
     if beam_args and args.command != "run":
         print("thresher: error: Beam options after -- are only for 'thresher run'", file=sys.stderr)
         return EXIT_USAGE
+    outcome[0] = _unwritten(args)
     _configure_logging(args.debug, getattr(args, "quiet", False))
-    from thresher.pipelines.running import process
     process.prepare(args.command)
     restore = signals.install(_stop_children) if args.command == "run" else (lambda: None)
-    interrupted = []
-    restore_sigint = _watch_sigint(interrupted)
     import threading
     saved_excepthook = threading.excepthook
     if not args.debug:
@@ -230,7 +249,7 @@ def main(argv=None):
             return _dispatch(args, beam_args)
     except ThresherError as exc:
         if interrupted:
-            return _interrupted(interrupted)
+            return _interrupted(interrupted, outcome[0])
         if args.debug:
             raise
         print(f"thresher: error: {exc}", file=sys.stderr)
@@ -242,7 +261,7 @@ def main(argv=None):
         _discard_stdout()
         return 0
     except KeyboardInterrupt:
-        return _interrupted(interrupted)
+        return _interrupted(interrupted, outcome[0])
     except signals.Terminated:
         return _terminated()
     except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
@@ -252,7 +271,7 @@ def main(argv=None):
         if interrupted or _caused_by_interrupt(exc):
             # Ctrl-C reaches Beam's workers too; the runner then reports their failure
             # (a RuntimeError mentioning KeyboardInterrupt, a dead worker): still Ctrl-C.
-            return _interrupted(interrupted)
+            return _interrupted(interrupted, outcome[0])
         if args.debug:
             raise
         message = _user_error_in(exc) or _user_error_in_text(str(exc))
@@ -261,15 +280,23 @@ def main(argv=None):
             return EXIT_USAGE
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         print(f"thresher: internal error ({type(exc).__name__}): {first[:500]}\n"
-              f"thresher: nothing was published; rerun with --debug for the traceback",
-              file=sys.stderr)
+              f"thresher: {outcome[0] + '; ' if outcome[0] else ''}rerun with --debug for "
+              f"the traceback", file=sys.stderr)
         return EXIT_INTERNAL
     finally:
         process.finish()                # the calibration cache is on for this command only
         restore()
         threading.excepthook = saved_excepthook
-        if restore_sigint is not None:
-            signal.signal(signal.SIGINT, restore_sigint)
+
+
+def _unwritten(args):
+    """What a failed or interrupted command left unwritten, for its closing line: a run
+    publishes nothing, ``report --html`` writes no page; the others write no file."""
+    if args.command == "run":
+        return "nothing was published"
+    if args.command == "report" and getattr(args, "html", None) is not None:
+        return "no page was written"
+    return None
 
 
 def _log_thread_exception(hook_args):
@@ -287,13 +314,13 @@ def _terminated():
     return EXIT_TERMINATED
 
 
-def _interrupted(signalled=()):
+def _interrupted(signalled=(), unwritten="nothing was published"):
     """Report an interrupt. After a real SIGINT the process ends here: the release has
     already been discarded (release.run cleans up on any exception), and Beam's threads
     that watch the stopped workers would otherwise keep the interpreter alive or print
     their failures while it shuts down."""
     _stop_children()
-    print("thresher: interrupted; nothing was published", file=sys.stderr)
+    print(f"thresher: interrupted{'; ' + unwritten if unwritten else ''}", file=sys.stderr)
     if signalled:
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -400,6 +427,7 @@ def _watch_sigint(interrupted):
 
     def on_sigint(signum, frame):
         interrupted.append(signum)
+        signals.note_interrupt()      # a swallowed KeyboardInterrupt still stops the release
         # Stop the worker processes first: Beam's clean-up, which the KeyboardInterrupt
         # runs through, joins them, and a worker that got no signal never exits.
         _stop_children()
@@ -483,10 +511,10 @@ def _spec_command(args, beam_args):
     progress.phase(f"reading the spec {args.config}")
     spec = spec_mod.load(args.config)
     if args.command == "validate":
-        from thresher.pipelines.dataio import io
+        from thresher.pipelines.dataio import input_schema
         from thresher.pipelines.preflight import check_output_writable
         files = spec_mod.input_files(spec.input)
-        io.check_input(spec.input, files)
+        input_schema.check_input(spec.input, files)
         check_output_writable(spec.output.path)
         plan = make_plan(spec)
         ledger_text = _ledger_preview(plan, refuse=True)
@@ -500,7 +528,7 @@ def _spec_command(args, beam_args):
     progress.phase("planning: calibrating the mechanism to the budget")
     plan = make_plan(spec)
     if args.command == "plan":
-        _print_plan(plan, args.json, args.verbose, max(1, args.users))
+        _print_plan(plan, args.json, args.verbose, args.users)
         if not args.json:
             ledger_text = _ledger_preview(plan, refuse=False)
             if ledger_text:
@@ -509,13 +537,15 @@ def _spec_command(args, beam_args):
         return 0
     from thresher.pipelines.running import beam_flags
     from thresher.pipelines.preflight import check_output_writable
-    from thresher.pipelines.release import run
     progress.phase("checking the output folder and the Beam options")
     check_output_writable(spec.output.path)
     beam_flags.check(beam_args)
     from thresher.pipelines.running import engines
     beam_args = engines.complete_beam_args(beam_args)   # the cached job server / Prism
     progress.phase("checking the input files and building the Beam pipeline")
+    from thresher.pipelines.running import process
+    process.prepare_pipeline()
+    from thresher.pipelines.release import run
     report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
     if not args.quiet:
         from thresher.pipelines.reports import summary
@@ -569,7 +599,7 @@ def _look_command(args):
             print("\n".join(look.report_lines(args.output)))
         return 0
     from thresher.pipelines.reports import html_report
-    dest = look.html_destination(args.output, args.html)
+    dest = look.html_destination(args.output, args.html, overwrite=args.overwrite)
     html_report.write(args.output, dest)
     with look.to_stdout():
         print(f"wrote {dest}")

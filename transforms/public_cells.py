@@ -165,7 +165,8 @@ def answer(released, keys, key_list, ranks, *, lo, hi, branching, levels, floor)
         for i, kt in enumerate(kts):
             by_key.setdefault(kt, []).append(i)
     out = {k: [] for k in keys}
-    out["rank"], out["value"] = [], []
+    out["rank"], out["value"], out["resolution"] = [], [], []
+    leaf_width = (hi - lo) / branching ** levels   # every cell is released: the leaves inform
     for kt in key_list:
         kt = tuple(kt)
         hist = [np.zeros(branching ** l) for l in range(1, levels + 1)]
@@ -180,6 +181,7 @@ def answer(released, keys, key_list, ranks, *, lo, hi, branching, levels, floor)
                 out[k].append(x)
             out["rank"].append(float(phi))
             out["value"].append(v)
+            out["resolution"].append(None if v is None else leaf_width)
     return out
 
 

@@ -33,6 +33,10 @@ from thresher.transforms.user_shards import KEY_HASH_COLUMN
 
 RANK_COLUMN = "rank"
 VALUE_COLUMN = "value"
+# The resolution each released value actually has (issue 36 D9): the width of the bucket
+# that locates it (hierarchical), the half-width of its final search interval (binary
+# search); null with the value.
+RESOLUTION_COLUMN = "resolution"
 SIDE_COLUMN = "__side"
 RANK_INDEX_COLUMN = "__rank_index"
 
@@ -57,7 +61,7 @@ def hierarchy_quantiles(released, keys, key_list, ranks, *, lo, hi, branching, l
         for i, kt in enumerate(_key_tuples(released, keys)):
             by_key.setdefault(kt, []).append(i)
     out = {k: [] for k in keys}
-    out[RANK_COLUMN], out[VALUE_COLUMN] = [], []
+    out[RANK_COLUMN], out[VALUE_COLUMN], out[RESOLUTION_COLUMN] = [], [], []
     for kt in key_list:
         answers = None
         if kt in by_key:      # a key with nothing released needs no hierarchy (null values)
@@ -70,6 +74,8 @@ def hierarchy_quantiles(released, keys, key_list, ranks, *, lo, hi, branching, l
                 out[k].append(v)
             out[RANK_COLUMN].append(float(phi))
             out[VALUE_COLUMN].append(answers.quantile(phi) if answers is not None else None)
+            out[RESOLUTION_COLUMN].append(answers.resolution(phi) if answers is not None
+                                          else None)
     return out
 
 
@@ -147,32 +153,42 @@ def search_update(released, keys, key_list, ranks, state):
 
 
 def search_answers(state, keys, key_list, ranks):
-    """Table columns (keys..., rank, value): the final interval's midpoint, null for a
-    search no round released anything for."""
+    """Table columns (keys..., rank, value, resolution): the final interval's midpoint and
+    its half-width (the resolution the search reached: rounds that released nothing did
+    not halve it), null for a search no round released anything for."""
     out = {k: [] for k in keys}
-    out[RANK_COLUMN], out[VALUE_COLUMN] = [], []
+    out[RANK_COLUMN], out[VALUE_COLUMN], out[RESOLUTION_COLUMN] = [], [], []
     for kt in key_list:
-        values = [0.5 * (left + right) if informed else None
-                  for left, right, informed in (state[(kt, j)] for j in range(len(ranks)))]
+        finals = [state[(kt, j)] for j in range(len(ranks))]
+        values = [0.5 * (left + right) if informed else None for left, right, informed in finals]
+        halves = [0.5 * (right - left) if informed else None for left, right, informed in finals]
         for j, phi in enumerate(ranks):
             for k, v in zip(keys, kt):
                 out[k].append(v)
             out[RANK_COLUMN].append(float(phi))
-        out[VALUE_COLUMN].extend(monotone_in_rank(ranks, values))
+        values, halves = monotone_in_rank(ranks, values, halves)
+        out[VALUE_COLUMN].extend(values)
+        out[RESOLUTION_COLUMN].extend(halves)
     return out
 
 
-def monotone_in_rank(ranks, values):
+def monotone_in_rank(ranks, values, carried=None):
     """Post-processing: the answered values (None stays None) rearranged to be
     non-decreasing in rank (the sorted values assigned to the ranks in increasing order;
     rearranging never increases the L_p distance to the true quantile function, which is
-    monotone: Chernozhukov, Fernandez-Val, Galichon, Biometrika 2010, Prop. 1)."""
+    monotone: Chernozhukov, Fernandez-Val, Galichon, Biometrika 2010, Prop. 1). With
+    ``carried`` (one item per value, e.g. its resolution), returns (values, carried), each
+    item moved with its value."""
     answered = [j for j, v in enumerate(values) if v is not None]
     order = sorted(answered, key=lambda j: ranks[j])
+    by_value = sorted(answered, key=lambda j: values[j])     # stable: ties keep rank order
     out = list(values)
-    for j, v in zip(order, sorted(values[j] for j in answered)):
-        out[j] = v
-    return out
+    moved = None if carried is None else list(carried)
+    for j, source in zip(order, by_value):
+        out[j] = values[source]
+        if moved is not None:
+            moved[j] = carried[source]
+    return out if carried is None else (out, moved)
 
 
 def _search_cells_with_hash(table, keys, value_column, key_list, num_ranks, state):

@@ -209,11 +209,32 @@ class RangeAnswers:
 
     def quantile(self, phi):
         """The first leaf boundary t whose estimated rank reaches phi * total()."""
+        return self.leaf_edge(self._answer_leaf_edge(phi))
+
+    def _answer_leaf_edge(self, phi):
         if not 0 <= phi <= 1:
             raise ValueError(f"phi must be in [0, 1], got {phi}")
         target = phi * self.total()
-        r = int(np.argmax(self._ranks >= target)) if (self._ranks >= target).any() else self.leaves
-        return self.leaf_edge(r)
+        return int(np.argmax(self._ranks >= target)) if (self._ranks >= target).any() else self.leaves
+
+    def resolution(self, phi):
+        """The width of the bucket that locates :meth:`quantile` (phi) -- the resolution the
+        released value actually has (issue 36 D9). The answer's rank is reached inside leaf
+        r - 1; at each level l the released estimates of that leaf's level-l sibling group
+        place it within its level-(l - 1) bucket. The first level whose sibling group was
+        released with no count at all (every bucket suppressed) places nothing, so the
+        value is only known to the width of the bucket one level up: (hi - lo) / b**d for
+        the deepest informing level d (the leaf width when every level informs it). 0 levels
+        (nothing released) gives the whole domain's width."""
+        b, depth = self.branching, self.levels
+        leaf = max(self._answer_leaf_edge(phi) - 1, 0)
+        for level in range(1, self.levels + 1):
+            ancestor = leaf // b ** (self.levels - level)
+            group = self._estimates[level - 1].reshape(-1, b)[ancestor // b]
+            if not np.any(group != 0):
+                depth = level - 1
+                break
+        return (self.hi - self.lo) / b ** depth
 
 
 def bernstein_deviation(total, sampling_rate, failure):

@@ -37,10 +37,9 @@ import functools
 import math
 
 import numpy as np
-import scipy.sparse
-import scipy.stats
 
 from thresher.accounting import search
+from thresher.accounting._lazy import sparse, stats
 from thresher.accounting.pws import estimators as pws_estimators
 
 SAMPLING_SCHEMES = ("none", "ppswor", "priority")
@@ -352,7 +351,7 @@ def _band_to_csr(band):
     indices = np.zeros(nnz, dtype=np.int64)
     indices[is_token] = (np.arange(len(band.values), dtype=np.int64)
                          - np.repeat(band.indptr[:-1] - band.lo, lengths))
-    return scipy.sparse.csr_array((data, indices, indptr), shape=(m + 1, m + 1))
+    return sparse.csr_array((data, indices, indptr), shape=(m + 1, m + 1))
 
 
 def frequency_table(epsilon, delta, max_frequency, *, sampling="none", sampling_threshold=None,
@@ -375,7 +374,7 @@ def frequency_table(epsilon, delta, max_frequency, *, sampling="none", sampling_
 
 def _token_part(table):
     """CSR of the token columns 1..M (rows 0..M) of a frequency table (sparse or dense)."""
-    t = scipy.sparse.csr_array(table)
+    t = sparse.csr_array(table)
     return t[:, 1:].tocsr()
 
 
@@ -399,7 +398,7 @@ def mle_estimates(frequency_table, keep_probabilities=None, *, statistic=None):
     Returns a_0 .. a_M. Banded tables (every table this module builds) are read along
     their diagonals (``accounting.pws.estimators``); others column by column.
     """
-    table = scipy.sparse.csr_array(frequency_table)
+    table = sparse.csr_array(frequency_table)
     g = _statistic_values(statistic, table.shape[0])
     band = pws_estimators.from_csr(table)
     # the token columns' copy is made only where it is read (no keep given, or no band)
@@ -441,7 +440,7 @@ def biased_down_estimates(frequency_table, keep_probabilities=None, *, statistic
     Banded tables are read along their diagonals (``accounting.pws.estimators``).
     """
     del keep_probabilities  # the suffix sums of the rows carry pi_i
-    table = scipy.sparse.csr_array(frequency_table)
+    table = sparse.csr_array(frequency_table)
     g = _statistic_values(statistic, table.shape[0])
     band = pws_estimators.from_csr(table)
     if band is not None:
@@ -461,7 +460,7 @@ def _biased_down_by_columns(tokens, g):
         suffix_data[s:e] = np.cumsum(tokens.data[s:e][::-1])[::-1]
     csc_prob = tokens.tocsc()
     csc_prob.sort_indices()
-    csc_suffix = scipy.sparse.csr_array((suffix_data, tokens.indices, tokens.indptr),
+    csc_suffix = sparse.csr_array((suffix_data, tokens.indices, tokens.indptr),
                                         shape=tokens.shape).tocsc()
     csc_suffix.sort_indices()
     numer = g.copy()  # g(i) - sum_{h<j} a_h pi_{i,h}, per row i
@@ -566,7 +565,7 @@ def composed_delta(key_epsilon, key_delta, max_keys_per_user, epsilon):
     # arguments, l = 0..C, 0 < p <= 1/2) without its per-call argument handling, which
     # costs 4x the pmf itself; the searches of per_key_budget make ~35 calls per grid
     # point (tests/accounting/test_pws_keep_table.py checks the two are equal)
-    weights = scipy.stats.binom._pmf(l, c, p_flip)
+    weights = stats.binom._pmf(l, c, p_flip)
     loss = (c - 2 * l) * key_epsilon
     with np.errstate(over="ignore"):   # expm1 -> inf where the term is clipped to 0 anyway
         rr = float(np.sum(weights * np.maximum(0.0, -np.expm1(epsilon - loss))))
@@ -721,7 +720,7 @@ def realized_delta(epsilon, keep_probabilities, frequency_table=None, *, samplin
         if q is not None and beyond_table == "clip":
             worst = max(worst, _beyond_clip_bound(2))
         return worst
-    t = scipy.sparse.csr_array(frequency_table)
+    t = sparse.csr_array(frequency_table)
     t.sort_indices()
     m = t.shape[0] - 1
     layout = _band_layout(t)

@@ -44,7 +44,7 @@ import dataclasses
 import math
 
 import numpy as np
-from scipy import special
+from thresher.accounting._lazy import special
 
 # Relative error allowed for the composite Phi(Phi^-1(x) + mu) of scipy's ndtr/ndtri in
 # (1) and for the float sum with delta0; tests/accounting/test_pws_pld.py checks scipy

@@ -38,7 +38,7 @@ import dataclasses
 import math
 
 import numpy as np
-from scipy import special
+from thresher.accounting._lazy import special
 
 from thresher.accounting.search import smallest_integer, smallest_real
 

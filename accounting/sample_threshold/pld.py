@@ -68,7 +68,7 @@ import functools
 import math
 
 import numpy as np
-from scipy import special
+from thresher.accounting._lazy import special
 
 from thresher.accounting.sample_threshold.core import delta as one_key_delta
 

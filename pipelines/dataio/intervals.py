@@ -43,6 +43,9 @@ NO_INTERVAL = {
                  "behind them are post-processed: consistency, isotonic, interpolation)",
 }
 
+# The released value column of the kinds whose value is not ``count``.
+VALUE_COLUMN = {"quantiles": "value", "weighted_sampling": "estimate"}
+
 
 def kind_publishes(spec):
     """Whether a release of this spec publishes intervals (for its ``count``, or for
@@ -77,9 +80,10 @@ def report_section(spec):
         for a in spec.aggregates:
             columns[a.output] = _aggregate_text(a)
     else:
-        without["count"] = NO_INTERVAL.get(spec.kind, "no interval derived")
-        if spec.input.sample is not None:
-            without["count"] = NO_INTERVAL["weighted_sampling"]
+        kind = "weighted_sampling" if spec.input.sample is not None else spec.kind
+        # named by the kind's released value column (issue 36: said "count" for the
+        # quantiles' value and weighted_sampling's estimate, columns those kinds lack)
+        without[VALUE_COLUMN.get(kind, "count")] = NO_INTERVAL.get(kind, "no interval derived")
     if spec.mechanism.get("debias"):
         without["debiased"] = "no interval derived for the Poisson-debiased estimate"
     section["columns"] = columns

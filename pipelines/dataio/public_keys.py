@@ -13,7 +13,6 @@ Arrow table with the same key types as the released rows. Errors name the field 
 import os
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from thresher.pipelines import limits
 from thresher.pipelines.specs import declare
@@ -139,6 +138,7 @@ def load_domain(public_keys, key_columns, key_types=None, data_types=None):
     SpecError (field input.public_keys.path) for: a missing or unreadable file, a missing
     key column, a key that cannot be cast, a null or NaN key, an empty domain, a duplicate
     key (-0.0 and 0.0 are one key, as the reader reads them)."""
+    import pyarrow.compute as pc     # (here: thresher schema and plan need not load it)
     field = f"{FIELD}.path"
     path, fmt = public_keys["path"], public_keys["format"]
     if not os.path.isfile(path):
@@ -260,7 +260,7 @@ def input_key_types(input_spec):
     them (text inputs: string; Parquet: the column type, dictionaries decoded, large
     strings as strings); None when the input files cannot be listed yet (``thresher plan``
     on a spec whose data is elsewhere: the domain then keeps its own types)."""
-    from thresher.pipelines.dataio import io
+    from thresher.pipelines.dataio import input_schema as io   # no Beam (plan, validate)
     try:
         files = input_files(input_spec)
     except SpecError:
@@ -284,7 +284,7 @@ def input_file_key_types(input_spec):
     Parquet or JSONL schema of the first file (JSON numbers are numbers there, although the
     reader then takes their text), text for CSV; None when the files cannot be listed or
     read yet (``thresher plan`` on a spec whose data is elsewhere)."""
-    from thresher.pipelines.dataio import io
+    from thresher.pipelines.dataio import input_schema as io   # no Beam (plan, validate)
     if input_spec.format == "csv":
         return {k: pa.string() for k in input_spec.keys}
     try:

@@ -22,11 +22,16 @@ import os
 import posixpath
 import uuid
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from thresher.pipelines.dataio import io
+from thresher.accounting._lazy import LazyModule
 from thresher.pipelines.errors import SpecError, ThresherError
+
+# pipelines.dataio.io on first use: its reading DoFns import Beam, which report_text
+# (thresher plan --json) does not need.
+io = LazyModule("thresher.pipelines.dataio.io")
 
 
 def is_remote(path):
@@ -159,11 +164,19 @@ def report_text(document):
     write and other parsers refuse; issue 30 D5). A non-finite number is a ThresherError
     naming where it is, before anything is written."""
     try:
-        return json.dumps(document, indent=2, default=io._json_default, allow_nan=False) + "\n"
+        return json.dumps(document, indent=2, default=_json_default, allow_nan=False) + "\n"
     except ValueError:
         where = _non_finite(document, "")
         raise ThresherError(f"the release report's field {where or '?'} is not a finite "
                             f"number; nothing was published") from None
+
+
+def _json_default(value):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
 def _non_finite(value, where):
@@ -171,7 +184,7 @@ def _non_finite(value, where):
     import math
     if isinstance(value, float):
         return None if math.isfinite(value) else (where or "(the document)")
-    if hasattr(value, "dtype"):          # numpy scalars (io._json_default turns them to floats)
+    if hasattr(value, "dtype"):          # numpy scalars (_json_default turns them to floats)
         return _non_finite(float(value), where) if value.dtype.kind == "f" else None
     items = (value.items() if isinstance(value, dict)
              else enumerate(value) if isinstance(value, (list, tuple)) else ())

@@ -22,7 +22,6 @@ from thresher.pipelines.specs.fields import optional_float
 from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
                                      public_domain_calibration)
 from thresher.pipelines.dataio.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
-from thresher.transforms.noisy_threshold import NoisyThreshold
 
 NOISES = ("discrete_gaussian", "correlated", "auto")
 
@@ -177,4 +176,5 @@ def _int_if_whole(x):
 
 
 def release(counts, params, key_columns):
+    from thresher.transforms.noisy_threshold import NoisyThreshold
     return counts | "NoisyThreshold" >> NoisyThreshold(params)

@@ -25,17 +25,13 @@ point, which is the fewest levels -- [null], paper 003 Sec. 4.1's remark); an ex
 """
 import math
 
-import apache_beam as beam
-
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from thresher.pipelines import limits
-from thresher.pipelines.errors import InputError, SpecError
+from thresher.pipelines.errors import SpecError
 from thresher.pipelines.kinds import _levels
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
-from thresher.transforms.heavy_hitters import LEVEL_COLUMN, TrieHeavyHitters, heavy_hitters
 
 DEFAULT_TOP_K = 20
 METHODS = ("adaptive", "trie")
@@ -401,51 +397,6 @@ def check_key_types(key_types):
                             f"store it as text")
 
 
-def _string_keys(table, key):
-    column = table.column(key)
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-        raise InputError(f"input.keys[0]: heavy_hitters needs a string key column; {key!r} "
-                         f"is {column.type}")
-    return table
-
-
-def _top_k(tables, key, top_k, last_level):
-    """The whole-key level (``last_level``) only: prefixes released at earlier levels
-    are never keys, even when the last level released nothing."""
-    tables = [t for t in tables if t.num_rows]
-    if not tables:
-        return
-    top = heavy_hitters(pa.concat_tables(tables), key, top_k, level=last_level)
-    if not top.num_rows:
-        return
-    ranks = pa.array(range(1, top.num_rows + 1), type=pa.int64())
-    yield pa.table({key: top.column(key), "count": top.column("estimate"), "rank": ranks})
-
-
-class HeavyHittersRelease(beam.PTransform):
-    """Table(key, count) of per-key distinct-user counts, or with ``user_column`` the kept
-    (user, key) rows of whole users -> Table(key, count, rank) of the top_k TrieHH++ heavy
-    hitters (paper 003 Sec. 4.1). ``params``: dict or side input with sampling_rate and
-    threshold."""
-
-    def __init__(self, key, prefix_lengths, top_k, params, num_shards=16, rng_factory=None,
-                 label=None, user_column=None):
-        super().__init__(label)
-        self._user = user_column
-        self._key, self._lengths, self._top_k = key, list(prefix_lengths), int(top_k)
-        self._params, self._num_shards, self._rng_factory = params, num_shards, rng_factory
-
-    def expand(self, counts):
-        return (counts
-                | "StringKeys" >> beam.Map(_string_keys, self._key)
-                | "TrieHH" >> TrieHeavyHitters(self._key, self._lengths, self._params,
-                                               num_shards=self._num_shards,
-                                               rng_factory=self._rng_factory,
-                                               user_column=self._user)
-                | "GatherTrie" >> beam.combiners.ToList()
-                | "TopK" >> beam.FlatMap(_top_k, self._key, self._top_k, len(self._lengths) - 1))
-
-
 def stage_budget(budget, mechanism):
     """One plan stage, ``release``, with the whole budget (:func:`stage_names`)."""
     return _levels.spend_levels(budget, stage_names(mechanism))
@@ -465,6 +416,8 @@ def _top_k_counted(tables, key, top_k):
 
 
 def _adaptive_stages(records, plan, num_shards, rng_factory):
+    import apache_beam as beam
+    from thresher.pipelines.kinds._trie_release import _string_keys
     from thresher.pipelines.kinds import adaptive
     from thresher.pipelines.release import whole_user_limit
     from thresher.transforms.user_shards import ShardByUser
@@ -486,6 +439,7 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     """Prepared records -> whole users -> at most C distinct keys per user (the kept
     (user, key) rows) -> per level, distinct users per prefix -> TrieHH++ -> top_k.
     Returns PCollection[Table(key, count, rank)]."""
+    from thresher.pipelines.kinds._trie_release import HeavyHittersRelease
     from thresher.pipelines.release import whole_user_limit
     from thresher.transforms.per_user_bound import PerUserBound
     from thresher.transforms.user_shards import USER_COLUMN, ShardByUser

@@ -15,7 +15,6 @@ from thresher.pipelines.specs.fields import optional_float
 from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
                                      public_domain_calibration)
 from thresher.pipelines.dataio.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
-from thresher.transforms.noisy_threshold import NoisyThreshold
 
 FIELDS = {
     "pre_threshold": pre_threshold_field("keys with fewer users (l0) or records (l1) are "
@@ -89,4 +88,5 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
 
 
 def release(counts, params, key_columns):
+    from thresher.transforms.noisy_threshold import NoisyThreshold
     return counts | "NoisyThreshold" >> NoisyThreshold(params)

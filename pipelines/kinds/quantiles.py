@@ -21,8 +21,13 @@ Methods (``method``, default ``hierarchical``):
   takes part in every rank's search, so a user has at most C * len(ranks) contributions
   per round. One stage per round.
 
-Output: the key columns (if any), ``rank`` (the requested phi, float64) and ``value``
-(float64; null when nothing about that key was released -- every cell suppressed).
+Output: the key columns (if any), ``rank`` (the requested phi, float64), ``value``
+(float64; null when nothing about that key was released -- every cell suppressed) and
+``resolution`` (float64, null with the value): the resolution the value actually has
+(issue 36 D9) -- hierarchical, the width of the bucket that locates it, coarser than the
+leaf width when the deeper levels released nothing there; binary search, the half-width
+of its final interval, wider when rounds released nothing; public cells, the leaf width.
+The report's ``resolution`` is the finest the plan allows.
 With keys, the keys are ``input.public_keys`` (every listed key gets one row per rank;
 records with other keys are dropped before bounding), or, without public keys, the keys a
 ``select_keys`` stage releases: sample-and-threshold over the distinct users per key (each
@@ -38,10 +43,8 @@ group privacy over the user's contributions to one level).
 import dataclasses
 import math
 
-import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from thresher.pipelines.errors import CalibrationError, InputError, SpecError
 from thresher.pipelines.kinds import _levels
@@ -90,7 +93,9 @@ FIELDS = {
 REQUIRED = ("column", "ranks", "domain")
 MAX_LEAVES = 2 ** 20
 KEYS_OPTIONAL = True     # no input.keys: one global release
-OUTPUT_COLUMNS = {"rank": pa.float64(), "value": pa.float64()}
+# resolution: the resolution each value actually has (issue 36 D9; the report's
+# ``resolution`` is the finest the plan allows): transforms.quantile_release.RESOLUTION_COLUMN
+OUTPUT_COLUMNS = {"rank": pa.float64(), "value": pa.float64(), "resolution": pa.float64()}
 
 
 def parse(section):
@@ -375,6 +380,7 @@ def _key_selection(out, mech, max_keys_per_user):
 
 
 def _numeric(table, column):
+    import pyarrow.compute as pc     # (here: importing the kind loads no compute module)
     col = table.column(column)
     if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
         try:
@@ -410,7 +416,8 @@ def _key_list(plan):
 def _to_table(columns, keys):
     return pa.table({**{k: columns[k] for k in keys},
                      "rank": pa.array(columns["rank"], pa.float64()),
-                     "value": pa.array(columns["value"], pa.float64())})
+                     "value": pa.array(columns["value"], pa.float64()),
+                     "resolution": pa.array(columns["resolution"], pa.float64())})
 
 
 def _answer_hierarchy(released, keys, key_list, mech):
@@ -452,6 +459,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
     histograms -> Table(keys..., rank, value). Without public keys but with input.keys,
     the keys are those a sample-and-threshold stage (select_keys) releases from the
     distinct users per key, each user bounded to C keys separately for that stage."""
+    import apache_beam as beam
     from thresher.transforms.aggregate import SumCountsPerKey
     from thresher.transforms.per_user_bound import PerUserBound
     from thresher.transforms.quantile_release import BinarySearchQuantiles, KeyedHierarchy
@@ -574,6 +582,7 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
     (transforms.public_cells): one value per (user, key), at most C keys per user; every
     (level, key, bucket) cell of every selected key gets discrete Gaussian noise, no
     threshold; per-key post-processing answers every rank."""
+    import apache_beam as beam
     from thresher.transforms.aggregate import SumCountsPerKey
     from thresher.transforms.key_value_bound import BoundKeyValues
     from thresher.transforms.per_user_bound import PerUserBound

@@ -18,13 +18,13 @@ vs Bin(k - 1, p) unless ``accounting`` asks for one of the paper's bounds (basic
 report's ``comparison`` gives the paper's thresholds at the same sampling rate and the
 paper's own recipe (alpha = 1/6).
 """
+import pyarrow as pa
+
 from thresher.accounting import sample_threshold
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds import _levels
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float, optional_int
-from thresher.transforms.sample_and_threshold import OUTPUT_COLUMNS as _TRANSFORM_COLUMNS
-from thresher.transforms.sample_and_threshold import SampleAndThreshold
 
 # The PLD calibration costs 0.2-0.6 s of CPU up to C = 64 (15-25 evaluations of the
 # composed bound; benchmarks/bench_plan_cache.py): it is the default up to
@@ -47,7 +47,10 @@ FIELDS = {
         "pld or basic: how a user's keys compose (default pld with a fixed "
         "max_keys_per_user of 2 to 64, else basic; pld needs accounting: exact)")),
 }
-OUTPUT_COLUMNS = dict(_TRANSFORM_COLUMNS)
+# transforms.sample_and_threshold.OUTPUT_COLUMNS (not imported here: the transforms import
+# Beam, which plan, validate and schema never need; tests/pipelines/test_command_imports.py
+# checks the two agree)
+OUTPUT_COLUMNS = {"count": pa.int64(), "estimate": pa.float64()}
 
 _ACCOUNTING = {
     "exact": "sample-and-threshold (papers 000/003), exact hockey-stick divergence of "
@@ -199,4 +202,5 @@ def comparison(params):
 
 def release(counts, params, key_columns):
     # Table(keys, count) -> Table(keys, count = sampled count, estimate = count / p)
+    from thresher.transforms.sample_and_threshold import SampleAndThreshold
     return counts | "SampleAndThreshold" >> SampleAndThreshold(params)

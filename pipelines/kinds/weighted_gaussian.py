@@ -18,7 +18,6 @@ from thresher.accounting import weighted_gaussian as wg
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float, optional_int
-from thresher.transforms.weighted_threshold import WeightedPerUserBound, WeightedThreshold
 
 # sigma * S must stay within the planning limit of the exact tails (pipelines.limits).
 SIGMA_MAX = 1e5 / wg.WEIGHT_SCALE
@@ -48,8 +47,16 @@ FIELDS = {
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
 COUNT_STAGE = "count"
-# Bounding with weights: pipelines.release uses it in place of PerUserBound.
-PER_USER_BOUND = WeightedPerUserBound
+
+
+def __getattr__(name):
+    """``PER_USER_BOUND``, the bounding with weights that pipelines.release uses in place of
+    PerUserBound, imported on first use (the transforms import Beam, which plan, validate
+    and schema never need)."""
+    if name == "PER_USER_BOUND":
+        from thresher.transforms.weighted_threshold import WeightedPerUserBound
+        return WeightedPerUserBound
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def parse(section):
@@ -116,4 +123,5 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 
 
 def release(counts, params, key_columns):
+    from thresher.transforms.weighted_threshold import WeightedThreshold
     return counts | "WeightedThreshold" >> WeightedThreshold(params)

@@ -20,14 +20,13 @@ version of an existing non-private weighted sample (a table of key columns and a
 column, drawn with a declared scheme and threshold), without the original data.
 """
 import numpy as np
+import pyarrow as pa
 
 from thresher.accounting import pws
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.specs import declare
 from thresher.pipelines.kinds import _sample_fields
 from thresher.pipelines.kinds._common import calibration
-from thresher.transforms.sanitize_sample import OUTPUT_COLUMNS as _TRANSFORM_COLUMNS
-from thresher.transforms.sanitize_sample import SanitizeSample
 
 FIELDS = {
     "sampling": declare.choice(pws.SAMPLING_SCHEMES, default="none", description=(
@@ -53,7 +52,10 @@ FIELDS = {
             "auto or an integer >= 2 (default auto): size of the probability tables; larger "
             "counts are treated as this one (auto: where every key is reported)")),
 }
-OUTPUT_COLUMNS = dict(_TRANSFORM_COLUMNS)
+# transforms.sanitize_sample.OUTPUT_COLUMNS (not imported here: the transforms import Beam,
+# which plan, validate and schema never need; tests/pipelines/test_command_imports.py
+# checks the two agree)
+OUTPUT_COLUMNS = {"token": pa.int64(), "estimate": pa.float64()}
 
 # input.sample (declared in _sample_fields: the loader reads it without numerics).
 SAMPLE_FIELDS = _sample_fields.SAMPLE_FIELDS
@@ -180,6 +182,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 
 def release(counts, params, key_columns):
     # Table(keys, count) -> Table(keys, token, estimate)
+    from thresher.transforms.sanitize_sample import SanitizeSample
     return counts | "SanitizeSample" >> SanitizeSample(params, key_columns, frequency_column="count")
 
 
@@ -188,5 +191,6 @@ def sanitize_existing_sample(sample, params, key_columns, frequency_column):
     sample (key columns + ``frequency_column``), ``params`` the dict from :func:`calibrate`
     of :func:`mechanism_for_sample` (``presampled`` true; side input or plain dict).
     Returns PCollection[pa.Table] of released rows (keys, token, estimate)."""
+    from thresher.transforms.sanitize_sample import SanitizeSample
     return sample | "SanitizeExistingSample" >> SanitizeSample(
         params, key_columns, frequency_column=frequency_column)

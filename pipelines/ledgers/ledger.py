@@ -289,6 +289,7 @@ def _connect(path, create):
         if not os.path.isfile(path):
             raise SpecError("", f"no ledger at {path!r} ({os.path.abspath(path)})")
         uri = f"{_file_uri(path)}?mode=ro"
+    from thresher.pipelines.running.progress import when_slow
     try:
         if uri:
             conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
@@ -296,7 +297,8 @@ def _connect(path, create):
             conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         conn.execute("PRAGMA foreign_keys = ON")
         if create:
-            _create_tables(conn)
+            with when_slow(LOCK_WAIT.format(ledger=_shown(path))):
+                _create_tables(conn)     # waits while another process writes
     except sqlite3.Error as exc:
         raise SpecError("budget.ledger" if create else "", f"{path!r} "
                         f"({os.path.abspath(path)}) is not a usable ledger: {exc}") from None
@@ -441,13 +443,29 @@ def _write_transaction(conn):
         with conn.write_transaction():
             yield conn
         return
-    conn.execute("BEGIN IMMEDIATE")
+    from thresher.pipelines.running.progress import when_slow
+    with when_slow(LOCK_WAIT.format(ledger=_connected_path(conn))):
+        conn.execute("BEGIN IMMEDIATE")     # waits while another process writes
     try:
         yield conn
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+LOCK_WAIT = ("waiting for the ledger {ledger}: another process (a thresher run or command) is "
+             f"writing to it; this run waits up to {BUSY_TIMEOUT_S:g} s for its lock, then "
+             f"stops with an error naming budget.ledger")
+
+
+def _connected_path(conn):
+    """The file of an SQLite connection (for messages)."""
+    try:
+        return next((row[2] for row in conn.execute("PRAGMA database_list")
+                     if row[1] == "main"), "") or "(in memory)"
+    except sqlite3.Error:
+        return "(its file)"
 
 
 # ---- a dataset's row: its budgets and running sums ---------------------------------------

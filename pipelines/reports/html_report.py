@@ -6,13 +6,15 @@ embedded as PNG data URIs (no scripts, no external files):
 2. the probability that a key held by n users is released, from the calibrated
    parameters alone (``pipelines.summary.release_probability``);
 3. with ``max_keys_per_user: auto``, the candidate bounds and the one chosen;
-4. with ``<column>_low / _high`` interval columns (issue 27), the top keys' values with
-   their confidence intervals as error bars.
+4. with ``<column>_low / _high`` interval columns (issue 27), the top keys' intervals as
+   error bars, one panel per value column, each relative to its value (issue 36 D4).
 
 Beside the plots: how accurate a typical count, sum and mean is, in words (the median
 half-width of the published intervals), the top keys' values as ``v [low, high]``, and
-flags on values whose interval includes 0 or whose interval's half-width exceeds the
-value itself (noise dominates).
+flags per statistic (issue 36 D5): a count, sum or mean whose interval includes 0, a
+variance or stddev clamped at 0 (or at its largest possible value), any value whose
+interval's half-width exceeds it (noise dominates). Every text is drawn as written:
+matplotlib's math text is off (issue 36 D2).
 
 matplotlib is the optional ``report`` extra (``pip install 'thresher[report]'``).
 """
@@ -43,6 +45,14 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def _literal_text():
+    """matplotlib settings under which every text is drawn as written: keys, column names
+    and any other data-derived label are never parsed as math text (issue 36 D2: a key
+    ``$\\frac{$`` was an internal error, ``a$b$c`` was drawn as italics without its
+    dollars), and never handed to TeX."""
+    return {"text.parse_math": False, "text.usetex": False}
 
 
 def _png(fig, plt):
@@ -173,12 +183,50 @@ def interval_columns(table):
     return [c for c in table.column_names if c + LOW in names and c + HIGH in names]
 
 
-def _flags(value, low, high):
-    """Why a value with interval [low, high] needs care (empty: it does not)."""
-    if value is None or low is None or high is None:
+SPREAD = ("variance", "stddev")
+
+
+def statistics(report):
+    """{released column: its statistic}: ``count`` for the kind's counts and estimates,
+    the aggregates' own (``sum``, ``mean``, ``variance``, ``stddev``)."""
+    out = {c: "count" for c in summary.VALUE_COLUMNS}
+    for a in report.get("mechanism", {}).get("aggregates", []) or []:
+        if isinstance(a, dict) and isinstance(a.get("output"), str):
+            out[a["output"]] = a.get("statistic")
+    return out
+
+
+def _spread_ceiling(report, column):
+    """The largest value a variance / stddev column can take (its release clamps to the
+    Popoviciu bound of the clip, ((high - low) / 2)**2), or None."""
+    for a in report.get("mechanism", {}).get("aggregates", []) or []:
+        if isinstance(a, dict) and a.get("output") == column and a.get("statistic") in SPREAD:
+            clip = a.get("clip")
+            if not (isinstance(clip, (list, tuple)) and len(clip) == 2):
+                return None
+            ceiling = ((float(clip[1]) - float(clip[0])) / 2.0) ** 2
+            return ceiling if a["statistic"] == "variance" else ceiling ** 0.5
+    return None
+
+
+def _flags(value, low, high, statistic=None, ceiling=None):
+    """Why a value with interval [low, high] needs care, per statistic (empty: it does
+    not; issue 36 D5). A variance or stddev is never below 0, so "interval includes 0"
+    says nothing about it: its release is clamped to [0, ceiling] instead, and a value at
+    either end is flagged as clamped. Counts, sums and means: the interval includes 0 (the
+    sign, or for a public key's count whether anyone holds it, is not known). Any value
+    whose interval's half-width exceeds it: noise dominates."""
+    if value is None:
         return []
     out = []
-    if low <= 0 <= high:
+    if statistic in SPREAD:
+        if value <= 0:
+            out.append("clamped at 0")
+        elif ceiling is not None and value >= ceiling:
+            out.append("clamped at its largest possible value")
+    if low is None or high is None:
+        return out
+    if statistic not in SPREAD and low <= 0 <= high:
         out.append("interval includes 0")
     if (high - low) / 2.0 > abs(value):
         out.append("noise dominates")
@@ -191,6 +239,7 @@ def accuracy_in_words(table, report):
     without one, what the report says instead."""
     info = report.get("intervals", {})
     conf = info.get("confidence")
+    stats = statistics(report)
     out = []
     for column in interval_columns(table):
         v = np.asarray(table.column(column).to_pylist(), dtype=object)
@@ -204,7 +253,9 @@ def accuracy_in_words(table, report):
         half = (hi[ok].astype(np.float64) - lo[ok].astype(np.float64)) / 2.0
         typical = float(np.median(half))
         rel = half / np.maximum(np.abs(value), 1e-300)
-        zero = int(sum(1 for a, b in zip(lo[ok], hi[ok]) if a <= 0 <= b))
+        spread = stats.get(column) in SPREAD
+        zero = 0 if spread else int(sum(1 for a, b in zip(lo[ok], hi[ok]) if a <= 0 <= b))
+        clamped = int(np.sum(value <= 0)) if spread else 0
         noisy = int(np.sum(half > np.abs(value)))
         target = info.get("columns", {}).get(column, {}).get("target")
         text = (f"{column}: a typical released value is within +/- {typical:,.3g} "
@@ -212,7 +263,10 @@ def accuracy_in_words(table, report):
                 f"{float(np.median(rel)) * 100:.3g}% of the value)")
         if target:
             text += f"; the target is {target}"
-        if zero or noisy:
+        if spread and (clamped or noisy):
+            text += (f". {clamped} of {int(ok.sum())} values are clamped at 0 and {noisy} have "
+                     f"an interval wider than the value (noise dominates)")
+        elif zero or noisy:
             text += (f". {zero} of {int(ok.sum())} intervals include 0 and {noisy} are wider "
                      f"than the value (noise dominates)")
         out.append(text)
@@ -221,27 +275,47 @@ def accuracy_in_words(table, report):
     return out
 
 
-def _interval_figure(plt, top_table, keys, column):
-    """Error bars: each top key's value and its interval, one row per key."""
-    labels = [" / ".join(summary._cell(r[k]) for k in keys) for r in top_table.to_pylist()]
-    v = np.array([np.nan if x is None else x for x in top_table.column(column).to_pylist()], float)
-    lo = np.array([np.nan if x is None else x for x in top_table.column(column + LOW).to_pylist()], float)
-    hi = np.array([np.nan if x is None else x for x in top_table.column(column + HIGH).to_pylist()], float)
-    fig, ax = plt.subplots(figsize=(6.4, 0.32 * max(len(v), 3) + 1.2))
-    y = np.arange(len(v))[::-1]
-    ax.errorbar(v, y, xerr=[np.maximum(v - lo, 0), np.maximum(hi - v, 0)], fmt="o",
-                color=ERROR_BAR_COLOUR, ecolor=ERROR_BAR_COLOUR, elinewidth=3, capsize=4,
-                markersize=4)
-    ax.set_yticks(y)
-    ax.set_yticklabels(labels, fontsize=8)
-    ax.set_xlabel(f"released {column} with its interval")
-    ax.set_title(f"Top keys: {column} and its confidence interval")
-    ax.grid(True, axis="x", alpha=0.3)
+def _interval_figure(plt, top_table, keys, columns):
+    """Error bars of the top keys, one panel per value column with an interval (issue 36
+    D4: only the first column was drawn, the count, whose +/- 28 hid behind its marker on a
+    0-10,000 axis). Each panel shows the interval relative to the value, (low - v) / |v|
+    and (high - v) / |v| in percent, so a +/- 0.3% count and a +/- 50% mean are both
+    visible; a value of 0 has no relative interval and is marked at 0 with its label."""
+    labels = [" / ".join(summary._cell(r[k]) for k in keys) or "(all rows)"
+              for r in top_table.to_pylist()]
+    n = max(len(labels), 3)
+    fig, axes = plt.subplots(1, len(columns), figsize=(3.4 * len(columns) + 1.6, 0.32 * n + 1.4),
+                             sharey=True, squeeze=False)
+    y = np.arange(len(labels))[::-1]
+    for ax, column in zip(axes[0], columns):
+        v, lo, hi = (np.array([np.nan if x is None else x for x in top_table.column(c).to_pylist()],
+                              float) for c in (column, column + LOW, column + HIGH))
+        scale = np.where(np.abs(v) > 0, np.abs(v), np.nan)
+        below = np.maximum(v - lo, 0) / scale * 100.0
+        above = np.maximum(hi - v, 0) / scale * 100.0
+        drawn = np.isfinite(below) & np.isfinite(above)
+        ax.errorbar(np.zeros(int(drawn.sum())), y[drawn],
+                    xerr=[below[drawn], above[drawn]], fmt="o", color=ERROR_BAR_COLOUR,
+                    ecolor=ERROR_BAR_COLOUR, elinewidth=3, capsize=4, markersize=4)
+        for yy in y[~drawn & np.isfinite(v)]:
+            ax.annotate("value 0", (0, yy), xytext=(4, -3), textcoords="offset points",
+                        fontsize=7, color="#666")
+        widest = float(np.nanmax(np.concatenate([below[drawn], above[drawn]]))) \
+            if drawn.any() else 1.0
+        ax.set_xlim(-1.15 * widest, 1.15 * widest)
+        ax.axvline(0, color="#999", lw=0.8)
+        ax.set_xlabel("interval around the value, % of |value|")
+        ax.set_title(column, fontsize=10)
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[0][0].set_yticks(y)
+    axes[0][0].set_yticklabels(labels, fontsize=8)
+    fig.suptitle("Top keys: each value's confidence interval, relative to the value", fontsize=10)
     return fig
 
 
-def _cells(row, columns, with_interval):
+def _cells(row, columns, with_interval, stats=None, ceilings=None):
     """A top-table row's cells: values with intervals as 'v [low, high]' plus flags."""
+    stats, ceilings = stats or {}, ceilings or {}
     cells = []
     for name in columns:
         v = row[name]
@@ -251,7 +325,7 @@ def _cells(row, columns, with_interval):
             lo, hi = row[name + LOW], row[name + HIGH]
             if lo is not None and hi is not None:
                 text += f" [{summary._cell(lo)}, {summary._cell(hi)}]"
-            flags = _flags(v, lo, hi)
+            flags = _flags(v, lo, hi, stats.get(name), ceilings.get(name))
         cls = "num" if summary._is_number(v) else "text"
         if flags:
             cls += " flagged"
@@ -263,6 +337,11 @@ def _cells(row, columns, with_interval):
 def build(output, top=TOP_KEYS):
     """The HTML page (a string) for the release published in ``output``."""
     plt = _pyplot()
+    with plt.rc_context(_literal_text()):
+        return _build(plt, output, top)
+
+
+def _build(plt, output, top):
     report = summary.load_report(output)
     table = summary.load_released(output, report)
     column = summary.value_column(table, report)
@@ -286,11 +365,13 @@ def build(output, top=TOP_KEYS):
     top_table = summary.top_rows(table, report, top)
     with_interval = interval_columns(table)
     if with_interval and top_table.num_rows:
-        figures.append((f"Top keys with intervals ({with_interval[0]})", _png(
-            _interval_figure(plt, top_table, keys, with_interval[0]), plt)))
+        figures.append((f"Top keys with intervals ({', '.join(with_interval)})", _png(
+            _interval_figure(plt, top_table, keys, with_interval), plt)))
     shown = [c for c in top_table.column_names
              if not any(c == w + LOW or c == w + HIGH for w in with_interval)]
-    rows = "".join("<tr>" + _cells(row, shown, set(with_interval)) + "</tr>"
+    stats = statistics(report)
+    ceilings = {c: _spread_ceiling(report, c) for c in with_interval}
+    rows = "".join("<tr>" + _cells(row, shown, set(with_interval), stats, ceilings) + "</tr>"
                    for row in top_table.to_pylist())
     head = "".join(f"<th>{html.escape(n)}" + (" [low, high]" if n in with_interval else "")
                    + "</th>" for n in shown)
@@ -298,7 +379,8 @@ def build(output, top=TOP_KEYS):
     conf = report.get("intervals", {}).get("confidence")
     accuracy_section = (f"<h2>Accuracy ({conf:g} confidence intervals)</h2><ul>{accuracy}</ul>"
                         if accuracy and conf is not None else "")
-    words = "".join(f"<li>{html.escape(line)}</li>" for line in summary.noise_in_words(report, keys))
+    words = "".join(f"<li>{html.escape(line)}</li>" for line in
+                    summary.quantile_lines(report, table) + summary.noise_in_words(report, keys))
     stages = "".join(f"<li>{html.escape(s['name'])}: epsilon {s['epsilon']:g}, delta {s['delta']:g}</li>"
                      for s in privacy.get("stages", []))
     figs = "".join(f'<figure><img alt="{html.escape(f[0])}" src="data:image/png;base64,{f[1]}">'

@@ -110,7 +110,7 @@ def _top(files, report, n, column, schema):
     """The n rows with the largest ``column`` (ties by key), over the files' chunks: at
     most n + one chunk of rows in memory."""
     import pyarrow as pa
-    best = schema.empty_table()
+    best = pa.Table.from_batches([], schema=schema)   # (empty_table() imports pandas)
     for batch in summary.iter_batches(files, 1 << 16):
         chunk = pa.Table.from_batches([batch], schema=schema)
         best = summary.top_rows(pa.concat_tables([best, chunk]), report, n, column)
@@ -187,6 +187,8 @@ def report_lines(output, top=TABLE_TOP):
              f"(epsilon={privacy['epsilon']:g}, delta={delta:g})-differential privacy "
              f"({privacy['neighbouring']}); {report['mechanism'].get('kind', '')} mechanism, "
              f"at most {report['bounding']['max_keys_per_user']} keys per user"]
+    if report["mechanism"].get("kind") == "quantiles":
+        lines += summary.quantile_lines(report, summary.load_released(output, report))
     lines += summary.noise_in_words(report, keys)
     stages = [s for s in privacy.get("stages", []) if isinstance(s, dict)]
     if stages:
@@ -200,10 +202,26 @@ def report_lines(output, top=TABLE_TOP):
     return lines
 
 
-def html_destination(output, dest):
+PAGE_HEAD = "<!DOCTYPE html>"
+PAGE_TITLE = "<title>thresher release "   # in the first lines of every page html_report writes
+
+
+def is_report_page(path):
+    """Whether ``path`` holds a page ``thresher report --html`` wrote (its first bytes)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(1024).decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    return head.startswith(PAGE_HEAD) and PAGE_TITLE in head
+
+
+def html_destination(output, dest, overwrite=False):
     """Where ``report --html [FILE]`` may write: by default OUT/release_report.html. Never
     a file of the release (the report, a released file, anything else in its folder but
-    the page itself), never a folder, and only where a file can be created."""
+    the page itself), never a folder, only where a file can be created, and never over an
+    existing file that is not an earlier report page unless ``overwrite`` (issue 36 D11:
+    ``--html spec.yaml`` turned the spec into a page)."""
     default = os.path.join(output, "release_report.html")
     dest = dest or default
     real = os.path.realpath(dest)
@@ -217,6 +235,10 @@ def html_destination(output, dest):
     if real in protected or (os.path.dirname(real) == folder and real != os.path.realpath(default)):
         raise SpecError("--html", f"{dest!r} is a file of the release in {output!r}; the page "
                                   f"goes to {default} or a file outside the release folder")
+    if os.path.exists(real) and not overwrite and not is_report_page(real):
+        raise SpecError("--html", f"{dest!r} exists and is not a page thresher report "
+                                  f"wrote; it is left as it is: choose another file, or "
+                                  f"pass --overwrite to replace it")
     parent = os.path.dirname(real) or "."
     if not os.path.isdir(parent):
         raise SpecError("--html", f"cannot write {dest!r}: folder {parent} does not exist")

@@ -8,8 +8,6 @@ import json
 import os
 import unicodedata
 
-import numpy as np
-
 from thresher.pipelines.errors import SpecError
 
 REPORT_FILE = "release_report.json"
@@ -134,17 +132,38 @@ def interval_columns(names):
             if f"{n}_low" in present and f"{n}_high" in present}
 
 
+def kind_output_columns(report):
+    """The columns the release's kind writes beside the keys (``OUTPUT_COLUMNS`` of
+    ``pipelines.kinds``: a count, an estimate, heavy hitters' and quantiles' ``rank``...);
+    empty for a kind this thresher does not know."""
+    mech = report.get("mechanism", {}) if isinstance(report, dict) else {}
+    kind = mech.get("kind")
+    if not isinstance(kind, str):
+        return ()
+    from thresher.pipelines import kinds
+    try:
+        return tuple(kinds.module(kind).OUTPUT_COLUMNS)
+    except KeyError:
+        return ()
+
+
 def key_columns(names, report):
-    """The released columns that name a key (the spec's keys; a quantile's rank): not the
-    released values, their intervals, nor the aggregates' columns."""
+    """The released columns that name a key (the spec's keys): not the released values,
+    the kind's other output columns (heavy hitters' and quantiles' ``rank``: issue 36 D6,
+    the words said "a word and rank"), their intervals, nor the aggregates' columns."""
     mech = report.get("mechanism", {}) if isinstance(report, dict) else {}
     values = set(VALUE_COLUMNS)
+    values.update(kind_output_columns(report))
     values.update(a.get("output") for a in mech.get("aggregates", []) or [] if isinstance(a, dict))
     if mech.get("kind") == "quantiles":
-        values.add("value")
+        values.update(("value", "rank", "resolution"))
     for low, high in interval_columns(names).values():
         values.update((low, high))
     return [n for n in names if n not in values]
+
+
+# Output columns that order the rows of one key after the keys (a quantile's rank).
+ORDER_COLUMNS = ("rank",)
 
 
 def value_column(table, report):
@@ -159,7 +178,9 @@ def top_rows(table, report, top, column=None):
     """The ``top`` rows with the largest released value (ties by key, for a stable table)."""
     column = column or value_column(table, report)
     order = [(column, "descending")] if column else []
-    order += [(k, "ascending") for k in key_columns(table.column_names, report) if k != column]
+    ties = key_columns(table.column_names, report)
+    ties += [c for c in ORDER_COLUMNS if c in table.column_names and c not in ties]
+    order += [(k, "ascending") for k in ties if k != column]
     if order:
         table = table.sort_by(order)
     return table.slice(0, top)
@@ -266,6 +287,7 @@ def release_probability(report, counts):
     A user bounded to fewer keys than they had counts once in each kept key, so n is the
     key's count after bounding.
     """
+    import numpy as np
     mech = report["mechanism"]
     kind = mech.get("kind")
     n = np.asarray(counts, dtype=np.int64)
@@ -287,8 +309,10 @@ def release_probability(report, counts):
         p = -np.expm1(log_suppress(mech["scale"], mech["threshold"] - n, mech.get("noise", "discrete_laplace")))
         return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
     if kind == "sample_and_threshold":
-        from scipy import stats
-        return stats.binom.sf(mech["threshold"] - 1, n, mech["sampling_rate"])
+        # P[Bin(n, p) >= threshold] by the accounting's own binomial tail (scipy.special's
+        # bdtrc; scipy.stats would cost thresher report 0.7-1.4 s to import)
+        from thresher.accounting.sample_threshold.core import _sf
+        return _sf(mech["threshold"] - 1, n, mech["sampling_rate"])
     if kind == "weighted_gaussian":
         # n users that each kept max_keys_per_user keys (the lightest weight, q_C): the
         # curve of the heaviest users; lighter users need fewer co-holders
@@ -309,6 +333,7 @@ def release_probability(report, counts):
 def weighted_sampling_keep(mech):
     """pi_0..pi_M: the keep table the weighted_sampling release draws with
     (``accounting.pws.release_tables`` of the report's parameters, as the release builds it)."""
+    import numpy as np
     from thresher.accounting import pws
     from thresher.transforms.sanitize_sample import _as_parameters
     return np.asarray(pws.release_tables(_as_parameters(mech)).keep, dtype=np.float64)
@@ -450,6 +475,66 @@ def noise_in_words(report, keys, release_point=True):
     return out
 
 
+def quantile_lines(report, table):
+    """Words about a quantiles release's values, from its released rows (issue 36 D9: a
+    release whose every value was null said "released 8 keys", and the report's
+    ``resolution`` was taken for the values' own): how many values are null and why, and
+    the resolution the values actually have (the ``resolution`` column) beside the finest
+    the plan allows. [] for other kinds."""
+    mech = report.get("mechanism", {})
+    if mech.get("kind") != "quantiles" or "value" not in table.column_names:
+        return []
+    out = []
+    rows, nulls = table.num_rows, table.column("value").null_count
+    keys = key_columns(table.column_names, report)
+    if nulls:
+        if "null_values" in mech:
+            why = mech["null_values"].partition("null: ")[2] or mech["null_values"]
+        else:
+            point = mech.get("release_point")
+            where = ("every bucket of its first level" if mech.get("method") == "hierarchical"
+                     else "both sides of every round of its search")
+            why = (f"nothing about it was released: {where} fell below the threshold after "
+                   f"sampling" + (f" (a bucket needs about {point:,.0f} users to be released "
+                                  f"half the time)" if isinstance(point, (int, float)) else ""))
+        empty = ""
+        if keys:
+            import pyarrow.compute as pc
+            answered = table.group_by(keys, use_threads=False).aggregate([("value", "count")])
+            total = answered.num_rows
+            none = int(pc.sum(pc.equal(answered.column("value_count"), 0)).as_py() or 0)
+            empty = f"; {none:,} of {total:,} keys have no value at all"
+        out.append(f"null values: {nulls:,} of {rows:,}" + ("" if nulls < rows else " (every value)")
+                   + f"{empty}: a value is null when {why}")
+    if "resolution" in table.column_names:
+        import pyarrow.compute as pc
+        res = table.column("resolution")
+        finest = mech.get("resolution")
+        known = rows - res.null_count
+        if known and isinstance(finest, (int, float)):
+            low, high = pc.min(res).as_py(), pc.max(res).as_py()
+            coarser = int(pc.sum(pc.greater(res, finest * (1 + 1e-9))).as_py() or 0)
+            if coarser:
+                out.append(f"resolution: {coarser:,} of {known:,} values are coarser than the "
+                           f"plan's finest {_g(finest)} (deeper levels or later rounds released "
+                           f"nothing there): from {_g(low)} to {_g(high)}, each in the "
+                           f"resolution column")
+            else:
+                out.append(f"resolution: every value to {_g(finest)} (the plan's finest)")
+    return out
+
+
+def quantile_lines_of(output, report):
+    """:func:`quantile_lines` of the release published in ``output`` (a local folder; []
+    elsewhere, or when the files cannot be read)."""
+    if report.get("mechanism", {}).get("kind") != "quantiles" or "://" in str(output):
+        return []
+    try:
+        return quantile_lines(report, load_released(output, report))
+    except (SpecError, OSError):
+        return []
+
+
 def run_lines(report, output, keys, ledger_line=None):
     """What ``thresher run`` prints at the end."""
     # The report names its files relative to the output folder (local or a URL).
@@ -461,6 +546,7 @@ def run_lines(report, output, keys, ledger_line=None):
              f"released {report['released_keys']:,} keys; spent epsilon={privacy['epsilon']:g}, "
              f"delta={delta:g} (user-level: {privacy['neighbouring']}); "
              f"max_keys_per_user={report['bounding']['max_keys_per_user']}"]
+    lines += quantile_lines_of(output, report)
     if ledger_line:
         lines.append(ledger_line)
     lines += noise_in_words(report, keys)

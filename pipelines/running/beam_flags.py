@@ -70,6 +70,7 @@ def check(beam_args):
     bad = unknown(beam_args)
     if not bad:
         refuse_graph_saving(beam_args)
+        check_runner(beam_args)
         return
     first = bad[0]
     if first.startswith("-"):
@@ -92,6 +93,30 @@ GRAPH_SAVING = {
 }
 
 
+def check_runner(beam_args):
+    """SpecError naming ``--runner`` when Beam has no runner by that name (issue 36 D3: an
+    internal error, exit 1, before): the runner is made the way ``beam.Pipeline`` makes it
+    (``apache_beam.runners.runner.create_runner``: a known name, case-insensitive, with or
+    without "Runner", or the full name of a PipelineRunner class), before anything runs."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.runners.runner import create_runner
+    name = PipelineOptions(list(beam_args)).view_as(StandardOptions).runner
+    if not name or not isinstance(name, str):
+        return
+    from thresher.pipelines.release import refuse_dask
+    refuse_dask(name)          # a runner thresher refuses by name says why (docs/running.md)
+    try:
+        create_runner(name)
+    except (ValueError, ImportError, AttributeError, TypeError) as exc:
+        known = ", ".join(StandardOptions.KNOWN_RUNNER_NAMES)
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        detail = ("" if isinstance(exc, ValueError)
+                  else f" ({type(exc).__name__}: {why[:300]})")
+        raise SpecError("--runner", f"Beam has no runner {name!r}{detail}; the runners are "
+                        f"{known}, or the full name of a PipelineRunner class "
+                        f"(docs/running.md); nothing was run") from None
+
+
 def refuse_graph_saving(options, where="after --"):
     """SpecError naming the first option (``PipelineOptions`` or Beam's flags) that saves
     the graph for later launches: thresher's ledger cannot charge launches it never sees."""
@@ -99,6 +124,8 @@ def refuse_graph_saving(options, where="after --"):
     if options is None:
         return
     if not isinstance(options, PipelineOptions):
+        if not list(options):
+            return     # no flags save nothing (and Beam's full option parser costs ~0.02 s)
         options = PipelineOptions(list(options))
     given = options.get_all_options(drop_default=True)
     for name, why in GRAPH_SAVING.items():

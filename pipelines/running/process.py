@@ -17,6 +17,16 @@ default arguments, which do not change while it exists, so the ``thresher`` comm
 the first answer per object (by identity, while the object lives; copies of the two
 sets are handed out).
 
+**Function signatures looked up once per function** (:func:`memoize_signatures`) and
+**gettext's translation-file look-ups once per question** (:func:`memoize_translation_lookups`):
+Beam re-inspects the same DoFn methods for every copy it unpickles, and argparse asks
+gettext for its words at every parser Beam and the CLI build.
+
+**Beam only when a pipeline is built.** ``prepare`` imports nothing of Beam: a refused
+spec, and every command but ``run``, answers without it (tests/pipelines/
+test_command_imports.py); ``run`` imports it in :func:`prepare_pipeline`, once the spec is
+planned and the output and options are checked.
+
 **Beam's import kept out of the cyclic garbage collector's full passes.** Importing Beam
 leaves ~150,000 long-lived objects; the first full collection while a small release is
 built and run scans them all (0.07 s of CPU here, a fifth of what a 1,000-row release
@@ -30,6 +40,7 @@ collecting them too (0.3-0.5 s of CPU of a bare ``import apache_beam`` process h
 back to the system: -40 MB of peak RSS at 1e7 rows for +2.5 s of system time.)
 """
 import gc
+import os
 import sys
 import weakref
 
@@ -64,14 +75,94 @@ def memoize_dofn_specs():
 
 
 def prepare(command):
-    """Settings for one ``thresher COMMAND`` process."""
+    """Settings for one ``thresher COMMAND`` process (Beam is not imported here: a spec
+    that is refused, and every command but ``run``, answers without it)."""
     skip_ipython_probe()
-    if command == "run":
-        memoize_dofn_specs()        # (imports Beam)
-        if gc.get_freeze_count() == 0:   # once per process (in-process CLI calls in tests)
-            gc.freeze()
     from thresher.pipelines import calibration_cache
     calibration_cache.enable()      # calibrations read back, not recomputed (scipy not imported)
+
+
+def memoize_translation_lookups():
+    """``gettext.find`` answered once per question in this process.
+
+    ``argparse`` asks gettext for its few words ("options", "usage: ") whenever it builds
+    a parser or an argument's formatter, and every ask looks for translation files on
+    disk again (``os.path.exists`` per language; a miss is never cached): about 150
+    times while ``thresher run`` builds its own parser and Beam's option parsers (Beam
+    builds one per options view it reads). The answer is a function of the arguments
+    and of the locale variables of the environment, which are part of the key, so the
+    memo answers exactly as gettext would."""
+    import gettext
+    find = gettext.find
+    if getattr(find, "thresher_memo", False):
+        return
+    memo = {}
+
+    def cached_find(domain, localedir=None, languages=None, all=False):
+        try:
+            key = (domain, localedir, None if languages is None else tuple(languages), all,
+                   tuple(os.environ.get(v) for v in ("LANGUAGE", "LC_ALL", "LC_MESSAGES", "LANG")))
+            hash(key)
+        except TypeError:
+            return find(domain, localedir, languages, all)
+        if key not in memo:
+            memo[key] = find(domain, localedir, languages, all)
+        found = memo[key]
+        return list(found) if isinstance(found, list) else found
+    cached_find.thresher_memo = True
+    cached_find.__doc__ = find.__doc__
+    gettext.find = cached_find
+
+
+def memoize_signatures():
+    """Beam's ``get_signature`` computed once per Python function in this process.
+
+    Beam asks for the signature of the same DoFn methods and mapped functions again and
+    again: each DoFn copy a bundle processor unpickles is a new object (so the per-object
+    memo of :func:`memoize_dofn_specs` misses), and every copy's methods are wrapped and
+    inspected anew -- 725 ``inspect.signature`` calls while a 1,000-row release runs, 1,450
+    in all. For a plain function the signature is a function of the function object (its
+    code, defaults, annotations and ``__wrapped__``/``__signature__``), which thresher and
+    Beam never change once made; a method bound to any object has that function's
+    signature without its first parameter. Only those two shapes are kept (by the
+    function, weakly: a function that goes away leaves the memo); classes, builtins,
+    partials and other callables are asked of Beam each time. Signatures are immutable, so
+    one object is handed to every caller."""
+    import types
+    from apache_beam.transforms import core, ptransform, util
+    from apache_beam.typehints import decorators
+    compute = decorators.get_signature
+    if getattr(compute, "thresher_memo", False):
+        return
+    plain, bound = weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary()
+
+    def get_signature(func):
+        if type(func) is types.FunctionType:
+            memo, key = plain, func
+        elif type(func) is types.MethodType and type(func.__func__) is types.FunctionType:
+            memo, key = bound, func.__func__
+        else:
+            return compute(func)
+        signature = memo.get(key)
+        if signature is None:
+            signature = memo[key] = compute(func)
+        return signature
+    get_signature.thresher_memo = True
+    get_signature.__doc__ = compute.__doc__
+    for module in (decorators, core, ptransform, util):
+        if getattr(module, "get_signature", None) is compute:
+            module.get_signature = get_signature
+
+
+def prepare_pipeline():
+    """Settings for building and running a pipeline, once the spec is planned and checked
+    (``thresher run``, just before the release is built): imports Beam and the release's
+    modules, then freezes what exists into the collector's permanent generation."""
+    import thresher.pipelines.release  # noqa: F401 -- Beam and the transforms, frozen below
+    memoize_dofn_specs()
+    memoize_signatures()
+    if gc.get_freeze_count() == 0:   # once per process (in-process CLI calls in tests)
+        gc.freeze()
 
 
 def finish():

@@ -24,6 +24,7 @@ reading stage counts in this process. On a distributed runner without live metri
 lines show the elapsed time only; its own UI shows its stages. Row counts are operator
 diagnostics, not differentially private, like every count in the log.
 """
+import contextlib
 import logging
 import os
 import re
@@ -43,6 +44,7 @@ ROWS_METRIC = "rows_read"
 _phase = [None]        # what the command is doing before Beam's stages (phase())
 _reporters = []        # the running Reporter, told of each new phase
 FIRST_TICK_S = 1.0
+SLOW_NOTICE_S = 1.0    # when_slow: a wait shorter than this says nothing
 
 
 def phase(text):
@@ -52,6 +54,21 @@ def phase(text):
         reporters = list(_reporters)
     for reporter in reporters:
         reporter._phase_line(text)
+
+
+@contextlib.contextmanager
+def when_slow(message, after=None):
+    """``with when_slow("waiting for ..."):`` -- log ``message`` (a warning, on stderr as
+    ``thresher: ...``) if the block is still running ``after`` seconds later (default
+    SLOW_NOTICE_S): a step that may wait a long time (a locked ledger) is never silent."""
+    timer = threading.Timer(SLOW_NOTICE_S if after is None else after,
+                            logging.getLogger("thresher").warning, args=(message,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def watch(source):
@@ -72,10 +89,14 @@ def _labels(text):
 
 def metrics_snapshot():
     """(rows read by step {step: rows}, stage labels running) from the newest watched
-    source with live metrics; (None, []) when there is none."""
-    from apache_beam.metrics.metric import MetricsFilter
+    source with live metrics; (None, []) when there is none. Beam is imported here only
+    once a source is watched (the release registers one after Beam is imported): the
+    progress thread must never import Beam while the command's thread is importing it."""
     with _lock:
         sources = list(_sources)
+    if not sources:
+        return None, []
+    from apache_beam.metrics.metric import MetricsFilter
     for source in reversed(sources):
         try:
             counters = source.metrics().query(

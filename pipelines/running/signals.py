@@ -1,4 +1,5 @@
-"""SIGTERM during ``thresher run``: unwind like Ctrl-C and publish nothing.
+"""SIGTERM during ``thresher run``: unwind like Ctrl-C and publish nothing (and SIGINT,
+noted by the CLI's handler, is checked at the same points).
 
 ``timeout``, ``kill`` and schedulers stop a job with SIGTERM, whose default action ends
 the process at once and leaves the staging folder behind. :func:`install` makes it raise
@@ -18,6 +19,7 @@ class Terminated(BaseException):
 
 
 _requested = False
+_interrupt = False     # SIGINT arrived (the CLI's handler raises KeyboardInterrupt itself)
 _before_raise = None
 
 
@@ -34,8 +36,9 @@ def install(before_raise=None):
     puts the previous handler back. ``before_raise`` runs first (the CLI stops its worker
     processes there: Beam's clean-up joins them, and a worker that got no signal would
     never exit)."""
-    global _requested, _before_raise
+    global _requested, _interrupt, _before_raise
     _requested = False
+    _interrupt = False
     _before_raise = before_raise
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
@@ -48,7 +51,16 @@ def requested():
     return _requested
 
 
+def note_interrupt():
+    """SIGINT arrived (called by the CLI's SIGINT handler, which raises KeyboardInterrupt)."""
+    global _interrupt
+    _interrupt = True
+
+
 def check():
-    """Raise :class:`Terminated` if SIGTERM arrived, even if it was swallowed."""
+    """Raise :class:`Terminated` if SIGTERM arrived, or KeyboardInterrupt if SIGINT did,
+    even if library code swallowed the exception the handler raised."""
     if _requested:
         raise Terminated()
+    if _interrupt:
+        raise KeyboardInterrupt()

@@ -167,7 +167,7 @@ def test_public_keys_match_thresher_run(tmp_path):
 
 @pytest.mark.parametrize("keys", [[], ["word"]])
 def test_quantiles_match_thresher_run(tmp_path, keys):
-    """(d) quantiles: the rows carry the value column named by mechanism.column."""
+    """(d) quantiles: the rows carry the value column named by mechanism.column and each value's resolution (issue 36 D9)."""
     records = _records()
     if keys:     # few keys with many users, so that select_keys releases some
         for r in records:
@@ -176,7 +176,7 @@ def test_quantiles_match_thresher_run(tmp_path, keys):
                  "domain": [0, 128], "levels": 2, "branching": 8}
     rows, _ = _same_release(tmp_path, records, _config(keys=keys, mechanism=mechanism,
                                                        bounding={"max_keys_per_user": 1}))
-    assert set(rows[0]) == set(keys) | {"rank", "value"}
+    assert set(rows[0]) == set(keys) | {"rank", "value", "resolution"}
     assert any(r["value"] is not None for r in rows)
 
 
@@ -315,7 +315,7 @@ def test_an_existing_weighted_sample_matches_thresher_run(tmp_path, scheme):
     assert list(rows[0]) == ["word", "token", "estimate"]
     assert 0 < len(rows) < len(sample)
     assert report["intervals"]["columns"] == {}
-    assert "count" in report["intervals"]["without_interval"]
+    assert list(report["intervals"]["without_interval"]) == ["estimate"]
 
 
 def test_a_missing_sample_frequency_field_is_refused_by_name():

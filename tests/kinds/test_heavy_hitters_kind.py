@@ -71,7 +71,7 @@ def test_plan_is_one_stage_with_the_trie_accounting_over_c_times_l_cells(tmp_pat
 
 
 def test_top_k_never_returns_prefixes_when_the_whole_key_level_is_empty():
-    from thresher.pipelines.kinds.heavy_hitters import _top_k
+    from thresher.pipelines.kinds._trie_release import _top_k
     released = pa.table({"level": pa.array([0, 0], pa.int32()), "word": ["ab", "cd"],
                          "count": pa.array([30, 20], pa.int64()), "estimate": [300.0, 200.0]})
     assert list(_top_k([released], "word", 5, last_level=1)) == []

@@ -130,8 +130,10 @@ def test_cli_empty_input_releases_null_values(tmp_path, cli, method):
                else _spec(tmp_path, data))
     assert done.returncode == 0, done.stderr
     out = pq.read_table(tmp_path / "out" / "released.parquet")
-    assert out.schema == pa.schema([("rank", pa.float64()), ("value", pa.float64())])
+    assert out.schema == pa.schema([("rank", pa.float64()), ("value", pa.float64()),
+                                    ("resolution", pa.float64())])
     assert out.column("rank").to_pylist() == RANKS and out.column("value").null_count == len(RANKS)
+    assert out.column("resolution").null_count == len(RANKS)     # null with its value
 
 
 @pytest.mark.parametrize("method", ["hierarchical", "binary_search"])

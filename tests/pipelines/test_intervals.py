@@ -77,7 +77,9 @@ def test_kinds_without_an_interval_say_so(write_spec, tmp_path):
     plan, report, table = _release(write_spec, tmp_path, **{
         "mechanism": {"kind": "weighted_sampling"}})
     assert not [c for c in table.column_names if c.endswith(("_low", "_high"))]
-    assert "count" in report["intervals"]["without_interval"]
+    # named by the column it released (issue 36: said "count", which it has not)
+    assert list(report["intervals"]["without_interval"]) == ["estimate"]
+    assert "estimate" in table.column_names and "count" not in table.column_names
     assert report["intervals"]["columns"] == {}
 
 

@@ -72,6 +72,7 @@ def test_thresher_run_leaves_beam_out_of_full_collections(tmp_path):
     probe = """import gc, json, sys
 from thresher.pipelines.running import process
 process.prepare("run")
+process.prepare_pipeline()
 frozen = gc.get_freeze_count()
 import apache_beam
 class Cycle:

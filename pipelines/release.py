@@ -250,6 +250,10 @@ def _whole_user_setting(plan):
     bounding pre-reduces a user to about C rows per table (transforms/prereduce.py), so
     the check never fires there."""
     spec = plan.spec
+    if hasattr(kind_module(spec.kind), "release_stages"):     # heavy_hitters, quantiles
+        return ("mechanism.kind", f"{spec.kind} bounds a user where all of its rows meet "
+                "(no bounding before the shuffle); leave such users out of the input, or "
+                "cap each user's rows before the release")
     if spec.auto_bound:
         return ("bounding.max_keys_per_user", "'auto' scores every key of every user; "
                 + _FIXED_L0)
@@ -269,6 +273,13 @@ def _whole_user_setting(plan):
             "gaussian, laplace and sample_and_threshold with a fixed "
             "bounding.max_keys_per_user and bounding.model: l0 drop a user's extra rows "
             "before the shuffle, or leave such users out of the input")
+
+
+def whole_user_limit(plan):
+    """``ShardByUser``'s keyword arguments for a kind whose consumers hold all of a user's
+    rows (heavy_hitters, quantiles: their own ``release_stages``): refuse a user above
+    ``MAX_USER_ROWS``, naming ``_whole_user_setting``."""
+    return {"max_user_rows": MAX_USER_ROWS, "setting": _whole_user_setting(plan)}
 
 
 def _one_pass_auto(spec):
@@ -556,6 +567,8 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
         with keyed_random.building(keyed):    # every stage draws from the release secret
             build(pipeline, plan, files, est_rows, staging, rng_factory=rng_factory)
         progress.watch(beam_runner)       # live metrics of the in-process runner
+        if reservation is not None:
+            reservation.reading()         # from here on a failure keeps the charge
         result = pipeline.run()           # returns at once on distributed runners:
         progress.watch(result)            # their result's metrics are polled meanwhile
         result.wait_until_finish()

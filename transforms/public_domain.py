@@ -43,13 +43,86 @@ DOMAIN_ROWS_PER_ELEMENT = 1 << 16
 # --------------------------------------------------------------------------------------
 
 def restrict_to_domain(table, domain, key_columns):
-    """The rows of ``table`` whose key columns equal some row of ``domain`` (exact
-    left-semi join; ``domain`` has the key columns with the same types, keys unique)."""
+    """The rows of ``table`` whose key columns equal some row of ``domain`` (exact; keys
+    of ``domain`` unique), in their order: :func:`domain_mask`."""
     if table.num_rows == 0:
         return table
-    kept = table.join(domain.select(list(key_columns)), keys=list(key_columns),
-                      join_type="left semi", use_threads=False)
-    return kept.select(table.column_names).combine_chunks()
+    mask = domain_mask(table, domain, key_columns)
+    return (table if mask.all() else table.filter(pa.array(mask))).combine_chunks()
+
+
+# Membership, by the index and by the join alike: key values are compared exactly, in a
+# type both sides hold (int32 and int64 as int64, an integer and a float as float64 when
+# the integers are exact there, string and large_string as large_string, signed and
+# unsigned integers as decimal128(20, 0)); -0.0 equals 0.0 (the reader folds it: one key,
+# as its hash says); NaN and null equal nothing (the reader drops such keys). Types with
+# no common type (text and numbers) are an error naming the column.
+_ROW = "__domain_row"
+
+
+def domain_mask(table, domain, key_columns):
+    """Boolean mask of the rows of ``table`` whose key is in ``domain``: an exact
+    left-semi join on the key columns, cast to common types (above)."""
+    keys = list(key_columns)
+    n = table.num_rows
+    if n == 0 or domain.num_rows == 0:
+        return np.zeros(n, dtype=bool)
+    left, right = _comparable(table.select(keys), domain.select(keys), keys)
+    right = right.filter(pa.array(~_has_nan(right, keys))) if _floats(right, keys) else right
+    probe = left.append_column(_ROW, pa.array(np.arange(n, dtype=np.int64)))
+    kept = probe.join(right, keys=keys, join_type="left semi", use_threads=False)
+    mask = np.zeros(n, dtype=bool)
+    mask[kept.column(_ROW).to_numpy()] = True
+    return mask
+
+
+def _floats(table, keys):
+    return [k for k in keys if pa.types.is_floating(table.schema.field(k).type)]
+
+
+def _has_nan(table, keys):
+    nan = np.zeros(table.num_rows, dtype=bool)
+    for name in _floats(table, keys):
+        nan |= pc.fill_null(pc.is_nan(table.column(name)), False).to_numpy(zero_copy_only=False)
+    return nan
+
+
+def _comparable(left, right, keys):
+    """``left`` and ``right`` (tables of the key columns) with each key column cast to a
+    type both hold exactly, and -0.0 folded into 0.0."""
+    for name in keys:
+        a, b = left.schema.field(name).type, right.schema.field(name).type
+        target = a if a == b else _common_type(name, a, b)
+        left = left.set_column(keys.index(name), name, _exact_cast(left.column(name), target,
+                                                                    name, b))
+        right = right.set_column(keys.index(name), name, _exact_cast(right.column(name), target,
+                                                                      name, a))
+    return left, right
+
+
+def _common_type(name, a, b):
+    if (pa.types.is_integer(a) and pa.types.is_integer(b)
+            and pa.types.is_signed_integer(a) != pa.types.is_signed_integer(b)):
+        return pa.decimal128(20, 0)        # every int64 and uint64 value, exactly
+    try:
+        return pa.unify_schemas([pa.schema([(name, a)]), pa.schema([(name, b)])],
+                                promote_options="permissive").field(name).type
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        raise TypeError(f"key column {name!r}: the records hold {a} and the public domain "
+                        f"{b}, which have no common type to compare keys in") from None
+
+
+def _exact_cast(column, target, name, other):
+    if column.type != target:
+        try:
+            column = column.cast(target, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise TypeError(f"key column {name!r}: {column.type} keys cannot be compared "
+                            f"exactly with {other} keys as {target}: {first}") from None
+    if pa.types.is_floating(target):
+        column = pc.add(column, pa.scalar(0.0, target))   # -0.0 + 0.0 = 0.0 (IEEE)
+    return column
 
 
 class DomainIndex:
@@ -58,8 +131,11 @@ class DomainIndex:
     looked up by one ``searchsorted`` over their hashes and each candidate is confirmed
     by comparing its values with the one domain key of that hash (the hash only finds
     the candidate; membership is exact). Keys whose hash several domain keys share (a
-    collision inside the domain, rare and craftable) fall back to the exact join. So a
-    batch costs O(rows), not a hash table of the whole domain per batch."""
+    collision inside the domain, rare and craftable), and a batch whose key types are not
+    the domain's, fall back to the exact join (:func:`domain_mask`), which decides as the
+    index does (-0.0 is 0.0, NaN and null are nothing; tests/transforms/
+    test_public_domain_membership.py). So a batch costs O(rows), not a hash table of the
+    whole domain per batch."""
 
     def __init__(self, domain, key_columns):
         self._keys = list(key_columns)
@@ -73,6 +149,9 @@ class DomainIndex:
         n = table.num_rows
         if n == 0 or len(self._sorted) == 0:
             return np.zeros(n, dtype=bool)
+        if any(table.schema.field(k).type != self._domain.schema.field(k).type
+               for k in self._keys):
+            return domain_mask(table, self._domain, self._keys)
         hashes = hash_columns(table, self._keys)
         left = np.searchsorted(self._sorted, hashes, side="left")
         right = np.searchsorted(self._sorted, hashes, side="right")
@@ -82,16 +161,15 @@ class DomainIndex:
             rows, at = pa.array(single), pa.array(self._order[left[single]])
             equal = np.ones(len(single), dtype=bool)
             for name in self._keys:
+                # IEEE equality: -0.0 == 0.0 (one hash too), NaN != NaN, null -> False
                 same = pc.equal(flat_array(table.column(name).take(rows)),
                                 self._domain.column(name).take(at))
                 equal &= pc.fill_null(same, False).to_numpy(zero_copy_only=False)
             mask[single[equal]] = True
         shared = np.flatnonzero(right - left > 1)
         if len(shared):   # several domain keys with this hash: the exact join decides
-            part = table.select(self._keys).take(pa.array(shared)).append_column(
-                "__row", pa.array(shared))
-            kept = restrict_to_domain(part, self._domain, self._keys)
-            mask[kept.column("__row").to_numpy()] = True
+            part = table.select(self._keys).take(pa.array(shared))
+            mask[shared[domain_mask(part, self._domain, self._keys)]] = True
         return mask
 
 

@@ -26,8 +26,10 @@ length, so no message is a prefix of another; CBC-MAC of a block cipher is a PRF
 prefix-free message set (Petrank and Rackoff, J. Cryptology 2000; Bellare, Kilian and
 Rogaway, JCSS 2000), with distinguishing advantage at most about ``q^2 m^2 / 2^128`` for
 ``q`` ids of at most ``m`` blocks, plus AES's own. Without ``K`` no one can craft two
-ids with equal identities; the accidental rate for ``q`` ids is about ``q^2 / 2^129``
-(and zero for integer ids: one AES block is a permutation).
+ids with equal identities; the accidental rate for ``q`` ids of at most ``m`` blocks is
+at most about ``q^2 m^2 / 2^128`` (a random function's ``q^2 / 2^129`` plus the PRF bound,
+which dominates: ``m = 2`` for text ids of up to 16 bytes, one more block per further 16
+bytes), and zero for integer ids (one AES block is a permutation).
 
 **Key.** ``K`` is the first 32 bytes of the release secret's stage key for the reserved
 stage :data:`IDENTITY_STAGE` (``KeyedSource.stage_key``), so it is as secret as the

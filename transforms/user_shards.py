@@ -246,7 +246,11 @@ def check_user_rows(pieces, max_user_rows, setting):
     """Raise ``InputError`` when one user has more than ``max_user_rows`` rows in a
     shard's pieces, before they are concatenated. ``setting``: (the spec field that makes
     the consumers hold all of a user's rows, what to do instead). Costs nothing while the
-    shard itself has fewer rows (the usual case)."""
+    shard itself has fewer rows (the usual case).
+
+    The message says only that the limit was passed, never the user's count: an exact
+    statistic of one user must not leave the run (review F3). The refusal comes after the
+    data was read, so the run keeps its ledger charge (``ledger.Reservation.reading``)."""
     if sum(_piece_rows(p) for p in pieces) <= max_user_rows:
         return
     rows, _ = user_row_counts(pieces)
@@ -254,9 +258,9 @@ def check_user_rows(pieces, max_user_rows, setting):
         from thresher.errors import InputError
         field, remedy = setting
         raise InputError(
-            f"{field}: one user has {rows:,} rows, and with this setting all of a user's "
-            f"rows are held in one place: at most {max_user_rows:,} rows per user are "
-            f"accepted (memory); {remedy}. Nothing was published.")
+            f"{field}: a user has more than {max_user_rows:,} rows, and with this setting "
+            f"all of a user's rows are held in one place: at most {max_user_rows:,} rows "
+            f"per user are accepted (memory); {remedy}. Nothing was published.")
 
 
 def _concat_shard(shard_and_tables, key_columns=None, after=None, max_user_rows=None,

@@ -136,7 +136,8 @@ def load_domain(public_keys, key_columns, key_types=None, data_types=None):
     with (:func:`check_key_type`).
 
     SpecError (field input.public_keys.path) for: a missing or unreadable file, a missing
-    key column, a key that cannot be cast, a null key, an empty domain, a duplicate key."""
+    key column, a key that cannot be cast, a null or NaN key, an empty domain, a duplicate
+    key (-0.0 and 0.0 are one key, as the reader reads them)."""
     import pyarrow.compute as pc     # (here: thresher schema and plan need not load it)
     field = f"{FIELD}.path"
     path, fmt = public_keys["path"], public_keys["format"]
@@ -173,6 +174,16 @@ def load_domain(public_keys, key_columns, key_types=None, data_types=None):
         if col.null_count:
             raise SpecError(field, f"{path!r}: key column {name!r} has {col.null_count} null "
                             f"value(s); every public key must be a full key")
+        if pa.types.is_floating(col.type):
+            nan = pc.sum(pc.is_nan(col)).as_py()
+            if nan:
+                raise SpecError(field, f"{path!r}: key column {name!r} has {nan} NaN "
+                                f"value(s); NaN is no key (the input's NaN keys are dropped), "
+                                f"list numbers only")
+            # -0.0 and 0.0 are one key, as the reader folds them: a domain listing both
+            # is refused below as a duplicate (it released two rows with one noise draw,
+            # their difference the exact count)
+            col = pc.add(col, pa.scalar(0.0, col.type))
         cols[name] = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     domain = pa.table(cols)
     limits.check_public_keys(path, rows=domain.num_rows)

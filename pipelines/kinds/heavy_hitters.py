@@ -419,13 +419,15 @@ def _adaptive_stages(records, plan, num_shards, rng_factory):
     import apache_beam as beam
     from thresher.pipelines.kinds._trie_release import _string_keys
     from thresher.pipelines.kinds import adaptive
+    from thresher.pipelines.release import whole_user_limit
     from thresher.transforms.user_shards import ShardByUser
     spec = plan.spec
     keys = list(spec.input.keys)
     bound = spec.bounding.max_keys_per_user
     users = (records
              | "StringKeys" >> beam.Map(_string_keys, keys[0])
-             | "ShardByUser" >> ShardByUser(num_shards, key_columns=keys))
+             | "ShardByUser" >> ShardByUser(num_shards, key_columns=keys,
+                                            **whole_user_limit(plan)))
     released = adaptive.release_users(users, plan.params_by_bound[bound], bound, keys,
                                       num_shards, _adaptive_mechanism(), rng_factory=rng_factory)
     return (released
@@ -438,6 +440,7 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     (user, key) rows) -> per level, distinct users per prefix -> TrieHH++ -> top_k.
     Returns PCollection[Table(key, count, rank)]."""
     from thresher.pipelines.kinds._trie_release import HeavyHittersRelease
+    from thresher.pipelines.release import whole_user_limit
     from thresher.transforms.per_user_bound import PerUserBound
     from thresher.transforms.user_shards import USER_COLUMN, ShardByUser
     spec = plan.spec
@@ -447,7 +450,7 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     if mech.get("method") == "adaptive":
         return _adaptive_stages(records, plan, num_shards, rng_factory)
     return (records
-            | "ShardByUser" >> ShardByUser(num_shards)
+            | "ShardByUser" >> ShardByUser(num_shards, **whole_user_limit(plan))
             | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory,
                                              rows=True)                      # Table(__user, key)
             | "HeavyHitters" >> HeavyHittersRelease(

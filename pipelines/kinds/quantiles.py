@@ -464,6 +464,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
     from thresher.transforms.per_user_bound import PerUserBound
     from thresher.transforms.quantile_release import BinarySearchQuantiles, KeyedHierarchy
     from thresher.transforms.sample_and_threshold import SampleAndThreshold
+    from thresher.pipelines.release import whole_user_limit
     from thresher.transforms.user_shards import ShardByUser
     spec = plan.spec
     mech = spec.mechanism
@@ -474,7 +475,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
     if plan.domain is not None:
         from thresher.transforms.public_domain import RestrictToDomain
         records = records | "RestrictToDomain" >> RestrictToDomain(plan.domain, keys)
-    users = records | "ShardByUser" >> ShardByUser(num_shards)
+    users = records | "ShardByUser" >> ShardByUser(num_shards, **whole_user_limit(plan))
     if params.get("public_cells") or mech.get("public_cells"):
         return _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
                                     notes_sink)

@@ -24,7 +24,12 @@ significant digits) and added with ``decimal.Decimal``, so ten releases at 0.1 f
 total of 1.0 exactly. The running sums live in the dataset's row and are updated in the
 transaction that reserves, abandons or releases a release (a reservation reads one row,
 not the history); a ledger written by an older thresher gets the new columns (all
-nullable) when it is next opened for writing, and its sums are folded once.
+nullable) and the ledger's triggers (``TRIGGERS``) when it is next opened for writing,
+and its sums are folded once. The triggers bind any program that writes the tables: a
+release without its (rho, delta0) record is refused (an older thresher, which would not
+update the sums, fails closed), and each change of a dataset's releases is counted, so
+sums that do not cover every change are folded again and sums that cannot be right
+refuse the reservation (review F1; ``_dataset_row``).
 
 The life of one release in the ledger (``thresher run``, ``pipelines.release.run``):
 
@@ -42,10 +47,14 @@ The life of one release in the ledger (``thresher run``, ``pipelines.release.run
 4. On success the release becomes ``published`` (with its output path); if the ledger
    cannot record that, the release stands, stays charged as ``publishing``, and the run
    warns (it never exits with an error for a release that is in place).
-   On an error or a refusal *before* step 3 the reservation is deleted (and the
-   dataset's row, if this first release created it: only a charged release fixes a
-   total): nothing derived from the data left the staging location, which is discarded.
-   On an error *after* step 3 (publishing started but did not finish) the release stays
+   On an error or a refusal *before* step 2 reads the input (the spec, the input's
+   files and schema, the output, the runner's options) the reservation is deleted (and
+   the dataset's row, if this first release created it: only a charged release fixes a
+   total). On an error once the pipeline has begun reading the input (a user over the
+   row limit, a corrupt row group, Ctrl-C) the release stays charged as ``run_failed``:
+   whether and when a run fails may depend on the data, and giving the budget back would
+   make a failing run a free look at it (``Reservation.reading``; review F3). On an
+   error *after* step 3 (publishing started but did not finish) the release stays
    charged, as ``publish_failed``: part of it may be visible, so its budget is spent.
 
 A process killed outright (power loss, SIGKILL) leaves its row ``reserved``; it keeps
@@ -105,10 +114,11 @@ FIELDS = {
 REQUIRED = ("ledger", "dataset", "epsilon", "delta")
 RESERVED, PUBLISHING, PUBLISHED, PUBLISH_FAILED = ("reserved", "publishing", "published",
                                                    "publish_failed")
+RUN_FAILED = "run_failed"      # failed after it began reading its input: stays charged
 BUSY_TIMEOUT_S = 60.0
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:(//|[^\\/])")   # postgresql://..., sqlite:///...
 
-_SCHEMA = """
+_TABLES = """
 CREATE TABLE IF NOT EXISTS datasets (
     dataset TEXT PRIMARY KEY,
     epsilon TEXT NOT NULL,            -- the total, as a decimal string
@@ -120,7 +130,10 @@ CREATE TABLE IF NOT EXISTS datasets (
     spent_epsilon TEXT,               -- running sums (NULL: not folded yet)
     spent_delta TEXT,
     spent_rho TEXT,                   -- NULL once a release without a record is charged
-    spent_delta0 TEXT
+    spent_delta0 TEXT,
+    row_changes INTEGER NOT NULL DEFAULT 0,   -- inserts, deletes and charge edits of the
+                                      -- dataset's releases, counted by the triggers
+    spent_row_changes INTEGER         -- row_changes that the running sums cover
 );
 CREATE TABLE IF NOT EXISTS releases (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -130,6 +143,7 @@ CREATE TABLE IF NOT EXISTS releases (
     delta TEXT NOT NULL,
     config_sha256 TEXT NOT NULL,
     state TEXT NOT NULL,              -- reserved | publishing | published | publish_failed
+                                      -- | run_failed
     reserved_at TEXT NOT NULL,
     finished_at TEXT,
     output TEXT,
@@ -139,15 +153,50 @@ CREATE TABLE IF NOT EXISTS releases (
     delta0 TEXT,
     run_token TEXT                    -- a Beam pipeline run's token (NULL: thresher run)
 );
-CREATE UNIQUE INDEX IF NOT EXISTS releases_run_token ON releases (run_token);
 """
-# Columns added after the first ledgers were written: added (nullable) to an older ledger
-# when it is opened for writing (``_migrate``); readers treat them as NULL until then.
+_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS releases_run_token ON releases (run_token)"
+# What the ledger refuses an older thresher (review F1): it inserts releases without a
+# record, and never updates the running sums.
+NO_RECORD = ("a release without its (rho, delta0) record cannot be charged to this ledger: "
+             "it is kept by a newer thresher, which keeps running sums that this version "
+             "does not update; upgrade thresher to charge it")
+# The ledger's triggers (SQLite; ``ledger_postgres`` has the same on the server). They
+# bind every program that writes the tables, an older thresher included:
+# ``releases_need_record`` refuses a release without its record (every older thresher
+# fails closed, with its own exit-2 error naming the ledger), and the ``releases_counted_*``
+# count each insert, delete and change of a release's charge in its dataset's
+# ``row_changes``. This version stamps its running sums with the count they cover
+# (``spent_row_changes``); sums that do not cover the count are folded again from the
+# releases (``_dataset_state``). Counting, not summing: SQLite has no exact decimals.
+TRIGGERS = {
+    "releases_need_record": (
+        "CREATE TRIGGER IF NOT EXISTS releases_need_record BEFORE INSERT ON releases "
+        "WHEN NEW.rho IS NULL OR NEW.delta0 IS NULL "
+        f"BEGIN SELECT RAISE(ABORT, '{NO_RECORD}'); END"),
+    "releases_counted_insert": (
+        "CREATE TRIGGER IF NOT EXISTS releases_counted_insert AFTER INSERT ON releases "
+        "BEGIN UPDATE datasets SET row_changes = row_changes + 1 WHERE dataset = NEW.dataset; "
+        "END"),
+    "releases_counted_delete": (
+        "CREATE TRIGGER IF NOT EXISTS releases_counted_delete AFTER DELETE ON releases "
+        "BEGIN UPDATE datasets SET row_changes = row_changes + 1 WHERE dataset = OLD.dataset; "
+        "END"),
+    "releases_counted_update": (
+        "CREATE TRIGGER IF NOT EXISTS releases_counted_update AFTER UPDATE OF dataset, epsilon, "
+        "delta, rho, delta0 ON releases BEGIN UPDATE datasets SET row_changes = row_changes "
+        "+ 1 WHERE dataset = OLD.dataset OR dataset = NEW.dataset; END"),
+}
+# A whole new ledger, as one script.
+_SCHEMA = _TABLES + _INDEX + ";\n" + "".join(t + ";\n" for t in TRIGGERS.values())
+# Columns added after the first ledgers were written: added (nullable, or counting from 0)
+# to an older ledger when it is opened for writing (``_migrate``); readers treat them as
+# NULL until then.
 NEW_COLUMNS = {
     "datasets": ("composition", "threshold_delta", "rho", "spent_epsilon", "spent_delta",
-                 "spent_rho", "spent_delta0"),
+                 "spent_rho", "spent_delta0", "row_changes", "spent_row_changes"),
     "releases": ("rho", "delta0", "run_token"),
 }
+COLUMN_TYPES = {"row_changes": "INTEGER NOT NULL DEFAULT 0", "spent_row_changes": "INTEGER"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,12 +313,9 @@ def _connect(path, create):
 
 
 def _create_tables(conn):
-    """The tables of a new ledger (the unique run-token index once the column exists: an
-    older ledger gets it from ``_migrate``)."""
-    tables, _, index = _SCHEMA.rpartition("CREATE UNIQUE INDEX")
-    conn.executescript(tables)
-    if "run_token" in _columns(conn, "releases"):
-        conn.execute("CREATE UNIQUE INDEX " + index.strip().rstrip(";"))
+    """The tables of a new ledger (its index and triggers come from ``_migrate``, which
+    gives an older ledger its new columns first)."""
+    conn.executescript(_TABLES)
 
 
 # The columns each table must have (a ledger made by another program, or an older
@@ -306,12 +352,23 @@ def check_shape(conn, path, field):
                                 "use a ledger made by thresher, or a new file/database")
 
 
+def _triggers(conn):
+    return [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = "
+                                           "'trigger' AND tbl_name = 'releases'").fetchall()]
+
+
 def _migrate(conn, path):
-    """A ledger written before composition modes and records: add the NEW_COLUMNS (all
-    nullable, nothing rewritten) and the run-token index, in one write transaction (two
-    runs migrating at once: the second finds them). A ledger that cannot be altered is
-    refused naming the table (exit 2); nothing is lost."""
-    if all(set(cols) <= set(_columns(conn, t)) for t, cols in NEW_COLUMNS.items()):
+    """A ledger written before composition modes, records or the triggers: add the
+    NEW_COLUMNS (nullable or counting from 0, nothing rewritten), the run-token index and
+    the TRIGGERS, in one write transaction (two runs migrating at once: the second finds
+    them). Every dataset's running sums are then folded again at its next reservation:
+    sums written while the triggers were missing may miss an older thresher's rows (the
+    review's F1). A ledger that cannot be altered is refused naming the table (exit 2);
+    nothing is lost. (PostgreSQL: ``ledger_postgres.connect`` did all of it.)"""
+    if getattr(conn, "dialect", None) == ledger_postgres.Connection.dialect:
+        return
+    if (all(set(cols) <= set(_columns(conn, t)) for t, cols in NEW_COLUMNS.items())
+            and set(TRIGGERS) <= set(_triggers(conn))):
         return
     table = None
     try:
@@ -320,17 +377,26 @@ def _migrate(conn, path):
                 have = _columns(conn, table)
                 for col in cols:
                     if col not in have:
-                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {col} TEXT")
+                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {col} "
+                                     f"{COLUMN_TYPES.get(col, 'TEXT')}")
             table = "releases"
-            conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS releases_run_token ON releases "
-                         "(run_token)")
+            conn.execute(_INDEX)
+            for trigger in TRIGGERS.values():
+                conn.execute(trigger)
+            conn.execute(UNFOLD)
     except _all_database_errors() as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SpecError("budget.ledger", f"the ledger {_shown(path)!r} was written by an older "
-                        f"thresher and its table {table!r} cannot be given the columns this "
-                        f"version records ({', '.join(NEW_COLUMNS.get(table, ()))}): {first}; "
+                        f"thresher and its table {table!r} cannot be given the columns and "
+                        f"triggers this version records "
+                        f"({', '.join(NEW_COLUMNS.get(table, ()))}): {first}; "
                         f"nothing was changed (open it writable once, or use a new "
                         f"ledger)") from None
+
+
+# Running sums to be folded again from the releases (after the triggers are installed).
+UNFOLD = ("UPDATE datasets SET spent_epsilon = NULL, spent_delta = NULL, spent_rho = NULL, "
+          "spent_delta0 = NULL, spent_row_changes = NULL")
 
 
 @contextlib.contextmanager
@@ -405,7 +471,8 @@ def _connected_path(conn):
 # ---- a dataset's row: its budgets and running sums ---------------------------------------
 
 _DATASET_COLUMNS = ("epsilon", "delta", "composition", "threshold_delta", "rho",
-                    "spent_epsilon", "spent_delta", "spent_rho", "spent_delta0")
+                    "spent_epsilon", "spent_delta", "spent_rho", "spent_delta0", "row_changes",
+                    "spent_row_changes")
 
 
 def _select(conn, table, columns, where="", params=()):
@@ -415,57 +482,138 @@ def _select(conn, table, columns, where="", params=()):
     return conn.execute(f"SELECT {exprs} FROM {table}{where}", params)
 
 
-def _dataset_state(conn, dataset, fold=False):
-    """(Totals, Spent) of a dataset's row, or None. Running sums not yet folded (a
-    migrated ledger) are folded from the history: written back when ``fold`` (inside the
-    reservation's write transaction), else computed for reading."""
+@dataclasses.dataclass(frozen=True)
+class _DatasetRow:
+    totals: comp.Totals
+    spent: comp.Spent
+    row_changes: int          # the triggers' count (None: a ledger without them, read only)
+    problem: str = None       # read only: why the stored sums cannot be right (then folded)
+
+
+def _dataset_state(conn, dataset, fold=False, path=None):
+    """(Totals, Spent) of a dataset's row, or None (``_dataset_row``)."""
+    row = _dataset_row(conn, dataset, fold, path)
+    return None if row is None else (row.totals, row.spent)
+
+
+def _dataset_row(conn, dataset, fold=False, path=None):
+    """The dataset's row: its Totals, and its running sums when they cover every change of
+    its releases the triggers counted; otherwise the sums folded from the releases
+    (written back, stamped with the count, when ``fold``: inside a write transaction that
+    holds the dataset's row). Sums that cannot be right (``_wrong_sums``) are refused when
+    ``fold`` (a SpecError naming the ledger), folded for reading otherwise."""
     row = _select(conn, "datasets", _DATASET_COLUMNS, " WHERE dataset = ?", (dataset,)).fetchone()
     if row is None:
         return None
-    eps, delta, mode, delta0_b, rho_b, s_eps, s_delta, s_rho, s_delta0 = row
+    eps, delta, mode, delta0_b, rho_b, s_eps, s_delta, s_rho, s_delta0, changes, covered = row
     mode = mode or comp.BASIC
     totals = comp.Totals(mode, _dec(eps), _dec(delta),
                          None if delta0_b is None else _dec(delta0_b),
                          None if rho_b is None else _dec(rho_b))
-    if s_eps is None:
+    changes = None if changes is None else int(changes)
+    covered = None if covered is None else int(covered)
+    problem = _wrong_sums(row[5:9], changes, covered)
+    if problem is not None and fold:
+        raise SpecError("budget.ledger", f"the ledger {_shown(path or '?')!r} is inconsistent: "
+                        f"dataset {dataset!r}: {problem}; nothing was read or published "
+                        f"(thresher ledger show compares the sums with the releases; setting "
+                        f"the dataset's spent_* columns to NULL has the next run fold them "
+                        f"again from its releases)")
+    if s_eps is None or changes is None or covered != changes or problem is not None:
         spent = _fold(conn, dataset)
         if fold:
-            _write_spent(conn, dataset, spent)
+            if s_eps is not None:
+                log.warning("ledger %s: the releases of dataset %r were changed by another "
+                            "program (an older thresher, or by hand) since its running sums "
+                            "were written; they are folded again from its releases",
+                            _shown(path or "?"), dataset)
+            _write_spent(conn, dataset, spent, changes)
     else:
         spent = comp.Spent(_dec(s_eps), _dec(s_delta), None if s_rho is None else _dec(s_rho),
                            None if s_delta0 is None else _dec(s_delta0))
-    return totals, spent
+    return _DatasetRow(totals, spent, changes, problem)
+
+
+def _wrong_sums(sums, changes, covered):
+    """Why the dataset's stored running sums cannot be right (None if they may be), told
+    from its row alone (no history read): only some of the sums stored; a negative
+    sum or one that is no decimal; a stamp of more changes than the triggers counted (the
+    count went backwards: hand edited). Sums with a stamp behind the count are merely
+    stale (folded again); exact sums edited by hand to other valid values are found by
+    ``thresher ledger show``, which folds the history."""
+    s_eps, s_delta, s_rho, s_delta0 = sums
+    wrong = None
+    if (s_eps is None) != (s_delta is None) or (s_rho is None) != (s_delta0 is None) or (
+            s_eps is None and s_rho is not None):
+        wrong = "only some of its running sums are stored (the others are NULL)"
+    else:
+        for name, value in zip(("spent_epsilon", "spent_delta", "spent_rho", "spent_delta0"),
+                               sums):
+            if value is None:
+                continue
+            try:
+                number = decimal.Decimal(value)
+            except (decimal.InvalidOperation, TypeError, ValueError):
+                wrong = f"its running sum {name} = {value!r} is not a decimal number"
+                break
+            if not number.is_finite():
+                wrong = f"its running sum {name} = {value} is not finite"
+                break
+            if number < 0:
+                wrong = f"a negative running sum: {name} = {value}"
+                break
+    if wrong is None and changes is not None and covered is not None and covered > changes:
+        wrong = (f"its running sums say they counted {covered - changes} more changes of its "
+                 f"releases than the ledger did (spent_row_changes = {covered}, row_changes "
+                 f"= {changes})")
+    if wrong is None and changes is not None and changes < 0:
+        wrong = f"its count of changes is negative (row_changes = {changes})"
+    return wrong
 
 
 def _fold(conn, dataset):
-    """The sums over the dataset's releases (only to fill running sums once, and for
-    ``ledger show``'s check)."""
+    """The sums over the dataset's releases (to fill running sums that are missing or do
+    not cover every change, and for ``ledger show``'s check)."""
     rows = _select(conn, "releases", ("epsilon", "delta", "rho", "delta0"),
                    " WHERE dataset = ?", (dataset,)).fetchall()
     return comp.Spent.fold(rows)
 
 
-def _write_spent(conn, dataset, spent):
+def _write_spent(conn, dataset, spent, row_changes):
+    """The running sums, stamped with the triggers' count of changes they cover."""
     conn.execute("UPDATE datasets SET spent_epsilon = ?, spent_delta = ?, spent_rho = ?, "
-                 "spent_delta0 = ? WHERE dataset = ?",
+                 "spent_delta0 = ?, spent_row_changes = ? WHERE dataset = ?",
                  (comp.text(spent.epsilon), comp.text(spent.delta), comp.text(spent.rho),
-                  comp.text(spent.delta0), dataset))
+                  comp.text(spent.delta0), row_changes, dataset))
 
 
-def _uncharge(conn, dataset, row_id):
+def _lock_row(conn, dataset):
+    """Inside a write transaction: hold the dataset's row until it ends (PostgreSQL: FOR
+    UPDATE; SQLite's BEGIN IMMEDIATE holds the whole database already)."""
+    if hasattr(conn, "lock_dataset"):
+        conn.execute("SELECT 1 FROM datasets WHERE dataset = ? FOR UPDATE", (dataset,))
+
+
+def _uncharge(conn, dataset, row_id, path=None):
     """Inside a write transaction: delete a ``reserved`` release and take its charge off
-    the dataset's running sums. Returns whether a row was deleted."""
+    the dataset's running sums (a release without a record -- an older thresher's -- is
+    folded out instead: the sums of the others are exact again). Returns whether a row
+    was deleted."""
     row = _select(conn, "releases", ("epsilon", "delta", "rho", "delta0"),
                   " WHERE id = ? AND state = ?", (row_id, RESERVED)).fetchone()
     if row is None:
         return False
-    state = _dataset_state(conn, dataset, fold=True)
+    _lock_row(conn, dataset)
+    state = _dataset_row(conn, dataset, fold=True, path=path)
     conn.execute("DELETE FROM releases WHERE id = ? AND state = ?", (row_id, RESERVED))
     if state is not None:
         eps, delta, rho, delta0 = row
-        _write_spent(conn, dataset, state[1].minus(comp.Charge(
-            _dec(eps), _dec(delta), None if rho is None else _dec(rho),
-            None if delta0 is None else _dec(delta0))))
+        changes = state.row_changes + 1          # the delete, counted by the trigger
+        if rho is None or delta0 is None:
+            _write_spent(conn, dataset, _fold(conn, dataset), changes)
+        else:
+            _write_spent(conn, dataset, state.spent.minus(comp.Charge(
+                _dec(eps), _dec(delta), _dec(rho), _dec(delta0))), changes)
     return True
 
 
@@ -482,11 +630,20 @@ class Reservation:
         self.spent = spent           # composition.Spent, including this release
         self.new_dataset = new_dataset   # this reservation created the dataset's row
         self.charged = True          # False: a run token already charged (reserve)
+        self._reading = False
         self._publishing = False
         self._done = False
 
     def _connect(self):
         return _connect(self.path, create=True)
+
+    def reading(self):
+        """The run is about to read its input (the pipeline starts). From here on a failure
+        may depend on the data -- a user over a limit, a corrupt row group, how long it
+        ran before Ctrl-C -- so ``abandon`` keeps the charge (``run_failed``) instead of
+        giving the budget back: a failed run must not be a free look at the data (review
+        F3). Nothing is written to the ledger here."""
+        self._reading = True
 
     def publishing(self):
         """The release is about to be moved into place: record it in the ledger first
@@ -518,7 +675,7 @@ class Reservation:
         try:
             with _write_transaction(conn):
                 if state is None:
-                    _uncharge(conn, self.dataset, self.row_id)
+                    _uncharge(conn, self.dataset, self.row_id, self.path)
                     if self.new_dataset:
                         # A dataset's total is fixed by its first charged release: a first
                         # release abandoned before publishing leaves no dataset behind.
@@ -548,15 +705,24 @@ class Reservation:
                         PUBLISHING if self._publishing else RESERVED, _shown(self.path))
 
     def abandon(self):
-        """After an error: delete the reservation, or keep it charged if publishing began."""
+        """After an error: delete the reservation if the run had not begun reading its
+        input; keep it charged if it had (``run_failed``) or if publishing began
+        (``publish_failed``)."""
         if self._done:
             return
+        state = (PUBLISH_FAILED if self._publishing else RUN_FAILED if self._reading
+                 else None)
         try:
-            self._finish(PUBLISH_FAILED if self._publishing else None)
+            self._finish(state)
         except Exception as exc:  # noqa: BLE001 - the original error matters more
             log.warning("could not update the ledger %s (release %d stays %s and counts as "
                         "spent; thresher ledger reservations lists it): %s", _shown(self.path),
                         self.row_id, PUBLISHING if self._publishing else RESERVED, exc)
+            return
+        if state == RUN_FAILED:
+            log.warning("the run failed after it began reading its input: its charge stays "
+                        "spent (release %d is %s in the ledger %s; a failure after reading "
+                        "may depend on the data)", self.row_id, RUN_FAILED, _shown(self.path))
 
 
 def reserve(plan, run_token=None, output=None):
@@ -602,7 +768,7 @@ def _reserve(budget, name, sha, charge, run_token=None, output=None):
             created = _now()
             fresh = (budget.dataset, comp.text(wanted.epsilon), comp.text(wanted.delta), created,
                      wanted.composition, comp.text(wanted.delta0), comp.text(wanted.rho),
-                     "0", "0", "0", "0")
+                     "0", "0", "0", "0", 0, 0)
             if hasattr(conn, "lock_dataset"):
                 new = conn.lock_dataset(budget.dataset, fresh)
             else:
@@ -614,8 +780,15 @@ def _reserve(budget, name, sha, charge, run_token=None, output=None):
                 log.info("ledger %s: new dataset %r (%s composition) with total epsilon=%g, "
                          "delta=%g", budget.ledger, budget.dataset, wanted.composition,
                          budget.epsilon, budget.delta)
-            totals, spent = _dataset_state(conn, budget.dataset, fold=True)
+            dataset_row = _dataset_row(conn, budget.dataset, fold=True, path=budget.ledger)
+            totals, spent = dataset_row.totals, dataset_row.spent
             _check_fixed(budget, totals, wanted)
+            if totals.composition == comp.ZCDP and (spent.rho is None or spent.delta0 is None):
+                raise SpecError("budget.ledger", f"the ledger {_shown(budget.ledger)!r} is "
+                                f"inconsistent: zcdp dataset {budget.dataset!r} holds a release "
+                                f"without a (rho, delta0) record (charged by an older "
+                                f"thresher?), so its spent rho is unknown; nothing was read or "
+                                f"published")
             if not comp.admits(totals, spent, charge):
                 raise SpecError("budget", f"{comp.refusal_text(budget.dataset, totals, spent, charge)} "
                                 f"(ledger {_shown(budget.ledger)}); nothing was read or published")
@@ -633,7 +806,7 @@ def _reserve(budget, name, sha, charge, run_token=None, output=None):
             else:
                 row_id = conn.execute(sql, params).lastrowid
             spent = spent.plus(charge)
-            _write_spent(conn, budget.dataset, spent)
+            _write_spent(conn, budget.dataset, spent, dataset_row.row_changes + 1)  # the insert
     finally:
         conn.close()
     reservation = Reservation(budget.ledger, row_id, budget.dataset, totals, spent,
@@ -644,8 +817,9 @@ def _reserve(budget, name, sha, charge, run_token=None, output=None):
 
 
 _INSERT_DATASET = ("INSERT INTO datasets (dataset, epsilon, delta, created, composition, "
-                   "threshold_delta, rho, spent_epsilon, spent_delta, spent_rho, spent_delta0) "
-                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                   "threshold_delta, rho, spent_epsilon, spent_delta, spent_rho, spent_delta0, "
+                   "row_changes, spent_row_changes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                   "?)")
 
 
 def _check_fixed(budget, totals, wanted):
@@ -763,7 +937,8 @@ def release_reservation(path, row_id, force=False):
     """``thresher ledger release``: delete an open reservation so its budget is free again.
 
     The safe rule: only a row still ``reserved`` (a ``publishing``, ``published`` or
-    ``publish_failed`` row may have been seen: charged for good), and only when its owner
+    ``publish_failed`` row may have been seen, a ``run_failed`` run failed after reading
+    its input: charged for good), and only when its owner
     is known to be gone (same host, process ended); a running owner or one on another host
     needs ``force``. Even then no release is published uncharged: a run marks its row
     ``publishing`` (in a write transaction, only if still ``reserved``) before it moves its
@@ -781,9 +956,10 @@ def release_reservation(path, row_id, force=False):
                     raise SpecError("ID", f"no release {row_id} in the ledger {_shown(path)!r}")
                 rid, ds, name, eps, delta, at, host, pid, state = row
                 if state != RESERVED:
+                    why = ("its run failed after it began reading the input" if state ==
+                           RUN_FAILED else "it may have been seen")
                     raise SpecError("ID", f"release {row_id} ({name!r}, dataset {ds!r}) is "
-                                    f"{state}, not reserved: it may have been seen, so its "
-                                    f"budget stays spent")
+                                    f"{state}, not reserved: {why}, so its budget stays spent")
                 owner = owner_state(host, pid, _parse_time(at))
                 if owner != "gone" and not force:
                     why = (f"its run (pid {pid} on this host) is still running" if owner ==
@@ -793,7 +969,7 @@ def release_reservation(path, row_id, force=False):
                                     f"reserved and {why}; pass --force once you know it has "
                                     f"ended (a run whose reservation is released refuses to "
                                     f"publish)")
-                _uncharge(conn, ds, row_id)
+                _uncharge(conn, ds, row_id, path)
         finally:
             conn.close()
     return {"id": int(rid), "dataset": ds, "name": name, "epsilon": _num(eps),
@@ -848,14 +1024,15 @@ def _summary(path, dataset):
                 "name", "epsilon", "delta", "config_sha256", "state", "reserved_at",
                 "finished_at", "output", "id", "rho", "delta0"),
                 " WHERE dataset = ? ORDER BY id", (name,)).fetchall()
-            totals, spent = _dataset_state(conn, name)
-            out.append(_dataset_summary(name, totals, spent, _fold(conn, name), rows))
+            state = _dataset_row(conn, name)
+            out.append(_dataset_summary(name, state.totals, state.spent, _fold(conn, name),
+                                        rows, state.problem))
         return out
     finally:
         conn.close()
 
 
-def _dataset_summary(name, totals, spent, folded, rows):
+def _dataset_summary(name, totals, spent, folded, rows, problem=None):
     zcdp = totals.composition == comp.ZCDP
     if zcdp:
         eps = totals.epsilon_of(spent.rho)
@@ -886,7 +1063,12 @@ def _dataset_summary(name, totals, spent, folded, rows):
                       "config_sha256": r[3], "state": r[4], "time": r[6] or r[5],
                       "output": r[7]} for r in rows],
     }
-    if folded != spent:
+    if problem is not None:
+        entry["warning"] = (f"the running sums in the dataset's row cannot be right ({problem}); "
+                            f"shown: the sums of its releases. The next run refuses until they "
+                            f"are repaired (set the dataset's spent_* columns to NULL to have "
+                            f"them folded again)")
+    elif folded != spent:
         entry["warning"] = (f"the running sums in the dataset's row ({spent}) differ from the "
                             f"sums of its releases ({folded}): the ledger was edited by hand "
                             f"or is corrupt")

@@ -9,7 +9,9 @@ dataset's row exists (``INSERT ... ON CONFLICT DO NOTHING``) and then takes that
 commits, and then reads the running sums (kept in that row) including the first
 release. The tables are created -- and an older ledger's tables given the columns added
 since (``ADD COLUMN IF NOT EXISTS``, all nullable) -- under a transaction-scoped advisory
-lock, so two first runs do not race on ``CREATE`` or ``ALTER``.
+lock, so two first runs do not race on ``CREATE`` or ``ALTER``; the ledger's triggers
+(``TRIGGERS``: a release without its record refused, each change of a release counted)
+are created there too when missing.
 """
 import contextlib
 import re
@@ -31,7 +33,9 @@ _SCHEMA = (
         spent_epsilon TEXT,
         spent_delta TEXT,
         spent_rho TEXT,
-        spent_delta0 TEXT)""",
+        spent_delta0 TEXT,
+        row_changes BIGINT NOT NULL DEFAULT 0,
+        spent_row_changes BIGINT)""",
     """CREATE TABLE IF NOT EXISTS releases (
         id BIGSERIAL PRIMARY KEY,
         dataset TEXT NOT NULL REFERENCES datasets(dataset),
@@ -55,10 +59,44 @@ _MIGRATIONS = (
     *(f"ALTER TABLE datasets ADD COLUMN IF NOT EXISTS {c} TEXT" for c in (
         "composition", "threshold_delta", "rho", "spent_epsilon", "spent_delta", "spent_rho",
         "spent_delta0")),
+    "ALTER TABLE datasets ADD COLUMN IF NOT EXISTS row_changes BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE datasets ADD COLUMN IF NOT EXISTS spent_row_changes BIGINT",
     *(f"ALTER TABLE releases ADD COLUMN IF NOT EXISTS {c} TEXT" for c in (
         "rho", "delta0", "run_token")),
     "CREATE UNIQUE INDEX IF NOT EXISTS releases_run_token ON releases (run_token)",
 )
+# The ledger's triggers (pipelines.ledgers.ledger.TRIGGERS: the same on SQLite): a release
+# without its record is refused, whoever inserts it (an older thresher fails closed), and
+# every insert, delete and change of a release's charge is counted in its dataset's
+# ``row_changes``. Created once, when missing (then every dataset's running sums are
+# folded again: ``ledger.UNFOLD``).
+_FUNCTIONS = (
+    """CREATE OR REPLACE FUNCTION thresher_release_needs_record() RETURNS trigger
+       LANGUAGE plpgsql AS $$
+       BEGIN
+         RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = %(message)s;
+       END $$""",
+    """CREATE OR REPLACE FUNCTION thresher_count_release_change() RETURNS trigger
+       LANGUAGE plpgsql AS $$
+       BEGIN
+         IF TG_OP <> 'INSERT' THEN
+           UPDATE datasets SET row_changes = row_changes + 1 WHERE dataset = OLD.dataset;
+         END IF;
+         IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND NEW.dataset IS DISTINCT FROM OLD.dataset)
+         THEN
+           UPDATE datasets SET row_changes = row_changes + 1 WHERE dataset = NEW.dataset;
+         END IF;
+         RETURN NULL;
+       END $$""",
+)
+TRIGGERS = {
+    "releases_need_record": "CREATE TRIGGER releases_need_record BEFORE INSERT ON releases "
+                            "FOR EACH ROW WHEN (NEW.rho IS NULL OR NEW.delta0 IS NULL) "
+                            "EXECUTE PROCEDURE thresher_release_needs_record()",
+    "releases_counted": "CREATE TRIGGER releases_counted AFTER INSERT OR DELETE OR UPDATE OF "
+                        "dataset, epsilon, delta, rho, delta0 ON releases FOR EACH ROW "
+                        "EXECUTE PROCEDURE thresher_count_release_change()",
+}
 
 
 def is_url(ledger):
@@ -98,8 +136,9 @@ class Connection:
         for _ in range(10):
             cur = self.execute("INSERT INTO datasets (dataset, epsilon, delta, created, "
                                "composition, threshold_delta, rho, spent_epsilon, spent_delta, "
-                               "spent_rho, spent_delta0) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-                               "?) ON CONFLICT (dataset) DO NOTHING", fresh)
+                               "spent_rho, spent_delta0, row_changes, spent_row_changes) VALUES "
+                               "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (dataset) "
+                               "DO NOTHING", fresh)
             new = cur.rowcount == 1
             row = self.execute("SELECT epsilon FROM datasets WHERE dataset = ? FOR "
                                "UPDATE", (dataset,)).fetchone()
@@ -114,6 +153,10 @@ class Connection:
                             "table_schema = current_schema() AND table_name = ? ORDER BY "
                             "ordinal_position", (table,)).fetchall()
         return [r[0] for r in rows]
+
+    def triggers_of(self, table):
+        """The names of the triggers on ``table`` in the connection's schema."""
+        return _triggers_of(self._conn, table)
 
     def insert_release(self, sql, params):
         return self.execute(f"{sql} RETURNING id", params).fetchone()[0]
@@ -137,6 +180,7 @@ def connect(url, create, field="budget.ledger"):
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ADVISORY_KEY,))
                 for statement in (*_SCHEMA, *_MIGRATIONS):
                     conn.execute(statement)
+                _install_triggers(conn)
         except psycopg.Error as exc:
             # e.g. a datasets table of another shape: REFERENCES datasets(dataset) fails
             conn.close()
@@ -144,6 +188,32 @@ def connect(url, create, field="budget.ledger"):
             raise SpecError(field, f"the ledger {shown(url)} cannot be used (its tables "
                             f"cannot be made or are of another shape): {first}") from None
     return Connection(conn)
+
+
+def _triggers_of(conn, table):
+    rows = conn.execute("SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = "
+                        "t.tgrelid WHERE c.relname = %s AND c.relnamespace = "
+                        "current_schema()::regnamespace AND NOT t.tgisinternal",
+                        (table,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def _install_triggers(conn):
+    """Inside connect's transaction (under the advisory lock): the TRIGGERS and their
+    functions, if any is missing; then every dataset's sums are folded again."""
+    from thresher.pipelines.ledgers import ledger
+    if set(TRIGGERS) <= set(_triggers_of(conn, "releases")):
+        return
+    for function in _FUNCTIONS:
+        conn.execute(function.replace("%(message)s", _literal(ledger.NO_RECORD)))
+    for name, statement in TRIGGERS.items():
+        conn.execute(f"DROP TRIGGER IF EXISTS {name} ON releases")
+        conn.execute(statement)
+    conn.execute(ledger.UNFOLD)
+
+
+def _literal(text):
+    return "'" + text.replace("'", "''") + "'"
 
 
 def database_errors():

@@ -1,12 +1,14 @@
 """A user too large for a release that holds all of a user's rows fails closed (issue 34).
 
-With ``max_keys_per_user: auto``, ``bounding.model: l1``, ``kind: adaptive`` or
-``aggregates``, every row of a user meets in one element of the user shuffle: one user
+With ``max_keys_per_user: auto``, ``bounding.model: l1``, ``kind: adaptive``,
+``aggregates``, ``quantiles`` or ``heavy_hitters`` (review F2: these two shuffled users
+without the check), every row of a user meets in one element of the user shuffle: one user
 with 1e7 rows took 1.6-5.5 GB in process. Each consumer of the shuffle now counts a
 shard's rows per user before concatenating it (``transforms.user_shards.
 check_user_rows``) and refuses a user above ``MAX_USER_ROWS``: exit 2, a message naming
 the setting, nothing published. A fixed l0 bound pre-reduces the user instead and
-releases. Real CLI runs on real Parquet (more than 15,625 rows, so the shuffle spills to
+releases. The refusal never says the user's count, and the run keeps its ledger charge
+(review F3). Real CLI runs on real Parquet (more than 15,625 rows, so the shuffle spills to
 files); the limit is lowered to 300 rows for the test. Deterministic.
 """
 import os
@@ -18,6 +20,7 @@ import pytest
 import yaml
 
 from thresher.pipelines import cli, release
+from thresher.pipelines.ledgers import ledger
 from thresher.transforms import prereduce
 
 HEAVY_ROWS = 2000
@@ -47,6 +50,16 @@ CASES = {
                     "aggregates": [{"column": "amount", "statistic": "sum",
                                     "clip": [0.0, 5.0]}]}, "aggregates"),
     "fixed": ({"bounding": {"max_keys_per_user": 4}}, None),
+    # review F2: the kinds with their own stages shuffled users without the check
+    "quantiles": ({"bounding": {"max_keys_per_user": 4},
+                   "mechanism": {"kind": "quantiles", "column": "amount", "ranks": [0.5],
+                                 "domain": [0, 10]}}, "mechanism.kind"),
+    "heavy_hitters_adaptive": ({"bounding": {"max_keys_per_user": 4},
+                                "mechanism": {"kind": "heavy_hitters", "top_k": 5,
+                                              "method": "adaptive"}}, "mechanism.kind"),
+    "heavy_hitters_trie": ({"bounding": {"max_keys_per_user": 4},
+                            "mechanism": {"kind": "heavy_hitters", "top_k": 5,
+                                          "method": "trie"}}, "mechanism.kind"),
 }
 
 
@@ -75,5 +88,48 @@ def test_a_user_over_the_limit_fails_closed_naming_the_setting(tmp_path, monkeyp
         assert code == 0 and os.path.exists(tmp_path / "out" / "released.parquet")
         return
     assert code == 2, err
-    assert f"{field}: one user has {HEAVY_ROWS:,} rows" in err and "at most 300" in err
+    assert f"{field}: a user has more than 300 rows" in err and "at most 300" in err
+    assert f"{HEAVY_ROWS:,}" not in err and str(HEAVY_ROWS) not in err   # never the count (F3)
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_run_refused_after_reading_keeps_its_charge(tmp_path, monkeypatch, capsys, data):
+    """Review F3: the refusal of a heavy user comes after the data was read (it tells that
+    some user has more rows than the limit), so the run keeps its ledger charge
+    (``run_failed``) instead of giving the budget back: a failing run is no free look at
+    the data. A usage error found before reading (a key column the input lacks) still
+    gives it back. Without the change the heavy run's reservation was deleted."""
+    monkeypatch.setattr(release, "MAX_USER_ROWS", 300)
+    location = str(tmp_path / "l.sqlite")
+
+    def spec(name, keys):
+        doc = {"name": name, "input": {"path": data, "format": "parquet", "user": "user_id",
+                                       "keys": keys},
+               "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
+               "bounding": {"max_keys_per_user": 4, "model": "l1"},
+               "mechanism": {"kind": "laplace"},
+               "output": {"path": str(tmp_path / f"out-{name}")},
+               "budget": {"ledger": location, "dataset": "ds", "epsilon": 3.0,
+                          "delta": 1.0e-6}}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return str(path)
+
+    ledger.reserve_charge(ledger.BudgetSpec(location, "ds", 3.0, 1e-6), "earlier", "0" * 64,
+                          ledger.comp.Charge(*(ledger.comp.dec(v) for v in (0.5, 0, 0.125, 0))))
+    capsys.readouterr()
+    assert cli.main(["run", spec("usage", ["no_such_column"]), "--quiet"]) == 2
+    assert "no_such_column" in capsys.readouterr().err
+    assert cli.main(["run", spec("heavy", ["word"]), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "bounding.model: a user has more than 300 rows" in err, err
+    shown = ledger.summary(location, "ds")[0]
+    assert [(r["name"], r["state"]) for r in shown["releases"]] == [
+        ("earlier", "reserved"), ("heavy", "run_failed")]
+    assert shown["spent"]["epsilon"] == 1.5 and "warning" not in shown
+    assert not os.path.exists(tmp_path / "out-heavy")
+    # and the operator cannot free it as if nothing had been read
+    row = shown["releases"][1]["id"]
+    with pytest.raises(ledger.SpecError, match="run_failed, not reserved: its run failed after "
+                                               "it began reading the input"):
+        ledger.release_reservation(location, row, force=True)

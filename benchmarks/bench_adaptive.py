@@ -1,6 +1,6 @@
 """Keys released by ``adaptive`` against ``weighted_gaussian`` at fixed bounds (issue 15).
 
-Each figure is one real ``pipelines.release.run`` (the code of ``thresher run``, Beam's
+Each figure is one real ``pipelines.running.release.run`` (the code of ``thresher run``, Beam's
 default in-process runner) on the docstring corpus of ``benchmarks/bench_keys.py``
 (cached under ``--data-dir``; built in about 80 s when absent) or ``--corpus``, at
 delta = 1e-6, ``max_keys_per_user`` C (an integer or ``auto``) and the kinds' defaults
@@ -31,9 +31,9 @@ output: {{path: {out}}}
 
 
 def run(data, tmp, mechanism, epsilon, bound, tag):
-    from thresher.pipelines import release
+    from thresher.pipelines.running import release
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.plan import make_plan
+    from thresher.pipelines.planning.plan import make_plan
     out = os.path.join(tmp, f"out-{tag}")
     path = os.path.join(tmp, f"{tag}.yaml")
     with open(path, "w") as f:

@@ -68,8 +68,8 @@ def run_thresher(path, out, aggregates, auto=None):
     import yaml
 
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.plan import make_plan
-    from thresher.pipelines.release import run
+    from thresher.pipelines.planning.plan import make_plan
+    from thresher.pipelines.running.release import run
     spec = {"name": "bench_aggregates",
             "input": {"path": path, "user": "user_id", "keys": ["country"]},
             "privacy": {"epsilon": EPSILON, "delta": DELTA},

@@ -5,7 +5,7 @@ of paper 002's Table 1 data: most keys are rare and suppressed. For each release
 a noise scale in the score (gaussian, laplace; l0 model, epsilon = 1, delta = 1e-8, the
 default auto settings: sqrt(2) grid to C_m = 128, epsilon_select = 0.1) this script
 
-* calibrates every candidate with the kind's own ``calibrate`` (``pipelines.plan``),
+* calibrates every candidate with the kind's own ``calibrate`` (``pipelines.planning.plan``),
 * bounds each user to C keys with one coupled uniform ranking (every C gets its exact
   PerUserBound distribution), releases with thresher's kernel
   ``transforms.noisy_threshold.noisy_threshold`` (discrete noise, the calibrated
@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 from thresher.accounting import contribution_bound as cb  # noqa: E402
 from thresher.accounting import selection  # noqa: E402
 from thresher.pipelines.specs import spec as spec_mod  # noqa: E402
-from thresher.pipelines.plan import make_plan  # noqa: E402
+from thresher.pipelines.planning.plan import make_plan  # noqa: E402
 from thresher.transforms.noisy_threshold import noisy_threshold  # noqa: E402
 from thresher.transforms.rand_clip import rank_within_user  # noqa: E402
 

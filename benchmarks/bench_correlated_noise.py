@@ -61,8 +61,8 @@ def paper(epsilon=1.0, delta=1e-6, ks=(1, 2, 4, 16, 64, 256, 1024)):
 
 
 def _release(data, out, noise, bound, secret):
-    from thresher.pipelines.plan import make_plan
-    from thresher.pipelines.release import run
+    from thresher.pipelines.planning.plan import make_plan
+    from thresher.pipelines.running.release import run
     from thresher.pipelines.specs import spec as spec_mod
     from thresher.transforms.keyed_random import KeyedSource
     import pyarrow.parquet as pq

@@ -4,7 +4,7 @@ Data with known truth: users with 1-3 distinct keys each (so the contribution bo
 drops nothing and the bounded count of a key is its distinct users), key sizes
 log-uniform over [5, 400] users so many keys sit near the release point tau*, one
 gamma-distributed amount per (user, key). Each kind is released RELEASES times through
-``thresher run``'s pipeline (pipelines.release.run, in-process runner) with different
+``thresher run``'s pipeline (pipelines.running.release.run, in-process runner) with different
 secrets; the published intervals are compared with the truth:
 
 * count: all released keys, and released keys whose true count is below tau* (for
@@ -71,8 +71,8 @@ def truth_of(table, scale_weights):
 
 def release(kind, folder, data_path, secret):
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.plan import make_plan
-    from thresher.pipelines.release import run
+    from thresher.pipelines.planning.plan import make_plan
+    from thresher.pipelines.running.release import run
     from thresher.transforms.keyed_random import KeyedSource
     spec = {"name": "coverage", "input": {"path": data_path, "user": "uid", "keys": ["key"]},
             "privacy": {"epsilon": 1.0, "delta": 1e-6},

@@ -5,7 +5,7 @@ Corpus: ``benchmarks/docstring_corpus.py`` -- the words of the docstrings of eve
 installed Python module (standard library + site-packages of this interpreter), built
 offline. Two privacy units: one docstring (a document; the default) and one source file.
 
-Each run is a real release (``pipelines.release.run``: Beam FnApiRunner, CSPRNG
+Each run is a real release (``pipelines.running.release.run``: Beam FnApiRunner, CSPRNG
 sampling) of the spec below; recall = |released top 20 ∩ true top 20| / 20, the true
 top 20 by distinct users before bounding (ties broken by word).
 
@@ -22,8 +22,8 @@ import yaml
 
 from benchmarks import docstring_corpus
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.pipelines.plan import make_plan
-from thresher.pipelines.release import run
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.release import run
 
 
 def true_top(path, k):

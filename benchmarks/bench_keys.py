@@ -20,7 +20,7 @@ For each epsilon in {0.5, 1, 2} and delta = 1e-6 the script prints
   defaults: the keys released with a count, the bound the run chose, and the median and
   90th percentile of the relative error |released count - true distinct users| / true of
   the released keys (the ``estimate`` column where the kind has one, else ``count``). Each
-  is one real ``pipelines.release.run`` on Beam's default in-process runner (the same
+  is one real ``pipelines.running.release.run`` on Beam's default in-process runner (the same
   code as ``thresher run``);
 - PipelineDP 0.3.1 (``LocalBackend``, same rows, same (epsilon, delta)): its best counted
   release (``DPEngine.aggregate`` with PRIVACY_ID_COUNT and Laplace noise, max over its
@@ -108,11 +108,11 @@ def present_kinds():
 
 
 def thresher_release(kind, data, epsilon, tmp, objective=None):
-    """One real release (pipelines.release.run, default in-process runner); returns
+    """One real release (pipelines.running.release.run, default in-process runner); returns
     (released [(word, value)], chosen bound, seconds)."""
-    from thresher.pipelines import release
+    from thresher.pipelines.running import release
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.plan import make_plan
+    from thresher.pipelines.planning.plan import make_plan
     out = os.path.join(tmp, f"out-{kind}-{epsilon}-{objective}")
     auto = f", auto: {{objective: {objective}}}" if objective else ""
     path = os.path.join(tmp, f"{kind}-{epsilon}-{objective}.yaml")

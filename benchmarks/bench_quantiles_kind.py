@@ -3,7 +3,7 @@ PipelineDP's PERCENTILE metric on the same data.
 
 Data: 1e5 users with one value each, from two distributions: N(50, 10) on the domain
 [0, 100], and a long-tailed lognormal (median e^4 ~ 55, rank 0.99 ~ 560, like latencies
-in ms) on [0, 1000]. For each, a real thresher release (``pipelines.release.run``: Beam
+in ms) on [0, 1000]. For each, a real thresher release (``pipelines.running.release.run``: Beam
 FnApiRunner, CSPRNG sampling) at epsilon = 1, delta = 1e-6, max_keys_per_user = 1 for
 ranks 0.1, 0.5, 0.9, 0.99, with each method; the figure is the rank error
 |F(value) - phi| (0 when phi lies in [F(value-), F(value)]) on the true data.
@@ -25,8 +25,8 @@ import pyarrow.parquet as pq
 import yaml
 
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.pipelines.plan import make_plan
-from thresher.pipelines.release import run
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.release import run
 
 RANKS = [0.1, 0.5, 0.9, 0.99]
 DISTRIBUTIONS = {

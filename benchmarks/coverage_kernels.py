@@ -115,7 +115,7 @@ def calibrated(kind, tmp_dir, epsilon=1.0, delta=1e-6, bound=3, clip=(0.0, 100.0
     import yaml
 
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.plan import make_plan
+    from thresher.pipelines.planning.plan import make_plan
     data = os.path.join(tmp_dir, "tiny.parquet")
     pq.write_table(pa.table({"uid": ["a", "b"], "key": ["x", "y"], "amount": [1.0, 2.0]}), data)
     spec = {"name": "coverage", "input": {"path": data, "user": "uid", "keys": ["key"]},

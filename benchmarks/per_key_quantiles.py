@@ -3,7 +3,7 @@ six of them with 5,000-12,000 users and the rest 20-2,500, each user in one key 
 values from the key's own lognormal distribution (median 5-80 on the public domain
 [0, 1000], like a price or a latency). ``kind: quantiles`` with ``select_keys`` (no
 public keys) at epsilon = 1, delta = 1e-6, max_keys_per_user = 1, through the real
-release path (``pipelines.release.run``). Printed per run: keys selected, keys with a
+release path (``pipelines.running.release.run``). Printed per run: keys selected, keys with a
 value, the worst rank error |F(value) - phi| (0 when phi lies in [F(value-), F(value)])
 over the keys with >= 5,000 users and over all selected keys, and whether every key's
 values are non-decreasing in rank.
@@ -93,8 +93,8 @@ def evaluate(rows, truth, users_per_key, big=5_000):
 
 def main(argv=None):
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.plan import make_plan
-    from thresher.pipelines.release import run
+    from thresher.pipelines.planning.plan import make_plan
+    from thresher.pipelines.running.release import run
     from thresher.transforms.keyed_random import KeyedSource
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)

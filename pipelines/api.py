@@ -15,7 +15,7 @@ ledger once per run of the pipeline, under a run token drawn with the run's secr
 (``pipelines.ledgers.pipeline_charge``; a ledger the workers cannot reach is refused when
 the pipeline is built).
 
-``plan(spec)`` calibrates a spec without reading data (``pipelines.plan.make_plan``): the
+``plan(spec)`` calibrates a spec without reading data (``pipelines.planning.plan.make_plan``): the
 returned plan's ``report()`` is the release report minus its data fields, as
 ``thresher plan --json`` prints it.
 
@@ -27,7 +27,7 @@ import yaml
 
 from thresher.pipelines.specs import spec as spec_module
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 
 
 def load_spec(spec):

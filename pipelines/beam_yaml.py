@@ -10,7 +10,7 @@ docs/running.md.
 key of an existing sample, from any Beam YAML source:
 ReadFromParquet, ReadFromCsv, ReadFromBigQuery, ...) and is the whole release of a
 ``thresher run`` spec — the same ``privacy``, ``bounding`` and ``mechanism`` sections,
-validated and calibrated by the same code (``pipelines.spec``, ``pipelines.plan``), then
+validated and calibrated by the same code (``pipelines.spec``, ``pipelines.planning.plan``), then
 the same transforms: ShardByUser, PerUserBound / RandClip (with
 ChooseContributionBound for ``max_keys_per_user: auto``), SumCountsPerKey and the
 mechanism kind's release. It has two outputs:
@@ -75,8 +75,8 @@ from apache_beam.typehints.schemas import named_fields_from_element_type
 
 from thresher.pipelines.dataio import io
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.plan import make_plan
-from thresher.pipelines.release import release_stages
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.release import release_stages
 from thresher.pipelines.specs.spec import kind_module, parse
 from thresher.transforms import keyed_random
 from thresher.transforms.user_identity import identity_key
@@ -338,7 +338,7 @@ def _chosen_report(reports, chosen, clips=None):
     ``thresher run`` reports them (``aggregates.report_chosen_clips``)."""
     report = dict(reports[int(chosen)])
     if clips is not None:
-        from thresher.pipelines.aggregates import apply_clips
+        from thresher.pipelines.specs.aggregates import apply_clips
         report["mechanism"] = apply_clips(report["mechanism"], clips)
     return report
 
@@ -374,7 +374,7 @@ class _Release(beam.PTransform):
         self._plan = plan
         self._num_shards = num_shards
         # Tests only: a KeyedSource with a known secret, to compare with thresher run
-        # (pipelines.release.run's rng_factory). None: the secret is drawn in the pipeline.
+        # (pipelines.running.release.run's rng_factory). None: the secret is drawn in the pipeline.
         self._rng_factory = None
 
     def expand(self, rows):
@@ -415,7 +415,7 @@ class _Release(beam.PTransform):
         plan = _domain_for(plan, fields)
         values = []
         if spec.aggregates:
-            from thresher.pipelines.aggregates import value_columns
+            from thresher.pipelines.specs.aggregates import value_columns
             values = value_columns(spec.aggregates)
             for i, (name, _) in enumerate(values):
                 if name not in fields:

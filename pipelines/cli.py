@@ -157,7 +157,7 @@ def _print_plan(plan, as_json, verbose=False, users=2000):
         return
     print("\n".join(format_plan(plan, report)))
     if plan.spec.aggregates:
-        from thresher.pipelines.aggregates import print_plan
+        from thresher.pipelines.specs.aggregates import print_plan
         print_plan(plan, users)
 
 
@@ -507,12 +507,12 @@ def _dispatch(args, beam_args):
 def _spec_command(args, beam_args):
     from thresher.pipelines.running import progress
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.plan import make_plan
+    from thresher.pipelines.planning.plan import make_plan
     progress.phase(f"reading the spec {args.config}")
     spec = spec_mod.load(args.config)
     if args.command == "validate":
         from thresher.pipelines.dataio import input_schema
-        from thresher.pipelines.preflight import check_output_writable
+        from thresher.pipelines.planning.preflight import check_output_writable
         files = spec_mod.input_files(spec.input)
         input_schema.check_input(spec.input, files)
         check_output_writable(spec.output.path)
@@ -536,7 +536,7 @@ def _spec_command(args, beam_args):
                 print("\n".join(wrap([ledger_text])))
         return 0
     from thresher.pipelines.running import beam_flags
-    from thresher.pipelines.preflight import check_output_writable
+    from thresher.pipelines.planning.preflight import check_output_writable
     progress.phase("checking the output folder and the Beam options")
     check_output_writable(spec.output.path)
     beam_flags.check(beam_args)
@@ -545,7 +545,7 @@ def _spec_command(args, beam_args):
     progress.phase("checking the input files and building the Beam pipeline")
     from thresher.pipelines.running import process
     process.prepare_pipeline()
-    from thresher.pipelines.release import run
+    from thresher.pipelines.running.release import run
     report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
     if not args.quiet:
         from thresher.pipelines.reports import summary

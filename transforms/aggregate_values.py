@@ -13,7 +13,7 @@ Kernels (numpy / Arrow, no Beam):
 * :func:`release_with_aggregates` -- the count is released as the kind does (GSHM /
   Laplace thresholding, or every public key with noise), then every released key's grid
   sums get integer noise from the CSPRNG samplers and become the output columns
-  (``pipelines.aggregates``: sum = (grid sum + noise) / g; mean = clamp(sum / count,
+  (``pipelines.specs.aggregates``: sum = (grid sum + noise) / g; mean = clamp(sum / count,
   low, high), null if count <= 0).
 """
 import apache_beam as beam

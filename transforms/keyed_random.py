@@ -603,7 +603,7 @@ _BUILDING = []     # (KeyedSource, root label) of the release whose pipeline is 
 
 @contextlib.contextmanager
 def building(source, root=""):
-    """While a release's pipeline is built (``pipelines.release.build``), transforms
+    """While a release's pipeline is built (``pipelines.running.release.build``), transforms
     given no ``rng_factory`` take the release's :class:`KeyedSource` (:func:`resolve`).
 
     ``root``: the full label of the composite the release's stages are built in (the

@@ -35,7 +35,7 @@ Memory. A heavy user's rows leave each table as at most C rows per distinct hash
 about C rows per user and table instead of all of them (issue 30, D15: a 1e7-row user
 among 5,000 others peaked at 3.1 GB in process). The buffer is one table.
 
-Only fixed-bound l0 bounding through ``PerUserBound`` uses it (``pipelines.release``),
+Only fixed-bound l0 bounding through ``PerUserBound`` uses it (``pipelines.running.release``),
 and ``aggregates`` with fixed clips (``PerUserBoundWithValues``: every row of the kept
 keys is kept, ``every_row``, since the bounding sums each kept (user, key)'s values, in a
 canonical order, so the totals are the same). An automatic C scores every key of a user,

@@ -12,7 +12,7 @@ not the input.
 
 The pieces are written by the splitting DoFn under fresh random names, so a retried or
 repeated bundle writes new files and only the names its committed output carries are
-read; unread files are removed with the folder (``pipelines.release`` puts it under the
+read; unread files are removed with the folder (``pipelines.running.release`` puts it under the
 release's staging folder as ``beam-temp-user-shuffle``, which is deleted after the
 pipeline and with the staging folder on failure). Nothing in the folder is published.
 The same tables reach the consumers as through the in-memory shuffle, so the release is

@@ -39,7 +39,7 @@ reader given no ``KeyedSource`` refuses to run (:func:`check_identity_source`, a
 used only when asked for by name -- ``prepare_batch(..., identity_key=TEST_KEY)`` or the
 test-only ``keyed_random.seeded_for_tests(seed)`` -- and then identities are
 reproducible but public, collisions of them can be crafted, and no privacy claim is made
-(a release always has a ``KeyedSource``: ``pipelines.release.run``, the Beam YAML
+(a release always has a ``KeyedSource``: ``pipelines.running.release.run``, the Beam YAML
 transform).
 
 **Type-stable ids.** A user is its id's value, not the Arrow type a file stored it

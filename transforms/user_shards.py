@@ -206,7 +206,7 @@ def exact_users(table):
 
 
 # The most rows of one user that a consumer of whole users accepts, where its kernels
-# hold all of them in one element (pipelines.release names the setting that makes it so:
+# hold all of them in one element (pipelines.running.release names the setting that makes it so:
 # an automatic bound, l1, adaptive rounds, aggregates): ~500 bytes a row in the automatic
 # bound's kernels, so 2**21 rows stay near 1 GB; one user with more fails the run.
 MAX_USER_ROWS = 1 << 21

@@ -585,7 +585,7 @@ def is_own_file(name):
 def promote(staging, final):
     """Move a finished release into place, replacing an earlier one.
 
-    (``pipelines.release`` resolves a symlinked output folder to its target first.) A
+    (``pipelines.running.release`` resolves a symlinked output folder to its target first.) A
     folder holding only thresher's files is swapped with the staging folder by renames;
     one that also holds the user's own files (notes, plots) keeps them: thresher's old
     files are removed (the report first, so the folder never looks complete with mixed

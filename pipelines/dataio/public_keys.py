@@ -14,7 +14,7 @@ import os
 
 import pyarrow as pa
 
-from thresher.pipelines import limits
+from thresher.pipelines.planning import limits
 from thresher.pipelines.specs import declare
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.dataio.formats import infer
@@ -114,7 +114,7 @@ def _read(path, fmt):
 
 
 def _check_size(path, fmt):
-    """The planning limit on the domain (``pipelines.limits.check_public_keys``), from
+    """The planning limit on the domain (``pipelines.planning.limits.check_public_keys``), from
     what the file says before it is read: a Parquet footer's row count, a text file's
     size. A footer that cannot be read is left to the reader's own error."""
     if fmt != "parquet":

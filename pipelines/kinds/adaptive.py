@@ -42,7 +42,7 @@ FIELDS = {
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
 # The automatic bound's score reads the last round's threshold and sigma like
-# weighted_gaussian's (pipelines.plan reads SCORE).
+# weighted_gaussian's (pipelines.planning.plan reads SCORE).
 SCORE = "weighted_gaussian"
 # Each round is a weighted Gaussian selection, whose noise does not grow with the bound:
 # the automatic bound searches as far as weighted_gaussian's (docs/partition_selection.md).
@@ -139,7 +139,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 
 def release_users(users, params, max_keys_per_user, key_columns, num_shards, mechanism,
                   rng_factory=None, spill_dir=None):
-    """Whole-user shards -> released keys with counts (``pipelines.release`` calls this
+    """Whole-user shards -> released keys with counts (``pipelines.running.release`` calls this
     instead of bounding once and ``release``). ``mechanism``: the parsed section (the
     number of rounds fixes the pipeline's shape); ``params``: the calibrated section
     (its ``count_stage.counts_per_user`` bounds the count stage);

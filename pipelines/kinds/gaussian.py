@@ -143,7 +143,7 @@ _REPORT_TOLERANCE = 1e-6
 
 
 def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model):
-    """Forward check of a cached calibration (``pipelines.calibration_cache``): True only
+    """Forward check of a cached calibration (``pipelines.planning.calibration_cache``): True only
     if ``params`` is what ``calibrate`` returns in shape and fixed fields and the plain-math
     upper bound on its delta (``accounting.plain_gshm``, paper 004 Thm 5.4; no SciPy) at
     ``epsilon`` is within ``delta``, and its reported delta_achieved is that delta."""

@@ -27,7 +27,7 @@ import math
 
 import pyarrow as pa
 
-from thresher.pipelines import limits
+from thresher.pipelines.planning import limits
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.kinds import _levels
 from thresher.pipelines.specs import declare
@@ -142,7 +142,7 @@ def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
     from thresher.accounting import adaptive as ad
     from thresher.accounting import sample_threshold
     from thresher.accounting import weighted_gaussian as wg
-    from thresher.pipelines import calibration_cache
+    from thresher.pipelines.planning import calibration_cache
     out = {}
     # the CLI reads the trie's calibration back from its cache (checked forward first)
     trie_point = calibration_cache.cached("heavy_hitters.trie_release_point",
@@ -213,7 +213,7 @@ def _trie_cells(epsilon, delta, levels, max_keys_per_user, p, tau, composition, 
 
 
 def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model):
-    """Forward check of a cached calibration (``pipelines.calibration_cache``), method trie:
+    """Forward check of a cached calibration (``pipelines.planning.calibration_cache``), method trie:
     True only if the delta of its (sampling_rate, threshold) over the user's C x L cells,
     recomputed here (:func:`_trie_cells`: one pld.user_delta, ~20 ms at 48 cells), meets
     the budget, the spec's fixed sampling_rate / threshold are the cached ones, and the
@@ -228,7 +228,7 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
                         mech.get("sampling_rate"), mech.get("threshold"))
     if again is None:
         return False
-    from thresher.pipelines.calibration_cache import same
+    from thresher.pipelines.planning.calibration_cache import same
     return same(_trie_report(mech, again, epsilon, delta, levels, max_keys_per_user), params)
 
 
@@ -278,7 +278,7 @@ def stage_names(mechanism):
 
 def level_structure(mechanism):
     """(levels, contributions per level per unit of max_keys_per_user): one histogram per
-    prefix length, one contribution per kept key in each (pipelines.limits reads it)."""
+    prefix length, one contribution per kept key in each (pipelines.planning.limits reads it)."""
     if mechanism.get("method") == "adaptive" or mechanism.get("prefix_lengths") is None:
         return 1, 1
     return len(mechanism["prefix_lengths"]), 1
@@ -387,7 +387,7 @@ def _split_point(mech, epsilon, delta, levels, max_keys_per_user):
 
 def check_key_types(key_types):
     """Refuse, from the input's schema before any row is read (``validate``, ``plan`` and
-    ``run``: ``pipelines.plan.make_plan``), a key column that is not text (issue 36 D17:
+    ``run``: ``pipelines.planning.plan.make_plan``), a key column that is not text (issue 36 D17:
     an int64 key passed validate and failed once the pipeline ran). ``key_types``: the
     key columns' types as the reader gives them (CSV and JSONL keys are text)."""
     for i, (key, t) in enumerate(key_types.items()):
@@ -419,7 +419,7 @@ def _adaptive_stages(records, plan, num_shards, rng_factory):
     import apache_beam as beam
     from thresher.pipelines.kinds._trie_release import _string_keys
     from thresher.pipelines.kinds import adaptive
-    from thresher.pipelines.release import whole_user_limit
+    from thresher.pipelines.running.release import whole_user_limit
     from thresher.transforms.user_shards import ShardByUser
     spec = plan.spec
     keys = list(spec.input.keys)
@@ -440,7 +440,7 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     (user, key) rows) -> per level, distinct users per prefix -> TrieHH++ -> top_k.
     Returns PCollection[Table(key, count, rank)]."""
     from thresher.pipelines.kinds._trie_release import HeavyHittersRelease
-    from thresher.pipelines.release import whole_user_limit
+    from thresher.pipelines.running.release import whole_user_limit
     from thresher.transforms.per_user_bound import PerUserBound
     from thresher.transforms.user_shards import USER_COLUMN, ShardByUser
     spec = plan.spec

@@ -60,7 +60,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 
 
 def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model):
-    """Forward check of a cached calibration (``pipelines.calibration_cache``): True only
+    """Forward check of a cached calibration (``pipelines.planning.calibration_cache``): True only
     if ``params`` has ``calibrate``'s shape and fixed fields and the delta of its scale and
     threshold at ``epsilon`` (``accounting.laplace_threshold.delta``, one evaluation of the
     accounting the calibration searches over) is within ``delta`` and is the one reported.

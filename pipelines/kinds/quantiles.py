@@ -264,7 +264,7 @@ def level_structure(mechanism):
     """(levels, contributions of one user per level per key bound): the histograms the
     budget is split over and how many contributions each level takes per unit of
     max_keys_per_user (binary search: one per rank). Calibration and the planning limits
-    (pipelines.limits) both read it."""
+    (pipelines.planning.limits) both read it."""
     if mechanism.get("public_cells"):
         return 1, 1      # one Gaussian stage; sample-and-threshold limits do not apply
     per_key = 1 if mechanism["method"] == "hierarchical" else len(mechanism["ranks"])
@@ -464,7 +464,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
     from thresher.transforms.per_user_bound import PerUserBound
     from thresher.transforms.quantile_release import BinarySearchQuantiles, KeyedHierarchy
     from thresher.transforms.sample_and_threshold import SampleAndThreshold
-    from thresher.pipelines.release import whole_user_limit
+    from thresher.pipelines.running.release import whole_user_limit
     from thresher.transforms.user_shards import ShardByUser
     spec = plan.spec
     mech = spec.mechanism

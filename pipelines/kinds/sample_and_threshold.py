@@ -127,7 +127,7 @@ def calibrated_fields(sampling_rate, threshold):
 
 
 def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model):
-    """Forward check of a cached calibration (``pipelines.calibration_cache``): True only
+    """Forward check of a cached calibration (``pipelines.planning.calibration_cache``): True only
     if the delta of its (sampling_rate, threshold), recomputed here
     (accounting.sample_threshold.calibration.recheck: pld.user_delta over the C keys for
     composition pld, the exact one-key delta at epsilon / C for basic), meets the budget,
@@ -151,7 +151,7 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
                     calibrated=calibrated_fields(rate, threshold))
     if again is None:
         return False
-    from thresher.pipelines.calibration_cache import same
+    from thresher.pipelines.planning.calibration_cache import same
     return same(_report(again, method), params)
 
 

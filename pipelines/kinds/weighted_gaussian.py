@@ -19,7 +19,7 @@ from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float, optional_int
 
-# sigma * S must stay within the planning limit of the exact tails (pipelines.limits).
+# sigma * S must stay within the planning limit of the exact tails (pipelines.planning.limits).
 SIGMA_MAX = 1e5 / wg.WEIGHT_SCALE
 # Defaults of this kind (docs/partition_selection.md section 5, measured on the docstring
 # corpus): the selection's noise does not grow with the bound, so the automatic bound
@@ -50,7 +50,7 @@ COUNT_STAGE = "count"
 
 
 def __getattr__(name):
-    """``PER_USER_BOUND``, the bounding with weights that pipelines.release uses in place of
+    """``PER_USER_BOUND``, the bounding with weights that pipelines.running.release uses in place of
     PerUserBound, imported on first use (the transforms import Beam, which plan, validate
     and schema never need)."""
     if name == "PER_USER_BOUND":
@@ -71,7 +71,7 @@ def parse(section):
 
 
 def bound_options(mechanism):
-    """Keyword arguments of PER_USER_BOUND beyond the bound (pipelines.release)."""
+    """Keyword arguments of PER_USER_BOUND beyond the bound (pipelines.running.release)."""
     return {"count_keys_per_user": mechanism["count_keys_per_user"]}
 
 

@@ -31,7 +31,7 @@ update the sums, fails closed), and each change of a dataset's releases is count
 sums that do not cover every change are folded again and sums that cannot be right
 refuse the reservation (review F1; ``_dataset_row``).
 
-The life of one release in the ledger (``thresher run``, ``pipelines.release.run``):
+The life of one release in the ledger (``thresher run``, ``pipelines.running.release.run``):
 
 1. ``reserve`` — before any input is opened, one ``BEGIN IMMEDIATE`` transaction (SQLite
    takes the database's write lock at BEGIN, so two runs cannot both read the old sum

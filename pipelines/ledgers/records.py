@@ -9,14 +9,14 @@ range: epsilon^2/8 each. Every other stage belongs to the kind, whose record com
 its calibration (``accounting.zcdp.record``). With ``max_keys_per_user: auto`` the
 ledger reserves before the bound is drawn, so the kind's record is the maximum over
 every calibrated candidate bound; ``clip: auto`` columns are calibrated for a grid
-sensitivity that is the same for every candidate clip (pipelines/aggregates.py), so
+sensitivity that is the same for every candidate clip (pipelines/specs/aggregates.py), so
 their record is already the maximum. rho and delta0 are rounded UP to
 ``accounting.zcdp.DIGITS`` significant digits (exact decimals, as the ledger stores them).
 """
 from thresher.accounting import zcdp
 
-SELECT_STAGE = "choose_contribution_bound"     # pipelines.plan.SELECT_STAGE
-CLIP_STAGE = "choose_aggregate_clip"           # pipelines.aggregates.AUTO_STAGE
+SELECT_STAGE = "choose_contribution_bound"     # pipelines.planning.plan.SELECT_STAGE
+CLIP_STAGE = "choose_aggregate_clip"           # pipelines.specs.aggregates.AUTO_STAGE
 EXPONENTIAL_MECHANISM_STAGES = (SELECT_STAGE, CLIP_STAGE)
 
 

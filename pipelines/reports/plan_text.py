@@ -52,7 +52,7 @@ def _domain_lines(plan):
     """The public key domain's size (input.public_keys): every listed key is released."""
     if plan.domain is None:
         return []
-    from thresher.pipelines import limits
+    from thresher.pipelines.planning import limits
     return [f"public keys: {plan.domain.num_rows:,} keys listed in "
             f"{plan.spec.input.public_keys['path']}, each released with noise and no "
             f"threshold (limit {limits.PUBLIC_KEYS_MAX:,})"]
@@ -197,7 +197,7 @@ def expected_errors(params, users):
                    f"sd of n estimated from it: sqrt(n (1 - p) / p), {math.sqrt((1 - p) / p):.3g} "
                    f"sqrt(n)")
     if params.get("aggregates"):
-        from thresher.pipelines.aggregates import plan_lines
+        from thresher.pipelines.specs.aggregates import plan_lines
         out.append(f"aggregates (noise only, at {users} users per key; --users N):")
         out += ["  " + _short_aggregate(line) for line in plan_lines(params, users)]
     return out

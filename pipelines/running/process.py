@@ -78,7 +78,7 @@ def prepare(command):
     """Settings for one ``thresher COMMAND`` process (Beam is not imported here: a spec
     that is refused, and every command but ``run``, answers without it)."""
     skip_ipython_probe()
-    from thresher.pipelines import calibration_cache
+    from thresher.pipelines.planning import calibration_cache
     calibration_cache.enable()      # calibrations read back, not recomputed (scipy not imported)
 
 
@@ -158,7 +158,7 @@ def prepare_pipeline():
     """Settings for building and running a pipeline, once the spec is planned and checked
     (``thresher run``, just before the release is built): imports Beam and the release's
     modules, then freezes what exists into the collector's permanent generation."""
-    import thresher.pipelines.release  # noqa: F401 -- Beam and the transforms, frozen below
+    import thresher.pipelines.running.release  # noqa: F401 -- Beam and the transforms, frozen below
     memoize_dofn_specs()
     memoize_signatures()
     if gc.get_freeze_count() == 0:   # once per process (in-process CLI calls in tests)
@@ -168,5 +168,5 @@ def prepare_pipeline():
 def finish():
     """Undo what :func:`prepare` set for one command that later library calls in the same
     process must not inherit (the calibration cache is for the ``thresher`` command only)."""
-    from thresher.pipelines import calibration_cache
+    from thresher.pipelines.planning import calibration_cache
     calibration_cache.disable()

@@ -3,7 +3,7 @@ noted by the CLI's handler, is checked at the same points).
 
 ``timeout``, ``kill`` and schedulers stop a job with SIGTERM, whose default action ends
 the process at once and leaves the staging folder behind. :func:`install` makes it raise
-:class:`Terminated` instead, so ``pipelines.release`` discards the staging folder and
+:class:`Terminated` instead, so ``pipelines.running.release`` discards the staging folder and
 releases its claim on the output before the CLI exits with 143.
 
 Library code may swallow an exception raised at an arbitrary point (Beam's optional

@@ -1,4 +1,4 @@
-"""The spec fields of ``aggregates`` and ``aggregates_auto`` (pipelines/aggregates.py), as
+"""The spec fields of ``aggregates`` and ``aggregates_auto`` (pipelines/specs/aggregates.py), as
 JSON Schema declarations for ``pipelines.schema``; kept apart from the calibration so
 that reading a spec loads no numerics."""
 from thresher.pipelines.specs import declare

@@ -11,7 +11,7 @@ Owners: the top-level sections are declared below; each kind declares its ``mech
 fields (``pipelines/kinds/<kind>.py``: ``FIELDS``), ``input.sample`` is weighted
 sampling's (``SAMPLE_FIELDS``), ``input.public_keys`` and the public-domain mechanism
 fields are ``pipelines.public_keys``', ``budget`` is ``pipelines.ledger``'s, ``aggregates``
-and ``aggregates_auto`` are ``pipelines.aggregates``' (declared in
+and ``aggregates_auto`` are ``pipelines.specs.aggregates``' (declared in
 ``pipelines.aggregates_fields``, which loads no numerics). ``thresher validate`` remains the
 authority: a spec the schema accepts may still be refused by a rule across fields, the
 input's columns or the calibration, with the field named.

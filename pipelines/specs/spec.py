@@ -54,7 +54,7 @@ class InputSpec:
     keys: tuple
     sample: object = None   # {frequency, scheme, threshold} for an existing weighted sample
     public_keys: object = None  # {path, format} of the public key domain (pipelines/dataio/public_keys.py)
-    values: tuple = ()      # value columns of ``aggregates`` (pipelines/aggregates.py)
+    values: tuple = ()      # value columns of ``aggregates`` (pipelines/specs/aggregates.py)
     delimiter: str = ","        # CSV field separator (input.delimiter; "\t" for .tsv)
     quantile_column: object = None  # the numeric column a quantiles release reads (mechanism.column)
 
@@ -105,8 +105,8 @@ class ReleaseSpec:
     mechanism: dict          # kind plus the kind's validated fields
     output: OutputSpec
     source_text: str         # the YAML as read, for the report's config_sha256
-    aggregates: tuple = ()   # pipelines.aggregates.AggregateSpec, one per output column
-    aggregates_auto: object = None  # pipelines.aggregates.AutoClipSpec with clip: auto
+    aggregates: tuple = ()   # pipelines.specs.aggregates.AggregateSpec, one per output column
+    aggregates_auto: object = None  # pipelines.specs.aggregates.AutoClipSpec with clip: auto
     budget: object = None    # pipelines.ledger.BudgetSpec: the dataset's ledger, or None
 
     @property
@@ -398,7 +398,7 @@ def parse(data, source_text=""):
     if "aggregates_auto" in data and "aggregates" not in data:
         raise SpecError("aggregates_auto", "only applies with aggregates (clip: auto)")
     if "aggregates" in data:
-        from thresher.pipelines import aggregates as aggregates_mod   # its calibration loads numerics
+        from thresher.pipelines.specs import aggregates as aggregates_mod   # its calibration loads numerics
         aggregates = aggregates_mod.parse(data["aggregates"], input_spec, mechanism["kind"],
                                           bounding, RESERVED_COLUMNS + ("debiased",))
         input_spec = dataclasses.replace(input_spec, values=tuple(

@@ -33,7 +33,7 @@ from thresher.accounting import pws
 from thresher.accounting.pws import core as pws_core
 from thresher.pipelines.specs import spec as spec_module
 from thresher.pipelines.kinds import weighted_sampling
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 
 # (mechanism section, epsilon, delta, C): keys only and with frequencies, composition pld,
 # optimal and basic, sampling none / ppswor / priority, both estimators.

@@ -173,7 +173,7 @@ def test_gaussian_public_keys(tmp_path):
 def test_gaussian_with_aggregate_sum_columns():
     """count + sum columns (a mean and a variance: sum, sum of squares) on their grids:
     each column shifted by its grid sensitivity D_j against sigma_j grid units."""
-    from thresher.pipelines.aggregates import sum_columns
+    from thresher.pipelines.specs.aggregates import sum_columns
     plan = _plan(aggregates=[{"column": "x", "statistic": "mean", "clip": [0, 10]},
                              {"column": "x", "statistic": "variance", "clip": [0, 10]}])
     m = plan.params_by_bound[3]

@@ -12,10 +12,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from thresher.pipelines import release  # noqa: E402
+from thresher.pipelines.running import release  # noqa: E402
 
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.pipelines.plan import make_plan  # noqa: E402
+from thresher.pipelines.planning.plan import make_plan  # noqa: E402
 from thresher.transforms.keyed_random import KeyedSource  # noqa: E402
 
 

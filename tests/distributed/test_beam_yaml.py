@@ -20,7 +20,7 @@ import yaml
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.beam_yaml import ThresherRelease
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 
 from .conftest import QUICKSTART, ROOT
 from .release_check import check_counts

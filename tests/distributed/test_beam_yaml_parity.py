@@ -5,7 +5,7 @@ by name before -- and publishes thresher run's ``<column>_low`` / ``_high`` inte
 columns and report section (it published none before).
 
 Each release runs twice on the same records under one fixed, test-only secret (a
-``KeyedSource`` given to ``pipelines.release.run``, as tests/pipelines/
+``KeyedSource`` given to ``pipelines.running.release.run``, as tests/pipelines/
 test_keyed_recomputation.py does, and to the transform through its test-only
 ``_rng_factory``): once through ``release.run`` (what ``thresher run`` calls) on a
 Parquet file, once through the transform in Beam's in-process runner on the same rows.
@@ -26,10 +26,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from thresher.pipelines import release
+from thresher.pipelines.running import release
 from thresher.pipelines.beam_yaml import ThresherRelease
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.transforms.keyed_random import KeyedSource
 

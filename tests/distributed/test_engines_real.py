@@ -12,7 +12,7 @@ plus a worker pool take tens of seconds on two cores):
   :func:`tests.distributed.release_check.check_release` (false-failure probability
   < 5e-6 per run, stated there).
 - ``-m engines_full``: the same release everywhere. Under one secret (the test-only
-  ``rng_factory`` hook of ``pipelines.release.run``: a ``KeyedSource`` that is pickled with
+  ``rng_factory`` hook of ``pipelines.running.release.run``: a ``KeyedSource`` that is pickled with
   the stages, so it reaches EXTERNAL workers too), Prism LOOPBACK and Prism EXTERNAL
   publish byte-identical ``released.parquet`` and ``release_report.json`` to the in-process
   runner, for a fixed bound, ``max_keys_per_user: auto``, the adaptive kind, aggregates
@@ -38,11 +38,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from thresher.pipelines import release
+from thresher.pipelines.running import release
 from thresher.pipelines.running import engines
 
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from thresher.transforms.keyed_random import KeyedSource
 
 from .conftest import QUICKSTART, ROOT, quickstart_spec

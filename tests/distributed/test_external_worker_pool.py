@@ -26,7 +26,7 @@ import time
 import pytest
 
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 
 from .conftest import ROOT, _wait_for_port, copy_source, free_loopback_port, quickstart_spec
 from .release_check import check_release

@@ -17,7 +17,7 @@ import yaml
 from thresher.pipelines.dataio import publish
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 
 from .conftest import QUICKSTART, ROOT
 from .fake_object_store import SCHEME, ObjectStoreFileSystem

@@ -1,7 +1,7 @@
 """Everything a release ships to workers pickles and needs nothing from the process that
 built the pipeline.
 
-Each release variant's pipeline is built with ``pipelines.release.build`` and turned
+Each release variant's pipeline is built with ``pipelines.running.release.build`` and turned
 into its Runner API proto (which pickles every DoFn and CombineFn, as submission to any
 runner does). A fresh interpreter (``_unpickle_audit.py``) then unpickles each of them as
 an SDK worker would, checks that no random generator or open file travelled inside them,
@@ -27,8 +27,8 @@ import yaml
 from thresher.pipelines.dataio import io
 
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.pipelines.plan import make_plan
-from thresher.pipelines.release import build
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.release import build
 
 from .conftest import ROOT
 
@@ -86,7 +86,7 @@ def _build_proto(name, folder):
     pipeline = beam.Pipeline()
     staging = os.path.join(folder, name.replace(":", "_"), "staging")
     from thresher.transforms.keyed_random import PipelineSecret, building
-    with building(PipelineSecret.draw(pipeline)):    # as pipelines.release.run builds it
+    with building(PipelineSecret.draw(pipeline)):    # as pipelines.running.release.run builds it
         build(pipeline, plan, files, io.check_input(spec.input, files), staging)
     return pipeline.to_runner_api().SerializeToString(), None
 

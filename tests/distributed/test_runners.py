@@ -23,7 +23,7 @@ import pytest
 
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 
 from .conftest import QUICKSTART, ROOT, copy_source
 from .release_check import check_release, expected_counts

@@ -26,7 +26,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.stager import Stager
 
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 
 from .conftest import ROOT
 from .release_check import check_release

@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from thresher.accounting import adaptive as ad, discrete_gaussian, weighted_gaussian as wg
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from thresher.transforms import adaptive_rounds as ar, keyed_random
 from thresher.transforms.user_shards import ShardByUser
 from thresher.transforms.weighted_threshold import WEIGHT_COLUMN, weighted_counts

@@ -10,8 +10,8 @@ import pytest
 
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.errors import CalibrationError, SpecError
-from thresher.pipelines.plan import make_plan
-from thresher.pipelines.release import run
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.release import run
 from thresher.transforms.heavy_hitters import trie_heavy_hitters
 from thresher.transforms import keyed_random
 
@@ -245,7 +245,7 @@ def test_refusal_with_no_workable_epsilon_names_what_is_allowed_not_nan(tmp_path
 
 
 def test_epsilon_advice_is_never_nan():
-    from thresher.pipelines import limits
+    from thresher.pipelines.planning import limits
     assert limits._epsilon_advice(0.5, 1.0, 1.0, "x") == "use a release epsilon >= 0.5 or x"
     text = limits._epsilon_advice(math.nan, 2.0, 1.0, "a larger delta")
     assert "nan" not in text and text.startswith("use a larger delta (no release epsilon up to 50,")

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.pipelines.plan import make_plan
-from thresher.pipelines.release import run
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.release import run
 from thresher.transforms import keyed_random
 from thresher.transforms.public_cells import consistent_tree, key_quantiles, support_floor
 

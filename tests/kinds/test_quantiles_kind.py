@@ -13,8 +13,8 @@ import yaml
 
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.plan import make_plan
-from thresher.pipelines.release import run
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.release import run
 from thresher.transforms import keyed_random
 
 from .conftest import level_pair_delta

@@ -14,7 +14,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from thresher.accounting import discrete_gaussian, weighted_gaussian as wg
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from thresher.transforms import keyed_random
 from thresher.transforms.aggregate import SumCountsPerKey
 from thresher.transforms.user_shards import ShardByUser

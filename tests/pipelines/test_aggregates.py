@@ -11,8 +11,8 @@ import pytest
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.plan import make_plan
-from thresher.pipelines.release import run
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.release import run
 from thresher.transforms import keyed_random
 
 CLIP = [0.0, 200.0]
@@ -246,7 +246,7 @@ def test_aggregates_auto_needs_an_auto_clip(write_spec, tmp_path):
 
 def test_inputs_beyond_the_overflow_bound_are_refused():
     from thresher.accounting.aggregates import MAX_USERS
-    from thresher.pipelines.aggregates import check_rows
+    from thresher.pipelines.specs.aggregates import check_rows
     from thresher.pipelines.errors import InputError
     check_rows(MAX_USERS)
     with pytest.raises(InputError, match="input.path"):

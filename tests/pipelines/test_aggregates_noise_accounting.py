@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from thresher.accounting import gshm
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from thresher.transforms.aggregate_values import sum_noise
 
 from . import conftest

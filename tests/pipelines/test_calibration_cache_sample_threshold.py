@@ -9,9 +9,9 @@ import logging
 import pytest
 
 from thresher.accounting.sample_threshold import core, pld
-from thresher.pipelines import calibration_cache as cc
+from thresher.pipelines.planning import calibration_cache as cc
 from thresher.pipelines.kinds import heavy_hitters, sample_and_threshold
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
 
 from .test_calibration_cache import _count_calls, _spec, _typed, cache  # noqa: F401 (fixture)

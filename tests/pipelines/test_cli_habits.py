@@ -125,8 +125,8 @@ def test_progress_lines_name_stages_and_rows(write_spec, small_parquet, capsys):
     import io
     stream = io.StringIO()
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.plan import make_plan
-    from thresher.pipelines.release import run
+    from thresher.pipelines.planning.plan import make_plan
+    from thresher.pipelines.running.release import run
     plan = make_plan(spec_mod.load(write_spec({"input.path": small_parquet})))
     with Reporter(True, stream=stream, interval=0.05):
         run(plan)

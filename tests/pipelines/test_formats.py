@@ -10,8 +10,8 @@ import pytest
 
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
-from thresher.pipelines.plan import make_plan
-from thresher.pipelines.release import run
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.release import run
 
 BASE = """name: t
 input: {{path: {path}, user: user_id, keys: [word]{extra}}}

@@ -1,6 +1,6 @@
 """Launching one pipeline graph more than once (issue 25 F4): the Beam options that save a
 graph for later launches (pipelines.beam_flags.GRAPH_SAVING) are refused, with exit code 2
-naming the flag, by the thresher command, the Python API (pipelines.release.run) and the
+naming the flag, by the thresher command, the Python API (pipelines.running.release.run) and the
 Beam YAML transform (ThresherRelease) -- before any input is read or the ledger asked.
 On the code before, ``--output_executable_path`` ran with exit 0."""
 import apache_beam as beam
@@ -11,7 +11,7 @@ from thresher.pipelines import cli
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.running.beam_flags import GRAPH_SAVING
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 
 FLAGS = {"template_location": "gs://bucket/templates/release",
          "dataflow_job_file": "job.json",
@@ -37,7 +37,7 @@ def test_the_command_refuses_with_exit_2_naming_the_flag(write_spec, tmp_path, c
 
 @pytest.mark.parametrize("flag", sorted(FLAGS))
 def test_the_python_api_refuses(write_spec, tmp_path, monkeypatch, flag):
-    from thresher.pipelines import release
+    from thresher.pipelines.running import release
     spec = spec_mod.load(write_spec())
 
     def no_input(*args, **kwargs):     # refused before any input is opened

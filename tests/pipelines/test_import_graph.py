@@ -54,7 +54,7 @@ def test_spec_kinds_and_public_keys_do_not_import_each_other_back():
 # The modules of the former circle (spec <-> kinds <-> public_keys, through formats, ledger
 # and aggregates); every other module under the slow mark (a fresh interpreter costs ~2 s).
 CIRCLE = ("thresher.pipelines.specs.spec", "thresher.pipelines.specs.schema", "thresher.pipelines.dataio.public_keys", "thresher.pipelines.dataio.formats",
-          "thresher.pipelines.ledgers.ledger", "thresher.pipelines.aggregates", "thresher.pipelines.kinds")
+          "thresher.pipelines.ledgers.ledger", "thresher.pipelines.specs.aggregates", "thresher.pipelines.kinds")
 
 
 def _circle(module):

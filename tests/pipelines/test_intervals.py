@@ -10,8 +10,8 @@ import pytest
 from thresher.pipelines.dataio import intervals
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
-from thresher.pipelines.plan import make_plan
-from thresher.pipelines.release import run
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.release import run
 from thresher.transforms import keyed_random
 
 AGGREGATES = [{"column": "amount", "statistic": "sum", "clip": [0.0, 100.0]},

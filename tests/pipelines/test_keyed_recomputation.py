@@ -6,7 +6,7 @@ bundles (``--direct_runner_bundle_repeat``), a different runner and bundling
 (BundleBasedDirectRunner, multi-process FnApiRunner workers), different bundle splits of
 a release DoFn, and a stage materialised twice from the same PCollection draw the same
 values; (c) another secret publishes other values. The secret is fixed here through the
-test-only ``rng_factory`` argument of ``pipelines.release.run``; production draws it in
+test-only ``rng_factory`` argument of ``pipelines.running.release.run``; production draws it in
 ``run`` from ``os.urandom``.
 
 Failure probabilities of the "differs" checks are stated where they are made.
@@ -23,10 +23,10 @@ import yaml
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that
 
-from thresher.pipelines import release
+from thresher.pipelines.running import release
 
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from tests.transforms.test_choose_contribution_bound import _choose, _records
 from thresher.transforms import keyed_random
 from thresher.transforms.noisy_threshold import release_table as noisy_release

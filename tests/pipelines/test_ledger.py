@@ -15,8 +15,8 @@ from thresher.pipelines.ledgers import ledger
 from thresher.pipelines.dataio import publish
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
-from thresher.pipelines.plan import make_plan
-from thresher.pipelines.release import run
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.release import run
 
 from .conftest import QUICKSTART_DATA, ROOT
 from .ledger_race import assert_exactly_two_reserved, race

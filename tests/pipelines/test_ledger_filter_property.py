@@ -14,7 +14,7 @@ import yaml
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.ledgers import composition as comp
 from thresher.pipelines.ledgers import ledger
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
 
 from .conftest import QUICKSTART_DATA

@@ -24,7 +24,7 @@ from thresher.pipelines.ledgers import ledger
 
 from thresher.pipelines.dataio import publish
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from tests.robustness.conftest import run_cli
 
 from .test_ledger import _cli, _spec_text, tiny  # noqa: F401

@@ -18,7 +18,7 @@ from thresher.pipelines.errors import SpecError
 from thresher.pipelines.ledgers import ledger
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 
 from .ledger_race import assert_exactly_two_reserved, race
 from .test_ledger import _cli, _finish, _spec_text, tiny  # noqa: F401

@@ -15,7 +15,7 @@ import yaml
 from thresher.pipelines.cli import main
 from thresher.pipelines.ledgers import composition as comp
 from thresher.pipelines.ledgers import ledger, records
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
 
 from .conftest import QUICKSTART_DATA

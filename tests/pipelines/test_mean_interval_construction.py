@@ -18,7 +18,7 @@ import pytest
 
 from thresher.accounting import intervals as iv
 from thresher.pipelines.dataio import intervals
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
 from tests.accounting.test_intervals import _brute_interval
 

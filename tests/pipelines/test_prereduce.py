@@ -11,7 +11,7 @@ the shuffle. Checked here:
   table are read by the kernel, and a table where that removes too little passes whole;
 - the Beam step: every row passes it once (its counters), and what it emits bounds to
   the same keys;
-- through ``pipelines.release.run`` under one fixed secret: the published bytes are the
+- through ``pipelines.running.release.run`` under one fixed secret: the published bytes are the
   same with and without the step, with its decision forced either way (``MODE``), and a
   heavy user hands at most C rows per table to the user shuffle (about 3,000 without it).
 
@@ -25,9 +25,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from thresher.pipelines import release
+from thresher.pipelines.running import release
 from thresher.pipelines.dataio import io as pio
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.transforms import keyed_random, user_shards
 from thresher.transforms.per_user_bound import bound_table_l0

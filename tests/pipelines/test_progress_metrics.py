@@ -7,8 +7,8 @@ import re
 from thresher.pipelines.running import progress
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.running.live_metrics import LiveMetricsRunner
-from thresher.pipelines.plan import make_plan
-from thresher.pipelines.release import run
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.release import run
 
 _METRICS_LINE = re.compile(r"stage ([A-Za-z, ]+); ([\d,]+) rows read \(Beam metrics: "
                            r"(Read/[A-Za-z]+) ([\d,]+)\)")

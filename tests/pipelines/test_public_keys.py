@@ -13,8 +13,8 @@ from thresher.accounting import known_domain
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.plan import make_plan
-from thresher.pipelines.release import run
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.release import run
 from thresher.transforms import keyed_random
 
 
@@ -332,7 +332,7 @@ def test_a_domain_over_the_planning_limit_is_refused_before_it_is_read(
         write_spec, small_parquet, tmp_path, monkeypatch, capsys, name):
     """Parquet by its footer's row count, CSV/JSONL by their size: exit 2 naming
     input.public_keys, and the file is never read into memory."""
-    from thresher.pipelines import limits
+    from thresher.pipelines.planning import limits
     from thresher.pipelines.dataio import public_keys
     words = [f"w{i}" for i in range(50)]
     path = tmp_path / name
@@ -356,7 +356,7 @@ def test_a_domain_over_the_planning_limit_is_refused_before_it_is_read(
 
 def test_a_domain_at_the_limit_is_accepted_and_counted_after_reading(write_spec, small_parquet,
                                                                        tmp_path, monkeypatch):
-    from thresher.pipelines import limits
+    from thresher.pipelines.planning import limits
     domain_path, words = _domain_file(tmp_path, small_parquet, n_present=10, absent=())
     monkeypatch.setattr(limits, "PUBLIC_KEYS_MAX", len(words))
     spec = write_spec({"input.path": small_parquet, "input.public_keys": {"path": domain_path}})
@@ -371,7 +371,7 @@ def test_the_graph_holds_a_large_domain_once_packed(write_spec, small_parquet, t
     Create and the writer (each pickle bz2-compressed by Beam: ~50 s of CPU for 3e5
     keys). Now one packed copy (zstd Arrow IPC) feeds all three."""
     import apache_beam as beam
-    from thresher.pipelines import release
+    from thresher.pipelines.running import release
     from thresher.transforms import public_domain
     words = [f"domain key {i:07d}" for i in range(100_000)]
     path = tmp_path / "big.parquet"

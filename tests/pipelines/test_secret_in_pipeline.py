@@ -83,8 +83,8 @@ def test_the_search_finds_a_secret_that_is_in_the_graph(write_spec, tmp_path, ta
     """The test-only hook (a fixed KeyedSource) carries its secret in the graph: the same
     search finds it there, so the test above would see a secret pickled into a DoFn."""
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.plan import make_plan
-    from thresher.pipelines.release import run
+    from thresher.pipelines.planning.plan import make_plan
+    from thresher.pipelines.running.release import run
     drawn, graphs = tapped
     run(make_plan(spec_mod.load(write_spec())), rng_factory=keyed_random.KeyedSource(PATTERN))
     assert len(graphs) == 1 and not drawn

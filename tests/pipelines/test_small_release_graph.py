@@ -15,10 +15,10 @@ from thresher.pipelines.dataio import io
 
 from thresher.pipelines.running import live_metrics
 
-from thresher.pipelines import release
+from thresher.pipelines.running import release
 
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from tests.privacy import harness
 from thresher.transforms import keyed_random, spill
 

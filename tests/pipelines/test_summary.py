@@ -106,7 +106,7 @@ def test_release_probability_against_brute_force_sums(n):
 def test_release_probability_of_weighted_sampling_is_pi(write_spec):
     """pi_n of PWS (paper 001 Alg. 3) for the calibrated plan, rising to 1."""
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.plan import make_plan
+    from thresher.pipelines.planning.plan import make_plan
     report = make_plan(spec_mod.load(write_spec({"mechanism": {"kind": "weighted_sampling"}}))).report()
     p = summary.release_probability(report, np.arange(0, 400))
     assert p[0] == 0 and np.all(np.diff(p) >= 0) and p[-1] == 1.0
@@ -204,8 +204,8 @@ def test_weighted_sampling_release_statement_is_true(write_spec, small_parquet, 
     fails falsely with probability <= 1e-9 (three checks: < 3e-9)."""
     from scipy import stats
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.plan import make_plan
-    from thresher.pipelines.release import run
+    from thresher.pipelines.planning.plan import make_plan
+    from thresher.pipelines.running.release import run
     bound = 8
     spec = spec_mod.load(write_spec({
         "input.path": small_parquet, "bounding.max_keys_per_user": bound,

@@ -22,9 +22,9 @@ import yaml
 
 from benchmarks import datagen
 from thresher.pipelines.dataio import io as pio
-from thresher.pipelines import release
+from thresher.pipelines.running import release
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from thresher.transforms import keyed_random
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -9,8 +9,8 @@ from thresher.accounting import aggregates as agg
 from thresher.accounting import gshm
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.plan import make_plan
-from thresher.pipelines.release import run
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.release import run
 from tests.accounting.test_aggregates import _brute_force
 from thresher.transforms import keyed_random
 

@@ -150,7 +150,7 @@ def expected_report(folder, published, released_rows):
     row count comes from the released file, not from the report under test."""
     from thresher.pipelines.dataio import io as pio
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.plan import make_plan
+    from thresher.pipelines.planning.plan import make_plan
     with _cwd(folder):
         plan = make_plan(spec_mod.load("spec.yaml"))
     chosen = (published["bounding"]["max_keys_per_user"]

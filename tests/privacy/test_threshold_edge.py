@@ -21,7 +21,7 @@ from thresher.accounting import correlated_gshm, discrete_gaussian as dg, gshm
 from thresher.accounting import laplace_threshold, weighted_gaussian as wg
 from thresher.accounting import adaptive as ad
 from thresher.accounting.sample_threshold import core, pld
-from thresher.pipelines.plan import make_plan
+from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.transforms import samplers
 

@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from thresher.pipelines import cli, release
+from thresher.pipelines import cli
+from thresher.pipelines.running import release
 from thresher.pipelines.ledgers import ledger
 from thresher.transforms import prereduce
 

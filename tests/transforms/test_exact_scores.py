@@ -226,7 +226,7 @@ def test_reported_sensitivity_is_the_one_drawn_with_computed_by_hand(tmp_path):
     import os
     import yaml
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.plan import make_plan
+    from thresher.pipelines.planning.plan import make_plan
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, "configs", "examples", "quickstart.yaml")) as handle:
         doc = yaml.safe_load(handle)

@@ -265,7 +265,7 @@ def test_empty_selections_and_tables_draw_nothing():
 
 def test_the_report_names_the_construction():
     """An audit tells from the report which construction drew a release."""
-    from thresher.pipelines.plan import make_plan
+    from thresher.pipelines.planning.plan import make_plan
     from thresher.pipelines.specs import spec as spec_mod
     import os
     spec = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "examples",

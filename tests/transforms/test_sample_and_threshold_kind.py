@@ -129,7 +129,7 @@ def test_pld_composition_is_bounded_to_keep_plans_within_seconds(tmp_path):
     import yaml
     from thresher.pipelines.specs import spec as spec_mod
     from thresher.pipelines.errors import SpecError
-    from thresher.pipelines.plan import make_plan
+    from thresher.pipelines.planning.plan import make_plan
     base = {"name": "t", "input": {"path": "x.parquet", "user": "u", "keys": ["k"]},
             "privacy": {"epsilon": 1.0, "delta": 1e-8},
             "bounding": {"max_keys_per_user": 100},

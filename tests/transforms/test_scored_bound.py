@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from thresher.accounting import contribution_bound
-from thresher.pipelines import release
+from thresher.pipelines.running import release
 from tests.pipelines.test_keyed_recomputation import SECRET, _release
 from thresher.transforms import keyed_random
 from thresher.transforms.choose_contribution_bound import table_statistics

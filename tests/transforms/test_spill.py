@@ -83,10 +83,10 @@ def test_release_through_files_on_the_in_process_runner(tmp_path, monkeypatch, b
     import pyarrow.parquet as pq
     import yaml
 
-    from thresher.pipelines import release
+    from thresher.pipelines.running import release
 
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.plan import make_plan
+    from thresher.pipelines.planning.plan import make_plan
     from tests.pipelines.conftest import BASE_SPEC, QUICKSTART_DATA
 
     table = pq.read_table(QUICKSTART_DATA, columns=["user_id", "word"])
@@ -135,7 +135,7 @@ def test_spill_only_where_the_workers_share_this_disk(tmp_path, flags, spills):
     """The in-process runner with SDK workers elsewhere (EXTERNAL, DOCKER) keeps Beam's
     shuffle: a spill file written here could not be read there."""
     from apache_beam.options.pipeline_options import PipelineOptions
-    from thresher.pipelines import release
+    from thresher.pipelines.running import release
     from thresher.pipelines.running.live_metrics import LiveMetricsRunner
     pipeline = beam.Pipeline(runner=LiveMetricsRunner(), options=PipelineOptions(flags))
     folder = release._spill_dir(pipeline, str(tmp_path / "staging"))

@@ -17,7 +17,8 @@ import logging
 import math
 
 from thresher.accounting.budget import Budget
-from thresher.pipelines import __version__, calibration_cache, limits
+from thresher.pipelines import __version__
+from thresher.pipelines.planning import calibration_cache, limits
 from thresher.pipelines.reports.citations import cite_all
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.specs.spec import kind_module
@@ -242,8 +243,8 @@ def make_plan(spec):
         candidates = spec.bounding.auto.candidates
     else:
         candidates = (spec.bounding.max_keys_per_user,)
-    if spec.aggregates_auto is not None:   # clip: auto (pipelines/aggregates.py)
-        from thresher.pipelines.aggregates import AUTO_STAGE
+    if spec.aggregates_auto is not None:   # clip: auto (pipelines/specs/aggregates.py)
+        from thresher.pipelines.specs.aggregates import AUTO_STAGE
         budget.spend(AUTO_STAGE, spec.aggregates_auto.epsilon, 0.0)
     domain = None
     if spec.input.public_keys is not None:
@@ -283,8 +284,8 @@ def make_plan(spec):
     # CLI only; only the kinds with a forward check (verify_calibration) are cached
     calibrate = calibration_cache.cached(f"{spec.kind}.calibrate", module.calibrate,
                                          getattr(module, "verify_calibration", None))
-    if spec.aggregates:   # count and sums calibrated jointly (pipelines/aggregates.py)
-        from thresher.pipelines import aggregates
+    if spec.aggregates:   # count and sums calibrated jointly (pipelines/specs/aggregates.py)
+        from thresher.pipelines.specs import aggregates
         calibrate = functools.partial(aggregates.calibrate, spec, module)
     for bound in candidates:
         try:

@@ -2,7 +2,7 @@
 
 A kind's ``calibrate(mechanism, epsilon=, delta=, max_keys_per_user=, model=)`` (and the
 planning limit's check that a Gaussian release can meet its budget at all,
-``pipelines.limits``) is a pure function of its arguments and of the code that computes it (thresher's ``accounting``
+``pipelines.planning.limits``) is a pure function of its arguments and of the code that computes it (thresher's ``accounting``
 and ``pipelines`` sources, NumPy, SciPy, mpmath and Python). Computing it needs
 ``scipy.special``, whose import alone costs 0.15-0.5 s on this machine -- more than the
 rest of a small release beyond Beam's own import. The ``thresher`` command therefore keeps

@@ -71,7 +71,7 @@ def output_schema(spec, files):
     if spec.mechanism.get("debias"):   # input.public_keys with debias: poisson
         fields.append(pa.field("debiased", pa.float64()))
     if spec.aggregates:
-        from thresher.pipelines.aggregates import output_fields
+        from thresher.pipelines.specs.aggregates import output_fields
         fields.extend(output_fields(spec.aggregates))
     return pa.schema(fields)
 
@@ -81,7 +81,7 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     spec = plan.spec
     keys = list(spec.input.keys)
     if spec.aggregates:   # int64 grid sums cannot overflow: <= MAX_USERS users per key
-        from thresher.pipelines.aggregates import check_rows
+        from thresher.pipelines.specs.aggregates import check_rows
         check_rows(est_rows)
     exact_rows = spec.input.format == "parquet"     # footers: est_rows is the row count
     num_shards = io.num_shards_for(est_rows, exact=exact_rows)
@@ -97,7 +97,7 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
         return
     sink = None
     if spec.aggregates_auto is not None:   # the chosen clip bounds, for the report
-        from thresher.pipelines.aggregates import clip_sink
+        from thresher.pipelines.specs.aggregates import clip_sink
         sink = clip_sink(staging)
     spill_dir = None   # a small input's shuffles stay in memory (a few MB at most)
     if not io.is_small_input(est_rows, exact_rows):
@@ -189,7 +189,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(
         keys, num_shards, spill_dir=spill_dir)                              # Table(keys, count)
-    if spec.aggregates:   # counts and grid sums (pipelines/aggregates.py)
+    if spec.aggregates:   # counts and grid sums (pipelines/specs/aggregates.py)
         from thresher.transforms.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
             _side(params), rng_factory=rng_factory), chosen
@@ -220,7 +220,7 @@ def _prereduced(records, plan, rng_factory):
     module = kind_module(spec.kind)
     source = keyed_random.resolve(rng_factory)
     if spec.aggregates:   # PerUserBoundWithValues, fixed clips: every row of the kept keys
-        from thresher.pipelines.aggregates import auto_columns
+        from thresher.pipelines.specs.aggregates import auto_columns
         if auto_columns(spec.aggregates):
             return records
     if (spec.auto_bound or spec.bounding.model != "l0"
@@ -341,8 +341,8 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     clips = _choose_clips(users, plan, rng_factory, clip_sink)
     partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
     zeros = records.pipeline | "DomainZeroCounts" >> public_domain.DomainZeroCounts(domain, keys)
-    if spec.aggregates:   # zero grid sums beside the zero counts (pipelines/aggregates.py)
-        from thresher.pipelines.aggregates import sum_columns
+    if spec.aggregates:   # zero grid sums beside the zero counts (pipelines/specs/aggregates.py)
+        from thresher.pipelines.specs.aggregates import sum_columns
         from thresher.transforms.aggregate_values import zero_sums
         zeros = zeros | "DomainZeroSums" >> beam.Map(
             zero_sums, num_sums=len(sum_columns(spec.aggregates)))
@@ -397,7 +397,7 @@ def _choose_clips(users, plan, rng_factory, clip_sink):
     """aggregates with clip: auto: the chosen bounds (one dict), else None."""
     if not plan.spec.aggregates:
         return None
-    from thresher.pipelines.aggregates import choose_clips
+    from thresher.pipelines.specs.aggregates import choose_clips
     return choose_clips(users, plan, rng_factory, clip_sink)
 
 
@@ -409,7 +409,7 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
     keys = list(spec.input.keys)
     bound, params = _bound_and_params(users, plan, chosen)
     if spec.aggregates:   # l0 bound carrying each kept user's clamped grid totals
-        from thresher.pipelines.aggregates import apply_clips, sum_columns
+        from thresher.pipelines.specs.aggregates import apply_clips, sum_columns
         from thresher.transforms.aggregate_values import PerUserBoundWithValues
         clip_side = None
         if clips is not None:
@@ -578,7 +578,7 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
             chosen = _read_chosen_bound(staging)
         report = plan.report(chosen_bound=chosen)
         if spec.aggregates_auto is not None:   # clip: auto -- the chosen bounds
-            from thresher.pipelines.aggregates import report_chosen_clips
+            from thresher.pipelines.specs.aggregates import report_chosen_clips
             report = report_chosen_clips(report, staging)
         report = _apply_kind_notes(report, staging, kind_module(spec.kind))
         publish.remove_sink_scratch(staging)

@@ -357,8 +357,8 @@ def _length(epsilon, delta, c):
 
 def _gaussian_fits(epsilon, delta, c, sigma):
     """delta_+(C, epsilon) <= delta at this sigma: some threshold then works (gshm). Kept
-    in the thresher command's cache (pipelines/calibration_cache.py) like a calibration."""
-    from thresher.pipelines.calibration_cache import cached
+    in the thresher command's cache (pipelines/planning/calibration_cache.py) like a calibration."""
+    from thresher.pipelines.planning.calibration_cache import cached
     return cached("limits.gaussian_fits", _gaussian_fits_computed,
                   _gaussian_fits_verified)(epsilon, delta, c, sigma)
 

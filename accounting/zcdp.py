@@ -28,9 +28,10 @@ at *every* order alpha > 1; the ledger takes the infimum over alpha (any alpha i
 bound, so a numerically found minimiser errs on the safe side). dp_accounting's
 ``RdpAccountant`` applies the same formula at its grid of orders.
 
-**A kind's record.** One function per mechanism kind, in :data:`KIND_RECORDS`::
+**A kind's record.** One function per mechanism kind below, which the kind's
+``privacy_record`` hook (``pipelines.kinds.base.Kind``) calls; the ledger asks the kind::
 
-    record(mechanism, stages, max_keys_per_user) -> Record(rho, delta0)
+    <kind>_record(mechanism, stages, max_keys_per_user) -> Record(rho, delta0)
 
 ``mechanism`` is the kind's calibrated section for ONE bound (the report's ``mechanism``:
 plain JSON values), ``stages`` the plan's budget stages that the kind spends, as
@@ -40,12 +41,13 @@ plain JSON values), ``stages`` the plan's budget stages that the kind spends, as
 (rho and delta0 add), derived from the noise actually drawn, as an upper bound for the
 worst neighbour. A stage without its own derivation is charged from its (epsilon, delta)
 claim by :func:`approximate_record` (pure epsilon-DP => epsilon^2/2-zCDP; (epsilon,
-delta)-DP => delta-approximately epsilon^2/2-zCDP): that is the default for a kind not
-listed here, so a new kind is charged soundly before it gets its own row. To add a kind
-(e.g. a correlated-noise variant of ``gaussian``): write its function below from its
-calibrated parameters, add it to :data:`KIND_RECORDS`, its row to docs/accounting.md
-("Approximate zCDP records"), and a test in tests/accounting/test_zcdp.py that its
-record is >= an independent computation and that halving its rho fails that test.
+delta)-DP => delta-approximately epsilon^2/2-zCDP, :func:`stage_records`): that is the
+default of a kind whose ``privacy_record`` is not overridden, so a new kind is charged
+soundly before it gets its own row. To give a kind (or a noise variant of one) its own
+record: write its function below from its calibrated parameters, call it from the kind's
+``privacy_record``, add its row to docs/accounting.md ("Approximate zCDP records"), and a
+test in tests/accounting/test_zcdp.py that its record is >= an independent computation
+and that halving its rho fails that test.
 
 docs/accounting.md ("Approximate zCDP records") derives every row; the pure math here
 uses numpy only.
@@ -394,21 +396,4 @@ def quantiles_record(mechanism, stages, max_keys_per_user):
 
 
 # sample_and_threshold and weighted_sampling are charged from their stages' (epsilon,
-# delta) claims: the default (``record``).
-KIND_RECORDS = {
-    "gaussian": gaussian_record,
-    "laplace": laplace_record,
-    "weighted_gaussian": weighted_gaussian_record,
-    "adaptive": adaptive_record,
-    "heavy_hitters": heavy_hitters_record,
-    "quantiles": quantiles_record,
-}
-
-
-def record(kind, mechanism, stages, max_keys_per_user):
-    """The record of ``kind``'s stages (module docstring); a kind without its own function
-    is charged from its stages' (epsilon, delta) claims."""
-    function = KIND_RECORDS.get(kind)
-    if function is None:
-        return stage_records(stages)
-    return function(mechanism, stages, max_keys_per_user)
+# delta) claims: stage_records, the default privacy_record of a kind.

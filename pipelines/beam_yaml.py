@@ -77,7 +77,8 @@ from thresher.pipelines.dataio import io
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running.release import release_stages
-from thresher.pipelines.specs.spec import kind_module, parse
+from thresher.pipelines import kinds
+from thresher.pipelines.specs.spec import parse
 from thresher.transforms import keyed_random
 from thresher.transforms.user_identity import identity_key
 
@@ -363,7 +364,7 @@ def _report_json(released_keys, reports, chosen, clips=None, notes=None, kind=No
                  charged=None):
     report = _chosen_report(reports, chosen, clips)
     if notes is not None:    # e.g. quantiles' capped key selection, as thresher run reports it
-        report = kind_module(kind).apply_notes(report, json.loads(notes))
+        report = kinds.get(kind).apply_notes(report, json.loads(notes))
     report["released_keys"] = int(released_keys)
     return beam.Row(report=json.dumps(report, sort_keys=False, allow_nan=False))
 
@@ -389,9 +390,8 @@ class _Release(beam.PTransform):
         spec = plan.spec
         user, keys = spec.input.user, list(spec.input.keys)
         sample = spec.input.sample
-        module = kind_module(spec.kind)
         # what is read of each row: quantiles reads its value column like a key column
-        read_keys = list(module.read_spec(spec).keys if hasattr(module, "read_spec") else keys)
+        read_keys = list(kinds.get(spec.kind).read_spec(spec).keys)
         try:
             fields = dict(named_fields_from_element_type(rows.element_type))
         except (TypeError, ValueError):
@@ -421,7 +421,7 @@ class _Release(beam.PTransform):
                 if name not in fields:
                     raise SpecError("ThresherRelease.aggregates", f"field {name!r} is not in "
                                     f"the input; its fields are: {', '.join(fields)}")
-        output_columns = {c: (t, False) for c, t in module.OUTPUT_COLUMNS.items()}
+        output_columns = {c: (t, False) for c, t in kinds.get(spec.kind).OUTPUT_COLUMNS.items()}
         if spec.kind == "quantiles":          # null where every cell was suppressed
             output_columns["value"] = (output_columns["value"][0], True)
         if spec.kind == "weighted_sampling":  # token and estimate: null with report: keys

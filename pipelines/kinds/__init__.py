@@ -1,21 +1,34 @@
-"""One module per release mechanism kind (``mechanism.kind``).
+"""The release mechanism kinds (``mechanism.kind``): one module per kind, each defining
+one kind object.
 
-A kind is a module here whose name does not start with ``_`` (found at import; nothing
-else lists kinds). It declares its own fields; nothing else in thresher lists them:
+The interface is ``pipelines.kinds.base.Kind`` (every hook, its default and its docstring
+in one place); :func:`get` returns a kind's object and the spec loader, the schema, the
+plan, the ledger and the release wiring ask it, never the module.
 
-- ``FIELDS``: {field name: declaration}. A declaration is a JSON Schema fragment built
-  with ``pipelines.declare`` (``declare.number(low=0, low_open=True, description=...)``),
-  checked by jsonschema before ``parse`` runs, or a description string alone (any value
-  is then accepted and ``parse`` must check it, with ``pipelines.fields``).
-- ``REQUIRED`` (optional): field names that must be given.
-- ``KEYS_OPTIONAL`` (optional, default False): ``input.keys`` may be left out.
-- ``OUTPUT_COLUMNS``, ``parse(section)`` (cross-field rules of the section; returns the
-  parsed fields), ``calibrate(...)``, ``release(...)`` (or ``release_stages``), and
-  optionally ``check_spec(mechanism, input_spec, bounding, privacy)``.
+**Adding a kind** is adding one module here, ``pipelines/kinds/<name>.py`` (its name is the
+kind's name; found at import, nothing else lists kinds), plus the transforms it releases
+with. The module:
 
-Kind modules import from ``pipelines.declare``, ``pipelines.fields``, ``pipelines.errors``,
-``pipelines.public_keys``, ``accounting`` and ``transforms`` -- never ``pipelines.spec`` (which
-loads them by name through :func:`module`).
+- declares its fields (``FIELDS``: {name: declaration}, built with
+  ``pipelines.specs.declare``) and its ``OUTPUT_COLUMNS``;
+- ends with its kind object, ``KIND = MyKind()``, where ``MyKind`` subclasses the release
+  shape it uses -- ``base.CountsKind`` (released from bounded per-key counts: implement
+  ``release``), ``base.UsersKind`` (from whole users: ``release_users``) or
+  ``base.StagesKind`` (its own stages: ``release_stages``) -- implements ``parse`` and
+  ``calibrate``, sets ``name``, and overrides only the hooks it needs (``check_spec``,
+  ``stage_budget``, ``verify_calibration``, ``privacy_record``, ``noise``...).
+
+A kind option (a noise variant of an existing kind, e.g. gaussian's ``mechanism.noise``)
+is a field of that kind, listed in its ``NOISES``, calibrated by its ``calibrate`` and
+charged by its ``privacy_record``: nothing outside the kind's module changes.
+tests/kinds/test_kind_interface.py checks every kind against the interface.
+
+Modules whose names start with ``_`` (and ``base``) are shared parts of kinds, not kinds.
+Kind modules import from ``pipelines.specs.declare``, ``pipelines.specs.fields``,
+``pipelines.errors``, ``pipelines.dataio.public_keys``, ``pipelines.planning.limits`` and
+``calibration_cache``, ``accounting`` and (inside functions: Beam) ``transforms`` -- never
+``pipelines.specs.spec`` (which loads them by name through :func:`get`), the plan or the
+release wiring.
 """
 import importlib
 import pkgutil
@@ -24,11 +37,12 @@ import pkgutil
 # new one) is found in this package and listed after these, by name.
 _ORDER = ("gaussian", "laplace", "sample_and_threshold", "weighted_sampling", "heavy_hitters",
           "quantiles", "weighted_gaussian", "adaptive")
+_NOT_KINDS = ("base",)
 
 
 def _discover():
     found = sorted(m.name for m in pkgutil.iter_modules(__path__)
-                   if not m.ispkg and not m.name.startswith("_"))
+                   if not m.ispkg and not m.name.startswith("_") and m.name not in _NOT_KINDS)
     return tuple(k for k in _ORDER if k in found) + tuple(k for k in found if k not in _ORDER)
 
 
@@ -40,3 +54,15 @@ def module(kind):
     if kind not in KINDS:
         raise KeyError(kind)
     return importlib.import_module(f"{__name__}.{kind}")
+
+
+def get(kind):
+    """The kind object of ``mechanism.kind`` ``kind`` (``base.Kind``); KeyError for an
+    unknown kind, TypeError for a module that does not define its kind object."""
+    from thresher.pipelines.kinds.base import Kind
+    found = module(kind).__dict__.get("KIND")
+    if not isinstance(found, Kind) or found.name != kind:
+        raise TypeError(f"pipelines/kinds/{kind}.py must end with its kind object, "
+                        f"KIND = <a pipelines.kinds.base.Kind subclass>() whose name is "
+                        f"{kind!r} (docs: pipelines/kinds/__init__.py)")
+    return found

@@ -19,6 +19,7 @@ from thresher.accounting import adaptive as ad
 from thresher.accounting import weighted_gaussian as wg
 from thresher.pipelines.specs import declare
 from thresher.pipelines.errors import CalibrationError, SpecError
+from thresher.pipelines.kinds.base import UsersKind
 from thresher.pipelines.specs.fields import optional_float, optional_int
 
 FIELDS = {
@@ -148,3 +149,23 @@ def release_users(users, params, max_keys_per_user, key_columns, num_shards, mec
     return users | "AdaptiveRelease" >> AdaptiveRelease(
         key_columns, params, max_keys_per_user, mechanism["rounds"], num_shards,
         rng_factory=rng_factory, spill_dir=spill_dir)
+
+
+class Adaptive(UsersKind):
+    """Weighted Gaussian selection over rounds (module docstring)."""
+    name = "adaptive"
+    FIELDS, OUTPUT_COLUMNS, SCORE = FIELDS, OUTPUT_COLUMNS, SCORE
+    AUTO_MAX_BOUND, AUTO_MIN_BOUND = AUTO_MAX_BOUND, AUTO_MIN_BOUND
+    AUTO_EPSILON_FRACTION = AUTO_EPSILON_FRACTION
+    parse = staticmethod(parse)
+    check_spec = staticmethod(check_spec)
+    calibrate = staticmethod(calibrate)
+    release_users = staticmethod(release_users)
+
+    def privacy_record(self, mechanism, stages, max_keys_per_user):
+        """``accounting.zcdp.adaptive_record``: every round and the count column."""
+        from thresher.accounting import zcdp
+        return zcdp.adaptive_record(mechanism, stages, max_keys_per_user)
+
+
+KIND = Adaptive()

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from thresher.accounting import correlated_gshm, gshm, plain_gshm
 from thresher.pipelines.errors import CalibrationError, SpecError
+from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
 from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
@@ -178,3 +179,23 @@ def _int_if_whole(x):
 def release(counts, params, key_columns):
     from thresher.transforms.noisy_threshold import NoisyThreshold
     return counts | "NoisyThreshold" >> NoisyThreshold(params)
+
+
+class Gaussian(CountsKind):
+    """The Gaussian sparse histogram mechanism (module docstring)."""
+    name = "gaussian"
+    FIELDS, OUTPUT_COLUMNS, NOISES = FIELDS, OUTPUT_COLUMNS, NOISES
+    parse = staticmethod(parse)
+    check_spec = staticmethod(check_spec)
+    calibrate = staticmethod(calibrate)
+    verify_calibration = staticmethod(verify_calibration)
+    release = staticmethod(release)
+
+    def privacy_record(self, mechanism, stages, max_keys_per_user):
+        """``accounting.zcdp.gaussian_record``: independent noise, over public keys, or
+        (noise: correlated) the shared draw's own record."""
+        from thresher.accounting import zcdp
+        return zcdp.gaussian_record(mechanism, stages, max_keys_per_user)
+
+
+KIND = Gaussian()

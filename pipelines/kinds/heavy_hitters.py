@@ -30,6 +30,7 @@ import pyarrow as pa
 from thresher.pipelines.planning import limits
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.kinds import _levels
+from thresher.pipelines.kinds.base import StagesKind, whole_user_limit
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
 
@@ -419,7 +420,6 @@ def _adaptive_stages(records, plan, num_shards, rng_factory):
     import apache_beam as beam
     from thresher.pipelines.kinds._trie_release import _string_keys
     from thresher.pipelines.kinds import adaptive
-    from thresher.pipelines.running.release import whole_user_limit
     from thresher.transforms.user_shards import ShardByUser
     spec = plan.spec
     keys = list(spec.input.keys)
@@ -440,7 +440,6 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     (user, key) rows) -> per level, distinct users per prefix -> TrieHH++ -> top_k.
     Returns PCollection[Table(key, count, rank)]."""
     from thresher.pipelines.kinds._trie_release import HeavyHittersRelease
-    from thresher.pipelines.running.release import whole_user_limit
     from thresher.transforms.per_user_bound import PerUserBound
     from thresher.transforms.user_shards import USER_COLUMN, ShardByUser
     spec = plan.spec
@@ -456,3 +455,30 @@ def release_stages(records, plan, num_shards, rng_factory=None):
             | "HeavyHitters" >> HeavyHittersRelease(
                 keys[0], mech["prefix_lengths"], mech["top_k"], plan.params_by_bound[bound],
                 num_shards=num_shards, rng_factory=rng_factory, user_column=USER_COLUMN))
+
+
+class HeavyHitters(StagesKind):
+    """TrieHH++ or adaptive top keys (module docstring)."""
+    name = "heavy_hitters"
+    FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
+    parse = staticmethod(parse)
+    check_spec = staticmethod(check_spec)
+    check_key_types = staticmethod(check_key_types)
+    level_structure = staticmethod(level_structure)
+    calibrate = staticmethod(calibrate)
+    verify_calibration = staticmethod(verify_calibration)
+
+    def stage_budget(self, budget, mechanism, *, public_domain=False):
+        return stage_budget(budget, mechanism)
+
+    def release_stages(self, records, plan, num_shards, rng_factory=None, notes_sink=None):
+        return release_stages(records, plan, num_shards, rng_factory)
+
+    def privacy_record(self, mechanism, stages, max_keys_per_user):
+        """``accounting.zcdp.heavy_hitters_record``: method adaptive as the adaptive kind,
+        the trie from its stage's (epsilon, delta)."""
+        from thresher.accounting import zcdp
+        return zcdp.heavy_hitters_record(mechanism, stages, max_keys_per_user)
+
+
+KIND = HeavyHitters()

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from thresher.accounting import laplace_threshold
 from thresher.pipelines.errors import SpecError
+from thresher.pipelines.kinds.base import RELEASE_STAGE, CountsKind
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
 from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
@@ -90,3 +91,36 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
 def release(counts, params, key_columns):
     from thresher.transforms.noisy_threshold import NoisyThreshold
     return counts | "NoisyThreshold" >> NoisyThreshold(params)
+
+
+def stage_budget(budget, mechanism, *, public_domain=False):
+    """One stage, ``release``; over a public key domain discrete Laplace is pure
+    epsilon-DP, so the release spends no delta."""
+    if public_domain:
+        return budget.spend(RELEASE_STAGE, budget.remaining_epsilon, 0.0)
+    return budget.spend_rest(RELEASE_STAGE)
+
+
+class Laplace(CountsKind):
+    """Laplace thresholding (module docstring)."""
+    name = "laplace"
+    FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
+    parse = staticmethod(parse)
+    calibrate = staticmethod(calibrate)
+    verify_calibration = staticmethod(verify_calibration)
+    release = staticmethod(release)
+
+    def stage_budget(self, budget, mechanism, *, public_domain=False):
+        return stage_budget(budget, mechanism, public_domain=public_domain)
+
+    def score(self, model):
+        """The automatic bound's score of the model: laplace_l1 or laplace_l0."""
+        return "laplace_l1" if model == "l1" else "laplace_l0"
+
+    def privacy_record(self, mechanism, stages, max_keys_per_user):
+        """``accounting.zcdp.laplace_record`` (l0 and l1, with aggregates' sum columns)."""
+        from thresher.accounting import zcdp
+        return zcdp.laplace_record(mechanism, stages, max_keys_per_user)
+
+
+KIND = Laplace()

@@ -48,6 +48,7 @@ import pyarrow as pa
 
 from thresher.pipelines.errors import CalibrationError, InputError, SpecError
 from thresher.pipelines.kinds import _levels
+from thresher.pipelines.kinds.base import StagesKind, whole_user_limit
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
 
@@ -464,7 +465,6 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
     from thresher.transforms.per_user_bound import PerUserBound
     from thresher.transforms.quantile_release import BinarySearchQuantiles, KeyedHierarchy
     from thresher.transforms.sample_and_threshold import SampleAndThreshold
-    from thresher.pipelines.running.release import whole_user_limit
     from thresher.transforms.user_shards import ShardByUser
     spec = plan.spec
     mech = spec.mechanism
@@ -624,3 +624,32 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
             | "GatherCells" >> beam.combiners.ToList()
             | "Quantiles" >> beam.FlatMap(_answer_cells, keys, key_list, mech,
                                           params["support_floor"]))
+
+
+class Quantiles(StagesKind):
+    """Differentially private quantiles (module docstring)."""
+    name = "quantiles"
+    FIELDS, OUTPUT_COLUMNS, REQUIRED, KEYS_OPTIONAL = FIELDS, OUTPUT_COLUMNS, REQUIRED, KEYS_OPTIONAL
+    WRITES_NOTES, NOTES_FILE = WRITES_NOTES, NOTES_FILE
+    parse = staticmethod(parse)
+    check_spec = staticmethod(check_spec)
+    read_spec = staticmethod(read_spec)
+    level_structure = staticmethod(level_structure)
+    calibrate = staticmethod(calibrate)
+    release_stages = staticmethod(release_stages)
+    apply_notes = staticmethod(apply_notes)
+
+    def stage_budget(self, budget, mechanism, *, public_domain=False):
+        return stage_budget(budget, mechanism)
+
+    def check_public_domain(self, mechanism, domain_size):
+        return check_public_cells(mechanism, domain_size)
+
+    def privacy_record(self, mechanism, stages, max_keys_per_user):
+        """``accounting.zcdp.quantiles_record``: public cells by their Gaussian noise,
+        every other stage from its (epsilon, delta)."""
+        from thresher.accounting import zcdp
+        return zcdp.quantiles_record(mechanism, stages, max_keys_per_user)
+
+
+KIND = Quantiles()

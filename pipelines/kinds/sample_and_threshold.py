@@ -23,6 +23,7 @@ import pyarrow as pa
 from thresher.accounting import sample_threshold
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds import _levels
+from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float, optional_int
 
@@ -204,3 +205,18 @@ def release(counts, params, key_columns):
     # Table(keys, count) -> Table(keys, count = sampled count, estimate = count / p)
     from thresher.transforms.sample_and_threshold import SampleAndThreshold
     return counts | "SampleAndThreshold" >> SampleAndThreshold(params)
+
+
+class SampleAndThreshold(CountsKind):
+    """Sample-and-threshold (module docstring); charged from its stages' (epsilon, delta)
+    claims (the default privacy_record)."""
+    name = "sample_and_threshold"
+    FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
+    parse = staticmethod(parse)
+    for_auto_bound = staticmethod(for_auto_bound)
+    calibrate = staticmethod(calibrate)
+    verify_calibration = staticmethod(verify_calibration)
+    release = staticmethod(release)
+
+
+KIND = SampleAndThreshold()

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from thresher.accounting import weighted_gaussian as wg
 from thresher.pipelines.errors import CalibrationError, SpecError
+from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float, optional_int
 
@@ -49,16 +50,6 @@ OUTPUT_COLUMNS = {"count": pa.int64()}
 COUNT_STAGE = "count"
 
 
-def __getattr__(name):
-    """``PER_USER_BOUND``, the bounding with weights that pipelines.running.release uses in place of
-    PerUserBound, imported on first use (the transforms import Beam, which plan, validate
-    and schema never need)."""
-    if name == "PER_USER_BOUND":
-        from thresher.transforms.weighted_threshold import WeightedPerUserBound
-        return WeightedPerUserBound
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def parse(section):
     sigma = optional_float(section, "sigma")
     threshold = optional_float(section, "threshold")
@@ -71,7 +62,8 @@ def parse(section):
 
 
 def bound_options(mechanism):
-    """Keyword arguments of PER_USER_BOUND beyond the bound (pipelines.running.release)."""
+    """Keyword arguments of WeightedPerUserBound beyond the bound (the kind's
+    ``per_user_bound``)."""
     return {"count_keys_per_user": mechanism["count_keys_per_user"]}
 
 
@@ -125,3 +117,31 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 def release(counts, params, key_columns):
     from thresher.transforms.weighted_threshold import WeightedThreshold
     return counts | "WeightedThreshold" >> WeightedThreshold(params)
+
+
+class WeightedGaussian(CountsKind):
+    """Weighted Gaussian partition selection with counts (module docstring)."""
+    name = "weighted_gaussian"
+    FIELDS, OUTPUT_COLUMNS, AUTO_MAX_BOUND = FIELDS, OUTPUT_COLUMNS, AUTO_MAX_BOUND
+    parse = staticmethod(parse)
+    bound_options = staticmethod(bound_options)
+    calibrate = staticmethod(calibrate)
+    release = staticmethod(release)
+
+    def per_user_bound(self):
+        """The bounding with weights, ``transforms.weighted_threshold.WeightedPerUserBound``
+        (imported here: the transforms import Beam, which plan, validate and schema never
+        need)."""
+        from thresher.transforms.weighted_threshold import WeightedPerUserBound
+        return WeightedPerUserBound
+
+    def stage_budget(self, budget, mechanism, *, public_domain=False):
+        return stage_budget(budget, mechanism)
+
+    def privacy_record(self, mechanism, stages, max_keys_per_user):
+        """``accounting.zcdp.weighted_gaussian_record``: the selection and the count column."""
+        from thresher.accounting import zcdp
+        return zcdp.weighted_gaussian_record(mechanism, stages, max_keys_per_user)
+
+
+KIND = WeightedGaussian()

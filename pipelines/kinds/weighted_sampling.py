@@ -26,6 +26,7 @@ from thresher.accounting import pws
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.specs import declare
 from thresher.pipelines.kinds import _sample_fields
+from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.kinds._common import calibration
 
 FIELDS = {
@@ -194,3 +195,16 @@ def sanitize_existing_sample(sample, params, key_columns, frequency_column):
     from thresher.transforms.sanitize_sample import SanitizeSample
     return sample | "SanitizeExistingSample" >> SanitizeSample(
         params, key_columns, frequency_column=frequency_column)
+
+
+class WeightedSampling(CountsKind):
+    """Private weighted sampling (module docstring); charged from its stages' (epsilon,
+    delta) claims (the default privacy_record)."""
+    name = "weighted_sampling"
+    FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
+    parse = staticmethod(parse)
+    calibrate = staticmethod(calibrate)
+    release = staticmethod(release)
+
+
+KIND = WeightedSampling()

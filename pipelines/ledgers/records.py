@@ -6,7 +6,8 @@ The plan's stages compose (records add). The exponential-mechanism stages
 (``choose_contribution_bound`` -- ChooseContributionBound, or ChooseDomainBound over
 public keys -- and ``choose_aggregate_clip``, ChooseClipBounds) are epsilon-bounded
 range: epsilon^2/8 each. Every other stage belongs to the kind, whose record comes from
-its calibration (``accounting.zcdp.record``). With ``max_keys_per_user: auto`` the
+its calibration: the ledger asks the kind (``pipelines.kinds.base.Kind.privacy_record``;
+the math is in ``accounting.zcdp``). With ``max_keys_per_user: auto`` the
 ledger reserves before the bound is drawn, so the kind's record is the maximum over
 every calibrated candidate bound; ``clip: auto`` columns are calibrated for a grid
 sensitivity that is the same for every candidate clip (pipelines/specs/aggregates.py), so
@@ -14,6 +15,7 @@ their record is already the maximum. rho and delta0 are rounded UP to
 ``accounting.zcdp.DIGITS`` significant digits (exact decimals, as the ledger stores them).
 """
 from thresher.accounting import zcdp
+from thresher.pipelines import kinds
 
 SELECT_STAGE = "choose_contribution_bound"     # pipelines.planning.plan.SELECT_STAGE
 CLIP_STAGE = "choose_aggregate_clip"           # pipelines.specs.aggregates.AUTO_STAGE
@@ -42,11 +44,12 @@ def _record_of(plan):
         if name in EXPONENTIAL_MECHANISM_STAGES:
             total = total + zcdp.bounded_range_record(epsilon)
     kind_stages = [s for s in stages if s[0] not in EXPONENTIAL_MECHANISM_STAGES]
-    kind = None
+    record = None
+    kind = kinds.get(plan.spec.kind)
     for bound, mechanism in plan.params_by_bound.items():
-        one = zcdp.record(plan.spec.kind, mechanism, kind_stages, bound)
-        kind = one if kind is None else kind.joined(one)
-    return total + (kind or zcdp.ZERO)
+        one = kind.privacy_record(mechanism, kind_stages, bound)
+        record = one if record is None else record.joined(one)
+    return total + (record or zcdp.ZERO)
 
 
 def report_section(plan):

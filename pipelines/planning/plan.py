@@ -21,13 +21,13 @@ from thresher.pipelines import __version__
 from thresher.pipelines.planning import calibration_cache, limits
 from thresher.pipelines.reports.citations import cite_all
 from thresher.pipelines.errors import CalibrationError, SpecError
-from thresher.pipelines.specs.spec import kind_module
+from thresher.pipelines import kinds
+from thresher.pipelines.kinds.base import RELEASE_STAGE
 
 log = logging.getLogger("thresher")
 
 NEIGHBOURING = "add/remove all records of one user"
 SELECT_STAGE = "choose_contribution_bound"
-RELEASE_STAGE = "release"
 
 
 @dataclasses.dataclass
@@ -52,11 +52,9 @@ class Plan:
 
     @property
     def score_name(self):
-        """The V(C) score of the release kind (accounting.contribution_bound.SCORE_MODELS)."""
-        spec = self.spec
-        if spec.kind == "laplace":
-            return "laplace_l1" if spec.bounding.model == "l1" else "laplace_l0"
-        return getattr(kind_module(spec.kind), "SCORE", spec.kind)   # adaptive: weighted_gaussian's
+        """The V(C) score of the release kind (accounting.contribution_bound.SCORE_MODELS;
+        the kind's ``score``: adaptive scores as weighted_gaussian, laplace by its model)."""
+        return kinds.get(self.spec.kind).score(self.spec.bounding.model)
 
     def score_params(self):
         """score_params for accounting.contribution_bound.make_score: the release stage's
@@ -252,41 +250,32 @@ def make_plan(spec):
             input_file_key_types, input_key_types, load_domain)
         domain = load_domain(spec.input.public_keys, spec.input.keys, input_key_types(spec.input),
                              input_file_key_types(spec.input))
-        if spec.kind == "quantiles":
-            from thresher.pipelines.kinds.quantiles import check_public_cells
-            check_public_cells(spec.mechanism, domain.num_rows)
+        kinds.get(spec.kind).check_public_domain(spec.mechanism, domain.num_rows)
         if spec.auto_bound:
             from thresher.pipelines.dataio.public_keys import domain_candidates
             candidates = domain_candidates(candidates, domain.num_rows, spec.bounding.model)
-    module = kind_module(spec.kind)
-    if hasattr(module, "check_key_types"):   # from the input's schema (issue 36 D17)
+    kind = kinds.get(spec.kind)
+    if kind.check_key_types is not None:   # from the input's schema (issue 36 D17)
         from thresher.pipelines.dataio.public_keys import input_key_types
         key_types = input_key_types(spec.input)
         if key_types is not None:
-            module.check_key_types(key_types)
-    if hasattr(module, "stage_budget"):
-        # Several composed histograms (heavy_hitters, quantiles): one stage each.
-        release = module.stage_budget(budget, spec.mechanism)
-    elif domain is not None and spec.kind == "laplace":
-        # Discrete Laplace over a public domain is pure epsilon-DP: the release spends no delta.
-        release = budget.spend(RELEASE_STAGE, budget.remaining_epsilon, 0.0)
-    else:
-        release = budget.spend_rest(RELEASE_STAGE)
-    module = kind_module(spec.kind)
+            kind.check_key_types(key_types)
+    # the kind's stages (one per composed histogram of heavy_hitters and quantiles; laplace
+    # over a public domain is pure epsilon-DP and spends no delta)
+    release = kind.stage_budget(budget, spec.mechanism, public_domain=domain is not None)
     # (levels, contributions per level per unit of C) of a sample-and-threshold kind
-    structure = getattr(module, "level_structure", None)
     limits.check_release(spec, release.epsilon, release.delta, candidates,
-                         structure(spec.mechanism) if structure else (1, 1))
+                         kind.level_structure(spec.mechanism))
     mechanism = spec.mechanism
-    if spec.auto_bound and hasattr(module, "for_auto_bound"):
-        mechanism = module.for_auto_bound(mechanism)  # the kind's cheaper default there
+    if spec.auto_bound:
+        mechanism = kind.for_auto_bound(mechanism)  # the kind's cheaper default there
     params, excluded = {}, {}
     # CLI only; only the kinds with a forward check (verify_calibration) are cached
-    calibrate = calibration_cache.cached(f"{spec.kind}.calibrate", module.calibrate,
-                                         getattr(module, "verify_calibration", None))
+    calibrate = calibration_cache.cached(f"{spec.kind}.calibrate", kind.calibrate,
+                                         kind.verify_calibration)
     if spec.aggregates:   # count and sums calibrated jointly (pipelines/specs/aggregates.py)
         from thresher.pipelines.specs import aggregates
-        calibrate = functools.partial(aggregates.calibrate, spec, module)
+        calibrate = functools.partial(aggregates.calibrate, spec, kind)
     for bound in candidates:
         try:
             params[bound] = cite_all(calibrate(

@@ -142,7 +142,7 @@ def kind_output_columns(report):
         return ()
     from thresher.pipelines import kinds
     try:
-        return tuple(kinds.module(kind).OUTPUT_COLUMNS)
+        return tuple(kinds.get(kind).OUTPUT_COLUMNS)
     except KeyError:
         return ()
 

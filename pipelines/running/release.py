@@ -25,10 +25,11 @@ from thresher.pipelines.running import progress, signals
 from thresher.pipelines.dataio.claim import claim
 from thresher.pipelines.errors import InputError, ThresherError
 from thresher.pipelines.running.beam_flags import refuse_dask
-from thresher.pipelines.specs.spec import input_files, kind_module
+from thresher.pipelines import kinds
+from thresher.pipelines.kinds.base import RECORDS, USERS, whole_user_setting
+from thresher.pipelines.specs.spec import input_files
 from thresher.transforms import keyed_random, secret_commitment
 from thresher.transforms.aggregate import SumCountsPerKey
-from thresher.transforms.per_user_bound import PerUserBound
 from thresher.transforms.user_shards import MAX_USER_ROWS, ShardByUser
 
 log = logging.getLogger("thresher")
@@ -66,7 +67,7 @@ def output_schema(spec, files):
         if spec.input.format != "parquet" or pa.types.is_large_string(t):
             t = pa.string() if (spec.input.format != "parquet" or pa.types.is_large_string(t)) else t
         fields.append(pa.field(name, t))
-    for name, t in kind_module(spec.kind).OUTPUT_COLUMNS.items():
+    for name, t in kinds.get(spec.kind).OUTPUT_COLUMNS.items():
         fields.append(pa.field(name, t))
     if spec.mechanism.get("debias"):   # input.public_keys with debias: poisson
         fields.append(pa.field("debiased", pa.float64()))
@@ -85,10 +86,10 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
         check_rows(est_rows)
     exact_rows = spec.input.format == "parquet"     # footers: est_rows is the row count
     num_shards = io.num_shards_for(est_rows, exact=exact_rows)
-    module = kind_module(spec.kind)
+    kind = kinds.get(spec.kind)
     schema = output_schema(spec, files)
 
-    read_spec = module.read_spec(spec) if hasattr(module, "read_spec") else spec.input
+    read_spec = kind.read_spec(spec)
     records = pipeline | "Read" >> io.ReadRecords(read_spec, files)         # Table(__user, __key, keys)
     source = keyed_random.resolve(rng_factory)   # the publisher checks: one secret per run
     if spec.input.sample is not None:   # an existing weighted sample (release_stages)
@@ -108,7 +109,7 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
                                       notes_sink=notes.append)
     for note in notes:    # one JSON line, read back by _apply_kind_notes
         (note
-         | "WriteNote" >> beam.io.WriteToText(os.path.join(staging, module.NOTES_FILE),
+         | "WriteNote" >> beam.io.WriteToText(os.path.join(staging, kind.NOTES_FILE),
                                               num_shards=1, shard_name_template=""))
     if chosen is not None:
         (chosen
@@ -148,6 +149,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     PCollection of one JSON line when the kind computes report figures in the pipeline
     (``WRITES_NOTES``; ``thresher run`` writes it to staging, the Beam YAML transform takes
     it as a side input of its report; both fold it in with the kind's ``apply_notes``).
+    The kind's ``releases_from`` (``pipelines.kinds.base``) says which wiring applies.
     Returns (released PCollection[pyarrow.Table],
     chosen bound PCollection[int] with exactly one element, or None for a fixed bound).
     """
@@ -155,12 +157,11 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     keys = list(spec.input.keys)
     if spec.input.sample is not None:
         return _sample_stages(records, plan, num_shards), None
-    if hasattr(kind_module(spec.kind), "release_stages"):  # heavy_hitters, quantiles
-        module = kind_module(spec.kind)
+    kind = kinds.get(spec.kind)
+    if kind.releases_from == RECORDS:                    # heavy_hitters, quantiles
         extra = ({"notes_sink": notes_sink}
-                 if notes_sink is not None and getattr(module, "WRITES_NOTES", False) else {})
-        return kind_module(spec.kind).release_stages(records, plan, num_shards, rng_factory,
-                                                     **extra), None
+                 if notes_sink is not None and kind.WRITES_NOTES else {})
+        return kind.release_stages(records, plan, num_shards, rng_factory, **extra), None
     if plan.domain is not None:
         return _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink, spill_dir)
     if _one_pass_auto(spec):
@@ -180,9 +181,9 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
             score_params=plan.score_params(), max_bound=spec.bounding.auto.max_bound,
             rng_factory=rng_factory, spill_dir=spill_dir)                      # one int
     users = shards.users(chosen, min(plan.candidates))                     # Table of whole users
-    if hasattr(kind_module(spec.kind), "release_users"):   # adaptive: rounds over the users
+    if kind.releases_from == USERS:                      # adaptive: rounds over the users
         bound, params = _bound_and_params(users, plan, chosen)
-        return kind_module(spec.kind).release_users(
+        return kind.release_users(
             users, _side(params), bound, keys, num_shards, spec.mechanism,
             rng_factory=rng_factory, spill_dir=spill_dir), chosen
     clips = _choose_clips(users, plan, rng_factory, clip_sink)
@@ -193,7 +194,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
         from thresher.transforms.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
             _side(params), rng_factory=rng_factory), chosen
-    released = kind_module(spec.kind).release(counts, _side(params), keys)
+    released = kind.release(counts, _side(params), keys)
     return released, chosen
 
 
@@ -206,7 +207,7 @@ def _sample_stages(records, plan, num_shards):
     params = plan.params_by_bound[spec.bounding.max_keys_per_user]
     from thresher.transforms.unique_keys import OneRowPerKey
     counts = records | "OneRowPerKey" >> OneRowPerKey(keys, num_shards)     # Table(keys, count)
-    return kind_module(spec.kind).release(counts, params, keys)
+    return kinds.get(spec.kind).release(counts, params, keys)
 
 
 def _prereduced(records, plan, rng_factory):
@@ -217,15 +218,13 @@ def _prereduced(records, plan, rng_factory):
     user's records (prereduce.py's docstring says why), and so does fresh randomness
     (a test's seeded factory): their records pass unchanged."""
     spec = plan.spec
-    module = kind_module(spec.kind)
     source = keyed_random.resolve(rng_factory)
     if spec.aggregates:   # PerUserBoundWithValues, fixed clips: every row of the kept keys
         from thresher.pipelines.specs.aggregates import auto_columns
         if auto_columns(spec.aggregates):
             return records
     if (spec.auto_bound or spec.bounding.model != "l0"
-            or hasattr(module, "release_users") or hasattr(module, "bound_options")
-            or getattr(module, "PER_USER_BOUND", PerUserBound) is not PerUserBound
+            or not kinds.get(spec.kind).plain_l0_bound   # adaptive, weighted_gaussian
             or not isinstance(source, keyed_random.KeyedSource)):
         return records
     from thresher.transforms.prereduce import PreReduceL0
@@ -250,16 +249,15 @@ def _whole_user_setting(plan):
     bounding pre-reduces a user to about C rows per table (transforms/prereduce.py), so
     the check never fires there."""
     spec = plan.spec
-    if hasattr(kind_module(spec.kind), "release_stages"):     # heavy_hitters, quantiles
-        return ("mechanism.kind", f"{spec.kind} bounds a user where all of its rows meet "
-                "(no bounding before the shuffle); leave such users out of the input, or "
-                "cap each user's rows before the release")
+    kind = kinds.get(spec.kind)
+    if kind.releases_from == RECORDS:                    # heavy_hitters, quantiles
+        return whole_user_setting(spec.kind)
     if spec.auto_bound:
         return ("bounding.max_keys_per_user", "'auto' scores every key of every user; "
                 + _FIXED_L0)
     if spec.bounding.model == "l1":
         return ("bounding.model", "l1 samples a user's records, not keys; " + _FIXED_L0)
-    if hasattr(kind_module(spec.kind), "release_users"):
+    if kind.releases_from == USERS:
         return ("mechanism.kind", f"{spec.kind} re-bounds a user's keys in every round; "
                 + _FIXED_L0)
     if spec.aggregates:
@@ -275,20 +273,11 @@ def _whole_user_setting(plan):
             "before the shuffle, or leave such users out of the input")
 
 
-def whole_user_limit(plan):
-    """``ShardByUser``'s keyword arguments for a kind whose consumers hold all of a user's
-    rows (heavy_hitters, quantiles: their own ``release_stages``): refuse a user above
-    ``MAX_USER_ROWS``, naming ``_whole_user_setting``."""
-    return {"max_user_rows": MAX_USER_ROWS, "setting": _whole_user_setting(plan)}
-
-
 def _one_pass_auto(spec):
-    """``auto`` with plain l0 bounding (PerUserBound): bounded and scored in one pass."""
-    module = kind_module(spec.kind)
+    """``auto`` with plain l0 bounding (PerUserBound): bounded and scored in one pass
+    (not adaptive's own rounds, nor a bounding with options the one pass ignores)."""
     return (spec.auto_bound and not spec.aggregates and spec.bounding.model == "l0"
-            and not hasattr(module, "release_users")              # adaptive: its own rounds
-            and not hasattr(module, "bound_options")              # options the one pass ignores
-            and getattr(module, "PER_USER_BOUND", PerUserBound) is PerUserBound)
+            and kinds.get(spec.kind).plain_l0_bound)
 
 
 def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
@@ -316,7 +305,7 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
     partial = bounder.select(scored["buckets"], chosen, min(plan.candidates))
     params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards, spill_dir=spill_dir)
-    released = kind_module(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys)
+    released = kinds.get(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys)
     return released, chosen
 
 
@@ -424,9 +413,9 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
         from thresher.transforms.rand_clip import RandClip
         partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
     else:   # a kind may bound with weights (weighted_gaussian: WeightedPerUserBound)
-        module = kind_module(spec.kind)
-        bounder = getattr(module, "PER_USER_BOUND", PerUserBound)
-        options = getattr(module, "bound_options", lambda mechanism: {})(spec.mechanism)
+        kind = kinds.get(spec.kind)
+        bounder = kind.per_user_bound()
+        options = kind.bound_options(spec.mechanism)
         partial = users | "PerUserBound" >> bounder(keys, bound, rng_factory=rng_factory,
                                                     **options)
     return partial, params
@@ -580,7 +569,7 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
         if spec.aggregates_auto is not None:   # clip: auto -- the chosen bounds
             from thresher.pipelines.specs.aggregates import report_chosen_clips
             report = report_chosen_clips(report, staging)
-        report = _apply_kind_notes(report, staging, kind_module(spec.kind))
+        report = _apply_kind_notes(report, staging, kinds.get(spec.kind))
         publish.remove_sink_scratch(staging)
         outputs = publish.released_files(staging)
         if not outputs:
@@ -627,14 +616,14 @@ def _add_intervals(outputs, mechanism, spec):
             released_file.write(table, path)
 
 
-def _apply_kind_notes(report, staging, module):
+def _apply_kind_notes(report, staging, kind):
     """The report with the figures a kind's pipeline wrote to its NOTES_FILE (one JSON
     line, read and removed from staging; e.g. quantiles' capped key selection)."""
-    if not getattr(module, "WRITES_NOTES", False):
+    if not kind.WRITES_NOTES:
         return report
-    note = publish.take_one_json_line(staging, module.NOTES_FILE,
-                                      f"the {module.NOTES_FILE} stage")
-    return report if note is None else module.apply_notes(report, note)
+    note = publish.take_one_json_line(staging, kind.NOTES_FILE,
+                                      f"the {kind.NOTES_FILE} stage")
+    return report if note is None else kind.apply_notes(report, note)
 
 
 def _read_chosen_bound(staging):

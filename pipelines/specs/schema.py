@@ -8,7 +8,7 @@ modules that own fields, and used twice.
   range, choices, and the unknown and missing fields are reported from this declaration.
 
 Owners: the top-level sections are declared below; each kind declares its ``mechanism``
-fields (``pipelines/kinds/<kind>.py``: ``FIELDS``), ``input.sample`` is weighted
+fields (``pipelines/kinds/<kind>.py``: its kind object's ``FIELDS`` and ``REQUIRED``), ``input.sample`` is weighted
 sampling's (``SAMPLE_FIELDS``), ``input.public_keys`` and the public-domain mechanism
 fields are ``pipelines.public_keys``', ``budget`` is ``pipelines.ledger``'s, ``aggregates``
 and ``aggregates_auto`` are ``pipelines.specs.aggregates``' (declared in
@@ -85,11 +85,10 @@ def _bounding():
 
 
 def kind_variant(kind):
-    """The fields of one kind's mechanism section, from its module's FIELDS."""
-    module = kinds_pkg.module(kind)
-    properties = {"kind": d.const(kind), **module.FIELDS}
-    return d.mapping(properties, ("kind", *getattr(module, "REQUIRED", ())),
-                     description=(module.__doc__ or "").strip().splitlines()[0])
+    """The fields of one kind's mechanism section, from its kind object's FIELDS."""
+    found = kinds_pkg.get(kind)
+    properties = {"kind": d.const(kind), **found.FIELDS}
+    return d.mapping(properties, ("kind", *found.REQUIRED), description=found.description)
 
 
 def mechanism_schema(kinds):
@@ -102,7 +101,7 @@ def mechanism_schema(kinds):
 def _keys_optional(kinds):
     """input.keys is required (one or more) unless the kind reads none (KEYS_OPTIONAL, e.g.
     quantiles: then it may be left out or empty)."""
-    keyless = [k for k in kinds if getattr(kinds_pkg.module(k), "KEYS_OPTIONAL", False)]
+    keyless = [k for k in kinds if kinds_pkg.get(k).KEYS_OPTIONAL]
     return {"if": {"properties": {"mechanism": {"properties": {"kind": {"enum": keyless}},
                                                 "required": ["kind"]}},
                    "required": ["mechanism"]},

@@ -19,6 +19,8 @@ from thresher.pipelines.specs import columns, declare, schema
 from thresher.pipelines.dataio import formats, public_keys
 
 from thresher.pipelines import kinds
+# the automatic bound's defaults of a kind that sets none (pipelines.kinds.base.Kind.AUTO_*)
+from thresher.pipelines.kinds.base import DEFAULT_AUTO_EPSILON_FRACTION, DEFAULT_AUTO_MAX_BOUND
 
 from thresher.pipelines.ledgers import ledger
 from thresher.pipelines.errors import SpecError
@@ -36,9 +38,7 @@ TOP_FIELDS = schema.TOP_FIELDS
 # Output columns the release adds; a key column may not share their names.
 RESERVED_COLUMNS = ("count", "estimate", "token")
 
-DEFAULT_AUTO_EPSILON_FRACTION = 0.1
-DEFAULT_AUTO_MAX_BOUND = 128
-# A kind module may set its own AUTO_MAX_BOUND (weighted_gaussian: 1024, whose noise does
+# A kind may set its own AUTO_MAX_BOUND (pipelines.kinds.base.Kind) (weighted_gaussian: 1024, whose noise does
 # not grow with the bound; docs/partition_selection.md section 5).
 # bounding.auto.objective: keys (the smoothed count of keys the release publishes) or l1
 # (paper 002's error bound); the default from the docstring-corpus measurements in
@@ -262,21 +262,21 @@ def _parse_privacy(section):
 
 
 def auto_max_bound(kind):
-    """The default bounding.auto.max_bound of a kind: its module's AUTO_MAX_BOUND, else
-    DEFAULT_AUTO_MAX_BOUND."""
-    return getattr(kind_module(kind), "AUTO_MAX_BOUND", DEFAULT_AUTO_MAX_BOUND)
+    """The default bounding.auto.max_bound of a kind (its AUTO_MAX_BOUND, default
+    DEFAULT_AUTO_MAX_BOUND)."""
+    return kinds.get(kind).AUTO_MAX_BOUND
 
 
 def auto_min_bound(kind):
-    """The smallest default candidate of a kind's automatic bound: its module's
-    AUTO_MIN_BOUND, else 1 (the whole sqrt(2) grid)."""
-    return getattr(kind_module(kind), "AUTO_MIN_BOUND", 1)
+    """The smallest default candidate of a kind's automatic bound (its AUTO_MIN_BOUND,
+    default 1: the whole sqrt(2) grid)."""
+    return kinds.get(kind).AUTO_MIN_BOUND
 
 
 def auto_epsilon_fraction(kind):
-    """The default share of privacy.epsilon spent choosing C for a kind: its module's
-    AUTO_EPSILON_FRACTION, else DEFAULT_AUTO_EPSILON_FRACTION."""
-    return getattr(kind_module(kind), "AUTO_EPSILON_FRACTION", DEFAULT_AUTO_EPSILON_FRACTION)
+    """The default share of privacy.epsilon spent choosing C for a kind (its
+    AUTO_EPSILON_FRACTION, default DEFAULT_AUTO_EPSILON_FRACTION)."""
+    return kinds.get(kind).AUTO_EPSILON_FRACTION
 
 
 def _parse_bounding(section, privacy, default_max_bound=DEFAULT_AUTO_MAX_BOUND,
@@ -335,11 +335,7 @@ def _parse_mechanism(section):
     kind = section["kind"]
     fields = dict(section)
     del fields["kind"]
-    return {"kind": kind, **kind_module(kind).parse(fields)}
-
-
-def kind_module(kind):
-    return kinds.module(kind)
+    return {"kind": kind, **kinds.get(kind).parse(fields)}
 
 
 def parse_mechanism(section):
@@ -374,9 +370,9 @@ def parse(data, source_text=""):
                                auto_epsilon_fraction(data["mechanism"]["kind"]),
                                auto_min_bound(data["mechanism"]["kind"]))
     mechanism = _parse_mechanism(data["mechanism"])
-    check_spec = getattr(kind_module(mechanism["kind"]), "check_spec", None)
-    if check_spec is not None:  # kind-specific checks of the input and bounding (heavy_hitters, quantiles)
-        input_spec = check_spec(mechanism, input_spec, bounding, privacy) or input_spec
+    kind = kinds.get(mechanism["kind"])
+    # the kind's checks of the input and bounding (heavy_hitters, quantiles, gaussian...)
+    input_spec = kind.check_spec(mechanism, input_spec, bounding, privacy) or input_spec
     if mechanism["kind"] in public_keys.KINDS:
         mechanism = public_keys.check_mechanism(mechanism, input_spec, data["mechanism"])
     elif input_spec.public_keys is not None and mechanism["kind"] != "quantiles":
@@ -404,11 +400,11 @@ def parse(data, source_text=""):
         input_spec = dataclasses.replace(input_spec, values=tuple(
             c for c, _ in aggregates_mod.value_columns(aggregates)))
         aggregates_auto = aggregates_mod.parse_auto(data.get("aggregates_auto"), privacy, aggregates)
-        if mechanism.get("noise") in ("correlated", "auto"):
+        if kind.noise(mechanism) in ("correlated", "auto"):
             raise SpecError("mechanism.noise", f"{mechanism['noise']} is not analysed with "
                             "aggregates (the sums' noise is calibrated with independent count "
                             "noise); use noise: discrete_gaussian")
-    columns.check(input_spec, mechanism, aggregates, kind_module(mechanism["kind"]).OUTPUT_COLUMNS)
+    columns.check(input_spec, mechanism, aggregates, kind.OUTPUT_COLUMNS)
     return ReleaseSpec(
         name=data["name"],
         description=data.get("description", ""),

@@ -12,7 +12,7 @@ import pytest
 from scipy.special import logsumexp
 
 from thresher.accounting import zcdp
-from thresher.pipelines import api
+from thresher.pipelines import api, kinds
 from thresher.pipelines.ledgers import records
 
 dp_accounting = pytest.importorskip("dp_accounting")
@@ -268,11 +268,30 @@ def test_black_box_kinds_are_charged_from_their_stages(mech, stages):
     assert delta0 >= sum(s.delta for s in plan.budget.stages) * (1 - 1e-12)
 
 
+def _kind_added_later():
+    """A kind that overrides no optional hook: the interface's default record."""
+    from thresher.pipelines.kinds.base import CountsKind
+
+    class Later(CountsKind):
+        name = "a_kind_added_later"
+
+        def parse(self, section):
+            return section
+
+        def calibrate(self, mech, *, epsilon, delta, max_keys_per_user, model):
+            return {}
+
+        def release(self, counts, params, key_columns):
+            return counts
+    return Later()
+
+
 @pytest.mark.parametrize("kind", ["sample_and_threshold", "weighted_sampling",
                                   "a_kind_added_later"])
 def test_a_kind_without_its_own_record_is_charged_from_its_stages(kind):
     stages = [("release", 0.7, 1e-7), ("count", 0.3, 2e-8)]
-    got = zcdp.record(kind, {}, stages, 4)
+    found = _kind_added_later() if kind == "a_kind_added_later" else kinds.get(kind)
+    got = found.privacy_record({}, stages, 4)
     _check(got.rho, _rr_rho(0.7) + _rr_rho(0.3))
     assert got.delta0 == pytest.approx(1.2e-7, rel=1e-12)
 
@@ -318,8 +337,8 @@ def test_auto_bound_charges_the_maximum_over_candidates_plus_the_selection():
     plan = _plan(bounding={"max_keys_per_user": "auto"})
     rho, delta0 = _stored(plan)
     select = plan.select_stage.epsilon
-    per = [zcdp.record("gaussian", m, [("release", plan.release_stage.epsilon,
-                                        plan.release_stage.delta)], c)
+    per = [kinds.get("gaussian").privacy_record(m, [("release", plan.release_stage.epsilon,
+                                                     plan.release_stage.delta)], c)
            for c, m in plan.params_by_bound.items()]
     assert rho >= max(r.rho for r in per) + select ** 2 / 8 - 1e-15
     assert delta0 >= max(r.delta0 for r in per)
@@ -327,11 +346,12 @@ def test_auto_bound_charges_the_maximum_over_candidates_plus_the_selection():
 
 def test_halving_one_kinds_rho_fails_its_test(monkeypatch):
     """The per-kind checks can fail: a gaussian record with half its rho is caught."""
-    original = zcdp.KIND_RECORDS["gaussian"]
+    gaussian = kinds.get("gaussian")
+    original = gaussian.privacy_record
 
     def halved(mechanism, stages, c):
         r = original(mechanism, stages, c)
         return zcdp.Record(r.rho / 2, r.delta0)
-    monkeypatch.setitem(zcdp.KIND_RECORDS, "gaussian", halved)
+    monkeypatch.setattr(gaussian, "privacy_record", halved)
     with pytest.raises(AssertionError):
         test_gaussian_threshold()

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from thresher.pipelines.planning import calibration_cache as cc
+from thresher.pipelines import kinds
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.planning.plan import make_plan
 
@@ -40,7 +41,7 @@ def _spec(**changes):
 
 
 def _count_calls(monkeypatch, kind):
-    module = spec_mod.kind_module(kind)
+    module = kinds.get(kind)
     real, calls = module.calibrate, []
 
     def counting(*args, **kwargs):
@@ -76,7 +77,7 @@ def test_a_cached_plan_is_the_computed_plan(cache, monkeypatch, kind, mechanism)
 def test_kinds_without_a_forward_check_are_not_cached(cache, monkeypatch, kind):
     """A kind whose calibration has no cheap forward check (verify_calibration) is computed
     every time and nothing of it is stored."""
-    assert not hasattr(spec_mod.kind_module(kind), "verify_calibration")
+    assert kinds.get(kind).verify_calibration is None
     calls = _count_calls(monkeypatch, kind)
     spec = _spec(mechanism={"kind": kind})
     make_plan(spec)
@@ -204,7 +205,7 @@ def test_no_absolute_cache_folder_turns_the_cache_off(monkeypatch):
 def _calibration_call(monkeypatch, spec):
     """(args, kwargs, value) of the kind's calibrate call that make_plan(spec) makes, computed
     with the cache off: the key the cache files it under and the honest value."""
-    module = spec_mod.kind_module(spec.kind)
+    module = kinds.get(spec.kind)
     real, seen = module.calibrate, []
 
     def recording(*args, **kwargs):
@@ -298,7 +299,7 @@ def test_planted_entries_never_reach_a_release(tmp_path, monkeypatch, capfd, sma
         if honest_report is None:
             honest_report = mechanism_report
         assert mechanism_report == honest_report, label
-        if hasattr(spec_mod.kind_module(kind), "verify_calibration"):
+        if kinds.get(kind).verify_calibration is not None:
             assert "fails its forward privacy check" in stderr and "recalibrating" in stderr, label
     assert not cc._enabled
 

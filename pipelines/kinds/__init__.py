@@ -24,7 +24,7 @@ charged by its ``privacy_record``: nothing outside the kind's module changes.
 tests/kinds/test_kind_interface.py checks every kind against the interface.
 
 Modules whose names start with ``_`` (and ``base``) are shared parts of kinds, not kinds.
-Kind modules import from ``pipelines.specs.declare``, ``pipelines.specs.fields``,
+Imports: kind modules import ``pipelines.specs.declare``, ``pipelines.specs.fields``,
 ``pipelines.errors``, ``pipelines.dataio.public_keys``, ``pipelines.planning.limits`` and
 ``calibration_cache``, ``accounting`` and (inside functions: Beam) ``transforms`` -- never
 ``pipelines.specs.spec`` (which loads them by name through :func:`get`), the plan or the

@@ -9,9 +9,10 @@
 - ``preflight``: checks of the output location before a run starts.
 
 Imports: ``limits``, ``calibration_cache`` and ``preflight`` import only
-``pipelines.errors``, each other and ``accounting`` (so the kinds may use them);
-``plan`` also imports ``pipelines.specs``, ``pipelines.kinds``, ``pipelines.reports``
-(citations) and ``pipelines.ledgers`` (the zCDP record). Nothing here imports Beam,
-``transforms``, ``pipelines.running``, ``pipelines.dataio`` beyond public_keys, or the
-entry points (cli, api, beam_yaml).
+``pipelines.errors``, each other, ``accounting`` and Beam-free constants of ``transforms``
+(so the kinds and I/O may use them);
+``plan`` also imports ``pipelines.specs``, ``pipelines.kinds``, ``pipelines.dataio``
+(public keys, intervals), ``pipelines.reports`` (citations) and ``pipelines.ledgers`` (the
+zCDP record). Nothing here imports Beam, ``pipelines.running`` or the entry points (cli,
+api, beam_yaml).
 """

@@ -15,7 +15,7 @@ of every release already charged to the dataset, plus its own, stays within the 
 are exact: each number is kept as the decimal it was written as (``repr`` of the float)
 and added with ``decimal.Decimal``, so ten releases at 0.1 fill a total of 1.0 exactly.
 
-The life of one release in the ledger (``thresher run``, ``pipelines.running.release.run``):
+The life of one release in the ledger (``thresher run``, ``pipelines.release.run``):
 
 1. ``reserve`` — before any input is opened, one ``BEGIN IMMEDIATE`` transaction (SQLite
    takes the database's write lock at BEGIN, so two runs cannot both read the old sum

@@ -55,7 +55,7 @@ setup(
         # The spec's JSON Schema is checked with it (pipelines/specs/schema.py): pure Python, and
         # the same library Beam's own YAML support (apache-beam[yaml]) validates with.
         "jsonschema>=4.18,<5",
-        # AES for the secret-keyed user identities (transforms/user_identity.py); Apache
+        # AES for the secret-keyed user identities (transforms/randomness/user_identity.py); Apache
         # Beam requires it too, so it adds nothing to an install.
         "cryptography>=39",
     ],

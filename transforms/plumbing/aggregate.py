@@ -13,7 +13,7 @@ import numpy as np
 
 from thresher.transforms.plumbing import spill
 from thresher.transforms.plumbing.arrow_coder import SHARD_AND_TABLE, TABLE
-from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, concat, split_by_shard
+from thresher.transforms.plumbing.tables import KEY_HASH_COLUMN, concat, split_by_shard
 
 
 class _SplitByKey(beam.DoFn):

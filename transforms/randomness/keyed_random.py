@@ -458,7 +458,7 @@ def _identity_words(table, columns):
     or ``__user``, then ``__user_lo``, uint64): ((n, 2) uint64, the other columns);
     (None, columns) otherwise. ``__user`` is refused where ``__user_hi`` exists: it is
     then a grouping code (``transforms.bounding.user_shards.exact_users``), never an identity."""
-    from thresher.transforms.bounding.user_shards import USER_COLUMN, USER_HIGH_COLUMN, USER_LOW_COLUMN
+    from thresher.transforms.plumbing.tables import USER_COLUMN, USER_HIGH_COLUMN, USER_LOW_COLUMN
     names = table.column_names
     if USER_COLUMN in columns and USER_HIGH_COLUMN in names:
         raise ValueError(f"{USER_COLUMN!r} is a grouping code in this table (it has "
@@ -763,12 +763,12 @@ def bind(rng, table, **groups):
 def bind_users(rng, table, key_columns=(), user_column="__user"):
     """``rng`` bound to a table of whole users: group ``user`` gives one stream per user,
     ``pair`` one per (user, key), both identified by the user's 128-bit identity
-    (``transforms.bounding.user_shards.user_identity_columns``: the secret-keyed PRF of the id,
+    (``transforms.plumbing.tables.user_identity_columns``: the secret-keyed PRF of the id,
     never a grouping code; a caller's own user column is MACed to 128 bits), or ``rng``
     itself (tests' seeded generators)."""
     if not isinstance(rng, StageSource):
         return rng
-    from thresher.transforms.bounding.user_shards import user_identity_columns
+    from thresher.transforms.plumbing.tables import user_identity_columns
     users = user_identity_columns(table, user_column)
     return rng.bind(table, user=users, pair=[*users, *key_columns])
 

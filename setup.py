@@ -64,7 +64,10 @@ setup(
         # apache-beam[yaml] because the tests run the Beam YAML example.
         "dev": ["pytest>=8.2", "hypothesis>=6.100", "mpmath>=1.3", "dp-accounting>=0.4",
                 "python-dp>=1.1", "apache-beam[yaml]>=2.60", "matplotlib>=3.7",
-                "psycopg[binary]>=3.1"],
+                "psycopg[binary]>=3.1",
+                # tests/distributed/test_sdist.py builds the staged --setup_file sdist with
+                # pip and no index (--no-build-isolation): the build requirements must be here.
+                "setuptools>=64", "wheel"],
         # thresher report --html draws its plots with matplotlib.
         "report": ["matplotlib>=3.7"],
         "bench": ["pipeline-dp>=0.2"],

@@ -12,12 +12,12 @@ own subpackage or of a lower layer, never a higher one (tests/transforms/test_im
 Nothing here imports ``thresher.pipelines``; every subpackage's ``__init__`` says what lives
 there and what it may import.
 
-**Old module paths.** Until issue 37 the modules sat side by side here
-(``thresher.transforms.keyed_random``, ``thresher.transforms.user_shards``, ...). Those
-paths keep working for code written against them: importing
-``thresher.transforms.<module>`` (or reading it as an attribute of this package) gives the
-module at its new place, the same module object, so classes and pickles are the same. The
-code of thresher itself uses only the new paths (the import-graph test checks it).
+**Old module paths.** Until issue 37 the modules sat side by side here, as
+``thresher.transforms.<module>`` (``keyed_random``, ``user_shards``, ... : the keys of
+MOVED). Those paths keep working for code written against them: importing one (or
+reading it as an attribute of this package) gives the module at its new place, the same
+module object, so classes and pickles are the same. The code of thresher itself uses only
+the new paths (the import-graph test checks it).
 """
 import importlib
 import importlib.abc

@@ -82,7 +82,7 @@ def checkout_modules(root):
             (pkg, f"thresher.{pkg}") for pkg in PACKAGES]:
         for path in glob.glob(os.path.join(root, folder, "**", "*.py"), recursive=True):
             rel = os.path.relpath(path, os.path.join(root, folder))[:-3].replace(os.sep, ".")
-            found.add(f"{prefix}.{rel}".removesuffix(".__init__").removesuffix("__init__").rstrip("."))
+            found.add(f"{prefix}.{rel}".removesuffix(".__init__"))
     return found
 
 

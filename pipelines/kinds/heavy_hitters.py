@@ -420,7 +420,7 @@ def _adaptive_stages(records, plan, num_shards, rng_factory):
     from thresher.pipelines.kinds._trie_release import _string_keys
     from thresher.pipelines.kinds import adaptive
     from thresher.pipelines.release import whole_user_limit
-    from thresher.transforms.user_shards import ShardByUser
+    from thresher.transforms.bounding.user_shards import ShardByUser
     spec = plan.spec
     keys = list(spec.input.keys)
     bound = spec.bounding.max_keys_per_user
@@ -441,8 +441,8 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     Returns PCollection[Table(key, count, rank)]."""
     from thresher.pipelines.kinds._trie_release import HeavyHittersRelease
     from thresher.pipelines.release import whole_user_limit
-    from thresher.transforms.per_user_bound import PerUserBound
-    from thresher.transforms.user_shards import USER_COLUMN, ShardByUser
+    from thresher.transforms.bounding.per_user_bound import PerUserBound
+    from thresher.transforms.bounding.user_shards import USER_COLUMN, ShardByUser
     spec = plan.spec
     keys = list(spec.input.keys)
     bound = spec.bounding.max_keys_per_user

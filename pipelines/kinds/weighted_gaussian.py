@@ -54,7 +54,7 @@ def __getattr__(name):
     PerUserBound, imported on first use (the transforms import Beam, which plan, validate
     and schema never need)."""
     if name == "PER_USER_BOUND":
-        from thresher.transforms.weighted_threshold import WeightedPerUserBound
+        from thresher.transforms.selection.weighted_threshold import WeightedPerUserBound
         return WeightedPerUserBound
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -123,5 +123,5 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 
 
 def release(counts, params, key_columns):
-    from thresher.transforms.weighted_threshold import WeightedThreshold
+    from thresher.transforms.selection.weighted_threshold import WeightedThreshold
     return counts | "WeightedThreshold" >> WeightedThreshold(params)

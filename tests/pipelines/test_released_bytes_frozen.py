@@ -1,7 +1,7 @@
 """Released bytes and drawing-stage labels frozen across refactors (issue 37).
 
 Every keyed draw's identity includes the Beam label of the composite that draws
-(transforms/keyed_random.py, "stable identity"), so re-nesting or renaming a composite, or
+(transforms/randomness/keyed_random.py, "stable identity"), so re-nesting or renaming a composite, or
 moving code that builds one, can change what a release publishes under the same secret.
 This test runs every example config and one release per kind (and per bounding path:
 ``auto``, ``l1``, aggregates, a public key domain, correlated noise) under one fixed test
@@ -36,7 +36,7 @@ import yaml
 from thresher.pipelines import release
 from thresher.pipelines.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.transforms import keyed_random
+from thresher.transforms.randomness import keyed_random
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASELINE = os.path.join(os.path.dirname(os.path.abspath(__file__)),

@@ -268,7 +268,7 @@ def test_the_checks_find_broken_links_and_stale_paths():
         "```", "# not a heading", "```",
         "`pipelines/specs/spec.py` `pipelines/no_such_module.py` `tests/test_docs_links.py::slug`",
         "`tests/test_docs_links.py::no_such_name` `test_docs_links.py` `test_no_such_file.py`",
-        "see transforms/keyed_random.py. `pipelines/specs/spec._no_such_attribute`",
+        "see transforms/randomness/keyed_random.py. `pipelines/specs/spec._no_such_attribute`",
         "`benchmarks/data/corpus.parquet` `thresher.pipelines.api.Release` `thresher.pipelines.nope`",
         "`thresher.accounting.gaussian.no_such_function` `tests/pipelines/test_*.py`",
         "(`pipelines.io.num_shards_for`; accounting.md; `accounting.sample_threshold.calibrate`)",

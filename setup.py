@@ -55,7 +55,7 @@ setup(
         # The spec's JSON Schema is checked with it (pipelines/specs/schema.py): pure Python, and
         # the same library Beam's own YAML support (apache-beam[yaml]) validates with.
         "jsonschema>=4.18,<5",
-        # AES for the secret-keyed user identities (transforms/user_identity.py); Apache
+        # AES for the secret-keyed user identities (transforms/randomness/user_identity.py); Apache
         # Beam requires it too, so it adds nothing to an install.
         "cryptography>=39",
     ],
@@ -64,7 +64,10 @@ setup(
         # apache-beam[yaml] because the tests run the Beam YAML example.
         "dev": ["pytest>=8.2", "hypothesis>=6.100", "mpmath>=1.3", "dp-accounting>=0.4",
                 "python-dp>=1.1", "apache-beam[yaml]>=2.60", "matplotlib>=3.7",
-                "psycopg[binary]>=3.1"],
+                "psycopg[binary]>=3.1",
+                # tests/distributed/test_sdist.py builds the staged --setup_file sdist with
+                # pip and no index (--no-build-isolation): the build requirements must be here.
+                "setuptools>=64", "wheel"],
         # thresher report --html draws its plots with matplotlib.
         "report": ["matplotlib>=3.7"],
         "bench": ["pipeline-dp>=0.2"],

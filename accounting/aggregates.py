@@ -12,7 +12,7 @@ the smallest integer with D = max(|low|, |high|) <= 2**e (so 2**(GRID_BITS-1) < 
 clamp(total) * g is exact, and |t| <= D_g = max(|rint(low g)|, |rint(high g)|) <=
 2**GRID_BITS. Per key the grid values are summed in int64: at most MAX_USERS users per key
 give |sum| <= 2**(GRID_BITS + MAX_USER_BITS) = 2**62 < 2**63, so no sum can overflow.
-Integer noise (discrete Gaussian / discrete Laplace, ``transforms.samplers``) is added on
+Integer noise (discrete Gaussian / discrete Laplace, ``transforms.randomness.samplers``) is added on
 the grid; the released float is (sum + noise) / g (post-processing).
 
 Joint accounting, Gaussian (l0 model, each user in <= C keys, once each). For a key the

@@ -35,7 +35,7 @@ Paper 002 (Liu, Suresh, Zhu, Kairouz, Gruteser, ICML 2023):
   private version by the exponential mechanism on a rank-type score, and Algorithm 5
   (debiasing a clipped sum under a Poisson model).
 
-Pure numpy/scipy; no Beam, no I/O. The Beam stage is ``transforms.choose_contribution_bound``.
+Pure numpy/scipy; no Beam, no I/O. The Beam stage is ``transforms.bounding.choose_contribution_bound``.
 """
 import dataclasses
 import math

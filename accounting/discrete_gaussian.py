@@ -2,7 +2,7 @@
 
 N_Z(0, sigma^2) has P[X = x] = exp(-x^2 / (2 sigma^2)) / Z(sigma) on the integers
 (Canonne, Kamath & Steinke 2020, "The Discrete Gaussian for Differential Privacy",
-Definition 1); it is what ``transforms.samplers.discrete_gaussian`` draws. Its tails are
+Definition 1); it is what ``transforms.randomness.samplers.discrete_gaussian`` draws. Its tails are
 not Phi's, so privacy is computed here from sums over its pmf (design/mechanisms.md,
 "Exactness of accounting").
 

@@ -61,7 +61,7 @@ def _noise_name(noise):
 @dataclasses.dataclass(frozen=True)
 class NoiseTail:
     """log P(Z >= z) for integer z, Z the noise drawn: discrete Gaussian N_Z(0, scale^2)
-    or discrete Laplace P(z) proportional to exp(-|z| / scale) (``transforms.samplers``).
+    or discrete Laplace P(z) proportional to exp(-|z| / scale) (``transforms.randomness.samplers``).
 
     ``reach``: how far past its own _TABLE_SIGMAS sigmas a discrete Gaussian's tail is
     tabulated (tau* - tau for a count interval); past the table the tail counts as 0

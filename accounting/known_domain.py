@@ -39,7 +39,7 @@ Choosing C (``max_keys_per_user: auto``), from per-user weights w_i restricted t
   model k_i <= d, so clipping at d changes no ratio).
 
 Both score vectors are sums over users, so a Beam stage adds per-shard vectors
-(:func:`rank_counts`, :func:`tail_sums`) and draws once (``transforms.public_domain``).
+(:func:`rank_counts`, :func:`tail_sums`) and draws once (``transforms.selection.public_domain``).
 
 Debiasing: Algorithm 5 (Sec. 6), per key, with the per-user clip the bounding enforces on
 one key (C records in the l1 model, 1 in the l0 model); vectorised :func:`poisson_debias_counts`.

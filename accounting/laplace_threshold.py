@@ -1,9 +1,9 @@
 """Laplace thresholding: exact (epsilon, delta) and calibration, l0 and l1 models.
 
-Release rule (transforms.noisy_threshold): keys with count c < tau (``pre_threshold``)
+Release rule (transforms.selection.noisy_threshold): keys with count c < tau (``pre_threshold``)
 are dropped; otherwise c + Z is released when c + Z >= T (``threshold``), with Z the
 Laplace (density ~ exp(-|z|/b)) or, as thresher draws it, the discrete Laplace
-(P[Z = z] ~ exp(-|z|/b) on the integers, ``transforms.samplers.discrete_laplace``).
+(P[Z = z] ~ exp(-|z|/b) on the integers, ``transforms.randomness.samplers.discrete_laplace``).
 Tails: discrete P[Z >= k] = q^k / (1 + q) for integers k >= 0, q = e^(-1/b);
 continuous P[Z >= z] = e^(-z/b) / 2 for z >= 0.
 

@@ -90,7 +90,7 @@ def exponential_mechanism(scores, epsilon, sensitivity, rng, *, monotone=False):
     Args:
       scores, epsilon, sensitivity, monotone: as in
         :func:`exponential_mechanism_log_probabilities`.
-      rng: a keyed stream of the release secret (``transforms.keyed_random``) or a seeded
+      rng: a keyed stream of the release secret (``transforms.randomness.keyed_random``) or a seeded
         ``numpy.random.Generator`` (tests); only uniform 64-bit words are used.
 
     Returns:

@@ -8,7 +8,7 @@ default auto settings: sqrt(2) grid to C_m = 128, epsilon_select = 0.1) this scr
 * calibrates every candidate with the kind's own ``calibrate`` (``pipelines.planning.plan``),
 * bounds each user to C keys with one coupled uniform ranking (every C gets its exact
   PerUserBound distribution), releases with thresher's kernel
-  ``transforms.noisy_threshold.noisy_threshold`` (discrete noise, the calibrated
+  ``transforms.selection.noisy_threshold.noisy_threshold`` (discrete noise, the calibrated
   thresholds) ``--draws`` times, and measures the l1 error against the true
   distinct-user counts of every word (a suppressed word costs its whole count),
 * computes V(C) with ``accounting.contribution_bound`` for the paper's weights
@@ -31,8 +31,8 @@ from thresher.accounting import contribution_bound as cb  # noqa: E402
 from thresher.accounting import selection  # noqa: E402
 from thresher.pipelines.specs import spec as spec_mod  # noqa: E402
 from thresher.pipelines.planning.plan import make_plan  # noqa: E402
-from thresher.transforms.noisy_threshold import noisy_threshold  # noqa: E402
-from thresher.transforms.rand_clip import rank_within_user  # noqa: E402
+from thresher.transforms.selection.noisy_threshold import noisy_threshold  # noqa: E402
+from thresher.transforms.bounding.rand_clip import rank_within_user  # noqa: E402
 
 DATA = os.path.join(ROOT, "configs", "examples", "data", "quickstart.parquet")
 SPEC = """

@@ -50,8 +50,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from thresher.accounting import contribution_bound as cb  # noqa: E402
 from thresher.accounting import selection  # noqa: E402
-from thresher.transforms import samplers  # noqa: E402
-from thresher.transforms.rand_clip import rank_within_user  # noqa: E402
+from thresher.transforms.randomness import samplers  # noqa: E402
+from thresher.transforms.bounding.rand_clip import rank_within_user  # noqa: E402
 
 PAPER_TABLE_1 = {  # (setting, d): (best C, private C*, median, 90% quantile)
     ("i.i.d.", 50): (0.001, 0.0015, 0.0397, 0.0049),
@@ -78,7 +78,7 @@ def generate(n, d, iid, rng, lambda_shape):
 
 def clipped_histograms(counts, c_max, rng):
     """h[C - 1, j] = key j's count after rand-clip to C, for every C in 1..c_max (one
-    coupled draw: record ranks by uniform priorities, as transforms.rand_clip does)."""
+    coupled draw: record ranks by uniform priorities, as transforms.bounding.rand_clip does)."""
     users, keys = np.nonzero(counts)
     reps = counts[users, keys]
     record_users, record_keys = np.repeat(users, reps), np.repeat(keys, reps)
@@ -184,7 +184,7 @@ def beam_cross_check(counts, grid, args):
     import apache_beam as beam
     import pyarrow as pa
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-    from thresher.transforms.choose_contribution_bound import ContributionBoundSums
+    from thresher.transforms.bounding.choose_contribution_bound import ContributionBoundSums
 
     users, keys = np.nonzero(counts)
     reps = counts[users, keys]

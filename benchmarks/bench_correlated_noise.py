@@ -64,7 +64,7 @@ def _release(data, out, noise, bound, secret):
     from thresher.pipelines.planning.plan import make_plan
     from thresher.pipelines.running.release import run
     from thresher.pipelines.specs import spec as spec_mod
-    from thresher.transforms.keyed_random import KeyedSource
+    from thresher.transforms.randomness.keyed_random import KeyedSource
     import pyarrow.parquet as pq
     spec = {"name": "corr", "input": {"path": data, "user": "user", "keys": ["word"]},
             "privacy": {"epsilon": 1.0, "delta": 1e-6},

@@ -1,6 +1,6 @@
 """weighted_gaussian's count stage on a real corpus: keys released and count error against
 the bound C, ``count_fraction`` f and ``count_keys_per_user`` C_c, through the pipeline's
-own kernels (no Beam): ``transforms.weighted_threshold.weighted_counts`` (the l0 bound,
+own kernels (no Beam): ``transforms.selection.weighted_threshold.weighted_counts`` (the l0 bound,
 grid weights and the capped count) and ``weighted_threshold.weighted_threshold`` (the
 selection and the count's discrete Gaussian noise), parameters from the kind's
 ``calibrate`` at the release epsilon after the automatic bound's 10% (0.9 epsilon).
@@ -28,9 +28,9 @@ if ROOT not in sys.path:
 
 def main(argv=None):
     from thresher.pipelines.dataio.io import prepare_batch
-    from thresher.transforms.user_identity import TEST_KEY   # public, tests only
+    from thresher.transforms.randomness.user_identity import TEST_KEY   # public, tests only
     from thresher.pipelines.kinds import weighted_gaussian as kind
-    from thresher.transforms import weighted_threshold as wt
+    from thresher.transforms.selection import weighted_threshold as wt
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("corpus")

@@ -73,7 +73,7 @@ def release(kind, folder, data_path, secret):
     from thresher.pipelines.specs import spec as spec_mod
     from thresher.pipelines.planning.plan import make_plan
     from thresher.pipelines.running.release import run
-    from thresher.transforms.keyed_random import KeyedSource
+    from thresher.transforms.randomness.keyed_random import KeyedSource
     spec = {"name": "coverage", "input": {"path": data_path, "user": "uid", "keys": ["key"]},
             "privacy": {"epsilon": 1.0, "delta": 1e-6},
             "bounding": {"max_keys_per_user": 3}, "mechanism": {"kind": kind},

@@ -2,7 +2,7 @@
 
 The exact scores (accounting/exact_scores.py) replace float per-pair terms and float sums
 by integer units; this script times, in one process and in CPU seconds (less sensitive to
-a loaded machine than wall time), the two kernels of ``transforms.choose_contribution_bound``
+a loaded machine than wall time), the two kernels of ``transforms.bounding.choose_contribution_bound``
 that do the arithmetic, on ``--rows`` rows of ``benchmarks/datagen.py`` data (users =
 rows / 10, vocabulary = rows / 10, as ``bench_release.py``) split into ``--shards`` user
 shards:
@@ -35,8 +35,8 @@ def main():
     import numpy as np
     from thresher.accounting import contribution_bound as cb
     from benchmarks import datagen
-    from thresher.transforms import choose_contribution_bound as ccb
-    from thresher.transforms.hashing import hash_array
+    from thresher.transforms.bounding import choose_contribution_bound as ccb
+    from thresher.transforms.randomness.hashing import hash_array
 
     t0 = time.process_time()
     table = datagen.generate(args.rows, users=max(1, args.rows // 10),

@@ -10,7 +10,7 @@ estimates, mean over 10 repetitions. Rows:
                   calibrate_levels(eps, delta, 1, C=1) (exact accounting)
   thresher trie -- heavy_hitters with the trie over the bucket id as a hex string
                   (prefix_lengths [1, null] for B = 2^8, [1, 2, null] for 2^12), eps / L per
-                  level; the kind's kernels (transforms.heavy_hitters.trie_heavy_hitters)
+                  level; the kind's kernels (transforms.trees.heavy_hitters.trie_heavy_hitters)
 The paper gives Figure 2 as plots only; its text: "for B = 2^8 the sample and threshold
 approach achieves close to perfect recall for all datasets", and the larger histogram is
 harder (Shakespeare data, not reproduced: not available offline).
@@ -33,9 +33,9 @@ import numpy as np
 import pyarrow as pa
 
 from thresher.accounting import sample_threshold as acc
-from thresher.transforms.heavy_hitters import heavy_hitters, trie_heavy_hitters
-from thresher.transforms.quantile_release import hierarchy_quantiles, hierarchy_release
-from thresher.transforms.sample_and_threshold import sample_and_threshold
+from thresher.transforms.trees.heavy_hitters import heavy_hitters, trie_heavy_hitters
+from thresher.transforms.trees.quantile_release import hierarchy_quantiles, hierarchy_release
+from thresher.transforms.selection.sample_and_threshold import sample_and_threshold
 
 N = 10**6
 DELTA = 1e-8

@@ -45,7 +45,7 @@ def release(data, out, mechanism, secret, epsilon=1.0, delta=1e-6, bound=16):
     from thresher.pipelines.specs import spec as spec_mod
     from thresher.pipelines.planning.plan import make_plan
     from thresher.pipelines.running.release import run
-    from thresher.transforms.keyed_random import KeyedSource
+    from thresher.transforms.randomness.keyed_random import KeyedSource
     spec = {"name": "hh-recall", "input": {"path": data, "user": "user", "keys": ["word"]},
             "privacy": {"epsilon": epsilon, "delta": delta},
             "bounding": {"max_keys_per_user": bound}, "mechanism": mechanism,

@@ -43,7 +43,7 @@ def _load():
 
 def streams(rows):
     import pyarrow as pa
-    from thresher.transforms import keyed_random, samplers
+    from thresher.transforms.randomness import keyed_random, samplers
     rng = np.random.default_rng(1)
     words = rng.integers(0, 1 << 64, size=(rows, 2), dtype=np.uint64)
     table = pa.table({"__user": words[:, 0], "__user_lo": words[:, 1],

@@ -1,7 +1,7 @@
 """Keys released by gaussian vs weighted_gaussian at fixed bounds, on a real corpus,
-through the pipeline's own kernels (no Beam): the l0 bound of transforms.per_user_bound,
-the grid weights and release rule of transforms.weighted_threshold, GSHM's
-transforms.noisy_threshold, with parameters from each kind's calibrate().
+through the pipeline's own kernels (no Beam): the l0 bound of transforms.bounding.per_user_bound,
+the grid weights and release rule of transforms.selection.weighted_threshold, GSHM's
+transforms.selection.noisy_threshold, with parameters from each kind's calibrate().
 
     python -m benchmarks.bench_partition_selection CORPUS.parquet [--epsilon 1]
         [--delta 1e-6] [--bounds 16 64 128 256] [--count-fraction 0.25] [--seeds 3]
@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from thresher.pipelines.kinds import gaussian, weighted_gaussian
-from thresher.transforms import noisy_threshold, weighted_threshold
-from thresher.transforms.per_user_bound import bound_l0
+from thresher.transforms.selection import noisy_threshold, weighted_threshold
+from thresher.transforms.bounding.per_user_bound import bound_l0
 
 
 def load(path):

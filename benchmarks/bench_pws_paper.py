@@ -3,7 +3,7 @@
 Cohen, Geri, Sarlos & Stemmer, "Differentially Private Weighted Sampling", AISTATS 2021.
 Like the paper (§8: "we use precise expressions, not simulations") the tables are exact
 expectations from the probabilities; section E adds Monte Carlo runs of the real kernel
-(transforms.sanitize_sample) and of a simulated SbH to check those expressions.
+(transforms.selection.sanitize_sample) and of a simulated SbH to check those expressions.
 
 Data sets (as in the authors' experiment code): Zipf[alpha] with n keys, the key of rank r
 having frequency floor((n / r)^alpha); and 200 000 keys with frequencies 1..200, 1000 each.
@@ -19,8 +19,8 @@ import numpy as np
 
 from thresher.accounting import pws
 from benchmarks import sbh_baseline
-from thresher.transforms import samplers
-from thresher.transforms.sanitize_sample import sanitize
+from thresher.transforms.randomness import samplers
+from thresher.transforms.selection.sanitize_sample import sanitize
 
 
 def zipf_frequencies(size, alpha):

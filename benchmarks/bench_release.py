@@ -142,7 +142,7 @@ def kind_available(kind):
 
 
 def auto_available():
-    return os.path.exists(os.path.join(ROOT, "transforms", "choose_contribution_bound.py"))
+    return os.path.exists(os.path.join(ROOT, "transforms", "bounding", "choose_contribution_bound.py"))
 
 
 def write_config(work, name, data, kind, bound):
@@ -340,7 +340,7 @@ def main_table(args, work):
             name = f"{kind}_{'auto' if bound == 'auto' else 'fixed'}_{rows}"
             results[(kind, bound)] = run_thresher(work, name, data, kind, bound)
     if not auto:
-        print(f"{'thresher * auto bound':<38} skipped: transforms/choose_contribution_bound.py "
+        print(f"{'thresher * auto bound':<38} skipped: transforms/bounding/choose_contribution_bound.py "
               f"is absent")
     gaussian = results.get(("gaussian", BOUND))
     fl = None

@@ -55,7 +55,7 @@ def _read_main(path):
     from thresher.pipelines.dataio import io as pio
     from thresher.pipelines.dataio.io import prepare_batch
     try:   # the public test key, asked for by name (an older checkout has no such argument)
-        from thresher.transforms.user_identity import TEST_KEY
+        from thresher.transforms.randomness.user_identity import TEST_KEY
     except ImportError:
         TEST_KEY = None
     columns = ["user_id", "word"]

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from thresher.accounting import aggregates as agg
 from thresher.pipelines.dataio import intervals
-from thresher.transforms import keyed_random
+from thresher.transforms.randomness import keyed_random
 
 
 def synthetic_keys(num_keys, count_range, clip, seed):
@@ -45,7 +45,7 @@ def _streams(num_keys, secret, stage):
 def threshold_release(params, truth, secret, confidence):
     """gaussian / laplace with aggregates: the released table with its intervals, and
     the truth of the released keys."""
-    from thresher.transforms.aggregate_values import release_with_aggregates
+    from thresher.transforms.values.aggregate_values import release_with_aggregates
     n = len(truth["count"])
     table, rng = _streams(n, secret, "ReleaseWithAggregates")
     table = table.append_column("count", pa.array(truth["count"]))
@@ -64,7 +64,7 @@ def count_stage_release(kind, params, counts, secret, confidence):
     or adaptive's count stage: released counts with intervals and their indices."""
     n = len(counts)
     if kind == "weighted_gaussian":
-        from thresher.transforms.weighted_threshold import weighted_threshold
+        from thresher.transforms.selection.weighted_threshold import weighted_threshold
         _, rng = _streams(n, secret, "WeightedThreshold")
         weights = counts * int(params["scale"])        # every user with one key: weight S
         keep, values = weighted_threshold(counts, weights, sigma_grid=float(params["sigma"]) *
@@ -74,7 +74,7 @@ def count_stage_release(kind, params, counts, secret, confidence):
         index = np.flatnonzero(keep)
         values = values[keep]
     else:
-        from thresher.transforms.adaptive_rounds import noisy_counts_table
+        from thresher.transforms.selection.adaptive_rounds import noisy_counts_table
         table, rng = _streams(n, secret, "CountNoise")
         table = table.append_column("count", pa.array(counts))
         values = noisy_counts_table(table, params, rng).column("count").to_numpy()
@@ -135,7 +135,7 @@ def sample_threshold_release(params, counts, secret, confidence):
     """sample_and_threshold: sampled counts of released keys, their indices and the
     estimate intervals (for the bounded count n)."""
     from thresher.accounting import intervals as iv
-    from thresher.transforms.sample_and_threshold import sample_and_threshold
+    from thresher.transforms.selection.sample_and_threshold import sample_and_threshold
     _, rng = _streams(len(counts), secret, "SampleAndThreshold")
     keep, values = sample_and_threshold(counts, sampling_rate=float(params["sampling_rate"]),
                                         threshold=int(params["threshold"]), rng=rng)

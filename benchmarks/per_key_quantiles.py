@@ -95,7 +95,7 @@ def main(argv=None):
     from thresher.pipelines.specs import spec as spec_mod
     from thresher.pipelines.planning.plan import make_plan
     from thresher.pipelines.running.release import run
-    from thresher.transforms.keyed_random import KeyedSource
+    from thresher.transforms.randomness.keyed_random import KeyedSource
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)

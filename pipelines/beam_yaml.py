@@ -53,7 +53,7 @@ gathered file; they are row by row, so the same). What differs from the CLI:
   a release the ledger already cannot fit is refused then too (``ThresherRelease.budget``).
 
 Randomness: the release secret is drawn inside the pipeline, as ``thresher run`` draws it
-(``transforms.keyed_random.PipelineSecret``), and every stage identity is taken relative
+(``transforms.randomness.keyed_random.PipelineSecret``), and every stage identity is taken relative
 to the transform's own label (``keyed_random.building``), so under one secret the
 transform draws exactly what ``thresher run`` draws for the same spec and records.
 
@@ -79,8 +79,8 @@ from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running.release import release_stages
 from thresher.pipelines import kinds
 from thresher.pipelines.specs.spec import parse
-from thresher.transforms import keyed_random
-from thresher.transforms.user_identity import identity_key
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.randomness.user_identity import identity_key
 
 DEFAULT_NUM_SHARDS = 16
 _BATCH_ROWS = 1 << 16
@@ -290,7 +290,7 @@ class _RowsToRecords(beam.DoFn):
     """A batch of rows -> one prepared Arrow table (``pipelines.io.prepare_batch``); rows
     without a user or with a null key are dropped and counted, as ``thresher run`` does.
     ``rng_factory``: the release's ``KeyedSource``, whose secret keys the user identities
-    (``transforms.user_identity``)."""
+    (``transforms.randomness.user_identity``)."""
 
     def __init__(self, user, keys, value_columns=(), rng_factory=None):
         self._user = user
@@ -437,7 +437,7 @@ class _Release(beam.PTransform):
                for c, (t, nullable) in output_columns.items()])
 
         # the release secret: drawn inside the pipeline, never carried in its graph
-        from thresher.transforms.keyed_random import PipelineSecret, building
+        from thresher.transforms.randomness.keyed_random import PipelineSecret, building
         source = (self._rng_factory if self._rng_factory is not None
                   else PipelineSecret.draw(rows.pipeline))
         batches = rows | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
@@ -455,7 +455,7 @@ class _Release(beam.PTransform):
             released, chosen = release_stages(records, plan, self._num_shards,
                                               clip_sink=clips.append, notes_sink=notes.append)
         # nothing leaves before the run is known to have read one secret (issue 36 P2)
-        from thresher.transforms.secret_commitment import OneSecret
+        from thresher.transforms.randomness.secret_commitment import OneSecret
         released = released | "OneSecret" >> OneSecret(source)
 
         if chosen is None:

@@ -1,5 +1,5 @@
 """The import graph of a thresher subpackage and its cycle search, shared by the
-import-graph tests (tests/accounting, tests/pipelines)."""
+import-graph tests (tests/accounting, tests/pipelines, tests/transforms)."""
 import ast
 import os
 import subprocess

@@ -9,7 +9,7 @@ a client is one contribution to one cell per level. Here a user holds up to C ke
 the argument is made tighter as follows.
 
 1. The cells. Level i counts, per length-l_i prefix, the *distinct users* holding a key
-   with that prefix (transforms/heavy_hitters.py, ``user_prefix_counts``: a user whose
+   with that prefix (transforms/trees/heavy_hitters.py, ``user_prefix_counts``: a user whose
    keys share a prefix counts once there). Each cell's count k is released as
    v ~ Bin(k, p) when v >= tau, with fresh, independent sampling for every (level,
    cell). So the output of all levels before pruning is a product, over (level, cell),

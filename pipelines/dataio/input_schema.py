@@ -113,7 +113,7 @@ def check_input(input_spec, files):
 
 
 def _user_kind(t):
-    """What a user id of Arrow type ``t`` is identified as (transforms.user_identity,
+    """What a user id of Arrow type ``t`` is identified as (transforms.randomness.user_identity,
     "Type-stable ids"): every integer, boolean and floating type is a number (1, 1.0
     and True are one user), every string and binary type is text; any other type only
     agrees with itself (a decimal's or a timestamp's text depends on its scale or unit)."""

@@ -27,7 +27,7 @@ import pyarrow as pa
 from thresher.accounting import intervals as iv
 
 DEFAULT_CONFIDENCE = 0.95
-NOISY_SUM = "__ns"     # staged noisy sums behind a variance (transforms/aggregate_values.py)
+NOISY_SUM = "__ns"     # staged noisy sums behind a variance (transforms/values/aggregate_values.py)
 LOW, HIGH = "_low", "_high"
 # Kinds whose ``count`` gets an interval.
 COUNT_KINDS = ("gaussian", "laplace", "weighted_gaussian", "adaptive")

@@ -2,10 +2,10 @@
 
 Input rows become ``pyarrow.Table`` batches with ``__user`` and ``__user_lo`` (the two
 uint64 words of the user's identity: a secret-keyed 128-bit PRF of the user id, computed
-here, when the record is read, from the release secret: ``transforms.user_identity``),
+here, when the record is read, from the release secret: ``transforms.randomness.user_identity``),
 ``__key`` (uint64 hash of the key columns) and the key columns. The identity is all that
 travels of a user id: users are grouped and their random streams keyed by it
-(``transforms.user_shards``). Rows that cannot be attributed are dropped and counted
+(``transforms.bounding.user_shards``). Rows that cannot be attributed are dropped and counted
 (Beam metrics and the operator log, labelled not private), as documented in the README:
 
 - a null or empty-string user id (the record belongs to no identifiable user);
@@ -13,7 +13,7 @@ travels of a user id: users are grouped and their random streams keyed by it
 
 CSV and JSONL key columns are read as text (so ``02139`` stays ``02139``); Parquet keeps
 its column types (dictionary-encoded columns are decoded). User ids are identified by
-value, not by type (``transforms.user_identity``, "Type-stable ids"): CSV and JSONL ids
+value, not by type (``transforms.randomness.user_identity``, "Type-stable ids"): CSV and JSONL ids
 as their text (``user_identity.text_ids``), and a Parquet dataset whose files store the
 user column as text in some and numbers in others is refused (:func:`check_input`), as is
 a JSONL dataset writing the user ids as JSON numbers in one file and strings in another
@@ -40,11 +40,11 @@ from thresher.pipelines.dataio.input_schema import (  # noqa: F401
 
 from thresher.pipelines.running import progress
 from thresher.pipelines.errors import InputError, SpecError, ThresherError
-from thresher.transforms import keyed_random
-from thresher.transforms.hashing import hash_columns
-from thresher.transforms.user_identity import (
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.randomness.hashing import hash_columns
+from thresher.transforms.randomness.user_identity import (
     check_identity_source, flat_array, identify, identity_key, text_ids)
-from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN
+from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN
 
 NOT_PRIVATE = "thresher_not_private"
 BATCH_ROWS = 1 << 18
@@ -156,16 +156,16 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
     """Drop unattributable rows, identify users and hash keys.
 
     value_columns: [(input column, prepared name)] of ``aggregates``: carried as float64,
-    NaN/inf/null (or non-numeric text) as null, counted (transforms.aggregate_values).
-    identity_key: the release's user identity key (``transforms.user_identity.
+    NaN/inf/null (or non-numeric text) as null, counted (transforms.values.aggregate_values).
+    identity_key: the release's user identity key (``transforms.randomness.user_identity.
     identity_key``); required -- there is no default, and tests pass
-    ``transforms.user_identity.TEST_KEY`` (public, no privacy claim) by name.
+    ``transforms.randomness.user_identity.TEST_KEY`` (public, no privacy claim) by name.
     Returns (prepared table: __user, __user_lo, __key, key columns, values; dict of drop
     counts)."""
     if identity_key is None:
         raise ThresherError("prepare_batch: identity_key is required: pass "
-                            "transforms.user_identity.identity_key(source) for the release's "
-                            "KeyedSource (tests: transforms.user_identity.TEST_KEY, public)")
+                            "transforms.randomness.user_identity.identity_key(source) for the release's "
+                            "KeyedSource (tests: transforms.randomness.user_identity.TEST_KEY, public)")
     drops = {}
     user = table.column(user_column)
     words = None    # a text dictionary (Parquet): identities of the dictionary, per row
@@ -209,7 +209,7 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
                                                    type=pa.uint64()),
                          **{k: keyed.column(k) for k in key_columns}})
     if value_columns:
-        from thresher.transforms.aggregate_values import prepare_values
+        from thresher.transforms.values.aggregate_values import prepare_values
         dropped = 0
         for source, name in value_columns:
             col = table.column(source)
@@ -227,11 +227,11 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
 
 def _identify_dictionary(user, key):
     """(validity, (word 0, word 1)) of a dictionary-encoded text user column, every row:
-    the identity (``transforms.user_identity``) of each dictionary value, taken to the
+    the identity (``transforms.randomness.user_identity``) of each dictionary value, taken to the
     rows by their indices. The file's dictionary holds each distinct id once, so no row's
     id is hashed or decoded (a duplicate value would only be MACed twice, to the same
     identity). A null row, a null or empty value is not valid (dropped by the caller)."""
-    from thresher.transforms.user_identity import identities_of_bytes
+    from thresher.transforms.randomness.user_identity import identities_of_bytes
     chunks = user.chunks if isinstance(user, pa.ChunkedArray) else [user]
     valid, word0, word1 = [np.zeros(0, dtype=bool)], [np.zeros(0, np.uint64)], [np.zeros(0, np.uint64)]
     for chunk in chunks:

@@ -9,7 +9,7 @@ import apache_beam as beam
 import pyarrow as pa
 
 from thresher.pipelines.errors import InputError
-from thresher.transforms.heavy_hitters import TrieHeavyHitters, heavy_hitters
+from thresher.transforms.trees.heavy_hitters import TrieHeavyHitters, heavy_hitters
 
 
 def _string_keys(table, key):

@@ -145,7 +145,7 @@ def release_users(users, params, max_keys_per_user, key_columns, num_shards, mec
     number of rounds fixes the pipeline's shape); ``params``: the calibrated section
     (its ``count_stage.counts_per_user`` bounds the count stage);
     ``spill_dir``: the per-key shuffles' spill folder (as ``SumCountsPerKey``'s)."""
-    from thresher.transforms.adaptive_rounds import AdaptiveRelease
+    from thresher.transforms.selection.adaptive_rounds import AdaptiveRelease
     return users | "AdaptiveRelease" >> AdaptiveRelease(
         key_columns, params, max_keys_per_user, mechanism["rounds"], num_shards,
         rng_factory=rng_factory, spill_dir=spill_dir)

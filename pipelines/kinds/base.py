@@ -136,8 +136,8 @@ class Kind(abc.ABC):
     def plain_l0_bound(self):
         """True when every user is bounded by the shared ``PerUserBound`` with no options,
         the one bounding that may drop a user's extra rows before the shuffle
-        (``transforms.prereduce``) and score an automatic bound in the bounding pass
-        (``transforms.scored_bound``). False unless a counts kind keeps the default
+        (``transforms.bounding.prereduce``) and score an automatic bound in the bounding pass
+        (``transforms.bounding.scored_bound``). False unless a counts kind keeps the default
         :meth:`CountsKind.per_user_bound` and :meth:`CountsKind.bound_options`."""
         return False
 
@@ -209,8 +209,8 @@ class CountsKind(Kind):
     def per_user_bound(self):
         """The PTransform class bounding each user to C keys in the l0 model, called as
         ``cls(keys, bound, rng_factory=..., **bound_options(mechanism))``. Default
-        ``transforms.per_user_bound.PerUserBound`` (imported here: Beam)."""
-        from thresher.transforms.per_user_bound import PerUserBound
+        ``transforms.bounding.per_user_bound.PerUserBound`` (imported here: Beam)."""
+        from thresher.transforms.bounding.per_user_bound import PerUserBound
         return PerUserBound
 
     def bound_options(self, mechanism):
@@ -231,7 +231,7 @@ class UsersKind(Kind):
     @abc.abstractmethod
     def release_users(self, users, params, max_keys_per_user, key_columns, num_shards,
                       mechanism, rng_factory=None, spill_dir=None):
-        """PCollection of whole-user tables (``transforms.user_shards.ShardByUser``) ->
+        """PCollection of whole-user tables (``transforms.bounding.user_shards.ShardByUser``) ->
         released rows. ``max_keys_per_user``: the bound (an int, or a side input after an
         automatic bound); ``params``: the calibrated dict (or side input); ``mechanism``:
         the parsed section; ``spill_dir``: the per-key shuffles' spill folder."""
@@ -250,7 +250,7 @@ class StagesKind(Kind):
 
 def whole_user_setting(kind):
     """(spec field, remedy) that a stages kind's user shuffle names when a user has more
-    than ``transforms.user_shards.MAX_USER_ROWS`` rows (issue 34)."""
+    than ``transforms.bounding.user_shards.MAX_USER_ROWS`` rows (issue 34)."""
     return ("mechanism.kind", f"{kind} bounds a user where all of its rows meet "
             "(no bounding before the shuffle); leave such users out of the input, or "
             "cap each user's rows before the release")
@@ -260,5 +260,5 @@ def whole_user_limit(plan):
     """``ShardByUser``'s keyword arguments for a kind whose consumers hold all of a user's
     rows (a :class:`StagesKind`): refuse a user above ``MAX_USER_ROWS``, naming
     :func:`whole_user_setting`."""
-    from thresher.transforms.user_shards import MAX_USER_ROWS
+    from thresher.transforms.bounding.user_shards import MAX_USER_ROWS
     return {"max_user_rows": MAX_USER_ROWS, "setting": whole_user_setting(plan.spec.kind)}

@@ -177,7 +177,7 @@ def _int_if_whole(x):
 
 
 def release(counts, params, key_columns):
-    from thresher.transforms.noisy_threshold import NoisyThreshold
+    from thresher.transforms.selection.noisy_threshold import NoisyThreshold
     return counts | "NoisyThreshold" >> NoisyThreshold(params)
 
 

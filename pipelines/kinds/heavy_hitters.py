@@ -420,7 +420,7 @@ def _adaptive_stages(records, plan, num_shards, rng_factory):
     import apache_beam as beam
     from thresher.pipelines.kinds._trie_release import _string_keys
     from thresher.pipelines.kinds import adaptive
-    from thresher.transforms.user_shards import ShardByUser
+    from thresher.transforms.bounding.user_shards import ShardByUser
     spec = plan.spec
     keys = list(spec.input.keys)
     bound = spec.bounding.max_keys_per_user
@@ -440,8 +440,8 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     (user, key) rows) -> per level, distinct users per prefix -> TrieHH++ -> top_k.
     Returns PCollection[Table(key, count, rank)]."""
     from thresher.pipelines.kinds._trie_release import HeavyHittersRelease
-    from thresher.transforms.per_user_bound import PerUserBound
-    from thresher.transforms.user_shards import USER_COLUMN, ShardByUser
+    from thresher.transforms.bounding.per_user_bound import PerUserBound
+    from thresher.transforms.bounding.user_shards import USER_COLUMN, ShardByUser
     spec = plan.spec
     keys = list(spec.input.keys)
     bound = spec.bounding.max_keys_per_user

@@ -89,7 +89,7 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
 
 
 def release(counts, params, key_columns):
-    from thresher.transforms.noisy_threshold import NoisyThreshold
+    from thresher.transforms.selection.noisy_threshold import NoisyThreshold
     return counts | "NoisyThreshold" >> NoisyThreshold(params)
 
 

@@ -13,7 +13,7 @@ Methods (``method``, default ``hierarchical``):
 - ``hierarchical``: a ``branching``-ary hierarchy of ``levels`` levels over [low, high)
   (branching**levels leaves, default 16**3 = 4096); level l is a sample-and-threshold
   histogram over (key, bucket) cells; every rank is answered from the same release by
-  the greedy decomposition (``transforms.quantiles.RangeAnswers``). One stage per level.
+  the greedy decomposition (``transforms.trees.quantiles.RangeAnswers``). One stage per level.
 - ``binary_search``: ``rounds`` rounds; round r releases, for every (key, rank), the
   two-bucket histogram split at the midpoint of that search's interval and halves the
   interval towards the rank (paper 003 Lemma "single quantiles"); the answer is the
@@ -95,7 +95,7 @@ REQUIRED = ("column", "ranks", "domain")
 MAX_LEAVES = 2 ** 20
 KEYS_OPTIONAL = True     # no input.keys: one global release
 # resolution: the resolution each value actually has (issue 36 D9; the report's
-# ``resolution`` is the finest the plan allows): transforms.quantile_release.RESOLUTION_COLUMN
+# ``resolution`` is the finest the plan allows): transforms.trees.quantile_release.RESOLUTION_COLUMN
 OUTPUT_COLUMNS = {"rank": pa.float64(), "value": pa.float64(), "resolution": pa.float64()}
 
 
@@ -122,7 +122,7 @@ def parse(section):
         levels = int(section.get("levels", DEFAULT_LEVELS))
         if branching ** levels > MAX_LEAVES:
             # the post-processing answers ranks over a dense array of the leaves, per
-            # released key (transforms.quantiles.RangeAnswers: ~0.2 s at 2**20, 3.4 s at 2**24)
+            # released key (transforms.trees.quantiles.RangeAnswers: ~0.2 s at 2**20, 3.4 s at 2**24)
             raise SpecError("mechanism.levels", f"branching**levels must be <= 2**20 leaves "
                             f"(the planning limit), got {branching}**{levels}")
         out.update(branching=branching, levels=levels)
@@ -136,7 +136,7 @@ def parse(section):
 
 
 # Per-key hierarchical quantiles over public keys release a noisy count for every (key,
-# level, bucket) cell (transforms.public_cells.zero_cells makes them all): the product is
+# level, bucket) cell (transforms.trees.public_cells.zero_cells makes them all): the product is
 # refused above this before anything is read.
 MAX_PUBLIC_CELLS = 1 << 26
 
@@ -166,7 +166,7 @@ def selected_keys_cap(mechanism, asked=None):
     """The public cap on the keys of a per-key hierarchical release over SELECTED keys.
 
     How many keys select_keys releases depends on the data, and every released key gets
-    ``cells_per_key`` noisy cells (transforms.public_cells.zero_cells makes them all), so
+    ``cells_per_key`` noisy cells (transforms.trees.public_cells.zero_cells makes them all), so
     without a cap the cells, memory and time of the levels stage have no bound fixed
     before reading. The cap is ``asked`` (``mechanism.max_selected_keys``) or
     MAX_PUBLIC_CELLS // cells per key; keys beyond it are dropped by post-processing of
@@ -223,7 +223,7 @@ def check_spec(mechanism, input_spec, bounding, privacy):
     if input_spec.keys and mechanism["method"] == "hierarchical":
         # The keys are public (listed, or released by select_keys), so every (key, bucket)
         # cell is public: noisy counts for all of them, no per-cell threshold
-        # (transforms.public_cells).
+        # (transforms.trees.public_cells).
         mechanism["public_cells"] = True
         if mechanism.get("sampling_rate") is not None or mechanism.get("threshold") is not None:
             field = "sampling_rate" if mechanism.get("sampling_rate") is not None else "threshold"
@@ -294,7 +294,7 @@ def _calibrate_public_cells(mech, epsilon, delta, max_keys_per_user):
     sigma is the smallest with exact composed_shift_delta(eps, sigma, C L) <= delta
     (``accounting.known_domain.gaussian_sigma``). Keys compose in parallel."""
     from thresher.accounting import known_domain
-    from thresher.transforms.public_cells import NULL_REASON, SUPPORT_Z, support_floor
+    from thresher.transforms.trees.public_cells import NULL_REASON, SUPPORT_Z, support_floor
     levels, branching = mech["levels"], mech["branching"]
     shifts = max_keys_per_user * levels
     try:
@@ -312,7 +312,7 @@ def _calibrate_public_cells(mech, epsilon, delta, max_keys_per_user):
                                "isotonic cumulative counts, linear interpolation inside the "
                                "leaf; values non-decreasing in rank",
             "bounding": "one value per (user, key), at most max_keys_per_user keys per user "
-                        "(transforms.key_value_bound)"}
+                        "(transforms.bounding.key_value_bound)"}
 
 
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
@@ -422,7 +422,7 @@ def _to_table(columns, keys):
 
 
 def _answer_hierarchy(released, keys, key_list, mech):
-    from thresher.transforms.quantile_release import hierarchy_quantiles
+    from thresher.transforms.trees.quantile_release import hierarchy_quantiles
     released = [t for t in released if t.num_rows]
     table = pa.concat_tables(released) if released else None
     lo, hi = mech["domain"]
@@ -439,8 +439,8 @@ def _selected_keys(tables, keys):
 
 
 def _rehash_keys(table, keys):
-    from thresher.transforms.hashing import hash_columns
-    from thresher.transforms.user_shards import KEY_HASH_COLUMN
+    from thresher.transforms.randomness.hashing import hash_columns
+    from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN
     index = table.schema.get_field_index(KEY_HASH_COLUMN)
     return table.set_column(index, KEY_HASH_COLUMN,
                             pa.array(hash_columns(table, keys), type=pa.uint64()))
@@ -461,11 +461,11 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
     the keys are those a sample-and-threshold stage (select_keys) releases from the
     distinct users per key, each user bounded to C keys separately for that stage."""
     import apache_beam as beam
-    from thresher.transforms.aggregate import SumCountsPerKey
-    from thresher.transforms.per_user_bound import PerUserBound
-    from thresher.transforms.quantile_release import BinarySearchQuantiles, KeyedHierarchy
-    from thresher.transforms.sample_and_threshold import SampleAndThreshold
-    from thresher.transforms.user_shards import ShardByUser
+    from thresher.transforms.plumbing.aggregate import SumCountsPerKey
+    from thresher.transforms.bounding.per_user_bound import PerUserBound
+    from thresher.transforms.trees.quantile_release import BinarySearchQuantiles, KeyedHierarchy
+    from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold
+    from thresher.transforms.bounding.user_shards import ShardByUser
     spec = plan.spec
     mech = spec.mechanism
     keys = list(spec.input.keys)
@@ -473,7 +473,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
     bound = spec.bounding.max_keys_per_user
     params = plan.params_by_bound[bound]
     if plan.domain is not None:
-        from thresher.transforms.public_domain import RestrictToDomain
+        from thresher.transforms.selection.public_domain import RestrictToDomain
         records = records | "RestrictToDomain" >> RestrictToDomain(plan.domain, keys)
     users = records | "ShardByUser" >> ShardByUser(num_shards, **whole_user_limit(plan))
     if params.get("public_cells") or mech.get("public_cells"):
@@ -570,7 +570,7 @@ def apply_notes(report, note):
 
 
 def _answer_cells(released, keys, key_list, mech, floor):
-    from thresher.transforms.public_cells import answer
+    from thresher.transforms.trees.public_cells import answer
     lo, hi = mech["domain"]
     yield _to_table(answer(released, keys, key_list, mech["ranks"], lo=lo, hi=hi,
                            branching=mech["branching"], levels=mech["levels"], floor=floor), keys)
@@ -579,16 +579,16 @@ def _answer_cells(released, keys, key_list, mech, floor):
 def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
                          notes_sink=None):
     """Per-key hierarchical quantiles over the public cells of public or selected keys
-    (transforms.public_cells): one value per (user, key), at most C keys per user; every
+    (transforms.trees.public_cells): one value per (user, key), at most C keys per user; every
     (level, key, bucket) cell of every selected key gets discrete Gaussian noise, no
     threshold; per-key post-processing answers every rank."""
     import apache_beam as beam
-    from thresher.transforms.aggregate import SumCountsPerKey
-    from thresher.transforms.key_value_bound import BoundKeyValues
-    from thresher.transforms.per_user_bound import PerUserBound
-    from thresher.transforms.public_cells import PublicCellLevels, key_tuples
-    from thresher.transforms.public_domain import NoisyDomainCounts
-    from thresher.transforms.sample_and_threshold import SampleAndThreshold
+    from thresher.transforms.plumbing.aggregate import SumCountsPerKey
+    from thresher.transforms.bounding.key_value_bound import BoundKeyValues
+    from thresher.transforms.bounding.per_user_bound import PerUserBound
+    from thresher.transforms.trees.public_cells import PublicCellLevels, key_tuples
+    from thresher.transforms.selection.public_domain import NoisyDomainCounts
+    from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold
     spec = plan.spec
     mech = spec.mechanism
     keys = list(spec.input.keys)

@@ -48,7 +48,7 @@ FIELDS = {
         "pld or basic: how a user's keys compose (default pld with a fixed "
         "max_keys_per_user of 2 to 64, else basic; pld needs accounting: exact)")),
 }
-# transforms.sample_and_threshold.OUTPUT_COLUMNS (not imported here: the transforms import
+# transforms.selection.sample_and_threshold.OUTPUT_COLUMNS (not imported here: the transforms import
 # Beam, which plan, validate and schema never need; tests/pipelines/test_command_imports.py
 # checks the two agree)
 OUTPUT_COLUMNS = {"count": pa.int64(), "estimate": pa.float64()}
@@ -203,7 +203,7 @@ def comparison(params):
 
 def release(counts, params, key_columns):
     # Table(keys, count) -> Table(keys, count = sampled count, estimate = count / p)
-    from thresher.transforms.sample_and_threshold import SampleAndThreshold
+    from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold
     return counts | "SampleAndThreshold" >> SampleAndThreshold(params)
 
 

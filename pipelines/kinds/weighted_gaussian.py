@@ -115,7 +115,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 
 
 def release(counts, params, key_columns):
-    from thresher.transforms.weighted_threshold import WeightedThreshold
+    from thresher.transforms.selection.weighted_threshold import WeightedThreshold
     return counts | "WeightedThreshold" >> WeightedThreshold(params)
 
 
@@ -129,10 +129,10 @@ class WeightedGaussian(CountsKind):
     release = staticmethod(release)
 
     def per_user_bound(self):
-        """The bounding with weights, ``transforms.weighted_threshold.WeightedPerUserBound``
-        (imported here: the transforms import Beam, which plan, validate and schema never
-        need)."""
-        from thresher.transforms.weighted_threshold import WeightedPerUserBound
+        """The bounding with weights,
+        ``transforms.selection.weighted_threshold.WeightedPerUserBound`` (imported here: the
+        transforms import Beam, which plan, validate and schema never need)."""
+        from thresher.transforms.selection.weighted_threshold import WeightedPerUserBound
         return WeightedPerUserBound
 
     def stage_budget(self, budget, mechanism, *, public_domain=False):

@@ -53,7 +53,7 @@ FIELDS = {
             "auto or an integer >= 2 (default auto): size of the probability tables; larger "
             "counts are treated as this one (auto: where every key is reported)")),
 }
-# transforms.sanitize_sample.OUTPUT_COLUMNS (not imported here: the transforms import Beam,
+# transforms.selection.sanitize_sample.OUTPUT_COLUMNS (not imported here: the transforms import Beam,
 # which plan, validate and schema never need; tests/pipelines/test_command_imports.py
 # checks the two agree)
 OUTPUT_COLUMNS = {"token": pa.int64(), "estimate": pa.float64()}
@@ -183,7 +183,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 
 def release(counts, params, key_columns):
     # Table(keys, count) -> Table(keys, token, estimate)
-    from thresher.transforms.sanitize_sample import SanitizeSample
+    from thresher.transforms.selection.sanitize_sample import SanitizeSample
     return counts | "SanitizeSample" >> SanitizeSample(params, key_columns, frequency_column="count")
 
 
@@ -192,7 +192,7 @@ def sanitize_existing_sample(sample, params, key_columns, frequency_column):
     sample (key columns + ``frequency_column``), ``params`` the dict from :func:`calibrate`
     of :func:`mechanism_for_sample` (``presampled`` true; side input or plain dict).
     Returns PCollection[pa.Table] of released rows (keys, token, estimate)."""
-    from thresher.transforms.sanitize_sample import SanitizeSample
+    from thresher.transforms.selection.sanitize_sample import SanitizeSample
     return sample | "SanitizeExistingSample" >> SanitizeSample(
         params, key_columns, frequency_column=frequency_column)
 

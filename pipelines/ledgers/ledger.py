@@ -90,6 +90,7 @@ from thresher.pipelines.specs import declare
 
 from thresher.pipelines.ledgers import composition as comp
 from thresher.pipelines.ledgers import ledger_postgres
+from thresher.pipelines.ledgers.sums import NO_RECORD, UNFOLD  # noqa: F401 (ledger.NO_RECORD)
 from thresher.pipelines.errors import SpecError
 
 log = logging.getLogger("thresher")
@@ -157,9 +158,6 @@ CREATE TABLE IF NOT EXISTS releases (
 _INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS releases_run_token ON releases (run_token)"
 # What the ledger refuses an older thresher (review F1): it inserts releases without a
 # record, and never updates the running sums.
-NO_RECORD = ("a release without its (rho, delta0) record cannot be charged to this ledger: "
-             "it is kept by a newer thresher, which keeps running sums that this version "
-             "does not update; upgrade thresher to charge it")
 # The ledger's triggers (SQLite; ``ledger_postgres`` has the same on the server). They
 # bind every program that writes the tables, an older thresher included:
 # ``releases_need_record`` refuses a release without its record (every older thresher
@@ -395,9 +393,6 @@ def _migrate(conn, path):
 
 
 # Running sums to be folded again from the releases (after the triggers are installed).
-UNFOLD = ("UPDATE datasets SET spent_epsilon = NULL, spent_delta = NULL, spent_rho = NULL, "
-          "spent_delta0 = NULL, spent_row_changes = NULL")
-
 
 @contextlib.contextmanager
 def errors(path, field="budget.ledger", doing=""):

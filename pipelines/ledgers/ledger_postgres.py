@@ -17,6 +17,7 @@ import contextlib
 import re
 
 from thresher.pipelines.errors import SpecError
+from thresher.pipelines.ledgers import sums
 
 SCHEMES = ("postgresql", "postgres")
 _ADVISORY_KEY = 0x7468726573686572      # "thresher": serialises CREATE TABLE
@@ -69,7 +70,7 @@ _MIGRATIONS = (
 # without its record is refused, whoever inserts it (an older thresher fails closed), and
 # every insert, delete and change of a release's charge is counted in its dataset's
 # ``row_changes``. Created once, when missing (then every dataset's running sums are
-# folded again: ``ledger.UNFOLD``).
+# folded again: ``sums.UNFOLD``).
 _FUNCTIONS = (
     """CREATE OR REPLACE FUNCTION thresher_release_needs_record() RETURNS trigger
        LANGUAGE plpgsql AS $$
@@ -201,15 +202,14 @@ def _triggers_of(conn, table):
 def _install_triggers(conn):
     """Inside connect's transaction (under the advisory lock): the TRIGGERS and their
     functions, if any is missing; then every dataset's sums are folded again."""
-    from thresher.pipelines.ledgers import ledger
     if set(TRIGGERS) <= set(_triggers_of(conn, "releases")):
         return
     for function in _FUNCTIONS:
-        conn.execute(function.replace("%(message)s", _literal(ledger.NO_RECORD)))
+        conn.execute(function.replace("%(message)s", _literal(sums.NO_RECORD)))
     for name, statement in TRIGGERS.items():
         conn.execute(f"DROP TRIGGER IF EXISTS {name} ON releases")
         conn.execute(statement)
-    conn.execute(ledger.UNFOLD)
+    conn.execute(sums.UNFOLD)
 
 
 def _literal(text):

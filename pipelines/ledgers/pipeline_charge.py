@@ -95,7 +95,7 @@ def charge_when_run(pipeline, plan, source, label):
     """The PCollection of this run's one charge (a ledger row id), for a side input that
     gates the release's outputs; applied inside the release's ``expand`` (its stages are
     the release's). ``plan.spec.budget`` must have passed :func:`workers_reach`."""
-    from thresher.transforms import keyed_random
+    from thresher.transforms.randomness import keyed_random
     spec = plan.spec
     charge = ledger.full_charge(plan)
     return (pipeline

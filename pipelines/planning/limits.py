@@ -302,9 +302,9 @@ def release_fits(kind, level_structure, epsilon, delta, c):
 def _check_weighted_gaussian(spec, epsilon, delta, c):
     """weighted_gaussian (accounting.weighted_gaussian): its calibration is O(C^2) per
     step (C <= 2048: ~2 s); the selection noise sigma * S must be drawable
-    (transforms.samplers.SIGMA_MAX grid units) and the count's sigma within SIGMA_MAX."""
+    (transforms.randomness.samplers.SIGMA_MAX grid units) and the count's sigma within SIGMA_MAX."""
     from thresher.accounting import weighted_gaussian as wg
-    from thresher.transforms.samplers import SIGMA_MAX as DRAW_MAX
+    from thresher.transforms.randomness.samplers import SIGMA_MAX as DRAW_MAX
     largest = DRAW_MAX / wg.WEIGHT_SCALE
     if spec.mechanism.get("sigma") is None and wg.gaussian_part(epsilon, largest, c) > delta:
         raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (selection stage "

@@ -164,8 +164,8 @@ class Plan:
 
 def randomness_report():
     """The report's ``randomness`` section: which construction draws the release's keyed
-    randomness from its secret (``transforms.stream_construction``)."""
-    from thresher.transforms import stream_construction
+    randomness from its secret (``transforms.randomness.stream_construction``)."""
+    from thresher.transforms.randomness import stream_construction
     return {"construction": stream_construction.CONSTRUCTION,
             "description": stream_construction.DESCRIPTION}
 

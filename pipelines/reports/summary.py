@@ -323,7 +323,7 @@ def release_probability(report, counts):
                            for k in n], dtype=np.float64)
     if kind == "weighted_sampling":
         keep = weighted_sampling_keep(mech)
-        # The release reads row min(n, M) of the table it used (transforms.sanitize_sample:
+        # The release reads row min(n, M) of the table it used (transforms.selection.sanitize_sample:
         # counts above max_frequency M are treated as M, whether M saturates at pi = 1 or
         # was clipped by an explicit max_frequency), so the curve does too.
         return keep[np.minimum(n, len(keep) - 1)]
@@ -335,7 +335,7 @@ def weighted_sampling_keep(mech):
     (``accounting.pws.release_tables`` of the report's parameters, as the release builds it)."""
     import numpy as np
     from thresher.accounting import pws
-    from thresher.transforms.sanitize_sample import _as_parameters
+    from thresher.transforms.selection.sanitize_sample import _as_parameters
     return np.asarray(pws.release_tables(_as_parameters(mech)).keep, dtype=np.float64)
 
 

@@ -96,7 +96,7 @@ GRAPH_SAVING = {
 def refuse_dask(runner):
     """Beam's DaskRunner publishes wrong releases, and it recomputes side inputs per
     partition: the release secret (drawn inside the pipeline and pinned by a Reshuffle,
-    transforms.keyed_random.PipelineSecret) could take a different value in each consumer.
+    transforms.randomness.keyed_random.PipelineSecret) could take a different value in each consumer.
     ``runner``: a runner name or a runner object."""
     name = runner if isinstance(runner, str) else type(runner).__name__ if runner else ""
     if name.rsplit(".", 1)[-1].lower() in ("daskrunner", "dask"):

@@ -28,9 +28,9 @@ from thresher.pipelines.running.beam_flags import refuse_dask
 from thresher.pipelines import kinds
 from thresher.pipelines.kinds.base import RECORDS, USERS, whole_user_setting
 from thresher.pipelines.specs.spec import input_files
-from thresher.transforms import keyed_random, secret_commitment
-from thresher.transforms.aggregate import SumCountsPerKey
-from thresher.transforms.user_shards import MAX_USER_ROWS, ShardByUser
+from thresher.transforms.randomness import keyed_random, secret_commitment
+from thresher.transforms.plumbing.aggregate import SumCountsPerKey
+from thresher.transforms.bounding.user_shards import MAX_USER_ROWS, ShardByUser
 
 log = logging.getLogger("thresher")
 
@@ -120,7 +120,7 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
 
 
 def _spill_dir(pipeline, staging):
-    """Where the in-process runner's user shuffle spills (transforms/spill.py): a
+    """Where the in-process runner's user shuffle spills (transforms/plumbing/spill.py): a
     ``beam-temp-*`` folder in the local staging folder, removed with Beam's scratch after
     the pipeline. None (the runner's own shuffle) for any other runner, a remote output,
     or SDK workers that may not share this machine's disk (``--environment_type`` other
@@ -131,7 +131,7 @@ def _spill_dir(pipeline, staging):
     same_machine = environment in ("", "EMBEDDED", "LOOPBACK", "PROCESS")
     if isinstance(pipeline.runner, FnApiRunner) and same_machine \
             and not publish.is_remote(staging):
-        from thresher.transforms.spill import SPILL_FOLDER
+        from thresher.transforms.plumbing.spill import SPILL_FOLDER
         return os.path.join(os.path.abspath(staging), SPILL_FOLDER)
     return None
 
@@ -174,7 +174,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
                          else None)
     chosen = None
     if spec.auto_bound:
-        from thresher.transforms.choose_contribution_bound import ChooseContributionBound
+        from thresher.transforms.bounding.choose_contribution_bound import ChooseContributionBound
         chosen = shards.for_choice | "ChooseContributionBound" >> ChooseContributionBound(
             keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
             model=spec.bounding.model, score=plan.score_name,
@@ -191,7 +191,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(
         keys, num_shards, spill_dir=spill_dir)                              # Table(keys, count)
     if spec.aggregates:   # counts and grid sums (pipelines/specs/aggregates.py)
-        from thresher.transforms.aggregate_values import ReleaseWithAggregates
+        from thresher.transforms.values.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
             _side(params), rng_factory=rng_factory), chosen
     released = kind.release(counts, _side(params), keys)
@@ -205,7 +205,7 @@ def _sample_stages(records, plan, num_shards):
     spec = plan.spec
     keys = list(spec.input.keys)
     params = plan.params_by_bound[spec.bounding.max_keys_per_user]
-    from thresher.transforms.unique_keys import OneRowPerKey
+    from thresher.transforms.selection.unique_keys import OneRowPerKey
     counts = records | "OneRowPerKey" >> OneRowPerKey(keys, num_shards)     # Table(keys, count)
     return kinds.get(spec.kind).release(counts, params, keys)
 
@@ -213,7 +213,7 @@ def _sample_stages(records, plan, num_shards):
 def _prereduced(records, plan, rng_factory):
     """Fixed-bound l0 bounding by ``PerUserBound`` (or ``PerUserBoundWithValues`` with
     fixed clips): combine the read batches into the shuffle's tables and drop from each,
-    where that pays, rows the bounding cannot keep (transforms/prereduce.py; same
+    where that pays, rows the bounding cannot keep (transforms/bounding/prereduce.py; same
     released bytes, a heavy user shuffles about C rows per table instead of all of them). Every other bounding needs all of a
     user's records (prereduce.py's docstring says why), and so does fresh randomness
     (a test's seeded factory): their records pass unchanged."""
@@ -227,7 +227,7 @@ def _prereduced(records, plan, rng_factory):
             or not kinds.get(spec.kind).plain_l0_bound   # adaptive, weighted_gaussian
             or not isinstance(source, keyed_random.KeyedSource)):
         return records
-    from thresher.transforms.prereduce import PreReduceL0
+    from thresher.transforms.bounding.prereduce import PreReduceL0
     # the keyed draws are those of the PerUserBound applied in _bound_users, whose full
     # label is this composite's label / "PerUserBound" (keyed_random.stage_name)
     parent = keyed_random.stage_name(records)    # relative to the release's root
@@ -246,7 +246,7 @@ def _whole_user_setting(plan):
     """(spec field, remedy) of a release whose user shards hold all of a user's rows:
     each consumer refuses a user with more than ``user_shards.MAX_USER_ROWS`` rows,
     naming the field (issue 34: such a user took 1.6-5.5 GB in process). Fixed-bound l0
-    bounding pre-reduces a user to about C rows per table (transforms/prereduce.py), so
+    bounding pre-reduces a user to about C rows per table (transforms/bounding/prereduce.py), so
     the check never fires there."""
     spec = plan.spec
     kind = kinds.get(spec.kind)
@@ -282,12 +282,12 @@ def _one_pass_auto(spec):
 
 def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
     """``max_keys_per_user: auto`` in one pass over the user shards
-    (transforms/scored_bound.py): the bounding pass sorts each shard once and emits both
+    (transforms/bounding/scored_bound.py): the bounding pass sorts each shard once and emits both
     the score's statistics and per-key counts for every candidate C; the chosen C then
     selects its counts. Same draws and same released bytes as bounding after the choice,
     without concatenating, checking and hashing the shards a second time."""
-    from thresher.transforms.choose_contribution_bound import ChooseContributionBound
-    from thresher.transforms.scored_bound import ScoredPerUserBound
+    from thresher.transforms.bounding.choose_contribution_bound import ChooseContributionBound
+    from thresher.transforms.bounding.scored_bound import ScoredPerUserBound
     spec = plan.spec
     keys = list(spec.input.keys)
     users = records | "ShardByUser" >> ShardByUser(
@@ -313,8 +313,8 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     """input.public_keys (paper 002 Sec. 4): records outside the domain are dropped before
     bounding, every domain key gets a zero partial count (so it comes out once even with no
     user), C is chosen by the bounded-domain rule, and every key is released with noise and
-    no threshold (transforms/public_domain.py)."""
-    from thresher.transforms import public_domain
+    no threshold (transforms/selection/public_domain.py)."""
+    from thresher.transforms.selection import public_domain
     spec = plan.spec
     keys = list(spec.input.keys)
     domain = public_domain.packed_domain(records.pipeline, plan.domain, keys)   # once
@@ -332,7 +332,7 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     zeros = records.pipeline | "DomainZeroCounts" >> public_domain.DomainZeroCounts(domain, keys)
     if spec.aggregates:   # zero grid sums beside the zero counts (pipelines/specs/aggregates.py)
         from thresher.pipelines.specs.aggregates import sum_columns
-        from thresher.transforms.aggregate_values import zero_sums
+        from thresher.transforms.values.aggregate_values import zero_sums
         zeros = zeros | "DomainZeroSums" >> beam.Map(
             zero_sums, num_sums=len(sum_columns(spec.aggregates)))
     counts = ((partial, zeros)
@@ -340,7 +340,7 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
               | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards,
                                                    spill_dir=spill_dir))  # every domain key once
     if spec.aggregates:
-        from thresher.transforms.aggregate_values import ReleaseWithAggregates
+        from thresher.transforms.values.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
             _side(params), rng_factory=rng_factory), chosen
     released = counts | "NoisyDomainCounts" >> public_domain.NoisyDomainCounts(
@@ -399,7 +399,7 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
     bound, params = _bound_and_params(users, plan, chosen)
     if spec.aggregates:   # l0 bound carrying each kept user's clamped grid totals
         from thresher.pipelines.specs.aggregates import apply_clips, sum_columns
-        from thresher.transforms.aggregate_values import PerUserBoundWithValues
+        from thresher.transforms.values.aggregate_values import PerUserBoundWithValues
         clip_side = None
         if clips is not None:
             clip_side = beam.pvalue.AsSingleton(clips)
@@ -410,7 +410,7 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
             keys, bound, sum_columns(spec.aggregates), rng_factory=rng_factory,
             clips=clip_side)
     elif spec.bounding.model == "l1":
-        from thresher.transforms.rand_clip import RandClip
+        from thresher.transforms.bounding.rand_clip import RandClip
         partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
     else:   # a kind may bound with weights (weighted_gaussian: WeightedPerUserBound)
         kind = kinds.get(spec.kind)
@@ -451,7 +451,7 @@ def _write(released, staging, schema, keys, domain=None, source=None):
     order and layout of ``pipelines.released_file`` (a function of the released rows,
     never of shards, bundles or input size). The writer is the release's publisher: under
     the in-pipeline secret it first checks that every stage of the run read one secret
-    (``transforms.secret_commitment``; added last, after every stage that draws).
+    (``transforms.randomness.secret_commitment``; added last, after every stage that draws).
 
     The released Tables reach the writer as one side input (``AsList``) of a one-element
     stage, rather than through ``ToList``: Beam's global combine is two more fused stages
@@ -461,7 +461,7 @@ def _write(released, staging, schema, keys, domain=None, source=None):
     (``public_domain.packed_domain``), never pickled into the writer (issue 36 D13)."""
     extra = {}
     if domain is not None:
-        from thresher.transforms.public_domain import packed_domain
+        from thresher.transforms.selection.public_domain import packed_domain
         extra["domain"] = beam.pvalue.AsSingleton(
             packed_domain(released.pipeline, domain, keys))
     (released.pipeline
@@ -474,7 +474,7 @@ def _write(released, staging, schema, keys, domain=None, source=None):
 
 def _write_gathered(unused_impulse, tables, path, schema, keys, domain=None):
     if domain is not None:
-        from thresher.transforms.public_domain import unpack
+        from thresher.transforms.selection.public_domain import unpack
         domain = unpack(domain)
     return _write_canonical(list(tables), path, schema, keys, domain)
 
@@ -510,7 +510,7 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
 
     Randomness: every draw is keyed by a release secret drawn once from the OS CSPRNG
     inside the pipeline, as a materialised singleton side input
-    (``transforms.keyed_random.PipelineSecret``; never in the pipeline graph, never logged
+    (``transforms.randomness.keyed_random.PipelineSecret``; never in the pipeline graph, never logged
     or written anywhere), so runners that retry or recompute stages draw the same values.
     ``rng_factory`` is for tests (a ``KeyedSource`` with a fixed secret, or
     ``keyed_random.seeded_for_tests(seed)``: public identities, no privacy claim): then
@@ -548,7 +548,7 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
     try:
         beam_runner = _make_runner(runner_name)
         pipeline = beam.Pipeline(runner=beam_runner, options=options)
-        from thresher.transforms import keyed_random
+        from thresher.transforms.randomness import keyed_random
         if rng_factory is None:           # the secret is drawn inside the pipeline
             keyed = keyed_random.PipelineSecret.draw(pipeline)
         else:                             # tests: a fixed KeyedSource, or seeded_for_tests

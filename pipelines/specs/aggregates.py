@@ -361,7 +361,7 @@ def print_plan(plan, users):
 
 
 # ---------------------------------------------------------------------------------------
-# clip: auto (its own stage; transforms/choose_clip.py).
+# clip: auto (its own stage; transforms/values/choose_clip.py).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,7 +398,7 @@ def choose_clips(users, plan, rng_factory=None, clip_sink=None):
     auto = auto_columns(spec.aggregates)
     if not auto:
         return None
-    from thresher.transforms.choose_clip import ChooseClipBounds
+    from thresher.transforms.values.choose_clip import ChooseClipBounds
     stage = next(s for s in plan.budget.stages if s.name == AUTO_STAGE)
     clips = users | "ChooseClipBounds" >> ChooseClipBounds(
         list(spec.input.keys), auto, spec.aggregates_auto.candidates, epsilon=stage.epsilon,

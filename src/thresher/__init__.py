@@ -40,12 +40,12 @@ _EXPORTS = {
     "Release": "thresher.pipelines.api",
     "plan": "thresher.pipelines.api",
     "load_spec": "thresher.pipelines.api",
-    "PerUserBound": "thresher.transforms.per_user_bound",
-    "RandClip": "thresher.transforms.rand_clip",
-    "ChooseContributionBound": "thresher.transforms.choose_contribution_bound",
-    "SampleAndThreshold": "thresher.transforms.sample_and_threshold",
-    "SanitizeSample": "thresher.transforms.sanitize_sample",
-    "NoisyThreshold": "thresher.transforms.noisy_threshold",
+    "PerUserBound": "thresher.transforms.bounding.per_user_bound",
+    "RandClip": "thresher.transforms.bounding.rand_clip",
+    "ChooseContributionBound": "thresher.transforms.bounding.choose_contribution_bound",
+    "SampleAndThreshold": "thresher.transforms.selection.sample_and_threshold",
+    "SanitizeSample": "thresher.transforms.selection.sanitize_sample",
+    "NoisyThreshold": "thresher.transforms.selection.noisy_threshold",
 }
 
 __all__ = sorted(_EXPORTS)

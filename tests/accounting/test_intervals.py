@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from thresher.accounting import intervals as iv
-from thresher.transforms import samplers
+from thresher.transforms.randomness import samplers
 
 ALPHA = 0.05
 

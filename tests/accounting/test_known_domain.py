@@ -191,7 +191,7 @@ def test_debias_recovers_poisson_totals_in_simulation():
     (E min(X, 2) = 2 - 3.2 e^-1.2 = 1.036);
     Alg. 5 on the clipped sum plus discrete Laplace(2/1) noise is within 1% of the truth
     (the Poisson sampling sd of the total is ~245 = 0.4%; false failure < 1e-4, seed 11)."""
-    from thresher.transforms import samplers
+    from thresher.transforms.randomness import samplers
     rng = np.random.default_rng(11)
     counts = rng.poisson(1.2, size=50_000)
     clipped = np.minimum(counts, 2).sum()

@@ -170,10 +170,10 @@ def test_bounds_report_no_guarantee_outside_their_hypotheses():
 
 def test_monte_carlo_privacy_loss_with_the_kernel_matches_exact_delta():
     """delta = E_{o ~ P_k}[(1 - e^{eps - L(o)})_+] with L the privacy loss; o drawn by the
-    kernel (transforms.sample_and_threshold) from a seeded generator. n = 400k draws: the
+    kernel (transforms.selection.sample_and_threshold) from a seeded generator. n = 400k draws: the
     estimate's standard error is below 2.5e-4 here and we allow 5 SE (false-failure
     probability < 1e-6 per direction)."""
-    from thresher.transforms.sample_and_threshold import sample_and_threshold
+    from thresher.transforms.selection.sample_and_threshold import sample_and_threshold
 
     eps, p, tau = 0.5, 0.3, 5
     exact, k, _, _ = acc.exact_delta_search(eps, p, tau)

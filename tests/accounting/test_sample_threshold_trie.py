@@ -2,7 +2,7 @@
 sample-and-threshold mechanisms composed by the privacy-loss-distribution bound.
 
 Independent checks:
-- the kernel's own cells (transforms.heavy_hitters.user_prefix_counts) on neighbouring
+- the kernel's own cells (transforms.trees.heavy_hitters.user_prefix_counts) on neighbouring
   inputs: the user moves at most C cells per level, each by one; the exact joint output
   law of every cell, enumerated from scipy's binomial pmf, has delta(eps) <= the reported
   delta at the calibrated (p, tau) -- and the old contribution-counting cells (a user's
@@ -22,7 +22,7 @@ import pytest
 
 from thresher.accounting import sample_threshold as acc
 from thresher.accounting.sample_threshold import pld, trie
-from thresher.transforms.heavy_hitters import prefix_counts, user_prefix_counts
+from thresher.transforms.trees.heavy_hitters import prefix_counts, user_prefix_counts
 from tests.accounting.test_sample_threshold import output_distribution as law
 from tests.accounting.test_sample_threshold_pld import _dp_accounting_delta
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from thresher.accounting import selection
-from thresher.transforms import samplers
+from thresher.transforms.randomness import samplers
 
 
 def _direct_probabilities(scores, epsilon, sensitivity, factor=2.0):

@@ -67,7 +67,7 @@ class Scenario:
 
 
 # ---------------------------------------------------------------------------------------
-# NoisyThreshold (GSHM and Laplace thresholding): transforms.noisy_threshold kernel.
+# NoisyThreshold (GSHM and Laplace thresholding): transforms.selection.noisy_threshold kernel.
 
 def _pair_counts(pair, keys, pre_threshold, high):
     """(D counts, D' counts) for one trial's keys."""
@@ -83,7 +83,7 @@ def _pair_counts(pair, keys, pre_threshold, high):
 
 
 def _noisy_threshold_runner(counts, *, noise, scale, pre_threshold, threshold):
-    kernel = _module("thresher.transforms.noisy_threshold").noisy_threshold
+    kernel = _module("thresher.transforms.selection.noisy_threshold").noisy_threshold
     row = np.asarray(counts, dtype=np.int64)
 
     def run(rng, n):
@@ -188,8 +188,8 @@ def correlated_gshm(pair, *, keys=2, witnesses=0, shared_ratio=None, epsilon=EPS
     delta at sigma alone would allow, claimed at that delta (an accounting that forgot
     the shared draw)."""
     acc = _module("thresher.accounting.correlated_gshm")
-    kernel = _module("thresher.transforms.noisy_threshold").noisy_threshold
-    samplers = _module("thresher.transforms.samplers")
+    kernel = _module("thresher.transforms.selection.noisy_threshold").noisy_threshold
+    samplers = _module("thresher.transforms.randomness.samplers")
     gshm_acc = _module("thresher.accounting.gshm")
     p = acc.calibrate(epsilon, delta, keys)
     sigma, shared, threshold, claimed = p.sigma, p.shared_sigma, p.threshold, p.delta
@@ -231,7 +231,7 @@ def correlated_gshm(pair, *, keys=2, witnesses=0, shared_ratio=None, epsilon=EPS
 
 
 # ---------------------------------------------------------------------------------------
-# Contribution bounding (transforms.per_user_bound.bound_l0) feeding GSHM.
+# Contribution bounding (transforms.bounding.per_user_bound.bound_l0) feeding GSHM.
 
 BOUNDING = "PerUserBound l0 + GSHM"
 
@@ -242,9 +242,9 @@ def bounded_gshm(*, user_keys=10, copies=3, bound=1, epsilon=2.0, delta=DELTA, m
     tau - 1 (never released); D adds a user holding all of them, each ``copies`` times.
     The real bounding kernel keeps ``bound`` distinct keys once each; mutation "bounding
     skipped" keeps every record. GSHM is calibrated for max_keys_per_user = bound."""
-    bound_l0 = _module("thresher.transforms.per_user_bound").bound_l0
-    hashing = _module("thresher.transforms.hashing")
-    kernel = _module("thresher.transforms.noisy_threshold").noisy_threshold
+    bound_l0 = _module("thresher.transforms.bounding.per_user_bound").bound_l0
+    hashing = _module("thresher.transforms.randomness.hashing")
+    kernel = _module("thresher.transforms.selection.noisy_threshold").noisy_threshold
     p = _module("thresher.accounting.gshm").calibrate(epsilon, delta, bound, noise="discrete_gaussian")
     if mutation not in ("", "bounding skipped"):
         raise ValueError(mutation)
@@ -285,7 +285,7 @@ def bounded_gshm(*, user_keys=10, copies=3, bound=1, epsilon=2.0, delta=DELTA, m
 
 
 # ---------------------------------------------------------------------------------------
-# Rand-clip (transforms.rand_clip) feeding Laplace thresholding in the l1 model.
+# Rand-clip (transforms.bounding.rand_clip) feeding Laplace thresholding in the l1 model.
 
 RAND_CLIP = "RandClip l1 + Laplace thresholding"
 
@@ -297,8 +297,8 @@ def rand_clip_laplace(*, layout=(9,), bound=3, base="pre_threshold", epsilon=EPS
     the threshold (the user's records shift them). The real rand-clip keeps min(m, C)
     uniformly random records; mutation "clipping skipped" keeps them all. Laplace
     thresholding is calibrated by accounting.laplace_threshold (model "l1", C = bound)."""
-    rand_clip = _module("thresher.transforms.rand_clip").rand_clip
-    kernel = _module("thresher.transforms.noisy_threshold").noisy_threshold
+    rand_clip = _module("thresher.transforms.bounding.rand_clip").rand_clip
+    kernel = _module("thresher.transforms.selection.noisy_threshold").noisy_threshold
     p = _module("thresher.accounting.laplace_threshold").calibrate(epsilon, delta, bound, model="l1")
     if mutation not in ("", "clipping skipped"):
         raise ValueError(mutation)
@@ -331,7 +331,7 @@ def rand_clip_laplace(*, layout=(9,), bound=3, base="pre_threshold", epsilon=EPS
 
 
 # ---------------------------------------------------------------------------------------
-# SampleAndThreshold (transforms.sample_and_threshold; accounting.sample_threshold).
+# SampleAndThreshold (transforms.selection.sample_and_threshold; accounting.sample_threshold).
 
 SAMPLE_THRESHOLD = "SampleAndThreshold"
 
@@ -347,7 +347,7 @@ def sample_and_threshold(*, keys=1, epsilon=EPSILON, delta=DELTA, mutation="", k
     ``composition``: "basic" or "pld" (accounting.sample_threshold.pld, the kind's default
     with a fixed bound). Mutations: "threshold - 1", "composition ignored" (per-key budget
     of 1 key)."""
-    kernel = _module("thresher.transforms.sample_and_threshold").sample_and_threshold
+    kernel = _module("thresher.transforms.selection.sample_and_threshold").sample_and_threshold
     acc = _module("thresher.accounting.sample_threshold")
     calibrated_keys = 1 if mutation == "composition ignored" else keys
     p = acc.calibrate(epsilon, delta, calibrated_keys, sampling_rate=sampling_rate,
@@ -381,7 +381,7 @@ def sample_and_threshold(*, keys=1, epsilon=EPSILON, delta=DELTA, mutation="", k
 
 
 # ---------------------------------------------------------------------------------------
-# SanitizeSample (transforms.sanitize_sample.sanitize; accounting.pws).
+# SanitizeSample (transforms.selection.sanitize_sample.sanitize; accounting.pws).
 
 PWS = "SanitizeSample (PWS)"
 
@@ -410,7 +410,7 @@ def pws(*, keys=1, frequency=1, report="keys", epsilon=EPSILON, delta=DELTA, mut
     the Gaussian-tradeoff table; its "composition ignored" mutation builds that table for
     the Gaussian budget of one key (mu from the whole epsilon) while ``keys`` keys move.
     ``frequency="worst"``: the frequency of :func:`_worst_frequency` at epsilon / 2."""
-    sanitize = _module("thresher.transforms.sanitize_sample").sanitize
+    sanitize = _module("thresher.transforms.selection.sanitize_sample").sanitize
     acc = _module("thresher.accounting.pws")
     calibrated_keys = 1 if mutation == "composition ignored" else keys
     if mutation not in ("", "composition ignored"):
@@ -498,7 +498,7 @@ def exponential_mechanism(*, candidates=10, epsilon=EPSILON, mutation="", trials
 
 
 # ---------------------------------------------------------------------------------------
-# Count + clamped sum (issue 14): transforms.aggregate_values on top of noisy_threshold.
+# Count + clamped sum (issue 14): transforms.values.aggregate_values on top of noisy_threshold.
 
 COUNT_AND_SUM = "GSHM count + grid sum (aggregate_values, discrete Gaussian)"
 
@@ -513,8 +513,8 @@ def count_and_sum(pair, *, sensitivity=4, epsilon=EPSILON, delta=DELTA, mutation
     = D sigma / 2, whose likelihood ratio is increasing in D count + 4 sum). Keys not
     released are coded below all others (released_count_and_sum)."""
     acc = _module("thresher.accounting.gshm")
-    kernel = _module("thresher.transforms.aggregate_values")
-    from thresher.transforms.noisy_threshold import noisy_threshold
+    kernel = _module("thresher.transforms.values.aggregate_values")
+    from thresher.transforms.selection.noisy_threshold import noisy_threshold
     d = int(sensitivity)
     p = acc.calibrate(epsilon, delta, 1, noise="discrete_gaussian", aggregates=((d, 1.0),))
     sum_sigma = d * p.sigma
@@ -561,7 +561,7 @@ def count_and_sum(pair, *, sensitivity=4, epsilon=EPSILON, delta=DELTA, mutation
 
 # ---------------------------------------------------------------------------------------
 # ---------------------------------------------------------------------------------------
-# Weighted Gaussian selection (transforms.weighted_threshold) through the real l0 bound
+# Weighted Gaussian selection (transforms.selection.weighted_threshold) through the real l0 bound
 # and grid-weight kernels.
 
 WEIGHTED = "Weighted Gaussian selection (per_user_bound + weighted_threshold, grid weights)"
@@ -586,9 +586,9 @@ def weighted_gaussian(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DE
     instead of 1/sqrt(t)), "count cap ignored" (count sigma for ``count_cap`` counts, the
     user counted in every kept key)."""
     acc = _module("thresher.accounting.weighted_gaussian")
-    kernels = _module("thresher.transforms.weighted_threshold")
-    bound_l0 = _module("thresher.transforms.per_user_bound").bound_l0
-    hashing = _module("thresher.transforms.hashing")
+    kernels = _module("thresher.transforms.selection.weighted_threshold")
+    bound_l0 = _module("thresher.transforms.bounding.per_user_bound").bound_l0
+    hashing = _module("thresher.transforms.randomness.hashing")
     p = acc.calibrate(epsilon, delta, keys, count_epsilon=epsilon / 2, count_delta=delta / 2,
                       count_keys_per_user=count_cap)
     sigma_grid, threshold = p.sigma_grid, p.threshold_grid
@@ -652,7 +652,7 @@ def weighted_gaussian(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DE
                                f"{sigma_grid:.6g}, T={threshold}, q_t={q}")
 
 
-# Adaptive weighting over rounds (transforms.adaptive_rounds) through the real l0 bound,
+# Adaptive weighting over rounds (transforms.selection.adaptive_rounds) through the real l0 bound,
 # grid-weight, removal and round-threshold kernels.
 
 ADAPTIVE = "Adaptive rounds (weighted Gaussian on the keys not yet released)"
@@ -675,10 +675,10 @@ def adaptive(pair, *, keys=4, user_keys=None, epsilon=EPSILON, delta=DELTA, muta
     weight 1 = S instead of 1/sqrt(t'))."""
     acc = _module("thresher.accounting.adaptive")
     wg_acc = _module("thresher.accounting.weighted_gaussian")
-    rounds_k = _module("thresher.transforms.adaptive_rounds")
-    kernels = _module("thresher.transforms.weighted_threshold")
-    bound_l0 = _module("thresher.transforms.per_user_bound").bound_l0
-    hashing = _module("thresher.transforms.hashing")
+    rounds_k = _module("thresher.transforms.selection.adaptive_rounds")
+    kernels = _module("thresher.transforms.selection.weighted_threshold")
+    bound_l0 = _module("thresher.transforms.bounding.per_user_bound").bound_l0
+    hashing = _module("thresher.transforms.randomness.hashing")
     p = acc.calibrate(epsilon, delta, keys, fractions=(0.5, 0.5))
     scale = p.scale
     sigmas = [r.sigma * scale for r in p.rounds]

@@ -85,7 +85,7 @@ def test_threshold_events_find_a_shifted_integer_gaussian():
     (accounting.discrete_gaussian.shift_delta); at that delta the audit must not exceed
     eps, and must see most of it."""
     from thresher.accounting import discrete_gaussian
-    from thresher.transforms import samplers
+    from thresher.transforms.randomness import samplers
     sigma, eps = 2.0, 1.0
     delta = discrete_gaussian.shift_delta(eps, sigma)
     run_d = lambda rng, n: samplers.discrete_gaussian(rng, sigma, n) + 1

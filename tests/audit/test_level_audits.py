@@ -2,9 +2,9 @@
 levels; quantiles: hierarchical levels), with one mutation each that the auditor catches.
 
 The trials run through the kinds' own kernels: the cells of each level come from
-``transforms.heavy_hitters.prefix_counts`` / ``transforms.quantiles.level_cells``
+``transforms.trees.heavy_hitters.prefix_counts`` / ``transforms.trees.quantiles.level_cells``
 on the neighbouring inputs D (with the user) and D' (without), and every trial's cells are
-released by ``transforms.sample_and_threshold.release_table`` (one call for all trials:
+released by ``transforms.selection.sample_and_threshold.release_table`` (one call for all trials:
 the trial index is a key column, so each (trial, cell) is an independent key) with the
 parameters ``accounting.sample_threshold.calibrate_levels`` gives the kind. The outcome
 code of a trial is the number and sum of its released sampled counts (ordered, for both
@@ -22,9 +22,9 @@ import pytest
 from thresher.accounting import sample_threshold as acc
 from tests.audit import auditor
 from tests.audit.scenarios import DELTA, EPSILON, Scenario
-from thresher.transforms.heavy_hitters import prefix_counts, user_prefix_counts
-from thresher.transforms.quantiles import level_cells
-from thresher.transforms.sample_and_threshold import release_table
+from thresher.transforms.trees.heavy_hitters import prefix_counts, user_prefix_counts
+from thresher.transforms.trees.quantiles import level_cells
+from thresher.transforms.selection.sample_and_threshold import release_table
 
 pytestmark = pytest.mark.audit
 

@@ -46,7 +46,7 @@ def test_release_rate_at_the_pre_threshold_matches_the_accounting(module, keys):
     probability 1 - beta^C (paper 004 Lemma 5.1), beta from the exact discrete CDF.
     Binomial test, false failure 1e-4."""
     from thresher.accounting import gshm, laplace_threshold
-    from thresher.transforms.noisy_threshold import noisy_threshold
+    from thresher.transforms.selection.noisy_threshold import noisy_threshold
     if module == "gshm":
         p = gshm.calibrate(1.0, 1e-3, keys)
         noise, scale = "gaussian", p.sigma

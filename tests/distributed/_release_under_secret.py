@@ -16,7 +16,7 @@ from thresher.pipelines.running import release  # noqa: E402
 
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.planning.plan import make_plan  # noqa: E402
-from thresher.transforms.keyed_random import KeyedSource  # noqa: E402
+from thresher.transforms.randomness.keyed_random import KeyedSource  # noqa: E402
 
 
 def main(argv):

@@ -26,7 +26,7 @@ def _shipped_state(obj, path, found, depth=0, seen=None):
     if id(obj) in seen or depth > 6:
         return
     seen.add(id(obj))
-    from thresher.transforms.samplers import SecureRandom
+    from thresher.transforms.randomness.samplers import SecureRandom
     if isinstance(obj, FORBIDDEN + (SecureRandom,)):
         found.append(f"{path}: {type(obj).__name__}")
         return

@@ -31,7 +31,7 @@ from thresher.pipelines.beam_yaml import ThresherRelease
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.transforms.keyed_random import KeyedSource
+from thresher.transforms.randomness.keyed_random import KeyedSource
 
 from .conftest import ROOT
 

@@ -43,7 +43,7 @@ from thresher.pipelines.running import engines
 
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.planning.plan import make_plan
-from thresher.transforms.keyed_random import KeyedSource
+from thresher.transforms.randomness.keyed_random import KeyedSource
 
 from .conftest import QUICKSTART, ROOT, quickstart_spec
 from .release_check import check_release

@@ -6,7 +6,7 @@ into its Runner API proto (which pickles every DoFn and CombineFn, as submission
 runner does). A fresh interpreter (``_unpickle_audit.py``) then unpickles each of them as
 an SDK worker would, checks that no random generator or open file travelled inside them,
 and calls ``setup()``. Every DoFn that draws must carry the release's keyed source
-(``transforms.keyed_random.KeyedSource``, built as ``thresher run`` builds it) and
+(``transforms.randomness.keyed_random.KeyedSource``, built as ``thresher run`` builds it) and
 create no generator of its own: its streams are derived per element on the worker. The multi-process and portable runs of test_runners.py execute the
 quickstart variant end to end; this audit covers the variants they do not run.
 """
@@ -85,7 +85,7 @@ def _build_proto(name, folder):
     files = spec_mod.input_files(spec.input)
     pipeline = beam.Pipeline()
     staging = os.path.join(folder, name.replace(":", "_"), "staging")
-    from thresher.transforms.keyed_random import PipelineSecret, building
+    from thresher.transforms.randomness.keyed_random import PipelineSecret, building
     with building(PipelineSecret.draw(pipeline)):    # as pipelines.running.release.run builds it
         build(pipeline, plan, files, io.check_input(spec.input, files), staging)
     return pipeline.to_runner_api().SerializeToString(), None
@@ -136,7 +136,7 @@ def test_shipped_functions_unpickle_in_a_fresh_process(verdicts, name):
     # (no secret in the graph) and made no generator of its own in setup() (no seeded or
     # per-worker stream to replay).
     assert verdict["rngs"], f"no randomised DoFn found among {verdict['dofns']}"
-    assert all(r.endswith("transforms.keyed_random.PipelineSecret (setup made NoneType)")
+    assert all(r.endswith("transforms.randomness.keyed_random.PipelineSecret (setup made NoneType)")
                for r in verdict["rngs"]), verdict["rngs"]
 
 
@@ -144,10 +144,10 @@ def test_audit_finds_a_generator_pickled_into_a_dofn(tmp_path):
     """The audit has teeth: a DoFn built with a numpy Generator in its state is reported."""
     import numpy as np
 
-    from thresher.transforms.noisy_threshold import release_table
-    from thresher.transforms.release_fn import ReleaseBatchFn
+    from thresher.transforms.selection.noisy_threshold import release_table
+    from thresher.transforms.selection.release_fn import ReleaseBatchFn
 
-    from thresher.transforms.keyed_random import PipelineSecret
+    from thresher.transforms.randomness.keyed_random import PipelineSecret
     fn = ReleaseBatchFn(release_table, PipelineSecret())   # no secret: it refuses to set up without one
     fn._carried = np.random.default_rng(0)  # what building an RNG in __init__ would ship
     pipeline = beam.Pipeline()

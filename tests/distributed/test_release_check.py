@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from thresher.transforms import samplers
+from thresher.transforms.randomness import samplers
 
 from .conftest import ROOT
 from .release_check import check_release, expected_counts

@@ -86,7 +86,7 @@ def test_portable_runner_on_local_job_service(quickstart, job_service, expected,
     with tarfile.open(staged[0]) as tar:
         names = {m.name.split("/", 1)[-1] for m in tar.getmembers()}
     assert {"setup.py", "src/thresher/__init__.py", "pipelines/kinds/gaussian.py",
-            "transforms/noisy_threshold.py", "accounting/gshm.py"} <= names
+            "transforms/selection/noisy_threshold.py", "accounting/gshm.py"} <= names
 
 
 def test_bundle_repeat_publishes_one_release(quickstart, expected, capsys):

@@ -11,9 +11,16 @@ with the installed ``thresher`` command on two worker processes, from a folder o
 the checkout and without PYTHONPATH, so nothing can be imported from the source tree.
 Slow: installing apache-beam and its dependencies into the venv takes ~40 s with a warm
 pip cache, a few minutes with a cold one.
+
+A second test installs the same staged sdist (pip, no dependencies: a worker's container
+already holds Beam) into a new venv that sees none of the checkout and none of this
+environment's thresher, and walks the installed package: every subpackage imports and
+every module of the checkout is there, so a subpackage ``setup.py`` leaves out fails it.
 """
 import glob
+import json
 import os
+import site
 import shutil
 import subprocess
 import sys
@@ -51,6 +58,45 @@ def _stage_setup_file(setup_file, staging):
         if role.staged_name == "workflow.tar.gz":
             return beam_runner_api_pb2.ArtifactFilePayload.FromString(artifact.type_payload).path
     raise AssertionError(f"Beam staged no workflow.tar.gz for --setup_file: {artifacts}")
+
+
+# Run by the installed venv's Python outside the checkout: walk the installed package
+# (importing every package on the way; an import error fails) and say where each is.
+WALK = """
+import importlib, json, pkgutil, sys
+import thresher
+def fail(name):
+    raise SystemExit(f"cannot import {name}: {sys.exc_info()[1]!r}")
+modules = ["thresher"] + [m.name for m in pkgutil.walk_packages(thresher.__path__, "thresher.", onerror=fail)]
+packages = {m: importlib.import_module(m).__file__ for m in modules if m == "thresher"
+            or hasattr(sys.modules.get(m), "__path__")}
+print(json.dumps({"modules": sorted(modules), "packages": packages}))
+"""
+
+
+def checkout_modules(root):
+    """The dotted module names the checkout's sources install as: src/thresher/*.py and
+    every module of the three folders (a package is its __init__)."""
+    found = set()
+    for folder, prefix in [(os.path.join("src", "thresher"), "thresher")] + [
+            (pkg, f"thresher.{pkg}") for pkg in PACKAGES]:
+        for path in glob.glob(os.path.join(root, folder, "**", "*.py"), recursive=True):
+            rel = os.path.relpath(path, os.path.join(root, folder))[:-3].replace(os.sep, ".")
+            found.add(f"{prefix}.{rel}".removesuffix(".__init__"))
+    return found
+
+
+def walk_installed(python, env, cwd, venv):
+    """The installed package walked by ``python``: its modules, each package imported from
+    the venv (never from a checkout)."""
+    done = subprocess.run([python, "-c", WALK], capture_output=True, text=True, env=env,
+                          cwd=str(cwd), timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    walked = json.loads(done.stdout.strip().splitlines()[-1])
+    outside = {m: f for m, f in walked["packages"].items()
+               if not os.path.realpath(f).startswith(os.path.realpath(venv))}
+    assert not outside, outside
+    return walked
 
 
 def _modules(root):
@@ -103,6 +149,8 @@ def test_setup_file_sdist_installs_into_clean_venv_and_runs_quickstart(tmp_path)
         capture_output=True, text=True, env=env, cwd=str(run_dir), timeout=120)
     assert where.returncode == 0, where.stderr[-2000:]
     assert where.stdout.strip().startswith(venv), where.stdout
+    walked = walk_installed(os.path.join(venv, "bin", "python"), env, run_dir, venv)
+    assert set(walked["modules"]) == checkout_modules(ROOT)
 
     done = subprocess.run(
         [os.path.join(venv, "bin", "thresher"), "run", "quickstart.yaml", "--",
@@ -120,3 +168,38 @@ def test_setup_file_sdist_installs_into_clean_venv_and_runs_quickstart(tmp_path)
         os.chdir(cwd)
     check_release(str(run_dir / "out" / "quickstart"), plan_report,
                   str(run_dir / "data" / "quickstart.parquet"))
+
+
+@pytest.mark.slow
+def test_setup_file_sdist_installs_every_subpackage(tmp_path):
+    """The sdist Beam stages for ``--setup_file``, pip-installed (no dependencies, no
+    index) into a new venv whose only other path is this environment's site-packages
+    (Beam, NumPy; its editable thresher is not activated: no .pth there is read), imports
+    every subpackage from the venv, and the installed modules are the checkout's."""
+    source = tmp_path / "checkout"
+    _copy_checkout(str(source))
+    os.makedirs(tmp_path / "staging")
+    tarball = _stage_setup_file(str(source / "setup.py"), str(tmp_path / "staging"))
+
+    venv = str(tmp_path / "venv")
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=300)
+    python = os.path.join(venv, "bin", "python")
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(purelib, "zz_dependencies.pth"), "w", encoding="utf-8") as f:
+        f.write("\n".join(site.getsitepackages()) + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    pip = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                          "--ignore-installed", tarball],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert pip.returncode == 0, pip.stderr[-4000:]
+
+    run_dir = tmp_path / "elsewhere"
+    os.makedirs(run_dir)
+    walked = walk_installed(python, env, run_dir, venv)
+    expected = checkout_modules(ROOT)
+    assert {"thresher.transforms.randomness", "thresher.pipelines.kinds"} <= expected
+    assert set(walked["modules"]) == expected
+    assert set(walked["packages"]) == {m for m in expected if os.path.isdir(
+        os.path.join(ROOT, *m.split(".")[1:])) or m == "thresher"}

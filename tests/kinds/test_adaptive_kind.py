@@ -19,9 +19,10 @@ from hypothesis import given, settings, strategies as st
 from thresher.accounting import adaptive as ad, discrete_gaussian, weighted_gaussian as wg
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.planning.plan import make_plan
-from thresher.transforms import adaptive_rounds as ar, keyed_random
-from thresher.transforms.user_shards import ShardByUser
-from thresher.transforms.weighted_threshold import WEIGHT_COLUMN, weighted_counts
+from thresher.transforms.selection import adaptive_rounds as ar
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.bounding.user_shards import ShardByUser
+from thresher.transforms.selection.weighted_threshold import WEIGHT_COLUMN, weighted_counts
 
 from tests.kinds.test_weighted_gaussian_kind import _data, _load, _records
 

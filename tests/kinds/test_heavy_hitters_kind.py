@@ -12,8 +12,8 @@ from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running.release import run
-from thresher.transforms.heavy_hitters import trie_heavy_hitters
-from thresher.transforms import keyed_random
+from thresher.transforms.trees.heavy_hitters import trie_heavy_hitters
+from thresher.transforms.randomness import keyed_random
 
 from .conftest import level_pair_delta
 

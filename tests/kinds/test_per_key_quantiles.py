@@ -15,8 +15,8 @@ import yaml
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running.release import run
-from thresher.transforms import keyed_random
-from thresher.transforms.public_cells import consistent_tree, key_quantiles, support_floor
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.trees.public_cells import consistent_tree, key_quantiles, support_floor
 
 
 def _brute_delta(epsilon, sigma, shifts):
@@ -132,8 +132,8 @@ def test_key_quantiles_interpolate_and_are_monotone():
 
 
 def test_bound_key_values_one_value_per_key_at_most_c_keys():
-    from thresher.transforms.key_value_bound import bound_key_values
-    from thresher.transforms.user_shards import USER_COLUMN
+    from thresher.transforms.bounding.key_value_bound import bound_key_values
+    from thresher.transforms.bounding.user_shards import USER_COLUMN
     rng = np.random.default_rng(2)
     n = 5000
     table = pa.table({USER_COLUMN: pa.array(rng.integers(0, 300, n).astype(str)),
@@ -183,7 +183,7 @@ def test_corpus_of_120_keys_big_keys_within_005_and_monotone(tmp_path):
 def test_binary_search_answers_are_rearranged_monotone():
     """The issue's US answer (0.25 -> 14.8, 0.5 -> 26.6, 0.75 -> 19.4) comes out sorted in
     rank; an unanswered search stays null."""
-    from thresher.transforms.quantile_release import search_answers
+    from thresher.transforms.trees.quantile_release import search_answers
     ranks = [0.25, 0.5, 0.75, 0.9]
     state = {(("us",), 0): (14.0, 15.6, True), (("us",), 1): (26.0, 27.2, True),
              (("us",), 2): (19.0, 19.8, True), (("us",), 3): (0.0, 100.0, False)}

@@ -18,10 +18,10 @@ from thresher.accounting import discrete_gaussian, weighted_gaussian as wg
 from thresher.pipelines.kinds import weighted_gaussian as kind
 from thresher.pipelines.planning.plan import make_plan
 from tests.kinds.test_weighted_gaussian_kind import _data, _load, _records, _spec
-from thresher.transforms import keyed_random
-from thresher.transforms.aggregate import SumCountsPerKey
-from thresher.transforms.user_shards import ShardByUser
-from thresher.transforms.weighted_threshold import WEIGHT_COLUMN, WeightedPerUserBound, weighted_counts
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.plumbing.aggregate import SumCountsPerKey
+from thresher.transforms.bounding.user_shards import ShardByUser
+from thresher.transforms.selection.weighted_threshold import WEIGHT_COLUMN, WeightedPerUserBound, weighted_counts
 
 
 def _sum_pmf(a, s):
@@ -144,7 +144,7 @@ def test_count_stage_is_accounted_at_min_of_bound_and_cap(bound, cap, counted):
 
 def _kernel_sums(pairs, bound, cap, seed=0):
     """Per-key (count, grid weight) through the kernel with the production randomness:
-    keyed per-user streams (transforms.keyed_random), so a user's choice of counted keys
+    keyed per-user streams (transforms.randomness.keyed_random), so a user's choice of counted keys
     depends on its own stream only, whoever else is in the shard."""
     if not pairs:
         return {}

@@ -15,10 +15,10 @@ from apache_beam.testing.util import assert_that, equal_to
 from thresher.accounting import discrete_gaussian, weighted_gaussian as wg
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.planning.plan import make_plan
-from thresher.transforms import keyed_random
-from thresher.transforms.aggregate import SumCountsPerKey
-from thresher.transforms.user_shards import ShardByUser
-from thresher.transforms.weighted_threshold import (WEIGHT_COLUMN, WeightedPerUserBound,
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.plumbing.aggregate import SumCountsPerKey
+from thresher.transforms.bounding.user_shards import ShardByUser
+from thresher.transforms.selection.weighted_threshold import (WEIGHT_COLUMN, WeightedPerUserBound,
                                            WeightedThreshold, user_weights)
 
 WORDS = [f"w{i}" for i in range(60)]
@@ -128,7 +128,7 @@ def test_l1_model_is_refused(tmp_path, cli):
 def _records(users_keys):
     """Prepared record batches (__user, __key, word), as the pipeline reads them."""
     from thresher.pipelines.dataio.io import prepare_batch
-    from thresher.transforms.user_identity import TEST_KEY   # public, tests only
+    from thresher.transforms.randomness.user_identity import TEST_KEY   # public, tests only
     table = pa.table({"user": pa.array([u for u, _ in users_keys], pa.string()),
                       "word": pa.array([k for _, k in users_keys], pa.string())})
     return prepare_batch(table, "user", ["word"], identity_key=TEST_KEY)[0]
@@ -197,8 +197,8 @@ def test_release_probability_curve_is_the_grid_tail():
 
 def _kernel_sums(pairs, bound, seed=0):
     """Per-key (count, summed grid weight) through the pipeline's own kernel
-    (transforms.weighted_threshold.weighted_counts) on one shard of whole users."""
-    from thresher.transforms.weighted_threshold import weighted_counts
+    (transforms.selection.weighted_threshold.weighted_counts) on one shard of whole users."""
+    from thresher.transforms.selection.weighted_threshold import weighted_counts
     if not pairs:
         return {}
     out = weighted_counts(_records(pairs), ["word"], bound, np.random.default_rng(seed), 1024)
@@ -241,7 +241,7 @@ def test_release_rate_at_the_pre_threshold_matches_the_accounting():
     Gaussian CDF (the delta-carrying term of the accounting). 4e5 runs; binomial test,
     false failure probability 1e-4."""
     from scipy import stats
-    from thresher.transforms.weighted_threshold import weighted_threshold
+    from thresher.transforms.selection.weighted_threshold import weighted_threshold
     p = wg.calibrate(1.0, 1e-3, 4, count_epsilon=0.5, count_delta=5e-4)
     q = wg.grid_weight(4)
     n = 400_000

@@ -13,7 +13,7 @@ from thresher.pipelines.cli import main
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running.release import run
-from thresher.transforms import keyed_random
+from thresher.transforms.randomness import keyed_random
 
 CLIP = [0.0, 200.0]
 AGGREGATES = [{"column": "amount", "statistic": "sum", "clip": CLIP},

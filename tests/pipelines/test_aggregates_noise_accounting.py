@@ -1,6 +1,6 @@
 """The sum noise the aggregates' accounting assumes is the noise the release draws
 (issue 25 F5): the sigma each sum column's accounting used is tied to samples drawn by the
-release's own sampler (``transforms.aggregate_values.sum_noise``), and the release's delta
+release's own sampler (``transforms.values.aggregate_values.sum_noise``), and the release's delta
 is recomputed independently from that drawn sigma (dp_accounting's privacy loss
 distributions for the shift, a brute-force pmf sum for the threshold) and must not exceed
 the delta the plan reports. Mutation killed: the accounting assuming twice the sum noise
@@ -12,7 +12,7 @@ import pytest
 
 from thresher.accounting import gshm
 from thresher.pipelines.planning.plan import make_plan
-from thresher.transforms.aggregate_values import sum_noise
+from thresher.transforms.values.aggregate_values import sum_noise
 
 from . import conftest
 from .test_aggregates import _data, _spec

@@ -131,8 +131,8 @@ def test_kinds_declare_the_output_columns_of_their_transforms():
     """sample_and_threshold and weighted_sampling write their transforms' OUTPUT_COLUMNS
     out (importing the transforms would import Beam): they must stay the same."""
     from thresher.pipelines.kinds import sample_and_threshold, weighted_sampling
-    from thresher.transforms import sample_and_threshold as sat_transform
-    from thresher.transforms import sanitize_sample
+    from thresher.transforms.selection import sample_and_threshold as sat_transform
+    from thresher.transforms.selection import sanitize_sample
     assert sample_and_threshold.OUTPUT_COLUMNS == sat_transform.OUTPUT_COLUMNS
     assert weighted_sampling.OUTPUT_COLUMNS == sanitize_sample.OUTPUT_COLUMNS
     assert all(isinstance(t, pa.DataType) for t in sample_and_threshold.OUTPUT_COLUMNS.values())

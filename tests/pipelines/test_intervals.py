@@ -12,7 +12,7 @@ from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running.release import run
-from thresher.transforms import keyed_random
+from thresher.transforms.randomness import keyed_random
 
 AGGREGATES = [{"column": "amount", "statistic": "sum", "clip": [0.0, 100.0]},
               {"column": "amount", "statistic": "mean", "clip": [0.0, 100.0]}]
@@ -121,7 +121,7 @@ _MAX_CORRELATION = 0.12
 
 
 def test_sum_noise_is_independent_of_the_count_noise_that_selected_the_key():
-    from thresher.transforms.aggregate_values import release_with_aggregates
+    from thresher.transforms.values.aggregate_values import release_with_aggregates
     n_keys, true_count = 4000, 45
     table, rng = _streams(n_keys)
     table = table.append_column("count", pa.array(np.full(n_keys, true_count, dtype=np.int64)))
@@ -139,8 +139,8 @@ def test_sum_noise_is_independent_of_the_count_noise_that_selected_the_key():
 
 
 def test_weighted_gaussian_count_noise_is_independent_of_the_selection_noise():
-    from thresher.transforms import samplers
-    from thresher.transforms.weighted_threshold import weighted_threshold
+    from thresher.transforms.randomness import samplers
+    from thresher.transforms.selection.weighted_threshold import weighted_threshold
     n_keys, sigma_grid, threshold = 4000, 300.0, 1000
     _, rng = _streams(n_keys)
     weights = np.full(n_keys, 1100, dtype=np.int64)
@@ -158,7 +158,7 @@ def test_weighted_gaussian_count_noise_is_independent_of_the_selection_noise():
 def test_adaptive_count_noise_has_a_stage_of_its_own(write_spec, tmp_path, monkeypatch):
     """The adaptive count stage draws from streams keyed by its own stage label, never a
     round's: its noise is independent of every selection draw."""
-    from thresher.transforms import release_fn
+    from thresher.transforms.selection import release_fn
     stages = []
     original = release_fn.ReleaseBatchFn.__init__
 

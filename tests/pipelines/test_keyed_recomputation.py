@@ -1,4 +1,4 @@
-"""Randomness that survives recomputation (transforms/keyed_random.py), end to end.
+"""Randomness that survives recomputation (transforms/randomness/keyed_random.py), end to end.
 
 A release draws every value from its secret and the identity of what is drawn, so
 (a) the same spec run twice under one secret publishes the same bytes; (b) re-running
@@ -28,10 +28,10 @@ from thresher.pipelines.running import release
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.planning.plan import make_plan
 from tests.transforms.test_choose_contribution_bound import _choose, _records
-from thresher.transforms import keyed_random
-from thresher.transforms.noisy_threshold import release_table as noisy_release
-from thresher.transforms.release_fn import ReleaseBatchFn
-from thresher.transforms.sample_and_threshold import release_table as sample_release
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.selection.noisy_threshold import release_table as noisy_release
+from thresher.transforms.selection.release_fn import ReleaseBatchFn
+from thresher.transforms.selection.sample_and_threshold import release_table as sample_release
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(ROOT, "configs", "examples", "quickstart.yaml")

@@ -1,4 +1,4 @@
-"""Pre-reduction of a user's rows before the shuffle (transforms/prereduce.py; issue 30 D15).
+"""Pre-reduction of a user's rows before the shuffle (transforms/bounding/prereduce.py; issue 30 D15).
 
 Fixed-bound l0 bounding keeps each user's first C keys in one total order of the user's
 exact keys, so rows outside a user's C smallest hashes in a batch can be dropped before
@@ -29,12 +29,13 @@ from thresher.pipelines.running import release
 from thresher.pipelines.dataio import io as pio
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.transforms import keyed_random, user_shards
-from thresher.transforms.per_user_bound import bound_table_l0
-from thresher.transforms import prereduce
-from thresher.transforms.prereduce import PreReduceL0, heavy_user_rows, prereduce_l0
-from thresher.transforms.user_shards import exact_users
-from thresher.transforms.user_identity import TEST_KEY
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.bounding import user_shards
+from thresher.transforms.bounding.per_user_bound import bound_table_l0
+from thresher.transforms.bounding import prereduce
+from thresher.transforms.bounding.prereduce import PreReduceL0, heavy_user_rows, prereduce_l0
+from thresher.transforms.bounding.user_shards import exact_users
+from thresher.transforms.randomness.user_identity import TEST_KEY
 from tests.privacy.collisions import colliding_pair
 
 SECRET = b"test-only secret: prereduce D15."
@@ -168,7 +169,7 @@ def test_the_decision_reads_only_heavy_users_and_skips_tables_that_do_not_pay(mo
 def test_every_row_passes_the_step_once_and_bounds_to_the_same_keys(tmp_path, monkeypatch):
     import apache_beam as beam
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-    from thresher.transforms import spill
+    from thresher.transforms.plumbing import spill
     prepared, _ = pio.prepare_batch(_records(), "user_id", ["word"], identity_key=TEST_KEY)
     batches = [prepared.slice(start, 500) for start in range(0, prepared.num_rows, 500)]
     monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 100)   # tables of ~2,000 rows here

@@ -15,7 +15,7 @@ from thresher.pipelines.cli import main
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running.release import run
-from thresher.transforms import keyed_random
+from thresher.transforms.randomness import keyed_random
 
 
 def _domain_file(tmp_path, small_parquet, n_present=40, absent=("zz-absent-1", "zz-absent-2"),
@@ -372,7 +372,7 @@ def test_the_graph_holds_a_large_domain_once_packed(write_spec, small_parquet, t
     keys). Now one packed copy (zstd Arrow IPC) feeds all three."""
     import apache_beam as beam
     from thresher.pipelines.running import release
-    from thresher.transforms import public_domain
+    from thresher.transforms.selection import public_domain
     words = [f"domain key {i:07d}" for i in range(100_000)]
     path = tmp_path / "big.parquet"
     pq.write_table(pa.table({"word": words}), path)

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from thresher.pipelines.dataio import io as pio
-from thresher.transforms.user_identity import TEST_KEY
+from thresher.transforms.randomness.user_identity import TEST_KEY
 
 
 def _table(binary=False):

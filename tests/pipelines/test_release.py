@@ -17,7 +17,7 @@ from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running.release import run
-from thresher.transforms import keyed_random
+from thresher.transforms.randomness import keyed_random
 
 from .conftest import ROOT
 

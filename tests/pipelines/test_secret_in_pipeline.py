@@ -1,5 +1,5 @@
 """The release secret is drawn inside the pipeline (issue 25 F4): a materialised singleton
-side input (transforms.keyed_random.PipelineSecret), never carried in the pipeline graph.
+side input (transforms.randomness.keyed_random.PipelineSecret), never carried in the pipeline graph.
 The production path runs through the real CLI with ``keyed_random.new_secret`` tapped to
 return a recognisable pattern; the serialised graph (``Pipeline.to_runner_api()`` bytes,
 what a runner stages: Dataflow's pipeline.pb, a job server's artifacts, a Flink jar) is
@@ -16,7 +16,7 @@ import apache_beam as beam
 import pytest
 
 from thresher.pipelines import cli
-from thresher.transforms import keyed_random
+from thresher.transforms.randomness import keyed_random
 
 PATTERN = bytes(range(0x41, 0x41 + 32))          # b"ABCD...": 32 recognisable bytes
 

@@ -20,7 +20,8 @@ from thresher.pipelines.running import release
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.planning.plan import make_plan
 from tests.privacy import harness
-from thresher.transforms import keyed_random, spill
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.plumbing import spill
 
 SECRET = b"test-only release secret: 32 B.."
 

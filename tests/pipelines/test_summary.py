@@ -13,7 +13,7 @@ import pytest
 
 from thresher.pipelines.reports import summary
 from thresher.pipelines.cli import main
-from thresher.transforms import keyed_random
+from thresher.transforms.randomness import keyed_random
 
 from .conftest import ROOT
 

@@ -25,7 +25,7 @@ from thresher.pipelines.dataio import io as pio
 from thresher.pipelines.running import release
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.planning.plan import make_plan
-from thresher.transforms import keyed_random
+from thresher.transforms.randomness import keyed_random
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SECRET = b"test-only release secret: 32 B.."

@@ -12,7 +12,7 @@ from thresher.pipelines.errors import SpecError
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running.release import run
 from tests.accounting.test_aggregates import _brute_force
-from thresher.transforms import keyed_random
+from thresher.transforms.randomness import keyed_random
 
 CLIP = [0.0, 100.0]
 SPREAD = [{"column": "amount", "statistic": "variance", "clip": CLIP},

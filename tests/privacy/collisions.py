@@ -1,4 +1,4 @@
-"""Ids that collide under the public 64-bit hash of transforms/hashing.py (test helper).
+"""Ids that collide under the public 64-bit hash of transforms/randomness/hashing.py (test helper).
 
 The polynomial hash sum_k b_k P**k mod 2**64 of a length-2048 Thue-Morse word over
 {a, b} equals its complement's for any odd base P (the Prouhet-Tarry-Escott property
@@ -8,8 +8,8 @@ were what made the old user keying re-encode a shard by rank (issue 25, F1)."""
 import numpy as np
 import pyarrow as pa
 
-from thresher.transforms.hashing import hash_array
-from thresher.transforms.user_shards import user_shard_of
+from thresher.transforms.randomness.hashing import hash_array
+from thresher.transforms.bounding.user_shards import user_shard_of
 
 _TM = "".join("ab"[bin(i).count("1") % 2] for i in range(2048))
 _TM_COMPLEMENT = _TM.translate(str.maketrans("ab", "ba"))

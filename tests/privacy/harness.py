@@ -56,8 +56,8 @@ def dataset(n_users=1333, seed=0, id_prefix="u"):
 def first_in_shard_zero_id(table, num_shards=4):
     """A new user id whose public hash sorts first in user shard 0 (before every user of
     ``table``): under the old first-appearance order its keys moved to the file's head."""
-    from thresher.transforms.hashing import hash_array
-    from thresher.transforms.user_shards import user_shard_of
+    from thresher.transforms.randomness.hashing import hash_array
+    from thresher.transforms.bounding.user_shards import user_shard_of
     existing = hash_array(table.column("user_id"))
     low = int(existing[user_shard_of(existing, num_shards) == 0].min())
     for i in range(200000):
@@ -111,7 +111,7 @@ def release(folder, table, spec, monkeypatch, *, seed=7, rows_per_shard=None,
             batch_rows=None, coalesce_rows=None, row_group_size=500):
     """Run ``thresher run spec.yaml`` in ``folder`` on ``table``; returns the output folder."""
     from thresher.pipelines.dataio import io as pio
-    from thresher.transforms import samplers
+    from thresher.transforms.randomness import samplers
     os.makedirs(folder, exist_ok=True)
     pq.write_table(table, os.path.join(folder, "data.parquet"), row_group_size=row_group_size)
     with open(os.path.join(folder, "domain.csv"), "w", encoding="utf-8") as handle:
@@ -119,9 +119,9 @@ def release(folder, table, spec, monkeypatch, *, seed=7, rows_per_shard=None,
     with open(os.path.join(folder, "spec.yaml"), "w", encoding="utf-8") as handle:
         yaml.safe_dump(spec, handle, sort_keys=True)
     monkeypatch.setattr(samplers, "secure_random", lambda: np.random.default_rng(seed))
-    # The release secret (transforms.keyed_random) is drawn per run: both neighbours get
+    # The release secret (transforms.randomness.keyed_random) is drawn per run: both neighbours get
     # the same one, so what differs between their outputs is the data, not the noise.
-    from thresher.transforms import keyed_random
+    from thresher.transforms.randomness import keyed_random
     monkeypatch.setattr(keyed_random, "new_secret",
                         lambda: seed.to_bytes(4, "little") * (keyed_random.SECRET_BYTES // 4))
     if rows_per_shard is not None:
@@ -129,7 +129,7 @@ def release(folder, table, spec, monkeypatch, *, seed=7, rows_per_shard=None,
     if batch_rows is not None:
         monkeypatch.setattr(pio, "BATCH_ROWS", batch_rows)
     if coalesce_rows is not None:
-        from thresher.transforms import user_shards
+        from thresher.transforms.bounding import user_shards
         monkeypatch.setattr(user_shards, "COALESCE_ROWS", coalesce_rows)
     with _cwd(folder):
         code, _, err = run_cli("run", "spec.yaml")

@@ -20,12 +20,12 @@ from thresher.accounting.aggregates import fixed_point_grid
 from thresher.pipelines.dataio import io as pio
 from tests.privacy import harness
 from tests.privacy.collisions import colliding_pair
-from thresher.transforms import keyed_random
-from thresher.transforms.aggregate_values import bound_with_values
-from thresher.transforms.per_user_bound import bound_table_l0, users_with_colliding_keys
-from thresher.transforms.user_shards import exact_users
-from thresher.transforms.weighted_threshold import WEIGHT_COLUMN, weighted_counts
-from thresher.transforms.user_identity import TEST_KEY
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.values.aggregate_values import bound_with_values
+from thresher.transforms.bounding.per_user_bound import bound_table_l0, users_with_colliding_keys
+from thresher.transforms.bounding.user_shards import exact_users
+from thresher.transforms.selection.weighted_threshold import WEIGHT_COLUMN, weighted_counts
+from thresher.transforms.randomness.user_identity import TEST_KEY
 
 SECRET = b"test-only secret: collision choice"
 BOUND = 2

@@ -1,7 +1,7 @@
 """Users and keys are identified exactly, even when their public hashes collide
 (issue 13, item 3; issue 25, F1). Colliding ids are crafted with Thue-Morse strings
 (tests/privacy/collisions.py). Users are identified by a secret-keyed 128-bit PRF of
-their id computed at read time (transforms/user_identity.py), never by the public hash."""
+their id computed at read time (transforms/randomness/user_identity.py), never by the public hash."""
 import os
 
 import numpy as np
@@ -11,12 +11,12 @@ import pytest
 from thresher.errors import ThresherError
 from thresher.pipelines.dataio import io as pio
 from tests.privacy.collisions import colliding_pair
-from thresher.transforms import keyed_random, user_identity
-from thresher.transforms.hashing import hash_array
-from thresher.transforms.per_user_bound import bound_table_l0
-from thresher.transforms.user_shards import (
+from thresher.transforms.randomness import keyed_random, user_identity
+from thresher.transforms.randomness.hashing import hash_array
+from thresher.transforms.bounding.per_user_bound import bound_table_l0
+from thresher.transforms.bounding.user_shards import (
     USER_HIGH_COLUMN, USER_LOW_COLUMN, exact_users, user_identity_columns)
-from thresher.transforms.user_identity import TEST_KEY
+from thresher.transforms.randomness.user_identity import TEST_KEY
 from tests.robustness.conftest import diagnostics, run_cli, write_parquet, write_spec
 
 SECRET = b"test-only secret for identities.."
@@ -191,7 +191,7 @@ def test_colliding_keys_stay_two_keys_and_the_choice_is_uniform(other_rows_first
 
 
 def test_adaptive_never_outputs_a_key_colliding_with_a_released_one():
-    """Adaptive kind (transforms.adaptive_rounds) on the FnApiRunner: 50 users hold K1,
+    """Adaptive kind (transforms.selection.adaptive_rounds) on the FnApiRunner: 50 users hold K1,
     one victim holds only K2, whose public hash equals K1's. Both rounds' thresholds (10
     users' weight) release K1 and not K2 (the noise is sigma = 1e-3 grid units, so a
     draw of magnitude >= 1 has probability < 1e-100). The count stage must count only
@@ -200,8 +200,8 @@ def test_adaptive_never_outputs_a_key_colliding_with_a_released_one():
     import apache_beam as beam
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
     from apache_beam.testing.util import assert_that, equal_to
-    from thresher.transforms import adaptive_rounds as ar
-    from thresher.transforms.user_shards import ShardByUser
+    from thresher.transforms.selection import adaptive_rounds as ar
+    from thresher.transforms.bounding.user_shards import ShardByUser
     from tests.kinds.test_weighted_gaussian_kind import _records
 
     k1, k2 = colliding_pair("key")
@@ -335,8 +335,8 @@ def test_only_named_test_sources_get_the_public_identity_key():
     """An object that merely claims ``public_test_identity`` (a Mock, a user's class) is
     not the test source: refused like any source without a secret."""
     from thresher.errors import ThresherError
-    from thresher.transforms.keyed_random import seeded_for_tests
-    from thresher.transforms.user_identity import TEST_KEY, identity_key
+    from thresher.transforms.randomness.keyed_random import seeded_for_tests
+    from thresher.transforms.randomness.user_identity import TEST_KEY, identity_key
 
     class Claims:
         public_test_identity = True

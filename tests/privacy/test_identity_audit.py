@@ -16,7 +16,7 @@ about 2m + 2 sigma^2 when users choose independently and 4m + 2 sigma^2 when cou
 Through the real CLI (CSV input: 4 user shards), gaussian, eps = 1, delta = 1e-6, C = 1,
 a fresh release secret per run (``release.run`` draws it), ``RUNS`` runs with u and
 ``RUNS`` without. The event is {T > tau}, tau = 3m + 2 sigma^2 (sigma from the report).
-With the secret-keyed identity (transforms/user_identity.py) users choose independently
+With the secret-keyed identity (transforms/randomness/user_identity.py) users choose independently
 on both sides; under the old keying the event happened in every run with u and in none
 without (checked with the old keying restored: this test fails with events {with u: 10,
 without: 0}; e.g. T = 229, 227, 248 with u and 137, 122, 145 without, tau = 185.8).

@@ -1,4 +1,4 @@
-"""Per-key quantiles' bounding (``transforms.key_value_bound``) keys its per-user streams
+"""Per-key quantiles' bounding (``transforms.bounding.key_value_bound``) keys its per-user streams
 by the user's identity words, never by the grouping code ``exact_users`` puts in
 ``__user`` when two users of a shard share identity word 0 (that code is a rank among the
 shard's users, so it depends on who else is there). Tables are built by hand with the
@@ -6,9 +6,9 @@ identity columns, the collision of word 0 made on purpose (in a release it is ac
 about U^2 / 2^65 for U users, and cannot be crafted without the secret)."""
 import pyarrow as pa
 
-from thresher.transforms import keyed_random
-from thresher.transforms.key_value_bound import bound_key_values
-from thresher.transforms.user_shards import exact_users
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.bounding.key_value_bound import bound_key_values
+from thresher.transforms.bounding.user_shards import exact_users
 
 SOURCE = keyed_random.KeyedSource(b"test-only secret: key-value bound")
 

@@ -1,4 +1,4 @@
-"""One secret per run, or the run fails (issue 36 P2; transforms/secret_commitment.py).
+"""One secret per run, or the run fails (issue 36 P2; transforms/randomness/secret_commitment.py).
 
 A runner that recomputes the secret's stage (Flink's rebalance for Reshuffle, Spark's
 lineage) could give two consumers two secrets: one user, two identities, a bound of 2C.
@@ -15,7 +15,7 @@ import apache_beam as beam
 import pyarrow.parquet as pq
 import pytest
 
-from thresher.transforms import keyed_random, secret_commitment
+from thresher.transforms.randomness import keyed_random, secret_commitment
 from tests.robustness.conftest import (assert_clean_error, assert_nothing_published, run_cli,
                                        words_table, write_spec)
 
@@ -135,7 +135,7 @@ def test_the_check_itself():
 
 def test_a_stage_reading_the_secret_after_the_publisher_is_refused_when_built():
     """The publisher is added last; a secret reader added after it would go unchecked."""
-    from thresher.transforms.noisy_threshold import NoisyThreshold
+    from thresher.transforms.selection.noisy_threshold import NoisyThreshold
     pipeline = beam.Pipeline(runner="FnApiRunner")
     secret = keyed_random.PipelineSecret.draw(pipeline)
     params = {"noise": "laplace", "scale": 1.0, "pre_threshold": 0, "threshold": 1.0}

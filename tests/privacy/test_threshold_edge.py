@@ -23,7 +23,7 @@ from thresher.accounting import adaptive as ad
 from thresher.accounting.sample_threshold import core, pld
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.transforms import samplers
+from thresher.transforms.randomness import samplers
 
 EPS = 1.0
 
@@ -80,7 +80,7 @@ def _laplace_support(scale):
 
 
 def _noisy_threshold_release(monkeypatch, noise, scale, tau, threshold, x, p, shared=None):
-    from thresher.transforms.noisy_threshold import noisy_threshold
+    from thresher.transforms.selection.noisy_threshold import noisy_threshold
     name = "discrete_laplace" if noise == "laplace" else "discrete_gaussian"
     monkeypatch.setattr(samplers, name, _Fixed(x))
     keep, values = noisy_threshold(np.full(x.size, tau), noise=noise, scale=scale,
@@ -131,7 +131,7 @@ def test_correlated_edge(monkeypatch):
 
 
 def test_weighted_gaussian_edge(monkeypatch):
-    from thresher.transforms import weighted_threshold as wt
+    from thresher.transforms.selection import weighted_threshold as wt
     params, _ = _plan({"kind": "weighted_gaussian"})
     args = wt.kernel_arguments(params)
     sd, threshold = args["sigma_grid"], args["threshold_grid"]
@@ -151,7 +151,7 @@ def test_adaptive_edge(monkeypatch):
 
 
 def _adaptive_round_edge(monkeypatch, params):
-    from thresher.transforms import adaptive_rounds as ar
+    from thresher.transforms.selection import adaptive_rounds as ar
     first = params["rounds"][0]
     sd = float(first["sigma"]) * int(params["scale"])
     threshold = int(first["threshold_grid"])
@@ -172,7 +172,7 @@ def _adaptive_round_edge(monkeypatch, params):
 
 
 def _sampled_release(monkeypatch, p_rate, tau):
-    from thresher.transforms.sample_and_threshold import sample_and_threshold
+    from thresher.transforms.selection.sample_and_threshold import sample_and_threshold
     from scipy import stats
     v = np.arange(0, tau + 1)
     monkeypatch.setattr(samplers, "binomial", _Fixed(v))
@@ -231,7 +231,7 @@ def test_quantiles_key_selection_edge(monkeypatch):
 
 
 def test_public_cells_edge():
-    from thresher.transforms import public_cells as pc
+    from thresher.transforms.trees import public_cells as pc
     branching, levels = 2, 2
     zero = [np.zeros(branching ** l) for l in range(1, levels + 1)]
     one = [np.array([1.0, 0.0]), np.array([1.0, 0.0, 0.0, 0.0])]

@@ -42,15 +42,15 @@ from thresher.accounting import contribution_bound
 from thresher.accounting.aggregates import fixed_point_grid
 from thresher.pipelines.dataio import io as pio
 from tests.privacy.collisions import colliding_pair, pairs_covering_shards
-from thresher.transforms import keyed_random
-from thresher.transforms.adaptive_rounds import _FilterFn
-from thresher.transforms.aggregate import SumCountsPerKey
-from thresher.transforms.aggregate_values import PerUserBoundWithValues
-from thresher.transforms.per_user_bound import PerUserBound
-from thresher.transforms.rand_clip import RandClip
-from thresher.transforms.scored_bound import ScoredPerUserBound
-from thresher.transforms.user_shards import ShardByUser
-from thresher.transforms.weighted_threshold import WeightedPerUserBound
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.selection.adaptive_rounds import _FilterFn
+from thresher.transforms.plumbing.aggregate import SumCountsPerKey
+from thresher.transforms.values.aggregate_values import PerUserBoundWithValues
+from thresher.transforms.bounding.per_user_bound import PerUserBound
+from thresher.transforms.bounding.rand_clip import RandClip
+from thresher.transforms.bounding.scored_bound import ScoredPerUserBound
+from thresher.transforms.bounding.user_shards import ShardByUser
+from thresher.transforms.selection.weighted_threshold import WeightedPerUserBound
 
 SECRET = b"test-only secret: user independence (F1)"
 KEYS = ["word"]

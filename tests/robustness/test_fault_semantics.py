@@ -46,8 +46,8 @@ def test_replayed_bundles_give_one_consistent_release(tmp_path, kind):
     _consistent(output)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("thresher.transforms.choose_contribution_bound") is None,
-                    reason="transforms/choose_contribution_bound.py does not exist yet")
+@pytest.mark.skipif(importlib.util.find_spec("thresher.transforms.bounding.choose_contribution_bound") is None,
+                    reason="transforms/bounding/choose_contribution_bound.py does not exist yet")
 def test_replayed_bundles_choose_one_bound(tmp_path):
     data = write_parquet(tmp_path / "in.parquet", words_table(n_users=5000))
     spec, output = write_spec(tmp_path, data, max_keys_per_user="auto")

@@ -4,7 +4,7 @@ With ``max_keys_per_user: auto``, ``bounding.model: l1``, ``kind: adaptive``,
 ``aggregates``, ``quantiles`` or ``heavy_hitters`` (review F2: these two shuffled users
 without the check), every row of a user meets in one element of the user shuffle: one user
 with 1e7 rows took 1.6-5.5 GB in process. Each consumer of the shuffle now counts a
-shard's rows per user before concatenating it (``transforms.user_shards.
+shard's rows per user before concatenating it (``transforms.bounding.user_shards.
 check_user_rows``) and refuses a user above ``MAX_USER_ROWS``: exit 2, a message naming
 the setting, nothing published. A fixed l0 bound pre-reduces the user instead and
 releases. The refusal never says the user's count, and the run keeps its ledger charge
@@ -22,7 +22,7 @@ import yaml
 from thresher.pipelines import cli
 from thresher.pipelines.running import release
 from thresher.pipelines.ledgers import ledger
-from thresher.transforms import prereduce
+from thresher.transforms.bounding import prereduce
 
 HEAVY_ROWS = 2000
 

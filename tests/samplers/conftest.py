@@ -1,7 +1,7 @@
 """Fixtures shared by the sampler tests."""
 import pytest
 
-from thresher.transforms import samplers
+from thresher.transforms.randomness import samplers
 
 
 @pytest.fixture

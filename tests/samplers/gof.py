@@ -2,7 +2,7 @@
 
 The reference pmfs here are written from the distributions' definitions with plain
 float64 arithmetic and direct normalisation, independently of the certified integer
-arithmetic in transforms/samplers.py; at 10**6 draws their rounding (about 1e-16
+arithmetic in transforms/randomness/samplers.py; at 10**6 draws their rounding (about 1e-16
 relative) is far below what a chi-square test can see.
 """
 import numpy as np

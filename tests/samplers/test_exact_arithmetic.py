@@ -9,7 +9,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from thresher.transforms import samplers
+from thresher.transforms.randomness import samplers
 
 
 

@@ -1,4 +1,4 @@
-"""The exact samplers fed by keyed per-row streams (transforms/keyed_random.py).
+"""The exact samplers fed by keyed per-row streams (transforms/randomness/keyed_random.py).
 
 Two things are checked: (1) the laws stay exact -- the same chi-square tests as
 test_pmf.py, now over words drawn from the keyed streams (AES-256 CBC-MAC,
@@ -20,7 +20,7 @@ import pytest
 from scipy import stats
 
 from tests.samplers import gof
-from thresher.transforms import keyed_random, samplers
+from thresher.transforms.randomness import keyed_random, samplers
 
 N = 200_000
 SECRET = b"test-only secret, never in production"

@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from tests.samplers import gof
-from thresher.transforms import samplers
+from thresher.transforms.randomness import samplers
 
 N = 10**6
 

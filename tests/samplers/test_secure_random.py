@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from tests.samplers import gof
-from thresher.transforms import samplers
+from thresher.transforms.randomness import samplers
 
 ALPHA_UNSEEDED = 1e-9
 

@@ -1,12 +1,12 @@
-"""transforms.aggregate_values: value preparation, per-(user, key) totals, clamping on the
+"""transforms.values.aggregate_values: value preparation, per-(user, key) totals, clamping on the
 grid, bounding, and the release kernel."""
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from thresher.accounting.aggregates import fixed_point_grid
-from thresher.transforms import aggregate_values as av
-from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.transforms.values import aggregate_values as av
+from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 
 def test_prepare_values_drops_nan_inf_null_and_non_numbers():

@@ -8,8 +8,8 @@ import collections
 import numpy as np
 import pytest
 
-from thresher.transforms import per_user_bound
-from thresher.transforms.hashing import mix64
+from thresher.transforms.bounding import per_user_bound
+from thresher.transforms.randomness.hashing import mix64
 
 
 def _reference(users, keys, bound, seed, mixer):

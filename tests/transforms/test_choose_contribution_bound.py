@@ -1,4 +1,4 @@
-"""Tests of transforms.choose_contribution_bound on Beam's FnApiRunner.
+"""Tests of transforms.bounding.choose_contribution_bound on Beam's FnApiRunner.
 
 The Beam stage's integer score sums are checked to equal, exactly, the one-process
 reference ``accounting.contribution_bound.exact_score_sums`` on the same records (and to
@@ -16,8 +16,8 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 
 from thresher.accounting import contribution_bound as cb
-from thresher.transforms import keyed_random
-from thresher.transforms.choose_contribution_bound import (
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.bounding.choose_contribution_bound import (
     ChooseContributionBound, ContributionBoundSums, key_shards, table_statistics)
 
 _CANDIDATES = (1, 2, 4, 8, 16)
@@ -99,7 +99,7 @@ def test_key_shards_depend_only_on_the_key_values():
 
 def test_pipeline_shaped_input_uint64_user_hash_and_key_hash():
     """The reader's tables: __user a uint64 hash, __key the key hash, key columns."""
-    from thresher.transforms.hashing import hash_array, hash_columns
+    from thresher.transforms.randomness.hashing import hash_array, hash_columns
     tables, users, keys = _records(seed=2, n_tables=3, rows=800)
     shaped = []
     for t in tables:
@@ -122,7 +122,7 @@ def test_pipeline_shaped_input_uint64_user_hash_and_key_hash():
 def test_table_statistics_partials_cover_each_key_once_per_table():
     """Partials carry the key hash ``__key`` (no key strings): every distinct key of the
     table appears exactly once, in the shard key_shards gives it."""
-    from thresher.transforms.hashing import hash_columns
+    from thresher.transforms.randomness.hashing import hash_columns
     tables, _, _ = _records(n_tables=1)
     score = _scores()[0]
     _, partials = table_statistics(tables[0], ["word", "bucket"], score, num_key_shards=4)

@@ -9,8 +9,8 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 
 from thresher.accounting import discrete_gaussian as dg
-from thresher.transforms import keyed_random, samplers
-from thresher.transforms.noisy_threshold import NoisyThreshold, noisy_threshold, shared_component
+from thresher.transforms.randomness import keyed_random, samplers
+from thresher.transforms.selection.noisy_threshold import NoisyThreshold, noisy_threshold, shared_component
 
 SIGMA, SHARED = 3.0, 40.0
 PARAMS = {"noise": "correlated", "sigma": SIGMA, "shared_sigma": SHARED, "pre_threshold": 1,

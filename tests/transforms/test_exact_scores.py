@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from thresher.accounting import contribution_bound as cb
 from thresher.accounting import exact_scores
 from tests.accounting.score_fixtures import CANDIDATES, MAX_BOUND, score_params
-from thresher.transforms import choose_contribution_bound as ccb
+from thresher.transforms.bounding import choose_contribution_bound as ccb
 
 
 def _users(seed=11, n_users=900, rows=12_000):
@@ -251,8 +251,8 @@ def test_clip_statistic_is_the_same_for_any_order_of_the_user_shards():
     the same scores. (With float weights summed across shards the orders differed in the
     last bits.)"""
     from thresher.accounting import aggregates as acc
-    from thresher.transforms.choose_clip import shard_statistic
-    from thresher.transforms.hashing import hash_columns
+    from thresher.transforms.values.choose_clip import shard_statistic
+    from thresher.transforms.randomness.hashing import hash_columns
     rng = np.random.default_rng(21)
     rows = 20_000
     users = rng.integers(0, 3_000, rows)

@@ -1,5 +1,5 @@
-"""The public building blocks fail closed without a secret (transforms/keyed_random.py,
-"Fail closed"; transforms/user_identity.py, "Key").
+"""The public building blocks fail closed without a secret (transforms/randomness/keyed_random.py,
+"Fail closed"; transforms/randomness/user_identity.py, "Key").
 
 Used outside ``thresher.Release`` (a user chaining ``PerUserBound``, ``RandClip``, ... in
 their own pipeline) a transform given no ``rng_factory`` used to draw per-worker OS
@@ -18,9 +18,9 @@ import thresher
 from thresher.errors import ThresherError
 from thresher.pipelines.dataio import io as pio
 from thresher.pipelines.specs import spec as spec_mod
-from thresher.transforms import keyed_random, user_identity
-from thresher.transforms.release_fn import ReleaseBatchFn
-from thresher.transforms.user_shards import ShardByUser
+from thresher.transforms.randomness import keyed_random, user_identity
+from thresher.transforms.selection.release_fn import ReleaseBatchFn
+from thresher.transforms.bounding.user_shards import ShardByUser
 
 SECRET = b"fail-closed test secret........."
 

@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from thresher.transforms import hashing
+from thresher.transforms.randomness import hashing
 
 
 def _reference(value: str) -> int:

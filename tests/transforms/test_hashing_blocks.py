@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from thresher.transforms import hashing
+from thresher.transforms.randomness import hashing
 
 
 def _reference(data: bytes) -> int:

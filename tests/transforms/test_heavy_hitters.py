@@ -1,4 +1,4 @@
-"""transforms.heavy_hitters: TrieHH++ (paper 003 Sec. 4.1) on data with a known answer."""
+"""transforms.trees.heavy_hitters: TrieHH++ (paper 003 Sec. 4.1) on data with a known answer."""
 import math
 
 import apache_beam as beam
@@ -11,8 +11,8 @@ from apache_beam.testing.util import assert_that
 from scipy import stats
 
 from thresher.accounting import sample_threshold as acc
-from thresher.transforms import heavy_hitters as hh
-from thresher.transforms import keyed_random
+from thresher.transforms.trees import heavy_hitters as hh
+from thresher.transforms.randomness import keyed_random
 
 PREFIXES = (1, 2, 4, None)
 

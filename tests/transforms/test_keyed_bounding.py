@@ -1,4 +1,4 @@
-"""Contribution bounding from the release's keyed streams (transforms/keyed_random.py):
+"""Contribution bounding from the release's keyed streams (transforms/randomness/keyed_random.py):
 the kept set of a user depends on its records, the secret and the stage only -- not on
 row order or on which other users share the element -- and keeps the uniform law.
 
@@ -9,11 +9,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 
-from thresher.transforms import keyed_random
-from thresher.transforms.hashing import hash_array, mix64
-from thresher.transforms.per_user_bound import bound_table_l0
-from thresher.transforms.rand_clip import rand_clip_table
-from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.randomness.hashing import hash_array, mix64
+from thresher.transforms.bounding.per_user_bound import bound_table_l0
+from thresher.transforms.bounding.rand_clip import rand_clip_table
+from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN
 
 SECRET = b"test-only secret for bounding tests"
 USERS = 30_000
@@ -86,7 +86,7 @@ def test_rand_clip_ignores_row_order_when_different_records_collide(monkeypatch)
     user (C = 1) must be the same in every row order; before the fix the copy numbering
     followed row order, so the first row was always kept and a reversed table kept the
     other record for every user."""
-    from thresher.transforms import rand_clip
+    from thresher.transforms.bounding import rand_clip
 
     def colliding(table, columns, salt=0):
         return np.full(table.num_rows, 12345, dtype=np.uint64)

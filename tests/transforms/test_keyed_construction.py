@@ -1,7 +1,7 @@
 """The keyed streams are the documented construction ``aes256-cbcmac-v1``, block by block.
 
-``transforms/keyed_random.py`` draws a whole batch with a few vectorised AES calls
-(``transforms/block_prf.py``). This module writes the construction out again the slow
+``transforms/randomness/keyed_random.py`` draws a whole batch with a few vectorised AES calls
+(``transforms/randomness/block_prf.py``). This module writes the construction out again the slow
 way -- one cipher call per 16-byte block, the CBC chaining as explicit byte XORs, every
 key derivation by hand (module docstring of keyed_random, docs/privacy_testing.md "Keyed
 randomness") -- and checks the fast code against it for every stream group: user
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from thresher.transforms import block_prf, keyed_random
+from thresher.transforms.randomness import block_prf, keyed_random
 
 SECRET = b"keyed construction test secret.."
 

@@ -3,7 +3,7 @@
 U(C) = sum_j u_C(h_j(C)), u_C(h) = Phi((h - T)/s) - Phi(-T/s)
 (``accounting.contribution_bound.key_release_utility``; docs/contribution_bound.md
 section 1b, Prop. 3). The sensitivity claim Delta = max_C C / (s(C) sqrt(2 pi)) is
-checked on the pipeline's own kernel (``transforms.choose_contribution_bound``:
+checked on the pipeline's own kernel (``transforms.bounding.choose_contribution_bound``:
 ``table_statistics`` per user-sharded table, ``shard_key_costs`` per key shard,
 ``BoundScore.values``) for random add/remove-one-user neighbours (hypothesis) and for an
 adversarial neighbour placed where u_C is steepest (which reaches 96% of the bound, so
@@ -24,7 +24,7 @@ from scipy import stats
 from thresher.accounting import contribution_bound as cb
 from thresher.accounting import exact_scores
 from tests.accounting.score_fixtures import CANDIDATES, MAX_BOUND, score_params
-from thresher.transforms.choose_contribution_bound import (
+from thresher.transforms.bounding.choose_contribution_bound import (
     ContributionBoundSums, shard_key_costs, table_statistics)
 
 _CANDIDATES, _MAX_BOUND = CANDIDATES, MAX_BOUND

@@ -33,4 +33,4 @@ def test_layers_import_one_way(folder, forbidden):
 
 
 def test_the_check_sees_imports():
-    assert ("transforms/unique_keys.py", "thresher.errors") in set(_imports("transforms"))
+    assert ("transforms/selection/unique_keys.py", "thresher.errors") in set(_imports("transforms"))

@@ -9,8 +9,8 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 from scipy import stats
 
-from thresher.transforms import keyed_random
-from thresher.transforms.noisy_threshold import NoisyThreshold, noisy_threshold
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.selection.noisy_threshold import NoisyThreshold, noisy_threshold
 
 
 def _pmf(noise, scale, support):

@@ -11,11 +11,11 @@ from apache_beam.testing.util import assert_that, equal_to
 from scipy import stats
 
 from thresher.pipelines.dataio.io import prepare_batch
-from thresher.transforms.aggregate import SumCountsPerKey
-from thresher.transforms.per_user_bound import PerUserBound, bound_l0
-from thresher.transforms.user_shards import ShardByUser
-from thresher.transforms.user_identity import TEST_KEY
-from thresher.transforms import keyed_random
+from thresher.transforms.plumbing.aggregate import SumCountsPerKey
+from thresher.transforms.bounding.per_user_bound import PerUserBound, bound_l0
+from thresher.transforms.bounding.user_shards import ShardByUser
+from thresher.transforms.randomness.user_identity import TEST_KEY
+from thresher.transforms.randomness import keyed_random
 
 
 def _random_records(rng, n, users, keys):

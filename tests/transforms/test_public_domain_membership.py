@@ -20,7 +20,7 @@ import pytest
 
 from thresher.pipelines.dataio.public_keys import load_domain
 from thresher.pipelines.errors import SpecError
-from thresher.transforms.public_domain import DomainIndex, domain_mask, restrict_to_domain
+from thresher.transforms.selection.public_domain import DomainIndex, domain_mask, restrict_to_domain
 
 NAN = float("nan")
 

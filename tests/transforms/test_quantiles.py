@@ -1,4 +1,4 @@
-"""transforms.quantiles: hierarchical-histogram ranges/quantiles and the binary-search
+"""transforms.trees.quantiles: hierarchical-histogram ranges/quantiles and the binary-search
 quantile (paper 003 Sec. 4.2), on data with known ranks, errors within the stated bounds."""
 import apache_beam as beam
 import numpy as np
@@ -9,8 +9,8 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 
 from thresher.accounting import sample_threshold as acc
-from thresher.transforms import quantiles as q
-from thresher.transforms import keyed_random
+from thresher.transforms.trees import quantiles as q
+from thresher.transforms.randomness import keyed_random
 
 N = 1_000_000
 BRANCHING, LEVELS = 4, 6

@@ -1,4 +1,4 @@
-"""Tests of transforms.rand_clip: exact per-user counts, uniform subsets, Beam wrapper."""
+"""Tests of transforms.bounding.rand_clip: exact per-user counts, uniform subsets, Beam wrapper."""
 import collections
 import itertools
 
@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from thresher.transforms import samplers
-from thresher.transforms import keyed_random
-from thresher.transforms.rand_clip import (
+from thresher.transforms.randomness import samplers
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.bounding.rand_clip import (
     RandClip, rand_clip, rand_clip_counts, rand_clip_table, user_codes_of)
 
 

@@ -1,4 +1,4 @@
-"""transforms.sample_and_threshold: the kernel (its binomial draws) and the Beam wrapper.
+"""transforms.selection.sample_and_threshold: the kernel (its binomial draws) and the Beam wrapper.
 
 Statistical tests use fixed seeds and state their false-failure probability."""
 import math
@@ -12,10 +12,10 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 from scipy import stats
 
-from thresher.transforms import samplers
-from thresher.transforms import sample_and_threshold as sat
-from thresher.transforms.release_fn import ReleaseBatchFn
-from thresher.transforms import keyed_random
+from thresher.transforms.randomness import samplers
+from thresher.transforms.selection import sample_and_threshold as sat
+from thresher.transforms.selection.release_fn import ReleaseBatchFn
+from thresher.transforms.randomness import keyed_random
 
 
 def chi_square_pvalue(draws, n, p):
@@ -172,7 +172,7 @@ def test_beam_transform_sees_the_seeded_rng_factory_in_tests():
 
 
 def test_dofn_without_a_secret_refuses_in_setup():
-    """No silent per-worker OS randomness (transforms/keyed_random.py, "Fail closed")."""
+    """No silent per-worker OS randomness (transforms/randomness/keyed_random.py, "Fail closed")."""
     fn = ReleaseBatchFn(sat.release_table)
     with pytest.raises(keyed_random.NoSecretError, match="rng_factory"):
         fn.setup()

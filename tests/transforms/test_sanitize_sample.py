@@ -1,4 +1,4 @@
-"""transforms.sanitize_sample: the PWS kernel's empirical distributions and the Beam wrapper.
+"""transforms.selection.sanitize_sample: the PWS kernel's empirical distributions and the Beam wrapper.
 
 Statistical tests compare the kernel's draws (fixed numpy seeds) with the probabilities
 of accounting.pws (which tests/accounting/test_pws.py checks against brute force). Each
@@ -16,9 +16,9 @@ from apache_beam.testing.util import assert_that
 from scipy import stats
 
 from thresher.accounting import pws
-from thresher.transforms import samplers
-from thresher.transforms.sanitize_sample import SanitizeSample, sanitize, sanitize_table
-from thresher.transforms import keyed_random
+from thresher.transforms.randomness import samplers
+from thresher.transforms.selection.sanitize_sample import SanitizeSample, sanitize, sanitize_table
+from thresher.transforms.randomness import keyed_random
 
 ALPHA = 1e-4
 

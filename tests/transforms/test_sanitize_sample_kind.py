@@ -12,7 +12,7 @@ from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.specs import declare
 from thresher.pipelines.kinds import weighted_sampling as ws
 from thresher.pipelines.specs.spec import parse_mechanism
-from thresher.transforms import keyed_random
+from thresher.transforms.randomness import keyed_random
 
 
 def test_parse_defaults():

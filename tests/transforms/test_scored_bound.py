@@ -1,4 +1,4 @@
-"""One-pass automatic bound (transforms/scored_bound.py) against the two passes it replaces.
+"""One-pass automatic bound (transforms/bounding/scored_bound.py) against the two passes it replaces.
 
 For every candidate C the bucket tables select exactly the per-key counts of
 ``per_user_bound.bound_table_l0`` at C under the same keyed stage (including a shard
@@ -14,12 +14,12 @@ import pytest
 from thresher.accounting import contribution_bound
 from thresher.pipelines.running import release
 from tests.pipelines.test_keyed_recomputation import SECRET, _release
-from thresher.transforms import keyed_random
-from thresher.transforms.choose_contribution_bound import table_statistics
-from thresher.transforms.hashing import hash_array, mix64
-from thresher.transforms.per_user_bound import bound_table_l0, count_per_key
-from thresher.transforms.scored_bound import candidate_buckets, scored_table, select_bucket_counts
-from thresher.transforms.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.bounding.choose_contribution_bound import table_statistics
+from thresher.transforms.randomness.hashing import hash_array, mix64
+from thresher.transforms.bounding.per_user_bound import bound_table_l0, count_per_key
+from thresher.transforms.bounding.scored_bound import candidate_buckets, scored_table, select_bucket_counts
+from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN
 
 CANDIDATES = (1, 2, 3, 4, 6, 8, 11, 16)
 STAGE = "PerUserBound"

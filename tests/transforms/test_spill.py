@@ -1,8 +1,8 @@
-"""The spilled shuffles (transforms/spill.py) deliver exactly what the runner's
+"""The spilled shuffles (transforms/plumbing/spill.py) deliver exactly what the runner's
 GroupByKey delivers, and a release through them is byte for byte the release through the
 runner's in-memory shuffle, with nothing left behind.
 
-Without the spill (transforms/spill.py absent or unused), the in-process runner holds the
+Without the spill (transforms/plumbing/spill.py absent or unused), the in-process runner holds the
 whole user shuffle in memory: docs/performance.md has the peak RSS figures."""
 import os
 
@@ -14,9 +14,10 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from thresher.pipelines.dataio.io import prepare_batch
-from thresher.transforms import keyed_random, spill
-from thresher.transforms.user_shards import ShardByUser, user_shard_of
-from thresher.transforms.user_identity import TEST_KEY
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.plumbing import spill
+from thresher.transforms.bounding.user_shards import ShardByUser, user_shard_of
+from thresher.transforms.randomness.user_identity import TEST_KEY
 
 
 def _rows(table):
@@ -145,8 +146,8 @@ def test_spill_only_where_the_workers_share_this_disk(tmp_path, flags, spills):
 def test_key_shuffle_through_files_sums_as_the_in_memory_shuffle(tmp_path):
     """SumCountsPerKey with a spill folder: the same count per key as the runner's own
     shuffle (several partial rows per key across and within tables), pieces on disk."""
-    from thresher.transforms.aggregate import SumCountsPerKey
-    from thresher.transforms.hashing import hash_array
+    from thresher.transforms.plumbing.aggregate import SumCountsPerKey
+    from thresher.transforms.randomness.hashing import hash_array
     rng = np.random.default_rng(7)
     partials, truth = [], {}
     for _ in range(6):

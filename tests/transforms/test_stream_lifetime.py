@@ -1,6 +1,6 @@
 """A batch's keyed row streams are freed when the batch is done (issue 34, item 3).
 
-Row streams hold a few words per row (``transforms.keyed_random.RowStreams``). A view
+Row streams hold a few words per row (``transforms.randomness.keyed_random.RowStreams``). A view
 stored on its streams made a reference cycle, so every batch's streams waited for a
 full garbage collection, which numpy-heavy code rarely triggers: peak RSS of a 3e7-row
 release grew with the input (python heap 139 MB at 1e7 rows, 320 MB at 3e7, in the
@@ -14,11 +14,11 @@ import numpy as np
 import pyarrow as pa
 
 from thresher.pipelines.dataio import io as pio
-from thresher.transforms import keyed_random
-from thresher.transforms.per_user_bound import bound_table_l0
-from thresher.transforms.prereduce import prereduce_l0
-from thresher.transforms.user_identity import TEST_KEY
-from thresher.transforms.user_shards import exact_users
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.bounding.per_user_bound import bound_table_l0
+from thresher.transforms.bounding.prereduce import prereduce_l0
+from thresher.transforms.randomness.user_identity import TEST_KEY
+from thresher.transforms.bounding.user_shards import exact_users
 
 
 def _shard():

@@ -1,4 +1,4 @@
-"""The user identity PRF (transforms/user_identity.py) against an independent CBC-MAC.
+"""The user identity PRF (transforms/randomness/user_identity.py) against an independent CBC-MAC.
 
 The reference below encrypts one 16-byte block at a time (AES-256 in ECB mode, one call
 per block) and chains the blocks in plain Python, on the documented message encoding;
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from thresher.transforms import user_identity as ui
+from thresher.transforms.randomness import user_identity as ui
 
 KEY = bytes(range(32))
 

@@ -1,4 +1,4 @@
-"""The per-user row count behind the heavy-user refusal (transforms/user_shards.py,
+"""The per-user row count behind the heavy-user refusal (transforms/bounding/user_shards.py,
 ``check_user_rows``; issue 34). Users are (word 0, word 1) pairs: two users sharing
 word 0 are counted apart (a count per word 0 would refuse two ordinary users); counts
 add up across pieces, in memory or spilled to files. Deterministic."""
@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from thresher.errors import InputError
-from thresher.transforms import spill
-from thresher.transforms.user_shards import check_user_rows, user_row_counts
+from thresher.transforms.plumbing import spill
+from thresher.transforms.bounding.user_shards import check_user_rows, user_row_counts
 
 
 def _piece(pairs):

@@ -6,8 +6,8 @@ import pickle
 import numpy as np
 import pyarrow as pa
 
-from thresher.transforms.hashing import hash_array
-from thresher.transforms.user_shards import concat, split_by_shard, user_shard_of
+from thresher.transforms.randomness.hashing import hash_array
+from thresher.transforms.bounding.user_shards import concat, split_by_shard, user_shard_of
 
 
 def _batch(n, seed=0):

@@ -1,0 +1,187 @@
+"""Released bytes and drawing-stage labels frozen across refactors (issue 37).
+
+Every keyed draw's identity includes the Beam label of the composite that draws
+(transforms/randomness/keyed_random.py, "stable identity"), so re-nesting or renaming a composite, or
+moving code that builds one, can change what a release publishes under the same secret.
+This test runs every example config and one release per kind (and per bounding path:
+``auto``, ``l1``, aggregates, a public key domain, correlated noise) under one fixed test
+secret and compares, against the baseline committed beside it
+(``released_bytes_baseline.json``, taken on main after issue 34's PRF changed the bytes):
+
+- the sha256 of ``released.parquet`` and of ``release_report.json``;
+- the sorted list of stage names every draw of the release was keyed by
+  (``KeyedSource.stage_key``), so a renamed drawing stage is named in the failure.
+
+It fails on any change of a released byte or a drawing stage. A change that is meant to
+change the bytes (a new sampler, a new PRF) regenerates the baseline on purpose with
+``THRESHER_WRITE_RELEASED_BYTES_BASELINE=1 python -m pytest tests/pipelines/test_released_bytes_frozen.py``
+and says so in its commit; a move or a rename never does. The thresher version is part of
+the report, so a version bump regenerates it too.
+
+Runs use relative paths from one working folder, so the spec echoed in the report is the
+same in every run and on every machine.
+"""
+import copy
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from thresher.pipelines.running import release
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.transforms.randomness import keyed_random
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BASELINE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                        "released_bytes_baseline.json")
+QUICKSTART_DATA = os.path.join("configs", "examples", "data", "quickstart.parquet")
+SECRET = b"issue 37 frozen-bytes test secret"
+
+_STAGES = set()      # stage names drawn from, filled in process by the runner's workers
+
+
+class _RecordingSource(keyed_random.KeyedSource):
+    """The fixed test secret, recording each stage name a draw is keyed by. Pickled by
+    reference to this module: Beam's in-process runner unpickles it in this process, so the
+    module-level set sees every stage."""
+
+    def stage_key(self, stage):
+        _STAGES.add(stage)
+        return super().stage_key(stage)
+
+
+def _examples():
+    folder = os.path.join(ROOT, "configs", "examples")
+    return sorted(f for f in os.listdir(folder) if f.endswith(".yaml"))
+
+
+_SMALL = "small.parquet"        # 30,000 quickstart rows with two numeric columns
+_DOMAIN = "domain.csv"
+
+
+def _base(kind, **mech):
+    return {"name": f"frozen_{kind}",
+            "input": {"path": _SMALL, "format": "parquet", "user": "user_id",
+                      "keys": ["word"]},
+            "privacy": {"epsilon": 1.0, "delta": 1e-8},
+            "bounding": {"max_keys_per_user": 4},
+            "mechanism": {"kind": kind, **mech},
+            "output": {"path": "out"}}
+
+
+def _with(doc, dotted, value):
+    doc = copy.deepcopy(doc)
+    node = doc
+    *parents, last = dotted.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return doc
+
+
+# one release per kind and per bounding / value path; ids are the baseline's keys
+CASES = {
+    "gaussian": _base("gaussian"),
+    "gaussian_auto_bound": _with(_base("gaussian"), "bounding.max_keys_per_user", "auto"),
+    "gaussian_correlated": _base("gaussian", noise="correlated"),
+    "gaussian_aggregates": _with(_base("gaussian"), "aggregates", [
+        {"column": "amount", "statistic": "sum", "clip": [0.0, 10.0]},
+        {"column": "amount", "statistic": "mean", "clip": [0.0, 10.0]}]),
+    "gaussian_public_keys": _with(_base("gaussian"), "input.public_keys", {"path": _DOMAIN}),
+    "laplace": _base("laplace"),
+    "laplace_l1": _with(_base("laplace"), "bounding.model", "l1"),
+    "sample_and_threshold": _base("sample_and_threshold"),
+    "weighted_sampling": _base("weighted_sampling"),
+    "weighted_gaussian": _base("weighted_gaussian"),
+    "adaptive": _base("adaptive"),
+    "heavy_hitters": _base("heavy_hitters", top_k=10),
+    "quantiles": _with(_base("quantiles", column="x", ranks=[0.25, 0.5, 0.9],
+                             domain=[0, 100]), "input.keys", None),
+}
+
+
+def _workdir(tmp_path):
+    """The folder every run starts in: the example data at its repository path, the small
+    table and the public domain beside it."""
+    data = tmp_path / os.path.dirname(QUICKSTART_DATA)
+    data.mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, QUICKSTART_DATA), data)
+    table = pq.read_table(os.path.join(ROOT, QUICKSTART_DATA)).slice(0, 30000)
+    i = np.arange(table.num_rows, dtype=np.int64)
+    table = table.append_column("amount", pa.array((i * 7919 % 1000) / 97.0))
+    table = table.append_column("x", pa.array((i * 104729 % 10007) / 100.07))
+    pq.write_table(table, str(tmp_path / _SMALL))
+    words = sorted(set(table.column("word").to_pylist()))[:200] + ["not-in-the-data"]
+    (tmp_path / _DOMAIN).write_text("word\n" + "\n".join(words) + "\n", encoding="utf-8")
+    return tmp_path
+
+
+def _run(workdir, name, doc):
+    """Run one release from ``workdir`` under the recording test secret; its record."""
+    folder = workdir / name
+    folder.mkdir()
+    if doc is None:                                   # an example config, as shipped
+        with open(os.path.join(ROOT, "configs", "examples", name), encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    doc = _with(doc, "output.path", os.path.join(name, "out"))
+    if doc["input"].get("keys", ()) is None:
+        del doc["input"]["keys"]
+    spec_path = os.path.join(name, "spec.yaml")
+    with open(workdir / spec_path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(doc, handle, sort_keys=True)
+    _STAGES.clear()
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        release.run(make_plan(spec_mod.load(spec_path)), [],
+                    rng_factory=_RecordingSource(SECRET))
+    finally:
+        os.chdir(cwd)
+    out = folder / "out"
+
+    def digest(file):
+        return hashlib.sha256((out / file).read_bytes()).hexdigest()
+    return {"released.parquet": digest("released.parquet"),
+            "release_report.json": digest("release_report.json"),
+            "drawing_stages": sorted(_STAGES)}
+
+
+def _all_records(tmp_path):
+    workdir = _workdir(tmp_path)
+    records = {name: _run(workdir, name, None) for name in _examples()}
+    records.update({name: _run(workdir, name, doc) for name, doc in CASES.items()})
+    return records
+
+
+def test_every_example_and_kind_publishes_the_baselines_bytes_and_draws_from_its_stages(
+        tmp_path):
+    records = _all_records(tmp_path)
+    if os.environ.get("THRESHER_WRITE_RELEASED_BYTES_BASELINE") == "1":
+        with open(BASELINE, "w", encoding="utf-8") as handle:
+            json.dump(records, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+        pytest.skip("baseline written (THRESHER_WRITE_RELEASED_BYTES_BASELINE=1)")
+    with open(BASELINE, encoding="utf-8") as handle:
+        baseline = json.load(handle)
+    assert sorted(records) == sorted(baseline), "cases added or removed: regenerate on purpose"
+    changed = {}
+    for name, want in baseline.items():
+        got = records[name]
+        if got["drawing_stages"] != want["drawing_stages"]:
+            changed[name] = {"stages only before": sorted(set(want["drawing_stages"])
+                                                         - set(got["drawing_stages"])),
+                             "stages only now": sorted(set(got["drawing_stages"])
+                                                       - set(want["drawing_stages"]))}
+        for file in ("released.parquet", "release_report.json"):
+            if got[file] != want[file]:
+                changed.setdefault(name, {})[file] = "bytes differ"
+    assert not changed, json.dumps(changed, indent=1)
+    # every kind draws (a release that drew nothing would freeze nothing)
+    assert all(r["drawing_stages"] for r in records.values())

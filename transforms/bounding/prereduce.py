@@ -1,0 +1,225 @@
+"""PreReduceL0: drop, before the user shuffle, the rows fixed-bound l0 bounding cannot keep.
+
+l0 bounding (:mod:`transforms.bounding.per_user_bound`) keeps each user's first C keys in one total
+order of that user's exact keys: the hash rank mix64(``__key`` XOR the user's salt), keys
+sharing a hash ordered by their ``pair`` stream (``per_user_bound.l0_tiebroken_ranks``).
+The salt and the tie-breaks are keyed draws (:mod:`transforms.randomness.keyed_random`): functions of
+the release secret, the bounding stage's label and the user's 128-bit identity (and key),
+so they can be computed where the records are read, on any batch, with the values the
+bounding will draw after the shuffle.
+
+Why it is exact. A key k among a user's first C keys overall has fewer than C of the
+user's keys before it; in any batch holding k, each distinct hash ranked below k's in
+that batch carries at least one of those keys, so k's hash is among the user's C
+smallest distinct hashes in the batch. Keeping, per user and batch, one row per distinct
+(user, exact key) among the C smallest hashes therefore keeps a superset of the final
+kept keys, and the bounding's choice on a superset containing the first C keys of a
+total order is those C keys. The released bytes are the same with and without this step
+(tests/pipelines/test_prereduce.py), and what a user's rows become depends on the secret
+and that user's rows only (the batch decides nothing but which superset travels).
+
+Where it pays, once per row. Read batches are first combined into tables of about
+``COALESCE_ROWS`` rows (the size the user shuffle splits, ``transforms.bounding.user_shards``),
+and each row passes the step once. Only the rows of users with more than
+``HEAVY_FACTOR * C`` rows in the table go through the kernel (any other user keeps all
+its rows: a superset too), and the table is reduced only when that can remove at least
+``MIN_REMOVED_ROWS`` rows (:func:`heavy_user_rows`; one sort of the user words decides).
+The decision is a function of the table's rows; whichever way it goes, what travels is a
+superset of the kept keys, so it picks the superset and nothing else
+(tests/pipelines/test_prereduce.py forces it either way: ``MODE``). Measured on 1e7 rows
+of ~1e6 Zipf-active users (docs/performance.md, issue 34): a quarter of the rows are
+those of users with more than 2C rows in a 1e6-row table, and almost all of them go.
+
+Memory. A heavy user's rows leave each table as at most C rows per distinct hash kept
+(one per exact key: C rows unless the user holds colliding keys), so the shuffle holds
+about C rows per user and table instead of all of them (issue 30, D15: a 1e7-row user
+among 5,000 others peaked at 3.1 GB in process). The buffer is one table.
+
+Only fixed-bound l0 bounding through ``PerUserBound`` uses it (``pipelines.running.release``),
+and ``aggregates`` with fixed clips (``PerUserBoundWithValues``: every row of the kept
+keys is kept, ``every_row``, since the bounding sums each kept (user, key)'s values, in a
+canonical order, so the totals are the same). An automatic C scores every key of a user,
+``clip: auto`` every user's totals, l1 rand-clip samples records (not keys) and adaptive
+rounds re-bound the users' remaining keys, so none of those can drop a user's keys early.
+"""
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.transforms.window import GlobalWindows
+
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.plumbing.arrow_coder import TABLE
+from thresher.transforms.bounding.per_user_bound import (
+    _runs, exact_key_codes, key_hash_is_exact, l0_ranks)
+from thresher.transforms.bounding.user_shards import (
+    COALESCE_ROWS, KEY_HASH_COLUMN, USER_COLUMN, concat, exact_users)
+
+NOT_PRIVATE = "thresher_not_private"
+
+# A user with more than HEAVY_FACTOR * C rows in a table goes through the kernel (which
+# can then remove at least half of them); a table is reduced when at least
+# MIN_REMOVED_ROWS rows could go (below that the copy costs more than the shuffle saves).
+HEAVY_FACTOR = 2
+MIN_REMOVED_ROWS = 1024
+BUCKET_BITS = 20     # at most 2**20 user buckets in the decision (one per row of 1e6)
+# "auto": decide per table (heavy_user_rows); "always": every user of every table
+# through the kernel; "never": no row removed (the tables are still combined). Only the
+# superset that travels differs, never the release (tests/pipelines/test_prereduce.py).
+MODES = ("auto", "always", "never")
+MODE = "auto"
+
+
+def prereduce_l0(table, key_columns, max_keys_per_user, source, every_row=False):
+    """Row indices (ascending) of ``table`` (prepared read batches: ``__user``,
+    ``__user_lo``, ``__key``, key columns) that can still be among a user's first
+    ``max_keys_per_user`` keys: per user, one row per distinct exact key whose hash is
+    among the user's C smallest hash ranks in this table (module docstring).
+
+    source: the bounding stage's ``keyed_random.StageSource`` (same secret, same stage
+    label as the ``PerUserBound`` after the shuffle). every_row: keep every row of those
+    keys (``aggregates``: the bounding then sums each kept (user, key)'s values)."""
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    grouped = exact_users(table)          # group by the full identity; rows keep their place
+    users = grouped.column(USER_COLUMN).to_numpy()
+    bound = keyed_random.bind_users(source, grouped, key_columns)
+    ranks = l0_ranks(users, grouped.column(KEY_HASH_COLUMN).to_numpy(), bound)
+    inside = ranks.rank_in_user < max_keys_per_user
+    rows = ranks.order[inside & ranks.distinct]          # one row per (user, hash) kept
+    candidates = ranks.order[inside]
+    if every_row:
+        return np.sort(candidates)
+    if len(candidates) > len(rows):   # repeated rows of kept hashes: are they other keys?
+        part = grouped.take(pa.array(candidates))
+        if not key_hash_is_exact(part, key_columns):   # keep one row per exact key
+            codes = exact_key_codes(part, key_columns)
+            part_users = users[candidates]
+            order = np.lexsort((codes, part_users))
+            first = _runs(part_users[order])
+            first[1:] |= codes[order][1:] != codes[order][:-1]
+            rows = candidates[order[first]]
+    return np.sort(rows)
+
+
+def heavy_user_rows(table, max_keys_per_user):
+    """Row indices (ascending) that the kernel should read, or None when pre-reducing
+    could remove fewer than ``MIN_REMOVED_ROWS`` rows.
+
+    Users are counted in ``2**BUCKET_BITS`` buckets of the top bits of their word 0 (one
+    ``bincount``; no sort, no hash table): a bucket with more than ``HEAVY_FACTOR * C``
+    rows is heavy, and its rows are read (the heavy users', and those of the few light
+    users sharing a heavy bucket, who lose only duplicate keys: any subset of users is a
+    superset of the kept keys). Removable rows are at most the heavy buckets' rows less
+    C each."""
+    words = table.column(USER_COLUMN)
+    words = (words.combine_chunks() if words.num_chunks != 1 else words.chunk(0)).to_numpy(
+        zero_copy_only=False)
+    limit = HEAVY_FACTOR * max_keys_per_user
+    if len(words) <= limit:
+        return None
+    bits = min(BUCKET_BITS, max(1, (len(words) - 1).bit_length()))
+    bucket = (words >> np.uint64(64 - bits)).astype(np.intp)
+    counts = np.bincount(bucket, minlength=1 << bits)
+    heavy = counts > limit
+    if int((counts[heavy] - max_keys_per_user).sum()) < MIN_REMOVED_ROWS:
+        return None
+    return np.flatnonzero(heavy[bucket])
+
+
+def prereduce_table(table, key_columns, max_keys_per_user, source, every_row=False,
+                    mode="auto"):
+    """(boolean mask of the rows kept, or None for all of them; rows the kernel read)."""
+    if mode == "never" or table.num_rows == 0:
+        return None, 0
+    if mode == "always":
+        rows = np.arange(table.num_rows)
+        part = table
+    else:
+        rows = heavy_user_rows(table, max_keys_per_user)
+        if rows is None:
+            return None, 0
+        part = table.take(pa.array(rows))
+    kept = prereduce_l0(part, key_columns, max_keys_per_user, source, every_row)
+    keep = np.ones(table.num_rows, dtype=bool)
+    keep[rows] = False
+    keep[rows[kept]] = True
+    return keep, len(rows)
+
+
+class _PreReduceFn(beam.DoFn):
+    def __init__(self, key_columns, max_keys_per_user, rng_factory, stage, every_row, mode,
+                 coalesce_rows):
+        self._key_columns = tuple(key_columns)
+        self._max_keys_per_user = int(max_keys_per_user)
+        self._rng_factory = rng_factory
+        self._stage = stage
+        self._every_row = every_row
+        self._mode = mode
+        self._coalesce_rows = coalesce_rows
+
+    def start_bundle(self):
+        # One list for the bundle: release batches are all in the global window (and the
+        # secret's wrapper, keyed_random.par_do, passes no window parameter through).
+        self._pending = []
+        self._pending_rows = 0
+
+    def process(self, table):
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        if self._pending_rows >= self._coalesce_rows:
+            yield from self._flush()
+
+    def _flush(self):
+        tables, self._pending, self._pending_rows = self._pending, [], 0
+        table = concat(tables)
+        if table is None:
+            return
+        source = keyed_random.StageSource(self._rng_factory, self._stage)
+        kept, examined = prereduce_table(table, self._key_columns, self._max_keys_per_user,
+                                         source, self._every_row, self._mode)
+        counter = beam.metrics.Metrics.counter
+        counter(NOT_PRIVATE, "rows_prereduced_in").inc(table.num_rows)
+        counter(NOT_PRIVATE, "rows_prereduce_examined").inc(examined)
+        if kept is not None and not kept.all():
+            table = table.filter(pa.array(kept))
+        counter(NOT_PRIVATE, "rows_prereduced_out").inc(table.num_rows)
+        if table.num_rows:
+            yield table
+
+    def finish_bundle(self):
+        for table in self._flush():
+            yield GlobalWindows.windowed_value(table)
+
+
+class PreReduceL0(beam.PTransform):
+    """Prepared record batches -> tables of about ``COALESCE_ROWS`` rows (the read
+    batches of a bundle combined), without rows fixed-bound l0 bounding at C cannot keep
+    where removing them pays (:func:`prereduce_table`): every row passes once.
+
+    ``stage``: the full label of the ``PerUserBound`` that bounds these records after the
+    shuffle (its keyed draws are the ones computed here). ``rng_factory`` must be a
+    ``keyed_random.KeyedSource`` (the release's secret): with fresh randomness the draws
+    here and after the shuffle would differ, so the caller applies this step only then.
+    ``mode``: :data:`MODE` by default (module constants)."""
+
+    def __init__(self, key_columns, max_keys_per_user, rng_factory, stage, every_row=False,
+                 mode=None, coalesce_rows=None, label=None):
+        super().__init__(label)
+        if not isinstance(rng_factory, keyed_random.KeyedSource):
+            raise TypeError("PreReduceL0 needs the release's KeyedSource")
+        mode = MODE if mode is None else mode
+        if mode not in MODES:
+            raise ValueError(f"PreReduceL0 mode must be one of {MODES}, got {mode!r}")
+        self._key_columns = tuple(key_columns)
+        self._max_keys_per_user = int(max_keys_per_user)
+        self._rng_factory = rng_factory
+        self._stage = stage
+        self._every_row = every_row
+        self._mode = mode
+        self._coalesce_rows = COALESCE_ROWS if coalesce_rows is None else int(coalesce_rows)
+
+    def expand(self, batches):
+        return batches | "PreReduce" >> keyed_random.par_do(_PreReduceFn(
+            self._key_columns, self._max_keys_per_user, self._rng_factory, self._stage,
+            self._every_row, self._mode, self._coalesce_rows)
+        ).with_output_types(TABLE)

@@ -1,0 +1,228 @@
+"""ScoredPerUserBound: l0 bounding for every candidate C and the choice's statistics, in
+one pass over the user shards (``max_keys_per_user: auto``).
+
+With an automatic bound a release needs two things from every user shard: the statistics
+of the score V(C) that the exponential mechanism draws C from (paper 002, Algorithm 4;
+``transforms.bounding.choose_contribution_bound``) and the per-key counts bounded at the drawn C
+(``transforms.bounding.per_user_bound``). C is not known while the shards are read, but bounding
+keeps, for every user, the first C keys of one uniformly random order of the user's
+distinct keys (``per_user_bound.l0_ranks``), and that order does not depend on C. So one
+pass per shard
+
+1. sorts the shard once (``l0_ranks``), which also lists its distinct (user, key hash)
+   pairs, users in order, the input of the score's statistics
+   (``choose_contribution_bound.pair_statistics``, bit-identical to
+   ``table_statistics``);
+2. counts, per key and per *candidate bucket* b, the users whose rank of that key falls
+   in [c_{b-1}, c_b) (b = 0 for ranks below c_0 = min C; ranks >= max C are never kept):
+   the users keeping the key at C = c_i are those of buckets 0..i. One row per key holds
+   the running sums over the buckets (:func:`running_counts`; grouped by the key numbers
+   the statistics sort already makes, ``choose_contribution_bound.key_numbers``).
+
+After the draw, :func:`select_bucket_counts` takes the running sum of bucket i of each
+shard's table: per key, exactly the count ``bound_l0`` gives at C = c_i with the same
+keyed randomness (same stage label ``PerUserBound``, same per-user salts), one row per key
+as ``count_per_key`` makes (so ``SumCountsPerKey`` shuffles as many rows as with a fixed
+bound), and the release is the one the two-pass pipeline publishes, byte for byte; the
+privacy argument is unchanged: the draw is made once (keyed, ``transforms.randomness.keyed_random``)
+and the published counts are a function of it and of the bounded data only. The shards
+are concatenated, id-checked, key-hashed and sorted once instead of twice.
+
+The running counts wait for the draw between stages; with ``spill_dir`` (the in-process
+runner, ``transforms.plumbing.spill``) they wait as Arrow files and only their names are held.
+"""
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.plumbing import spill
+from thresher.transforms.plumbing.arrow_coder import SHARD_AND_TABLE, TABLE
+from thresher.transforms.bounding.choose_contribution_bound import (
+    _DEFAULT_KEY_SHARDS, _UserStatisticsFn, key_numbers, pair_statistics, table_statistics)
+from thresher.transforms.bounding.per_user_bound import (
+    exact_key_codes, key_hash_is_exact, l0_pair_ranks_per_user, l0_ranks)
+from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+
+
+def candidate_buckets(rank_in_user, candidates):
+    """Bucket of each rank: the index of the smallest candidate C with rank < C (so a
+    row is kept at C = candidates[i] iff its bucket is <= i); len(candidates) when the
+    rank is kept by no candidate."""
+    return np.searchsorted(np.asarray(candidates, dtype=np.int64), rank_in_user, side="right")
+
+
+def running_counts(table, key_columns, pair_rows, pair_key, first_pair, buckets, num_buckets):
+    """(key columns, ``__key``, ``__n0`` .. ``__n{m-1}``): one row per key that some
+    candidate keeps, ``__n<i>`` the number of the table's distinct (user, key) pairs of
+    that key in buckets 0..i, i.e. its users at C = candidates[i] (columns past the
+    shard's last used bucket, m - 1, would repeat ``__n{m-1}`` and are left out).
+
+    ``pair_rows``: a table row of each distinct pair; ``pair_key``: its key number 0..J-1
+    (one per exact key); ``first_pair``: one pair of each key (its key columns);
+    ``buckets``: each pair's :func:`candidate_buckets` (``num_buckets`` = no candidate).
+    One row per key instead of one per key and bucket: ``SumCountsPerKey`` gets as many
+    rows from the chosen C as from a fixed bound (issue 19)."""
+    kept = buckets < num_buckets
+    pair_key, buckets = pair_key[kept], buckets[kept]
+    if len(pair_key) == 0:
+        return None
+    # keys with a kept pair, renumbered densely 0..J'-1 in key order
+    present = np.bincount(pair_key, minlength=len(first_pair)) > 0
+    renumber = np.cumsum(present, dtype=np.int64) - 1
+    pair_key = renumber[pair_key]
+    num_keys = int(renumber[-1]) + 1
+    # a radix sort: buckets fit in 8 (or 16) bits
+    buckets = buckets.astype(np.uint8 if num_buckets < 256 else np.uint16)
+    by_bucket = np.argsort(buckets, kind="stable")
+    bounds = np.searchsorted(buckets[by_bucket], np.arange(int(buckets.max()) + 2))
+    pair_key = pair_key[by_bucket]
+    dtype = np.int32 if len(pair_key) < np.iinfo(np.int32).max else np.int64
+    out = table.select(list(key_columns) + [KEY_HASH_COLUMN]).take(
+        pa.array(pair_rows[first_pair[present]]))
+    running = np.zeros(num_keys, dtype=np.int64)
+    for b in range(len(bounds) - 1):
+        running += np.bincount(pair_key[bounds[b]:bounds[b + 1]], minlength=num_keys)
+        out = out.append_column(_count_column(b), pa.array(running.astype(dtype)))
+    return out.combine_chunks()
+
+
+def _count_column(bucket):
+    return f"__n{bucket}"
+
+
+def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHARDS):
+    """One user shard -> (running counts table or None, dropped[K], key-shard partials).
+
+    ``rng``: the bounding stage's source (as ``per_user_bound._BoundL0Fn`` uses it). The
+    statistics are ``table_statistics(table, key_columns, score)``; the running counts
+    (:func:`running_counts`) select to ``per_user_bound.bound_table_l0(table,
+    key_columns, C, rng)``'s counts for every candidate C."""
+    candidates = score.candidates
+    if table.num_rows == 0:
+        return None, *table_statistics(table, key_columns, score,
+                                       num_key_shards=num_key_shards)
+    users = table.column(USER_COLUMN).to_numpy()
+    bound_rng = keyed_random.bind_users(rng, table, key_columns)
+    key_hash = np.asarray(table.column(KEY_HASH_COLUMN).to_numpy(), dtype=np.uint64)
+    if key_hash_is_exact(table, key_columns):
+        ranks = l0_ranks(users, key_hash, bound_rng)
+        pairs = ranks.distinct
+        pair_rows = ranks.order[pairs]
+        rank_in_user = ranks.rank_in_user[pairs]
+        # the distinct (user, key hash) pairs, users contiguous and in increasing number;
+        # their key numbers serve the statistics and the running counts alike
+        numbers = key_numbers(key_hash[pair_rows])
+        dropped, partials = pair_statistics(ranks.user_numbers()[pairs], None, None, score,
+                                            num_key_shards, numbers=numbers)
+        del ranks, pairs
+        pair_key, first_pair = numbers.index, numbers.first
+    else:   # colliding key hashes: the users whose own keys collide are ranked on exact
+        # key codes, every other user by its hash ranking (as bound_table_l0 does)
+        beam.metrics.Metrics.counter("thresher_not_private",
+                                     "shards_with_key_hash_collisions").inc()
+        codes = exact_key_codes(table, key_columns)
+        pair_rows, rank_in_user = l0_pair_ranks_per_user(table, key_columns, rng)
+        _, first_pair, pair_key = np.unique(codes[pair_rows], return_index=True,
+                                            return_inverse=True)
+        pair_key = pair_key.reshape(-1)
+        dropped, partials = table_statistics(table, key_columns, score,
+                                             num_key_shards=num_key_shards)
+    buckets = candidate_buckets(rank_in_user, candidates)
+    counts = running_counts(table, key_columns, pair_rows, pair_key, first_pair, buckets,
+                            len(candidates))
+    return counts, dropped, partials
+
+
+def select_bucket_counts(counts, bound, candidates):
+    """Per-key counts at C = ``bound`` (one of ``candidates``) from a running counts
+    table: (key columns, ``__key``, int64 ``count``), one row per key with a user at that
+    C (what ``bound_table_l0`` and ``count_per_key`` give at C), or None if none."""
+    index = list(candidates).index(int(bound))
+    names = [n for n in counts.column_names if n.startswith("__n")]
+    count = pc.cast(counts.column(_count_column(min(index, len(names) - 1))), pa.int64())
+    selected = counts.drop_columns(names).append_column("count", count)
+    selected = selected.filter(pc.greater(count, pa.scalar(0, pa.int64())))
+    return selected if selected.num_rows else None
+
+
+class _ScoredBoundFn(beam.DoFn):
+    DROPPED = _UserStatisticsFn.DROPPED
+    PARTIALS = "partials"
+
+    def __init__(self, key_columns, score, num_key_shards, rng_factory, stage, spill_dir):
+        self._key_columns = tuple(key_columns)
+        self._score = score
+        self._num_key_shards = num_key_shards
+        self._rng_factory = rng_factory
+        self._stage = stage
+        self._spill_dir = spill_dir
+
+    def setup(self):
+        self._rng = keyed_random.worker_rng(self._rng_factory)
+
+    def process(self, table):
+        rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage)
+        counts, dropped, partials = scored_table(table, self._key_columns, self._score, rng,
+                                                 self._num_key_shards)
+        beam.metrics.Metrics.counter("thresher_not_private", "rows_bounded").inc(table.num_rows)
+        yield beam.pvalue.TaggedOutput(self.DROPPED, dropped)
+        for shard_and_partial in partials:
+            yield beam.pvalue.TaggedOutput(self.PARTIALS, shard_and_partial)
+        if counts is not None:
+            yield counts if self._spill_dir is None else spill.write_piece(counts, self._spill_dir)
+
+
+def _select(counts_or_path, bound, candidates):
+    counts = (spill.read_piece(counts_or_path) if isinstance(counts_or_path, str)
+              else counts_or_path)
+    selected = select_bucket_counts(counts, bound, candidates)
+    if selected is not None:
+        beam.metrics.Metrics.counter("thresher_not_private", "contributions_kept").inc(
+            int(pc.sum(selected.column("count")).as_py()))
+        yield selected
+
+
+class ScoredPerUserBound(beam.PTransform):
+    """The bounding pass of an automatic bound (module docstring).
+
+    Input: PCollection[pa.Table] of whole users (``ShardByUser``). Apply it with the label
+    ``PerUserBound`` (the fixed-bound pipeline's; its full label keys the per-user salts).
+    Output: a dict — ``dropped`` and ``partials``, the statistics that
+    ``ChooseContributionBound`` takes instead of user shards (:meth:`statistics`), and
+    ``buckets``: the running counts tables (or their spilled file names) for :meth:`select`.
+    """
+
+    def __init__(self, key_columns, score, rng_factory=None, spill_dir=None,
+                 num_key_shards=_DEFAULT_KEY_SHARDS, label=None):
+        super().__init__(label)
+        self._key_columns = tuple(key_columns)
+        self._score = score
+        self._rng_factory = rng_factory
+        self._spill_dir = spill_dir
+        self._num_key_shards = int(num_key_shards)
+
+    def expand(self, user_shards):
+        fn = _ScoredBoundFn(self._key_columns, self._score, self._num_key_shards,
+                            keyed_random.resolve(self._rng_factory),
+                            keyed_random.stage_name(user_shards), self._spill_dir)
+        out = user_shards | "BoundL0AndScore" >> keyed_random.par_do(fn).with_outputs(
+            _ScoredBoundFn.DROPPED, _ScoredBoundFn.PARTIALS, main="buckets")
+        out[_ScoredBoundFn.PARTIALS].element_type = SHARD_AND_TABLE
+        buckets = out.buckets
+        buckets.element_type = str if self._spill_dir is not None else TABLE
+        return {"dropped": out[_ScoredBoundFn.DROPPED],
+                "partials": out[_ScoredBoundFn.PARTIALS], "buckets": buckets}
+
+    @staticmethod
+    def statistics(outputs):
+        """The input of ``ChooseContributionBound`` among this transform's outputs."""
+        return {"dropped": outputs["dropped"], "partials": outputs["partials"]}
+
+    def select(self, buckets, chosen, default):
+        """Per-key partial counts at the chosen C (a one-int PCollection): the input of
+        ``SumCountsPerKey``."""
+        return buckets | "SelectChosenBound" >> beam.FlatMap(
+            _select, bound=beam.pvalue.AsSingleton(chosen, default_value=default),
+            candidates=tuple(self._score.candidates)).with_output_types(TABLE)

@@ -1,0 +1,170 @@
+"""AES-256 pseudo-random functions over packed 16-byte blocks, a whole batch per call.
+
+The keyed randomness of a release (``transforms.randomness.keyed_random``) and the user identities
+(``transforms.randomness.user_identity``) are CBC-MACs under AES-256 (FIPS 197; the ``cryptography``
+package). This module holds the vectorised building blocks they share; no function here
+makes a Python call per row:
+
+* :func:`encrypt`: AES of every row of an ``(n, 2)`` uint64 array (a row is one 16-byte
+  block, its two words little-endian on every platform) -- one ECB call for the batch;
+* :func:`cbc_chain`: the CBC-MAC state after a fixed number of blocks per row,
+  ``E(...E(E(m_1) xor m_2)... xor m_j)`` -- one ECB call per block *position* over all
+  rows (the chaining is a numpy XOR between the calls);
+* :func:`mac_bytes`: the prefix-free CBC-MAC of many byte strings (a header block
+  ``tag || length``, then the bytes zero-padded to whole blocks), one ECB call per block
+  position over the strings still that long.
+
+Why CBC-MAC is a PRF here: CBC-MAC of a block cipher is a PRF on messages of one fixed
+number of blocks (Bellare, Kilian and Rogaway, "The security of the cipher block chaining
+message authentication code", JCSS 2000) and on any prefix-free message set (Petrank and
+Rackoff, "CBC MAC for real-time data sources", J. Cryptology 2000), with distinguishing
+advantage at most about ``q^2 m^2 / 2^128`` for ``q`` messages of at most ``m`` blocks,
+plus AES-256's own advantage as a pseudo-random permutation. A caller keeps one key per
+message set (``transforms.randomness.keyed_random``: one derived key per stream group and message
+shape), so the messages under a key are always all of one length or all prefix-free.
+"""
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+BLOCK = 16
+KEY_BYTES = 32
+WORD = np.dtype("<u8")       # the two words of a block are little-endian on every platform
+LONG_BYTES = 1024            # mac_bytes: strings longer than this are MACed one by one
+
+
+def encryptor(key):
+    """An AES-256 ECB encryptor (``cryptography``); ECB is stateless, so one encryptor
+    serves any number of :func:`encrypt` calls."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
+        raise ValueError(f"an AES-256 key is {KEY_BYTES} bytes")
+    return Cipher(algorithms.AES(bytes(key)), modes.ECB()).encryptor()
+
+
+def encrypt(enc, words):
+    """AES of each row of an ``(n, 2)`` uint64 array: ``(n, 2)`` uint64 (native order),
+    the two words of each 16-byte block read little-endian. One library call."""
+    data = np.ascontiguousarray(words, dtype=WORD)
+    out = np.empty((len(data) + 1, 2), dtype=WORD)   # update_into wants a spare block
+    if len(data):   # no bytes copies: the arrays' own buffers
+        enc.update_into(memoryview(data.view(np.uint8).reshape(-1)),
+                        memoryview(out.view(np.uint8).reshape(-1)))
+    return out[:len(data)].astype(np.uint64, copy=False)
+
+
+def counter_blocks(counters):
+    """The blocks ``<b>``: word 0 the counter ``b``, word 1 zero."""
+    counters = np.asarray(counters, dtype=np.uint64)
+    blocks = np.zeros((len(counters), 2), dtype=np.uint64)
+    blocks[:, 0] = counters
+    return blocks
+
+
+def cbc_chain(enc, *blocks):
+    """The CBC-MAC state of each row after the blocks ``blocks[0], blocks[1], ...`` (each
+    an ``(n, 2)`` uint64 array): ``E(...E(E(m_1) xor m_2)... xor m_j)``. With the last
+    block a counter this is the fixed-length CBC-MAC of ``(m_1, ..., m_j, <b>)``."""
+    state = encrypt(enc, blocks[0])
+    for block in blocks[1:]:
+        state = encrypt(enc, state ^ block)
+    return state
+
+
+def tag_word(tag):
+    """An 8-byte tag as the uint64 word it is read as (little-endian)."""
+    if len(tag) != 8:
+        raise ValueError("a tag is 8 bytes")
+    return np.frombuffer(tag, dtype=WORD)[0].astype(np.uint64)
+
+
+def offsets_and_data(arr):
+    """(int64 value offsets into the data buffer, uint8 data buffer) of a binary/string Array."""
+    n = len(arr)
+    buffers = arr.buffers()
+    if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type):
+        offsets = np.frombuffer(buffers[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
+    else:
+        offsets = np.frombuffer(buffers[1], dtype=np.int32, count=n + 1,
+                                offset=arr.offset * 4).astype(np.int64)
+    data = (np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None
+            else np.zeros(0, np.uint8))
+    return offsets, data
+
+
+def _binary(arr):
+    """``arr`` as a binary-like Array Arrow can join (string, binary or their large forms
+    as they are: no copy of the offsets or data)."""
+    t = arr.type
+    if (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t)):
+        return arr
+    return arr.cast(pa.large_binary())
+
+
+def mac_bytes(arr, key, tag):
+    """(n, 2) uint64: the prefix-free CBC-MAC under AES-256 ``key`` of each value of a
+    null-free binary/string Array. The message of a value of ``L`` bytes is the block
+    ``tag || L`` (8 bytes each, little-endian) followed by the bytes, zero-padded to
+    whole blocks: the length in the first block makes the set prefix-free."""
+    n = len(arr)
+    out = np.zeros((n, 2), dtype=np.uint64)
+    if n == 0:
+        return out
+    arr = _binary(arr)
+    lengths = pc.binary_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+    long = lengths > LONG_BYTES
+    if long.any():
+        offsets, data = offsets_and_data(arr)
+        for i in np.flatnonzero(long):   # rare: ids over a kilobyte, one CBC call each
+            out[i] = mac_one(bytes(data[offsets[i]:offsets[i + 1]]), key, tag)
+        short = np.flatnonzero(~long)
+        out[short] = _mac_short(arr.take(pa.array(short)), lengths[short], key, tag)
+    else:
+        out[:] = _mac_short(arr, lengths, key, tag)
+    return out
+
+
+_PADS = pa.array([bytes(k) for k in range(BLOCK)], pa.binary())
+
+
+def _mac_short(arr, lengths, key, tag):
+    """CBC-MAC of many short messages at once. Arrow appends each value's zero padding
+    (one element-wise join, no per-byte Python or index arrays), so the data buffer is
+    the messages' blocks back to back; then block position j of every message that has
+    one goes through AES in a single call (messages ordered by block count, longest
+    first, so those still running are a prefix)."""
+    if len(arr) == 0:
+        return np.zeros((0, 2), dtype=np.uint64)
+    pads = _PADS.take(pa.array((-lengths) % BLOCK)).cast(arr.type)
+    padded = pc.binary_join_element_wise(arr, pads, pa.scalar(b"", arr.type))
+    offsets, data = offsets_and_data(padded)
+    base = int(offsets[0])
+    span = data[base:int(offsets[-1])]
+    blocks = np.frombuffer(span.tobytes() if base % 8 else span, dtype=WORD).reshape(-1, 2)
+    first = (offsets[:-1] - base) // BLOCK
+    data_blocks = np.diff(offsets) // BLOCK
+    order = np.argsort(-data_blocks, kind="stable")
+    first, data_blocks = first[order], data_blocks[order]
+    enc = encryptor(key)
+    header = np.empty((len(lengths), 2), dtype=np.uint64)
+    header[:, 0] = tag_word(tag)
+    header[:, 1] = lengths[order].astype(np.uint64)
+    state = encrypt(enc, header)
+    descending = -data_blocks                 # ascending, for searchsorted
+    for j in range(int(data_blocks.max(initial=0))):
+        active = int(np.searchsorted(descending, -j, side="left"))   # data_blocks > j
+        state[:active] = encrypt(enc, state[:active] ^ blocks[first[:active] + j])
+    out = np.empty_like(state)
+    out[order] = state
+    return out
+
+
+def mac_one(message, key, tag):
+    """The same CBC-MAC of one message (CBC encryption with a zero IV; its last block)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    header = tag + len(message).to_bytes(8, "little")
+    padded = header + message + bytes(-len(message) % BLOCK)
+    enc = Cipher(algorithms.AES(key), modes.CBC(bytes(BLOCK))).encryptor()
+    last = enc.update(padded)[-BLOCK:]
+    return np.frombuffer(last, dtype=WORD).astype(np.uint64)

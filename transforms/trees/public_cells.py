@@ -1,0 +1,209 @@
+"""Per-key quantiles over a public cell domain: once the keys are public (``input.public_keys``
+or released by a ``select_keys`` stage), every (key, level, bucket) cell of the
+branching-ary hierarchy over the public value range is public too, so each cell is
+released with discrete Gaussian noise and no threshold (paper 002 Sec. 4, Algorithm 1,
+applied to the cells; the hierarchy is paper 003 Sec. 4.2's).
+
+Privacy (``accounting.known_domain.gaussian_delta``): a user holds one value in at most C
+keys (``transforms.bounding.key_value_bound``), so adding them moves exactly one bucket per kept
+key at each of the L levels by 1: C L unit shifts of independent N_Z(0, sigma^2)
+coordinates, whose exact delta(eps) is ``composed_shift_delta(eps, sigma, C L)``. Keys
+compose in parallel (a user touches at most C of them): epsilon is never divided by the
+number of keys.
+
+Post-processing per key (no privacy cost):
+
+1. consistency -- the least-squares tree estimate (Hay, Rastogi, Miklau, Suciu, VLDB 2010,
+   Sec. 4 "constrained inference"), done as an inverse-variance bottom-up pass and a
+   top-down pass that spreads each parent's residual over its children in proportion
+   to their variances; the total is the sum of the level-1 estimates (no root cell);
+2. the cumulative counts F over the leaves made non-decreasing (isotonic regression,
+   ``scipy.optimize.isotonic_regression``) and clipped to [0, total];
+3. the phi-quantile interpolated linearly inside the leaf where F crosses phi * total;
+   values are then non-decreasing in phi by construction (and sorted to make sure).
+
+A key's values are null only when its estimated total is below ``support_floor`` (Z
+standard deviations of the total's noise, a public number): too few users to rank.
+"""
+import math
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from thresher.transforms.randomness import hashing
+from thresher.transforms.plumbing.arrow_coder import TABLE
+from thresher.transforms.trees.heavy_hitters import LEVEL_COLUMN
+from thresher.transforms.trees.quantiles import BUCKET_COLUMN, level_cells
+from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN
+
+SUPPORT_Z = 3.0
+NULL_REASON = ("null: the key's noisy number of users is below {floor:.4g} ({z:g} standard "
+               "deviations of its noise): too few users to rank")
+
+
+# ---- kernels ----------------------------------------------------------------------------
+
+def consistent_tree(noisy_levels, branching):
+    """Least-squares consistent estimates (Hay et al. 2010) of a hierarchy whose levels
+    1..L (arrays of length b**l) carry independent noise of equal variance; returns
+    (leaf estimates, variance of the total's estimate in units of the noise variance)."""
+    b = int(branching)
+    levels = [np.asarray(h, dtype=np.float64) for h in noisy_levels]
+    # bottom-up: z = inverse-variance mix of the node's own count and its children's sum
+    z = [None] * len(levels)
+    var = [None] * len(levels)
+    z[-1], var[-1] = levels[-1].copy(), np.ones_like(levels[-1])
+    for i in range(len(levels) - 2, -1, -1):
+        child_sum = z[i + 1].reshape(-1, b).sum(axis=1)
+        child_var = var[i + 1].reshape(-1, b).sum(axis=1)
+        w = child_var / (1.0 + child_var)          # weight of the node's own count
+        z[i] = w * levels[i] + (1.0 - w) * child_sum
+        var[i] = child_var / (1.0 + child_var)
+    total_var = float(var[0].sum())
+    # top-down: each parent's residual spread over its children by their variances
+    est = z[0]
+    for i in range(1, len(levels)):
+        kids = z[i].reshape(-1, b)
+        kv = var[i].reshape(-1, b)
+        residual = est - kids.sum(axis=1)
+        est = (kids + residual[:, None] * kv / kv.sum(axis=1, keepdims=True)).ravel()
+    return est, total_var
+
+
+def support_floor(sigma, branching, levels, z=SUPPORT_Z):
+    """The smallest estimated total a key must reach to be answered: z times the standard
+    deviation of its consistent total (public: sigma and the tree shape only)."""
+    shape = [np.zeros(branching ** l) for l in range(1, levels + 1)]
+    _, total_var = consistent_tree(shape, branching)
+    return z * sigma * math.sqrt(total_var)
+
+
+def _isotonic(values):
+    try:
+        from scipy.optimize import isotonic_regression
+        return np.asarray(isotonic_regression(values).x, dtype=np.float64)
+    except ImportError:     # scipy < 1.12: running maximum (still monotone)
+        return np.maximum.accumulate(values)
+
+
+def key_quantiles(noisy_levels, ranks, *, lo, hi, branching, floor):
+    """The quantiles of one key from its noisy levels: (values list, None) or
+    ([None]*, the estimated total) when the total is below ``floor``."""
+    leaves, _ = consistent_tree(noisy_levels, branching)
+    total = float(leaves.sum())
+    if not total >= floor:
+        return [None] * len(ranks), total
+    cum = np.concatenate([[0.0], np.cumsum(leaves)])
+    cum = np.clip(_isotonic(cum), 0.0, total)
+    cum[-1] = total
+    n = len(leaves)
+    width = (hi - lo) / n
+    out = []
+    for phi in ranks:
+        target = float(phi) * total
+        r = int(np.searchsorted(cum, target, side="left"))      # first F[r] >= target
+        r = min(max(r, 1), n)
+        below, above = cum[r - 1], cum[r]
+        frac = 0.5 if above <= below else (target - below) / (above - below)
+        out.append(lo + width * (r - 1 + min(max(frac, 0.0), 1.0)))
+    order = np.argsort(ranks, kind="stable")
+    mono = np.maximum.accumulate(np.asarray(out)[order])
+    values = np.empty(len(out))
+    values[order] = mono
+    return [float(v) for v in values], total
+
+
+# ---- Beam -------------------------------------------------------------------------------
+
+def _cells(table, keys, value_column, lo, hi, branching, levels):
+    parts = []
+    for level in range(1, levels + 1):
+        cells = level_cells(table, keys, value_column, lo=lo, hi=hi, branching=branching, level=level)
+        parts.append(cells.add_column(0, LEVEL_COLUMN, pa.array(np.full(cells.num_rows, level, np.int32))))
+    out = pa.concat_tables(parts)
+    cols = [LEVEL_COLUMN, *keys, BUCKET_COLUMN]
+    return out.append_column(KEY_HASH_COLUMN, pa.array(hashing.hash_columns(out, cols), pa.uint64()))
+
+
+def zero_cells(key_table, keys, branching, levels, max_rows=1 << 16):
+    """Every (level, key, bucket) cell of the keys in ``key_table`` (distinct key tuples,
+    the released key types) with count 0, in tables of at most ``max_rows`` rows (so each
+    cell comes out of the sum once, with or without users)."""
+    per_key = sum(branching ** l for l in range(1, levels + 1))
+    level = np.concatenate([np.full(branching ** l, l, np.int32) for l in range(1, levels + 1)])
+    bucket = np.concatenate([np.arange(branching ** l, dtype=np.int64) for l in range(1, levels + 1)])
+    step = max(1, max_rows // per_key)
+    for start in range(0, key_table.num_rows, step):
+        chunk = key_table.slice(start, step)
+        rep = chunk.take(pa.array(np.repeat(np.arange(chunk.num_rows), per_key)))
+        cols = {LEVEL_COLUMN: pa.array(np.tile(level, chunk.num_rows))}
+        cols.update({k: rep.column(k).combine_chunks() for k in keys})
+        cols[BUCKET_COLUMN] = pa.array(np.tile(bucket, chunk.num_rows))
+        cols["count"] = pa.array(np.zeros(per_key * chunk.num_rows, np.int64))
+        table = pa.table(cols)
+        yield table.append_column(KEY_HASH_COLUMN, pa.array(
+            hashing.hash_columns(table, [LEVEL_COLUMN, *keys, BUCKET_COLUMN]), pa.uint64()))
+
+
+def key_tuples(key_table, keys):
+    """The key tuples of a key table, in its row order."""
+    return list(zip(*[key_table.column(k).to_pylist() for k in keys]))
+
+
+def answer(released, keys, key_list, ranks, *, lo, hi, branching, levels, floor):
+    """Post-processing of every released cell: columns (keys..., rank, value) with one row
+    per (key in ``key_list``, rank)."""
+    tables = [t for t in released if t.num_rows]
+    by_key = {}
+    if tables:
+        table = pa.concat_tables(tables)
+        lv = table.column(LEVEL_COLUMN).to_numpy()
+        bk = table.column(BUCKET_COLUMN).to_numpy()
+        ct = table.column("count").to_numpy()
+        kts = list(zip(*[table.column(k).to_pylist() for k in keys])) if keys else [()] * table.num_rows
+        for i, kt in enumerate(kts):
+            by_key.setdefault(kt, []).append(i)
+    out = {k: [] for k in keys}
+    out["rank"], out["value"], out["resolution"] = [], [], []
+    leaf_width = (hi - lo) / branching ** levels   # every cell is released: the leaves inform
+    for kt in key_list:
+        kt = tuple(kt)
+        hist = [np.zeros(branching ** l) for l in range(1, levels + 1)]
+        if kt in by_key:
+            idx = np.asarray(by_key[kt])
+            for l in range(1, levels + 1):
+                sel = idx[lv[idx] == l]
+                hist[l - 1][bk[sel]] = ct[sel]
+        values, _ = key_quantiles(hist, ranks, lo=lo, hi=hi, branching=branching, floor=floor)
+        for phi, v in zip(ranks, values):
+            for k, x in zip(keys, kt):
+                out[k].append(x)
+            out["rank"].append(float(phi))
+            out["value"].append(v)
+            out["resolution"].append(None if v is None else leaf_width)
+    return out
+
+
+class PublicCellLevels(beam.PTransform):
+    """Per-(key, value) counts of the selected keys -> PCollection of Table(level, keys...,
+    bucket, __key, count): every cell of every selected key exactly once, true counts
+    (zeros included). ``key_table``: a one-element PCollection holding the table of the
+    selected keys."""
+
+    def __init__(self, keys, value_column, key_table, *, lo, hi, branching, levels,
+                 num_shards, label=None):
+        super().__init__(label)
+        self._keys, self._column, self._key_table = list(keys), value_column, key_table
+        self._lo, self._hi, self._b, self._levels = float(lo), float(hi), int(branching), int(levels)
+        self._num_shards = int(num_shards)
+
+    def expand(self, counts):
+        from thresher.transforms.plumbing.aggregate import SumCountsPerKey
+        cells = counts | "Cells" >> beam.Map(_cells, self._keys, self._column, self._lo, self._hi,
+                                             self._b, self._levels).with_output_types(TABLE)
+        zeros = self._key_table | "ZeroCells" >> beam.FlatMap(
+            zero_cells, self._keys, self._b, self._levels).with_output_types(TABLE)
+        return ((cells, zeros) | "FlattenCells" >> beam.Flatten()
+                | "SumPerCell" >> SumCountsPerKey([LEVEL_COLUMN, *self._keys, BUCKET_COLUMN],
+                                                  self._num_shards))

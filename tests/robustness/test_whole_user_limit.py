@@ -22,7 +22,7 @@ import yaml
 from thresher.pipelines import cli
 from thresher.pipelines.running import release
 from thresher.pipelines.ledgers import ledger
-from thresher.transforms.bounding import prereduce
+from thresher.transforms.bounding import prereduce, user_shards
 
 HEAVY_ROWS = 2000
 
@@ -69,6 +69,9 @@ CASES = {
 def test_a_user_over_the_limit_fails_closed_naming_the_setting(tmp_path, monkeypatch, capsys,
                                                                data, case):
     monkeypatch.setattr(release, "MAX_USER_ROWS", 300)
+    # heavy_hitters and quantiles read it when they build their shuffle
+    # (pipelines.kinds.base.whole_user_limit)
+    monkeypatch.setattr(user_shards, "MAX_USER_ROWS", 300)
     monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)   # small tables here
     change, field = CASES[case]
     doc = {"name": case, "input": {"path": data, "format": "parquet", "user": "user_id",

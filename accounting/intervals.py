@@ -161,6 +161,49 @@ def count_bounds(y, tail, alpha, floor, threshold=None, clamped_at_zero=False):
     y = np.asarray(y, dtype=np.int64)
     if y.size == 0:
         return y.copy(), y.copy()
+    if threshold is None and y.size > _SHIFT_MIN:
+        return _untruncated_bounds(y, tail, alpha, floor, clamped_at_zero)
+    return _neyman_bounds(y, tail, alpha, floor, threshold, clamped_at_zero)
+
+
+# Without a threshold, above this many values the interval is found once and shifted
+# (:func:`_untruncated_bounds`); below it the bisection per value is as cheap.
+_SHIFT_MIN = 64
+
+
+def _untruncated_bounds(y, tail, alpha, floor, clamped_at_zero):
+    """:func:`count_bounds` without a threshold (public keys; the independent count stage
+    of weighted_gaussian and adaptive), by translation. With no truncation the two tests
+    read the noise's own tails at y - n and y + 1 - n, so away from ``floor`` the Neyman
+    set of y is that of any y0 shifted by y - y0: n_lo = max(floor, y - a) and n_hi = y + b
+    with (a, b) found once, at a y0 whose set does not reach the floor. Values whose set
+    would be empty (y + b < floor) or a clamped 0 take the bisection
+    (:func:`_neyman_bounds`), which this equals value for value
+    (tests/accounting/test_intervals.py, every y of a range around the floor)."""
+    floor = int(floor)
+    reach = int(tail._hi) if tail.noise == GAUSSIAN else _laplace_reach(tail.scale)
+    y0 = floor + 2 * reach + 2
+    lo0, hi0 = _neyman_bounds(np.array([y0], dtype=np.int64), tail, alpha, floor, None,
+                              False)
+    a, b = y0 - int(lo0[0]), int(hi0[0]) - y0
+    if y0 - a <= floor:           # the reference reaches the floor: no shift is exact
+        return _neyman_bounds(y, tail, alpha, floor, None, clamped_at_zero)
+    # n_lo is the first n >= floor passing a test increasing in n: max(floor, y - a); n_hi
+    # the last n before the other test fails, y + b, while that is >= floor (below it the
+    # set is empty and the bisection's tie rule applies)
+    shifted = y + b >= floor
+    if clamped_at_zero:
+        shifted &= y != 0
+    lo, hi = np.maximum(y - a, floor), y + b
+    rest = np.flatnonzero(~shifted)
+    if rest.size:
+        lo_r, hi_r = _neyman_bounds(y[rest], tail, alpha, floor, None, clamped_at_zero)
+        lo[rest], hi[rest] = lo_r, hi_r
+    return lo, hi
+
+
+def _neyman_bounds(y, tail, alpha, floor, threshold, clamped_at_zero):
+    """:func:`count_bounds` by bisection per value (the definition)."""
     half = alpha / 2.0
     floor = int(floor)
     reach = int(tail._hi) if tail.noise == GAUSSIAN else _laplace_reach(tail.scale)

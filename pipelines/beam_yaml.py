@@ -424,6 +424,7 @@ class _Release(beam.PTransform):
         output_columns = {c: (t, False) for c, t in kinds.get(spec.kind).OUTPUT_COLUMNS.items()}
         if spec.kind == "quantiles":          # null where every cell was suppressed
             output_columns["value"] = (output_columns["value"][0], True)
+            output_columns["resolution"] = (output_columns["resolution"][0], True)
         if spec.kind == "weighted_sampling":  # token and estimate: null with report: keys
             output_columns = {c: (t, True) for c, (t, _) in output_columns.items()}
         if spec.mechanism.get("debias"):      # input.public_keys with debias: poisson
@@ -454,6 +455,12 @@ class _Release(beam.PTransform):
         with building(source, root=root):
             released, chosen = release_stages(records, plan, self._num_shards,
                                               clip_sink=clips.append, notes_sink=notes.append)
+        charged = None      # budget: this run's charge; both outputs wait for it. The
+        # charge reads the secret (its run token), so it is added before OneSecret seals
+        # the secret's readers
+        if spec.budget is not None:
+            from thresher.pipelines.ledgers.pipeline_charge import charge_when_run
+            charged = beam.pvalue.AsSingleton(charge_when_run(rows.pipeline, plan, source, root))
         # nothing leaves before the run is known to have read one secret (issue 36 P2)
         from thresher.transforms.randomness.secret_commitment import OneSecret
         released = released | "OneSecret" >> OneSecret(source)
@@ -466,10 +473,6 @@ class _Release(beam.PTransform):
             chosen_value = beam.pvalue.AsSingleton(chosen, default_value=min(plan.candidates))
         clips_value = beam.pvalue.AsSingleton(clips[0]) if clips else None
         notes_value = beam.pvalue.AsSingleton(notes[0]) if notes else None
-        charged = None      # budget: this run's charge; both outputs wait for it
-        if spec.budget is not None:
-            from thresher.pipelines.ledgers.pipeline_charge import charge_when_run
-            charged = beam.pvalue.AsSingleton(charge_when_run(rows.pipeline, plan, source, root))
         released_rows = released | "ToRows" >> beam.FlatMap(
             _table_to_rows, columns=keys + list(output_columns), spec=spec, reports=reports,
             chosen=chosen_value, clips=clips_value, charged=charged).with_output_types(row_type)

@@ -6,7 +6,7 @@ here, when the record is read, from the release secret: ``transforms.randomness.
 ``__key`` (uint64 hash of the key columns) and the key columns. The identity is all that
 travels of a user id: users are grouped and their random streams keyed by it
 (``transforms.bounding.user_shards``). Rows that cannot be attributed are dropped and counted
-(Beam metrics and the operator log, labelled not private), as documented in the README:
+(Beam metrics and the operator log, labelled not private), as documented in docs/input.md:
 
 - a null or empty-string user id (the record belongs to no identifiable user);
 - a null key value, or NaN in a floating-point key column.

@@ -50,7 +50,7 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
   is meaningfully private beyond single digits) and privacy.delta >= 1e-100.
 
 Errors are ``SpecError`` (exit code 2) naming the field and the limit, or the nearest
-value that works. ``docs/accounting.md``/README ("Planning limits") list them.
+value that works. ``docs/limits.md`` ("Planning limits") lists them.
 """
 import math
 

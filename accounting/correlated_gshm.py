@@ -83,7 +83,7 @@ import numpy as np
 from thresher.accounting import discrete_gaussian as dg
 from thresher.accounting import gshm
 from thresher.accounting.search import smallest_integer
-from thresher.accounting.validation import check_threshold_parameters
+from thresher.accounting.validation import check_calibration_arguments, check_threshold_parameters
 
 NOISE = "correlated"
 # The splits the calibration tries: s / sigma, and sigma / sigma_min (sigma_min: the
@@ -267,14 +267,8 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, pre_threshold=1, thre
     with two noise scales it would not say which (the spec refuses it). Raises
     ValueError naming what would meet the budget."""
     epsilon = float(epsilon)
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon must be > 0, got {epsilon}")
-    if not (0 < delta_target < 1):
-        raise ValueError(f"delta must be in (0, 1), got {delta_target}")
-    if int(max_keys_per_user) != max_keys_per_user or max_keys_per_user < 1:
-        raise ValueError(f"max_keys_per_user must be an integer >= 1, got {max_keys_per_user}")
-    if int(pre_threshold) != pre_threshold or pre_threshold < 1:
-        raise ValueError(f"pre_threshold must be an integer >= 1, got {pre_threshold}")
+    check_calibration_arguments(epsilon=epsilon, delta_target=delta_target,
+                                max_keys_per_user=max_keys_per_user, pre_threshold=pre_threshold)
     c_u, tau = int(max_keys_per_user), int(pre_threshold)
     if c_u > MAX_KEYS:
         raise ValueError(f"max_keys_per_user must be <= {MAX_KEYS} for correlated noise "

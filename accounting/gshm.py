@@ -41,7 +41,7 @@ from thresher.accounting._lazy import special
 
 from thresher.accounting import discrete_gaussian, gaussian
 from thresher.accounting.search import smallest_integer, smallest_real
-from thresher.accounting.validation import check_threshold_parameters
+from thresher.accounting.validation import check_calibration_arguments, check_threshold_parameters
 
 NOISES = ("gaussian", "discrete_gaussian")
 METHODS = ("exact", "add_deltas", "fdp")
@@ -354,14 +354,8 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, pre_threshold=1, sigm
     columns ((D_j, ratio_j), ...) calibrated jointly (see :func:`delta`).
     """
     epsilon = float(epsilon)
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon must be > 0, got {epsilon}")
-    if not (0 < delta_target < 1):
-        raise ValueError(f"delta must be in (0, 1), got {delta_target}")
-    if int(max_keys_per_user) != max_keys_per_user or max_keys_per_user < 1:
-        raise ValueError(f"max_keys_per_user must be an integer >= 1, got {max_keys_per_user}")
-    if int(pre_threshold) != pre_threshold or pre_threshold < 1:
-        raise ValueError(f"pre_threshold must be an integer >= 1, got {pre_threshold}")
+    check_calibration_arguments(epsilon=epsilon, delta_target=delta_target,
+                                max_keys_per_user=max_keys_per_user, pre_threshold=pre_threshold)
     if noise not in NOISES:
         raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")
     if sigma is not None and not (math.isfinite(sigma) and sigma > 0):

@@ -27,6 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from thresher.transforms.randomness.block_prf import offsets_and_data as _offsets_and_data
+
 _P = np.uint64(0x100000001B3)  # FNV-1 64-bit prime: odd, so powers never vanish mod 2**64
 _CHUNK_BYTES = 1 << 18  # power-table size (2 MiB each); longer values are folded chunk by chunk
 
@@ -67,19 +69,6 @@ def _power_tables():
         np.cumprod(inv, out=inv)
         _POWERS, _INV_POWERS = powers, inv
     return _POWERS, _INV_POWERS
-
-
-def _offsets_and_data(arr):
-    """(int64 value offsets into the data buffer, uint8 data buffer) of a binary/string Array."""
-    n = len(arr)
-    buffers = arr.buffers()
-    if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type):
-        offsets = np.frombuffer(buffers[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
-    else:
-        offsets = np.frombuffer(buffers[1], dtype=np.int32, count=n + 1,
-                                offset=arr.offset * 4).astype(np.int64)
-    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    return offsets, data
 
 
 def _hash_binary(arr):

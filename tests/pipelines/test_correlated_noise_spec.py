@@ -3,13 +3,16 @@ refuses (exit 2 naming the field), what the plan reports, that auto never plans 
 point above discrete_gaussian's, that the calibration cache never reuses a correlated or
 auto entry, and a real correlated release with its intervals."""
 import json
+import math
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from thresher.accounting import correlated_gshm, gshm
 from thresher.pipelines.planning import calibration_cache as cc
 from thresher.pipelines.cli import main
+from thresher.pipelines.dataio.intervals import count_interval
 from thresher.pipelines.kinds import gaussian
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
@@ -154,10 +157,23 @@ def test_a_correlated_release_publishes_intervals_and_says_errors_are_correlated
     table = pq.read_table(out / "released.parquet")
     assert table.schema.names == ["word", "count", "count_low", "count_high"]
     counts = table.column("count").to_numpy()
-    assert (table.column("count_low").to_numpy() <= counts).all()
-    assert (counts <= table.column("count_high").to_numpy()).all()
     report = json.loads((out / "release_report.json").read_text())
     mech = report["mechanism"]
+    # Not vacuous: the most common word has more distinct users than the threshold plus 8
+    # standard deviations of the shared and independent noise together, so it is released
+    # except with probability below 1e-15 (a Gaussian tail at 8 sd)
+    data = pq.read_table(small_parquet)
+    top = pc.max(data.group_by("word").aggregate([("user_id", "count_distinct")])
+                 ["user_id_count_distinct"]).as_py()
+    assert top >= mech["threshold"] + 8 * math.hypot(mech["sigma"], mech["shared_sigma"])
+    assert table.num_rows > 0
+    assert (table.column("count_low").to_numpy() <= counts).all()
+    assert (counts <= table.column("count_high").to_numpy()).all()
+    # the published ends are the convolution intervals of the released counts
+    # (tests/accounting/test_intervals.py checks those against a direct convolution)
+    low, high = count_interval(counts, mech, 1 - report["intervals"]["confidence"])
+    assert (table.column("count_low").to_numpy() == low).all()
+    assert (table.column("count_high").to_numpy() == high).all()
     assert mech["noise"] == "correlated" and set(mech) >= {"sigma", "shared_sigma"}
     assert "correlated" in report["intervals"]["columns"]["count"]
     # the shared draw itself is nowhere: only these parameters are numbers in the section

@@ -4,6 +4,7 @@ bars of every interval column (D4), flags per statistic (D5), ``rank`` is no key
 the quantiles' null values and actual resolution (D9), and the page never written over a
 file that is no page (D11). Pages render in a real headless Chromium as
 tests/pipelines/test_summary.py's do. docs/robustness.md lists the cases."""
+import json
 import os
 
 import numpy as np
@@ -240,6 +241,14 @@ output: {{path: {tmp_path / 'out'}}}
     values = table.column("value").to_pylist()
     assert all(r is not None and r >= finest * (1 - 1e-12) for r in res)
     assert all(any(abs(r - 100 / 16 ** d) < 1e-9 for d in range(4)) for r in res)
+    # Not left to chance: a leaf cell is released only when its sampled count reaches the
+    # threshold, and no leaf of this data (seed 9) holds that many users, so no value can
+    # have the finest resolution whatever the secret (false-failure probability 0)
+    threshold = json.loads((tmp_path / "out" / "release_report.json").read_text())[
+        "mechanism"]["threshold"]
+    x = pq.read_table(data).column("x").to_numpy()
+    leaves = np.bincount(np.minimum((x / 100 * 16 ** 3).astype(int), 16 ** 3 - 1))
+    assert leaves.max() < threshold, (leaves.max(), threshold)
     coarse = [(v, r) for v, r in zip(values, res) if r > finest * 1.5]
     assert coarse, "at 3,000 users the deeper levels must release nothing somewhere"
     assert "are coarser than the plan's finest" in run_out
@@ -266,6 +275,11 @@ output: {{path: {tmp_path / 'out'}}}
     assert main(["run", str(spec)]) == 0
     run_out = capsys.readouterr().out
     table = pq.read_table(tmp_path / "out" / "released.parquet")
+    # Not left to chance: each key holds 10 users, below the sampled count's threshold, so
+    # no cell of any round can be released whatever the secret (false-failure probability 0)
+    threshold = json.loads((tmp_path / "out" / "release_report.json").read_text())[
+        "mechanism"]["threshold"]
+    assert len(keys) * 10 == 80 and 10 < threshold, threshold
     assert table.num_rows == 8 and table.column("value").null_count == 8
     for text in (run_out,):
         assert "null values: 8 of 8 (every value); 8 of 8 keys have no value at all" in text

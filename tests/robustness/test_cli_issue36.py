@@ -88,15 +88,26 @@ def test_ctrl_c_of_a_command_that_publishes_nothing_says_only_interrupted(spec):
         data = yaml.safe_load(handle)
     data["budget"] = {"ledger": ledger_path, "dataset": "d", "epsilon": 10, "delta": 1e-6}
     spec = write_yaml(folder, data)
-    proc = subprocess.Popen([sys.executable, "-m", "thresher.pipelines.cli", "plan", spec],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.time() + 60
-    while not _mapped(proc.pid, "libarrow.so") and proc.poll() is None \
-            and time.time() < deadline:
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    # hold the ledger's exclusive lock: plan's read of the ledger waits (up to 60 s), so the
+    # signal reaches a process that is still running, whatever the machine's speed
+    holder = sqlite3.connect(ledger_path, isolation_level=None)
+    holder.execute("CREATE TABLE IF NOT EXISTS hold (x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "thresher.pipelines.cli", "plan", spec],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        deadline = time.time() + 60
+        while not _mapped(proc.pid, "libarrow.so") and proc.poll() is None \
+                and time.time() < deadline:
+            time.sleep(0.002)
+        time.sleep(1.0)                   # past start-up, into the ledger's wait
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
     assert proc.returncode == 130, (out, err)
     assert err.strip().splitlines() == ["thresher: interrupted"], err
 

@@ -28,21 +28,36 @@ Everything published is post-processing of the node values of the keys present.
 1-4 of the DP-SQLP paper, 2024; here in our own form, thresholding the tree's own noisy
 cumulative counts). A key is
 released from the first period t at which its noisy cumulative count reaches the
-threshold tau, and stays released. A key that only the added user holds has cumulative
-count 0 before that user's first period for it and 1 from then on, so it is ever released
-only if 1 + N_t >= tau at some period t, N_t the sum of popcount(t) node noises. By the
-union bound over periods and over the user's <= C keys,
+threshold tau, and stays released. Only keys with a true cumulative count >= 1 are
+tested. At a period where no user but the added one has reached a key yet, the key is
+tested in one neighbour (count 1) and not in the other (count 0); it crosses only if
+1 + N_t >= tau, N_t the sum of popcount(t) node noises. By the union bound over periods
+and over the user's <= C keys, the probability of any such crossing is at most
 
     delta_sel = C * sum_{t=1..T} P(S_{popcount(t)} >= tau - 1),
 
 S_k the sum of k i.i.d. N_Z(0, sigma^2), computed exactly by convolution
 (``accounting.discrete_gaussian.sum_pmf``, its truncated mass added to each tail).
-Conditioned on the event that none of those keys is released (probability >= 1 -
-delta_sel, independent of the other keys' noise), the output is the same post-processing
-of the keys present in both neighbours: the release is delta_sel-approximately rho-zCDP
-(Bun & Steinke 2016, Def. 8.1), the record the ledger's zcdp mode charges, and
-(epsilon, delta_conv + delta_sel)-DP with epsilon the CKS conversion of rho at delta_conv
-(``accounting.zcdp.epsilon_of_rho``).
+
+*The (epsilon, delta) argument.* Let D' = D plus user u, g_S the map from node values to
+the published series that evaluates the pairs (key, period) of S (a key's noisy cumulative
+count against tau, keys staying once released), so M(D) = g_{S(D)}(tree(D)) with S(D) the
+pairs whose true cumulative count in D is >= 1. The node values of the keys present in
+either input, tree(D) and tree(D'), differ by the shift above, so for any fixed map g,
+g(tree(D)) and g(tree(D')) are (epsilon, delta_conv)-indistinguishable (rho-zCDP and the
+CKS conversion). S(D') exceeds S(D) only by pairs (k, t) of u's keys whose count in D is
+0 and in D' is 1. (i) M(D') differs from g_{S(D)}(tree(D')) only if one of those pairs
+crosses, 1 + N_t >= tau: probability <= delta_sel; so P[M(D') in A] <= e^eps P[M(D) in A]
++ delta_conv + delta_sel. (ii) M(D) differs from g_{S(D')}(tree(D)) only if one of them
+crosses at 0 + N_t >= tau: probability <= delta_sel again; so P[M(D) in A] <= e^eps
+P[M(D') in A] + delta_conv + delta_sel. The series is (epsilon, delta_conv + delta_sel)-DP.
+
+*The ledger's zcdp record.* A key u reaches before anyone else in D has its early
+selection tests and its later node values correlated (the nodes are shared), so
+conditioning on "no early crossing" changes the law of the later values and the GSHM-style
+record (rho, delta_sel) is not proved here. :func:`privacy_record` therefore charges the
+horizon from its (epsilon, delta) claim, (epsilon^2 / 2, delta)
+(``zcdp.approximate_record``): sound, and loose under ``composition: zcdp``.
 
 **Calibration** (:func:`calibrate`): delta_sel = ``selection_share`` x delta; rho the
 largest whose conversion at delta - delta_sel is <= epsilon (``zcdp.rho_budget``); sigma
@@ -242,8 +257,9 @@ def calibrate(epsilon, delta, max_keys_per_user, horizon,
 
 
 def privacy_record(calibration):
-    """The horizon's approximate-zCDP record (rho, delta_sel), charged once."""
-    return zcdp.Record(float(calibration.rho), float(calibration.delta_selection))
+    """The horizon's approximate-zCDP record, charged once: from its (epsilon, delta)
+    claim (module docstring, "The ledger's zcdp record")."""
+    return zcdp.approximate_record(calibration.epsilon, calibration.delta)
 
 
 # ---- intervals ------------------------------------------------------------------------------

@@ -93,8 +93,9 @@ def plan_document(spec, calibration):
                                "one-shot releases: the tree does not pay at this horizon"),
         },
         "privacy": {"epsilon": spec.privacy.epsilon, "delta": spec.privacy.delta,
-                    "rho": calibration.rho, "delta0": calibration.delta_selection,
+                    "tree_rho": calibration.rho, "delta_selection": calibration.delta_selection,
                     "epsilon_of_rho": calibration.epsilon_achieved,
+                    "zcdp_record": dataclasses.asdict(acc.privacy_record(calibration)),
                     "unit": "user (all records of one user in all periods)"},
     }
 
@@ -107,7 +108,9 @@ def plan_lines(spec):
     lines = [
         f"continual release {spec.name!r}: {cal.horizon} periods, charged once at period 1: "
         f"epsilon={spec.privacy.epsilon:g}, delta={spec.privacy.delta:g} (user-level over the "
-        f"whole horizon; zCDP rho={cal.rho:.6g}, selection delta0={cal.delta_selection:.3g})",
+        f"whole horizon; the tree's zCDP rho={cal.rho:.6g} converts to epsilon="
+        f"{cal.epsilon_achieved:.6g} at delta {cal.delta - cal.delta_selection:.3g}, plus "
+        f"key selection's delta {cal.delta_selection:.3g})",
         f"bound: each user counted in at most {cal.max_keys_per_user} keys over the horizon "
         f"(its first distinct keys in period order)",
         f"tree: binary mechanism, {cal.levels} nodes per period, discrete Gaussian node noise "
@@ -179,9 +182,10 @@ def _charge(spec, calibration, spec_sha, token, out):
     from thresher.accounting import zcdp
     from thresher.pipelines.ledgers import composition as comp
     from thresher.pipelines.ledgers import ledger
+    from thresher.accounting import continual as acc
+    record = acc.privacy_record(calibration)
     charge = comp.Charge(comp.dec(spec.privacy.epsilon), comp.dec(spec.privacy.delta),
-                         zcdp.decimal_up(calibration.rho),
-                         zcdp.decimal_up(calibration.delta_selection))
+                         zcdp.decimal_up(record.rho), zcdp.decimal_up(record.delta0))
     return ledger.reserve_charge(spec.budget, spec.name, spec_sha, charge, run_token=token,
                                  output=f"continual: {out} ({calibration.horizon} periods)")
 

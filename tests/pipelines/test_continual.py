@@ -242,4 +242,5 @@ def test_plan_prints_the_ratio_and_recommends_one_shot_where_the_tree_does_not_p
     done = _cli(tmp_path, "plan", str(_spec(tmp_path, horizon=365)), "--json")
     plan = json.loads(done.stdout)
     assert plan["noise"]["ratio"] == pytest.approx(acc.noise_ratio(365))
-    assert plan["privacy"]["delta0"] <= 0.5e-8
+    assert plan["privacy"]["delta_selection"] <= 0.5e-8
+    assert plan["privacy"]["zcdp_record"] == {"rho": 0.5, "delta0": 1e-8}

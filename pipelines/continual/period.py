@@ -77,22 +77,29 @@ def new_contributions(prepared, users_before, key_columns, max_keys_per_user, pe
 
 def node_noise(keys, key_columns, period, sigma, source):
     """Step 2: int64 sum of the node noises of ``period``'s decomposition for each row of
-    ``keys`` (distinct keys), each drawn by (key, node)."""
-    n = keys.num_rows
-    total = np.zeros(n, dtype=np.int64)
-    if n == 0:
-        return total
-    stage_keys = keyed_random.StageKeys(source.stage_key(NODE_STAGE))
-    for level, index in acc.prefix_nodes(period):
-        node_id = (int(level) << 40) | int(index)
-        table = keys.select(list(key_columns)).append_column(
-            NODE_COLUMN, pa.array(np.full(n, node_id, dtype=np.int64)))
-        streams = keyed_random.TableStreams(stage_keys, table,
-                                            {"node": list(key_columns) + [NODE_COLUMN]},
-                                            distinct_rows=("node",))
-        total += np.asarray(samplers.discrete_gaussian(streams.rows(np.arange(n), "node"),
-                                                       sigma, n), dtype=np.int64)
+    ``keys`` (distinct keys)."""
+    total = np.zeros(keys.num_rows, dtype=np.int64)
+    for node in acc.prefix_nodes(period):
+        total += one_node_noise(keys, key_columns, node, sigma, source)
     return total
+
+
+def one_node_noise(keys, key_columns, node, sigma, source):
+    """int64 noise N_Z(0, sigma^2) of node (level, index) for each row of ``keys``, drawn
+    by (key, node): the same in every period that reads the node, and independent of
+    which other keys are present."""
+    n = keys.num_rows
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    level, index = node
+    node_id = (int(level) << 40) | int(index)
+    table = keys.select(list(key_columns)).append_column(
+        NODE_COLUMN, pa.array(np.full(n, node_id, dtype=np.int64)))
+    streams = keyed_random.TableStreams(
+        keyed_random.StageKeys(source.stage_key(NODE_STAGE)), table,
+        {"node": list(key_columns) + [NODE_COLUMN]}, distinct_rows=("node",))
+    return np.asarray(samplers.discrete_gaussian(streams.rows(np.arange(n), "node"), sigma, n),
+                      dtype=np.int64)
 
 
 def release(prepared, users_before, released_before, key_columns, calibration, period,

@@ -28,7 +28,7 @@ import time
 from thresher.pipelines import __version__
 
 from thresher.pipelines.running import signals
-from thresher.pipelines.errors import ThresherError
+from thresher.pipelines.errors import SpecError, ThresherError
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 1
@@ -70,6 +70,8 @@ def _parser():
     run.add_argument("--overwrite", action="store_true", help="replace an earlier release in output.path")
     run.add_argument("-q", "--quiet", action="store_true",
                      help="print only errors (no summary, no progress unless --progress)")
+    run.add_argument("--period", type=int, default=None, metavar="P",
+                     help="a continual release's period, 1..continual.horizon (docs/continual.md)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="progress lines on stderr (stages, rows read); default: on when "
                           "stderr is a terminal")
@@ -510,6 +512,8 @@ def _spec_command(args, beam_args):
     from thresher.pipelines.planning.plan import make_plan
     progress.phase(f"reading the spec {args.config}")
     spec = spec_mod.load(args.config)
+    if spec.continual is not None or getattr(args, "period", None) is not None:
+        return _continual_command(args, spec)
     if args.command == "validate":
         from thresher.pipelines.dataio import input_schema
         from thresher.pipelines.planning.preflight import check_output_writable
@@ -551,6 +555,27 @@ def _spec_command(args, beam_args):
         from thresher.pipelines.reports import summary
         print("\n".join(summary.run_lines(report, spec.output.path, spec.input.keys,
                                           _ledger_line(spec))))
+    return 0
+
+
+def _continual_command(args, spec):
+    """A spec with a ``continual`` section (pipelines.continual.command)."""
+    if spec.continual is None:
+        raise SpecError("--period", "applies to a spec with a continual section only")
+    from thresher.pipelines.continual import command
+    if args.command == "run":
+        if args.period is None:
+            raise SpecError("--period", f"a continual release runs one period at a time: "
+                            f"thresher run {args.config} --period P (P = 1.."
+                            f"{spec.continual.horizon})")
+        return command.run(spec, args.period, quiet=args.quiet)
+    lines, document = command.plan_lines(spec)
+    if args.command == "plan" and args.json:
+        print(json.dumps(document, indent=2, sort_keys=True))
+    elif args.command == "validate":
+        print(f"{args.config}: valid (continual, {spec.continual.horizon} periods)")
+    else:
+        print("\n".join(lines))
     return 0
 
 

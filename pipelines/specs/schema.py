@@ -18,6 +18,7 @@ input's columns or the calibration, with the field named.
 """
 from thresher.pipelines.specs import aggregates_fields, declare as d
 from thresher.pipelines.ledgers import ledger
+from thresher.pipelines.continual import section as continual_section
 from thresher.pipelines.dataio import public_keys
 from thresher.pipelines import kinds as kinds_pkg
 from thresher.pipelines.dataio.formats import FORMATS
@@ -132,11 +133,14 @@ def sections(kinds=KINDS):
                                      description="the private choice of clip: auto bounds"),
         "budget": d.mapping(ledger.FIELDS, ledger.REQUIRED,
                             description="charge this release to a dataset's total in a ledger"),
+        "continual": d.mapping(continual_section.FIELDS, continual_section.REQUIRED,
+                               description="release every period of a horizon, charged once "
+                                           "(docs/continual.md)"),
     }
 
 
 TOP_FIELDS = ("name", "description", "input", "privacy", "bounding", "mechanism", "output",
-              "aggregates", "aggregates_auto", "budget")
+              "aggregates", "aggregates_auto", "budget", "continual")
 
 
 def json_schema(kinds=KINDS):

@@ -108,6 +108,7 @@ class ReleaseSpec:
     aggregates: tuple = ()   # pipelines.specs.aggregates.AggregateSpec, one per output column
     aggregates_auto: object = None  # pipelines.specs.aggregates.AutoClipSpec with clip: auto
     budget: object = None    # pipelines.ledger.BudgetSpec: the dataset's ledger, or None
+    continual: object = None  # pipelines.continual.section.ContinualSpec, or None
 
     @property
     def kind(self):
@@ -405,6 +406,12 @@ def parse(data, source_text=""):
                             "aggregates (the sums' noise is calibrated with independent count "
                             "noise); use noise: discrete_gaussian")
     columns.check(input_spec, mechanism, aggregates, kind.OUTPUT_COLUMNS)
+    budget = ledger.parse_section(data["budget"], privacy) if "budget" in data else None
+    continual = None
+    if "continual" in data:
+        from thresher.pipelines.continual import section as continual_section
+        continual_section.check(data, input_spec, bounding, mechanism, budget)
+        continual = continual_section.parse(data["continual"])
     return ReleaseSpec(
         name=data["name"],
         description=data.get("description", ""),
@@ -417,7 +424,8 @@ def parse(data, source_text=""):
         source_text=source_text,
         aggregates=aggregates,
         aggregates_auto=aggregates_auto,
-        budget=ledger.parse_section(data["budget"], privacy) if "budget" in data else None,
+        budget=budget,
+        continual=continual,
     )
 
 

@@ -61,7 +61,7 @@ TOP = (*ENTRY_POINTS, f"{P}.errors")
 # The most specific key applies.
 LAYERS = {
     "errors": (),
-    "specs": ("errors", "dataio", "kinds", "ledgers.ledger"),
+    "specs": ("errors", "dataio", "kinds", "ledgers.ledger", "continual.section"),
     "specs.declare": ("errors", "specs.fields", "specs.schema_check"),
     "specs.fields": ("errors",),
     "specs.schema_check": (),
@@ -79,6 +79,8 @@ LAYERS = {
     "running": ("errors", "planning.calibration_cache", "running"),
     "running.progress": ("errors",),
     "running.release": ("errors", "specs", "kinds", "dataio", "ledgers", "planning", "running"),
+    "continual": ("errors", "specs.declare", "dataio", "ledgers"),
+    "continual.section": ("errors", "specs.declare"),
 }
 
 

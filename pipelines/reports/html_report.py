@@ -14,7 +14,10 @@ half-width of the published intervals), the top keys' values as ``v [low, high]`
 flags per statistic (issue 36 D5): a count, sum or mean whose interval includes 0, a
 variance or stddev clamped at 0 (or at its largest possible value), any value whose
 interval's half-width exceeds it (noise dominates). Every text is drawn as written:
-matplotlib's math text is off (issue 36 D2).
+matplotlib's math text is off (issue 36 D2), and the log axes' tick labels, which
+matplotlib writes as math text, are rewritten as plain text (issue 42). Keys are cut to
+60 characters in the table and 40 in the plots, and drawn in matplotlib's bundled DejaVu
+Sans with each character it has no glyph for escaped (no "Glyph missing" warnings).
 
 matplotlib is the optional ``report`` extra (``pip install 'thresher[report]'``).
 """
@@ -494,8 +497,9 @@ def _build(plt, output, top):
                    for f in figures)
     plots = f"<h2>Plots</h2>{figs}" if figures else ""
     if top_table.num_rows:
+        # the notes but the first, the bounded-data line: the words above have it
         notes = "".join(f"<p>{html.escape(line)}</p>" for line in
-                        look.table_notes(report, top_table, output, keys))
+                        look.table_notes(report, top_table, output, keys)[1:])
         top_section = (f"<h2>Top {top_table.num_rows} keys</h2>\n<table><thead><tr>{head}</tr>"
                        f"</thead><tbody>{rows}</tbody></table>{notes}")
     else:

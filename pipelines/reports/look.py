@@ -167,7 +167,9 @@ def _csv_field(text):
 
 
 def _text(v):
-    return summary.escape(v) if isinstance(v, str) else v
+    """A csv field for a terminal: text as the table shows it (``summary.shown_text``: no
+    control byte, and a key holding a line break never reads as one holding ``\\n``)."""
+    return summary.shown_text(v) if isinstance(v, str) else v
 
 
 def _plain(v):

@@ -12,7 +12,9 @@ through the real CLI (a new interpreter, as a user runs them; releases made by
 - a JSONL user id at or above 2**63 is refused in plain words;
 - a key holding backslash-n and a key holding a line break are shown apart;
 - every field ``plan --json`` prints is documented."""
+import base64
 import glob
+import io
 import json
 import os
 import re
@@ -137,7 +139,8 @@ def test_the_page_of_long_and_wide_keys_fits_the_window(weird, tmp_path, monkeyp
     """Chromium paints the page at 1000 px: the 10,000-character key pushed the table, and
     every count with it, past the window's right edge (the header's colour reached the
     edge). The key is cut to 60 characters with an ellipsis in the table and to 40 in the
-    plot labels; the counts' column is on the screen."""
+    plot labels; the counts' column is on the screen; the log axis's tick labels are
+    short (plain text, not math-text markup)."""
     from PIL import Image
     assert CHROMIUM is not None, "CI must have Chromium: .ci/run installs it"
     page = _page(weird[0], tmp_path)
@@ -152,6 +155,14 @@ def test_the_page_of_long_and_wide_keys_fits_the_window(weird, tmp_path, monkeyp
     labels = _tick_labels(weird[0], tmp_path, monkeypatch)
     drawn = [t for ts in labels.values() for t in ts if t.startswith("L")]
     assert drawn == ["L" * 39 + "…"], drawn
+    # The tick labels as painted: the released-values plot's y axis (its spine, the first
+    # column of pixels dark over half the plot's height) sits right of its tick labels
+    # and the axis title. "10⁴" at 10 pt and 110 dpi is about 30 px wide; the markup
+    # "$\mathdefault{10^{4}}$" printed as text, about 170 px.
+    first = re.search(r'alt="Released values" src="data:image/png;base64,([^"]+)"', text)
+    plot = Image.open(io.BytesIO(base64.b64decode(first.group(1)))).convert("L")
+    dark = (np.asarray(plot).astype(int) < 60).mean(axis=0)
+    assert 0 < np.flatnonzero(dark > 0.5)[0] < 150, np.flatnonzero(dark > 0.5)[:2]
 
 
 def test_cjk_and_emoji_keys_make_no_warning(weird, tmp_path):
@@ -268,6 +279,32 @@ def test_backslash_n_and_a_line_break_are_shown_apart(weird, tmp_path):
     assert '<td class="text">&quot;a\\nb&quot;</td>' in text
     rows = [json.loads(line) for line in thresher("show", out, "--format", "json").stdout.splitlines()]
     assert {BACKSLASH_N, LINE_BREAK} <= {r["key"] for r in rows}     # the data as published
+    # csv into a terminal: the fields as the table shows them, then quoted as csv quotes
+    lines = _on_a_terminal(["show", out, "--format", "csv"]).splitlines()
+    assert any(line.startswith(f"{BACKSLASH_N},") for line in lines), lines
+    assert any(line.startswith('"""a\\nb""",') for line in lines), lines
+
+
+def _on_a_terminal(argv):
+    """What a command writes when its standard output is a terminal (a pseudo-terminal:
+    the line discipline turns LF into CR LF, undone here)."""
+    import pty
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "thresher.pipelines.cli", *argv], cwd=ROOT,
+                            stdout=slave, stderr=subprocess.PIPE)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 1 << 16)
+        except OSError:            # EIO: the writer closed its end
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=300) == 0 and proc.stderr.read() == b""
+    return b"".join(chunks).decode("utf-8").replace("\r\n", "\n")
 
 
 def _fields(document, path=""):

@@ -181,6 +181,9 @@ def _configure_logging(debug, quiet):
         logger.propagate = False
 
 
+# Beam appends the stage's name to an exception a DoFn raised ("... [while running
+# 'Read/ReadText']"); a thresher error's message is complete without it (issue 42).
+_STAGE_SUFFIX = re.compile(r" \[while running '[^\n]*'\]$")
 _WRAPPED = re.compile(r"(SpecError|InputError|CalibrationError|ThresherError): (.+?)(?:\s\[while running|$)",
                       re.S)
 
@@ -191,7 +194,7 @@ def _user_error_in(exc):
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, ThresherError):
-            return str(exc)
+            return _STAGE_SUFFIX.sub("", str(exc))
         exc = exc.__cause__ or exc.__context__
     return None
 
@@ -254,7 +257,7 @@ def _main(argv, interrupted, outcome):
             return _interrupted(interrupted, outcome[0])
         if args.debug:
             raise
-        print(f"thresher: error: {exc}", file=sys.stderr)
+        print(f"thresher: error: {_STAGE_SUFFIX.sub('', str(exc))}", file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:
         # stdout's reader went away (thresher plan ... | head -1): a normal end, as in
@@ -625,9 +628,10 @@ def _look_command(args):
         return 0
     from thresher.pipelines.reports import html_report
     dest = look.html_destination(args.output, args.html, overwrite=args.overwrite)
-    html_report.write(args.output, dest)
     with look.to_stdout():
-        print(f"wrote {dest}")
+        html_report.write(args.output, dest)
+        if not look.is_stdout(dest):      # the page itself went to stdout: nothing after it
+            print(f"wrote {dest}")
     return 0
 
 

@@ -412,7 +412,7 @@ class _ReadParquetRowGroup(beam.DoFn):
             yield pa.Table.from_batches([batch])
 
 
-def check_float_user_ids(column, where, name):
+def check_float_user_ids(column, where, name, hint=None):
     """Refuse a floating-point user column holding a whole number at or above 2**53
     (float64; 2**24 for float32, 2**11 for float16) in magnitude: floating point no longer
     holds every integer there, so such an id has usually been rounded already (a 64-bit
@@ -431,10 +431,17 @@ def check_float_user_ids(column, where, name):
         far = np.flatnonzero(np.isfinite(values) & (np.abs(values) >= exact))
     if len(far):
         raise InputError(
-            f"input.user: {where} row {int(far[0]) + 1}: the user id {values[far[0]]!r} in "
-            f"column {name!r} is a {column.type} at or above 2**{np.finfo(dtype).nmant + 1}, "
+            f"input.user: {where} row {int(far[0]) + 1}: the user id {float(values[far[0]])!r} "
+            f"in column {name!r} is a {column.type} at or above 2**{np.finfo(dtype).nmant + 1}, "
             f"where floating point cannot hold every integer (the id may have lost digits "
-            f"and name another user); store user ids as integers or text")
+            f"and name another user); " + (hint or "store user ids as integers or text"))
+
+
+# pyarrow's JSON reader reads an integer beyond int64 (>= 2**63, e.g. a 64-bit unsigned
+# id) as a double: the id has then lost its last digits, and is refused (issue 42).
+JSON_BIG_ID_HINT = ("a JSON integer at or above 2**63 is read as floating point: write the "
+                    "user ids as JSON strings (\"9223372036854775808\"), or as integers "
+                    "below 2**63")
 
 
 class _ReadTextFile(beam.DoFn):
@@ -470,7 +477,8 @@ class _ReadTextFile(beam.DoFn):
                     table = pjson.read_json(handle).select(list(self._columns))
                     _check_utf8(table, path)
                     if self._user is not None:
-                        check_float_user_ids(table.column(self._user), repr(path), self._user)
+                        check_float_user_ids(table.column(self._user), repr(path), self._user,
+                                             hint=JSON_BIG_ID_HINT)
                     check_key_sizes(table, self._keys, repr(path))
                     for batch in table.to_batches(max_chunksize=BATCH_ROWS):
                         yield pa.Table.from_batches([batch])

@@ -14,17 +14,23 @@ half-width of the published intervals), the top keys' values as ``v [low, high]`
 flags per statistic (issue 36 D5): a count, sum or mean whose interval includes 0, a
 variance or stddev clamped at 0 (or at its largest possible value), any value whose
 interval's half-width exceeds it (noise dominates). Every text is drawn as written:
-matplotlib's math text is off (issue 36 D2).
+matplotlib's math text is off (issue 36 D2), and the log axes' tick labels, which
+matplotlib writes as math text, are rewritten as plain text (issue 42). Keys are cut to
+60 characters in the table and 40 in the plots, and drawn in matplotlib's bundled DejaVu
+Sans with each character it has no glyph for escaped (no "Glyph missing" warnings).
 
 matplotlib is the optional ``report`` extra (``pip install 'thresher[report]'``).
 """
 import base64
+import errno
+import functools
 import html
 import io as _io
+import re
 
 import numpy as np
 
-from thresher.pipelines.reports import summary
+from thresher.pipelines.reports import look, summary
 from thresher.pipelines.errors import SpecError, ThresherError
 
 TOP_KEYS = 20
@@ -55,7 +61,109 @@ def _literal_text():
     return {"text.parse_math": False, "text.usetex": False}
 
 
+def _settings():
+    """Everything the page's plots are drawn under: literal text, and matplotlib's own
+    DejaVu Sans (bundled with it, so present on every machine whatever matplotlibrc
+    says), whose glyphs :func:`_label` checks every data-derived label against."""
+    return {**_literal_text(), "font.family": "sans-serif", "font.sans-serif": [FONT],
+            # log-axis ticks below 1,000 as plain numbers (500, not 5x10^2)
+            "axes.formatter.min_exponent": 3}
+
+
+FONT = "DejaVu Sans"
+PLOT_LABEL_WIDTH = 40       # characters of a key drawn as a plot label
+
+
+@functools.lru_cache(maxsize=1)
+def _glyphs():
+    """The code points FONT has a glyph for (its character map)."""
+    from matplotlib import font_manager, ft2font
+    path = font_manager.findfont(font_manager.FontProperties(family=FONT),
+                                 fallback_to_default=True)
+    return frozenset(ft2font.FT2Font(path).get_charmap())
+
+
+def _label(text, width=PLOT_LABEL_WIDTH):
+    """A data-derived text (a key, a column name) as a plot draws it: cut to ``width``
+    characters, and each character the font has no glyph for (CJK, most emoji) written as
+    its escape, ``\\u4e2d``, as ``show`` writes control characters. Issue 42: such keys
+    were drawn as empty boxes and matplotlib printed a "Glyph ... missing" warning per
+    character on stderr."""
+    glyphs = _glyphs()
+    text = summary.cut(text, width)
+    if all(ord(ch) in glyphs for ch in text):
+        return text
+    return "".join(ch if ord(ch) in glyphs else summary._escaped(ch) for ch in text)
+
+
+def _superscript(match):
+    return match.group(1).translate(SUPERSCRIPT)
+
+
+SUPERSCRIPT = str.maketrans("0123456789-.", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b\u00b7")
+_MATH = re.compile(r"^\$\\mathdefault\{(.*)\}\$$")
+_POWER = re.compile(r"\^\{([-0-9.]+)\}")
+
+
+def plain_tick(text):
+    """A log axis's tick label, which matplotlib writes as math text
+    (``$\\mathdefault{10^{4}}$``, ``$\\mathdefault{2\\times10^{3}}$``), as plain text
+    (``10\u2074``, ``2\u00d710\u00b3``): with math text off for the data's sake (issue 36 D2) the
+    markup was printed as it is (issue 42)."""
+    match = _MATH.match(text)
+    if not match:
+        return text
+    inner = _POWER.sub(_superscript, match.group(1))
+    return inner.replace("\\times", "\u00d7").replace("-", "\u2212")
+
+
+@functools.lru_cache(maxsize=1)
+def _plain_ticks_formatter():
+    """The class of a tick formatter that writes what the formatter it wraps writes, as
+    plain text (:func:`plain_tick`); made on first use, matplotlib being optional."""
+    from matplotlib.ticker import Formatter
+
+    class PlainTicks(Formatter):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def set_axis(self, axis):
+            super().set_axis(axis)
+            self.inner.set_axis(axis)
+
+        def set_locs(self, locs):
+            self.inner.set_locs(locs)
+
+        def __call__(self, x, pos=None):
+            return plain_tick(self.inner(x, pos))
+
+        def format_ticks(self, values):
+            return [plain_tick(t) for t in self.inner.format_ticks(values)]
+
+        def format_data(self, value):
+            return plain_tick(self.inner.format_data(value))
+
+        def format_data_short(self, value):
+            return plain_tick(self.inner.format_data_short(value))
+
+    return PlainTicks
+
+
+def _plain_ticks(fig):
+    """Every axis of ``fig`` whose tick labels are math text (log and symlog scales)
+    gets them as plain text."""
+    from matplotlib.ticker import LogFormatterMathtext
+    plain = _plain_ticks_formatter()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for get, put in ((axis.get_major_formatter, axis.set_major_formatter),
+                             (axis.get_minor_formatter, axis.set_minor_formatter)):
+                if isinstance(get(), LogFormatterMathtext):
+                    put(plain(get()))
+
+
 def _png(fig, plt):
+    _plain_ticks(fig)
     buf = _io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -73,7 +181,7 @@ def _counts_figure(plt, values, column):
     else:
         ax.text(0.5, 0.5, "no key was released", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("rank of the released key")
-    ax.set_ylabel(f"released {column}")
+    ax.set_ylabel(_label(f"released {column}"))
     ax.set_title("Released values, largest first (log scales)")
     ax.grid(True, which="both", alpha=0.3)
     return fig
@@ -157,7 +265,7 @@ def _quantiles_figure(plt, table, keys):
     groups = {}
     columns = {n: table.column(n).to_pylist() for n in keys + ["rank", "value"]}
     for i in range(table.num_rows):
-        label = ", ".join(summary._cell(columns[k][i]) for k in keys) or "all rows"
+        label = _label(", ".join(summary._cell(columns[k][i], None) for k in keys) or "all rows")
         groups.setdefault(label, []).append((columns["rank"][i], columns["value"][i]))
     for label, points in list(groups.items())[:10]:
         points = sorted(p for p in points if p[0] is not None and p[1] is not None)
@@ -281,7 +389,7 @@ def _interval_figure(plt, top_table, keys, columns):
     0-10,000 axis). Each panel shows the interval relative to the value, (low - v) / |v|
     and (high - v) / |v| in percent, so a +/- 0.3% count and a +/- 50% mean are both
     visible; a value of 0 has no relative interval and is marked at 0 with its label."""
-    labels = [" / ".join(summary._cell(r[k]) for k in keys) or "(all rows)"
+    labels = [_label(" / ".join(summary._cell(r[k], None) for k in keys) or "(all rows)")
               for r in top_table.to_pylist()]
     n = max(len(labels), 3)
     fig, axes = plt.subplots(1, len(columns), figsize=(3.4 * len(columns) + 1.6, 0.32 * n + 1.4),
@@ -305,7 +413,7 @@ def _interval_figure(plt, top_table, keys, columns):
         ax.set_xlim(-1.15 * widest, 1.15 * widest)
         ax.axvline(0, color="#999", lw=0.8)
         ax.set_xlabel("interval around the value, % of |value|")
-        ax.set_title(column, fontsize=10)
+        ax.set_title(_label(column), fontsize=10)
         ax.grid(True, axis="x", alpha=0.3)
     axes[0][0].set_yticks(y)
     axes[0][0].set_yticklabels(labels, fontsize=8)
@@ -337,7 +445,7 @@ def _cells(row, columns, with_interval, stats=None, ceilings=None):
 def build(output, top=TOP_KEYS):
     """The HTML page (a string) for the release published in ``output``."""
     plt = _pyplot()
-    with plt.rc_context(_literal_text()):
+    with plt.rc_context(_settings()):
         return _build(plt, output, top)
 
 
@@ -388,6 +496,15 @@ def _build(plt, output, top):
                    + (f"<p>{f[2]}</p>" if len(f) > 2 else "") + "</figcaption></figure>"
                    for f in figures)
     plots = f"<h2>Plots</h2>{figs}" if figures else ""
+    if top_table.num_rows:
+        # the notes but the first, the bounded-data line: the words above have it
+        notes = "".join(f"<p>{html.escape(line)}</p>" for line in
+                        look.table_notes(report, top_table, output, keys)[1:])
+        top_section = (f"<h2>Top {top_table.num_rows} keys</h2>\n<table><thead><tr>{head}</tr>"
+                       f"</thead><tbody>{rows}</tbody></table>{notes}")
+    else:
+        top_section = ("<h2>Released keys</h2>\n<p>No key was released: the released "
+                       "table is empty.</p>")
     name = html.escape(str(report.get("name", "release")))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -397,7 +514,7 @@ body {{ font-family: sans-serif; margin: 2em auto; max-width: 60em; color: #222;
 h1 {{ font-size: 1.6em; border-bottom: 3px solid #1f5f8b; padding-bottom: .2em; }}
 table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: .2em .6em; }}
 th {{ background: #e8eef3; }} td.num {{ text-align: right; }} td.text {{ text-align: left; }}
-td.flagged {{ background: #fdecea; }}
+td.flagged {{ background: #fdecea; }} td, th {{ overflow-wrap: anywhere; }}
 figure {{ margin: 1em 0; }} img {{ max-width: 100%; }}
 .guarantee {{ background: #f3f6f8; padding: .6em 1em; border-left: 4px solid #1f5f8b; }}
 </style></head><body>
@@ -409,8 +526,7 @@ at most {report['bounding']['max_keys_per_user']} keys per user.</p>
 <ul>{words}</ul>
 <h2>Budget stages</h2><ul>{stages}</ul>
 {accuracy_section}
-<h2>Top {top_table.num_rows} keys</h2>
-<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>
+{top_section}
 {plots}
 <p><small>Made by thresher {html.escape(str(report.get('thresher_version', '')))} from
 release_report.json and the released file only; config sha256
@@ -420,10 +536,17 @@ release_report.json and the released file only; config sha256
 
 
 def write(output, dest, top=TOP_KEYS):
+    """Write the page to ``dest``. A reader that goes away before the page is written
+    (``--html /dev/stdout | head``) ends the command as it ends ``show``: quietly
+    (raises ``look.PipeClosed``)."""
     page = build(output, top)
     try:
         with open(dest, "w", encoding="utf-8") as handle:
             handle.write(page)
+    except BrokenPipeError:
+        raise look.PipeClosed() from None
     except OSError as exc:
+        if exc.errno == errno.EPIPE:
+            raise look.PipeClosed() from None
         raise SpecError("--html", f"cannot write {dest!r}: {exc.strerror or exc}") from None
     return dest

@@ -48,6 +48,16 @@ def _discard_stdout():
         pass
 
 
+def is_stdout(path):
+    """Whether ``path`` names this process's standard output (``/dev/stdout``, the file or
+    pipe it is), so that a page written there is not followed by a "wrote" line."""
+    try:
+        here, there = os.fstat(sys.stdout.fileno()), os.stat(path)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
 def positive_rows(text):
     """argparse type of ``--top``: a whole number >= 1."""
     import argparse
@@ -79,15 +89,33 @@ def show(output, fmt="table", top=None, out=None):
         column = _value_column(files, names)
         best = _top(files, report, n, column, schema)
         if fmt == "table":
-            _write(out, f"{summary.escape(str(report.get('name')))}: "
-                        f"{report['released_keys']:,} keys released; top {best.num_rows} by "
-                        f"{column or 'key'}\n")
+            name = summary.escape(str(report.get('name')))
+            if not best.num_rows:
+                _write(out, f"{name}: no key was released\n")
+                return
+            _write(out, f"{name}: {report['released_keys']:,} keys released; top "
+                        f"{best.num_rows} by {column or 'key'}\n")
             _write(out, summary.format_table(best) + "\n")
+            _write(out, "".join(line + "\n" for line in table_notes(report, best, output)))
             return
         batches = best.to_batches(max_chunksize=CHUNK_ROWS)
     else:
         batches = summary.iter_batches(files, CHUNK_ROWS)
     (_csv if fmt == "csv" else _jsonl)(out, names, batches)
+
+
+def table_notes(report, table, output, keys=None):
+    """The lines under a table of released keys: what its counts are of (the bounded data,
+    issue 42) and, when a key was cut to fit, where to read it whole."""
+    names = summary.key_columns(table.column_names, report) if keys is None else keys
+    key = " and ".join(names) if names else "key"
+    notes = [summary.bounded_data(report, key)]
+    if any(summary.is_cut(v) for name in table.column_names
+           for v in table.column(name).to_pylist()):
+        notes.append(f"a text longer than {summary.KEY_WIDTH} characters is cut, ending in "
+                     f"{summary.CUT}; thresher show {output} --format csv (or json) prints "
+                     f"it whole")
+    return notes
 
 
 def _write(out, text):
@@ -139,7 +167,9 @@ def _csv_field(text):
 
 
 def _text(v):
-    return summary.escape(v) if isinstance(v, str) else v
+    """A csv field for a terminal: text as the table shows it (``summary.shown_text``: no
+    control byte, and a key holding a line break never reads as one holding ``\\n``)."""
+    return summary.shown_text(v) if isinstance(v, str) else v
 
 
 def _plain(v):
@@ -195,8 +225,12 @@ def report_lines(output, top=TABLE_TOP):
         lines.append("budget stages:")
         lines += [f"  {s.get('name')}: epsilon {s.get('epsilon', 0):g}, delta {s.get('delta', 0):g}"
                   for s in stages]
-    lines.append(f"top {best.num_rows} keys" + (f" by {column}:" if column else ":"))
-    lines += ["  " + line for line in summary.format_table(best).splitlines()]
+    if best.num_rows:
+        lines.append(f"top {best.num_rows} keys" + (f" by {column}:" if column else ":"))
+        lines += ["  " + line for line in summary.format_table(best).splitlines()]
+        lines += ["  " + line for line in table_notes(report, best, output, keys)[1:]]
+    else:
+        lines.append("no key was released: the release is an empty table")
     lines.append(f"files: {', '.join(files)}; a page with plots: "
                  f"thresher report {output} --html")
     return lines
@@ -214,6 +248,19 @@ def is_report_page(path):
     except OSError:
         return False
     return head.startswith(PAGE_HEAD) and PAGE_TITLE in head
+
+
+def _holds_data(path):
+    """Whether writing to ``path`` would replace something: a regular file that is not
+    empty. Writing to a terminal, a pipe or a device (``--html /dev/stdout``) replaces
+    nothing, nor does writing over the empty file a shell's ``> page.html`` made (and a
+    terminal is never read to see whether it holds a page)."""
+    import stat
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size > 0
 
 
 def html_destination(output, dest, overwrite=False):
@@ -235,7 +282,7 @@ def html_destination(output, dest, overwrite=False):
     if real in protected or (os.path.dirname(real) == folder and real != os.path.realpath(default)):
         raise SpecError("--html", f"{dest!r} is a file of the release in {output!r}; the page "
                                   f"goes to {default} or a file outside the release folder")
-    if os.path.exists(real) and not overwrite and not is_report_page(real):
+    if _holds_data(real) and not overwrite and not is_report_page(real):
         raise SpecError("--html", f"{dest!r} exists and is not a page thresher report "
                                   f"wrote; it is left as it is: choose another file, or "
                                   f"pass --overwrite to replace it")

@@ -205,14 +205,26 @@ def format_table(table):
             columns.append([_cell(v) for v in col])
         numeric.append(all(_is_number(v) for v in col if v is not None))
     shown = [escape(n) for n in names]
-    widths = [max([len(n)] + [len(c) for c in col]) for n, col in zip(shown, columns)]
+    widths = [max([_columns(n)] + [_columns(c) for c in col]) for n, col in zip(shown, columns)]
+
+    def pad(c, w, num):
+        fill = " " * (w - _columns(c))
+        return fill + c if num else c + fill
 
     def line(cells):
-        return "  ".join(c.rjust(w) if num else c.ljust(w)
-                         for c, w, num in zip(cells, widths, numeric)).rstrip()
+        return "  ".join(pad(c, w, num) for c, w, num in zip(cells, widths, numeric)).rstrip()
     out = [line(shown), line(["-" * w for w in widths])]
     out += [line([col[i] for col in columns]) for i in range(table.num_rows)]
     return "\n".join(out)
+
+
+def _columns(text):
+    """Terminal columns ``text`` takes: two for a wide (CJK, emoji) character, none for a
+    combining one, one otherwise (Unicode's East Asian Width), so columns stay aligned."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(ch) else
+               2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
 def escape(text):
@@ -259,7 +271,10 @@ def _is_number(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _cell(v):
+KEY_WIDTH = 60      # characters of a text cell shown in tables (show, report, the page)
+
+
+def _cell(v, width=KEY_WIDTH):
     if v is None:
         return "-"
     if isinstance(v, float):
@@ -267,8 +282,37 @@ def _cell(v):
     if isinstance(v, int) and not isinstance(v, bool):
         return f"{v:,}"
     if isinstance(v, bytes):
-        return escape(repr(v))
-    return escape(str(v))
+        return cut(escape(repr(v)), width)
+    return cut(shown_text(str(v)), width)
+
+
+def shown_text(text):
+    """A released key as tables show it, one text for one key (issue 42: the key ``a\\nb``,
+    a backslash and an ``n``, and the key holding a real line break were both shown
+    ``a\\nb``). A key with no control, format or separator character and no leading
+    double quote is shown as it is (``C:\\tmp`` stays ``C:\\tmp``); any other key is
+    shown quoted, ``"a\\nb"``, with its backslashes and double quotes escaped as well, so
+    that no shown-as-is key can read the same as a quoted one."""
+    if not text.startswith('"') and (text.isprintable()
+                                     or not any(unicodedata.category(ch) in _UNSAFE for ch in text)):
+        return text
+    return '"' + "".join("\\\\" if ch == "\\" else '\\"' if ch == '"' else
+                         _escaped(ch) if unicodedata.category(ch) in _UNSAFE else ch
+                         for ch in text) + '"'
+
+
+CUT = "\u2026"       # the ellipsis that ends a cut text
+
+
+def cut(text, width=KEY_WIDTH):
+    """``text`` cut to ``width`` characters, its last one an ellipsis when it was longer
+    (issue 42: a key of 10,000 characters pushed every count off the table)."""
+    return text if width is None or len(text) <= width else text[:width - 1] + CUT
+
+
+def is_cut(v, width=KEY_WIDTH):
+    """Whether ``_cell`` shortens the value ``v``."""
+    return isinstance(v, (str, bytes)) and _cell(v, None) != _cell(v, width)
 
 
 # ---- the probability that a key is released -----------------------------------------------
@@ -378,6 +422,26 @@ def _g(x):
     return f"{x:.4g}" if isinstance(x, float) else f"{x}"
 
 
+def bounded_data(report, key="key"):
+    """The sentence that says what a released value is of (issue 42): the data after the
+    contribution bound, not every input record -- the bound drops a user's keys (or
+    records) beyond C before anything is counted, and the noise and the guarantee are
+    about that bounded data (docs/contribution_bound.md)."""
+    bounding = report["bounding"]
+    c = bounding["max_keys_per_user"]
+    if bounding.get("model") == "l1":
+        return (f"counts are of the bounded data: a user with more than {c} records "
+                f"contributes {c} of them, so a {key}'s count is of the records the bound "
+                f"kept, not of all its records in the input")
+    held = (f"a user holding more than {c} key{'s' if c != 1 else ''} is counted in {c} of "
+            f"them only")
+    if report["mechanism"].get("kind") == "quantiles":
+        return (f"quantiles are of the bounded data: {held}, so a {key}'s quantiles are of "
+                f"the values of the users the bound kept for it, not of all its input values")
+    return (f"counts are of the bounded data: {held}, so a {key}'s count is of the users "
+            f"the bound kept for it, not of all its users in the input")
+
+
 def noise_in_words(report, keys, release_point=True):
     """One or two sentences: what was added to each key's count and which keys came out."""
     mech = report["mechanism"]
@@ -389,7 +453,7 @@ def noise_in_words(report, keys, release_point=True):
             if bounding.get("model") != "l1" else f"each user contributing at most {c} records")
     how = "chosen privately" if bounding.get("chosen_by") == "exponential_mechanism" else "from the spec"
     key = " and ".join(keys) if keys else "key"
-    out = [f"bound: {each} ({how})"]
+    out = [f"bound: {each} ({how})", bounded_data(report, key)]
     if mech.get("public_keys"):
         noise = (f"discrete Gaussian noise (sigma {_g(mech['sigma'])})" if kind == "gaussian"
                  else f"discrete Laplace noise (scale {_g(mech['scale'])})")

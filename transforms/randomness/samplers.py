@@ -584,7 +584,7 @@ def bernoulli(rng, p, size=None):
     return out.reshape(shape)
 
 
-def cdf_index(rng, cum, prefixes):
+def cdf_index(rng, cum, prefixes, elements=None):
     """Exact draws from a finite law given by its cumulative probabilities: for each
     element, the first j with U < cum[j] (``len(cum)`` if there is none), U an exact
     uniform real on [0, 1). So P[j] = cum[j] - cum[j - 1] exactly, for the exact (dyadic)
@@ -595,7 +595,9 @@ def cdf_index(rng, cum, prefixes):
     prefix R against floor(2**63 c) (exact for a float): R < floor is below, R > floor
     (or R == floor with no fractional part) is not; only R == floor(2**63 cum[j]) with a
     fractional part left (probability <= len(cum) 2**-63 per element) reads more of the
-    element's words, compared exactly against the fractional parts (:func:`_cdf_tie`)."""
+    element's words, compared exactly against the fractional parts (:func:`_cdf_tie`).
+    ``elements``: which elements of ``rng`` the prefixes belong to (default: all, in
+    order); only a tie makes the view of its element."""
     c = np.clip(np.asarray(cum, dtype=np.float64), 0.0, 1.0)
     prefixes = np.asarray(prefixes, dtype=np.uint64)
     frac, whole = np.modf(np.ldexp(c, PREFIX_BITS))
@@ -605,7 +607,8 @@ def cdf_index(rng, cum, prefixes):
     with_frac = np.r_[0, np.cumsum(frac > 0)]
     for t in np.flatnonzero(with_frac[out] > with_frac[first]):   # ties: ~never
         a, b = int(first[t]), int(out[t])
-        out[t] = a + _cdf_tie(take(rng, [t]), [Fraction(float(x)) for x in frac[a:b]])
+        element = t if elements is None else int(elements[t])
+        out[t] = a + _cdf_tie(take(rng, [element]), [Fraction(float(x)) for x in frac[a:b]])
     return out
 
 

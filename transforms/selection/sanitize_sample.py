@@ -121,7 +121,7 @@ def sanitize(frequencies, *, keep_probabilities, frequency_table=None, rng,
             continue
         if q is not None:
             cum = cum / q[idx[0]]
-        pos = samplers.cdf_index(samplers.take(rng, idx), cum, prefixes[idx])
+        pos = samplers.cdf_index(rng, cum, prefixes[idx], elements=idx)
         hit = pos < len(cum)
         keep[idx[hit]] = True
         tokens[idx[hit]] = cols[pos[hit]]

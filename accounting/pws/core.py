@@ -26,9 +26,10 @@ thresher additions, each documented in docs/weighted_sampling.md and docs/accoun
   release stays DP); M defaults to the *saturation* frequency where pi reaches 1, so keys
   lose nothing. With frequencies, once the rows have become shift-stationary the token of a
   count c > M is the token of row M plus c - M (``beyond_table="shift"``);
-- the privacy of the distribution actually sampled (exact Bernoulli coins for keys; uniforms
-  on a 2^-53 grid compared with float cumulative sums for tokens) is verified by
-  :func:`realized_delta`.
+- the privacy of the distribution actually sampled (exact Bernoulli coins for keys; for
+  tokens an exact uniform real compared with the float cumulative sums, so token j has
+  probability exactly c_j - c_{j-1}: ``transforms.randomness.samplers.cdf_index``) is
+  verified by :func:`realized_delta`.
 
 Pure numpy/scipy; no Beam, no I/O.
 """
@@ -56,11 +57,25 @@ MAX_KEEP_LENGTH = 1 << 21
 MAX_TABLE_ENTRIES = 1 << 23
 MAX_BAND_ROWS = 50_000
 
-_GRID = float(1 << 53)  # samplers' uniforms are k / 2**53, k = 0 .. 2**53 - 1
 # Bound on the float64 rounding of a keys-only divergence (realized_delta): the product
 # q * fl(pi / q) (2^-53), e^eps as a float (2^-53 e^eps), each product and difference
 # (2^-53 each, on terms at most 1 + e^eps), two outcomes: below 2^-50 (1 + e^eps).
 _KEYS_ONLY_SLACK = 2.0 ** -50
+
+
+# Bound on the float64 rounding of a table's divergence (realized_delta), u = 2^-53.
+# Per outcome: fl(c_j - c_{j-1}) (times q_w) is within 3u relative of the exact law
+# drawn, fl(e^eps) within 2u, so each term max(0, P - e^eps Q) is off by at most
+# 4u P + 7u e^eps Q; the "no key" outcome (1 - q c, 2u absolute) by 3u + 6u e^eps.
+# Summed over outcomes: below 16u (1 + e^eps). The sums themselves (np.sum is pairwise:
+# log2 of the terms, <= 64, plus two additions; a row's dropped prefix summed in
+# sequence: its length <= width) add at most (80 + width) u relative to the result.
+def _table_slack(e_eps, worst, width):
+    """What float rounding can take from a table's computed divergence ``worst`` (a row
+    of at most ``width`` stored entries): add it and the result is never below the exact
+    divergence of the law drawn."""
+    u = 2.0 ** -53
+    return 16 * u * (1.0 + e_eps) + (80 + int(width)) * u * worst
 
 
 # --------------------------------------------------------------------------- validation
@@ -629,9 +644,10 @@ def per_key_budget(epsilon, delta, max_keys_per_user, *, composition="optimal"):
 
 # --------------------------------------------------------------------------- realized privacy
 
-def _quantized(p):
-    """P[u < p] for u uniform on {k 2^-53}: ceil(p 2^53) / 2^53 (p clipped to [0, 1])."""
-    return np.ceil(np.clip(p, 0.0, 1.0) * _GRID) / _GRID
+def _drawn(p):
+    """P[U < p] for the exact uniform real U the sanitizer compares (samplers.cdf_index):
+    p itself, clipped to [0, 1]."""
+    return np.clip(p, 0.0, 1.0)
 
 
 def is_band(table):
@@ -656,10 +672,10 @@ def row_cdf(frequency_table, i):
 def _realized_row(frequency_table, i, q_i=None):
     cols, cum = row_cdf(frequency_table, i)
     if q_i is None:
-        grid = _quantized(cum)
+        grid = _drawn(cum)
         scale = 1.0
     else:
-        grid = _quantized(cum / q_i)
+        grid = _drawn(cum / q_i)
         scale = q_i
     probs = scale * np.diff(grid, prepend=0.0)
     reported = scale * (grid[-1] if len(grid) else 0.0)
@@ -686,9 +702,12 @@ def realized_delta(epsilon, keep_probabilities, frequency_table=None, *, samplin
     Keys only (no ``frequency_table``): each key is kept by an exact Bernoulli(pi_i) coin
     (Bernoulli(fl(pi_i / q_i)) for a pre-sampled key), so its probability is exactly that
     float; the result adds a bound on float rounding and is never below the exact value.
-    With frequencies, the sanitizer compares a uniform u on the grid {k 2^-53} with float
-    cumulative sums (the token is the first column whose cumulative sum exceeds u), so
-    outcome probabilities are differences of ceil(2^53 cum) / 2^53. This computes them and returns the largest hockey-stick
+    With frequencies, the sanitizer compares an exact uniform real U with the float
+    cumulative sums c (the token is the first column whose cumulative sum exceeds U;
+    ``samplers.cdf_index``), so outcome probabilities are exactly the differences of the
+    clipped c (times q_w when pre-sampled); they are computed in float64 and
+    :func:`_table_slack` added for the rounding, so the result is never below the exact
+    delta of the law drawn. This returns the largest hockey-stick
     divergence, in both directions, between frequencies i and i - 1 for i = 1 .. M (all sets
     of outcomes at once: sum of positive parts), plus, with ``beyond_table="shift"``, the
     pair (row M shifted by one, row M) that every larger count reuses. Frequencies above M
@@ -740,7 +759,7 @@ def realized_delta(epsilon, keep_probabilities, frequency_table=None, *, samplin
         worst = max(worst, _pair_delta(cols + 1, probs, none, cols, probs, none, e_eps))
     elif q is not None:
         worst = max(worst, _beyond_clip_bound(len(prev[0]) + 1))
-    return worst
+    return worst + _table_slack(e_eps, worst, int(np.diff(t.indptr).max(initial=0)))
 
 
 def _band_layout(t):
@@ -809,11 +828,8 @@ def _realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_entries=1 <<
         else:
             scale = q[rows]
             cum /= scale[:, None]
-        grid = cum                      # ceil(clip(cum, 0, 1) 2^53) / 2^53, in place
+        grid = cum                      # clip(cum, 0, 1): the law drawn, in place
         np.clip(grid, 0.0, 1.0, out=grid)
-        grid *= _GRID
-        np.ceil(grid, out=grid)
-        grid /= _GRID
         probs = np.empty((n, width))    # np.diff(grid, axis=1, prepend=0.0) (* scale)
         probs[:, 0] = grid[:, 0] - 0.0
         np.subtract(grid[:, 1:], grid[:, :-1], out=probs[:, 1:])
@@ -870,7 +886,7 @@ def _realized_delta_band(epsilon, band, q=None, beyond_table="clip"):
     last = band.row(m)
     cols = band.lo[m] + np.arange(len(last))
     cum = np.cumsum(last)
-    grid = _quantized(cum if q is None else cum / q[m])
+    grid = _drawn(cum if q is None else cum / q[m])
     scale = 1.0 if q is None else q[m]
     probs = scale * np.diff(grid, prepend=0.0)
     none = 1.0 - scale * (grid[-1] if len(grid) else 0.0)
@@ -878,13 +894,13 @@ def _realized_delta_band(epsilon, band, q=None, beyond_table="clip"):
         worst = max(worst, _pair_delta(cols + 1, probs, none, cols, probs, none, e_eps))
     elif q is not None:
         worst = max(worst, _beyond_clip_bound(len(last) + 1))
-    return worst
+    return worst + _table_slack(e_eps, worst, int(lengths.max(initial=0)) + 1)
 
 
 def _beyond_clip_bound(outcomes):
     """Pre-sampled counts w > M under "clip" all use row M, divided by their own q_w: each
-    outcome's realized probability q_w ceil(2^53 x / q_w) / 2^53 is within 2^-53 of the
-    exact one, so two such counts differ by < 2^-52 per outcome, and the hockey-stick
+    outcome's realized probability q_w (fl(c_j / q_w) - fl(c_{j-1} / q_w)) is within
+    2^-53 of the exact one, so two such counts differ by < 2^-52 per outcome, and the hockey-stick
     divergence is < outcomes * 2^-52 for any epsilon >= 0."""
     return outcomes * 2.0 ** -52
 
@@ -894,18 +910,18 @@ def _beyond_clip_bound(outcomes):
 def rounding_excess(key_epsilon, key_delta, report="keys_and_frequencies"):
     """Planning estimate of what float rounding adds to :func:`realized_delta` (the
     verification itself is exact; this only predicts whether it can pass). Keys only: the
-    slack 2^-50 (1 + e^eps0) it adds. With frequencies: each of the ~2L + 4 tokens of a
-    row is rounded to the 2^-53 grid and the divergence weighs one side by e^eps0, so
-    ~c (2L + 4) 2^-53 (1 + e^eps0); c was measured at 0.07 - 0.16 for eps0 in 0.05 .. 5
-    (up to 0.14 at the largest tables) and is taken as 0.25. Calibration cannot pass when it
-    exceeds key_delta."""
+    slack 2^-50 (1 + e^eps0) it adds. With frequencies: the slack :func:`_table_slack`
+    adds for a row of ~2L + 4 tokens (the law drawn is the table's own, so nothing else
+    is rounded; before issue 42 each token was rounded to a 2^-53 grid, measured at
+    0.07 - 0.16 x (2L + 4) 2^-53 (1 + e^eps0)). Calibration cannot pass when it exceeds
+    key_delta."""
     if key_epsilon > 700:
         return math.inf
     if report == "keys":
         return _KEYS_ONLY_SLACK * (1.0 + math.exp(key_epsilon))
     # rows span ~2L + 4 tokens, at most ~sqrt(2 MAX_TABLE_ENTRIES) in a clipped table
     width = min(2 * max(pws_L(key_epsilon, key_delta), 0.0) + 4, math.sqrt(2 * MAX_TABLE_ENTRIES))
-    return 0.25 * width * 2.0 ** -53 * (1.0 + math.exp(key_epsilon))
+    return _table_slack(math.exp(key_epsilon), key_delta, width + 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1087,8 +1103,11 @@ def calibrate(epsilon, delta, max_keys_per_user, *, sampling="none", sampling_th
             realized = _realized_delta_band(budget.key_epsilon, band, q, beyond)
         if realized <= budget.key_delta:
             break
-        margin = max(2 * margin, 4 * (realized - table_delta) / budget.key_delta)
-        if margin >= 1.0:   # tables at delta <= 0: float rounding alone exceeds key_delta
+        # the rounding excess (relative): the table's own delta plus it must fit, so a
+        # margin of at least it; doubled, but kept below 1 while the excess alone fits
+        needed = max(0.0, realized - table_delta) / budget.key_delta
+        margin = min(max(2 * margin, 4 * needed), (1.0 + needed) / 2)
+        if needed >= 1.0:   # float rounding alone exceeds key_delta: no table can pass
             raise ValueError(
                 f"the per-key delta {budget.key_delta:g} at per-key epsilon "
                 f"{budget.key_epsilon:g} is below what floating-point sampling can verify "

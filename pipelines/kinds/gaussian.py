@@ -82,7 +82,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     what = (f"gaussian release at epsilon={epsilon:g}, delta={delta:g}, "
             f"max_keys_per_user={max_keys_per_user}")
     if noise == "correlated":
-        return _correlated(mech, epsilon, delta, max_keys_per_user, what)
+        return _correlated(mech, epsilon, delta, max_keys_per_user, what, asked=True)
     params = calibration(
         lambda: gshm.calibrate(epsilon, delta, max_keys_per_user,
                                pre_threshold=mech["pre_threshold"], sigma=mech.get("sigma"),
@@ -97,12 +97,20 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     return out
 
 
-def _correlated(mech, epsilon, delta, max_keys_per_user, what):
-    params = calibration(
-        lambda: correlated_gshm.calibrate(epsilon, delta, max_keys_per_user,
-                                          pre_threshold=mech["pre_threshold"],
-                                          threshold=mech.get("threshold")),
-        what + ", noise correlated")
+def _correlated(mech, epsilon, delta, max_keys_per_user, what, asked=False):
+    """``asked``: the spec says ``noise: correlated`` (not ``auto``, which then compares
+    and keeps discrete_gaussian): a threshold the shared part cannot help is the spec's
+    error, named by its field (issue 42)."""
+    def call():
+        try:
+            return correlated_gshm.calibrate(epsilon, delta, max_keys_per_user,
+                                             pre_threshold=mech["pre_threshold"],
+                                             threshold=mech.get("threshold"))
+        except correlated_gshm.SharedPartOnlyAddsNoise as exc:
+            if asked:
+                raise SpecError("mechanism.noise", str(exc)) from None
+            raise
+    params = calibration(call, what + ", noise correlated")
     return {"kind": "gaussian", "pre_threshold": int(params.pre_threshold),
             "sigma": float(params.sigma), "shared_sigma": float(params.shared_sigma),
             "threshold": int(params.threshold), "noise": correlated_gshm.NOISE,

@@ -30,7 +30,7 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
   frequencies; an explicit max_frequency too), so every accepted weighted_sampling plan
   takes <= ~2 s of CPU and <= ~130 MB beyond the imports (measured: docs/
   weighted_sampling.md "Limits", tests/robustness/test_pws_plan_cost.py). The float rounding
-  of the sampled distributions (``accounting.pws.rounding_excess``, ~ width 2^-53 e^eps0)
+  of the sampled distributions (``accounting.pws.rounding_excess``, ~ 16 2^-53 (1 + e^eps0))
   must stay below the per-key delta, or no table can be verified: refused naming
   privacy.delta (the smallest delta that works) or privacy.epsilon (the largest).
   A GIVEN mechanism.threshold of any sample-and-threshold kind is <= THRESHOLD_MAX = 100:

@@ -136,13 +136,32 @@ def test_calibration_meets_the_budget_and_one_step_lower_does_not():
     assert cg.delta(eps, p.sigma, p.shared_sigma, p.threshold_gap - 1, c_u) > target
 
 
-def test_a_user_threshold_is_met_or_refused_with_the_smallest():
+def test_a_user_threshold_below_the_smallest_is_refused_with_the_smallest():
     eps, target, c_u = 1.0, 1e-6, 4
     free = cg.calibrate(eps, target, c_u)
-    given = cg.calibrate(eps, target, c_u, threshold=free.threshold + 3)
-    assert given.threshold == free.threshold + 3 and given.delta <= target
     with pytest.raises(ValueError, match=f"smallest threshold is {free.threshold}"):
         cg.calibrate(eps, target, c_u, threshold=free.threshold - 2)
+
+
+@pytest.mark.parametrize("c_u,above", [(4, 0), (4, 3), (4, 150), (16, 40)])
+def test_a_user_threshold_the_independent_noise_meets_is_refused(c_u, above):
+    """Issue 42: with a fixed threshold at or above the correlated calibration's, every
+    split still drew a shared part (the split menu has no s = 0), pure extra noise on every
+    count: independent noise of the split's own sigma meets that threshold -- checked here
+    by paper 004's exact delta (gshm.delta) at the threshold, not by the refusal's own
+    search -- and has s^2 less variance. Refused, naming noise: correlated and the way out."""
+    from thresher.accounting import gshm
+    eps, target = 1.0, 1e-6
+    free = cg.calibrate(eps, target, c_u)
+    threshold = free.threshold + above
+    with pytest.raises(ValueError, match=r"met .* by independent noise alone .* noise: "
+                                         r"correlated .* would only add noise .* use noise: "
+                                         r"discrete_gaussian"):
+        cg.calibrate(eps, target, c_u, threshold=threshold)
+    # the refusal is right: the independent mechanism at the split's sigma meets the budget
+    assert gshm.delta(eps, free.sigma, threshold - free.pre_threshold, c_u,
+                      noise="discrete_gaussian") <= target
+    assert free.shared_sigma > 0
 
 
 def test_pre_threshold_shifts_the_threshold_by_the_same_amount():

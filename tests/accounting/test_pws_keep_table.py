@@ -211,8 +211,9 @@ def test_auto_plan_score_and_chosen_params(tmp_path, mechanism):
 
 def _reference_realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_entries=1 << 19):
     """The plain statement of pws_core._realized_band_delta (its version before issue 19's
-    in-place rewrite): gather, cumsum, quantise, difference, compare with the previous
-    row moved by its column shift."""
+    in-place rewrite; since issue 42 without the 2^-53 grid, as the sampler draws the
+    exact law): gather, cumsum, clip, difference, compare with the previous row moved by
+    its column shift."""
     m = len(lengths) - 1
     worst = 0.0
     prev_p = np.zeros((1, 1))
@@ -237,7 +238,7 @@ def _reference_realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_en
         else:
             scale = q[rows]
             cum = cum / scale[:, None]
-        grid = np.ceil(np.clip(cum, 0.0, 1.0) * pws_core._GRID) / pws_core._GRID
+        grid = np.clip(cum, 0.0, 1.0)          # the law drawn (issue 42: no 2^-53 grid)
         probs = np.diff(grid, axis=1, prepend=0.0) * scale[:, None]
         none = 1.0 - scale * grid[:, -1]
         before = np.zeros((len(rows), width + 1))

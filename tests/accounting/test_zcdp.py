@@ -355,3 +355,78 @@ def test_halving_one_kinds_rho_fails_its_test(monkeypatch):
     monkeypatch.setattr(gaussian, "privacy_record", halved)
     with pytest.raises(AssertionError):
         test_gaussian_threshold()
+
+
+# ---- issue 42: the Laplace rows' undercharges, pinned here -----------------------------------
+
+def _dl_tail(scale, gap):
+    """P[Z >= gap] of the discrete Laplace of ``scale`` (gap an integer), summed from its pmf."""
+    x, lp = _dl_logpmf(scale)
+    return float(np.exp(lp[x >= gap]).sum())
+
+
+def _partitions(total, largest=None):
+    """Every multiset of integers >= 1 summing to ``total`` (as non-increasing tuples)."""
+    largest = total if largest is None else largest
+    if total == 0:
+        yield ()
+        return
+    for first in range(min(total, largest), 0, -1):
+        for rest in _partitions(total - first, first):
+            yield (first,) + rest
+
+
+@pytest.mark.parametrize("c,epsilon", [(3, 1.0), (5, 0.3), (10, 0.3)])
+def test_laplace_l1_delta0_is_the_worst_split_by_brute_force(c, epsilon):
+    """l1 (paper 002 Alg. 3): a user's C records may land on any number of keys that sit
+    at tau - 1 without them, h_j >= 1 records on key j, sum h_j <= C; the user's keys all
+    stay hidden with probability prod_j P[Z < T - tau + 1 - h_j]. delta0 must be at least
+    the largest 1 - prod over EVERY such split, here enumerated (all integer partitions of
+    1..C) with the tails summed from the discrete Laplace pmf. The split with all C records
+    on one key is as little as 0.13 of the worst at (10, 0.3): a record taken from it alone
+    fails (issue 42). Deterministic."""
+    plan = _plan(mechanism={"kind": "laplace"}, privacy={"epsilon": epsilon, "delta": 1e-6},
+                 bounding={"max_keys_per_user": c, "model": "l1"})
+    m = plan.params_by_bound[c]
+    rho, delta0 = _stored(plan)
+    b, gap = m["scale"], m["threshold"] - m["pre_threshold"]
+    release = {h: _dl_tail(b, gap + 1 - h) for h in range(1, c + 1)}  # key lifted by h records
+    worst, worst_split = 0.0, None
+    for records in range(1, c + 1):
+        for split in _partitions(records):
+            leak = -math.expm1(math.fsum(math.log1p(-release[h]) for h in split))
+            if leak > worst:
+                worst, worst_split = leak, split
+    assert delta0 >= worst * (1 - 1e-9), (delta0, worst, worst_split)
+    assert delta0 <= worst * (1 + 1e-6)          # and it is that maximum, not more
+    if c >= 5:                                   # the one-key split is far from the worst
+        assert release[c] < 0.5 * worst and worst_split != (c,)
+    _check(rho, _dl_shift_rho(b, c))             # all C records on one kept key: shift C
+
+
+def test_laplace_with_aggregate_sum_columns():
+    """laplace (l0) with a mean and a variance: the count and each grid sum column are
+    discrete Laplace; a user shifts C keys' count by 1 and each column's sum by at most
+    its grid sensitivity D_j against its own scale (the report's ``scale_grid_units``).
+    rho is checked against the Renyi divergences of those shifts summed over the pmf, so a
+    record with the sum columns' rho halved (or dropped) fails (issue 42)."""
+    plan = _plan(mechanism={"kind": "laplace"},
+                 aggregates=[{"column": "x", "statistic": "mean", "clip": [0, 10]},
+                             {"column": "x", "statistic": "variance", "clip": [0, 10]}])
+    m = plan.params_by_bound[3]
+    rho, delta0 = _stored(plan)
+    columns = {}
+    for agg in m["aggregates"]:
+        for col in (agg, agg.get("squares")):
+            if col is not None:
+                columns[col["sum_column"]] = (col["scale_grid_units"],
+                                              col["sensitivity_grid_units"])
+    assert len(columns) == 2                      # sum x and sum x^2
+    per_key = _dl_shift_rho(m["scale"], 1) + math.fsum(
+        _dl_shift_rho(scale, shift) for scale, shift in columns.values())
+    count_only = 3 * _dl_shift_rho(m["scale"], 1)
+    assert rho >= 3 * per_key * (1 - 1e-9)
+    # the sum columns' part alone is checked against its own halving
+    assert (rho - count_only * (1 + 1e-9)) / 2 < 3 * per_key - count_only
+    tail = _dl_tail(m["scale"], m["threshold"] - m["pre_threshold"])
+    _check(rho, 3 * per_key, delta0, 1 - (1 - tail) ** 3)

@@ -188,3 +188,25 @@ def test_auto_above_the_correlated_limit_keeps_discrete_gaussian_without_compari
     out = gaussian.calibrate(mech, epsilon=1.0, delta=1e-6, max_keys_per_user=2048, model="l0")
     assert out["noise"] == "discrete_gaussian"
     assert out["noise_auto"]["release_points"] == {"discrete_gaussian": out["threshold"]}
+
+
+def test_a_fixed_threshold_independent_noise_meets_is_refused_for_correlated(write_spec,
+                                                                            capsys):
+    """Issue 42: `noise: correlated` with a high fixed threshold drew a shared part anyway
+    (pure extra noise). Through the real CLI: `plan` exits 2 naming mechanism.noise and the
+    way out, and `noise: auto` with the same threshold plans discrete_gaussian (no shared
+    part), whose sigma meets the threshold by paper 004's exact delta."""
+    changes = {"mechanism.noise": "correlated", "mechanism.threshold": 400}
+    rc = main(["plan", write_spec(changes)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "mechanism.noise: " in err and "independent noise alone" in err
+    assert "use noise: discrete_gaussian (or auto)" in err and "Traceback" not in err
+    rc = main(["plan", "--json", write_spec({**changes, "mechanism.noise": "auto"})])
+    out = capsys.readouterr().out
+    assert rc == 0
+    mech = json.loads(out)["mechanism"]
+    assert mech["noise"] == "discrete_gaussian" and "shared_sigma" not in mech
+    assert mech["threshold"] == 400
+    assert gshm.delta(1.0, mech["sigma"], 400 - mech["pre_threshold"], 8,
+                      noise="discrete_gaussian") <= 1e-8

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from thresher.pipelines.cli import main
+from thresher.pipelines.errors import SpecError
 from thresher.pipelines.ledgers import composition as comp
 from thresher.pipelines.ledgers import ledger, records
 from thresher.pipelines.planning.plan import make_plan
@@ -243,3 +244,56 @@ def test_an_older_ledger_that_cannot_be_altered_is_refused_naming_the_table(data
     conn = sqlite3.connect(str(path))
     assert conn.execute("SELECT count(*) FROM rel0").fetchone() == (2,)
     conn.close()
+
+
+def _conversion_epsilon(rho, delta):
+    """dp_accounting's RDP-to-(epsilon, delta) conversion of rho-zCDP (RDP alpha rho) on a
+    dense grid of orders: an epsilon independent of accounting.zcdp."""
+    import numpy as np
+    from dp_accounting.rdp import rdp_privacy_accountant
+    orders = 1.0 + np.logspace(-4, 4, 40001)
+    return rdp_privacy_accountant.compute_epsilon(orders, orders * rho, delta)[0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_zcdp_filter_counts_the_new_release(tmp_path, seed):
+    """Issue 42: an adaptive sequence of releases (the next chosen from what the ledger
+    showed) against one zcdp dataset, through ``reserve_charge`` on real SQLite. Every
+    admission must equal the filter computed here with exact fractions -- sum rho + rho_new
+    <= rho_B and sum delta0 + delta0_new <= delta0_B -- and the admitted rho must convert
+    within the dataset's epsilon by dp_accounting's RDP conversion (independent of
+    accounting.zcdp). A filter comparing the spent sums without the new release's admits
+    one release past the budget and fails both. Deterministic (fixed seeds); default suite
+    (the concurrent property tests of test_ledger_filter_property.py are slow)."""
+    import random
+    from fractions import Fraction
+    pytest.importorskip("dp_accounting")
+    budget = ledger.BudgetSpec(ledger=str(tmp_path / "f.sqlite"), dataset="ds", epsilon=2.0,
+                               delta=1e-5, composition=comp.ZCDP, threshold_delta=4e-6)
+    totals = comp.Totals.of_spec(budget)
+    rho_b, delta0_b = Fraction(totals.rho), Fraction(totals.delta0)
+    spent_rho, spent_delta0 = Fraction(0), Fraction(0)
+    decisions, seen = [], "nothing"
+    for step in range(14):
+        rng = random.Random(f"{seed}/{step}/{seen}")
+        # charges of 5-45 % of rho_B and 0-40 % of delta0_B, 12 significant digits
+        rho = comp.dec(f"{float(rho_b) * rng.uniform(0.05, 0.45):.11e}")
+        delta0 = comp.dec(f"{float(delta0_b) * rng.choice([0, 0.1, 0.25, 0.4]):.11e}")
+        charge = comp.Charge(comp.dec(1.0), comp.dec(1e-6), rho, delta0)
+        fits = (spent_rho + Fraction(rho) <= rho_b
+                and spent_delta0 + Fraction(delta0) <= delta0_b)
+        try:
+            ledger.reserve_charge(budget, f"r{step}", "0" * 64, charge)
+            admitted = True
+        except SpecError as exc:
+            assert exc.field == "budget"
+            admitted = False
+        decisions.append((step, admitted, fits))
+        assert admitted == fits, decisions
+        if admitted:
+            spent_rho += Fraction(rho)
+            spent_delta0 += Fraction(delta0)
+        seen = repr(ledger.summary(budget.ledger, budget.dataset)[0]["zcdp"].get("rho_spent"))
+    assert any(not a for _, a, _ in decisions)            # the budget was reached
+    assert spent_delta0 <= Fraction(comp.dec(4e-6))
+    assert _conversion_epsilon(float(spent_rho), 1e-5 - 4e-6) <= 2.0 * (1 + 1e-6)

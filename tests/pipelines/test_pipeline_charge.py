@@ -103,3 +103,40 @@ def test_a_sqlite_ledger_the_workers_may_not_reach_is_refused_when_built(tmp_pat
     with pytest.raises(SpecError, match=r"^ThresherRelease\.budget\.ledger: a SQLite ledger"):
         _pipeline(path, total=2.5, options=PipelineOptions(flags))
     assert not path.exists()
+
+
+def test_each_run_secret_is_its_own_charge(tmp_path):
+    """Issue 42 (default suite; the two-run pipeline tests above are slow): the charge
+    stage of ONE built pipeline, as each run's worker gets it (pickled: no secret), given
+    that run's secret. Two runs (two secrets: two releases) are two rows under two tokens,
+    a retry of the first run (its secret again) is no new charge, and a third run past the
+    budget is refused. Counted here from the ledger's rows. A run token that is the same
+    for every run (not derived from the run's secret) makes the second run free and fails."""
+    import pickle
+    from thresher.pipelines.ledgers import composition as comp
+    from thresher.pipelines.ledgers import pipeline_charge
+    from thresher.transforms.randomness import keyed_random
+    budget = ledger.BudgetSpec(ledger=str(tmp_path / "l.sqlite"), dataset="d", epsilon=2.5,
+                               delta=1e-6)
+    charge = comp.Charge(comp.dec(1.0), comp.dec(1e-8), comp.dec("0.5"), comp.dec("1E-9"))
+    built = pickle.dumps(pipeline_charge.ChargeRun(budget, "r", "0" * 64, charge, "o",
+                                                   keyed_random.PipelineSecret()))
+
+    def run(secret):
+        dofn = pickle.loads(built)          # what a worker of this run deserialises
+        dofn._rng_factory.set_secret(secret)
+        return list(dofn.process(None))
+
+    first, second = keyed_random.new_secret(), keyed_random.new_secret()
+    assert first != second
+    row_a, = run(first)
+    row_b, = run(second)
+    row_retry, = run(first)
+    assert row_a != row_b and row_retry == row_a
+    rows = _rows(budget.ledger)
+    assert [(e, s) for e, s, _ in rows] == [("1.0", "published")] * 2
+    assert len({t for _, _, t in rows}) == 2 and all(t for _, _, t in rows)
+    assert ledger.summary(budget.ledger)[0]["spent"]["epsilon"] == 2.0
+    with pytest.raises(SpecError, match="^budget: "):     # a third run: 3 > 2.5
+        run(keyed_random.new_secret())
+    assert len(_rows(budget.ledger)) == 2

@@ -7,6 +7,8 @@ runs at most ~30 of them, so a correct kernel fails a function with probability 
 for some seed -- the seeds are fixed, so the outcome is deterministic.
 """
 
+from fractions import Fraction
+
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
@@ -280,3 +282,141 @@ def test_beam_post_processing_reports_the_end_to_end_rates():
                     | SanitizeSample(params, ["item"], frequency_column="freq",
                                      rng_factory=keyed_random.seeded_for_tests(5)))
         assert_that(released, check)
+
+
+# ----------------------------------------------------- the exact law of the tokens (issue 42)
+
+class _ScriptedWords:
+    """A generator of given 64-bit words, in order (``bits`` like a SecureRandom; also
+    ``random`` as the 53-bit uniforms the kernel used before, so an old kernel runs)."""
+
+    def __init__(self, words):
+        self.words = [int(w) for w in words]
+        self.used = 0
+
+    def bits(self, n):
+        out = np.array(self.words[self.used:self.used + n], dtype=np.uint64)
+        assert len(out) == n, "the kernel read more words than scripted"
+        self.used += n
+        return out
+
+    def random(self, n):
+        return (self.bits(n) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+def _interval_of(words):
+    """[lo, hi): the uniform reals U whose first 63-bit prefixes are those of ``words``."""
+    lo = sum(Fraction(w >> 1, 2 ** (63 * (k + 1))) for k, w in enumerate(words))
+    return lo, lo + Fraction(1, 2 ** (63 * len(words)))
+
+
+def _check_exact(cum, index, words):
+    """The returned index j is right for EVERY real U in the interval the words read fix:
+    c_{j-1} <= U < c_j for all of them (c_{-1} = 0, c_L = infinity). The sampler is then a
+    function of U alone with P[j] = c_j - c_{j-1} exactly (Lebesgue measure of U)."""
+    lo, hi = _interval_of(words)
+    c = [Fraction(min(max(float(x), 0.0), 1.0)) for x in cum]
+    below = c[index - 1] if index > 0 else Fraction(0)
+    above = c[index] if index < len(c) else Fraction(2)
+    assert below <= lo and hi <= above, (index, lo, hi, below, above)
+
+
+def _tie_words(rng, cum, j):
+    """Words whose first prefix ties with floor(2^63 c_j) (the rare slow path), then fresh."""
+    first = int(Fraction(min(float(cum[j]), 1.0)) * 2 ** 63) << 1 | int(rng.integers(2))
+    return [first] + [int(w) for w in rng.integers(0, 2 ** 64, 24, dtype=np.uint64)]
+
+
+def test_cdf_index_is_exact_for_every_uniform_the_words_fix():
+    """samplers.cdf_index, checked with Python fractions: for rows with ordinary, tiny
+    (2^-60 + 2^-70, 5e-324, far below the 2^-53 grid of a float uniform) and 2^-63-grid
+    probabilities, random words and words built to tie (U's first 63 bits equal to
+    floor(2^63 c_j)), the index returned is the first j with U < c_j for every U the words
+    consumed allow: the law is exactly c_j - c_{j-1}. Deterministic (fixed seed)."""
+    rng = np.random.default_rng(42)
+    rows = [np.cumsum(rng.dirichlet(np.ones(7))) * 0.9,
+            np.array([2.0 ** -60 + 2.0 ** -70, 0.25, 0.25 + 2.0 ** -80, 0.5, 1.0]),
+            np.array([5e-324, 1e-300, 2.0 ** -63, 3 * 2.0 ** -63, 0.75]),
+            np.array([0.0, 0.0, 0.3, 0.3, 1.0 - 2.0 ** -53, 1.0]),
+            np.array([1e-20, 1e-20 + 1e-36, 2e-20])]
+    for cum in rows:
+        cases = [[int(w) for w in rng.integers(0, 2 ** 64, 25, dtype=np.uint64)]
+                 for _ in range(300)]
+        cases += [_tie_words(rng, cum, j) for j in range(len(cum)) for _ in range(20)]
+        cases += [[0] * 25, [2 ** 64 - 1] * 25]
+        for words in cases:
+            source = _ScriptedWords(words)
+            prefix = np.array([words[0] >> 1], dtype=np.uint64)
+            source.used = 1                                  # the caller drew the first word
+            index = int(samplers.cdf_index(source, cum, prefix)[0])
+            _check_exact(cum, index, words[:source.used])
+
+
+def test_the_decision_on_one_word_is_an_integer_comparison():
+    """The rule the kernel implements, for a probability c (a float, exact as a fraction)
+    and a key's first word w: R = w >> 1 (63 bits), F = floor(2^63 c); R < F keeps, R > F
+    does not, R == F with 2^63 c not an integer reads the next word (and R == F otherwise
+    does not keep). Checked against Python integers for many c and w, one element each and
+    vectorised (a numpy generator supplies any tie words)."""
+    rng = np.random.default_rng(7)
+    cs = list(rng.random(200)) + [2.0 ** -60 + 2.0 ** -70, 1e-300, 0.5, 1.0, 0.0, 2.0 ** -63]
+    for c in cs:
+        f = int(Fraction(c) * 2 ** 63)
+        exact = Fraction(c) * 2 ** 63 == f
+        words = [int(w) for w in rng.integers(0, 2 ** 64, 50, dtype=np.uint64)]
+        words += [f << 1, (f << 1) | 1, max(f - 1, 0) << 1, (f + 1) << 1]
+        words = [w for w in words if w < 2 ** 64]
+        prefixes = np.array([w >> 1 for w in words], dtype=np.uint64)
+        got = samplers.cdf_index(np.random.default_rng(1), np.array([c]), prefixes)
+        for w, j in zip(words, got):
+            r = w >> 1
+            if r < f:
+                assert j == 0, (c, w)
+            elif r > f or exact:
+                assert j == 1, (c, w)
+            # r == f and not exact: the next words decided (checked by the test above)
+
+
+def test_a_token_below_the_float_grid_is_drawn_with_its_own_probability():
+    """Through ``sanitize``: a row whose first token has probability 2^-60 + 2^-70. A key
+    whose first word's prefix is floor(2^63 c_1) = 8 and whose next word is 2^63 (prefix
+    2^62, not below the fractional part 2^-7 of 2^63 c_1 scaled: 2^56) gets the SECOND
+    token: U >= 8 2^-63 + 2^62 2^-126 > c_1. A 53-bit float uniform read u = 0 from that
+    word and returned the first token, which it drew with probability 2^-53 instead of
+    2^-60 + 2^-70 (issue 42). And the first token for a next word below 2^57 (prefix
+    < 2^56)."""
+    import scipy.sparse
+    tiny = 2.0 ** -60 + 2.0 ** -70
+    dense = np.zeros((3, 3))
+    dense[1] = [0.5, 0.5, 0.0]
+    dense[2] = [0.5 - tiny, tiny, 0.5]
+    table = scipy.sparse.csr_array(dense)
+    keep_p = np.array([0.0, 0.5, 0.5])
+    assert int(Fraction(tiny) * 2 ** 63) == 8
+    for second, token in ((2 ** 63, 2), (2 ** 57 - 2, 1), (2 ** 57, 2)):
+        keep, tokens = sanitize(np.array([2]), keep_probabilities=keep_p,
+                                frequency_table=table, rng=_ScriptedWords([8 << 1, second]))
+        assert keep[0] and int(tokens[0]) == token, (second, tokens)
+
+
+def test_keyed_token_pmf_matches_the_exact_law():
+    """Real keyed streams (a KeyedSource, one stream per key): 200,000 keys of one
+    frequency; token counts against the exact law c_j - c_{j-1} (Fractions of the table's
+    cumulative floats) by a chi-square test. A correct kernel fails with probability
+    ALPHA = 1e-4 (fixed secret: deterministic)."""
+    eps, delta, m = 0.5, 0.01, 12
+    table = pws.frequency_table(eps, delta, m)
+    keep_p = pws.keep_probabilities(eps, delta, m)
+    cols, cum = pws.row_cdf(table, m)
+    law = [Fraction(0)] + [Fraction(float(x)) for x in cum]
+    probs = np.zeros(m + 1)
+    for c, a, b in zip(cols, law[:-1], law[1:]):
+        probs[int(c)] = float(b - a)
+    probs[0] = float(1 - law[-1])
+    n = 200_000
+    source = keyed_random.KeyedSource(b"issue-42-pmf-test-secret-0123456")
+    streams = source.rows("tokens", [i.to_bytes(4, "little") for i in range(n)])
+    keep, tokens = sanitize(np.full(n, m), keep_probabilities=keep_p, frequency_table=table,
+                            rng=streams.view)
+    assert np.all(tokens[~keep] == 0)
+    assert chi_square_pvalue(tokens, probs, n) > ALPHA

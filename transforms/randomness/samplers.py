@@ -584,6 +584,53 @@ def bernoulli(rng, p, size=None):
     return out.reshape(shape)
 
 
+def cdf_index(rng, cum, prefixes, elements=None):
+    """Exact draws from a finite law given by its cumulative probabilities: for each
+    element, the first j with U < cum[j] (``len(cum)`` if there is none), U an exact
+    uniform real on [0, 1). So P[j] = cum[j] - cum[j - 1] exactly, for the exact (dyadic)
+    values of the floats ``cum`` (non-decreasing, clipped to [0, 1]).
+
+    ``prefixes`` are the first 63 bits of each element's U (a word >> 1, drawn by the
+    caller, one per element of ``rng``). As in :func:`bernoulli`: U < c is decided on the
+    prefix R against floor(2**63 c) (exact for a float): R < floor is below, R > floor
+    (or R == floor with no fractional part) is not; only R == floor(2**63 cum[j]) with a
+    fractional part left (probability <= len(cum) 2**-63 per element) reads more of the
+    element's words, compared exactly against the fractional parts (:func:`_cdf_tie`).
+    ``elements``: which elements of ``rng`` the prefixes belong to (default: all, in
+    order); only a tie makes the view of its element."""
+    c = np.clip(np.asarray(cum, dtype=np.float64), 0.0, 1.0)
+    prefixes = np.asarray(prefixes, dtype=np.uint64)
+    frac, whole = np.modf(np.ldexp(c, PREFIX_BITS))
+    floors = whole.astype(np.uint64)               # <= 2**63 exactly
+    first = np.searchsorted(floors, prefixes, side="left")
+    out = np.searchsorted(floors, prefixes, side="right")
+    with_frac = np.r_[0, np.cumsum(frac > 0)]
+    for t in np.flatnonzero(with_frac[out] > with_frac[first]):   # ties: ~never
+        a, b = int(first[t]), int(out[t])
+        element = t if elements is None else int(elements[t])
+        out[t] = a + _cdf_tie(take(rng, [element]), [Fraction(float(x)) for x in frac[a:b]])
+    return out
+
+
+def _cdf_tie(rng, fractions):
+    """The first j with V < fractions[j] (len if none), V a fresh exact uniform real read
+    63 bits at a time from ``rng``; ``fractions`` non-decreasing dyadics in [0, 1). Ends:
+    each round leaves fractional parts of 63 fewer bits (a float has <= 1127)."""
+    offset = 0
+    xs = list(fractions)
+    while True:
+        r = _word(rng) >> 1
+        scaled = [x * (1 << PREFIX_BITS) for x in xs]
+        floors = [int(v) for v in scaled]          # floor: v >= 0
+        lo = next((j for j, f in enumerate(floors) if f >= r), len(xs))
+        hi = next((j for j, f in enumerate(floors) if f > r), len(xs))
+        rest = [v - f for v, f in zip(scaled[lo:hi], floors[lo:hi])]
+        if not any(rest):
+            return offset + hi
+        offset += lo
+        xs = rest
+
+
 def binomial(rng, n, p, *, chunk=1 << 22):
     """Exact Binomial(n, p) counts, one per entry of the int array ``n``: Poisson sampling
     of each of n contributions with probability p (papers 000/003), counted per key.

@@ -63,10 +63,13 @@ def sanitize(frequencies, *, keep_probabilities, frequency_table=None, rng,
         shifted by w - M; valid when the table is shift-stationary, see accounting.pws).
 
     Keys only: each key is kept by an exact Bernoulli(p) coin, p = pi_w (or pi_w / q_w).
-    With frequencies: one uniform u per key on the 2^-53 grid; the token is the first
-    column whose cumulative row sum exceeds u (divided by q_w when pre-sampled), and the
-    key is kept iff there is one. ``accounting.pws.realized_delta`` accounts for exactly
-    these laws.
+    With frequencies: the token is the first column whose cumulative row sum c_j (the
+    float ``accounting.pws.row_cdf`` gives; fl(c_j / q_w) when pre-sampled, clipped to 1)
+    exceeds an exact uniform real U read from the key's words
+    (``samplers.cdf_index``: the first word's 63-bit prefix against floor(2^63 c_j) as
+    integers, later words only on a tie), and the key is kept iff there is one: token j
+    with probability exactly c_j - c_{j-1}, no float uniform. ``accounting.pws.realized_delta``
+    accounts for exactly these laws.
 
     Returns (keep: bool array, tokens: int64 array, 0 where not kept or keys only).
     """
@@ -100,7 +103,7 @@ def sanitize(frequencies, *, keep_probabilities, frequency_table=None, rng,
         table.sort_indices()
     if table.shape[0] != m + 1:
         raise ValueError(f"frequency_table has {table.shape[0]} rows, expected {m + 1}")
-    u = rng.random(n)
+    prefixes = samplers.uniform_priorities(rng, n) >> np.uint64(1)   # one word per key
     keep = np.zeros(n, dtype=bool)
     # Keys that share a row (and, pre-sampled, the same q) share one cumulative row.
     if q is None:
@@ -118,7 +121,7 @@ def sanitize(frequencies, *, keep_probabilities, frequency_table=None, rng,
             continue
         if q is not None:
             cum = cum / q[idx[0]]
-        pos = np.searchsorted(cum, u[idx], side="right")
+        pos = samplers.cdf_index(rng, cum, prefixes[idx], elements=idx)
         hit = pos < len(cum)
         keep[idx[hit]] = True
         tokens[idx[hit]] = cols[pos[hit]]

@@ -298,7 +298,9 @@ class _RowsToRecords(beam.DoFn):
         self._values = list(value_columns)     # [(field, prepared name)] of aggregates
         self._rng_factory = rng_factory
 
-    def process(self, rows):
+    def process(self, rows, charged=None):
+        # charged: with a budget, the run's ledger charge (read only so that this stage,
+        # the first to read a row, runs after it)
         names = list(dict.fromkeys((self._user, *self._keys, *(c for c, _ in self._values))))
         table = pa.table({name: pa.array([getattr(row, name) for row in rows]) for name in names})
         beam.metrics.Metrics.counter(io.NOT_PRIVATE, "rows_read").inc(table.num_rows)
@@ -322,7 +324,7 @@ class _SampleRowsToRecords(beam.DoFn):
         self._keys = tuple(keys)
         self._frequency = frequency
 
-    def process(self, rows):
+    def process(self, rows, charged=None):
         names = list(dict.fromkeys((*self._keys, self._frequency)))
         table = pa.table({name: pa.array([getattr(row, name) for row in rows]) for name in names})
         beam.metrics.Metrics.counter(io.NOT_PRIVATE, "rows_read").inc(table.num_rows)
@@ -441,26 +443,29 @@ class _Release(beam.PTransform):
         from thresher.transforms.randomness.keyed_random import PipelineSecret, building
         source = (self._rng_factory if self._rng_factory is not None
                   else PipelineSecret.draw(rows.pipeline))
+        root = rows.pipeline._current_transform().full_label   # the draws' root
+        charged = None      # budget: this run's charge. The release's first stage that reads
+        # a row (ToRecords) and both outputs take it as a side input, so on every runner
+        # the charge is in the ledger before any row is read by the release: a run that
+        # then fails on its data stays charged (issue 42). The charge reads the secret (its
+        # run token), so it is added before OneSecret seals the secret's readers.
+        if spec.budget is not None:
+            from thresher.pipelines.ledgers.pipeline_charge import charge_when_run
+            charged = beam.pvalue.AsSingleton(charge_when_run(rows.pipeline, plan, source, root))
+        gate = {} if charged is None else {"charged": charged}
         batches = rows | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
                                                        max_batch_size=_BATCH_ROWS)
         if sample is not None:       # Table(__key, keys, count)
             records = batches | "ToRecords" >> beam.ParDo(
-                _SampleRowsToRecords(keys, sample["frequency"]))
+                _SampleRowsToRecords(keys, sample["frequency"]), **gate)
         else:                        # Table(__user, __user_lo, __key, keys)
             records = batches | "ToRecords" >> keyed_random.par_do(
-                _RowsToRecords(user, read_keys, values, source))
+                _RowsToRecords(user, read_keys, values, source), **gate)
         clips = []     # clip: auto -- the chosen bounds (one dict), for the report
-        root = rows.pipeline._current_transform().full_label   # the draws' root
         notes = []     # a kind's report figures computed in the pipeline (one JSON line)
         with building(source, root=root):
             released, chosen = release_stages(records, plan, self._num_shards,
                                               clip_sink=clips.append, notes_sink=notes.append)
-        charged = None      # budget: this run's charge; both outputs wait for it. The
-        # charge reads the secret (its run token), so it is added before OneSecret seals
-        # the secret's readers
-        if spec.budget is not None:
-            from thresher.pipelines.ledgers.pipeline_charge import charge_when_run
-            charged = beam.pvalue.AsSingleton(charge_when_run(rows.pipeline, plan, source, root))
         # nothing leaves before the run is known to have read one secret (issue 36 P2)
         from thresher.transforms.randomness.secret_commitment import OneSecret
         released = released | "OneSecret" >> OneSecret(source)

@@ -157,10 +157,15 @@ def test_a_read_only_folder_for_a_new_ledger_is_named(tmp_path, tiny):
 
 def test_no_new_dataset_is_announced_for_a_first_release_abandoned_before_reading(tmp_path,
                                                                                    tiny):
-    """A first release that fails before reading (a key column the input lacks) leaves no
-    dataset; before, "new dataset" was said anyway. A published first release says it,
-    with the ledger's absolute path."""
+    """A first release refused by the budget it would create (zcdp, total 0.5 for a
+    release of epsilon 1), or failing before reading (a key column the input lacks),
+    leaves no dataset; before, the refused one said "new dataset" anyway. A published
+    first release says it, with the ledger's absolute path."""
     path = tmp_path / "l.sqlite"
+    code, _, err = run_cli("run", _spec(tmp_path, tiny, path, "z", composition="zcdp",
+                                        epsilon=0.5))
+    _clean(code, err, "budget: ")
+    assert "new dataset" not in err
     code, _, err = run_cli("run", _spec(tmp_path, tiny, path, "a", keys=("nope",)), "-q")
     assert code == 2 and "nope" in err, err
     assert "new dataset" not in err

@@ -64,6 +64,9 @@ this transform fixes.
 """
 import dataclasses
 import json
+import os
+import re
+import sys
 import typing
 
 import apache_beam as beam
@@ -74,7 +77,7 @@ from apache_beam.typehints.row_type import RowTypeConstraint
 from apache_beam.typehints.schemas import named_fields_from_element_type
 
 from thresher.pipelines.dataio import io
-from thresher.pipelines.errors import SpecError
+from thresher.pipelines.errors import SpecError, ThresherError
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running.release import release_stages
 from thresher.pipelines import kinds
@@ -125,6 +128,7 @@ def ThresherRelease(user=None, keys=None, privacy=None, bounding=None, mechanism
         ``<column>_low`` / ``<column>_high`` interval columns (docs/intervals.md).
       num_shards: user and key shards of the shuffles, about rows / 1,000,000 (>= 1).
     """
+    _clean_errors_under_yaml_main()
     config = {"privacy": privacy, "bounding": bounding, "mechanism": mechanism, "name": name,
               "num_shards": num_shards}
     # The rows come from the YAML pipeline; path and format only satisfy the spec's
@@ -154,6 +158,52 @@ def ThresherRelease(user=None, keys=None, privacy=None, bounding=None, mechanism
     except SpecError as exc:
         raise _named(exc) from None
     return _Release(plan, num_shards)
+
+
+_USER_ERROR = re.compile(r"(?:SpecError|InputError|CalibrationError|ThresherError): (.+?)"
+                         r"(?:\s\[while running|$)", re.S)
+
+
+def _user_error(exc):
+    """The message of a thresher error in ``exc``, its causes or, raised on a Beam worker
+    and wrapped by the runner, its text (None if it holds none)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ThresherError):
+            return str(exc).strip().splitlines()[0]
+        match = _USER_ERROR.search(str(exc))
+        if match:
+            return match.group(1).strip().splitlines()[0]
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _clean_errors_under_yaml_main():
+    """Under ``python -m apache_beam.yaml.main``: a thresher error (a budget refusal, a
+    bad config field) ends the command as ``thresher run`` ends it -- one line
+    ``thresher: error: FIELD: message`` on stderr and exit code 2 -- instead of arriving
+    at the end of a Beam traceback with exit code 1 (issue 42). Other errors keep Beam's
+    traceback. Installed once, as the process's excepthook; not in other programs (a
+    Python pipeline gets the exception itself)."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) != "apache_beam.yaml.main":
+        return
+    if getattr(sys.excepthook, "_thresher", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        message = _user_error(value)
+        if message is None:
+            return previous(kind, value, tb)
+        sys.stderr.write(f"thresher: error: {message}\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(2)       # the pipeline has ended; exit 2 like the thresher command
+
+    hook._thresher = True
+    sys.excepthook = hook
 
 
 def _named(exc):

@@ -777,6 +777,7 @@ class Reservation:
         self.spent = spent           # composition.Spent, including this release
         self.new_dataset = new_dataset   # this reservation created the dataset's row
         self.charged = True          # False: a run token already charged (reserve)
+        self.earlier = 0             # run tokens: earlier runs of the same spec charged
         self._reading = False
         self._publishing = False
         self._done = False
@@ -960,6 +961,11 @@ def _reserve(budget, name, sha, charge, run_token=None, output=None):
             if not comp.admits(totals, spent, charge):
                 raise SpecError("budget", f"{comp.refusal_text(budget.dataset, totals, spent, charge)} "
                                 f"(ledger {_shown(budget.ledger)}); nothing was read or published")
+            earlier = 0
+            if run_token is not None:      # earlier runs of this release (Beam: run twice)
+                earlier = int(conn.execute(
+                    "SELECT COUNT(*) FROM releases WHERE dataset = ? AND config_sha256 = ? AND "
+                    "run_token IS NOT NULL", (budget.dataset, sha)).fetchone()[0])
             state = RESERVED if run_token is None else PUBLISHED
             sql = ("INSERT INTO releases (dataset, name, epsilon, delta, config_sha256, state, "
                    "reserved_at, host, pid, rho, delta0, run_token, finished_at, output) "
@@ -979,6 +985,7 @@ def _reserve(budget, name, sha, charge, run_token=None, output=None):
         conn.close()
     reservation = Reservation(budget.ledger, row_id, budget.dataset, totals, spent,
                               new_dataset=new)
+    reservation.earlier = earlier
     if run_token is not None:
         reservation._done = True
         reservation.say_new_dataset()

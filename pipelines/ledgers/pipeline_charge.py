@@ -88,6 +88,19 @@ class ChargeRun(beam.DoFn):
         token = self._rng_factory.stage_key(RUN_TOKEN_STAGE)[:16].hex()
         reservation = ledger.reserve_charge(self._budget, self._name, self._sha, self._charge,
                                             run_token=token, output=self._output)
+        if reservation.charged and reservation.earlier:
+            # A second run of the same release (Beam YAML run twice): a new release with
+            # new noise, charged again, whose sinks may replace the first one's output --
+            # said, not silent (issue 42)
+            import logging
+            logging.getLogger("thresher").warning(
+                "ledger %s: this run is a new release of %r on dataset %r, charged "
+                "again (release %d); the same spec was already released %d time%s in this "
+                "ledger. If the pipeline's sinks write where the earlier run wrote, they "
+                "replace its output: the earlier release stays charged either way",
+                ledger._where(self._budget.ledger), self._name, self._budget.dataset,
+                reservation.row_id, reservation.earlier,
+                "" if reservation.earlier == 1 else "s")
         yield reservation.row_id
 
 

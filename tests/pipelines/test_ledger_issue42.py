@@ -202,6 +202,7 @@ def test_set_budget_refuses_bad_values_naming_the_option(tmp_path, args, needle)
 
 # ---- where a relative ledger is -------------------------------------------------------------
 
+@pytest.mark.slow      # two CLI processes: ~20 s
 def test_a_relative_ledger_is_beside_the_spec_whatever_the_working_directory(tmp_path, tiny):
     """Before: ``budget.ledger: ledgers/l.sqlite`` was resolved from the working directory,
     so the same spec run from another folder found a new empty ledger and published past

@@ -57,6 +57,19 @@ The life of one release in the ledger (``thresher run``, ``pipelines.running.rel
    error *after* step 3 (publishing started but did not finish) the release stays
    charged, as ``publish_failed``: part of it may be visible, so its budget is spent.
 
+A dataset's totals are written by thresher only -- by its first charged release, and by
+``thresher ledger set-budget`` (``set_budget``: rho_B computed again, a total below what
+is spent refused unless forced, the change recorded in ``budget_changes``) -- and each
+time stamped with their digest (``totals_digest``). Totals that disagree -- a zcdp rho_B
+that is not the one its (epsilon, delta, delta0_B) give, or totals that do not match the
+digest, as after ``UPDATE datasets SET epsilon = ...`` -- refuse every reservation on the
+dataset (``budget.ledger``, exit 2) and ``ledger show`` warns (issue 42). Values that no
+thresher writes (``rho = 'abc'``, NaN, negative, an unknown composition) are ``BadRow``
+errors naming the table, row and column, never internal errors.
+
+A relative SQLite path in a spec file names a file beside the spec (``resolved_from``,
+called by ``specs.spec.load``); ``~`` is the home folder.
+
 A process killed outright (power loss, SIGKILL) leaves its row ``reserved``; it keeps
 counting as spent, the safe side. ``thresher ledger reservations`` lists such rows and
 ``thresher ledger release ID`` frees one whose run has ended (docs/robustness.md,
@@ -73,7 +86,9 @@ A release built into a user's Beam pipeline (``pipelines.beam_yaml``, ``thresher
 reserves when the pipeline *runs*, under a run token derived from the run's secret:
 ``reserve(plan, run_token=...)`` charges a token once, so a retried reservation of the
 same run charges nothing more, and a second run of the same pipeline object (a new
-secret, a new token) is a second release, charged again.
+secret, a new token) is a second release, charged again. A token found in the ledger is
+taken as this run's own charge only if it was charged to the same dataset, by the same
+spec digest, at the same charge (``_check_token_row``); otherwise the run is refused.
 """
 import contextlib
 import dataclasses
@@ -1196,13 +1211,14 @@ def release_reservation(path, row_id, force=False):
 def format_reservations(rows):
     if not rows:
         return "no open reservations"
+    n = comp.shown_number
     lines = [f"{'id':>5}  {'dataset':<16} {'name':<20} {'epsilon':>8} {'delta':>8}  "
              f"{'age':>8}  owner"]
     for r in rows:
         age = "-" if r["age_seconds"] is None else _age(r["age_seconds"])
-        lines.append(f"{r['id']:>5}  {r['dataset']:<16} {r['name']:<20} {r['epsilon']:>8g} "
-                     f"{r['delta']:>8g}  {age:>8}  {r['owner']} (pid {r['pid']} on "
-                     f"{r['host']})")
+        lines.append(f"{r['id']:>5}  {printable(r['dataset']):<16} {printable(r['name']):<20} "
+                     f"{n(r['epsilon']):>8} {n(r['delta']):>8}  {age:>8}  {r['owner']} (pid "
+                     f"{r['pid']} on {printable(r['host'])})")
     return "\n".join(lines)
 
 

@@ -49,8 +49,8 @@ def _run(pipeline_file, cwd):
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
-@pytest.mark.slow      # three Beam YAML processes: ~1 min
-def test_yaml_runs_twice_say_so_and_a_refusal_is_one_line_exit_2(tmp_path):
+@pytest.mark.slow      # two Beam YAML processes: ~40 s
+def test_a_yaml_pipeline_run_twice_says_it_is_charged_again(tmp_path):
     ledger_path = tmp_path / "l.sqlite"
     pipeline_file = _pipeline_file(tmp_path, ledger_path, total=2.5)
     first = _run(pipeline_file, str(tmp_path))
@@ -62,12 +62,24 @@ def test_yaml_runs_twice_say_so_and_a_refusal_is_one_line_exit_2(tmp_path):
             "(release 2); the same spec was already released 1 time in this ledger") \
         in second.stderr, second.stderr[-3000:]
     assert "replace its output" in second.stderr
-    third = _run(pipeline_file, str(tmp_path))
-    assert third.returncode == 2, third.stderr[-3000:]
-    assert "Traceback" not in third.stderr, third.stderr[-3000:]
-    assert third.stderr.splitlines()[-1].startswith(
-        "thresher: error: ThresherRelease.budget: dataset 'd' (basic composition) has spent "
-        "epsilon=2")
-    assert "refused: it needs 1 of the epsilon budget, 0.5 left" in third.stderr
     shown = ledger.summary(str(ledger_path))[0]
     assert [r["state"] for r in shown["releases"]] == ["published", "published"]
+
+
+@pytest.mark.slow      # one Beam YAML process: ~20 s
+def test_a_yaml_budget_refusal_is_one_line_and_exit_2(tmp_path):
+    """The dataset's total (1.5) already holds a release of 1 (charged through the API):
+    the YAML release of 1 is refused when the pipeline is built."""
+    from thresher.pipelines.ledgers import composition as comp
+    ledger_path = tmp_path / "l.sqlite"
+    budget = ledger.BudgetSpec(ledger=str(ledger_path), dataset="d", epsilon=1.5, delta=1e-6)
+    ledger.reserve_charge(budget, "earlier", "0" * 64, comp.Charge(
+        comp.dec(1.0), comp.dec(1e-8), comp.dec("0.02"), comp.dec("1E-9"))).commit("o")
+    done = _run(_pipeline_file(tmp_path, ledger_path, total=1.5), str(tmp_path))
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1].startswith(
+        "thresher: error: ThresherRelease.budget: dataset 'd' (basic composition) has spent "
+        "epsilon=1")
+    assert "refused: it needs 1 of the epsilon budget, 0.5 left" in done.stderr
+    assert len(ledger.summary(str(ledger_path))[0]["releases"]) == 1

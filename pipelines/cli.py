@@ -683,9 +683,10 @@ def _ledger_command(args):
         return 0
     if args.ledger_command == "release":
         row = ledger.release_reservation(args.ledger, args.id, force=args.force)
-        print(f"released reservation {row['id']} ({row['name']!r}, dataset {row['dataset']!r}: "
-              f"epsilon {row['epsilon']:g}, delta {row['delta']:g}; its run was "
-              f"{row['owner']})")
+        n = ledger.comp.shown_number
+        print(f"released reservation {row['id']} ({ledger.printable(row['name'])!r}, dataset "
+              f"{ledger.printable(row['dataset'])!r}: epsilon {n(row['epsilon'])}, delta "
+              f"{n(row['delta'])}; its run was {row['owner']})")
         return 0
     datasets = ledger.summary(args.ledger, args.dataset)
     if args.json:

@@ -1113,8 +1113,8 @@ def reservations(path, dataset=None):
     out = []
     for rid, ds, name, eps, delta, at, host, pid in rows:
         reserved = _parse_time(at)
-        out.append({"id": int(rid), "dataset": ds, "name": name, "epsilon": _num(eps),
-                    "delta": _num(delta), "reserved_at": at,
+        out.append({"id": int(rid), "dataset": ds, "name": name, "epsilon": _loose(eps),
+                    "delta": _loose(delta), "reserved_at": at,
                     "age_seconds": int((now - reserved).total_seconds()) if reserved else None,
                     "host": host, "pid": pid, "owner": owner_state(host, pid, reserved)})
     return out
@@ -1204,8 +1204,8 @@ def release_reservation(path, row_id, force=False):
                 _uncharge(conn, ds, row_id, path)
         finally:
             conn.close()
-    return {"id": int(rid), "dataset": ds, "name": name, "epsilon": _num(eps),
-            "delta": _num(delta), "reserved_at": at, "host": host, "pid": pid, "owner": owner}
+    return {"id": int(rid), "dataset": ds, "name": name, "epsilon": _loose(eps),
+            "delta": _loose(delta), "reserved_at": at, "host": host, "pid": pid, "owner": owner}
 
 
 def format_reservations(rows):
@@ -1472,6 +1472,11 @@ def preview(plan):
                  f"composition; the first run creates it)")
     else:
         totals, spent = state
+        if totals.composition == comp.ZCDP and (spent.rho is None or spent.delta0 is None):
+            return Preview(True, f"the ledger {shown!r} is inconsistent: zcdp dataset "
+                                 f"{budget.dataset!r} holds a release without a (rho, delta0) "
+                                 f"record, so its spent rho is unknown: the run will be "
+                                 f"refused", field="budget.ledger")
         try:
             _check_fixed(budget, totals, wanted)
         except SpecError as exc:

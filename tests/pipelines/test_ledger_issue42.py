@@ -133,6 +133,8 @@ def test_totals_edited_by_sql_refuse_every_release_until_set_budget(tmp_path, ti
     _clean(code, err, "budget.ledger: ", "its totals were changed outside thresher",
            "thresher ledger set-budget", "nothing was read or published")
     assert not os.path.exists(tmp_path / "out-second")
+    code, out, err = run_cli("validate", second)
+    _clean(code, err, "budget.ledger: ", "changed outside thresher", "will be refused")
     code, out, err = run_cli("ledger", "show", target)
     assert code == 0 and "WARNING: " in out and "changed outside thresher" in out, out + err
     shown = json.loads(run_cli("ledger", "show", target, "--json")[1])
@@ -272,6 +274,8 @@ def test_hand_edited_rows_are_exit_2_and_ledger_show_still_shows(tmp_path, tiny,
     code, _, err = run_cli("run", _spec(tmp_path, tiny, target, "b", composition="zcdp"), "-q")
     _clean(code, err, "budget.ledger: ", needle)
     assert not os.path.exists(tmp_path / "out-b")
+    code, _, err = run_cli("validate", _spec(tmp_path, tiny, target, "b", composition="zcdp"))
+    _clean(code, err, "budget.ledger: ", "will be refused")
     code, out, err = run_cli("ledger", "show", target)
     assert code == 0 and "Traceback" not in err, err
     assert "WARNING: " in out, out
@@ -345,3 +349,18 @@ def test_a_run_token_charged_for_another_spec_is_refused(tmp_path, target):
             ledger.reserve_charge(args["budget"], "a", args["sha"], args["charge"],
                                   run_token="t", output="o")
     assert len(ledger.summary(target, "ds")[0]["releases"]) == 1
+
+
+def test_ledger_reservations_and_release_with_a_hand_edited_charge(tmp_path):
+    """A reserved row whose epsilon was edited to 'abc': ``ledger reservations`` lists it
+    (the charge shown as "-"), ``ledger release`` refuses naming the row (exit 2), both
+    without an internal error."""
+    path = str(tmp_path / "l.sqlite")
+    budget = ledger.BudgetSpec(ledger=path, dataset="ds", epsilon=2.0, delta=1e-6)
+    ledger.reserve_charge(budget, "r", "0" * 64, _charge())
+    _sql(path, "UPDATE releases SET epsilon = 'abc', pid = NULL")
+    code, out, err = run_cli("ledger", "reservations", path)
+    assert code == 0 and "Traceback" not in err, err
+    assert " r " in out and "      -" in out, out
+    code, _, err = run_cli("ledger", "release", path, "1", "--force")
+    _clean(code, err, "release 1's epsilon = 'abc'")

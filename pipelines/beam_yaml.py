@@ -64,6 +64,9 @@ this transform fixes.
 """
 import dataclasses
 import json
+import os
+import re
+import sys
 import typing
 
 import apache_beam as beam
@@ -74,7 +77,7 @@ from apache_beam.typehints.row_type import RowTypeConstraint
 from apache_beam.typehints.schemas import named_fields_from_element_type
 
 from thresher.pipelines.dataio import io
-from thresher.pipelines.errors import SpecError
+from thresher.pipelines.errors import SpecError, ThresherError
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running.release import release_stages
 from thresher.pipelines import kinds
@@ -125,6 +128,7 @@ def ThresherRelease(user=None, keys=None, privacy=None, bounding=None, mechanism
         ``<column>_low`` / ``<column>_high`` interval columns (docs/intervals.md).
       num_shards: user and key shards of the shuffles, about rows / 1,000,000 (>= 1).
     """
+    _clean_errors_under_yaml_main()
     config = {"privacy": privacy, "bounding": bounding, "mechanism": mechanism, "name": name,
               "num_shards": num_shards}
     # The rows come from the YAML pipeline; path and format only satisfy the spec's
@@ -154,6 +158,52 @@ def ThresherRelease(user=None, keys=None, privacy=None, bounding=None, mechanism
     except SpecError as exc:
         raise _named(exc) from None
     return _Release(plan, num_shards)
+
+
+_USER_ERROR = re.compile(r"(?:SpecError|InputError|CalibrationError|ThresherError): (.+?)"
+                         r"(?:\s\[while running|$)", re.S)
+
+
+def _user_error(exc):
+    """The message of a thresher error in ``exc``, its causes or, raised on a Beam worker
+    and wrapped by the runner, its text (None if it holds none)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ThresherError):
+            return str(exc).strip().splitlines()[0]
+        match = _USER_ERROR.search(str(exc))
+        if match:
+            return match.group(1).strip().splitlines()[0]
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _clean_errors_under_yaml_main():
+    """Under ``python -m apache_beam.yaml.main``: a thresher error (a budget refusal, a
+    bad config field) ends the command as ``thresher run`` ends it -- one line
+    ``thresher: error: FIELD: message`` on stderr and exit code 2 -- instead of arriving
+    at the end of a Beam traceback with exit code 1 (issue 42). Other errors keep Beam's
+    traceback. Installed once, as the process's excepthook; not in other programs (a
+    Python pipeline gets the exception itself)."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) != "apache_beam.yaml.main":
+        return
+    if getattr(sys.excepthook, "_thresher", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        message = _user_error(value)
+        if message is None:
+            return previous(kind, value, tb)
+        sys.stderr.write(f"thresher: error: {message}\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(2)       # the pipeline has ended; exit 2 like the thresher command
+
+    hook._thresher = True
+    sys.excepthook = hook
 
 
 def _named(exc):
@@ -298,7 +348,9 @@ class _RowsToRecords(beam.DoFn):
         self._values = list(value_columns)     # [(field, prepared name)] of aggregates
         self._rng_factory = rng_factory
 
-    def process(self, rows):
+    def process(self, rows, charged=None):
+        # charged: with a budget, the run's ledger charge (read only so that this stage,
+        # the first to read a row, runs after it)
         names = list(dict.fromkeys((self._user, *self._keys, *(c for c, _ in self._values))))
         table = pa.table({name: pa.array([getattr(row, name) for row in rows]) for name in names})
         beam.metrics.Metrics.counter(io.NOT_PRIVATE, "rows_read").inc(table.num_rows)
@@ -322,7 +374,7 @@ class _SampleRowsToRecords(beam.DoFn):
         self._keys = tuple(keys)
         self._frequency = frequency
 
-    def process(self, rows):
+    def process(self, rows, charged=None):
         names = list(dict.fromkeys((*self._keys, self._frequency)))
         table = pa.table({name: pa.array([getattr(row, name) for row in rows]) for name in names})
         beam.metrics.Metrics.counter(io.NOT_PRIVATE, "rows_read").inc(table.num_rows)
@@ -441,26 +493,29 @@ class _Release(beam.PTransform):
         from thresher.transforms.randomness.keyed_random import PipelineSecret, building
         source = (self._rng_factory if self._rng_factory is not None
                   else PipelineSecret.draw(rows.pipeline))
+        root = rows.pipeline._current_transform().full_label   # the draws' root
+        charged = None      # budget: this run's charge. The release's first stage that reads
+        # a row (ToRecords) and both outputs take it as a side input, so on every runner
+        # the charge is in the ledger before any row is read by the release: a run that
+        # then fails on its data stays charged (issue 42). The charge reads the secret (its
+        # run token), so it is added before OneSecret seals the secret's readers.
+        if spec.budget is not None:
+            from thresher.pipelines.ledgers.pipeline_charge import charge_when_run
+            charged = beam.pvalue.AsSingleton(charge_when_run(rows.pipeline, plan, source, root))
+        gate = {} if charged is None else {"charged": charged}
         batches = rows | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
                                                        max_batch_size=_BATCH_ROWS)
         if sample is not None:       # Table(__key, keys, count)
             records = batches | "ToRecords" >> beam.ParDo(
-                _SampleRowsToRecords(keys, sample["frequency"]))
+                _SampleRowsToRecords(keys, sample["frequency"]), **gate)
         else:                        # Table(__user, __user_lo, __key, keys)
             records = batches | "ToRecords" >> keyed_random.par_do(
-                _RowsToRecords(user, read_keys, values, source))
+                _RowsToRecords(user, read_keys, values, source), **gate)
         clips = []     # clip: auto -- the chosen bounds (one dict), for the report
-        root = rows.pipeline._current_transform().full_label   # the draws' root
         notes = []     # a kind's report figures computed in the pipeline (one JSON line)
         with building(source, root=root):
             released, chosen = release_stages(records, plan, self._num_shards,
                                               clip_sink=clips.append, notes_sink=notes.append)
-        charged = None      # budget: this run's charge; both outputs wait for it. The
-        # charge reads the secret (its run token), so it is added before OneSecret seals
-        # the secret's readers
-        if spec.budget is not None:
-            from thresher.pipelines.ledgers.pipeline_charge import charge_when_run
-            charged = beam.pvalue.AsSingleton(charge_when_run(rows.pipeline, plan, source, root))
         # nothing leaves before the run is known to have read one secret (issue 36 P2)
         from thresher.transforms.randomness.secret_commitment import OneSecret
         released = released | "OneSecret" >> OneSecret(source)

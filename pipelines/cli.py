@@ -6,6 +6,7 @@
     thresher ledger show LEDGER [--dataset D] [--json]
     thresher ledger reservations LEDGER [--dataset D] [--json]
     thresher ledger release LEDGER ID [--force]
+    thresher ledger set-budget LEDGER DATASET --epsilon E [--delta D] [--threshold-delta D0] [--force]
     thresher show OUTPUT [--format table|csv|json] [--top N]
     thresher schema
     thresher report OUTPUT [--html [FILE] [--overwrite]]
@@ -133,10 +134,25 @@ def _parser():
                                  help="delete an open reservation whose run has ended "
                                       "(docs/robustness.md, Ledger operations)")
     free.add_argument("ledger", help="the ledger file or postgresql:// URL")
-    free.add_argument("id", type=int, help="the reservation's id (thresher ledger reservations)")
+    free.add_argument("id", type=_ledger_id, help="the reservation's id (thresher ledger "
+                                                  "reservations)")
     free.add_argument("--force", action="store_true",
                       help="also when its owner runs on another host or is still running "
                            "(that run then refuses to publish)")
+    totals = ledger_sub.add_parser("set-budget", parents=[common],
+                                   help="change a dataset's total (recomputes rho_B; "
+                                        "recorded in the ledger)")
+    totals.add_argument("ledger", help="the ledger file or postgresql:// URL")
+    totals.add_argument("dataset", help="the dataset whose total changes")
+    totals.add_argument("--epsilon", type=_finite_number, required=True,
+                        help="the new total epsilon over all releases on the dataset")
+    totals.add_argument("--delta", type=_finite_number, default=None,
+                        help="the new total delta (default: unchanged)")
+    totals.add_argument("--threshold-delta", type=_finite_number, default=None,
+                        help="zcdp datasets: the new delta0_B (default: unchanged)")
+    totals.add_argument("--force", action="store_true",
+                        help="also when the new total is below what the dataset has spent "
+                             "(it then admits no release until raised)")
     return parser
 
 
@@ -523,6 +539,7 @@ def _spec_command(args, beam_args):
         files = spec_mod.input_files(spec.input)
         input_schema.check_input(spec.input, files)
         check_output_writable(spec.output.path)
+        _check_ledger_outside_output(spec)
         plan = make_plan(spec)
         ledger_text = _ledger_preview(plan, refuse=True)
         print(f"{args.config}: valid ({spec.kind}, {len(files)} input file"
@@ -546,6 +563,7 @@ def _spec_command(args, beam_args):
     from thresher.pipelines.planning.preflight import check_output_writable
     progress.phase("checking the output folder and the Beam options")
     check_output_writable(spec.output.path)
+    _check_ledger_outside_output(spec)
     beam_flags.check(beam_args)
     from thresher.pipelines.running import engines
     beam_args = engines.complete_beam_args(beam_args)   # the cached job server / Prism
@@ -589,6 +607,18 @@ def _engines_command(args):
         path = engines.fetch(eng)
         print(f"{eng.name}: --{eng.flag}={path}")
     return 0
+
+
+def _check_ledger_outside_output(spec):
+    """validate: a SQLite ledger inside the output folder is refused (naming
+    budget.ledger), as every run would be: the release replaces that folder."""
+    budget = getattr(spec, "budget", None)
+    if budget is None:
+        return
+    from thresher.pipelines.ledgers import ledger
+    where = ledger.inside_output(budget.ledger, spec.output.path)
+    if where:
+        raise ThresherError(f"budget.ledger: {where}")
 
 
 def _ledger_preview(plan, refuse):
@@ -635,17 +665,57 @@ def _look_command(args):
     return 0
 
 
+def _ledger_id(text):
+    """A ledger row id: an integer that a database row id can be (SQLite's 64-bit)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a reservation id (an integer), got "
+                                         f"{text!r}") from None
+    if not 0 < value < 2 ** 63:
+        raise argparse.ArgumentTypeError(f"must be a reservation id between 1 and 2^63 - 1 "
+                                         f"(thresher ledger reservations lists them), got "
+                                         f"{text}")
+    return value
+
+
+def _finite_number(text):
+    import math
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
 def _ledger_command(args):
     from thresher.pipelines.ledgers import ledger
+    if args.ledger_command == "set-budget":
+        old, new = ledger.set_budget(args.ledger, args.dataset, args.epsilon, args.delta,
+                                     args.threshold_delta, force=args.force)
+        n = ledger.comp.shown_number
+        zcdp = "" if new["rho"] is None else (f", threshold_delta {n(new['threshold_delta'])}"
+                                              f"; rho_B {n(new['rho'])}")
+        print(f"dataset {ledger.printable(new['dataset'])!r} ({new['composition']}): total set "
+              f"to epsilon {n(new['epsilon'])}, delta {n(new['delta'])}{zcdp} (was epsilon "
+              f"{old['epsilon']}, delta {old['delta']}"
+              + ("" if old["rho"] is None else f", rho_B {old['rho']}") + "); "
+              + ("FORCED below what is spent: " if new["forced"] else "")
+              + f"{new['spent']}. Recorded in the ledger; give specs on this dataset the new "
+              f"budget.epsilon/delta")
+        return 0
     if args.ledger_command == "reservations":
         rows = ledger.reservations(args.ledger, args.dataset)
         print(json.dumps(rows, indent=2) if args.json else ledger.format_reservations(rows))
         return 0
     if args.ledger_command == "release":
         row = ledger.release_reservation(args.ledger, args.id, force=args.force)
-        print(f"released reservation {row['id']} ({row['name']!r}, dataset {row['dataset']!r}: "
-              f"epsilon {row['epsilon']:g}, delta {row['delta']:g}; its run was "
-              f"{row['owner']})")
+        n = ledger.comp.shown_number
+        print(f"released reservation {row['id']} ({ledger.printable(row['name'])!r}, dataset "
+              f"{ledger.printable(row['dataset'])!r}: epsilon {n(row['epsilon'])}, delta "
+              f"{n(row['delta'])}; its run was {row['owner']})")
         return 0
     datasets = ledger.summary(args.ledger, args.dataset)
     if args.json:

@@ -82,17 +82,24 @@ class Totals:
         epsilon, delta = dec(budget.epsilon), dec(budget.delta)
         if budget.composition == BASIC:
             return cls(BASIC, epsilon, delta)
-        from thresher.accounting import zcdp
         delta0 = threshold_delta(budget)
-        conv = sub(delta, delta0)
-        # rho_budget returns the float of a 12-digit decimal rounded down: repr gives it back
-        rho = dec(zcdp.rho_budget(float(epsilon), _float_down(conv)))
-        return cls(ZCDP, epsilon, delta, delta0, rho)
+        return cls(ZCDP, epsilon, delta, delta0, rho_of(epsilon, delta, delta0))
 
     def epsilon_of(self, rho):
         """The epsilon that ``rho`` converts to at delta_conv (0 for rho 0)."""
         from thresher.accounting import zcdp
         return zcdp.epsilon_of_rho(float(rho), _float_down(self.conversion_delta))
+
+
+def rho_of(epsilon, delta, delta0):
+    """rho_B of the exact decimals (epsilon, delta, delta0_B): the largest rho whose
+    conversion at delta - delta0_B is <= epsilon (``accounting.zcdp.rho_budget``; 0 when
+    delta0_B = delta). Raises ValueError/ArithmeticError when it cannot be computed (an
+    epsilon so large that the bisection overflows)."""
+    from thresher.accounting import zcdp
+    conv = sub(delta, delta0)
+    # rho_budget returns the float of a 12-digit decimal rounded down: repr gives it back
+    return dec(zcdp.rho_budget(float(epsilon), _float_down(conv)))
 
 
 def threshold_delta(budget):
@@ -170,7 +177,18 @@ def admits(totals, spent, charge):
 
 
 def _g(value):
-    return f"{float(value):.6g}"
+    """A number as the shortest text that reads back as the same float (issue 42: a total
+    of 1.0000001 printed as 1 hid the difference from 1)."""
+    return shown_number(value)
+
+
+def shown_number(value):
+    """The shortest decimal text of ``value``'s float (``repr``), without a trailing
+    ``.0``: 1, 2.5, 1e-08, 1.0000001."""
+    if value is None:
+        return "-"
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
 
 
 def cost_text(charge):
@@ -204,6 +222,28 @@ def remaining_text(totals, spent, charge=None):
 
 
 def refusal_text(dataset, totals, spent, charge):
-    """A refusal: spent, requested, remaining (epsilon, delta and rho, delta0)."""
+    """A refusal: spent, requested, remaining (epsilon, delta and rho, delta0), then in
+    words which of the dataset's budgets ran out and by how much (``shortage_text``)."""
     return (f"{state_text(dataset, totals, spent)}; this release needs {cost_text(charge)}; "
-            f"remaining {remaining_text(totals, spent)}")
+            f"remaining {remaining_text(totals, spent)}; {shortage_text(totals, spent, charge)}")
+
+
+# The dataset's budgets, in the words a refusal uses: (name, spent, charged, total).
+def _budgets(totals, spent, charge):
+    if totals.composition == ZCDP:
+        return (("the privacy budget rho_B (zCDP)", spent.rho, charge.rho, totals.rho),
+                ("the threshold budget delta0_B", spent.delta0, charge.delta0, totals.delta0))
+    return (("the epsilon budget", spent.epsilon, charge.epsilon, totals.epsilon),
+            ("the delta budget", spent.delta, charge.delta, totals.delta))
+
+
+def shortage_text(totals, spent, charge):
+    """Which budget(s) the release does not fit, and by how much: "refused: it needs
+    7.9e-08 of the threshold budget delta0_B, 2.1e-08 left (short by 5.8e-08)"."""
+    parts = []
+    for name, used, need, total in _budgets(totals, spent, charge):
+        left = sub(total, used)
+        if need > left:
+            parts.append(f"it needs {_g(need)} of {name}, {_g(max(left, ZERO))} left (short "
+                         f"by {_g(sub(need, left))})")
+    return "refused: " + "; and ".join(parts) if parts else "it fits"

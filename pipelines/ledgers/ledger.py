@@ -57,6 +57,19 @@ The life of one release in the ledger (``thresher run``, ``pipelines.running.rel
    error *after* step 3 (publishing started but did not finish) the release stays
    charged, as ``publish_failed``: part of it may be visible, so its budget is spent.
 
+A dataset's totals are written by thresher only -- by its first charged release, and by
+``thresher ledger set-budget`` (``set_budget``: rho_B computed again, a total below what
+is spent refused unless forced, the change recorded in ``budget_changes``) -- and each
+time stamped with their digest (``totals_digest``). Totals that disagree -- a zcdp rho_B
+that is not the one its (epsilon, delta, delta0_B) give, or totals that do not match the
+digest, as after ``UPDATE datasets SET epsilon = ...`` -- refuse every reservation on the
+dataset (``budget.ledger``, exit 2) and ``ledger show`` warns (issue 42). Values that no
+thresher writes (``rho = 'abc'``, NaN, negative, an unknown composition) are ``BadRow``
+errors naming the table, row and column, never internal errors.
+
+A relative SQLite path in a spec file names a file beside the spec (``resolved_from``,
+called by ``specs.spec.load``); ``~`` is the home folder.
+
 A process killed outright (power loss, SIGKILL) leaves its row ``reserved``; it keeps
 counting as spent, the safe side. ``thresher ledger reservations`` lists such rows and
 ``thresher ledger release ID`` frees one whose run has ended (docs/robustness.md,
@@ -73,7 +86,9 @@ A release built into a user's Beam pipeline (``pipelines.beam_yaml``, ``thresher
 reserves when the pipeline *runs*, under a run token derived from the run's secret:
 ``reserve(plan, run_token=...)`` charges a token once, so a retried reservation of the
 same run charges nothing more, and a second run of the same pipeline object (a new
-secret, a new token) is a second release, charged again.
+secret, a new token) is a second release, charged again. A token found in the ledger is
+taken as this run's own charge only if it was charged to the same dataset, by the same
+spec digest, at the same charge (``_check_token_row``); otherwise the run is refused.
 """
 import contextlib
 import dataclasses
@@ -81,6 +96,7 @@ import datetime
 import decimal
 import hashlib
 import logging
+import math
 import os
 import re
 import socket
@@ -134,7 +150,19 @@ CREATE TABLE IF NOT EXISTS datasets (
     spent_delta0 TEXT,
     row_changes INTEGER NOT NULL DEFAULT 0,   -- inserts, deletes and charge edits of the
                                       -- dataset's releases, counted by the triggers
-    spent_row_changes INTEGER         -- row_changes that the running sums cover
+    spent_row_changes INTEGER,        -- row_changes that the running sums cover
+    totals_sha256 TEXT                -- digest of the totals thresher wrote (totals_digest)
+);
+CREATE TABLE IF NOT EXISTS budget_changes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    dataset TEXT NOT NULL,
+    changed_at TEXT NOT NULL,
+    old_epsilon TEXT, old_delta TEXT, old_threshold_delta TEXT, old_rho TEXT,
+    epsilon TEXT NOT NULL, delta TEXT NOT NULL, threshold_delta TEXT, rho TEXT,
+    spent TEXT,                       -- what was spent then, as ledger show words it
+    forced INTEGER NOT NULL DEFAULT 0, -- 1: set below what was spent (--force)
+    host TEXT,
+    pid INTEGER
 );
 CREATE TABLE IF NOT EXISTS releases (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -191,7 +219,8 @@ _SCHEMA = _TABLES + _INDEX + ";\n" + "".join(t + ";\n" for t in TRIGGERS.values(
 # NULL until then.
 NEW_COLUMNS = {
     "datasets": ("composition", "threshold_delta", "rho", "spent_epsilon", "spent_delta",
-                 "spent_rho", "spent_delta0", "row_changes", "spent_row_changes"),
+                 "spent_rho", "spent_delta0", "row_changes", "spent_row_changes",
+                 "totals_sha256"),
     "releases": ("rho", "delta0", "run_token"),
 }
 COLUMN_TYPES = {"row_changes": "INTEGER NOT NULL DEFAULT 0", "spent_row_changes": "INTEGER"}
@@ -206,6 +235,7 @@ class BudgetSpec:
     delta: float
     composition: str = comp.BASIC
     threshold_delta: float = None        # zcdp: delta0_B (None: delta / 2)
+    composition_given: bool = True       # False: the spec left budget.composition out
 
 
 def parse_section(section, privacy):
@@ -217,18 +247,50 @@ def parse_section(section, privacy):
         raise SpecError("budget.ledger", f"the database URLs supported are postgresql://..., "
                         f"got {ledger_postgres.shown(ledger)!r}; or give the path of a SQLite "
                         f"file (e.g. ledgers/my-dataset.sqlite)")
+    if not ledger_postgres.is_url(ledger):
+        ledger = os.path.expanduser(ledger)      # ~/ledgers/x.sqlite: the home folder's
     dataset = section["dataset"]
     epsilon, delta = float(section["epsilon"]), float(section["delta"])
     mode = section.get("composition", comp.BASIC)
     threshold = section.get("threshold_delta")
     comp.check_section(mode, None if threshold is None else float(threshold), delta)
+    budget_totals(BudgetSpec(ledger=ledger, dataset=dataset, epsilon=epsilon, delta=delta,
+                             composition=mode,
+                             threshold_delta=None if threshold is None else float(threshold)))
     if mode == comp.BASIC and privacy.epsilon > epsilon:
         # (zcdp: one release may carry a larger epsilon and still fit rho_B.)
         raise SpecError("budget.epsilon", f"the dataset's total ({epsilon:g}) is smaller than "
                         f"this one release's privacy.epsilon ({privacy.epsilon:g})")
     return BudgetSpec(ledger=ledger, dataset=dataset, epsilon=epsilon, delta=delta,
                       composition=mode,
-                      threshold_delta=None if threshold is None else float(threshold))
+                      threshold_delta=None if threshold is None else float(threshold),
+                      composition_given="composition" in section)
+
+
+def resolved_from(budget, spec_path):
+    """The budget section with a relative SQLite ``budget.ledger`` resolved from the
+    folder of the spec file that names it (not the working directory: the same spec run
+    from another folder must charge the same ledger; issue 42)."""
+    if budget is None or ledger_postgres.is_url(budget.ledger) or os.path.isabs(budget.ledger):
+        return budget
+    folder = os.path.dirname(os.path.abspath(spec_path))
+    return dataclasses.replace(budget, ledger=os.path.normpath(os.path.join(folder,
+                                                                            budget.ledger)))
+
+
+def inside_output(ledger_path, output_path):
+    """Why a SQLite ledger at ``ledger_path`` cannot be used with a release into
+    ``output_path`` ("" if it can): a ledger inside the output folder (or the folder
+    itself) would be replaced by the release that it charges."""
+    if ledger_postgres.is_url(ledger_path) or not output_path or "://" in output_path:
+        return ""
+    ledger_real = os.path.realpath(ledger_path)
+    out_real = os.path.realpath(output_path)
+    if ledger_real == out_real or ledger_real.startswith(out_real.rstrip(os.sep) + os.sep):
+        return (f"the ledger {ledger_path!r} ({ledger_real}) lies inside the output folder "
+                f"{output_path!r}, which each release replaces; keep the ledger outside it "
+                f"(e.g. ledgers/<dataset>.sqlite beside the spec)")
+    return ""
 
 
 def charge_of(plan):
@@ -285,7 +347,7 @@ def _connect(path, create):
         uri = None
     else:
         if not os.path.isfile(path):
-            raise SpecError("", f"no ledger at {path!r} ({os.path.abspath(path)})")
+            raise SpecError("", _no_ledger(path))
         uri = f"{_file_uri(path)}?mode=ro"
     from thresher.pipelines.running.progress import when_slow
     try:
@@ -298,6 +360,12 @@ def _connect(path, create):
             with when_slow(LOCK_WAIT.format(ledger=_shown(path))):
                 _create_tables(conn)     # waits while another process writes
     except sqlite3.Error as exc:
+        if create and not os.path.exists(path) and not os.access(
+                os.path.dirname(os.path.abspath(path)), os.W_OK | os.X_OK):
+            raise SpecError("budget.ledger", f"cannot create the ledger {path!r} "
+                            f"({os.path.abspath(path)}): its folder is not writable by this "
+                            f"user; make the folder writable, or name a ledger in a "
+                            f"writable folder") from None
         raise SpecError("budget.ledger" if create else "", f"{path!r} "
                         f"({os.path.abspath(path)}) is not a usable ledger: {exc}") from None
     try:
@@ -308,6 +376,23 @@ def _connect(path, create):
         conn.close()
         raise
     return conn
+
+
+def _no_ledger(path):
+    """Why there is no ledger to read at ``path``: nothing there, or a folder (named with
+    the ledger files in it, if any)."""
+    where = f"{path!r} ({os.path.abspath(path)})"
+    if os.path.isdir(path):
+        try:
+            found = sorted(n for n in os.listdir(path) if n.endswith((".sqlite", ".db",
+                                                                       ".sqlite3")))
+        except OSError:
+            found = []
+        hint = (f"; ledger files in it: {', '.join(found[:5])}" if found else
+                "; no .sqlite file in it")
+        return (f"{where} is a folder, not a ledger: give the ledger file (a spec's "
+                f"budget.ledger){hint}")
+    return f"no ledger at {where}"
 
 
 def _create_tables(conn):
@@ -467,7 +552,7 @@ def _connected_path(conn):
 
 _DATASET_COLUMNS = ("epsilon", "delta", "composition", "threshold_delta", "rho",
                     "spent_epsilon", "spent_delta", "spent_rho", "spent_delta0", "row_changes",
-                    "spent_row_changes")
+                    "spent_row_changes", "totals_sha256")
 
 
 def _select(conn, table, columns, where="", params=()):
@@ -477,12 +562,90 @@ def _select(conn, table, columns, where="", params=()):
     return conn.execute(f"SELECT {exprs} FROM {table}{where}", params)
 
 
+class BadRow(SpecError):
+    """A value in the ledger's tables that no thresher wrote (edited by hand: ``rho =
+    'abc'``, NULL, NaN, a negative charge): a SpecError naming ``budget.ledger``, the
+    table, row and column (issue 42: these were internal errors, even in ledger show)."""
+
+    def __init__(self, where, column, value, allowed="a finite decimal number >= 0"):
+        super().__init__("budget.ledger", f"the ledger holds {where} {column} = {value!r}, "
+                         f"which no thresher writes (expected {allowed}): it was edited by "
+                         f"hand or is corrupt; nothing was read or published")
+
+
+def _stored(value, where, column, nullable=False):
+    """A stored decimal, checked: finite and >= 0 (None only if ``nullable``)."""
+    if value is None:
+        if nullable:
+            return None
+        raise BadRow(where, column, value)
+    try:
+        number = decimal.Decimal(value) if isinstance(value, str) else comp.dec(value)
+    except (decimal.InvalidOperation, TypeError, ValueError):
+        raise BadRow(where, column, value) from None
+    if not number.is_finite() or number < 0:
+        raise BadRow(where, column, value)
+    return number
+
+
+def totals_digest(mode, epsilon, delta, delta0, rho):
+    """The digest a dataset's totals are stamped with whenever thresher writes them (a
+    first release, ``thresher ledger set-budget``): totals changed by any other means
+    (``UPDATE datasets SET epsilon = ...``) no longer match it, and the ledger refuses
+    to admit a release on that dataset until set-budget writes them again (issue 42)."""
+    words = "|".join("" if v is None else comp.text(v) for v in (epsilon, delta, delta0, rho))
+    return hashlib.sha256(f"thresher-totals-v1|{mode}|{words}".encode()).hexdigest()
+
+
+def _parse_totals(row, dataset):
+    """(Totals, problem) of a dataset row's budget columns. Values that are no decimals
+    raise BadRow; totals that are numbers but disagree with each other or with the digest
+    thresher stamped them with give a ``problem`` (None when they agree)."""
+    eps, delta, mode, delta0_b, rho_b = row[:5]
+    digest = row[11]
+    where = f"dataset {dataset!r}'s"
+    mode = comp.BASIC if mode is None else mode
+    if mode not in comp.MODES:
+        raise BadRow(where, "composition", mode, f"one of {', '.join(comp.MODES)}")
+    epsilon = _stored(eps, where, "epsilon")
+    total_delta = _stored(delta, where, "delta")
+    zcdp = mode == comp.ZCDP
+    delta0 = _stored(delta0_b, where, "threshold_delta", nullable=not zcdp)
+    rho = _stored(rho_b, where, "rho", nullable=not zcdp)
+    totals = comp.Totals(mode, epsilon, total_delta, delta0, rho)
+    problem = None
+    if zcdp:
+        try:
+            expected = comp.rho_of(epsilon, total_delta, delta0)
+        except (ValueError, ArithmeticError):
+            expected = None
+        # within 1e-9 relative: another machine's libm may round rho_B's last digit the
+        # other way; an edited total moves it far more (the digest catches exact edits)
+        if expected is None or abs(expected - rho) > decimal.Decimal("1e-9") * rho:
+            problem = (f"its stored rho_B = {comp.text(rho)} is not the rho_B that its "
+                       f"epsilon = {comp.text(epsilon)}, delta = {comp.text(total_delta)} and "
+                       f"threshold_delta = {comp.text(delta0)} give"
+                       + ("" if expected is None else f" ({comp.text(expected)})")
+                       + ": its totals were changed outside thresher")
+    if problem is None and digest is not None and digest != totals_digest(
+            mode, epsilon, total_delta, delta0, rho):
+        problem = ("its totals were changed outside thresher (they do not match the digest "
+                   "thresher stamped them with)")
+    return totals, problem
+
+
+TOTALS_HELP = ("change a dataset's totals with: thresher ledger set-budget LEDGER DATASET "
+               "--epsilon E [--delta D] (it recomputes rho_B and records the change)")
+
+
 @dataclasses.dataclass(frozen=True)
 class _DatasetRow:
     totals: comp.Totals
     spent: comp.Spent
     row_changes: int          # the triggers' count (None: a ledger without them, read only)
     problem: str = None       # read only: why the stored sums cannot be right (then folded)
+    totals_problem: str = None   # why the stored totals disagree (refused by reserve)
+    digest: str = None        # the stored totals_sha256 (None: not stamped yet)
 
 
 def _dataset_state(conn, dataset, fold=False, path=None):
@@ -496,15 +659,13 @@ def _dataset_row(conn, dataset, fold=False, path=None):
     its releases the triggers counted; otherwise the sums folded from the releases
     (written back, stamped with the count, when ``fold``: inside a write transaction that
     holds the dataset's row). Sums that cannot be right (``_wrong_sums``) are refused when
-    ``fold`` (a SpecError naming the ledger), folded for reading otherwise."""
+    ``fold`` (a SpecError naming the ledger), folded for reading otherwise. Values that
+    are no decimals raise BadRow; totals that disagree are ``totals_problem``."""
     row = _select(conn, "datasets", _DATASET_COLUMNS, " WHERE dataset = ?", (dataset,)).fetchone()
     if row is None:
         return None
-    eps, delta, mode, delta0_b, rho_b, s_eps, s_delta, s_rho, s_delta0, changes, covered = row
-    mode = mode or comp.BASIC
-    totals = comp.Totals(mode, _dec(eps), _dec(delta),
-                         None if delta0_b is None else _dec(delta0_b),
-                         None if rho_b is None else _dec(rho_b))
+    s_eps, s_delta, s_rho, s_delta0, changes, covered = row[5:11]
+    totals, totals_problem = _parse_totals(row, dataset)
     changes = None if changes is None else int(changes)
     covered = None if covered is None else int(covered)
     problem = _wrong_sums(row[5:9], changes, covered)
@@ -526,7 +687,7 @@ def _dataset_row(conn, dataset, fold=False, path=None):
     else:
         spent = comp.Spent(_dec(s_eps), _dec(s_delta), None if s_rho is None else _dec(s_rho),
                            None if s_delta0 is None else _dec(s_delta0))
-    return _DatasetRow(totals, spent, changes, problem)
+    return _DatasetRow(totals, spent, changes, problem, totals_problem, row[11])
 
 
 def _wrong_sums(sums, changes, covered):
@@ -568,10 +729,18 @@ def _wrong_sums(sums, changes, covered):
 
 def _fold(conn, dataset):
     """The sums over the dataset's releases (to fill running sums that are missing or do
-    not cover every change, and for ``ledger show``'s check)."""
-    rows = _select(conn, "releases", ("epsilon", "delta", "rho", "delta0"),
+    not cover every change, and for ``ledger show``'s check). A charge that is no
+    decimal raises BadRow naming the release (a NULL record is a release charged before
+    records: allowed)."""
+    rows = _select(conn, "releases", ("id", "epsilon", "delta", "rho", "delta0"),
                    " WHERE dataset = ?", (dataset,)).fetchall()
-    return comp.Spent.fold(rows)
+    checked = []
+    for rid, eps, delta, rho, delta0 in rows:
+        where = f"release {rid}'s"
+        checked.append((_stored(eps, where, "epsilon"), _stored(delta, where, "delta"),
+                        _stored(rho, where, "rho", nullable=True),
+                        _stored(delta0, where, "delta0", nullable=True)))
+    return comp.Spent.fold(checked)
 
 
 def _write_spent(conn, dataset, spent, row_changes):
@@ -625,12 +794,24 @@ class Reservation:
         self.spent = spent           # composition.Spent, including this release
         self.new_dataset = new_dataset   # this reservation created the dataset's row
         self.charged = True          # False: a run token already charged (reserve)
+        self.earlier = 0             # run tokens: earlier runs of the same spec charged
         self._reading = False
         self._publishing = False
         self._done = False
 
     def _connect(self):
         return _connect(self.path, create=True)
+
+    def say_new_dataset(self):
+        """Once this first release stays charged (published, or failed after reading):
+        the dataset exists for good, so say where (the ledger's absolute path: a relative
+        budget.ledger resolves from the spec's folder). A first release abandoned before
+        reading leaves no dataset and says nothing (issue 42)."""
+        if self.new_dataset:
+            total = self.total
+            log.info("ledger %s: new dataset %r (%s composition) with total epsilon=%s, "
+                     "delta=%s", _where(self.path), self.dataset, total.composition,
+                     comp.shown_number(total.epsilon), comp.shown_number(total.delta))
 
     def reading(self):
         """The run is about to read its input (the pipeline starts). From here on a failure
@@ -683,6 +864,8 @@ class Reservation:
         finally:
             conn.close()
         self._done = True
+        if state is not None:
+            self.say_new_dataset()
 
     def commit(self, output):
         """After the release was moved into place: mark it ``published``. It is already
@@ -751,9 +934,11 @@ def _reserve(budget, name, sha, charge, run_token=None, output=None):
     try:
         with _write_transaction(conn):
             if run_token is not None:
-                row = conn.execute("SELECT id FROM releases WHERE run_token = ?",
+                row = conn.execute("SELECT id, dataset, config_sha256, epsilon, delta, rho, "
+                                   "delta0 FROM releases WHERE run_token = ?",
                                    (run_token,)).fetchone()
                 if row is not None:      # this run was charged already (a retried reserve)
+                    _check_token_row(row, budget, sha, charge)
                     state = _dataset_state(conn, budget.dataset)
                     reservation = Reservation(budget.ledger, int(row[0]), budget.dataset,
                                               state[0], state[1])
@@ -763,7 +948,7 @@ def _reserve(budget, name, sha, charge, run_token=None, output=None):
             created = _now()
             fresh = (budget.dataset, comp.text(wanted.epsilon), comp.text(wanted.delta), created,
                      wanted.composition, comp.text(wanted.delta0), comp.text(wanted.rho),
-                     "0", "0", "0", "0", 0, 0)
+                     "0", "0", "0", "0", 0, 0, _digest_of(wanted))
             if hasattr(conn, "lock_dataset"):
                 new = conn.lock_dataset(budget.dataset, fresh)
             else:
@@ -771,12 +956,18 @@ def _reserve(budget, name, sha, charge, run_token=None, output=None):
                                    (budget.dataset,)).fetchone() is None
                 if new:
                     conn.execute(_INSERT_DATASET, fresh)
-            if new:
-                log.info("ledger %s: new dataset %r (%s composition) with total epsilon=%g, "
-                         "delta=%g", budget.ledger, budget.dataset, wanted.composition,
-                         budget.epsilon, budget.delta)
             dataset_row = _dataset_row(conn, budget.dataset, fold=True, path=budget.ledger)
             totals, spent = dataset_row.totals, dataset_row.spent
+            if dataset_row.totals_problem is not None:
+                raise SpecError("budget.ledger", f"the ledger {_shown(budget.ledger)!r} is "
+                                f"inconsistent: dataset {budget.dataset!r}: "
+                                f"{dataset_row.totals_problem}; no release is admitted on it "
+                                f"until its totals are set again ({TOTALS_HELP}); nothing was "
+                                f"read or published")
+            if dataset_row.digest is None:
+                # A dataset written before totals were stamped: stamped now, as they are.
+                conn.execute("UPDATE datasets SET totals_sha256 = ? WHERE dataset = ?",
+                             (_digest_of(totals), budget.dataset))
             _check_fixed(budget, totals, wanted)
             if totals.composition == comp.ZCDP and (spent.rho is None or spent.delta0 is None):
                 raise SpecError("budget.ledger", f"the ledger {_shown(budget.ledger)!r} is "
@@ -787,6 +978,11 @@ def _reserve(budget, name, sha, charge, run_token=None, output=None):
             if not comp.admits(totals, spent, charge):
                 raise SpecError("budget", f"{comp.refusal_text(budget.dataset, totals, spent, charge)} "
                                 f"(ledger {_shown(budget.ledger)}); nothing was read or published")
+            earlier = 0
+            if run_token is not None:      # earlier runs of this release (Beam: run twice)
+                earlier = int(conn.execute(
+                    "SELECT COUNT(*) FROM releases WHERE dataset = ? AND config_sha256 = ? AND "
+                    "run_token IS NOT NULL", (budget.dataset, sha)).fetchone()[0])
             state = RESERVED if run_token is None else PUBLISHED
             sql = ("INSERT INTO releases (dataset, name, epsilon, delta, config_sha256, state, "
                    "reserved_at, host, pid, rho, delta0, run_token, finished_at, output) "
@@ -806,15 +1002,51 @@ def _reserve(budget, name, sha, charge, run_token=None, output=None):
         conn.close()
     reservation = Reservation(budget.ledger, row_id, budget.dataset, totals, spent,
                               new_dataset=new)
+    reservation.earlier = earlier
     if run_token is not None:
         reservation._done = True
+        reservation.say_new_dataset()
     return reservation
 
 
 _INSERT_DATASET = ("INSERT INTO datasets (dataset, epsilon, delta, created, composition, "
                    "threshold_delta, rho, spent_epsilon, spent_delta, spent_rho, spent_delta0, "
-                   "row_changes, spent_row_changes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-                   "?)")
+                   "row_changes, spent_row_changes, totals_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, "
+                   "?, ?, ?, ?, ?, ?, ?)")
+
+
+def _digest_of(totals):
+    return totals_digest(totals.composition, totals.epsilon, totals.delta, totals.delta0,
+                         totals.rho)
+
+
+def _where(ledger):
+    """A ledger as messages show it: a URL without its password, a file's absolute path."""
+    return _shown(ledger) if ledger_postgres.is_url(ledger) else os.path.abspath(ledger)
+
+
+def _check_token_row(row, budget, sha, charge):
+    """A run token found in the ledger is this run's own charge only if it was charged to
+    the same dataset, by the same spec (its digest), at the same charge: a token charged
+    for another release (a secret reused across specs) is refused, never taken as paid
+    (issue 42: the ledger trusted the token alone)."""
+    rid, dataset, stored_sha, eps, delta, rho, delta0 = row
+    where = f"release {rid}'s"
+    stored = (_stored(eps, where, "epsilon"), _stored(delta, where, "delta"),
+              _stored(rho, where, "rho", nullable=True),
+              _stored(delta0, where, "delta0", nullable=True))
+    differs = [what for what, same in (
+        ("dataset", dataset == budget.dataset), ("spec (config_sha256)", stored_sha == sha),
+        ("charge", stored == (charge.epsilon, charge.delta, charge.rho, charge.delta0)))
+        if not same]
+    if differs:
+        raise SpecError("budget.ledger", f"this run's token is already charged in the ledger "
+                        f"{_shown(budget.ledger)!r} as release {rid}, for another "
+                        f"{' and '.join(differs)} (release {rid}: dataset {dataset!r}, spec "
+                        f"{stored_sha[:12]}; this run: dataset {budget.dataset!r}, spec "
+                        f"{sha[:12]}): a run token belongs to one release, so this run is "
+                        f"refused and nothing is published (was one secret reused for two "
+                        f"releases?)")
 
 
 def _check_fixed(budget, totals, wanted):
@@ -824,17 +1056,24 @@ def _check_fixed(budget, totals, wanted):
         raise SpecError("budget", f"the ledger {shown!r} records the total epsilon="
                         f"{float(totals.epsilon):g}, delta={float(totals.delta):g} for dataset "
                         f"{budget.dataset!r}; the spec says epsilon={budget.epsilon:g}, "
-                        f"delta={budget.delta:g} (a dataset's total cannot change)")
+                        f"delta={budget.delta:g} (a dataset's total cannot change by editing the spec: change "
+                        f"it with thresher ledger set-budget, then give the spec the new total)")
     if totals.composition != wanted.composition:
+        said = (f"the spec says {wanted.composition}" if budget.composition_given else
+                f"the spec leaves budget.composition out, which means {wanted.composition}")
         raise SpecError("budget.composition", f"dataset {budget.dataset!r} composes by "
                         f"{totals.composition} in the ledger {shown!r} (fixed by its first "
-                        f"release); the spec says {wanted.composition}: a dataset with releases "
+                        f"release); {said}: a dataset with releases "
                         f"cannot switch modes (its charges are kept in {totals.composition}'s "
                         f"terms); use composition: {totals.composition}, or a new dataset")
     if totals.composition == comp.ZCDP and totals.delta0 != wanted.delta0:
+        said = (f"the spec gives {comp.shown_number(wanted.delta0)}"
+                if budget.threshold_delta is not None else
+                f"the spec leaves budget.threshold_delta out, which means delta / 2 = "
+                f"{comp.shown_number(wanted.delta0)}")
         raise SpecError("budget.threshold_delta", f"dataset {budget.dataset!r} has delta0_B="
-                        f"{float(totals.delta0):g} in the ledger {shown!r} (fixed by its first "
-                        f"release); the spec gives {float(wanted.delta0):g}")
+                        f"{comp.shown_number(totals.delta0)} in the ledger {shown!r} (fixed by "
+                        f"its first release; thresher ledger set-budget changes it); {said}")
 
 
 @contextlib.contextmanager
@@ -876,8 +1115,8 @@ def reservations(path, dataset=None):
     out = []
     for rid, ds, name, eps, delta, at, host, pid in rows:
         reserved = _parse_time(at)
-        out.append({"id": int(rid), "dataset": ds, "name": name, "epsilon": _num(eps),
-                    "delta": _num(delta), "reserved_at": at,
+        out.append({"id": int(rid), "dataset": ds, "name": name, "epsilon": _loose(eps),
+                    "delta": _loose(delta), "reserved_at": at,
                     "age_seconds": int((now - reserved).total_seconds()) if reserved else None,
                     "host": host, "pid": pid, "owner": owner_state(host, pid, reserved)})
     return out
@@ -940,7 +1179,7 @@ def release_reservation(path, row_id, force=False):
     output into place, and refuses to publish once its row was released. Returns the row
     as ``reservations`` lists it."""
     if not ledger_postgres.is_url(path) and not os.path.isfile(path):
-        raise SpecError("", f"no ledger at {path!r} ({os.path.abspath(path)})")
+        raise SpecError("", _no_ledger(path))
     with errors(path, "", "updated"):
         conn = _connect(path, create=True)
         try:
@@ -967,20 +1206,21 @@ def release_reservation(path, row_id, force=False):
                 _uncharge(conn, ds, row_id, path)
         finally:
             conn.close()
-    return {"id": int(rid), "dataset": ds, "name": name, "epsilon": _num(eps),
-            "delta": _num(delta), "reserved_at": at, "host": host, "pid": pid, "owner": owner}
+    return {"id": int(rid), "dataset": ds, "name": name, "epsilon": _loose(eps),
+            "delta": _loose(delta), "reserved_at": at, "host": host, "pid": pid, "owner": owner}
 
 
 def format_reservations(rows):
     if not rows:
         return "no open reservations"
+    n = comp.shown_number
     lines = [f"{'id':>5}  {'dataset':<16} {'name':<20} {'epsilon':>8} {'delta':>8}  "
              f"{'age':>8}  owner"]
     for r in rows:
         age = "-" if r["age_seconds"] is None else _age(r["age_seconds"])
-        lines.append(f"{r['id']:>5}  {r['dataset']:<16} {r['name']:<20} {r['epsilon']:>8g} "
-                     f"{r['delta']:>8g}  {age:>8}  {r['owner']} (pid {r['pid']} on "
-                     f"{r['host']})")
+        lines.append(f"{r['id']:>5}  {printable(r['dataset']):<16} {printable(r['name']):<20} "
+                     f"{n(r['epsilon']):>8} {n(r['delta']):>8}  {age:>8}  {r['owner']} (pid "
+                     f"{r['pid']} on {printable(r['host'])})")
     return "\n".join(lines)
 
 
@@ -1019,16 +1259,56 @@ def _summary(path, dataset):
                 "name", "epsilon", "delta", "config_sha256", "state", "reserved_at",
                 "finished_at", "output", "id", "rho", "delta0"),
                 " WHERE dataset = ? ORDER BY id", (name,)).fetchall()
-            state = _dataset_row(conn, name)
-            out.append(_dataset_summary(name, state.totals, state.spent, _fold(conn, name),
-                                        rows, state.problem))
+            try:
+                state = _dataset_row(conn, name)
+                folded = _fold(conn, name)
+            except BadRow as exc:
+                # ledger show is how an operator finds such a row: shown, never a crash
+                out.append(_unreadable_summary(name, rows, exc.message))
+                continue
+            entry = _dataset_summary(name, state.totals, state.spent, folded, rows,
+                                     state.problem)
+            if state.totals_problem is not None:
+                entry["warning"] = " ".join(filter(None, (
+                    f"{state.totals_problem}: no release is admitted on this dataset until "
+                    f"its totals are set again ({TOTALS_HELP}).", entry.get("warning"))))
+            out.append(entry)
         return out
     finally:
         conn.close()
 
 
+def _loose(value):
+    """A stored number for display, whatever was stored (None if it is no number)."""
+    try:
+        number = float(decimal.Decimal(value))
+    except (decimal.InvalidOperation, TypeError, ValueError):
+        return None
+    return number if number == number and abs(number) != float("inf") else None
+
+
+def _unreadable_summary(name, rows, message):
+    """A dataset whose row or releases hold a value no thresher writes: its releases as
+    stored (numbers that are no numbers shown as null) and the problem as its warning."""
+    return {
+        "dataset": name, "composition": None, "budget": None, "spent": None, "zcdp": None,
+        "releases": [{"id": r[8], "name": r[0], "epsilon": _loose(r[1]),
+                      "delta": _loose(r[2]), "rho": _loose(r[9]), "delta0": _loose(r[10]),
+                      "config_sha256": r[3], "state": r[4], "time": r[6] or r[5],
+                      "output": r[7]} for r in rows],
+        "warning": f"{message.replace('; nothing was read or published', '')}; every run "
+                   f"on this dataset is refused until the value is repaired",
+    }
+
+
 def _dataset_summary(name, totals, spent, folded, rows, problem=None):
     zcdp = totals.composition == comp.ZCDP
+    if zcdp and (spent.rho is None or spent.delta0 is None):
+        entry = _unreadable_summary(name, rows, "a zcdp dataset holds a release without a "
+                                    "(rho, delta0) record (NULL), so its spent rho is unknown")
+        entry.update(composition=totals.composition, budget={
+            "epsilon": float(totals.epsilon), "delta": float(totals.delta)})
+        return entry
     if zcdp:
         eps = totals.epsilon_of(spent.rho)
         shown_spent = {"epsilon": eps, "delta": float(comp.add(
@@ -1080,29 +1360,43 @@ def _database_errors(conn):
     return (sqlite3.DatabaseError,)
 
 
+def printable(text):
+    """Text from the ledger for a terminal: control characters (a dataset name with an
+    escape sequence or a newline) shown escaped, as Python writes them, never raw."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def format_summary(datasets):
+    n = comp.shown_number
     lines = []
     for d in datasets:
         b, s, z = d["budget"], d["spent"], d["zcdp"]
+        name = printable(d["dataset"])
         count = f"{len(d['releases'])} release{'s' if len(d['releases']) != 1 else ''}"
-        if d["composition"] == comp.ZCDP:
-            lines.append(f"dataset {d['dataset']} (zcdp composition, {count}): spent rho "
-                         f"{z['rho_spent']:g} of rho_B {z['rho_budget']:g}, delta0 "
-                         f"{z['delta0_spent']:g} of delta0_B {z['delta0_budget']:g}; that is "
-                         f"epsilon {s['epsilon']:.4g} of {b['epsilon']:g} at delta "
-                         f"{z['conversion_delta']:g} + delta0 (total delta {b['delta']:g})")
+        if s is None:
+            lines.append(f"dataset {name} ({count}): cannot be read")
+        elif d["composition"] == comp.ZCDP:
+            lines.append(f"dataset {name} (zcdp composition, {count}): spent rho "
+                         f"{n(z['rho_spent'])} of rho_B {n(z['rho_budget'])}, delta0 "
+                         f"{n(z['delta0_spent'])} of delta0_B {n(z['delta0_budget'])}; that is "
+                         f"epsilon {n(s['epsilon'])} of {n(b['epsilon'])} at delta "
+                         f"{n(z['conversion_delta'])} + delta0 (total delta {n(b['delta'])})")
         else:
-            lines.append(f"dataset {d['dataset']}: spent epsilon {s['epsilon']:g} of "
-                         f"{b['epsilon']:g}, delta {s['delta']:g} of {b['delta']:g} ({count}, "
-                         f"basic composition)")
+            lines.append(f"dataset {name}: spent epsilon {n(s['epsilon'])} of "
+                         f"{n(b['epsilon'])}, delta {n(s['delta'])} of {n(b['delta'])} "
+                         f"({count}, basic composition)")
         if d.get("warning"):
-            lines.append(f"  WARNING: {d['warning']}")
+            lines.append(f"  WARNING: {printable(d['warning'])}")
         for r in d["releases"]:
             record = ("" if r["rho"] is None else
-                      f" rho={r['rho']:g} delta0={r['delta0']:g}")
-            lines.append(f"  {r['time']}  {r['state']:<14} {r['name']}  epsilon={r['epsilon']:g} "
-                         f"delta={r['delta']:g}{record}  config {r['config_sha256'][:12]}  "
-                         f"{r['output'] or '-'}")
+                      f" rho={n(r['rho'])} delta0={n(r['delta0'])}")
+            lines.append(f"  {r['time']}  {printable(r['state']):<14} {printable(r['name'])}  "
+                         f"epsilon={n(r['epsilon'])} delta={n(r['delta'])}{record}  config "
+                         f"{printable(str(r['config_sha256'])[:12])}  "
+                         f"{printable(r['output'] or '-')}")
     return "\n".join(lines) if lines else "the ledger holds no dataset yet"
 
 
@@ -1112,15 +1406,19 @@ def after_run_line(budget):
         d = summary(budget.ledger, budget.dataset)[0]
     except SpecError as exc:      # the release is published; the warning above says more
         return f"ledger: cannot be read now ({exc})"
-    s, b = d["spent"], d["budget"]
+    s, b, n = d["spent"], d["budget"], comp.shown_number
+    if s is None:
+        return f"ledger: cannot be read now ({d['warning']})"
+    name = printable(d["dataset"])
     if d["composition"] == comp.ZCDP:
         z = d["zcdp"]
-        return (f"ledger: dataset {d['dataset']} (zcdp) has spent rho {z['rho_spent']:g} of "
-                f"{z['rho_budget']:g}, delta0 {z['delta0_spent']:g} of {z['delta0_budget']:g} "
-                f"(epsilon {s['epsilon']:.4g} of {b['epsilon']:g}) ({_shown(budget.ledger)})")
-    return (f"ledger: dataset {d['dataset']} has spent epsilon {s['epsilon']:g} of "
-            f"{b['epsilon']:g}, delta {s['delta']:g} of {b['delta']:g} "
-            f"({_shown(budget.ledger)})")
+        return (f"ledger: dataset {name} (zcdp) has spent rho {n(z['rho_spent'])} of "
+                f"{n(z['rho_budget'])}, delta0 {n(z['delta0_spent'])} of "
+                f"{n(z['delta0_budget'])} (epsilon {n(s['epsilon'])} of {n(b['epsilon'])}) "
+                f"({_where(budget.ledger)})")
+    return (f"ledger: dataset {name} has spent epsilon {n(s['epsilon'])} of "
+            f"{n(b['epsilon'])}, delta {n(s['delta'])} of {n(b['delta'])} "
+            f"({_where(budget.ledger)})")
 
 
 # ---- validate and plan: what the ledger would say, without charging it -----------------------
@@ -1151,9 +1449,17 @@ def preview(plan):
         try:
             conn = _connect(budget.ledger, create=False)
             try:
-                state = _dataset_state(conn, budget.dataset)
+                row = _dataset_row(conn, budget.dataset)
             finally:
                 conn.close()
+            state = None if row is None else (row.totals, row.spent)
+            if row is not None and row.totals_problem is not None:
+                return Preview(True, f"the ledger {shown!r} is inconsistent: dataset "
+                                     f"{budget.dataset!r}: {row.totals_problem} ({TOTALS_HELP})"
+                                     f": the run will be refused", field="budget.ledger")
+        except BadRow as exc:
+            return Preview(True, f"{exc.message.replace('; nothing was read or published', '')}"
+                                 f": the run will be refused", field="budget.ledger")
         except (SpecError, OSError) as exc:
             return Preview(False, f"cannot read the ledger {shown!r} ({exc}); not checked: the "
                                   f"run reads it again and refuses then if it must", warning=True)
@@ -1168,6 +1474,11 @@ def preview(plan):
                  f"composition; the first run creates it)")
     else:
         totals, spent = state
+        if totals.composition == comp.ZCDP and (spent.rho is None or spent.delta0 is None):
+            return Preview(True, f"the ledger {shown!r} is inconsistent: zcdp dataset "
+                                 f"{budget.dataset!r} holds a release without a (rho, delta0) "
+                                 f"record, so its spent rho is unknown: the run will be "
+                                 f"refused", field="budget.ledger")
         try:
             _check_fixed(budget, totals, wanted)
         except SpecError as exc:
@@ -1178,3 +1489,136 @@ def preview(plan):
                              f"the ledger {shown!r} will refuse it")
     return Preview(False, f"{where}; {cost}; after it {comp.remaining_text(totals, spent, charge)} "
                           f"remain ({shown!r}; not charged)")
+
+
+# ---- thresher ledger set-budget --------------------------------------------------------------
+
+def set_budget(path, dataset, epsilon, delta=None, threshold_delta=None, force=False):
+    """``thresher ledger set-budget``: change a dataset's totals, the one way to do it.
+
+    In one write transaction: the new totals (``delta`` and, zcdp, ``threshold_delta``
+    kept when not given) are checked like a spec's budget section, rho_B is computed
+    again from them (zcdp), what the dataset has spent is folded from its releases, and
+    a total below it is refused unless ``force`` (the dataset then admits nothing until
+    the total is raised again). The totals are stamped with their digest
+    (``totals_digest``) and the change is recorded in ``budget_changes``. A dataset
+    whose totals were edited by hand is repaired this way. Returns (old, new) as dicts."""
+    if not ledger_postgres.is_url(path) and not os.path.isfile(path):
+        raise SpecError("LEDGER", _no_ledger(path))
+    with errors(path, "LEDGER", "updated"):
+        conn = _connect(path, create=True)
+        try:
+            with _write_transaction(conn):
+                _lock_row(conn, dataset)
+                row = _select(conn, "datasets", _DATASET_COLUMNS, " WHERE dataset = ?",
+                              (dataset,)).fetchone()
+                if row is None:
+                    raise SpecError("DATASET", f"no dataset {printable(dataset)!r} in the "
+                                    f"ledger {_shown(path)!r} (a dataset is created by its "
+                                    f"first release)")
+                old_text = [None if v is None else str(v) for v in row[:5]]
+                mode = row[2] or comp.BASIC
+                if mode not in comp.MODES:
+                    raise BadRow(f"dataset {dataset!r}'s", "composition", mode,
+                                 f"one of {', '.join(comp.MODES)}")
+                new = _new_totals(mode, row, dataset, epsilon, delta, threshold_delta)
+                spent = _fold(conn, dataset)
+                over = _overspent(new, spent)
+                if over and not force:
+                    raise SpecError("--force", f"dataset {printable(dataset)!r} has already "
+                                    f"spent {over}: a total below what is spent admits no "
+                                    f"release until it is raised again; pass --force to set "
+                                    f"it anyway")
+                changes = conn.execute("SELECT row_changes FROM datasets WHERE dataset = ?",
+                                       (dataset,)).fetchone()[0]
+                conn.execute("UPDATE datasets SET epsilon = ?, delta = ?, threshold_delta = ?, "
+                             "rho = ?, totals_sha256 = ? WHERE dataset = ?",
+                             (comp.text(new.epsilon), comp.text(new.delta),
+                              comp.text(new.delta0), comp.text(new.rho), _digest_of(new),
+                              dataset))
+                _write_spent(conn, dataset, spent, changes)
+                conn.execute("INSERT INTO budget_changes (dataset, changed_at, old_epsilon, "
+                             "old_delta, old_threshold_delta, old_rho, epsilon, delta, "
+                             "threshold_delta, rho, spent, forced, host, pid) VALUES (?, ?, ?, "
+                             "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (dataset, _now(), old_text[0], old_text[1], old_text[3],
+                              old_text[4], comp.text(new.epsilon), comp.text(new.delta),
+                              comp.text(new.delta0), comp.text(new.rho),
+                              comp.state_text(dataset, new, spent), 1 if over else 0,
+                              socket.gethostname(), os.getpid()))
+        finally:
+            conn.close()
+    return ({"epsilon": old_text[0], "delta": old_text[1], "threshold_delta": old_text[3],
+             "rho": old_text[4]},
+            {"dataset": dataset, "composition": mode, "epsilon": float(new.epsilon),
+             "delta": float(new.delta),
+             "threshold_delta": None if new.delta0 is None else float(new.delta0),
+             "rho": None if new.rho is None else float(new.rho), "forced": bool(over),
+             "spent": comp.state_text(dataset, new, spent)})
+
+
+def _new_totals(mode, row, dataset, epsilon, delta, threshold_delta):
+    """The Totals set-budget writes: its arguments checked as a spec's budget fields are
+    (named as the options), the ones not given kept from the dataset's row."""
+    where = f"dataset {dataset!r}'s"
+    if delta is None:
+        delta = float(_stored(row[1], where, "delta"))
+    if mode == comp.ZCDP and threshold_delta is None:
+        threshold_delta = float(_stored(row[3], where, "threshold_delta"))
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise SpecError("--epsilon", f"must be a finite number > 0, got {epsilon!r}")
+    if not (0 <= delta < 1) or (mode == comp.ZCDP and delta <= 0):
+        raise SpecError("--delta", f"must be in {'(0, 1)' if mode == comp.ZCDP else '[0, 1)'}"
+                        f", got {delta!r}")
+    if mode == comp.BASIC and threshold_delta is not None:
+        raise SpecError("--threshold-delta", "applies to zcdp datasets only")
+    budget = BudgetSpec("", dataset, float(epsilon), float(delta), mode,
+                        None if threshold_delta is None else float(threshold_delta))
+    try:
+        return budget_totals(budget, names=("--epsilon", "--delta", "--threshold-delta"))
+    except SpecError:
+        raise
+
+
+def _overspent(totals, spent):
+    """What ``spent`` exceeds of ``totals`` in words ("" if it fits)."""
+    if totals.composition == comp.ZCDP:
+        if spent.rho is None or spent.delta0 is None:
+            raise SpecError("budget.ledger", "a zcdp dataset holds a release without a (rho, "
+                            "delta0) record; the ledger is inconsistent")
+        pairs = (("rho", spent.rho, totals.rho), ("delta0", spent.delta0, totals.delta0))
+    else:
+        pairs = (("epsilon", spent.epsilon, totals.epsilon),
+                 ("delta", spent.delta, totals.delta))
+    return ", ".join(f"{name} {comp.shown_number(used)}, more than the new "
+                     f"{comp.shown_number(total)}" for name, used, total in pairs if used > total)
+
+
+def budget_totals(budget, names=("budget.epsilon", "budget.delta", "budget.threshold_delta")):
+    """``composition.Totals.of_spec`` with its failures as SpecErrors naming the field:
+    a zcdp total so large that rho_B cannot be computed (epsilon 1e308), or a delta that
+    leaves no room to convert rho (delta 0, 5e-324: rho_B would be 0, refusing every
+    release) (issue 42: these were internal errors)."""
+    eps_name, delta_name, threshold_name = names
+    comp.check_section(budget.composition, budget.threshold_delta, budget.delta)
+    import warnings
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)    # numpy's overflow, refused below
+            totals = comp.Totals.of_spec(budget)
+    except (ValueError, ArithmeticError, OverflowError, decimal.DecimalException):
+        raise SpecError(eps_name, f"{comp.shown_number(budget.epsilon)} is too large for "
+                        f"zcdp composition: its rho_B cannot be computed (the conversion "
+                        f"overflows); give a total epsilon of at most 1e6 (already far past "
+                        f"any meaningful guarantee)") from None
+    if totals.composition == comp.ZCDP and not totals.rho > 0:
+        conv = totals.conversion_delta
+        if budget.threshold_delta is not None and budget.threshold_delta > 0:
+            raise SpecError(threshold_name, f"leaves delta - threshold_delta = "
+                            f"{comp.shown_number(conv)}, too small to convert any rho to "
+                            f"epsilon (rho_B = 0 would refuse every release); give a smaller "
+                            f"threshold_delta or a larger delta")
+        raise SpecError(delta_name, f"must be large enough to convert rho to epsilon under "
+                        f"zcdp composition, got {comp.shown_number(budget.delta)} (rho_B = 0 "
+                        f"would refuse every release); give a delta such as 1e-6")
+    return totals

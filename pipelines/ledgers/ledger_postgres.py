@@ -21,6 +21,7 @@ from thresher.pipelines.ledgers import sums
 
 SCHEMES = ("postgresql", "postgres")
 _ADVISORY_KEY = 0x7468726573686572      # "thresher": serialises CREATE TABLE
+CONNECT_TIMEOUT_S = 30
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS datasets (
@@ -36,7 +37,8 @@ _SCHEMA = (
         spent_rho TEXT,
         spent_delta0 TEXT,
         row_changes BIGINT NOT NULL DEFAULT 0,
-        spent_row_changes BIGINT)""",
+        spent_row_changes BIGINT,
+        totals_sha256 TEXT)""",
     """CREATE TABLE IF NOT EXISTS releases (
         id BIGSERIAL PRIMARY KEY,
         dataset TEXT NOT NULL REFERENCES datasets(dataset),
@@ -53,6 +55,16 @@ _SCHEMA = (
         rho TEXT,
         delta0 TEXT,
         run_token TEXT)""",
+    """CREATE TABLE IF NOT EXISTS budget_changes (
+        id BIGSERIAL PRIMARY KEY,
+        dataset TEXT NOT NULL,
+        changed_at TEXT NOT NULL,
+        old_epsilon TEXT, old_delta TEXT, old_threshold_delta TEXT, old_rho TEXT,
+        epsilon TEXT NOT NULL, delta TEXT NOT NULL, threshold_delta TEXT, rho TEXT,
+        spent TEXT,
+        forced INTEGER NOT NULL DEFAULT 0,
+        host TEXT,
+        pid INTEGER)""",
 )
 # The columns added since the first ledgers (pipelines.ledgers.ledger.NEW_COLUMNS): an
 # older database gets them here, under the same advisory lock as CREATE TABLE.
@@ -62,6 +74,7 @@ _MIGRATIONS = (
         "spent_delta0")),
     "ALTER TABLE datasets ADD COLUMN IF NOT EXISTS row_changes BIGINT NOT NULL DEFAULT 0",
     "ALTER TABLE datasets ADD COLUMN IF NOT EXISTS spent_row_changes BIGINT",
+    "ALTER TABLE datasets ADD COLUMN IF NOT EXISTS totals_sha256 TEXT",
     *(f"ALTER TABLE releases ADD COLUMN IF NOT EXISTS {c} TEXT" for c in (
         "rho", "delta0", "run_token")),
     "CREATE UNIQUE INDEX IF NOT EXISTS releases_run_token ON releases (run_token)",
@@ -137,8 +150,9 @@ class Connection:
         for _ in range(10):
             cur = self.execute("INSERT INTO datasets (dataset, epsilon, delta, created, "
                                "composition, threshold_delta, rho, spent_epsilon, spent_delta, "
-                               "spent_rho, spent_delta0, row_changes, spent_row_changes) VALUES "
-                               "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (dataset) "
+                               "spent_rho, spent_delta0, row_changes, spent_row_changes, "
+                               "totals_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                               "ON CONFLICT (dataset) "
                                "DO NOTHING", fresh)
             new = cur.rowcount == 1
             row = self.execute("SELECT epsilon FROM datasets WHERE dataset = ? FOR "
@@ -169,8 +183,12 @@ def connect(url, create, field="budget.ledger"):
     except ImportError:
         raise SpecError(field, "a PostgreSQL ledger needs psycopg: pip install "
                         "'thresher[postgres]'") from None
+    from thresher.pipelines.running.progress import when_slow
     try:
-        conn = psycopg.connect(url, autocommit=True, connect_timeout=30)
+        # A server that never answers: said after a few seconds, not 30 s of silence
+        with when_slow(f"connecting to the ledger {shown(url)}: the server has not answered "
+                       f"yet; waiting up to {CONNECT_TIMEOUT_S} s"):
+            conn = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
     except psycopg.Error as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SpecError(field if create else "", f"cannot connect to the ledger "

@@ -12,10 +12,17 @@ transform is applied charged one of them; here the charge is a stage of the pipe
   token once, so a retried or recomputed reservation of the same run (the same secret,
   materialised once by the secret's Reshuffle) charges nothing more, and a second run
   (a new secret) is a second charge, refused like any release the budget cannot fit.
-- Both outputs (``released``, ``report``) read the charge's one element as a side input:
-  no row derived from the data reaches the pipeline's sinks before the release is
-  charged, and a refused charge fails the run with the ledger's message, nothing
-  written by these outputs.
+- The release's first stage that reads a row (``ToRecords``) and both outputs
+  (``released``, ``report``) read the charge's one element as a side input. A runner
+  must have a side input ready before it processes an element of the stage that reads
+  it (the Beam model), so on every runner the charge is in the ledger before the release
+  reads a row: a run that then fails on its data stays charged (issue 42; before, the
+  charge was a branch with no order against reading). A refused charge fails the run
+  with the ledger's message, nothing read by the release or written by its outputs.
+- The reservation checks a token it finds against the dataset, spec digest and charge
+  (``ledger._check_token_row``): one secret reused for another release is refused. A
+  new token for a spec already charged under earlier tokens (the same Beam YAML pipeline
+  run again) is charged and said in a warning: its sinks may replace the earlier output.
 
 The workers must reach the ledger: a PostgreSQL ledger (a server the workers connect
 to), or a SQLite file under the runners whose workers run on the machine that built the
@@ -88,6 +95,19 @@ class ChargeRun(beam.DoFn):
         token = self._rng_factory.stage_key(RUN_TOKEN_STAGE)[:16].hex()
         reservation = ledger.reserve_charge(self._budget, self._name, self._sha, self._charge,
                                             run_token=token, output=self._output)
+        if reservation.charged and reservation.earlier:
+            # A second run of the same release (Beam YAML run twice): a new release with
+            # new noise, charged again, whose sinks may replace the first one's output --
+            # said, not silent (issue 42)
+            import logging
+            logging.getLogger("thresher").warning(
+                "ledger %s: this run is a new release of %r on dataset %r, charged "
+                "again (release %d); the same spec was already released %d time%s in this "
+                "ledger. If the pipeline's sinks write where the earlier run wrote, they "
+                "replace its output: the earlier release stays charged either way",
+                ledger._where(self._budget.ledger), self._name, self._budget.dataset,
+                reservation.row_id, reservation.earlier,
+                "" if reservation.earlier == 1 else "s")
         yield reservation.row_id
 
 

@@ -468,6 +468,10 @@ def load(path):
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError("", f"spec file {path!r} is not UTF-8 text (byte {exc.start})") from None
-    return parse(load_yaml(text, source=path), source_text=text)
+    spec = parse(load_yaml(text, source=path), source_text=text)
+    if spec.budget is not None:
+        # budget.ledger: a relative path names a file beside the spec (docs/ledger.md)
+        spec = dataclasses.replace(spec, budget=ledger.resolved_from(spec.budget, path))
+    return spec
 
 

@@ -117,8 +117,10 @@ def test_plan_states_the_budget_ledger(write_spec, capsys):
     path = write_spec({"budget": {"ledger": "l.sqlite", "dataset": "logs", "epsilon": 3.0,
                                   "delta": 1e-6}})
     assert main(["plan", path]) == 0
+    # a relative budget.ledger names a file beside the spec (issue 42): shown resolved
+    beside = os.path.join(os.path.dirname(os.path.abspath(path)), "l.sqlite")
     assert ("budget: charged to dataset logs (total epsilon=3, delta=1e-06) in the ledger "
-            "l.sqlite") in capsys.readouterr().out
+            f"{beside}") in " ".join(capsys.readouterr().out.split())
 
 
 def test_progress_lines_name_stages_and_rows(write_spec, small_parquet, capsys):

@@ -175,7 +175,8 @@ def test_validate_and_plan_read_the_ledger_without_charging_it(write_spec, small
         "thresher: error: budget: dataset 'logs' (basic composition) has spent epsilon=1, "
         "delta=1e-08 of its total epsilon=1.5, delta=1e-06; this release needs epsilon=1, "
         "delta=1e-08 under basic composition; rho=")
-    assert done.stderr.endswith(f"remaining epsilon=0.5, delta=9.9e-07: the ledger "
+    assert done.stderr.endswith(f"remaining epsilon=0.5, delta=9.9e-07; refused: it needs 1 "
+                                f"of the epsilon budget, 0.5 left (short by 0.5): the ledger "
                                 f"'{ledger}' will refuse it\n")
     done = thresher("plan", spec)
     assert done.returncode == 0, done.stderr

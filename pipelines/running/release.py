@@ -237,6 +237,18 @@ def _prereduced(records, plan, rng_factory):
         every_row=bool(spec.aggregates))
 
 
+def _prereduced_pairs(records, plan, rng_factory):
+    """``max_keys_per_user: auto`` in one pass: combine the read batches into the
+    shuffle's tables and keep, where that pays, one row per distinct (user, exact key)
+    (transforms/bounding/prereduce.py, "The automatic bound": every score V(C), the draw
+    and every candidate's kept set are unchanged). Applied under the release's secret
+    only, as the fixed bound's step is (its proof is about keyed draws)."""
+    if not isinstance(keyed_random.resolve(rng_factory), keyed_random.KeyedSource):
+        return records
+    from thresher.transforms.bounding.prereduce import PreReducePairs
+    return records | "PreReducePairs" >> PreReducePairs(plan.spec.input.keys)
+
+
 _FIXED_L0 = ("use a fixed bounding.max_keys_per_user with bounding.model: l0 (its "
              "bounding drops a user's extra rows before the shuffle), or leave such users "
              "out of the input")
@@ -290,6 +302,7 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
     from thresher.transforms.bounding.scored_bound import ScoredPerUserBound
     spec = plan.spec
     keys = list(spec.input.keys)
+    records = _prereduced_pairs(records, plan, rng_factory)
     users = records | "ShardByUser" >> ShardByUser(
         num_shards, key_columns=keys, spill_dir=spill_dir, max_user_rows=MAX_USER_ROWS,
         setting=_whole_user_setting(plan))

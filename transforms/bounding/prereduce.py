@@ -199,46 +199,53 @@ def distinct_pair_rows(table, key_columns):
     return np.sort(order[first])
 
 
-def heavy_bucket_rows(table, limit):
-    """Row indices (ascending) of the rows whose user bucket (top bits of ``__user``, as
-    in :func:`heavy_user_rows`) holds more than ``limit`` rows of the table, or None
-    when those rows less one per bucket (what de-duplicating them can remove at most)
-    are fewer than ``MIN_REMOVED_ROWS``."""
+def _buckets(table):
+    """(bucket of each row, rows per bucket): ``heavy_user_rows``' user buckets."""
     words = table.column(USER_COLUMN)
     words = (words.combine_chunks() if words.num_chunks != 1 else words.chunk(0)).to_numpy(
         zero_copy_only=False)
-    if len(words) <= limit:
-        return None
     bits = min(BUCKET_BITS, max(1, (len(words) - 1).bit_length()))
     bucket = (words >> np.uint64(64 - bits)).astype(np.intp)
-    counts = np.bincount(bucket, minlength=1 << bits)
-    heavy = counts > limit
-    if int((counts[heavy] - 1).sum()) < MIN_REMOVED_ROWS:
-        return None
-    return np.flatnonzero(heavy[bucket])
+    return bucket, np.bincount(bucket, minlength=1 << bits)
 
 
-def prereduce_pairs_table(table, key_columns, mode="auto"):
+def prereduce_pairs_table(table, key_columns, cap, source, mode="auto"):
     """:func:`prereduce_table` of the automatic bound: (boolean mask of the rows kept, or
-    None for all of them; rows the kernel read). The kernel is
-    :func:`distinct_pair_rows`, applied to the rows of users with more than
-    ``AUTO_HEAVY_ROWS`` rows in the table (``mode`` "auto"), to every row ("always") or
-    to none ("never")."""
+    None for all of them; rows the kernel read).
+
+    ``cap``: the keys of a user the score reads (``scored_bound.user_key_cap``);
+    ``source``: the bounding stage's keyed source. In ``mode`` "auto", the rows of user
+    buckets with more than ``HEAVY_FACTOR * cap`` rows go through :func:`prereduce_l0`
+    at ``cap`` (one row per exact key among the user's ``cap`` smallest hash ranks in
+    the table: a superset of its first ``cap`` keys, the fixed bound's argument), and
+    those of buckets with more than ``AUTO_HEAVY_ROWS`` rows through
+    :func:`distinct_pair_rows`, when the latter could remove at least
+    ``MIN_REMOVED_ROWS`` rows; "always": every row through both (the l0 kernel first:
+    what it keeps is already one row per pair); "never": none."""
     if mode == "never" or table.num_rows == 0:
         return None, 0
     if mode == "always":
-        rows = np.arange(table.num_rows)
-        part = table
-    else:
-        rows = heavy_bucket_rows(table, AUTO_HEAVY_ROWS)
-        if rows is None:
-            return None, 0
-        part = table.take(pa.array(rows))
-    kept = distinct_pair_rows(part, key_columns)
+        keep = np.zeros(table.num_rows, dtype=bool)
+        keep[prereduce_l0(table, key_columns, cap, source)] = True
+        return keep, table.num_rows
+    if table.num_rows <= AUTO_HEAVY_ROWS:
+        return None, 0
+    bucket, counts = _buckets(table)
+    capped = counts > HEAVY_FACTOR * cap
+    heavy = (counts > AUTO_HEAVY_ROWS) & ~capped
     keep = np.ones(table.num_rows, dtype=bool)
-    keep[rows] = False
-    keep[rows[kept]] = True
-    return keep, len(rows)
+    examined = 0
+    if int((counts[heavy] - 1).sum()) >= MIN_REMOVED_ROWS:
+        rows = np.flatnonzero(heavy[bucket])
+        keep[rows] = False
+        keep[rows[distinct_pair_rows(table.take(pa.array(rows)), key_columns)]] = True
+        examined += len(rows)
+    if capped.any():
+        rows = np.flatnonzero(capped[bucket])
+        keep[rows] = False
+        keep[rows[prereduce_l0(table.take(pa.array(rows)), key_columns, cap, source)]] = True
+        examined += len(rows)
+    return (keep if examined else None), examined
 
 
 def prereduce_table(table, key_columns, max_keys_per_user, source, every_row=False,
@@ -263,7 +270,8 @@ def prereduce_table(table, key_columns, max_keys_per_user, source, every_row=Fal
 
 class _PreReduceFn(beam.DoFn):
     def __init__(self, key_columns, max_keys_per_user, rng_factory, stage, every_row, mode,
-                 coalesce_rows):
+                 coalesce_rows, auto_cap=None):
+        self._auto_cap = auto_cap
         self._key_columns = tuple(key_columns)
         self._max_keys_per_user = None if max_keys_per_user is None else int(max_keys_per_user)
         self._rng_factory = rng_factory
@@ -289,10 +297,11 @@ class _PreReduceFn(beam.DoFn):
         table = concat(tables)
         if table is None:
             return
-        if self._max_keys_per_user is None:     # the automatic bound: distinct pairs
-            kept, examined = prereduce_pairs_table(table, self._key_columns, self._mode)
+        source = keyed_random.StageSource(self._rng_factory, self._stage)
+        if self._auto_cap is not None:     # the automatic bound
+            kept, examined = prereduce_pairs_table(table, self._key_columns, self._auto_cap,
+                                                   source, self._mode)
         else:
-            source = keyed_random.StageSource(self._rng_factory, self._stage)
             kept, examined = prereduce_table(table, self._key_columns,
                                              self._max_keys_per_user, source,
                                              self._every_row, self._mode)
@@ -346,22 +355,29 @@ class PreReduceL0(beam.PTransform):
 
 class PreReducePairs(beam.PTransform):
     """Prepared record batches -> tables of about ``COALESCE_ROWS`` rows (the read
-    batches of a bundle combined) keeping, where it pays, one row per distinct (user,
-    exact key) of each table (:func:`prereduce_pairs_table`): the pre-reduction of
-    ``max_keys_per_user: auto`` (module docstring, "The automatic bound", says why it
-    changes no score and no kept set). No randomness is read, so it applies under any
-    ``rng_factory``. ``mode``: :data:`MODE` by default."""
+    batches of a bundle combined), reduced where it pays by :func:`prereduce_pairs_table`:
+    the pre-reduction of ``max_keys_per_user: auto`` (module docstring, "The automatic
+    bound", says why it changes no score and no kept set). ``cap``: the user key cap of
+    the score (``scored_bound.user_key_cap``); ``stage``, ``rng_factory``: as for
+    :class:`PreReduceL0` (the release's ``KeyedSource`` only). ``mode``: :data:`MODE` by
+    default."""
 
-    def __init__(self, key_columns, mode=None, coalesce_rows=None, label=None):
+    def __init__(self, key_columns, cap, rng_factory, stage, mode=None, coalesce_rows=None,
+                 label=None):
         super().__init__(label)
+        if not isinstance(rng_factory, keyed_random.KeyedSource):
+            raise TypeError("PreReducePairs needs the release's KeyedSource")
         mode = MODE if mode is None else mode
         if mode not in MODES:
             raise ValueError(f"PreReducePairs mode must be one of {MODES}, got {mode!r}")
         self._key_columns = tuple(key_columns)
+        self._cap = int(cap)
+        self._rng_factory = rng_factory
+        self._stage = stage
         self._mode = mode
         self._coalesce_rows = COALESCE_ROWS if coalesce_rows is None else int(coalesce_rows)
 
     def expand(self, batches):
-        return batches | "PreReducePairs" >> beam.ParDo(_PreReduceFn(
-            self._key_columns, None, None, None, False, self._mode, self._coalesce_rows)
-        ).with_output_types(TABLE)
+        return batches | "PreReducePairs" >> keyed_random.par_do(_PreReduceFn(
+            self._key_columns, None, self._rng_factory, self._stage, False, self._mode,
+            self._coalesce_rows, auto_cap=self._cap)).with_output_types(TABLE)

@@ -35,12 +35,13 @@ Memory. A heavy user's rows leave each table as at most C rows per distinct hash
 about C rows per user and table instead of all of them (issue 30, D15: a 1e7-row user
 among 5,000 others peaked at 3.1 GB in process). The buffer is one table.
 
-Only fixed-bound l0 bounding through ``PerUserBound`` uses it (``pipelines.running.release``),
+``PreReduceL0`` serves fixed-bound l0 bounding through ``PerUserBound`` (``pipelines.running.release``),
 and ``aggregates`` with fixed clips (``PerUserBoundWithValues``: every row of the kept
 keys is kept, ``every_row``, since the bounding sums each kept (user, key)'s values, in a
 canonical order, so the totals are the same). ``clip: auto`` scores every user's totals,
 l1 rand-clip samples records (not keys) and adaptive rounds re-bound the users' remaining
-keys, so none of those can drop a user's keys early.
+keys, so none of those can drop a user's keys early; the automatic bound has a step of
+its own (``PreReducePairs``, below).
 
 The automatic bound (``max_keys_per_user: auto``, ``PreReducePairs``; issue 43). Its one
 pass (``transforms.bounding.scored_bound.scored_table``) scores every candidate C with
@@ -75,9 +76,14 @@ key) pairs with tie-breaks keyed by (user, key); the statistics
 count distinct pairs per rank bucket; the output key columns are taken from one row of a
 kept pair, and every row of a pair holds the same key. None of these reads how many rows
 a pair has or where they sit. (3) The kept set at C is the first C keys of i's order of
-D_i, a function of D_i and the keyed draws by (2). Which rows go depends on the table's
-rows only (a user's pairs stay whatever the split), so the step is also a function of
-each user's own records. tests/pipelines/test_prereduce.py checks the statistics, the
+D_i, a function of D_i and the keyed draws by (2). (4) The user key cap: the one pass reads
+only a user's first ``cap`` keys of that order (``scored_bound.user_key_cap``, its
+docstring has the privacy argument), and a user bucket with more than ``HEAVY_FACTOR *
+cap`` rows in a table goes through :func:`prereduce_l0` at ``cap`` instead, which keeps a
+superset of the user's first ``cap`` keys (the fixed bound's argument above, C = cap);
+the first ``cap`` keys of any such subset of D_i are those of D_i, so (2) and (3) hold for
+the keys the pass reads. Which rows go depends on the table's rows only (a user's pairs
+stay whatever the split), so the step is also a function of each user's own records. tests/pipelines/test_prereduce.py checks the statistics, the
 running counts and the kept set at every candidate on split records (colliding keys
 included), and the published bytes with the step forced on and off.
 """

@@ -145,13 +145,13 @@ def auto_available():
     return os.path.exists(os.path.join(ROOT, "transforms", "bounding", "choose_contribution_bound.py"))
 
 
-def write_config(work, name, data, kind, bound):
+def write_config(work, name, data, kind, bound, mechanism=None):
     import yaml
     spec = {"name": name,
             "input": {"path": data, "format": "parquet", "user": USER, "keys": [KEY]},
             "privacy": {"epsilon": EPSILON, "delta": DELTA},
             "bounding": {"max_keys_per_user": bound},
-            "mechanism": {"kind": kind},
+            "mechanism": {"kind": kind, **(mechanism or {})},
             "output": {"path": os.path.join(work, "out", name)}}
     path = os.path.join(work, f"{name}.yaml")
     with open(path, "w", encoding="utf-8") as handle:
@@ -590,33 +590,65 @@ def compare_table(args, work):
     dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
     targets.append((f"HEAD ({head}{'+' if dirty else ''})", thresher_command(), ROOT))
-    bound = args.compare_bound
-    print(f"\n## Compare: {rows:,} rows, gaussian, C={bound}, epsilon={EPSILON:g}, "
-          f"delta={DELTA:g}, string user ids (data {os.path.relpath(data, ROOT)}); "
-          f"{args.compare_rounds} round(s), commits in turns")
+    cases = args.compare_cases or [str(args.compare_bound)]
+    print(f"\n## Compare: {rows:,} rows, gaussian, cases {','.join(cases)}, "
+          f"epsilon={EPSILON:g}, delta={DELTA:g}, string user ids (data "
+          f"{os.path.relpath(data, ROOT)}); {args.compare_rounds} round(s), commits in turns")
     print(HEADER)
-    results = {label: [] for label, _, _ in targets}
-    for round_ in range(args.compare_rounds):
-        order = targets if round_ % 2 == 0 else targets[::-1]
-        for label, command, cwd in order:
-            config, out = write_config(work, f"compare_{targets.index((label, command, cwd))}",
-                                       data, "gaussian", bound)
-            m = measure([*command, "run", config, "--overwrite", "--quiet"], cwd=cwd)
-            m["keys"] = _released_keys(out) if m["rc"] == 0 else None
-            results[label].append(m)
-            row(label, rows, m, f"round {round_ + 1}")
+    results = {}
+    for case in cases:
+        bound, mechanism = _compare_case(case)
+        for label, _, _ in targets:
+            results[(case, label)] = []
+        for round_ in range(args.compare_rounds):
+            order = targets if round_ % 2 == 0 else targets[::-1]
+            for label, command, cwd in order:
+                index = targets.index((label, command, cwd))
+                config, out = write_config(work, f"compare_{index}_{case.replace(':', '_')}",
+                                           data, "gaussian", bound, mechanism)
+                m = measure([*command, "run", config, "--overwrite", "--quiet"], cwd=cwd)
+                m["keys"] = _released_keys(out) if m["rc"] == 0 else None
+                results[(case, label)].append(m)
+                row(f"{label} C={case}", rows, m, f"round {round_ + 1}")
+    import statistics
+    medians = {}
+    for key, ms in results.items():
+        ok = [m for m in ms if _ok(m)]
+        if ok:
+            medians[key] = dict(ok[0], wall=statistics.median(m["wall"] for m in ok),
+                                cpu=statistics.median(m["cpu"] for m in ok),
+                                rss_mb=statistics.median(m["rss_mb"] for m in ok),
+                                load=(min(m["load"][0] for m in ok),
+                                      max(m["load"][1] for m in ok)))
     if args.compare_rounds > 1:
         print("#   medians over the rounds:")
-        import statistics
-        for label, ms in results.items():
-            ok = [m for m in ms if _ok(m)]
-            if ok:
-                median = dict(ok[0], wall=statistics.median(m["wall"] for m in ok),
-                              cpu=statistics.median(m["cpu"] for m in ok),
-                              rss_mb=statistics.median(m["rss_mb"] for m in ok),
-                              load=(min(m["load"][0] for m in ok), max(m["load"][1] for m in ok)))
-                row(label, rows, median, "median")
+        for (case, label), median in medians.items():
+            row(f"{label} C={case}", rows, median, "median")
+    # auto against the fixed bound of the same spec shape, per commit (same run)
+    for label, _, _ in targets:
+        for case in cases:
+            if not case.startswith("auto"):
+                continue
+            fixed = next((c for c in cases if not c.startswith("auto")
+                          and c.partition(":")[2] == case.partition(":")[2]), None)
+            a, f = medians.get((case, label)), medians.get((fixed, label))
+            if a and f:
+                print(f"#   {label}: C={case} / C={fixed}: CPU {a['cpu'] / f['cpu']:.2f}x, "
+                      f"wall {a['wall'] / f['wall']:.2f}x, peak RSS "
+                      f"{a['rss_mb'] / f['rss_mb']:.2f}x", flush=True)
     return results
+
+
+def _compare_case(case):
+    """``--compare-cases`` entry -> (max_keys_per_user, extra mechanism fields): ``4``,
+    ``auto``, and either with ``:pt1`` (``pre_threshold: 1``)."""
+    bound, _, extra = case.partition(":")
+    mechanism = {}
+    if extra == "pt1":
+        mechanism["pre_threshold"] = 1
+    elif extra:
+        raise SystemExit(f"--compare-cases: unknown suffix {extra!r} (allowed: pt1)")
+    return (bound if bound == "auto" else int(bound)), mechanism
 
 
 def _released_keys(out):
@@ -746,6 +778,10 @@ def main(argv=None):
                              "checkout: runs only the comparison unless --only is given")
     parser.add_argument("--compare-bound", type=int, default=4)
     parser.add_argument("--compare-rounds", type=int, default=1)
+    parser.add_argument("--compare-cases", type=lambda s: [c for c in s.split(",") if c],
+                        default=None,
+                        help="bounds to compare, e.g. 4,auto,4:pt1,auto:pt1 (pt1: "
+                             "mechanism.pre_threshold: 1); default --compare-bound")
     parser.add_argument("--only", default=None,
                         help="comma-separated subset of: main, peer, scaling, keys, startup, "
                              "large, compare, workers (default: all but compare and "

@@ -237,6 +237,26 @@ def _prereduced(records, plan, rng_factory):
         every_row=bool(spec.aggregates))
 
 
+def _prereduced_pairs(records, plan, rng_factory):
+    """``max_keys_per_user: auto`` in one pass: combine the read batches into the
+    shuffle's tables and keep, where that pays, one row per distinct (user, exact key)
+    (transforms/bounding/prereduce.py, "The automatic bound": every score V(C), the draw
+    and every candidate's kept set are unchanged), and cut a heavy user to its
+    ``scored_bound.user_key_cap`` smallest hash ranks per table (all the score reads of
+    it). Applied under the release's secret only, as the fixed bound's step is (its
+    proof is about keyed draws)."""
+    source = keyed_random.resolve(rng_factory)
+    if not isinstance(source, keyed_random.KeyedSource):
+        return records
+    from thresher.transforms.bounding.prereduce import PreReducePairs
+    from thresher.transforms.bounding.scored_bound import user_key_cap
+    # the keyed draws of the ScoredPerUserBound applied as "PerUserBound" beside this
+    parent = keyed_random.stage_name(records)
+    stage = f"{parent}/PerUserBound" if parent else "PerUserBound"
+    return records | "PreReducePairs" >> PreReducePairs(
+        plan.spec.input.keys, user_key_cap(plan.candidates), source, stage)
+
+
 _FIXED_L0 = ("use a fixed bounding.max_keys_per_user with bounding.model: l0 (its "
              "bounding drops a user's extra rows before the shuffle), or leave such users "
              "out of the input")
@@ -252,9 +272,13 @@ def _whole_user_setting(plan):
     kind = kinds.get(spec.kind)
     if kind.releases_from == RECORDS:                    # heavy_hitters, quantiles
         return whole_user_setting(spec.kind)
+    if spec.auto_bound and not _one_pass_auto(spec):
+        return ("bounding.max_keys_per_user", "'auto' with this bounding scores every "
+                "key of every user; " + _FIXED_L0)
     if spec.auto_bound:
-        return ("bounding.max_keys_per_user", "'auto' scores every key of every user; "
-                + _FIXED_L0)
+        return ("bounding.max_keys_per_user", "'auto' reads at most 65,536 keys of a "
+                "user, but this user still has more rows than that after the per-table "
+                "pre-reduction; " + _FIXED_L0)
     if spec.bounding.model == "l1":
         return ("bounding.model", "l1 samples a user's records, not keys; " + _FIXED_L0)
     if kind.releases_from == USERS:
@@ -290,6 +314,7 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
     from thresher.transforms.bounding.scored_bound import ScoredPerUserBound
     spec = plan.spec
     keys = list(spec.input.keys)
+    records = _prereduced_pairs(records, plan, rng_factory)
     users = records | "ShardByUser" >> ShardByUser(
         num_shards, key_columns=keys, spill_dir=spill_dir, max_user_rows=MAX_USER_ROWS,
         setting=_whole_user_setting(plan))

@@ -213,3 +213,153 @@ def test_aggregates_with_fixed_clips_release_the_same_bytes(tmp_path, monkeypatc
     reduced, with_step, whole, seen = _with_and_without(tmp_path, monkeypatch, aggregates)
     assert len(reduced) > 500 and reduced == whole
     assert max(with_step) * 5 < max(seen)
+
+
+# ---- the automatic bound (issue 43): one row per distinct (user, exact key) ----------------
+
+AUTO_CANDIDATES = (1, 2, 3, 4, 6, 8, 11, 16)
+
+
+def _auto_score():
+    from thresher.accounting import contribution_bound
+    thresholds = [10.0 + 3 * c for c in AUTO_CANDIDATES]
+    return contribution_bound.make_score("gaussian", AUTO_CANDIDATES, 16,
+                                         {"thresholds": thresholds})
+
+
+def _kept_at(shard, bound):
+    """{(identity word 0, word 1, word)} that bounding at ``bound`` keeps of a shard."""
+    source = keyed_random.StageSource(keyed_random.KeyedSource(SECRET), "S/PerUserBound")
+    kept = shard.take(pa.array(bound_table_l0(shard, ["word"], bound, source)))
+    word0 = "__user_hi" if "__user_hi" in kept.column_names else "__user"
+    return set(zip(kept.column(word0).to_pylist(), kept.column("__user_lo").to_pylist(),
+                   kept.column("word").to_pylist()))
+
+
+def _pair_reduced(prepared, batch_rows, mode, cap=1 << 16):
+    source = keyed_random.StageSource(keyed_random.KeyedSource(SECRET), "S/PerUserBound")
+    pieces = []
+    for start in range(0, prepared.num_rows, batch_rows):
+        batch = prepared.slice(start, batch_rows)
+        keep, _ = prereduce.prereduce_pairs_table(batch, ["word"], cap, source, mode)
+        pieces.append(batch if keep is None else batch.filter(pa.array(keep)))
+    return pa.concat_tables(pieces)
+
+
+@pytest.mark.parametrize("batch_rows,mode,cap", [
+    (97, "always", None), (700, "always", None), (5000, "always", None),
+    (5000, "auto", None), (700, "always", 20), (5000, "auto", 20)])
+def test_auto_prereduction_keeps_every_score_and_every_kept_set(monkeypatch, batch_rows,
+                                                                  mode, cap):
+    """The one pass of ``auto`` (scored_table) on the pair-reduced records gives the same
+    dropped term, the same key-cost partials (so the same V(C) at every candidate), the
+    same running counts (per-key counts at every candidate), and bounding keeps the same
+    (user, key) set at every candidate: prereduce.py's docstring, "The automatic bound".
+    The colliding user v has its two pairs of equal-hash keys split across batches."""
+    from thresher.transforms.bounding import scored_bound
+    from thresher.transforms.bounding.scored_bound import scored_table, user_key_cap
+    monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 10)     # small tables here
+    if cap is not None:   # h (1,530 keys) is scored on its first 20: cut per batch
+        monkeypatch.setattr(scored_bound, "USER_KEY_CAP", cap)
+    prepared, _ = pio.prepare_batch(_records(), "user_id", ["word"], identity_key=TEST_KEY)
+    reduced = _pair_reduced(prepared, batch_rows, mode, user_key_cap(AUTO_CANDIDATES))
+    # rows repeating a (user, word) of their batch go: in one batch more than half of h's
+    # 3,000 rows (it holds 1,530 words) and half of the odd users' rows
+    assert reduced.num_rows < prepared.num_rows - (
+        HEAVY_ROWS / 2 if (batch_rows, mode) == (5000, "always") else 10)
+    if cap is not None and batch_rows == 5000:   # h: about 2 x 20 rows in all
+        users = reduced.column("__user").to_numpy()
+        assert np.unique(users, return_counts=True)[1].max() <= 2 * cap + 2
+    whole, part = exact_users(prepared), exact_users(reduced)
+    source = keyed_random.StageSource(keyed_random.KeyedSource(SECRET), "S/PerUserBound")
+    counts_w, dropped_w, partials_w = scored_table(whole, ["word"], _auto_score(), source)
+    counts_r, dropped_r, partials_r = scored_table(part, ["word"], _auto_score(), source)
+    assert np.array_equal(dropped_w, dropped_r)
+    assert [s for s, _ in partials_w] == [s for s, _ in partials_r]
+    assert all(a.equals(b) for (_, a), (_, b) in zip(partials_w, partials_r))
+    # one row per key; their order follows the keys' exact codes (first appearance in the
+    # shard) where hashes collide: compared as a set of rows
+    assert counts_w.sort_by("word").equals(counts_r.sort_by("word"))
+    for bound in AUTO_CANDIDATES:
+        assert _kept_at(part, bound) == _kept_at(whole, bound), bound
+
+
+def test_distinct_pair_rows_keeps_one_row_per_user_and_exact_key():
+    """Two users; u1 holds two keys with equal public hashes (kept as two keys)."""
+    a, b = colliding_pair("dp")
+    table = pa.table({"user_id": ["u1", "u1", "u1", "u2", "u1", "u2", "u1"],
+                      "word": [a, b, a, "x", "x", "x", b]})
+    prepared, _ = pio.prepare_batch(table, "user_id", ["word"], identity_key=TEST_KEY)
+    rows = prereduce.distinct_pair_rows(prepared, ["word"])
+    assert rows.tolist() == [0, 1, 3, 4]
+
+
+def _auto_run(folder, table, pre_threshold):
+    data = os.path.join(folder, "input.parquet")
+    pq.write_table(table, data, row_group_size=1000)
+    mechanism = {"kind": "gaussian"}
+    if pre_threshold:
+        mechanism["pre_threshold"] = 1
+    doc = {"name": "prereduce_auto", "input": {"path": data, "format": "parquet",
+                                               "user": "user_id", "keys": ["word"]},
+           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
+           "bounding": {"max_keys_per_user": "auto", "auto": {"max_bound": 16}},
+           "mechanism": mechanism,
+           "output": {"path": os.path.join(folder, "out")}}
+    path = os.path.join(folder, "spec.yaml")
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(doc, handle)
+    release.run(make_plan(spec_mod.load(path)), [],
+                rng_factory=keyed_random.KeyedSource(SECRET))
+    out = {}
+    for name in ("released.parquet", "release_report.json"):
+        with open(os.path.join(folder, "out", name), "rb") as handle:
+            out[name] = handle.read()
+    return out
+
+
+@pytest.mark.parametrize("pre_threshold", [True, False])
+def test_auto_release_bytes_are_the_same_with_the_pair_step_on_and_off(tmp_path, monkeypatch,
+                                                                       pre_threshold):
+    """``max_keys_per_user: auto`` under one secret: the released file and the report are
+    byte-identical with the pair step forced on (every row through the kernel) and with it
+    removed, in both spec shapes; with it on, the heavy user h hands the user shuffle its
+    distinct words only (about 1,500 + 30 of its 3,000 rows)."""
+    import shutil
+    table = _records()
+    seen = _most_rows_of_one_user_per_split(monkeypatch)
+    monkeypatch.setattr(prereduce, "MODE", "always")
+    reduced = _auto_run(str(tmp_path), table, pre_threshold)
+    with_step = list(seen)
+    seen.clear()
+    shutil.rmtree(tmp_path / "out")   # the same spec, paths included: the same config digest
+    monkeypatch.setattr(release, "_prereduced_pairs", lambda records, plan, rng_factory: records)
+    whole = _auto_run(str(tmp_path), table, pre_threshold)
+    assert len(reduced["released.parquet"]) > 500 and reduced == whole
+    assert max(seen) == HEAVY_ROWS and max(with_step) <= 1530
+
+
+def test_a_heavy_user_under_auto_is_bounded_not_refused(tmp_path, monkeypatch):
+    """With the user key cap at 20 and whole users limited to 500 rows, h (3,000 rows on
+    1,530 keys) is cut before the shuffle to its 20 smallest hash ranks per table and
+    the release runs; it publishes the bytes of the in-memory path (no step, no row
+    limit: h's 3,000 rows scored on its first 20 keys). Without the step the same limit
+    refuses the run, naming the setting."""
+    import shutil
+    from thresher.errors import ThresherError
+    from thresher.transforms.bounding import scored_bound
+    monkeypatch.setattr(scored_bound, "USER_KEY_CAP", 20)
+    table = _records()
+    seen = _most_rows_of_one_user_per_split(monkeypatch)
+    monkeypatch.setattr(release, "MAX_USER_ROWS", 500)
+    bounded = _auto_run(str(tmp_path), table, True)
+    assert max(seen) <= 2 * 20 + 2          # h (and v's colliding keys) at most 2 x cap
+    shutil.rmtree(tmp_path / "out")
+    monkeypatch.setattr(release, "_prereduced_pairs", lambda records, plan, rng_factory: records)
+    with pytest.raises(ThresherError, match="bounding.max_keys_per_user"):
+        _auto_run(str(tmp_path), table, True)
+    shutil.rmtree(tmp_path / "out", ignore_errors=True)
+    monkeypatch.setattr(release, "MAX_USER_ROWS", 1 << 21)
+    seen.clear()
+    assert _auto_run(str(tmp_path), table, True) == bounded
+    assert max(seen) == HEAVY_ROWS

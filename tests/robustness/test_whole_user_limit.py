@@ -1,13 +1,13 @@
 """A user too large for a release that holds all of a user's rows fails closed (issue 34).
 
-With ``max_keys_per_user: auto``, ``bounding.model: l1``, ``kind: adaptive``,
+With ``bounding.model: l1``, ``kind: adaptive``,
 ``aggregates``, ``quantiles`` or ``heavy_hitters`` (review F2: these two shuffled users
 without the check), every row of a user meets in one element of the user shuffle: one user
 with 1e7 rows took 1.6-5.5 GB in process. Each consumer of the shuffle now counts a
 shard's rows per user before concatenating it (``transforms.bounding.user_shards.
 check_user_rows``) and refuses a user above ``MAX_USER_ROWS``: exit 2, a message naming
-the setting, nothing published. A fixed l0 bound pre-reduces the user instead and
-releases. The refusal never says the user's count, and the run keeps its ledger charge
+the setting, nothing published. A fixed l0 bound, and ``max_keys_per_user: auto``
+(issue 43), pre-reduce the user instead and release. The refusal never says the user's count, and the run keeps its ledger charge
 (review F3). Real CLI runs on real Parquet (more than 15,625 rows, so the shuffle spills to
 files); the limit is lowered to 300 rows for the test. Deterministic.
 """
@@ -42,7 +42,9 @@ def data(tmp_path_factory):
 
 
 CASES = {
-    "auto": ({"bounding": {"max_keys_per_user": "auto"}}, "bounding.max_keys_per_user"),
+    # issue 43: auto pre-reduces the heavy user too (one row per (user, key) of a table,
+    # at most the score's user key cap of keys) and releases
+    "auto": ({"bounding": {"max_keys_per_user": "auto"}}, None),
     "l1": ({"bounding": {"max_keys_per_user": 4, "model": "l1"},
             "mechanism": {"kind": "laplace"}}, "bounding.model"),
     "adaptive": ({"bounding": {"max_keys_per_user": 4}, "mechanism": {"kind": "adaptive"}},
@@ -88,7 +90,7 @@ def test_a_user_over_the_limit_fails_closed_naming_the_setting(tmp_path, monkeyp
     spec.write_text(yaml.safe_dump(doc))
     code = cli.main(["run", str(spec), "--quiet"])
     err = capsys.readouterr().err
-    if field is None:   # fixed l0: the heavy user is pre-reduced, the release goes ahead
+    if field is None:   # fixed l0, auto: the heavy user is pre-reduced, the release goes ahead
         assert code == 0 and os.path.exists(tmp_path / "out" / "released.parquet")
         return
     assert code == 2, err

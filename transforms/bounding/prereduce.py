@@ -35,12 +35,57 @@ Memory. A heavy user's rows leave each table as at most C rows per distinct hash
 about C rows per user and table instead of all of them (issue 30, D15: a 1e7-row user
 among 5,000 others peaked at 3.1 GB in process). The buffer is one table.
 
-Only fixed-bound l0 bounding through ``PerUserBound`` uses it (``pipelines.running.release``),
+``PreReduceL0`` serves fixed-bound l0 bounding through ``PerUserBound`` (``pipelines.running.release``),
 and ``aggregates`` with fixed clips (``PerUserBoundWithValues``: every row of the kept
 keys is kept, ``every_row``, since the bounding sums each kept (user, key)'s values, in a
-canonical order, so the totals are the same). An automatic C scores every key of a user,
-``clip: auto`` every user's totals, l1 rand-clip samples records (not keys) and adaptive
-rounds re-bound the users' remaining keys, so none of those can drop a user's keys early.
+canonical order, so the totals are the same). ``clip: auto`` scores every user's totals,
+l1 rand-clip samples records (not keys) and adaptive rounds re-bound the users' remaining
+keys, so none of those can drop a user's keys early; the automatic bound has a step of
+its own (``PreReducePairs``, below).
+
+The automatic bound (``max_keys_per_user: auto``, ``PreReducePairs``; issue 43). Its one
+pass (``transforms.bounding.scored_bound.scored_table``) scores every candidate C with
+V(C) (paper 002, Algorithm 4) and keeps, at every candidate, each user's first C keys.
+Dropping the keys a user holds beyond the largest candidate C_m, as the fixed bound
+drops those beyond C, would keep the kept sets but change the scores: in the l0 model
+each of user i's k_i distinct keys adds min(1, C / k_i) to its key's expected bounded
+count, and min(k_i, C_m) enters the dropped term, so a user's keys beyond C_m are read
+by V(C) at every C (and k_i itself would shrink). What can go is every row that repeats
+a (user, exact key) pair: this step keeps one row per distinct (user identity, exact
+key) of a table (:func:`distinct_pair_rows`), for the users with more than
+``AUTO_HEAVY_ROWS`` rows in the table.
+
+Claim: for every user i, the set D_i of i's distinct exact keys is the same with and
+without the step, and everything the one pass computes is a function of the D_i, the
+identities and the keyed randomness only; so the dropped term and the key costs, hence
+V(C) for every candidate C, the exponential mechanism's draw (keyed: same secret, same
+stage), and the kept set of every user at every candidate (the chosen one included) are
+identical, and so are the published bytes. Proof. (1) D_i is preserved: a row is removed
+only when an earlier row of the same table holds the same identity (both words) and the
+same exact key (pairs are compared on ``__key`` only when ``__key`` is one-to-one on the
+table's keys, else on exact key codes), and that row stays; every user's rows in all
+tables are the union over tables, so each (i, key) in D_i keeps a row. Nothing else
+changes: the step adds no row and edits no value. (2) What the one pass reads of a user:
+``l0_ranks`` ranks distinct (user, key hash) pairs by mix64(hash XOR the user's salt),
+the salt a keyed draw of the user's identity (``keyed_random.rows_of(..., "user")`` is
+keyed by the identity words of the row it is given, not by its position), and a user
+whose keys collide is ranked by ``l0_pair_ranks_per_user`` over distinct (user, exact
+key) pairs with tie-breaks keyed by (user, key); the statistics
+(``pair_statistics``/``table_statistics``) read the distinct (user, key hash) pairs
+(N_ij = 1 in the l0 model: a pair's number of rows is never read); the running counts
+count distinct pairs per rank bucket; the output key columns are taken from one row of a
+kept pair, and every row of a pair holds the same key. None of these reads how many rows
+a pair has or where they sit. (3) The kept set at C is the first C keys of i's order of
+D_i, a function of D_i and the keyed draws by (2). (4) The user key cap: the one pass reads
+only a user's first ``cap`` keys of that order (``scored_bound.user_key_cap``, its
+docstring has the privacy argument), and a user bucket with more than ``HEAVY_FACTOR *
+cap`` rows in a table goes through :func:`prereduce_l0` at ``cap`` instead, which keeps a
+superset of the user's first ``cap`` keys (the fixed bound's argument above, C = cap);
+the first ``cap`` keys of any such subset of D_i are those of D_i, so (2) and (3) hold for
+the keys the pass reads. Which rows go depends on the table's rows only (a user's pairs
+stay whatever the split), so the step is also a function of each user's own records. tests/pipelines/test_prereduce.py checks the statistics, the
+running counts and the kept set at every candidate on split records (colliding keys
+included), and the published bytes with the step forced on and off.
 """
 import apache_beam as beam
 import numpy as np
@@ -52,7 +97,7 @@ from thresher.transforms.plumbing.arrow_coder import TABLE
 from thresher.transforms.bounding.per_user_bound import (
     _runs, exact_key_codes, key_hash_is_exact, l0_ranks)
 from thresher.transforms.bounding.user_shards import (
-    COALESCE_ROWS, KEY_HASH_COLUMN, USER_COLUMN, concat, exact_users)
+    COALESCE_ROWS, KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN, concat, exact_users)
 
 NOT_PRIVATE = "thresher_not_private"
 
@@ -62,6 +107,12 @@ NOT_PRIVATE = "thresher_not_private"
 HEAVY_FACTOR = 2
 MIN_REMOVED_ROWS = 1024
 BUCKET_BITS = 20     # at most 2**20 user buckets in the decision (one per row of 1e6)
+# The automatic bound de-duplicates the rows of users with more than AUTO_HEAVY_ROWS rows
+# in a table (prereduce_pairs_table). On the benchmark's Zipf data (1e6-row tables) such
+# users hold 17 % of the rows and 60 % of the table's repeated (user, key) rows: the
+# kernel reads a sixth of the rows and removes 6.5 % of them (threshold 8: reads 27 %,
+# removes 7.6 %; 256: reads 8 %, removes 4.1 %).
+AUTO_HEAVY_ROWS = 32
 # "auto": decide per table (heavy_user_rows); "always": every user of every table
 # through the kernel; "never": no row removed (the tables are still combined). Only the
 # superset that travels differs, never the release (tests/pipelines/test_prereduce.py).
@@ -126,6 +177,83 @@ def heavy_user_rows(table, max_keys_per_user):
     return np.flatnonzero(heavy[bucket])
 
 
+def distinct_pair_rows(table, key_columns):
+    """Row indices (ascending) of ``table`` (prepared batches) keeping one row per
+    distinct (user identity, exact key): the first of each run of rows with equal
+    (``__user``, ``__user_lo``, key) in table order. No randomness is read.
+
+    Pairs are told apart by the key hash ``__key``; where two different key tuples of the
+    table share a hash (``per_user_bound.key_hash_is_exact`` is False: possible only by a
+    collision of the 64-bit key hash), by exact key codes instead, so a user's colliding
+    keys stay two keys (the automatic bound's ranking counts them as two: module
+    docstring, "The automatic bound")."""
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    words = table.column(USER_COLUMN)
+    words = (words.combine_chunks() if words.num_chunks != 1 else words.chunk(0)).to_numpy(
+        zero_copy_only=False)
+    low = table.column(USER_LOW_COLUMN).to_numpy()
+    if key_hash_is_exact(table, key_columns):
+        keys = table.column(KEY_HASH_COLUMN).to_numpy()
+    else:
+        keys = exact_key_codes(table, key_columns)
+    order = np.lexsort((keys, low, words))   # stable: each pair's first row comes first
+    first = np.empty(len(order), dtype=bool)
+    first[0] = True
+    w, lo, k = words[order], low[order], keys[order]
+    first[1:] = (w[1:] != w[:-1]) | (lo[1:] != lo[:-1]) | (k[1:] != k[:-1])
+    return np.sort(order[first])
+
+
+def _buckets(table):
+    """(bucket of each row, rows per bucket): ``heavy_user_rows``' user buckets."""
+    words = table.column(USER_COLUMN)
+    words = (words.combine_chunks() if words.num_chunks != 1 else words.chunk(0)).to_numpy(
+        zero_copy_only=False)
+    bits = min(BUCKET_BITS, max(1, (len(words) - 1).bit_length()))
+    bucket = (words >> np.uint64(64 - bits)).astype(np.intp)
+    return bucket, np.bincount(bucket, minlength=1 << bits)
+
+
+def prereduce_pairs_table(table, key_columns, cap, source, mode="auto"):
+    """:func:`prereduce_table` of the automatic bound: (boolean mask of the rows kept, or
+    None for all of them; rows the kernel read).
+
+    ``cap``: the keys of a user the score reads (``scored_bound.user_key_cap``);
+    ``source``: the bounding stage's keyed source. In ``mode`` "auto", the rows of user
+    buckets with more than ``HEAVY_FACTOR * cap`` rows go through :func:`prereduce_l0`
+    at ``cap`` (one row per exact key among the user's ``cap`` smallest hash ranks in
+    the table: a superset of its first ``cap`` keys, the fixed bound's argument), and
+    those of buckets with more than ``AUTO_HEAVY_ROWS`` rows through
+    :func:`distinct_pair_rows`, when the latter could remove at least
+    ``MIN_REMOVED_ROWS`` rows; "always": every row through both (the l0 kernel first:
+    what it keeps is already one row per pair); "never": none."""
+    if mode == "never" or table.num_rows == 0:
+        return None, 0
+    if mode == "always":
+        keep = np.zeros(table.num_rows, dtype=bool)
+        keep[prereduce_l0(table, key_columns, cap, source)] = True
+        return keep, table.num_rows
+    if table.num_rows <= AUTO_HEAVY_ROWS:
+        return None, 0
+    bucket, counts = _buckets(table)
+    capped = counts > HEAVY_FACTOR * cap
+    heavy = (counts > AUTO_HEAVY_ROWS) & ~capped
+    keep = np.ones(table.num_rows, dtype=bool)
+    examined = 0
+    if int((counts[heavy] - 1).sum()) >= MIN_REMOVED_ROWS:
+        rows = np.flatnonzero(heavy[bucket])
+        keep[rows] = False
+        keep[rows[distinct_pair_rows(table.take(pa.array(rows)), key_columns)]] = True
+        examined += len(rows)
+    if capped.any():
+        rows = np.flatnonzero(capped[bucket])
+        keep[rows] = False
+        keep[rows[prereduce_l0(table.take(pa.array(rows)), key_columns, cap, source)]] = True
+        examined += len(rows)
+    return (keep if examined else None), examined
+
+
 def prereduce_table(table, key_columns, max_keys_per_user, source, every_row=False,
                     mode="auto"):
     """(boolean mask of the rows kept, or None for all of them; rows the kernel read)."""
@@ -148,9 +276,10 @@ def prereduce_table(table, key_columns, max_keys_per_user, source, every_row=Fal
 
 class _PreReduceFn(beam.DoFn):
     def __init__(self, key_columns, max_keys_per_user, rng_factory, stage, every_row, mode,
-                 coalesce_rows):
+                 coalesce_rows, auto_cap=None):
+        self._auto_cap = auto_cap
         self._key_columns = tuple(key_columns)
-        self._max_keys_per_user = int(max_keys_per_user)
+        self._max_keys_per_user = None if max_keys_per_user is None else int(max_keys_per_user)
         self._rng_factory = rng_factory
         self._stage = stage
         self._every_row = every_row
@@ -175,8 +304,13 @@ class _PreReduceFn(beam.DoFn):
         if table is None:
             return
         source = keyed_random.StageSource(self._rng_factory, self._stage)
-        kept, examined = prereduce_table(table, self._key_columns, self._max_keys_per_user,
-                                         source, self._every_row, self._mode)
+        if self._auto_cap is not None:     # the automatic bound
+            kept, examined = prereduce_pairs_table(table, self._key_columns, self._auto_cap,
+                                                   source, self._mode)
+        else:
+            kept, examined = prereduce_table(table, self._key_columns,
+                                             self._max_keys_per_user, source,
+                                             self._every_row, self._mode)
         counter = beam.metrics.Metrics.counter
         counter(NOT_PRIVATE, "rows_prereduced_in").inc(table.num_rows)
         counter(NOT_PRIVATE, "rows_prereduce_examined").inc(examined)
@@ -223,3 +357,33 @@ class PreReduceL0(beam.PTransform):
             self._key_columns, self._max_keys_per_user, self._rng_factory, self._stage,
             self._every_row, self._mode, self._coalesce_rows)
         ).with_output_types(TABLE)
+
+
+class PreReducePairs(beam.PTransform):
+    """Prepared record batches -> tables of about ``COALESCE_ROWS`` rows (the read
+    batches of a bundle combined), reduced where it pays by :func:`prereduce_pairs_table`:
+    the pre-reduction of ``max_keys_per_user: auto`` (module docstring, "The automatic
+    bound", says why it changes no score and no kept set). ``cap``: the user key cap of
+    the score (``scored_bound.user_key_cap``); ``stage``, ``rng_factory``: as for
+    :class:`PreReduceL0` (the release's ``KeyedSource`` only). ``mode``: :data:`MODE` by
+    default."""
+
+    def __init__(self, key_columns, cap, rng_factory, stage, mode=None, coalesce_rows=None,
+                 label=None):
+        super().__init__(label)
+        if not isinstance(rng_factory, keyed_random.KeyedSource):
+            raise TypeError("PreReducePairs needs the release's KeyedSource")
+        mode = MODE if mode is None else mode
+        if mode not in MODES:
+            raise ValueError(f"PreReducePairs mode must be one of {MODES}, got {mode!r}")
+        self._key_columns = tuple(key_columns)
+        self._cap = int(cap)
+        self._rng_factory = rng_factory
+        self._stage = stage
+        self._mode = mode
+        self._coalesce_rows = COALESCE_ROWS if coalesce_rows is None else int(coalesce_rows)
+
+    def expand(self, batches):
+        return batches | "PreReducePairs" >> keyed_random.par_do(_PreReduceFn(
+            self._key_columns, None, self._rng_factory, self._stage, False, self._mode,
+            self._coalesce_rows, auto_cap=self._cap)).with_output_types(TABLE)

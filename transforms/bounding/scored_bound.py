@@ -92,14 +92,44 @@ def _count_column(bucket):
     return f"__n{bucket}"
 
 
+# The keys of one user that the automatic bound reads (issue 43): a user with more
+# distinct keys is scored on the first USER_KEY_CAP of its random order of keys
+# (:func:`user_key_cap`), a uniform random subset drawn by the keyed randomness of its
+# identity, and may hand the shuffle about that many rows per table
+# (``transforms.bounding.prereduce``): a heavy user is bounded, not refused.
+USER_KEY_CAP = 1 << 16
+
+
+def user_key_cap(candidates):
+    """The number of keys of a user the score reads: ``USER_KEY_CAP``, or the largest
+    candidate when that is larger (the cap never cuts a key some candidate keeps)."""
+    return max(USER_KEY_CAP, int(max(candidates)))
+
+
 def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHARDS):
     """One user shard -> (running counts table or None, dropped[K], key-shard partials).
 
     ``rng``: the bounding stage's source (as ``per_user_bound._BoundL0Fn`` uses it). The
-    statistics are ``table_statistics(table, key_columns, score)``; the running counts
-    (:func:`running_counts`) select to ``per_user_bound.bound_table_l0(table,
-    key_columns, C, rng)``'s counts for every candidate C."""
+    statistics are ``table_statistics`` of each user's first :func:`user_key_cap` keys
+    (of the same random order the bounding keeps the first C of: every key of a user
+    with at most that many keys); the running counts (:func:`running_counts`) select to
+    ``per_user_bound.bound_table_l0(table, key_columns, C, rng)``'s counts for every
+    candidate C.
+
+    The cap and privacy. For a user with k_i > cap = :func:`user_key_cap` distinct keys,
+    the score reads a set S_i of ``cap`` of them: the first ``cap`` of the user's
+    uniformly random order (keyed by the secret and the user's identity alone), so S_i is
+    a function of the user's own records and the secret, and a neighbouring dataset
+    (one user added or removed) changes one S_i only. V(C) on the S_i is the paper's
+    score on a dataset of users each holding at most ``cap`` keys; its sensitivity
+    (``accounting.contribution_bound.score_sensitivity``) bounds any one user's effect
+    whatever its number of keys, so the exponential mechanism's guarantee is unchanged.
+    The dropped term is unchanged too (min(k_i, C_m) = min(cap, C_m) = C_m for
+    cap >= C_m), and so is every candidate's kept set (the first C <= cap keys of the same
+    order). Only the key-cost term of such users changes: C / cap instead of C / k_i on
+    cap of their keys instead of all of them."""
     candidates = score.candidates
+    cap = user_key_cap(candidates)
     if table.num_rows == 0:
         return None, *table_statistics(table, key_columns, score,
                                        num_key_shards=num_key_shards)
@@ -108,7 +138,7 @@ def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHA
     key_hash = np.asarray(table.column(KEY_HASH_COLUMN).to_numpy(), dtype=np.uint64)
     if key_hash_is_exact(table, key_columns):
         ranks = l0_ranks(users, key_hash, bound_rng)
-        pairs = ranks.distinct
+        pairs = ranks.distinct & (ranks.rank_in_user < cap)
         pair_rows = ranks.order[pairs]
         rank_in_user = ranks.rank_in_user[pairs]
         # the distinct (user, key hash) pairs, users contiguous and in increasing number;
@@ -124,10 +154,15 @@ def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHA
                                      "shards_with_key_hash_collisions").inc()
         codes = exact_key_codes(table, key_columns)
         pair_rows, rank_in_user = l0_pair_ranks_per_user(table, key_columns, rng)
+        scored = table
+        if np.any(rank_in_user >= cap):      # a user beyond the cap: its first cap keys
+            inside = rank_in_user < cap
+            pair_rows, rank_in_user = pair_rows[inside], rank_in_user[inside]
+            scored = table.take(pa.array(np.sort(pair_rows)))
         _, first_pair, pair_key = np.unique(codes[pair_rows], return_index=True,
                                             return_inverse=True)
         pair_key = pair_key.reshape(-1)
-        dropped, partials = table_statistics(table, key_columns, score,
+        dropped, partials = table_statistics(scored, key_columns, score,
                                              num_key_shards=num_key_shards)
     buckets = candidate_buckets(rank_in_user, candidates)
     counts = running_counts(table, key_columns, pair_rows, pair_key, first_pair, buckets,

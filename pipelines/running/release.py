@@ -179,7 +179,8 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
             keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
             model=spec.bounding.model, score=plan.score_name,
             score_params=plan.score_params(), max_bound=spec.bounding.auto.max_bound,
-            rng_factory=rng_factory, spill_dir=spill_dir)                      # one int
+            num_key_shards=_key_shards(num_shards), rng_factory=rng_factory,
+            spill_dir=spill_dir)                                               # one int
     users = shards.users(chosen, min(plan.candidates))                     # Table of whole users
     if kind.releases_from == USERS:                      # adaptive: rounds over the users
         bound, params = _bound_and_params(users, plan, chosen)
@@ -304,6 +305,16 @@ def _one_pass_auto(spec):
             and kinds.get(spec.kind).plain_l0_bound)
 
 
+def _key_shards(num_shards):
+    """Shards of the automatic bound's per-key score sums: as many as the user shards, and
+    never fewer than the 16 a small release uses, so one reducer's share of the keys
+    shrinks as the data grows (docs/scale.md, "what breaks first"). The sums are exact
+    integers and each key's pieces meet in one shard, so the count changes neither the
+    scores nor the chosen bound."""
+    from thresher.transforms.bounding.choose_contribution_bound import _DEFAULT_KEY_SHARDS
+    return max(_DEFAULT_KEY_SHARDS, int(num_shards))
+
+
 def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
     """``max_keys_per_user: auto`` in one pass over the user shards
     (transforms/bounding/scored_bound.py): the bounding pass sorts each shard once and emits both
@@ -322,9 +333,9 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
         keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
         model=spec.bounding.model, score=plan.score_name,
         score_params=plan.score_params(), max_bound=spec.bounding.auto.max_bound,
-        rng_factory=rng_factory, spill_dir=spill_dir)
+        num_key_shards=_key_shards(num_shards), rng_factory=rng_factory, spill_dir=spill_dir)
     bounder = ScoredPerUserBound(keys, choose.score, rng_factory=rng_factory,
-                                 spill_dir=spill_dir)
+                                 num_key_shards=_key_shards(num_shards), spill_dir=spill_dir)
     scored = users | "PerUserBound" >> bounder     # the fixed pipeline's label: same salts
     chosen = bounder.statistics(scored) | "ChooseContributionBound" >> choose    # one int
     partial = bounder.select(scored["buckets"], chosen, min(plan.candidates))

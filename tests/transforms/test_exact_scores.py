@@ -93,6 +93,27 @@ def test_score_sums_are_bit_identical_for_any_user_shard_split_and_order(score):
         assert_that(outputs | beam.Flatten(), check)
 
 
+def test_score_sums_are_bit_identical_for_any_number_of_key_shards():
+    """The release sets the key shards from its user shards (pipelines/running/release.py,
+    _key_shards: docs/scale.md); the sums, so the scores and the chosen bound, must not
+    change in any bit with that number (a key's partials meet in one shard whatever it is)."""
+    table, users, _ = _users(seed=14)
+    score = _scores()[0]
+    tables = _split(table, users, 3)
+    shard_counts = (1, 5, 16, 64)
+    with beam.Pipeline(runner=FnApiRunner()) as pipeline:
+        outputs = [(pipeline | f"Create{n}" >> beam.Create(tables)
+                    | f"Sums{n}" >> ccb.ContributionBoundSums(["word"], score, num_key_shards=n)
+                    | f"Name{n}" >> beam.Map(lambda v, n=n: (n, _plain(v))))
+                   for n in shard_counts]
+
+        def check(results):
+            assert sorted(n for n, _ in results) == sorted(shard_counts)
+            assert len({repr(got) for _, got in results}) == 1, results
+
+        assert_that(outputs | beam.Flatten(), check)
+
+
 def test_key_shard_costs_do_not_depend_on_the_order_of_the_partials():
     """shard_key_costs adds a key's partials from several user shards: any order of those
     partials (a GroupByKey delivers them in no fixed order) gives the same result."""

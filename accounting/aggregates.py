@@ -65,6 +65,7 @@ import math
 from fractions import Fraction
 
 import numpy as np
+from thresher.accounting import fixed_order
 
 from thresher.accounting import discrete_gaussian as dg
 
@@ -238,7 +239,7 @@ def _aggregate_loss(count, columns, h):
     k0, q, inf_mass = 0, np.ones(1), 0.0
     for d, s in columns:
         kj, qj, infj = _binned_loss(count, d, s, h)
-        q = np.convolve(q, qj)          # direct sums of non-negative products
+        q = fixed_order.convolve(q, qj)     # direct sums of non-negative products (no BLAS)
         inf_mass = inf_mass + infj          # union bound
         k0 += kj
         nz = np.flatnonzero(q > 0)
@@ -324,7 +325,7 @@ def _joint_delta_at(a, epsilons, sigma, columns, bins):
         g[inside] = big_q[ii] - np.exp(ti - x0) * big_w[ii]
         np.maximum(g, 0.0, out=g)
         g += inf_mass
-        value = float(np.dot(p, g)) + cut + FLOAT_SLACK
+        value = fixed_order.dot(p, g) + cut + FLOAT_SLACK
         out[i] = min(1.0, math.exp(t_total) * value)
     return out
 

@@ -79,6 +79,7 @@ import functools
 import math
 
 import numpy as np
+from thresher.accounting import fixed_order
 
 from thresher.accounting import discrete_gaussian as dg
 from thresher.accounting import gshm
@@ -162,7 +163,7 @@ class _Table:
 def _mixture(table, shared_sigma, gap, radius, cut_mass):
     z = np.arange(-radius, radius + 1, dtype=np.int64)
     weights = dg.pmf(z, shared_sigma)
-    return min(1.0, float(np.dot(weights, table(int(gap) - z))) + cut_mass)
+    return min(1.0, fixed_order.dot(weights, table(int(gap) - z)) + cut_mass)
 
 
 def _check(epsilon, sigma, shared_sigma, max_keys_per_user):
@@ -196,7 +197,7 @@ def new_keys_release_probability(sigma, shared_sigma, threshold_gap, max_keys_pe
     radius, _ = _cut_radius(float(shared_sigma), 1e-300)
     z = np.arange(-radius, radius + 1, dtype=np.int64)
     released = -np.expm1(c * _log_beta(sigma, g - z))
-    return float(np.dot(dg.pmf(z, shared_sigma), released))
+    return fixed_order.dot(dg.pmf(z, shared_sigma), released)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,7 +384,7 @@ def correlated_privacy_record(sigma, shared_sigma, threshold, pre_threshold, max
         out_mass = 2.0 * float(dg.sf(radius + 1, shared_sigma))
     z = np.arange(-radius, radius + 1, dtype=np.int64)
     lbs = _log_beta(sigma, g - z)
-    inside = float(np.dot(dg.pmf(z, shared_sigma), -np.expm1(c * lbs)))
+    inside = fixed_order.dot(dg.pmf(z, shared_sigma), -np.expm1(c * lbs))
     tilt = float(-lbs[-1])                   # log(1 / beta(g - K)): z = K is the last
     return c * max(1.0 / (2.0 * sigma * sigma), tilt), min(1.0, out_mass + inside)
 
@@ -421,7 +422,7 @@ def bounded_support_threshold(epsilon, delta_target, keys, *, correlated=True, g
         if not correlated or s == 0:
             return -math.expm1(k * float(special.log_ndtr(g / sigma)))
         vals = -np.expm1(k * special.log_ndtr((g - s * nodes) / sigma))
-        return float(np.dot(weights, vals))
+        return fixed_order.dot(weights, vals)
 
     best = math.inf
     ratios = np.linspace(0.0, 1.5, grid) if correlated else [0.0]

@@ -49,6 +49,7 @@ import functools
 import math
 
 import numpy as np
+from thresher.accounting import fixed_order
 from thresher.accounting._lazy import special
 
 # Terms of exp(-x^2/(2 sigma^2)) more than 10 sigma past the start of a sum are below
@@ -226,8 +227,8 @@ def iter_sum_pmfs(sigma, counts):
     offset, p, a = base_offset, base, 1
     for target in sorted({int(c) for c in counts}):
         while a < target:
-            # np.convolve is a direct sum of positive products: no cancellation.
-            offset, p = _trimmed(offset + base_offset, np.convolve(p, base))
+            # a direct sum of positive products: no cancellation (fixed order, no BLAS)
+            offset, p = _trimmed(offset + base_offset, fixed_order.convolve(p, base))
             a += 1
         yield a, offset, p, min(1.0, a * base_cut + a * p.size * 1e-300)
 

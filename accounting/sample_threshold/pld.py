@@ -68,6 +68,7 @@ import functools
 import math
 
 import numpy as np
+from thresher.accounting import fixed_order
 from thresher.accounting._lazy import special
 
 from thresher.accounting.sample_threshold.core import delta as one_key_delta
@@ -230,7 +231,7 @@ def _side_curve(index, mass, inf_mass, sign, at, step):
     shrink = 1 - 8 * (len(loss) + 8) * _U
     diff = at[:, None] - loss[None, :]            # x - loss, in grid steps
     weights = np.where(diff < 0, -np.expm1(np.minimum(diff, 0) * step), 0.0)
-    curve = inf_mass + (weights @ mass) * shrink
+    curve = inf_mass + fixed_order.matvec(weights, mass) * shrink   # no BLAS: same bits everywhere
     return curve, inf_mass + float(mass.sum()) * shrink
 
 
@@ -378,7 +379,7 @@ def _side_pmf(index, mass, sign, top):
 def _convolve(a, a_inf, b, b_inf, top):
     """Law of L_a + L_b on indices -top..top: mass above goes to +inf, mass below to -top.
     Direct sums of non-negative terms (relative error <= n u / (1 - n u)), scaled up."""
-    full = np.convolve(a, b)                      # index i of full: loss (i - 2 top) step
+    full = fixed_order.convolve(a, b)             # (no BLAS) index i of full: loss (i - 2 top) step
     inflate = 1 + 2 * (len(a) + 2) * _U
     body = full[top:3 * top + 1] * inflate
     body[0] += float(full[:top].sum()) * inflate
@@ -416,7 +417,7 @@ def hockey_stick(pmf, inf_mass, step, epsilon):
     top = (len(pmf) - 1) // 2
     x = (np.arange(len(pmf)) - top) * step
     weights = -np.expm1(np.minimum(0.0, epsilon - x))
-    return float(inf_mass + np.dot(pmf, weights) * (1 + 2 * (len(pmf) + 4) * _U))
+    return float(inf_mass + fixed_order.dot(pmf, weights) * (1 + 2 * (len(pmf) + 4) * _U))
 
 
 def _check(epsilon, threshold, max_keys_per_user):

@@ -20,6 +20,12 @@ change the bytes (a new sampler, a new PRF) regenerates the baseline on purpose 
 and says so in its commit; a move or a rename never does. The thresher version is part of
 the report, so a version bump regenerates it too.
 
+The same comparison runs again (marked slow: four fresh interpreters, minutes on a loaded
+machine) under each OpenBLAS kernel, OPENBLAS_CORETYPE unset, Haswell, Prescott and SkylakeX,
+each asserting through threadpoolctl the kernel it really ran on (issue 42: the same secret
+must publish the same bytes on every machine; docs/privacy_testing.md, "Platform
+independence").
+
 Runs use relative paths from one working folder, so the spec echoed in the report is the
 same in every run and on every machine.
 """
@@ -178,15 +184,8 @@ def _all_records(tmp_path):
     return records
 
 
-def test_every_example_and_kind_publishes_the_baselines_bytes_and_draws_from_its_stages(
-        tmp_path):
-    records = _all_records(tmp_path)
-    if os.environ.get("THRESHER_WRITE_RELEASED_BYTES_BASELINE") == "1":
-        with open(BASELINE, "w", encoding="utf-8") as handle:
-            json.dump({"pyarrow": pa.__version__, "releases": records}, handle, indent=1,
-                      sort_keys=True)
-            handle.write("\n")
-        pytest.skip("baseline written (THRESHER_WRITE_RELEASED_BYTES_BASELINE=1)")
+def _changed(records):
+    """What differs from the committed baseline: {case: {what: how}} (empty: nothing)."""
     with open(BASELINE, encoding="utf-8") as handle:
         saved = json.load(handle)
     baseline = saved["releases"]
@@ -206,6 +205,92 @@ def test_every_example_and_kind_publishes_the_baselines_bytes_and_draws_from_its
         for file in files:
             if got[file] != want[file]:
                 changed.setdefault(name, {})[file] = "bytes differ"
+    return changed
+
+
+def test_every_example_and_kind_publishes_the_baselines_bytes_and_draws_from_its_stages(
+        tmp_path):
+    records = _all_records(tmp_path)
+    if os.environ.get("THRESHER_WRITE_RELEASED_BYTES_BASELINE") == "1":
+        with open(BASELINE, "w", encoding="utf-8") as handle:
+            json.dump({"pyarrow": pa.__version__, "releases": records}, handle, indent=1,
+                      sort_keys=True)
+            handle.write("\n")
+        pytest.skip("baseline written (THRESHER_WRITE_RELEASED_BYTES_BASELINE=1)")
+    changed = _changed(records)
     assert not changed, json.dumps(changed, indent=1)
     # every kind draws (a release that drew nothing would freeze nothing)
     assert all(r["drawing_stages"] for r in records.values())
+
+
+# -- the same bytes under every BLAS kernel (issue 42) ----------------------------------------
+#
+# numpy's wheel bundles OpenBLAS (scipy-openblas), which picks its kernel per CPU when it loads;
+# OPENBLAS_CORETYPE overrides the pick. Kernels order a dot product's additions differently,
+# so a BLAS call anywhere on the path to a private choice or a published number shows up
+# here as other bytes (issue 42: heavy_hitters.yaml under Haswell and Prescott). Each run is a
+# fresh interpreter (the kernel is fixed when the library loads) that reports, through
+# threadpoolctl, the kernel every loaded OpenBLAS really used: a run that silently fell back
+# to the default kernel would compare nothing new.
+
+# OPENBLAS_CORETYPE -> the names openblas_get_corename() gives that kernel (x86_64 builds
+# alias Prescott's kernel as Katmai, the first name of the pair it reports)
+KERNELS = {"Haswell": {"haswell"}, "Prescott": {"prescott", "katmai"},
+           "SkylakeX": {"skylakex"}}
+
+_CHILD = """
+import json, os, sys, tempfile, pathlib
+sys.path.insert(0, sys.argv[1])
+import test_released_bytes_frozen as frozen
+records = frozen._all_records(pathlib.Path(tempfile.mkdtemp(dir=sys.argv[2])))
+import threadpoolctl
+blas = [(i["filepath"], i.get("architecture")) for i in threadpoolctl.threadpool_info()
+        if i.get("internal_api") == "openblas"]
+print(json.dumps({"changed": frozen._changed(records), "openblas": blas}))
+"""
+
+
+def _avx512():
+    from numpy._core._multiarray_umath import __cpu_features__
+    return bool(__cpu_features__.get("AVX512F"))
+
+
+@pytest.mark.slow
+def test_every_openblas_kernel_publishes_the_baselines_bytes(tmp_path):
+    """The frozen comparison above in four fresh interpreters: OPENBLAS_CORETYPE unset,
+    Haswell, Prescott and SkylakeX (skipped where the CPU has no AVX-512: OpenBLAS would
+    fall back); two at a time (the suite's machines have two cores). Each must publish the
+    baseline's bytes and have run on the kernel it asked for."""
+    import subprocess
+    import sys
+    import threadpoolctl  # noqa: F401  (the dev extra; the children report through it)
+    coretypes = [None, "Haswell", "Prescott"] + (["SkylakeX"] if _avx512() else [])
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def start(coretype):
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        if coretype:
+            env["OPENBLAS_CORETYPE"] = coretype
+        env.pop("THRESHER_WRITE_RELEASED_BYTES_BASELINE", None)
+        return subprocess.Popen([sys.executable, "-c", _CHILD, here, str(tmp_path)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    results = {}
+    for pair in (coretypes[:2], coretypes[2:]):
+        running = {c: start(c) for c in pair}
+        for coretype, proc in running.items():
+            out, err = proc.communicate()
+            assert proc.returncode == 0, f"OPENBLAS_CORETYPE={coretype}: {err[-3000:]}"
+            results[coretype] = json.loads(out.strip().splitlines()[-1])
+    used = {}
+    for coretype, result in results.items():
+        kernels = {arch.lower() for _, arch in result["openblas"]}
+        assert result["openblas"], f"OPENBLAS_CORETYPE={coretype}: no OpenBLAS loaded"
+        if coretype is not None:
+            assert kernels <= KERNELS[coretype], (coretype, result["openblas"])
+        used[coretype] = kernels
+        assert not result["changed"], (f"OPENBLAS_CORETYPE={coretype} (kernel "
+                                       f"{sorted(kernels)}): "
+                                       + json.dumps(result["changed"], indent=1))
+    # at least three different kernels really ran (never one kernel four times)
+    assert len(set().union(*used.values())) >= 3, used

@@ -97,6 +97,24 @@ CUT_FRACTION = 1e-6
 # Planning limit: the mixture (1) evaluates Thm 5.4 (2C shift divergences) at ~16 s + 1
 # gaps per split; above this C a calibration would take minutes.
 MAX_KEYS = 1024
+# Planning limit on the calibration's work (issue 42: epsilon = 0.001 planned for 12 min 46 s
+# with no progress line). Per split the calibration evaluates Thm 5.4 at the ~19 sigma gaps
+# the shared draw reaches (:func:`min_threshold_gap`, :class:`_Table`), each gap O(C) shift
+# terms plus one O(sigma) pass over the pmf of S (discrete_gaussian._delta_from_pmf), so its
+# work grows as sigma (sigma + WORK_PER_KEY C) at the smallest workable sigma (the Gaussian
+# condition's, gshm.default_sigma; the splits are within 1.1x of it). Measured, CPU seconds
+# at load ~12 on 2 cores: sigma 580, C 16: 1.3 s; sigma 962, C 4: 4.9 s; sigma 1338, C 4:
+# 9.6 s; sigma 514, C 1024: 8.8 s (about 5.3e-6 s per unit of work). MAX_WORK keeps a
+# calibration to ~5 s: a smallest sigma of ~1000 at small C, ~330 at C = 1024.
+WORK_PER_KEY = 2.6
+MAX_WORK = 1.0e6
+
+
+def max_sigma(max_keys_per_user):
+    """The largest smallest-workable sigma the calibration takes at C = max_keys_per_user:
+    the root of sigma (sigma + WORK_PER_KEY C) = MAX_WORK (the planning limit above)."""
+    b = WORK_PER_KEY * int(max_keys_per_user)
+    return (math.sqrt(b * b + 4.0 * MAX_WORK) - b) / 2.0
 
 
 def _shift(sigma):
@@ -275,9 +293,16 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, pre_threshold=1, thre
         raise ValueError(f"max_keys_per_user must be <= {MAX_KEYS} for correlated noise "
                          f"(the planning limit), got {c_u}")
     budget = f"(epsilon={epsilon:g}, delta={delta_target:g}, max_keys_per_user={c_u})"
+    splits = _splits(epsilon, delta_target, c_u)
+    if splits and splits[0][0] > max_sigma(c_u):
+        # refused before any table is built: the work grows as sigma^2 (MAX_WORK)
+        raise ValueError(f"correlated noise at {budget} needs sigma >= {splits[0][0]:.4g}, "
+                         f"beyond the planning limit {max_sigma(c_u):.4g} of its calibration "
+                         f"at this max_keys_per_user (minutes of work beyond it); use a "
+                         f"larger epsilon or delta, or noise: discrete_gaussian")
     best = None
     tables = {}
-    for sigma, shared in _splits(epsilon, delta_target, c_u):
+    for sigma, shared in splits:
         table = tables.setdefault(sigma, _Table(epsilon, sigma, c_u))
         gap = min_threshold_gap(epsilon, delta_target, sigma, shared, c_u, table=table)
         if gap is None:

@@ -65,6 +65,9 @@ setup(
         "dev": ["pytest>=8.2", "hypothesis>=6.100", "mpmath>=1.3", "dp-accounting>=0.4",
                 "python-dp>=1.1", "apache-beam[yaml]>=2.60", "matplotlib>=3.7",
                 "psycopg[binary]>=3.1",
+                # tests/pipelines/test_released_bytes_frozen.py asks which OpenBLAS kernel
+                # each run really used (issue 42: the same bytes under every kernel).
+                "threadpoolctl>=3.1",
                 # tests/distributed/test_sdist.py builds the staged --setup_file sdist with
                 # pip and no index (--no-build-isolation): the build requirements must be here.
                 "setuptools>=64", "wheel"],

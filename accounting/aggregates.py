@@ -65,6 +65,7 @@ import math
 from fractions import Fraction
 
 import numpy as np
+from thresher.accounting import fixed_order
 
 from thresher.accounting import discrete_gaussian as dg
 
@@ -212,7 +213,7 @@ def _binned_loss(count, d, sigma_j, h):
     if sd < 50.0:
         kk = int(math.ceil(dg._PMF_SIGMAS * sd)) + 1
         y = np.arange(-kk, kk + 1, dtype=np.float64)
-        p = np.exp(-y * y / (2.0 * sd * sd) - dg.log_normalizer(sd))
+        p = fixed_order.exp(-y * y / (2.0 * sd * sd) - dg.log_normalizer(sd))
         cut = 2.0 * math.exp(dg._log_upper_sum(kk + 1, sd) - dg.log_normalizer(sd))
         idx = np.searchsorted(v, y, side="left")      # first k with v(k) >= y
         inside = idx < v.size
@@ -238,7 +239,7 @@ def _aggregate_loss(count, columns, h):
     k0, q, inf_mass = 0, np.ones(1), 0.0
     for d, s in columns:
         kj, qj, infj = _binned_loss(count, d, s, h)
-        q = np.convolve(q, qj)          # direct sums of non-negative products
+        q = fixed_order.convolve(q, qj)     # direct sums of non-negative products (no BLAS)
         inf_mass = inf_mass + infj          # union bound
         k0 += kj
         nz = np.flatnonzero(q > 0)
@@ -259,7 +260,7 @@ def _count_pmf(count, sigma):
     kk = int(math.ceil(COUNT_SDS * sd)) + 1
     u = np.arange(-kk, kk + 1, dtype=np.float64)
     log_z = dg.log_normalizer(sd)
-    p = np.exp(-u * u / (2.0 * sd * sd) - log_z)
+    p = fixed_order.exp(-u * u / (2.0 * sd * sd) - log_z)
     cut = 2.0 * math.exp(dg._log_upper_sum(kk + 1, sd) - log_z)
     return u, p, cut
 
@@ -311,7 +312,7 @@ def _joint_delta_at(a, epsilons, sigma, columns, bins):
     x0 = x[0]
     # suffix sums: Q[i] = sum_{k >= i} q_k, W[i] = sum_{k >= i} q_k e^{-(x_k - x0)}
     big_q = np.concatenate((np.cumsum(q[::-1])[::-1], [0.0]))
-    big_w = np.concatenate((np.cumsum((q * np.exp(-(x - x0)))[::-1])[::-1], [0.0]))
+    big_w = np.concatenate((np.cumsum((q * fixed_order.exp(-(x - x0)))[::-1])[::-1], [0.0]))
     u, p, cut = _count_pmf(a, sigma)
     count_loss = (2.0 * u + a) / (2.0 * sigma * sigma)
     out = np.empty(len(epsilons))
@@ -321,10 +322,10 @@ def _joint_delta_at(a, epsilons, sigma, columns, bins):
         inside = idx < x.size
         g = np.zeros(t.size)
         ti, ii = t[inside], idx[inside]
-        g[inside] = big_q[ii] - np.exp(ti - x0) * big_w[ii]
+        g[inside] = big_q[ii] - fixed_order.exp(ti - x0) * big_w[ii]
         np.maximum(g, 0.0, out=g)
         g += inf_mass
-        value = float(np.dot(p, g)) + cut + FLOAT_SLACK
+        value = fixed_order.dot(p, g) + cut + FLOAT_SLACK
         out[i] = min(1.0, math.exp(t_total) * value)
     return out
 

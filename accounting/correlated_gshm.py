@@ -79,6 +79,7 @@ import functools
 import math
 
 import numpy as np
+from thresher.accounting import fixed_order
 
 from thresher.accounting import discrete_gaussian as dg
 from thresher.accounting import gshm
@@ -96,6 +97,24 @@ CUT_FRACTION = 1e-6
 # Planning limit: the mixture (1) evaluates Thm 5.4 (2C shift divergences) at ~16 s + 1
 # gaps per split; above this C a calibration would take minutes.
 MAX_KEYS = 1024
+# Planning limit on the calibration's work (issue 42: epsilon = 0.001 planned for 12 min 46 s
+# with no progress line). Per split the calibration evaluates Thm 5.4 at the ~19 sigma gaps
+# the shared draw reaches (:func:`min_threshold_gap`, :class:`_Table`), each gap O(C) shift
+# terms plus one O(sigma) pass over the pmf of S (discrete_gaussian._delta_from_pmf), so its
+# work grows as sigma (sigma + WORK_PER_KEY C) at the smallest workable sigma (the Gaussian
+# condition's, gshm.default_sigma; the splits are within 1.1x of it). Measured, CPU seconds
+# at load ~12 on 2 cores: sigma 580, C 16: 1.3 s; sigma 962, C 4: 4.9 s; sigma 1338, C 4:
+# 9.6 s; sigma 514, C 1024: 8.8 s (about 5.3e-6 s per unit of work). MAX_WORK keeps a
+# calibration to ~5 s: a smallest sigma of ~1000 at small C, ~330 at C = 1024.
+WORK_PER_KEY = 2.6
+MAX_WORK = 1.0e6
+
+
+def max_sigma(max_keys_per_user):
+    """The largest smallest-workable sigma the calibration takes at C = max_keys_per_user:
+    the root of sigma (sigma + WORK_PER_KEY C) = MAX_WORK (the planning limit above)."""
+    b = WORK_PER_KEY * int(max_keys_per_user)
+    return (math.sqrt(b * b + 4.0 * MAX_WORK) - b) / 2.0
 
 
 def _shift(sigma):
@@ -162,7 +181,7 @@ class _Table:
 def _mixture(table, shared_sigma, gap, radius, cut_mass):
     z = np.arange(-radius, radius + 1, dtype=np.int64)
     weights = dg.pmf(z, shared_sigma)
-    return min(1.0, float(np.dot(weights, table(int(gap) - z))) + cut_mass)
+    return min(1.0, fixed_order.dot(weights, table(int(gap) - z)) + cut_mass)
 
 
 def _check(epsilon, sigma, shared_sigma, max_keys_per_user):
@@ -196,7 +215,7 @@ def new_keys_release_probability(sigma, shared_sigma, threshold_gap, max_keys_pe
     radius, _ = _cut_radius(float(shared_sigma), 1e-300)
     z = np.arange(-radius, radius + 1, dtype=np.int64)
     released = -np.expm1(c * _log_beta(sigma, g - z))
-    return float(np.dot(dg.pmf(z, shared_sigma), released))
+    return fixed_order.dot(dg.pmf(z, shared_sigma), released)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,9 +300,16 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, pre_threshold=1, thre
         raise ValueError(f"max_keys_per_user must be <= {MAX_KEYS} for correlated noise "
                          f"(the planning limit), got {c_u}")
     budget = f"(epsilon={epsilon:g}, delta={delta_target:g}, max_keys_per_user={c_u})"
+    splits = _splits(epsilon, delta_target, c_u)
+    if splits and splits[0][0] > max_sigma(c_u):
+        # refused before any table is built: the work grows as sigma^2 (MAX_WORK)
+        raise ValueError(f"correlated noise at {budget} needs sigma >= {splits[0][0]:.4g}, "
+                         f"beyond the planning limit {max_sigma(c_u):.4g} of its calibration "
+                         f"at this max_keys_per_user (minutes of work beyond it); use a "
+                         f"larger epsilon or delta, or noise: discrete_gaussian")
     best = None
     tables = {}
-    for sigma, shared in _splits(epsilon, delta_target, c_u):
+    for sigma, shared in splits:
         table = tables.setdefault(sigma, _Table(epsilon, sigma, c_u))
         gap = min_threshold_gap(epsilon, delta_target, sigma, shared, c_u, table=table)
         if gap is None:
@@ -404,7 +430,7 @@ def correlated_privacy_record(sigma, shared_sigma, threshold, pre_threshold, max
         out_mass = 2.0 * float(dg.sf(radius + 1, shared_sigma))
     z = np.arange(-radius, radius + 1, dtype=np.int64)
     lbs = _log_beta(sigma, g - z)
-    inside = float(np.dot(dg.pmf(z, shared_sigma), -np.expm1(c * lbs)))
+    inside = fixed_order.dot(dg.pmf(z, shared_sigma), -np.expm1(c * lbs))
     tilt = float(-lbs[-1])                   # log(1 / beta(g - K)): z = K is the last
     return c * max(1.0 / (2.0 * sigma * sigma), tilt), min(1.0, out_mass + inside)
 
@@ -442,7 +468,7 @@ def bounded_support_threshold(epsilon, delta_target, keys, *, correlated=True, g
         if not correlated or s == 0:
             return -math.expm1(k * float(special.log_ndtr(g / sigma)))
         vals = -np.expm1(k * special.log_ndtr((g - s * nodes) / sigma))
-        return float(np.dot(weights, vals))
+        return fixed_order.dot(weights, vals)
 
     best = math.inf
     ratios = np.linspace(0.0, 1.5, grid) if correlated else [0.0]

@@ -49,6 +49,7 @@ import functools
 import math
 
 import numpy as np
+from thresher.accounting import fixed_order
 from thresher.accounting._lazy import special
 
 # Terms of exp(-x^2/(2 sigma^2)) more than 10 sigma past the start of a sum are below
@@ -91,17 +92,17 @@ def _check_terms(terms, sigma):
 def _poisson_log_normalizer(sd):
     """log Z for scale sd by Poisson summation (exact identity; array sd)."""
     sd = np.asarray(sd, dtype=np.float64)
-    out = 0.5 * math.log(2.0 * math.pi) + np.log(sd)
+    out = 0.5 * math.log(2.0 * math.pi) + fixed_order.log(sd)
     small = sd < 10.0  # above, the correction exp(-2 pi^2 sd^2) < 1e-800 underflows
     if np.any(small):
         s = np.atleast_1d(sd)[np.atleast_1d(small)]
         # terms j with 2 pi^2 sd^2 j^2 > 40 are below 4e-18 of the sum
         j_max = int(math.ceil(math.sqrt(40.0 / (2.0 * math.pi ** 2 * s.min() ** 2)))) + 1
         j = np.arange(1, j_max + 1, dtype=np.float64)
-        corr = 2.0 * np.exp(-2.0 * math.pi ** 2 * s[:, None] ** 2 * j ** 2).sum(axis=1)
+        corr = 2.0 * fixed_order.exp(-2.0 * math.pi ** 2 * s[:, None] ** 2 * j ** 2).sum(axis=1)
         if out.ndim == 0:
-            return float(out + np.log1p(corr[0]))
-        out[small] += np.log1p(corr)
+            return float(out + fixed_order.log1p(corr[0]))
+        out[small] += fixed_order.log1p(corr)
     return out
 
 
@@ -116,7 +117,7 @@ def log_normalizer(sigma):
         return float(_poisson_log_normalizer(sigma))
     n = int(math.ceil(_SPAN_SIGMAS * sigma)) + 2
     x = np.arange(1, n + 1, dtype=np.float64)
-    return float(math.log1p(2.0 * np.exp(-x * x / (2.0 * sigma * sigma)).sum()))
+    return float(math.log1p(2.0 * fixed_order.exp(-x * x / (2.0 * sigma * sigma)).sum()))
 
 
 def logpmf(x, sigma):
@@ -129,7 +130,7 @@ def logpmf(x, sigma):
 
 def pmf(x, sigma):
     """P[X = x] for X ~ N_Z(0, sigma^2)."""
-    return np.exp(logpmf(x, sigma))
+    return fixed_order.exp(logpmf(x, sigma))
 
 
 def _log_upper_sum(t, sigma):
@@ -155,10 +156,10 @@ def _logsumexp(a):
     a_max = np.max(a)
     top = a == a_max
     count = float(np.count_nonzero(top))
-    shifted = np.sum(np.exp(np.where(top, -np.inf, a) - a_max))
+    shifted = np.sum(fixed_order.exp(np.where(top, -np.inf, a) - a_max))
     if shifted != 0:
         shifted = shifted / count
-    return np.log1p(shifted) + np.log(count) + a_max
+    return fixed_order.log1p(shifted) + fixed_order.log(count) + a_max
 
 
 def log_sf(x, sigma):
@@ -187,7 +188,7 @@ def log_sf(x, sigma):
 
 def sf(x, sigma):
     """P[X >= x] for X ~ N_Z(0, sigma^2) (the survival function including x)."""
-    return np.exp(log_sf(x, sigma))
+    return fixed_order.exp(log_sf(x, sigma))
 
 
 def log_cdf(x, sigma):
@@ -197,7 +198,7 @@ def log_cdf(x, sigma):
 
 def cdf(x, sigma):
     """P[X <= x] for X ~ N_Z(0, sigma^2)."""
-    return np.exp(log_cdf(x, sigma))
+    return fixed_order.exp(log_cdf(x, sigma))
 
 
 # ---------------------------------------------------------------------------------------
@@ -226,8 +227,8 @@ def iter_sum_pmfs(sigma, counts):
     offset, p, a = base_offset, base, 1
     for target in sorted({int(c) for c in counts}):
         while a < target:
-            # np.convolve is a direct sum of positive products: no cancellation.
-            offset, p = _trimmed(offset + base_offset, np.convolve(p, base))
+            # a direct sum of positive products: no cancellation (fixed order, no BLAS)
+            offset, p = _trimmed(offset + base_offset, fixed_order.convolve(p, base))
             a += 1
         yield a, offset, p, min(1.0, a * base_cut + a * p.size * 1e-300)
 
@@ -242,7 +243,7 @@ def _base_pmf(sigma):
     k = int(math.ceil(_PMF_SIGMAS * sigma)) + 1
     _check_terms(2 * k + 1, sigma)
     x = np.arange(-k, k + 1, dtype=np.float64)
-    p = np.exp(-x * x / (2.0 * sigma * sigma) - log_normalizer(sigma))
+    p = fixed_order.exp(-x * x / (2.0 * sigma * sigma) - log_normalizer(sigma))
     cut = 2.0 * math.exp(_log_upper_sum(k + 1, sigma) - log_normalizer(sigma))
     p.setflags(write=False)
     return -k, p, cut
@@ -291,8 +292,8 @@ def sum_ratio_bound(count, sigma):
     j_max = max(1, int(math.ceil(math.sqrt(80.0 / (math.pi ** 2 * sigma * sigma)))) + 1)
     eta = np.zeros(k.size)
     for j in range(1, j_max + 1):  # few terms; a loop keeps memory at O(a)
-        eta += np.exp(-2.0 * math.pi ** 2 * sigma * sigma * j * j * (k - 1.0) / k)
-    cumulative = np.concatenate(([0.0, 0.0], np.cumsum(np.log1p(2.0 * eta))))
+        eta += fixed_order.exp(-2.0 * math.pi ** 2 * sigma * sigma * j * j * (k - 1.0) / k)
+    cumulative = np.concatenate(([0.0, 0.0], np.cumsum(fixed_order.log1p(2.0 * eta))))
     out = cumulative[np.clip(counts, 1, a_max)]
     return float(out) if out.ndim == 0 else out
 
@@ -312,13 +313,13 @@ def _em_tail_bound(t, sd, log_z, sign):
         below = np.flatnonzero(y < r)
         if below.size:
             he4_r = abs(r ** 4 - 6.0 * r * r + 3.0)
-            variation[below] += 2.0 * he4_r * np.exp(-(r * r - y2[below]) / 2.0)
+            variation[below] += 2.0 * he4_r * fixed_order.exp(-(r * r - y2[below]) / 2.0)
     variation *= sign * _EM_C5 * inv ** 4
     main += variation
     np.maximum(main, 0.0, out=main)
     y2 *= -0.5
     y2 -= log_z
-    return np.exp(y2, out=y2) * main
+    return fixed_order.exp(y2, out=y2) * main
 
 
 def _sf_bound(t, sd, log_z, upper):
@@ -338,7 +339,7 @@ def _single_delta_exact(sd, count, epsilons, sigma):
     k = int(math.ceil(_PMF_SIGMAS * sd)) + 1
     u = np.arange(-k, k + 1, dtype=np.float64)
     log_z = log_normalizer(sd)
-    p = np.exp(-u * u / (2.0 * sd * sd) - log_z)
+    p = fixed_order.exp(-u * u / (2.0 * sd * sd) - log_z)
     cut = 2.0 * math.exp(_log_upper_sum(k + 1, sd) - log_z)
     return _delta_from_pmf(-k, p, cut, count, sigma, epsilons)
 
@@ -357,9 +358,9 @@ def _bound_delta(eps, counts, sigma, t_bound):
         u0 = np.floor(e * sigma * sigma - a / 2.0) + 1.0
         log_z = _poisson_log_normalizer(s)
         out[big] = (_sf_bound(u0, s, log_z, True)
-                    - np.exp(e) * _sf_bound(u0 + a, s, log_z, False))
+                    - fixed_order.exp(e) * _sf_bound(u0 + a, s, log_z, False))
     with np.errstate(invalid="ignore", over="ignore"):
-        bounded = np.exp(t_bound) * out
+        bounded = fixed_order.exp(t_bound) * out
     return np.where(np.isfinite(t_bound), np.clip(bounded, 0.0, 1.0), 1.0)
 
 

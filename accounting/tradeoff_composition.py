@@ -35,6 +35,7 @@ import dataclasses
 import math
 
 import numpy as np
+from thresher.accounting import fixed_order
 
 # Absolute allowance for float rounding in the pair's masses and the convolution.
 FLOAT_SLACK = 1e-11
@@ -149,7 +150,7 @@ def composed_delta(pairs, epsilon, step=1e-4):
         if pair.losses.size == 0:                 # only the +inf outcome: delta = 1
             return 1.0
         off, w = _loss_vector(pair, step)
-        v = np.convolve(v, w) if v.size * w.size < 4e6 else _sparse_convolve(v, w)
+        v = fixed_order.convolve(v, w)          # w: a pair's few outcomes; no BLAS
         k0 += off
         finite *= 1.0 - pair.p_only
     grid = (k0 + np.arange(v.size)) * step
@@ -157,15 +158,6 @@ def composed_delta(pairs, epsilon, step=1e-4):
     total = float(np.sum(v[above] * -np.expm1(epsilon - grid[above])))
     out = total + (1.0 - finite) + FLOAT_SLACK * (1 + len(pairs))
     return float(min(max(out, 0.0), 1.0))
-
-
-def _sparse_convolve(v, w):
-    """np.convolve(v, w) as a sum of shifted copies of v over w's non-zero entries (w is
-    sparse: a profile pair has at most 2 (n + 1) outcomes)."""
-    out = np.zeros(v.size + w.size - 1)
-    for j in np.flatnonzero(w):
-        out[j:j + v.size] += w[j] * v
-    return out
 
 
 def composed_profile_delta(profiles, epsilon, step=1e-4):

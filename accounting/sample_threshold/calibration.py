@@ -131,7 +131,28 @@ class _PldSearch:
         if fail is not None:
             meet, fail = self._illinois(f, meet, fail, tol)
         self.brackets[tau] = (meet[0], meet[1]) + ((fail[0], fail[1]) if fail else (None, None))
-        return math.exp(-meet[0])
+        return math.exp(-self._on_grid(f, meet, fail, tol))
+
+    @staticmethod
+    def _on_grid(f, meet, fail, tol):
+        """The answer on the fixed grid y = k tol: the smallest grid point at or above the
+        bracket's missing end that meets the target (issue 42). The secant steps before it
+        follow the values of f, whose last bits differ between machines (numpy's float64
+        exp/log take an AVX-512 path on CPUs that have it), so the bracket's ends differ in
+        their last bits too; the grid point chosen depends only on which grid points meet,
+        and a machine can disagree only where delta at a grid point is within float noise
+        of the target (about tau * tol apart from one grid point to the next). The bracket
+        is at most tol wide, so the second grid point meets wherever delta is monotone in
+        p; a few more are tried before falling back to the bracket's meeting end."""
+        if fail is None:                      # p = 1 meets
+            return meet[0]
+        k = math.ceil(fail[0] / tol)
+        for _ in range(8):
+            y = k * tol
+            if f(y) <= 0:
+                return y
+            k += 1
+        return meet[0]
 
     @staticmethod
     def _illinois(f, meet, fail, tol):

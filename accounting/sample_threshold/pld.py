@@ -68,6 +68,7 @@ import functools
 import math
 
 import numpy as np
+from thresher.accounting import fixed_order
 from thresher.accounting._lazy import special
 
 from thresher.accounting.sample_threshold.core import delta as one_key_delta
@@ -122,8 +123,8 @@ def _add_matrix(p, tau, eps, ks):
     """Upper bounds on add_k(eps) (thresholded at tau; tau = 0: unthresholded), shape
     (len(eps), len(ks)): P[Bin(k,p) > t] - e^eps P[Bin(k-1,p) > t], t = max(floor(k q),
     tau - 1) (core.divergences), plus _SCIPY_REL of both terms."""
-    e = np.exp(eps)[:, None]
-    q = (-np.expm1(-eps) + np.exp(-eps) * p)[:, None]            # core.add_quantile
+    e = fixed_order.exp(eps)[:, None]
+    q = (-fixed_order.expm1(-eps) + fixed_order.exp(-eps) * p)[:, None]            # core.add_quantile
     k = ks[None, :]
     t = np.minimum(np.maximum(np.floor(k * q), tau - 1), k)
     with_user, without = _sf(t, k, p), _sf(t, k - 1, p)
@@ -138,8 +139,8 @@ def _remove_matrix(p, tau, eps, ks):
     the sum is positive); tau = 0: unthresholded (no absent term). The range sum is
     taken as differences of lower tails (m < k r < k p: below the mean), with
     _SCIPY_REL of every tail added."""
-    e = np.exp(eps)[:, None]
-    r = (p * np.exp(eps) - np.expm1(eps))[:, None]               # core.remove_quantile
+    e = fixed_order.exp(eps)[:, None]
+    r = (p * fixed_order.exp(eps) - fixed_order.expm1(eps))[:, None]               # core.remove_quantile
     k = np.broadcast_to(ks[None, :], (len(eps), len(ks)))
     out = np.zeros(k.shape)
     below_without = below_with = np.zeros((1, len(ks)))
@@ -175,7 +176,7 @@ def sup_divergence(p, tau, eps, direction):
     matrix = _add_matrix if direction == "add" else _remove_matrix
     best = np.zeros(eps.shape)
     if direction == "remove":
-        active = p * np.exp(eps) - np.expm1(eps) > 0   # r > 0, else 0 for every k
+        active = p * fixed_order.exp(eps) - fixed_order.expm1(eps) > 0   # r > 0, else 0 for every k
     else:
         active = np.ones(eps.shape, dtype=bool)
     start = max(tau, 1)
@@ -229,8 +230,8 @@ def _side_curve(index, mass, inf_mass, sign, at, step):
     loss = sign * index
     shrink = 1 - 8 * (len(loss) + 8) * _U
     diff = at[:, None] - loss[None, :]            # x - loss, in grid steps
-    weights = np.where(diff < 0, -np.expm1(np.minimum(diff, 0) * step), 0.0)
-    curve = inf_mass + (weights @ mass) * shrink
+    weights = np.where(diff < 0, -fixed_order.expm1(np.minimum(diff, 0) * step), 0.0)
+    curve = inf_mass + fixed_order.matvec(weights, mass) * shrink   # no BLAS: same bits everywhere
     return curve, inf_mass + float(mass.sum()) * shrink
 
 
@@ -300,8 +301,8 @@ def dominating_pair(p, tau, step, top):
     # by (1). The computed one is the small number (add: x >= 0, remove: x < 0).
     u, g = np.empty(len(idx)), np.empty(len(idx))
     u[pos], g[neg] = value[pos], value[neg]
-    u[neg] = (-np.expm1(x[neg]) + np.exp(x[neg]) * g[neg]) * (1 + 4 * _U)
-    g[pos] = (-np.expm1(-x[pos]) + np.exp(-x[pos]) * u[pos]) * (1 + 4 * _U)
+    u[neg] = (-fixed_order.expm1(x[neg]) + fixed_order.exp(x[neg]) * g[neg]) * (1 + 4 * _U)
+    g[pos] = (-fixed_order.expm1(-x[pos]) + fixed_order.exp(-x[pos]) * u[pos]) * (1 + 4 * _U)
     u = np.minimum(np.minimum.accumulate(u), 1.0)              # h*: non-increasing
     g = np.minimum(np.minimum.accumulate(g[::-1])[::-1], 1.0)
     # The hull, vertices and masses: in A's coordinates (alpha, u) for x >= 0, where its
@@ -311,18 +312,18 @@ def dominating_pair(p, tau, step, top):
     # remove supremum is 0 (the lowest point) h* = 1 - alpha, every pair's curve: that
     # point enters the hulls unrounded.
     exact = neg & (value == 0)
-    u_hull = np.where(exact, -np.expm1(x), u)
+    u_hull = np.where(exact, -fixed_order.expm1(x), u)
     g_hull = np.where(exact, 0.0, g)
-    in_a = _lower_hull(np.append(0.0, np.exp(x)), np.append(1.0, u_hull))[1:]
-    in_b = _lower_hull(np.append(0.0, np.exp(-x[::-1])), np.append(1.0, g_hull[::-1]))[1:]
+    in_a = _lower_hull(np.append(0.0, fixed_order.exp(x)), np.append(1.0, u_hull))[1:]
+    in_b = _lower_hull(np.append(0.0, fixed_order.exp(-x[::-1])), np.append(1.0, g_hull[::-1]))[1:]
     in_a = np.asarray(in_a) - 1
     in_b = len(idx) - np.asarray(in_b)                        # positions in idx
     vertices = np.union1d(in_a[pos[in_a]], in_b[neg[in_b]])
     xv = x[vertices]
-    b = _slope_changes(np.exp(xv), u_hull[vertices])
-    a = _slope_changes(np.exp(-xv[::-1]), g_hull[vertices][::-1])[::-1]
-    a = np.where(xv >= 0, b * np.exp(xv), a)
-    b = np.where(xv >= 0, b, a * np.exp(-xv))
+    b = _slope_changes(fixed_order.exp(xv), u_hull[vertices])
+    a = _slope_changes(fixed_order.exp(-xv[::-1]), g_hull[vertices][::-1])[::-1]
+    a = np.where(xv >= 0, b * fixed_order.exp(xv), a)
+    b = np.where(xv >= 0, b, a * fixed_order.exp(-xv))
     index = idx[vertices]
     a_inf, b_inf = float(u[-1]), float(g[0])                   # the curves at the ends
     # Each side's curve is linear between its atoms and h* is convex, so the curve is
@@ -378,7 +379,7 @@ def _side_pmf(index, mass, sign, top):
 def _convolve(a, a_inf, b, b_inf, top):
     """Law of L_a + L_b on indices -top..top: mass above goes to +inf, mass below to -top.
     Direct sums of non-negative terms (relative error <= n u / (1 - n u)), scaled up."""
-    full = np.convolve(a, b)                      # index i of full: loss (i - 2 top) step
+    full = fixed_order.convolve(a, b)             # (no BLAS) index i of full: loss (i - 2 top) step
     inflate = 1 + 2 * (len(a) + 2) * _U
     body = full[top:3 * top + 1] * inflate
     body[0] += float(full[:top].sum()) * inflate
@@ -415,8 +416,8 @@ def hockey_stick(pmf, inf_mass, step, epsilon):
     """sum_i pmf_i (1 - e^{eps - x_i})_+ + inf_mass over x_i = (i - top) step."""
     top = (len(pmf) - 1) // 2
     x = (np.arange(len(pmf)) - top) * step
-    weights = -np.expm1(np.minimum(0.0, epsilon - x))
-    return float(inf_mass + np.dot(pmf, weights) * (1 + 2 * (len(pmf) + 4) * _U))
+    weights = -fixed_order.expm1(np.minimum(0.0, epsilon - x))
+    return float(inf_mass + fixed_order.dot(pmf, weights) * (1 + 2 * (len(pmf) + 4) * _U))
 
 
 def _check(epsilon, threshold, max_keys_per_user):

@@ -13,7 +13,10 @@ Every calibration's cost is driven by one scale, and each scale has a limit here
   vectorised over a_= = 0..C-1 (arrays of O(C) floats, ~100 evaluations): C <= 1e5.
   With ``mechanism.noise: correlated`` (``accounting.correlated_gshm``) Thm 5.4 is
   evaluated at ~16 s + 1 thresholds per split for 9 splits: C <= CORRELATED_MAX_KEYS =
-  1024 (~2 s CPU there); ``noise: auto`` compares the two only up to it.
+  1024 (~2 s CPU there); ``noise: auto`` compares the two only up to it. Its work also
+  grows as sigma (sigma + 2.6 C): the smallest workable sigma must be
+  <= correlated_gshm.max_sigma(C) (~1000 at small C, ~330 at C = 1024; ~5 s), else
+  privacy.epsilon is refused (auto then compares nothing: the calibration refuses too).
 * ``laplace`` (paper 002; ``accounting.laplace_threshold``): the same O(C) maximum,
   C <= 1e5; tau* <= 1e12 (counts of users; larger values overflow the integer search).
 * ``sample_and_threshold`` (papers 000/003) and ``weighted_sampling`` (paper 001): the
@@ -221,6 +224,8 @@ def check_release(spec, epsilon, delta, candidates, level_structure=(1, 1)):
         raise SpecError(field, f"must be <= {MAX_KEYS['adaptive']} for heavy_hitters with "
                         f"method: adaptive (the planning limit of the adaptive calibration; "
                         f"method: trie allows {MAX_KEYS[kind]}), got {c}")
+    if kind == "gaussian" and spec.mechanism.get("noise") == "correlated":
+        _check_correlated(spec, epsilon, delta, c)
     if kind == "gaussian" and spec.mechanism.get("sigma") is None:
         if not _gaussian_fits(epsilon, delta, c, SIGMA_MAX):
             need = _smallest(lambda e: _gaussian_fits(e, delta, c, SIGMA_MAX), epsilon)
@@ -297,6 +302,25 @@ def release_fits(kind, level_structure, epsilon, delta, c):
     if c * per_key > MAX_KEYS[kind]:
         return False
     return _length(epsilon / levels, delta / levels, c * per_key) <= L_MAX
+
+
+def _check_correlated(spec, epsilon, delta, c):
+    """noise: correlated (accounting.correlated_gshm): its calibration's work grows as
+    sigma (sigma + 2.6 C) at the smallest workable sigma; beyond correlated_gshm.max_sigma(C)
+    (~1000 at small C) it runs for minutes (issue 42: 12 min 46 s at epsilon 0.001), so the
+    spec is refused here, before any calibration, naming privacy.epsilon."""
+    from thresher.accounting import correlated_gshm
+    top = correlated_gshm.max_sigma(c)
+    if _gaussian_fits(epsilon, delta, c, top):
+        return
+    need = _smallest(lambda e: _gaussian_fits(e, delta, c, top), epsilon)
+    raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage {epsilon:g}) "
+                    f"with delta={delta:g}, max_keys_per_user={c} needs sigma > {top:.4g} for "
+                    f"mechanism.noise: correlated, the planning limit of its calibration "
+                    f"(noise: discrete_gaussian allows sigma up to {SIGMA_MAX:g}); "
+                    + _epsilon_advice(need, spec.privacy.epsilon, epsilon,
+                                      "noise: discrete_gaussian, a larger delta or a smaller "
+                                      "bound"))
 
 
 def _check_weighted_gaussian(spec, epsilon, delta, c):

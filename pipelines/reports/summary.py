@@ -344,7 +344,8 @@ def release_probability(report, counts):
             z = np.arange(-k, k + 1)
             grid = mech["threshold"] - n[:, None] - z[None, :]
             p = np.asarray(sf(grid.ravel(), mech["sigma"]), dtype=np.float64).reshape(grid.shape)
-            p = p @ pmf(z, mech["shared_sigma"])
+            from thresher.accounting import fixed_order
+            p = fixed_order.matvec(p, pmf(z, mech["shared_sigma"]))   # no BLAS
         else:
             p = np.asarray(sf(mech["threshold"] - n, mech["sigma"]), dtype=np.float64)
         return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)

@@ -191,16 +191,25 @@ def test_invalid_arguments_name_the_field():
         dg.composed_shift_delta(1.0, 1.0, 2, method="fast")
 
 
-def test_logsumexp_is_scipys_to_the_last_bit():
+def test_logsumexp_is_scipys_formula_within_ulps_and_machine_independent():
     """discrete_gaussian._logsumexp (used by the exact tail sums, so that thresher plan and
-    report need not import scipy.special) equals scipy.special.logsumexp bit for bit: on
-    every sum _log_upper_sum forms for a grid of sigma and t, and on random arrays with
-    ties of the maximum."""
+    report need not import scipy.special) follows scipy.special.logsumexp's formula with
+    accounting.fixed_order's exp / log1p / log (issue 42): scipy's own result depends on
+    numpy's SIMD path (AVX-512 or not) in its last bits, so it is no longer matched bit for
+    bit (this test did, until issue 42); instead, within 4 units in the last place of scipy's
+    on every sum _log_upper_sum forms for a grid of sigma and t, and within 2 of the exact
+    value (mpmath, 50 digits) on random arrays with ties of the maximum. That the value is
+    the same on every machine is tests/pipelines/test_released_bytes_frozen.py's (slow)
+    run with numpy's AVX-512 dispatch turned off."""
     import math
 
+    import mpmath
     from scipy import special
 
     from thresher.accounting.discrete_gaussian import _logsumexp
+
+    def ulps(x, y):
+        return abs(x - y) / math.ulp(max(abs(y), 1e-300))
     rng = np.random.default_rng(2024)
     for sigma in [0.5, 1.0, 1.5, 14.425, 100.0, 1234.5, *rng.uniform(0.5, 300, 40)]:
         for t in [0, 1, 2, 5, 17, 88, 300]:
@@ -208,9 +217,13 @@ def test_logsumexp_is_scipys_to_the_last_bit():
             k_max = int(math.ceil(-t + math.sqrt(t * t + 100.0 * sigma * sigma))) + 1
             k = np.arange(k_max + 1, dtype=np.float64)
             a = -(2.0 * t * k + k * k) / s2
-            assert float(_logsumexp(a)) == float(special.logsumexp(a)), (sigma, t)
+            assert ulps(float(_logsumexp(a)), float(special.logsumexp(a))) <= 4, (sigma, t)
+    mpmath.mp.dps = 50
     for _ in range(500):
         a = rng.normal(0, rng.uniform(0.1, 100), rng.integers(1, 400))
         if rng.random() < 0.3:
             a[rng.integers(0, len(a), 3)] = a.max()
-        assert float(_logsumexp(a)) == float(special.logsumexp(a))
+        exact = float(mpmath.log(mpmath.fsum(mpmath.exp(mpmath.mpf(float(x))) for x in a)))
+        assert ulps(float(_logsumexp(a)), exact) <= 2 + 2 * abs(a.max()) / max(abs(exact), 1)
+        assert ulps(float(_logsumexp(a)), float(special.logsumexp(a))) <= 4 * max(
+            1, abs(a.max()) / max(abs(float(special.logsumexp(a))), 1e-300))

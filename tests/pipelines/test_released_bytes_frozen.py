@@ -20,6 +20,13 @@ change the bytes (a new sampler, a new PRF) regenerates the baseline on purpose 
 and says so in its commit; a move or a rename never does. The thresher version is part of
 the report, so a version bump regenerates it too.
 
+The same comparison runs again (marked slow: five fresh interpreters, minutes on a loaded
+machine) under each OpenBLAS kernel, OPENBLAS_CORETYPE unset, Haswell, Prescott and
+SkylakeX, and with numpy's AVX-512 code for exp and log turned off, each asserting
+(threadpoolctl, numpy's CPU feature table) what it really ran on (issue 42: the same secret
+must publish the same bytes on every machine; docs/privacy_testing.md, "Platform
+independence").
+
 Runs use relative paths from one working folder, so the spec echoed in the report is the
 same in every run and on every machine.
 """
@@ -178,15 +185,8 @@ def _all_records(tmp_path):
     return records
 
 
-def test_every_example_and_kind_publishes_the_baselines_bytes_and_draws_from_its_stages(
-        tmp_path):
-    records = _all_records(tmp_path)
-    if os.environ.get("THRESHER_WRITE_RELEASED_BYTES_BASELINE") == "1":
-        with open(BASELINE, "w", encoding="utf-8") as handle:
-            json.dump({"pyarrow": pa.__version__, "releases": records}, handle, indent=1,
-                      sort_keys=True)
-            handle.write("\n")
-        pytest.skip("baseline written (THRESHER_WRITE_RELEASED_BYTES_BASELINE=1)")
+def _changed(records):
+    """What differs from the committed baseline: {case: {what: how}} (empty: nothing)."""
     with open(BASELINE, encoding="utf-8") as handle:
         saved = json.load(handle)
     baseline = saved["releases"]
@@ -206,6 +206,108 @@ def test_every_example_and_kind_publishes_the_baselines_bytes_and_draws_from_its
         for file in files:
             if got[file] != want[file]:
                 changed.setdefault(name, {})[file] = "bytes differ"
+    return changed
+
+
+def test_every_example_and_kind_publishes_the_baselines_bytes_and_draws_from_its_stages(
+        tmp_path):
+    records = _all_records(tmp_path)
+    if os.environ.get("THRESHER_WRITE_RELEASED_BYTES_BASELINE") == "1":
+        with open(BASELINE, "w", encoding="utf-8") as handle:
+            json.dump({"pyarrow": pa.__version__, "releases": records}, handle, indent=1,
+                      sort_keys=True)
+            handle.write("\n")
+        pytest.skip("baseline written (THRESHER_WRITE_RELEASED_BYTES_BASELINE=1)")
+    changed = _changed(records)
     assert not changed, json.dumps(changed, indent=1)
     # every kind draws (a release that drew nothing would freeze nothing)
     assert all(r["drawing_stages"] for r in records.values())
+
+
+# -- the same bytes under every BLAS kernel and SIMD path (issue 42) --------------------------
+#
+# numpy's wheel bundles OpenBLAS (scipy-openblas), which picks its kernel per CPU when it loads;
+# OPENBLAS_CORETYPE overrides the pick. Kernels order a dot product's additions differently,
+# so a BLAS call anywhere on the path to a private choice or a published number shows up
+# here as other bytes (issue 42: heavy_hitters.yaml under Haswell and Prescott). numpy's own
+# float64 exp / log / expm1 / log1p take AVX-512 code where the CPU has it and the C
+# library's elsewhere (different last bits): one more run turns that dispatch off
+# (NPY_DISABLE_CPU_FEATURES), as on a CPU without AVX-512. Each run is a fresh interpreter
+# (both choices are fixed when the libraries load) that reports, through threadpoolctl and
+# numpy's CPU feature table, what it really ran on: a run that silently fell back to the
+# default would compare nothing new.
+
+# OPENBLAS_CORETYPE -> the names openblas_get_corename() gives that kernel (x86_64 builds
+# alias Prescott's kernel as Katmai, the first name of the pair it reports)
+KERNELS = {"Haswell": {"haswell"}, "Prescott": {"prescott", "katmai"},
+           "SkylakeX": {"skylakex"}}
+
+_CHILD = """
+import json, os, sys, tempfile, pathlib
+sys.path.insert(0, sys.argv[1])
+import test_released_bytes_frozen as frozen
+records = frozen._all_records(pathlib.Path(tempfile.mkdtemp(dir=sys.argv[2])))
+import threadpoolctl
+from numpy._core._multiarray_umath import __cpu_features__
+blas = [(i["filepath"], i.get("architecture")) for i in threadpoolctl.threadpool_info()
+        if i.get("internal_api") == "openblas"]
+print(json.dumps({"changed": frozen._changed(records), "openblas": blas,
+                  "simd": {k: bool(v) for k, v in __cpu_features__.items()}}))
+"""
+
+
+def _avx512_dispatch():
+    """numpy's dispatch targets that use AVX-512 on this CPU (empty without AVX-512)."""
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    return [t for t in __cpu_dispatch__ if __cpu_features__.get(t)
+            and (t.startswith("AVX512") or t == "X86_V4")]
+
+
+@pytest.mark.slow
+def test_every_openblas_kernel_and_simd_path_publishes_the_baselines_bytes(tmp_path):
+    """The frozen comparison above in fresh interpreters: OPENBLAS_CORETYPE unset, Haswell,
+    Prescott and SkylakeX (the last two only where the CPU has AVX-512: OpenBLAS would fall
+    back), and numpy's AVX-512 dispatch turned off; two at a time (the suite's machines have
+    two cores). Each must publish the baseline's bytes and have run on what it asked for."""
+    import subprocess
+    import sys
+    import threadpoolctl  # noqa: F401  (the dev extra; the children report through it)
+    avx512 = _avx512_dispatch()
+    runs = {"default": {}, "Haswell": {"OPENBLAS_CORETYPE": "Haswell"},
+            "Prescott": {"OPENBLAS_CORETYPE": "Prescott"}}
+    if avx512:
+        runs["SkylakeX"] = {"OPENBLAS_CORETYPE": "SkylakeX"}
+        runs["no AVX-512 in numpy"] = {"NPY_DISABLE_CPU_FEATURES": " ".join(avx512)}
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def start(extra):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("OPENBLAS_CORETYPE", "NPY_DISABLE_CPU_FEATURES",
+                            "THRESHER_WRITE_RELEASED_BYTES_BASELINE")}
+        env.update(extra)
+        return subprocess.Popen([sys.executable, "-c", _CHILD, here, str(tmp_path)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    results = {}
+    names = list(runs)
+    for i in range(0, len(names), 2):
+        running = {name: start(runs[name]) for name in names[i:i + 2]}
+        for name, proc in running.items():
+            out, err = proc.communicate()
+            assert proc.returncode == 0, f"{name}: {err[-3000:]}"
+            results[name] = json.loads(out.strip().splitlines()[-1])
+    used = set()
+    for name, result in results.items():
+        kernels = {arch.lower() for _, arch in result["openblas"]}
+        assert result["openblas"], f"{name}: no OpenBLAS loaded"
+        if name in KERNELS:
+            assert kernels <= KERNELS[name], (name, result["openblas"])
+        if name == "no AVX-512 in numpy":
+            assert not any(result["simd"].get(t) for t in avx512), result["simd"]
+        elif avx512:
+            assert all(result["simd"].get(t) for t in avx512), (name, result["simd"])
+        used |= kernels
+        assert not result["changed"], (f"{name} (kernel {sorted(kernels)}): "
+                                       + json.dumps(result["changed"], indent=1))
+    # at least three different kernels really ran (never one kernel four times)
+    assert len(used) >= 3, used

@@ -112,8 +112,9 @@ def _parser():
         "fetch", parents=[common],
         help="fetch job-server jars (Maven) / build Prism (go install) into the cache")
     fetch.add_argument("engine", nargs="+", choices=["flink", "spark", "prism"])
-    fetch.add_argument("--flink-version", default=None,
-                       help="the Flink major.minor of the Flink job server (default: Beam's newest)")
+    fetch.add_argument("--flink-version", default=None, choices=["1.19"],
+                       help="the Flink major.minor of the Flink job server: only those whose "
+                            "Beam runner jar the registry serves (default 1.19)")
     ledger = sub.add_parser("ledger", help="the privacy-budget ledger (spec section budget:)")
     ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
     show = ledger_sub.add_parser("show", parents=[common],

@@ -69,6 +69,10 @@ def _parser():
                "An option Beam does not know is an error. docs/running.md has each runner.")
     run.add_argument("config", help="release spec (YAML)")
     run.add_argument("--overwrite", action="store_true", help="replace an earlier release in output.path")
+    run.add_argument("--timeout", type=float, default=None, metavar="S",
+                     help="stop the run, and every process it started, if it has not "
+                          "finished after S seconds (nothing is published; for engines whose "
+                          "jobs can wait forever, docs/running.md, Engines)")
     run.add_argument("-q", "--quiet", action="store_true",
                      help="print only errors (no summary, no progress unless --progress)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -563,7 +567,9 @@ def _spec_command(args, beam_args):
     from thresher.pipelines.running import process
     process.prepare_pipeline()
     from thresher.pipelines.running.release import run
-    report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
+    from thresher.pipelines.running import engine_watch
+    with engine_watch.watched(beam_args, args.timeout):   # Flink/Spark/Prism failures, --timeout
+        report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
     if not args.quiet:
         from thresher.pipelines.reports import summary
         print("\n".join(summary.run_lines(report, spec.output.path, spec.input.keys,

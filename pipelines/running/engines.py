@@ -313,6 +313,26 @@ def job_server_flags(name, beam_args):
     return extra
 
 
+def check_ports(beam_args):
+    """EngineError (exit 2) when a port the user gave the job server (``--job_port``,
+    ``--artifact_port``, ``--expansion_port``) is taken on loopback: Beam would start the
+    job server three times, each failing to bind, and end in an internal error."""
+    import socket
+    from apache_beam.options.pipeline_options import JobServerOptions, PipelineOptions
+    options = PipelineOptions(list(beam_args)).view_as(JobServerOptions)
+    for flag in ("job_port", "artifact_port", "expansion_port"):
+        port = getattr(options, flag)
+        if not port or port < 0:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError as exc:
+                raise EngineError(f"--{flag}={port}: the port is in use on this machine "
+                                  f"({exc.strerror}); give a free port, or leave the flag out "
+                                  f"and Beam picks one; nothing was run") from None
+
+
 def loopback_environment(name):
     """Spark's driver binds to SPARK_LOCAL_IP, else to the address of the host name (a
     real interface): the launcher's environment, which Beam hands to the job server it
@@ -363,5 +383,6 @@ def complete_beam_args(beam_args, folder=None):
     if name == "prism":
         return list(beam_args) + [f"--{eng.flag}={path}"]
     require_java(f"--runner={runner}")
+    check_ports(beam_args)
     loopback_environment(name)
     return list(beam_args) + [f"--{eng.flag}={path}"] + job_server_flags(name, beam_args)

@@ -58,3 +58,41 @@ def stop(session, grace=15.0):
                 pid != os.getpid() for pid in members(session)):
             time.sleep(0.2)
     return signalled
+
+
+def descendants(pid):
+    """Every live process below ``pid`` (children, their children, ...)."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found, stack = [], list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        found.append(child)
+        stack.extend(children.get(child, []))
+    return found
+
+
+def stop_descendants(pid, grace=10.0):
+    """SIGTERM, then SIGKILL after ``grace`` s, to every process below ``pid``."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        alive = descendants(pid)
+        if not alive:
+            return
+        for child in alive:
+            try:
+                os.kill(child, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and descendants(pid):
+            time.sleep(0.2)

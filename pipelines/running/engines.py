@@ -333,11 +333,16 @@ def check_ports(beam_args):
                                   f"and Beam picks one; nothing was run") from None
 
 
-def loopback_environment(name):
+def loopback_environment(name, beam_args):
     """Spark's driver binds to SPARK_LOCAL_IP, else to the address of the host name (a
-    real interface): the launcher's environment, which Beam hands to the job server it
-    starts, names loopback unless the user set it."""
-    if name == "spark" and not os.environ.get("SPARK_LOCAL_IP"):
+    real interface): for a local Spark (``local``, ``local[N]``, Beam's default) the
+    launcher's environment, which Beam hands to the job server it starts, names loopback
+    unless the user set it. A cluster's executors must reach the driver: left alone."""
+    if name != "spark" or os.environ.get("SPARK_LOCAL_IP"):
+        return
+    from apache_beam.options.pipeline_options import PipelineOptions, SparkRunnerOptions
+    master = PipelineOptions(list(beam_args)).view_as(SparkRunnerOptions).spark_master_url
+    if master.startswith("local"):
         os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 
 
@@ -384,5 +389,5 @@ def complete_beam_args(beam_args, folder=None):
         return list(beam_args) + [f"--{eng.flag}={path}"]
     require_java(f"--runner={runner}")
     check_ports(beam_args)
-    loopback_environment(name)
+    loopback_environment(name, beam_args)
     return list(beam_args) + [f"--{eng.flag}={path}"] + job_server_flags(name, beam_args)

@@ -238,3 +238,43 @@ def test_a_client_past_its_time_limit_is_stopped(tmp_path, fake_clients, monkeyp
         engines.fetch(engines.engine("prism"), folder=str(tmp_path / "c"), say=lines.append)
     assert any("still running" in line for line in lines)
     assert os.listdir(tmp_path / "c") == []
+
+
+def test_engines_check_prints_json_and_exits_1_when_an_engine_differs(monkeypatch, capsys):
+    """The comparison and the exit code of ``thresher engines check`` (the runs themselves
+    are stand-ins here; the real ones: tests/distributed/test_engines_jvm.py)."""
+    from thresher.pipelines import cli
+    from thresher.pipelines.running import engine_check
+    seen = []
+
+    def fake_run(folder, spec, secret, beam_args, workers, timeout):
+        seen.append((secret, beam_args, workers))
+        differs = any("SparkRunner" in arg for arg in beam_args)
+        return 1.5, b"parquet" + (b"!" if differs else b""), b"{}"
+    monkeypatch.setattr(engine_check, "run_one", fake_run)
+    monkeypatch.setattr(engines, "complete_beam_args", lambda args, folder=None: list(args))
+    code = cli.main(["engines", "check", "flink", "spark", "--rows", "500", "--workers", "2",
+                     "--json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert [(r["engine"], r["workers"], r["rows"], r["identical"]) for r in rows] == [
+        ("in-process", 1, 500, None), ("flink", 2, 500, True), ("spark", 2, 500, False)]
+    assert len({secret for secret, _, _ in seen}) == 1 and len(seen[0][0]) == 32  # one secret
+    assert seen[0][1] == []                                 # the reference: in process
+    assert "--environment_type=EXTERNAL" in seen[1][1] and "--parallelism=2" in seen[1][1]
+    assert "--spark_master_url=local[2]" in seen[2][1]
+    same = cli.main(["engines", "check", "flink", "--rows", "500"])
+    assert same == 0 and "identical" in capsys.readouterr().out
+
+
+def test_a_job_port_in_use_is_refused_naming_it(tmp_path, fake_clients, monkeypatch):
+    import socket
+    env, _ = fake_clients
+    assert _cli(["engines", "fetch", "flink"], env, str(tmp_path)).returncode == 0
+    monkeypatch.setenv("THRESHER_ENGINES_DIR", env["THRESHER_ENGINES_DIR"])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(engines.EngineError, match=f"--job_port={port}: the port is in use"):
+            engines.complete_beam_args(["--runner=FlinkRunner", f"--job_port={port}"])

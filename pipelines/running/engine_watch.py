@@ -56,9 +56,16 @@ def watched(beam_args, timeout=None):
     """Run the body (the release) on the engine ``beam_args`` name, bounded by ``timeout``
     seconds when given; EngineRunError (exit 1) on an engine failure or past the bound."""
     name = engine_name(beam_args)
-    if name is None and timeout is None:
+    if name is None and timeout is not None:
+        raise ThresherError("--timeout bounds a run on Flink, Spark, Prism or a portable job "
+                            "server (it stops the processes the run started); the in-process "
+                            "runner has none to stop: leave --timeout out, or stop the "
+                            "command itself")
+    if name is None:
         yield
         return
+    if timeout is not None and not timeout > 0:
+        raise ThresherError(f"--timeout {timeout:g}: give a positive number of seconds")
     from thresher.pipelines.running import sessions
     expired = threading.Event()
     finished = threading.Event()

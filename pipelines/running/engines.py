@@ -133,8 +133,9 @@ def record(eng, folder=None):
     try:
         with open(manifest, encoding="utf-8") as handle:
             found = json.load(handle)
-        found["file"], found["sha256"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if not isinstance(found.get("file"), str) or not isinstance(found.get("sha256"), str):
+            raise ValueError("no file or sha256")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise EngineError(f"the cache record {manifest} is unreadable ({exc}); remove it and "
                           f"run thresher engines fetch {eng.fetch_words}") from None
     return found

@@ -97,7 +97,8 @@ def _stop_session(process):
 
 def run_one(folder, spec, secret, beam_args, workers, timeout):
     """One release in a child process under ``secret``; (seconds, released bytes, report
-    bytes). EngineError with the child's last lines when it fails or exceeds ``timeout``."""
+    bytes). EngineRunError (exit 1) with the child's last lines when it fails or exceeds
+    ``timeout``."""
     os.makedirs(folder, exist_ok=True)
     log_path = os.path.join(folder, "run.log")
     command = [sys.executable, "-m", "thresher.pipelines.running.engine_check", "--child",
@@ -120,7 +121,8 @@ def run_one(folder, spec, secret, beam_args, workers, timeout):
             tail = [line for line in handle.read().splitlines() if line.strip()][-5:]
         what = f"did not finish within {timeout:g} s (stopped)" if rc is None \
             else f"failed (exit {rc})"
-        raise EngineError(f"the run {' '.join(beam_args) or 'in process'} {what}: "
+        from thresher.pipelines.running.engine_watch import EngineRunError
+        raise EngineRunError(f"the run {' '.join(beam_args) or 'in process'} {what}: "
                           + " | ".join(tail)[-1500:])
     out = os.path.join(folder, "out")
     with open(os.path.join(out, "released.parquet"), "rb") as handle:

@@ -11,6 +11,7 @@
     thresher schema
     thresher report OUTPUT [--html [FILE] [--overwrite]]
     thresher engines fetch flink|spark|prism [...] [--flink-version X.Y]
+    thresher engines check flink|spark|prism... [--rows N] [--workers N] [--json]
 
 Usage and spec errors print one line naming the field and exit with code 2; no
 traceback unless ``--debug`` is given.
@@ -69,6 +70,10 @@ def _parser():
                "An option Beam does not know is an error. docs/running.md has each runner.")
     run.add_argument("config", help="release spec (YAML)")
     run.add_argument("--overwrite", action="store_true", help="replace an earlier release in output.path")
+    run.add_argument("--timeout", type=float, default=None, metavar="S",
+                     help="stop the run, and every process it started, if it has not "
+                          "finished after S seconds (nothing is published; for engines whose "
+                          "jobs can wait forever, docs/running.md, Engines)")
     run.add_argument("-q", "--quiet", action="store_true",
                      help="print only errors (no summary, no progress unless --progress)")
     run.add_argument("--period", type=int, default=None, metavar="P",
@@ -115,8 +120,24 @@ def _parser():
         "fetch", parents=[common],
         help="fetch job-server jars (Maven) / build Prism (go install) into the cache")
     fetch.add_argument("engine", nargs="+", choices=["flink", "spark", "prism"])
-    fetch.add_argument("--flink-version", default=None,
-                       help="the Flink major.minor of the Flink job server (default: Beam's newest)")
+    fetch.add_argument("--flink-version", default=None, choices=["1.19"],
+                       help="the Flink major.minor of the Flink job server: only those whose "
+                            "Beam runner jar the registry serves (default 1.19)")
+    check = engines_sub.add_parser(
+        "check", parents=[common],
+        help="one release of synthetic records under one fresh secret, in process and on "
+             "each engine: are the published bytes the same? (exit 1 when not)")
+    check.add_argument("engine", nargs="+", choices=["flink", "spark", "prism"])
+    check.add_argument("--rows", type=positive_rows, default=200_000, metavar="N",
+                       help="synthetic records (default 200,000)")
+    check.add_argument("--workers", type=positive_rows, default=1, metavar="N",
+                       help="Python SDK worker processes per engine run, and the engine's "
+                            "parallelism (default 1: the work runs in the launcher)")
+    check.add_argument("--timeout", type=float, default=1800.0, metavar="S",
+                       help="seconds per run before it is stopped (default 1800)")
+    check.add_argument("--json", action="store_true",
+                       help='print a JSON list of {"engine", "workers", "rows", "seconds", '
+                            '"identical"}')
     ledger = sub.add_parser("ledger", help="the privacy-budget ledger (spec section budget:)")
     ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
     show = ledger_sub.add_parser("show", parents=[common],
@@ -571,7 +592,9 @@ def _spec_command(args, beam_args):
     from thresher.pipelines.running import process
     process.prepare_pipeline()
     from thresher.pipelines.running.release import run
-    report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
+    from thresher.pipelines.running import engine_watch
+    with engine_watch.watched(beam_args, args.timeout):   # Flink/Spark/Prism failures, --timeout
+        report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
     if not args.quiet:
         from thresher.pipelines.reports import summary
         print("\n".join(summary.run_lines(report, spec.output.path, spec.input.keys,
@@ -602,6 +625,12 @@ def _continual_command(args, spec):
 
 def _engines_command(args):
     from thresher.pipelines.running import engines
+    if args.engines_command == "check":
+        from thresher.pipelines.running import engine_check
+        wanted = list(dict.fromkeys(args.engine))
+        results = engine_check.check(wanted, args.rows, args.workers, timeout=args.timeout)
+        print(json.dumps(results) if args.json else engine_check.format_results(results))
+        return 0 if all(row["identical"] is not False for row in results) else 1
     for name in args.engine:
         eng = engines.engine(name, flink_version=args.flink_version if name == "flink" else None)
         path = engines.fetch(eng)

@@ -33,6 +33,7 @@ import threading
 import time
 
 from thresher.pipelines.errors import ThresherError
+from thresher.pipelines.running import jvm_engines
 
 MAVEN_TIMEOUT = 900      # s: one job-server jar is ~100-250 MB
 GO_TIMEOUT = 1800        # s: Prism compiles from source; ~5-10 min on 2 busy cores
@@ -60,32 +61,34 @@ def beam_version():
 
 
 def default_flink_version():
-    """The Flink major.minor Beam's FlinkRunner uses unless ``--flink_version`` is given."""
-    from apache_beam.options.pipeline_options import FlinkRunnerOptions
-    return FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS[-1]
+    """The Flink major.minor fetched unless ``--flink-version`` is given: the newest whose
+    Beam runner jar the registry serves (pipelines/running/jvm_engines.py)."""
+    return jvm_engines.FLINK_VERSIONS[0]
 
 
 def flink_versions():
-    from apache_beam.options.pipeline_options import FlinkRunnerOptions
-    return list(FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS)
+    return list(jvm_engines.FLINK_VERSIONS)
 
 
 def engine(name, version=None, flink_version=None):
-    """The :class:`Engine` for ``flink``, ``spark`` or ``prism`` at Beam ``version``."""
+    """The :class:`Engine` for ``flink``, ``spark`` or ``prism`` at Beam ``version``.
+
+    Flink and Spark: the job server built from the newest served runner jar
+    (:mod:`jvm_engines`); ``source`` names it and its pins."""
     version = version or beam_version()
-    if name == "flink":
-        mm = flink_version or default_flink_version()
-        if mm not in flink_versions():
-            raise EngineError(f"Flink {mm} has no Beam {version} job server; Beam knows "
-                              f"{', '.join(flink_versions())}")
-        artifact = f"beam-runners-flink-{mm}-job-server"
-        words = "flink" if mm == default_flink_version() else f"flink --flink-version {mm}"
-        return Engine(f"flink-{mm}", "flink_job_server_jar",
-                      f"org.apache.beam:{artifact}:{version}", f"{artifact}-{version}.jar", words)
-    if name == "spark":
-        artifact = "beam-runners-spark-3-job-server"
-        return Engine("spark-3", "spark_job_server_jar", f"org.apache.beam:{artifact}:{version}",
-                      f"{artifact}-{version}.jar", "spark")
+    if name in ("flink", "spark"):
+        if name == "flink":
+            mm = flink_version or default_flink_version()
+            if mm not in flink_versions():
+                raise EngineError(f"--flink-version {mm}: no Beam Flink runner jar for it is "
+                                  f"served by the registry; served: {', '.join(flink_versions())}")
+            key = f"flink-{mm}"
+            words = "flink" if mm == default_flink_version() else f"flink --flink-version {mm}"
+            flag = "flink_job_server_jar"
+        else:
+            key, words, flag = "spark-3", "spark", "spark_job_server_jar"
+        jvm = jvm_engines.candidates(key)[0]
+        return Engine(key, flag, jvm.source(), jvm.jar_name, words)
     if name == "prism":
         return Engine("prism", "prism_location", f"{PRISM_PACKAGE}@v{version}", "prism", "prism")
     raise EngineError(f"unknown engine {name!r}; thresher fetches flink, spark and prism")
@@ -111,24 +114,7 @@ def _manifest_path(folder, eng):
     return os.path.join(folder, f"{eng.name}.json")
 
 
-def cached(eng, folder=None):
-    """The verified path of ``eng``'s cached file, or None when it was never fetched.
-
-    EngineError when the file differs from the sha256 recorded when it was fetched."""
-    folder = folder or cache_dir()
-    manifest = _manifest_path(folder, eng)
-    if not os.path.exists(manifest):
-        return None
-    try:
-        with open(manifest, encoding="utf-8") as handle:
-            record = json.load(handle)
-        path = os.path.join(folder, record["file"])
-        expected = record["sha256"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise EngineError(f"the cache record {manifest} is unreadable ({exc}); remove it and "
-                          f"run thresher engines fetch {eng.fetch_words}") from None
-    if record.get("source") != eng.source:
-        return None     # fetched for another version: not this one
+def _check_sha(path, expected, manifest, eng):
     if not os.path.isfile(path):
         raise EngineError(f"{path} is missing though {manifest} records it; run "
                           f"thresher engines fetch {eng.fetch_words}")
@@ -137,6 +123,42 @@ def cached(eng, folder=None):
         raise EngineError(f"{path} has sha256 {actual}, not the {expected} recorded when it "
                           f"was fetched: it changed since; remove it and run "
                           f"thresher engines fetch {eng.fetch_words}")
+
+
+def record(eng, folder=None):
+    """The cache record of ``eng`` (a dict) or None when it was never fetched here."""
+    manifest = _manifest_path(folder or cache_dir(), eng)
+    if not os.path.exists(manifest):
+        return None
+    try:
+        with open(manifest, encoding="utf-8") as handle:
+            found = json.load(handle)
+        if not isinstance(found.get("file"), str) or not isinstance(found.get("sha256"), str):
+            raise ValueError("no file or sha256")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise EngineError(f"the cache record {manifest} is unreadable ({exc}); remove it and "
+                          f"run thresher engines fetch {eng.fetch_words}") from None
+    return found
+
+
+def cached(eng, folder=None):
+    """The verified path of ``eng``'s cached file, or None when it was never fetched.
+
+    EngineError when the file, or any jar of a job server's classpath, differs from the
+    sha256 recorded when it was fetched."""
+    folder = folder or cache_dir()
+    manifest = _manifest_path(folder, eng)
+    found = record(eng, folder)
+    if found is None or found.get("source") != eng.source:
+        return None     # never fetched, or fetched for another version: not this one
+    path = os.path.join(folder, found["file"])
+    _check_sha(path, found["sha256"], manifest, eng)
+    jars = found.get("jars", {})
+    if not isinstance(jars, dict):
+        raise EngineError(f"the cache record {manifest} is unreadable (jars); remove it and "
+                          f"run thresher engines fetch {eng.fetch_words}")
+    for name, digest in sorted(jars.items()):
+        _check_sha(os.path.join(folder, name), digest, manifest, eng)
     return path
 
 
@@ -182,18 +204,42 @@ def _run_client(command, env, timeout, label, say):
     say(f"{label}: done in {time.monotonic() - started:.0f} s")
 
 
-def _fetch_maven(eng, scratch, say):
-    group, artifact, version = eng.source.split(":")
-    command = ["mvn", "-B", "-C", "--no-transfer-progress", "-Dstyle.color=never",
-               # -C: fail on a checksum that does not match the registry's
-               "org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy",
-               f"-Dartifact={eng.source}:jar", f"-DoutputDirectory={scratch}",
-               "-Dmdep.overWriteReleases=true", "-Dtransitive=false"]
-    _run_client(command, dict(os.environ), MAVEN_TIMEOUT, f"fetch {eng.name}", say)
-    path = os.path.join(scratch, f"{artifact}-{version}.jar")
-    if not os.path.isfile(path):
-        raise EngineError(f"fetch {eng.name}: Maven finished but {path} is not there")
-    return path
+def _tool_version(command):
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (done.stdout + done.stderr).strip().splitlines()
+    return text[0].strip() if text else None
+
+
+def require_java(what):
+    """EngineError (exit 2) naming what to install when ``java`` is not on PATH."""
+    if shutil.which("java") is None:
+        raise EngineError(f"{what} needs Java 17 (`java` is not on PATH): install a JDK or "
+                          f"JRE 17, e.g. `apt-get install openjdk-17-jre-headless`")
+
+
+def _fetch_maven(eng, scratch, folder, say):
+    """Resolve the job server's classpath with Maven into ``scratch``, then assemble it in
+    ``folder``; returns (manifest jar path, extra record fields)."""
+    missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
+    if missing:
+        raise EngineError(
+            f"thresher engines fetch {eng.fetch_words} needs Java 17 and Maven; not on PATH: "
+            f"{', '.join(missing)}. Install them (e.g. `apt-get install "
+            f"openjdk-17-jdk-headless maven`) and fetch again; nothing was fetched")
+    jvm = jvm_engines.candidates(eng.name)[0]
+    with open(os.path.join(scratch, "pom.xml"), "w", encoding="utf-8") as handle:
+        handle.write(jvm_engines.pom_xml(jvm))
+    _run_client(jvm_engines.maven_command(scratch, os.path.join(scratch, "lib")),
+                dict(os.environ), MAVEN_TIMEOUT, f"fetch {eng.name}", say)
+    path, jars = jvm_engines.assemble(jvm, scratch, folder)
+    extra = {"runner": jvm.coordinates, "pins": jvm.pins, "main_class": jvm.main_class,
+             "java": _tool_version(["java", "-version"]),
+             "maven": _tool_version(["mvn", "-v"]),
+             "jars": {name: sha256_of(os.path.join(folder, name)) for name in jars}}
+    return path, extra
 
 
 def _fetch_go(eng, scratch, say):
@@ -215,36 +261,97 @@ def fetch(eng, folder=None, say=None):
     folder = folder or cache_dir()
     path = cached(eng, folder)
     if path is not None:
-        say(f"{eng.name}: {path} already fetched, sha256 verified")
+        extra = len(record(eng, folder).get("jars", {}))
+        say(f"{eng.name}: {path} already fetched, sha256 verified"
+            + (f" (and the {extra} jars of its classpath)" if extra else ""))
         return path
     os.makedirs(folder, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=f".{eng.name}-", dir=folder)
     try:
-        got = (_fetch_go if eng.name == "prism" else _fetch_maven)(eng, scratch, say)
-        digest = sha256_of(got)
-        final = os.path.join(folder, eng.file_name)
-        os.replace(got, final)
         if eng.name == "prism":
+            got, extra = _fetch_go(eng, scratch, say), {}
+            final = os.path.join(folder, eng.file_name)
+            os.replace(got, final)
             os.chmod(final, 0o755)
-        record = {"engine": eng.name, "source": eng.source, "file": eng.file_name,
-                  "sha256": digest, "bytes": os.path.getsize(final)}
+        else:
+            final, extra = _fetch_maven(eng, scratch, folder, say)
+        digest = sha256_of(final)
+        entry = {"engine": eng.name, "source": eng.source, "file": eng.file_name,
+                 "sha256": digest, "bytes": os.path.getsize(final), **extra}
         manifest = _manifest_path(folder, eng)
         with open(manifest + ".tmp", "w", encoding="utf-8") as handle:
-            json.dump(record, handle, indent=2)
+            json.dump(entry, handle, indent=2)
         os.replace(manifest + ".tmp", manifest)   # the record last: a half fetch has none
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    say(f"{eng.name}: cached {final} ({record['bytes']} bytes, sha256 {digest})")
+    jars = len(entry.get("jars", {}))
+    say(f"{eng.name}: cached {final} ({entry['bytes']} bytes, sha256 {digest})"
+        + (f" and its classpath of {jars} jars, each sha256 recorded in "
+           f"{_manifest_path(folder, eng)}" if jars else ""))
     return final
 
 
 _RUNNER_ENGINE = {"flinkrunner": "flink", "sparkrunner": "spark", "prismrunner": "prism"}
 
 
+def _given(beam_args, flag):
+    """Whether the user wrote ``--flag`` (as ``--flag=V`` or ``--flag V``)."""
+    return any(arg == f"--{flag}" or arg.startswith(f"--{flag}=") for arg in beam_args)
+
+
+def job_server_flags(name, beam_args):
+    """What a job server thresher's cache starts needs besides its jar: Flink 1.19 (the
+    only Flink whose runner jar is served), no Java expansion service (a thresher release
+    has no cross-language transform; it would be one more listening port), Spark's UI
+    off; each only when the user gave none."""
+    extra = []
+    if name == "flink" and not _given(beam_args, "flink_version"):
+        extra.append(f"--flink_version={default_flink_version()}")
+    if not _given(beam_args, "expansion_port"):
+        extra.append("--expansion_port=-1")
+    if name == "spark":
+        extra.append("--job_server_jvm_property=-Dspark.ui.enabled=false")
+    return extra
+
+
+def check_ports(beam_args):
+    """EngineError (exit 2) when a port the user gave the job server (``--job_port``,
+    ``--artifact_port``, ``--expansion_port``) is taken on loopback: Beam would start the
+    job server three times, each failing to bind, and end in an internal error."""
+    import socket
+    from apache_beam.options.pipeline_options import JobServerOptions, PipelineOptions
+    options = PipelineOptions(list(beam_args)).view_as(JobServerOptions)
+    for flag in ("job_port", "artifact_port", "expansion_port"):
+        port = getattr(options, flag)
+        if not port or port < 0:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError as exc:
+                raise EngineError(f"--{flag}={port}: the port is in use on this machine "
+                                  f"({exc.strerror}); give a free port, or leave the flag out "
+                                  f"and Beam picks one; nothing was run") from None
+
+
+def loopback_environment(name, beam_args):
+    """Spark's driver binds to SPARK_LOCAL_IP, else to the address of the host name (a
+    real interface): for a local Spark (``local``, ``local[N]``, Beam's default) the
+    launcher's environment, which Beam hands to the job server it starts, names loopback
+    unless the user set it. A cluster's executors must reach the driver: left alone."""
+    if name != "spark" or os.environ.get("SPARK_LOCAL_IP"):
+        return
+    from apache_beam.options.pipeline_options import PipelineOptions, SparkRunnerOptions
+    master = PipelineOptions(list(beam_args)).view_as(SparkRunnerOptions).spark_master_url
+    if master.startswith("local"):
+        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+
+
 def complete_beam_args(beam_args, folder=None):
     """``beam_args`` plus the cached engine's flag for a Flink, Spark or Prism run that
-    names none; EngineError (exit 2) naming the flag and the fetch command when nothing is
-    cached. Other runners' flags come back unchanged."""
+    names none (and, for a job server from the cache, :func:`job_server_flags`);
+    EngineError (exit 2) naming the flag and the fetch command when nothing is cached.
+    Other runners' flags come back unchanged."""
     from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PipelineOptions,
                                                       PortableOptions, PrismRunnerOptions,
                                                       SparkRunnerOptions, StandardOptions)
@@ -257,7 +364,11 @@ def complete_beam_args(beam_args, folder=None):
         return list(beam_args)
     if name == "flink":
         given = options.view_as(FlinkRunnerOptions).flink_job_server_jar
-        eng = engine("flink", flink_version=options.view_as(FlinkRunnerOptions).flink_version)
+        mm = options.view_as(FlinkRunnerOptions).flink_version \
+            if _given(beam_args, "flink_version") else None
+        if given or options.view_as(PortableOptions).job_endpoint:
+            return list(beam_args)
+        eng = engine("flink", flink_version=mm)
     elif name == "spark":
         given = options.view_as(SparkRunnerOptions).spark_job_server_jar
         eng = engine("spark")
@@ -275,4 +386,9 @@ def complete_beam_args(beam_args, folder=None):
             f"outside the package registries. Run `thresher engines fetch {eng.fetch_words}` "
             f"once (it caches {eng.source} in {folder or cache_dir()}), or give "
             f"--{eng.flag}=PATH; nothing was run")
-    return list(beam_args) + [f"--{eng.flag}={path}"]
+    if name == "prism":
+        return list(beam_args) + [f"--{eng.flag}={path}"]
+    require_java(f"--runner={runner}")
+    check_ports(beam_args)
+    loopback_environment(name, beam_args)
+    return list(beam_args) + [f"--{eng.flag}={path}"] + job_server_flags(name, beam_args)

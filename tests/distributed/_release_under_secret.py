@@ -23,6 +23,8 @@ def main(argv):
     own, beam_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
         else (argv, [])
     spec_path, secret_hex = own
+    from thresher.pipelines.running import engines
+    beam_args = engines.complete_beam_args(beam_args)   # as `thresher run` does
     release.run(make_plan(spec_mod.load(spec_path)), beam_args,
                 rng_factory=KeyedSource(bytes.fromhex(secret_hex)))
 

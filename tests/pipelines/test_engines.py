@@ -45,12 +45,14 @@ def fake_clients(tmp_path):
         echo "mvn $*" >> {log}
         for a in "$@"; do
           case "$a" in
-            -Dartifact=*) art="${{a#-Dartifact=}}" ;;
             -DoutputDirectory=*) out="${{a#-DoutputDirectory=}}" ;;
           esac
         done
-        name=$(echo "$art" | cut -d: -f2); ver=$(echo "$art" | cut -d: -f3)
-        printf 'jar %s' "$art" > "$out/$name-$ver.jar"
+        pom=$(dirname "$out")/pom.xml
+        mkdir -p "$out"
+        for art in $(grep -o '<artifactId>[^<]*</artifactId><version>[^<]*' "$pom" | sed 's#<artifactId>##; s#</artifactId><version>#-#'); do
+          printf 'jar %s' "$art" > "$out/$art.jar"
+        done
     """)
     env = dict(os.environ)
     env["PATH"] = str(bin_dir) + os.pathsep + env["PATH"]
@@ -115,20 +117,63 @@ def test_fetch_caches_with_a_sha256_and_a_second_fetch_only_verifies(tmp_path, f
     assert len(_calls(log)) == 1                     # no second go install
 
 
-def test_fetch_flink_and_spark_use_maven_with_strict_checksums(tmp_path, fake_clients):
+def test_fetch_flink_and_spark_resolve_the_runner_jars_with_maven(tmp_path, fake_clients):
+    """A pom naming the served runner jar (and the pinned job service), Maven's
+    copy-dependencies with strict checksums, a manifest-only jar whose Class-Path is every
+    copied jar, and a record of each jar's sha256."""
+    import zipfile
     env, log = fake_clients
-    done = _cli(["engines", "fetch", "flink", "spark", "--flink-version", "1.20"], env,
-                str(tmp_path))
+    done = _cli(["engines", "fetch", "flink", "spark"], env, str(tmp_path))
     assert done.returncode == 0, done.stderr
-    version = engines.beam_version()
-    calls = _calls(log)
+    calls = [c for c in _calls(log) if c != "mvn -v"]    # -v: the version recorded
     assert len(calls) == 2 and all(c.startswith("mvn -B -C ") for c in calls)
-    assert f"-Dartifact=org.apache.beam:beam-runners-flink-1.20-job-server:{version}:jar" in calls[0]
-    assert f"-Dartifact=org.apache.beam:beam-runners-spark-3-job-server:{version}:jar" in calls[1]
-    folder = os.path.join(env["THRESHER_ENGINES_DIR"], version)
-    assert sorted(f for f in os.listdir(folder)) == sorted([
-        "flink-1.20.json", f"beam-runners-flink-1.20-job-server-{version}.jar",
-        "spark-3.json", f"beam-runners-spark-3-job-server-{version}.jar"])
+    assert all("maven-dependency-plugin:3.6.1:copy-dependencies" in c for c in calls)
+    folder = os.path.join(env["THRESHER_ENGINES_DIR"], engines.beam_version())
+    flink = json.load(open(os.path.join(folder, "flink-1.19.json")))
+    assert flink["runner"] == "org.apache.beam:beam-runners-flink-1.19:2.70.0"
+    assert flink["pins"] == {"org.apache.beam:beam-runners-java-job-service": "2.65.0"}
+    assert "flink-1.19-lib/beam-runners-flink-1.19-2.70.0.jar" in flink["jars"]
+    assert all(name.startswith("flink-1.19-lib/") for name in flink["jars"])
+    for name, digest in flink["jars"].items():
+        assert hashlib.sha256(open(os.path.join(folder, name), "rb").read()).hexdigest() == digest
+    jar = os.path.join(folder, flink["file"])
+    assert done.stdout.splitlines()[0] == f"flink-1.19: --flink_job_server_jar={jar}"
+    with zipfile.ZipFile(jar) as handle:
+        assert handle.namelist() == ["META-INF/MANIFEST.MF"]
+        manifest = handle.read("META-INF/MANIFEST.MF").decode().replace("\r\n ", "")
+    assert "Main-Class: org.apache.beam.runners.flink.FlinkJobServerDriver" in manifest
+    assert "Class-Path: flink-1.19-lib/beam-runners-flink-1.19-2.70.0.jar" in manifest
+    assert "Add-Opens: java.base/java.lang " in manifest
+    spark = json.load(open(os.path.join(folder, "spark-3.json")))
+    assert "flink-1.19-lib/" not in json.dumps(spark["jars"])
+    assert "spark-3-lib/spark-core_2.12-3.5.0.jar" in spark["jars"]
+    # a second fetch only verifies; a changed jar of the classpath is refused
+    again = _cli(["engines", "fetch", "flink"], env, str(tmp_path))
+    assert again.returncode == 0 and "already fetched, sha256 verified" in again.stderr
+    assert len([c for c in _calls(log) if c != "mvn -v"]) == 2
+    with open(os.path.join(folder, "spark-3-lib/spark-core_2.12-3.5.0.jar"), "ab") as handle:
+        handle.write(b"!")
+    changed = _cli(["engines", "fetch", "spark"], env, str(tmp_path))
+    assert changed.returncode == 2 and "changed since" in changed.stderr
+    assert "spark-core_2.12-3.5.0.jar" in changed.stderr
+
+
+def test_fetch_without_java_or_maven_names_what_to_install(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.symlink(sys.executable, bin_dir / "python")
+    env = dict(os.environ, PATH=str(bin_dir), THRESHER_ENGINES_DIR=str(tmp_path / "c"))
+    done = _cli(["engines", "fetch", "flink"], env, str(tmp_path))
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "needs Java 17 and Maven; not on PATH: java, mvn" in last and "apt-get install" in last
+    assert "Traceback" not in done.stderr
+
+
+def test_an_unserved_flink_version_is_refused_with_the_served_ones(tmp_path, fake_clients):
+    env, log = fake_clients
+    done = _cli(["engines", "fetch", "flink", "--flink-version", "1.20"], env, str(tmp_path))
+    assert done.returncode == 2 and "1.19" in done.stderr and not _calls(log)
 
 
 def test_run_gets_the_cached_flag_unless_the_user_gave_one(tmp_path, fake_clients, monkeypatch):
@@ -142,7 +187,9 @@ def test_run_gets_the_cached_flag_unless_the_user_gave_one(tmp_path, fake_client
     mine = ["--runner=PrismRunner", "--prism_location=/opt/prism"]
     assert engines.complete_beam_args(mine) == mine
     spark = engines.complete_beam_args(["--runner=SparkRunner", "--spark_master_url=local[2]"])
-    assert spark[-1].startswith("--spark_job_server_jar=" + folder)
+    assert spark[2].startswith("--spark_job_server_jar=" + folder)
+    assert "--expansion_port=-1" in spark and os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"
+    assert "--job_server_jvm_property=-Dspark.ui.enabled=false" in spark
     # a job server the user started (--job_endpoint) needs no jar here
     ep = ["--runner=FlinkRunner", "--job_endpoint=localhost:8099"]
     assert engines.complete_beam_args(ep) == ep
@@ -191,3 +238,43 @@ def test_a_client_past_its_time_limit_is_stopped(tmp_path, fake_clients, monkeyp
         engines.fetch(engines.engine("prism"), folder=str(tmp_path / "c"), say=lines.append)
     assert any("still running" in line for line in lines)
     assert os.listdir(tmp_path / "c") == []
+
+
+def test_engines_check_prints_json_and_exits_1_when_an_engine_differs(monkeypatch, capsys):
+    """The comparison and the exit code of ``thresher engines check`` (the runs themselves
+    are stand-ins here; the real ones: tests/distributed/test_engines_jvm.py)."""
+    from thresher.pipelines import cli
+    from thresher.pipelines.running import engine_check
+    seen = []
+
+    def fake_run(folder, spec, secret, beam_args, workers, timeout):
+        seen.append((secret, beam_args, workers))
+        differs = any("SparkRunner" in arg for arg in beam_args)
+        return 1.5, b"parquet" + (b"!" if differs else b""), b"{}"
+    monkeypatch.setattr(engine_check, "run_one", fake_run)
+    monkeypatch.setattr(engines, "complete_beam_args", lambda args, folder=None: list(args))
+    code = cli.main(["engines", "check", "flink", "spark", "--rows", "500", "--workers", "2",
+                     "--json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert [(r["engine"], r["workers"], r["rows"], r["identical"]) for r in rows] == [
+        ("in-process", 1, 500, None), ("flink", 2, 500, True), ("spark", 2, 500, False)]
+    assert len({secret for secret, _, _ in seen}) == 1 and len(seen[0][0]) == 32  # one secret
+    assert seen[0][1] == []                                 # the reference: in process
+    assert "--environment_type=EXTERNAL" in seen[1][1] and "--parallelism=2" in seen[1][1]
+    assert "--spark_master_url=local[2]" in seen[2][1]
+    same = cli.main(["engines", "check", "flink", "--rows", "500"])
+    assert same == 0 and "identical" in capsys.readouterr().out
+
+
+def test_a_job_port_in_use_is_refused_naming_it(tmp_path, fake_clients, monkeypatch):
+    import socket
+    env, _ = fake_clients
+    assert _cli(["engines", "fetch", "flink"], env, str(tmp_path)).returncode == 0
+    monkeypatch.setenv("THRESHER_ENGINES_DIR", env["THRESHER_ENGINES_DIR"])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(engines.EngineError, match=f"--job_port={port}: the port is in use"):
+            engines.complete_beam_args(["--runner=FlinkRunner", f"--job_port={port}"])

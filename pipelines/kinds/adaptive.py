@@ -18,6 +18,7 @@ import pyarrow as pa
 from thresher.accounting import adaptive as ad
 from thresher.accounting import weighted_gaussian as wg
 from thresher.pipelines.specs import declare
+from thresher.pipelines.planning import limits
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds.base import UsersKind
 from thresher.pipelines.specs.fields import optional_float, optional_int
@@ -154,6 +155,8 @@ def release_users(users, params, max_keys_per_user, key_columns, num_shards, mec
 class Adaptive(UsersKind):
     """Weighted Gaussian selection over rounds (module docstring)."""
     name = "adaptive"
+    INTERVAL = "count_stage"
+    COMPOSITION_NOTE = "its rounds and count, inside its one stage, compose by f-DP"
     FIELDS, OUTPUT_COLUMNS, SCORE = FIELDS, OUTPUT_COLUMNS, SCORE
     AUTO_MAX_BOUND, AUTO_MIN_BOUND = AUTO_MAX_BOUND, AUTO_MIN_BOUND
     AUTO_EPSILON_FRACTION = AUTO_EPSILON_FRACTION
@@ -161,6 +164,10 @@ class Adaptive(UsersKind):
     check_spec = staticmethod(check_spec)
     calibrate = staticmethod(calibrate)
     release_users = staticmethod(release_users)
+    MAX_KEYS = limits.WEIGHTED_GAUSSIAN_MAX_KEYS
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        limits.check_adaptive(spec, epsilon, delta, max_keys_per_user)
 
     def privacy_record(self, mechanism, stages, max_keys_per_user):
         """``accounting.zcdp.adaptive_record``: every round and the count column."""

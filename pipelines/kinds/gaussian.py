@@ -16,6 +16,7 @@ import math
 import pyarrow as pa
 
 from thresher.accounting import correlated_gshm, gshm, plain_gshm
+from thresher.pipelines.planning import limits
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.specs import declare
@@ -192,12 +193,22 @@ def release(counts, params, key_columns):
 class Gaussian(CountsKind):
     """The Gaussian sparse histogram mechanism (module docstring)."""
     name = "gaussian"
+    INTERVAL = "noisy_count"
+    PUBLIC_DOMAIN_NOISE = AGGREGATE_NOISE = "gaussian"
     FIELDS, OUTPUT_COLUMNS, NOISES = FIELDS, OUTPUT_COLUMNS, NOISES
     parse = staticmethod(parse)
     check_spec = staticmethod(check_spec)
     calibrate = staticmethod(calibrate)
     verify_calibration = staticmethod(verify_calibration)
     release = staticmethod(release)
+    SCORE = "gaussian"          # the V(C) score model of the automatic bound
+
+    def check_limits(self, mechanism):
+        limits.check_gaussian_fields(mechanism)
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        limits.check_gaussian_release(spec, epsilon, delta, max_keys_per_user, field,
+                                      self.MAX_KEYS)
 
     def privacy_record(self, mechanism, stages, max_keys_per_user):
         """``accounting.zcdp.gaussian_record``: independent noise, over public keys, or

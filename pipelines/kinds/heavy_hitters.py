@@ -139,7 +139,7 @@ def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
     (sampling_rate, threshold) meeting (epsilon, delta) over the user's C x levels cells
     (accounting.sample_threshold.trie); adaptive, the smallest round threshold over the
     grid weight of a user with C keys (Gopi et al. 2020 weights floor(S / sqrt(C))), inf
-    above the adaptive kind's planning limit (limits.MAX_KEYS["adaptive"])."""
+    above the adaptive kind's planning limit (limits.WEIGHTED_GAUSSIAN_MAX_KEYS)."""
     from thresher.accounting import adaptive as ad
     from thresher.accounting import sample_threshold
     from thresher.accounting import weighted_gaussian as wg
@@ -152,7 +152,7 @@ def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
         out["trie"] = trie_point(epsilon, delta, prefix_levels, max_keys_per_user)["release_point"]
     except ValueError:
         out["trie"] = float("inf")
-    if max_keys_per_user > limits.MAX_KEYS["adaptive"]:
+    if max_keys_per_user > limits.WEIGHTED_GAUSSIAN_MAX_KEYS:
         # beyond the adaptive kind's planning limit its calibration runs for minutes (C =
         # 1e5 at epsilon 100: > 90 s); the method is then out of the running
         out["adaptive"] = float("inf")
@@ -251,7 +251,7 @@ def check_spec(mechanism, input_spec, bounding, privacy):
     if mechanism.get("method") != "adaptive":
         choose_schedule(mechanism)
     if mechanism.get("method") is None and not limits.release_fits(
-            "heavy_hitters", level_structure(mechanism), privacy.epsilon, privacy.delta,
+            HeavyHitters.MAX_KEYS, level_structure(mechanism), privacy.epsilon, privacy.delta,
             bounding.max_keys_per_user):
         # beyond the planning limits no method is chosen (that would calibrate at the
         # refused bound / table length, for minutes): the plan's limits.check_release
@@ -460,6 +460,9 @@ def release_stages(records, plan, num_shards, rng_factory=None):
 class HeavyHitters(StagesKind):
     """TrieHH++ or adaptive top keys (module docstring)."""
     name = "heavy_hitters"
+    NO_INTERVAL = ("no interval: the published keys are the top_k by their noisy count, a "
+                   "selection on the released value itself, so a plain interval would "
+                   "under-cover the winners; no selection-aware interval is derived yet")
     FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
     parse = staticmethod(parse)
     check_spec = staticmethod(check_spec)
@@ -467,6 +470,14 @@ class HeavyHitters(StagesKind):
     level_structure = staticmethod(level_structure)
     calibrate = staticmethod(calibrate)
     verify_calibration = staticmethod(verify_calibration)
+
+    def check_limits(self, mechanism):
+        limits.check_given_threshold(self.name, mechanism)
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        limits.check_adaptive_method(spec, max_keys_per_user, field, self.MAX_KEYS)
+        limits.check_levels(spec, epsilon, delta, max_keys_per_user, field,
+                            self.level_structure(spec.mechanism), self.MAX_KEYS)
 
     def stage_budget(self, budget, mechanism, *, public_domain=False):
         return stage_budget(budget, mechanism)

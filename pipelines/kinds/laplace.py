@@ -9,6 +9,7 @@ actually drawn.
 import pyarrow as pa
 
 from thresher.accounting import laplace_threshold
+from thresher.pipelines.planning import limits
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.kinds.base import RELEASE_STAGE, CountsKind
 from thresher.pipelines.specs import declare
@@ -104,11 +105,16 @@ def stage_budget(budget, mechanism, *, public_domain=False):
 class Laplace(CountsKind):
     """Laplace thresholding (module docstring)."""
     name = "laplace"
+    INTERVAL = "noisy_count"
+    PUBLIC_DOMAIN_NOISE = AGGREGATE_NOISE = "laplace"
     FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
     parse = staticmethod(parse)
     calibrate = staticmethod(calibrate)
     verify_calibration = staticmethod(verify_calibration)
     release = staticmethod(release)
+
+    def check_limits(self, mechanism):
+        limits.check_laplace_fields(mechanism)
 
     def stage_budget(self, budget, mechanism, *, public_domain=False):
         return stage_budget(budget, mechanism, public_domain=public_domain)

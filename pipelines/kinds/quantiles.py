@@ -46,6 +46,7 @@ import math
 import numpy as np
 import pyarrow as pa
 
+from thresher.pipelines.planning import limits
 from thresher.pipelines.errors import CalibrationError, InputError, SpecError
 from thresher.pipelines.kinds import _levels
 from thresher.pipelines.kinds.base import StagesKind, whole_user_limit
@@ -629,6 +630,11 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
 class Quantiles(StagesKind):
     """Differentially private quantiles (module docstring)."""
     name = "quantiles"
+    VALUE_COLUMN = "value"
+    OWN_PUBLIC_KEYS = True
+    NO_INTERVAL = ("no interval derived yet for quantile values (the noisy hierarchical "
+                   "counts behind them are post-processed: consistency, isotonic, "
+                   "interpolation)")
     FIELDS, OUTPUT_COLUMNS, REQUIRED, KEYS_OPTIONAL = FIELDS, OUTPUT_COLUMNS, REQUIRED, KEYS_OPTIONAL
     WRITES_NOTES, NOTES_FILE = WRITES_NOTES, NOTES_FILE
     parse = staticmethod(parse)
@@ -638,6 +644,13 @@ class Quantiles(StagesKind):
     calibrate = staticmethod(calibrate)
     release_stages = staticmethod(release_stages)
     apply_notes = staticmethod(apply_notes)
+
+    def check_limits(self, mechanism):
+        limits.check_given_threshold(self.name, mechanism)
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        limits.check_levels(spec, epsilon, delta, max_keys_per_user, field,
+                            self.level_structure(spec.mechanism), self.MAX_KEYS)
 
     def stage_budget(self, budget, mechanism, *, public_domain=False):
         return stage_budget(budget, mechanism)

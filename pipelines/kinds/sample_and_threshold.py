@@ -21,6 +21,7 @@ paper's own recipe (alpha = 1/6).
 import pyarrow as pa
 
 from thresher.accounting import sample_threshold
+from thresher.pipelines.planning import limits
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds import _levels
 from thresher.pipelines.kinds.base import CountsKind
@@ -211,12 +212,21 @@ class SampleAndThreshold(CountsKind):
     """Sample-and-threshold (module docstring); charged from its stages' (epsilon, delta)
     claims (the default privacy_record)."""
     name = "sample_and_threshold"
+    INTERVAL = "sampled_estimate"
     FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
     parse = staticmethod(parse)
     for_auto_bound = staticmethod(for_auto_bound)
     calibrate = staticmethod(calibrate)
     verify_calibration = staticmethod(verify_calibration)
     release = staticmethod(release)
+    SCORE = "sample_and_threshold"          # the V(C) score model of the automatic bound
+
+    def check_limits(self, mechanism):
+        limits.check_given_threshold(self.name, mechanism)
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        limits.check_levels(spec, epsilon, delta, max_keys_per_user, field,
+                            self.level_structure(spec.mechanism), self.MAX_KEYS)
 
 
 KIND = SampleAndThreshold()

@@ -15,6 +15,7 @@ measurements behind the defaults: ``bounding.auto.max_bound`` 1024 (AUTO_MAX_BOU
 import pyarrow as pa
 
 from thresher.accounting import weighted_gaussian as wg
+from thresher.pipelines.planning import limits
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.specs import declare
@@ -122,11 +123,17 @@ def release(counts, params, key_columns):
 class WeightedGaussian(CountsKind):
     """Weighted Gaussian partition selection with counts (module docstring)."""
     name = "weighted_gaussian"
+    INTERVAL = "count_stage"
     FIELDS, OUTPUT_COLUMNS, AUTO_MAX_BOUND = FIELDS, OUTPUT_COLUMNS, AUTO_MAX_BOUND
     parse = staticmethod(parse)
     bound_options = staticmethod(bound_options)
     calibrate = staticmethod(calibrate)
     release = staticmethod(release)
+    SCORE = "weighted_gaussian"          # the V(C) score model of the automatic bound
+    MAX_KEYS = limits.WEIGHTED_GAUSSIAN_MAX_KEYS
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        limits.check_weighted_gaussian(spec, epsilon, delta, max_keys_per_user)
 
     def per_user_bound(self):
         """The bounding with weights,

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from thresher.accounting import pws
+from thresher.pipelines.planning import limits
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.specs import declare
 from thresher.pipelines.kinds import _sample_fields
@@ -201,10 +202,21 @@ class WeightedSampling(CountsKind):
     """Private weighted sampling (module docstring); charged from its stages' (epsilon,
     delta) claims (the default privacy_record)."""
     name = "weighted_sampling"
+    VALUE_COLUMN = "estimate"
+    NO_INTERVAL = ("no interval yet: sanitized sample frequencies (paper 001) have no "
+                   "variance statement implemented")
     FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
     parse = staticmethod(parse)
     calibrate = staticmethod(calibrate)
     release = staticmethod(release)
+    SCORE = "weighted_sampling"          # the V(C) score model of the automatic bound
+    MAX_KEYS = limits.WEIGHTED_SAMPLING_MAX_KEYS
+
+    def check_limits(self, mechanism):
+        limits.check_weighted_sampling_fields(mechanism)
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        limits.check_weighted_sampling_release(spec, epsilon, delta, max_keys_per_user)
 
 
 KIND = WeightedSampling()

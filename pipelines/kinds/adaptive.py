@@ -19,6 +19,7 @@ from thresher.accounting import adaptive as ad
 from thresher.accounting import weighted_gaussian as wg
 from thresher.pipelines.specs import declare
 from thresher.pipelines.planning import limits
+from thresher.pipelines.kinds._words import number
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds.base import UsersKind
 from thresher.pipelines.specs.fields import optional_float, optional_int
@@ -173,6 +174,24 @@ class Adaptive(UsersKind):
         """``accounting.zcdp.adaptive_record``: every round and the count column."""
         from thresher.accounting import zcdp
         return zcdp.adaptive_record(mechanism, stages, max_keys_per_user)
+
+    def noise_words(self, report, key, unit):
+        mech = report["mechanism"]
+        rounds = mech["rounds"]
+        return [f"selection: {len(rounds)} rounds; in each, every user gives each of "
+                f"their t kept keys not released before the weight 1/sqrt(t), and a {key} "
+                f"is released when its total weight plus discrete Gaussian noise reaches "
+                f"the round's threshold (" + ", ".join(
+                    f"sigma {number(r['sigma'])}, threshold {number(r['threshold'])}"
+                    for r in rounds) + f"); its count of {unit} gets discrete Gaussian "
+                f"noise with sigma {number(mech['count_sigma'])}"], unit
+
+    def expected_error_words(self, params):
+        from thresher.accounting.aggregates import expected_abs_gaussian
+        if "count_sigma" not in params:
+            return []
+        return [f"expected error: E|noise| of a count "
+                f"{expected_abs_gaussian(params['count_sigma']):.3g}"]
 
 
 KIND = Adaptive()

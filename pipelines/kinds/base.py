@@ -234,6 +234,47 @@ class Kind(abc.ABC):
         from thresher.accounting import zcdp
         return zcdp.stage_records(stages)
 
+    # ---- report and plan words (pipelines.reports.summary, .plan_text) ---------------
+    #: The plan's text may compute the release point (:meth:`release_probability` at
+    #: growing counts) cheaply; False where that needs tables the plan does not build
+    #: (weighted_sampling's release tables).
+    CHEAP_RELEASE_POINT = True
+    #: :meth:`value_lines` describes the released rows (the report reads them for it).
+    DESCRIBES_ROWS = False
+
+    def release_probability(self, report, counts):
+        """P[a key with n users (after bounding) is released] for each n of ``counts``
+        (an int64 array), from the report's calibrated ``mechanism`` alone (a float64
+        array; the caller has left out public keys and automatic bounds). None: no such
+        curve (the report then names no release point)."""
+        return None
+
+    def release_ceiling(self, report):
+        """(M, p_M) when no count reaches release probability 1 (the table stops at M
+        below saturation); None otherwise."""
+        return None
+
+    def bounded_data_words(self, held, key):
+        """The sentence saying the released values are of the bounded data (``held``: what
+        the bound did to a user; ``key``: the key's name); None: the counts' sentence."""
+        return None
+
+    def noise_words(self, report, key, unit):
+        """(lines, unit): the sentences saying what noise or sampling each ``key``'s value
+        got and which keys came out (``unit``: what a count counts), and the unit the
+        release point is then stated in. Default: no sentence, the unit unchanged."""
+        return [], unit
+
+    def expected_error_words(self, params):
+        """The plan's line(s) on the expected absolute error of a released value from its
+        noise alone (``params``: the calibrated section). Default none."""
+        return []
+
+    def value_lines(self, report, table, keys):
+        """Lines about the released rows ``table`` themselves (DESCRIBES_ROWS; ``keys``:
+        the key columns). Default none."""
+        return []
+
     # ---- releases ----------------------------------------------------------------------
     def apply_notes(self, report, note):
         """The report with the figures the kind's pipeline wrote (WRITES_NOTES; ``note``

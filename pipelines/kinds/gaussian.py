@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from thresher.accounting import correlated_gshm, gshm, plain_gshm
 from thresher.pipelines.planning import limits
+from thresher.pipelines.kinds._words import number, threshold_words
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.specs import declare
@@ -215,6 +216,36 @@ class Gaussian(CountsKind):
         (noise: correlated) the shared draw's own record."""
         from thresher.accounting import zcdp
         return zcdp.gaussian_record(mechanism, stages, max_keys_per_user)
+
+    def release_probability(self, report, counts):
+        """n >= pre_threshold and n + Z >= threshold, Z discrete Gaussian(sigma) (paper 004
+        Alg. 1): ``accounting.discrete_gaussian.sf``; with correlated noise summed over
+        the shared draw z."""
+        import numpy as np
+        from thresher.accounting.discrete_gaussian import pmf, sf
+        mech, n = report["mechanism"], counts
+        if mech.get("noise") == "correlated":     # sum over the shared draw z
+            k = int(np.ceil(38.6 * mech["shared_sigma"])) + 1
+            z = np.arange(-k, k + 1)
+            grid = mech["threshold"] - n[:, None] - z[None, :]
+            p = np.asarray(sf(grid.ravel(), mech["sigma"]), dtype=np.float64).reshape(grid.shape)
+            p = p @ pmf(z, mech["shared_sigma"])
+        else:
+            p = np.asarray(sf(mech["threshold"] - n, mech["sigma"]), dtype=np.float64)
+        return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
+
+    def noise_words(self, report, key, unit):
+        return [threshold_words(report["mechanism"], key, unit,
+                                 f"discrete Gaussian noise with sigma "
+                                 f"{number(report['mechanism']['sigma'])}")], unit
+
+    def expected_error_words(self, params):
+        import math
+        from thresher.accounting.aggregates import expected_abs_gaussian
+        if "sigma" not in params:
+            return []
+        sd = math.hypot(params["sigma"], params.get("shared_sigma", 0.0))  # shared + own
+        return [f"expected error: E|noise| of a count {expected_abs_gaussian(sd):.3g}"]
 
 
 KIND = Gaussian()

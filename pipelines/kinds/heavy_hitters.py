@@ -491,5 +491,21 @@ class HeavyHitters(StagesKind):
         from thresher.accounting import zcdp
         return zcdp.heavy_hitters_record(mechanism, stages, max_keys_per_user)
 
+    def noise_words(self, report, key, unit):
+        mech, c = report["mechanism"], report["bounding"]["max_keys_per_user"]
+        how = ("whole keys selected by adaptive weighted Gaussian rounds, ranked by their "
+               "noisy counts" if mech.get("method") == "adaptive" else
+               f"TrieHH++ over prefix levels {mech.get('prefix_lengths')}")
+        out = [f"heavy hitters: {how}; release point about {mech['release_point']:,.0f} "
+               f"{unit} for a {key} whose users hold {c} keys each"]
+        if mech.get("schedule_choice"):
+            out.append(f"prefix levels chosen by the plan: {mech['schedule_choice']['rule']}")
+        if mech.get("prefix_lengths_note"):
+            out.append(mech["prefix_lengths_note"])
+        got, top_k = report.get("released_keys"), mech.get("top_k")
+        if got is not None and top_k is not None and got < top_k:
+            out.append(f"{got:,} of top_k {top_k:,} came back: {mech['fewer_than_top_k']}")
+        return out, unit
+
 
 KIND = HeavyHitters()

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from thresher.accounting import laplace_threshold
 from thresher.pipelines.planning import limits
+from thresher.pipelines.kinds._words import number, threshold_words
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.kinds.base import RELEASE_STAGE, CountsKind
 from thresher.pipelines.specs import declare
@@ -127,6 +128,26 @@ class Laplace(CountsKind):
         """``accounting.zcdp.laplace_record`` (l0 and l1, with aggregates' sum columns)."""
         from thresher.accounting import zcdp
         return zcdp.laplace_record(mechanism, stages, max_keys_per_user)
+
+    def release_probability(self, report, counts):
+        """n >= pre_threshold and n + Z >= threshold, Z discrete Laplace(scale) (paper 002
+        Alg. 3): ``accounting.laplace_threshold.log_suppress``."""
+        import numpy as np
+        from thresher.accounting.laplace_threshold import log_suppress
+        mech, n = report["mechanism"], counts
+        p = -np.expm1(log_suppress(mech["scale"], mech["threshold"] - n, mech.get("noise", "discrete_laplace")))
+        return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
+
+    def noise_words(self, report, key, unit):
+        return [threshold_words(report["mechanism"], key, unit,
+                                f"discrete Laplace noise with scale "
+                                f"{number(report['mechanism']['scale'])}")], unit
+
+    def expected_error_words(self, params):
+        from thresher.accounting.aggregates import expected_abs_laplace
+        if "scale" not in params:
+            return []
+        return [f"expected error: E|noise| of a count {expected_abs_laplace(params['scale']):.3g}"]
 
 
 KIND = Laplace()

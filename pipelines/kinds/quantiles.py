@@ -47,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 
 from thresher.pipelines.planning import limits
+from thresher.pipelines.kinds._words import number
 from thresher.pipelines.errors import CalibrationError, InputError, SpecError
 from thresher.pipelines.kinds import _levels
 from thresher.pipelines.kinds.base import StagesKind, whole_user_limit
@@ -627,6 +628,54 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
                                           params["support_floor"]))
 
 
+def value_lines(report, table, keys):
+    """Words about a quantiles release's values, from its released rows (issue 36 D9: a
+    release whose every value was null said "released 8 keys", and the report's
+    ``resolution`` was taken for the values' own): how many values are null and why, and
+    the resolution the values actually have (the ``resolution`` column) beside the finest
+    the plan allows."""
+    mech = report.get("mechanism", {})
+    if "value" not in table.column_names:
+        return []
+    out = []
+    rows, nulls = table.num_rows, table.column("value").null_count
+    if nulls:
+        if "null_values" in mech:
+            why = mech["null_values"].partition("null: ")[2] or mech["null_values"]
+        else:
+            point = mech.get("release_point")
+            where = ("every bucket of its first level" if mech.get("method") == "hierarchical"
+                     else "both sides of every round of its search")
+            why = (f"nothing about it was released: {where} fell below the threshold after "
+                   f"sampling" + (f" (a bucket needs about {point:,.0f} users to be released "
+                                  f"half the time)" if isinstance(point, (int, float)) else ""))
+        empty = ""
+        if keys:
+            import pyarrow.compute as pc
+            answered = table.group_by(keys, use_threads=False).aggregate([("value", "count")])
+            total = answered.num_rows
+            none = int(pc.sum(pc.equal(answered.column("value_count"), 0)).as_py() or 0)
+            empty = f"; {none:,} of {total:,} keys have no value at all"
+        out.append(f"null values: {nulls:,} of {rows:,}" + ("" if nulls < rows else " (every value)")
+                   + f"{empty}: a value is null when {why}")
+    if "resolution" in table.column_names:
+        import pyarrow.compute as pc
+        res = table.column("resolution")
+        finest = mech.get("resolution")
+        known = rows - res.null_count
+        if known and isinstance(finest, (int, float)):
+            low, high = pc.min(res).as_py(), pc.max(res).as_py()
+            coarser = int(pc.sum(pc.greater(res, finest * (1 + 1e-9))).as_py() or 0)
+            if coarser:
+                out.append(f"resolution: {coarser:,} of {known:,} values are coarser than the "
+                           f"plan's finest {number(finest)} (deeper levels or later rounds "
+                           f"released nothing there): from {number(low)} to {number(high)}, "
+                           f"each in the resolution column")
+            else:
+                out.append(f"resolution: every value to {number(finest)} (the plan's finest)")
+    return out
+
+
 class Quantiles(StagesKind):
     """Differentially private quantiles (module docstring)."""
     name = "quantiles"
@@ -663,6 +712,27 @@ class Quantiles(StagesKind):
         every other stage from its (epsilon, delta)."""
         from thresher.accounting import zcdp
         return zcdp.quantiles_record(mechanism, stages, max_keys_per_user)
+    DESCRIBES_ROWS = True
+
+    def bounded_data_words(self, held, key):
+        return (f"quantiles are of the bounded data: {held}, so a {key}'s quantiles are of "
+                f"the values of the users the bound kept for it, not of all its input values")
+
+    def noise_words(self, report, key, unit):
+        mech = report["mechanism"]
+        if "support_floor" in mech:
+            return [f"quantiles per {key}: every bucket of every selected {key} gets discrete "
+                    f"Gaussian noise (sigma {number(mech['sigma'])}), no threshold; values are "
+                    f"monotone in rank; a {key} gets null values only when "
+                    f"{mech['null_values'].partition('null: ')[2]}"], unit
+        ranks = ", ".join(number(r) for r in mech.get("ranks", []))
+        domain = mech.get("domain") or ["?", "?"]
+        return [f"quantiles: of {mech.get('column')} at ranks {ranks}, within "
+                f"[{number(domain[0])}, {number(domain[1])}], by the {mech.get('method', '')} "
+                f"method"], unit
+
+    def value_lines(self, report, table, keys):
+        return value_lines(report, table, keys)
 
 
 KIND = Quantiles()

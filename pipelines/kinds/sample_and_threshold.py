@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from thresher.accounting import sample_threshold
 from thresher.pipelines.planning import limits
+from thresher.pipelines.kinds._words import number
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds import _levels
 from thresher.pipelines.kinds.base import CountsKind
@@ -227,6 +228,29 @@ class SampleAndThreshold(CountsKind):
     def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
         limits.check_levels(spec, epsilon, delta, max_keys_per_user, field,
                             self.level_structure(spec.mechanism), self.MAX_KEYS)
+
+    def release_probability(self, report, counts):
+        """Binomial(n, p) >= threshold (paper 003 Sec. 3.1)."""
+        # P[Bin(n, p) >= threshold] by the accounting's own binomial tail (scipy.special's
+        # bdtrc; scipy.stats would cost thresher report 0.7-1.4 s to import)
+        from thresher.accounting.sample_threshold.core import _sf
+        mech = report["mechanism"]
+        return _sf(mech["threshold"] - 1, counts, mech["sampling_rate"])
+
+    def noise_words(self, report, key, unit):
+        mech = report["mechanism"]
+        return [f"sampling: each user's contribution to a {key} is kept with probability "
+                f"{number(mech['sampling_rate'])} (no noise); a {key} is released when its "
+                f"sampled count is at least {mech['threshold']}"], unit
+
+    def expected_error_words(self, params):
+        import math
+        if "sampling_rate" not in params:
+            return []
+        p = float(params["sampling_rate"])
+        return [f"expected error: a count n is released as a Binomial(n, {p:.3g}) sample; "
+                f"sd of n estimated from it: sqrt(n (1 - p) / p), {math.sqrt((1 - p) / p):.3g} "
+                f"sqrt(n)"]
 
 
 KIND = SampleAndThreshold()

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from thresher.accounting import weighted_gaussian as wg
 from thresher.pipelines.planning import limits
+from thresher.pipelines.kinds._words import number
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.specs import declare
@@ -149,6 +150,32 @@ class WeightedGaussian(CountsKind):
         """``accounting.zcdp.weighted_gaussian_record``: the selection and the count column."""
         from thresher.accounting import zcdp
         return zcdp.weighted_gaussian_record(mechanism, stages, max_keys_per_user)
+
+    def release_probability(self, report, counts):
+        """n users that each kept max_keys_per_user keys (the lightest weight, q_C): the
+        curve of the heaviest users; lighter users need fewer co-holders."""
+        import numpy as np
+        from thresher.accounting.weighted_gaussian import grid_weight, sf_upper
+        mech = report["mechanism"]
+        q = grid_weight(int(report["bounding"]["max_keys_per_user"]), mech["scale"])
+        sd = mech["sigma"] * mech["scale"]
+        return np.asarray([sf_upper(mech["threshold_grid"] - int(k) * q, sd) if k > 0 else 0.0
+                           for k in counts], dtype=np.float64)
+
+    def noise_words(self, report, key, unit):
+        mech, c = report["mechanism"], report["bounding"]["max_keys_per_user"]
+        return [f"selection: each user gives each of their t kept keys the weight "
+                f"1/sqrt(t); a {key} is released when its total weight plus discrete "
+                f"Gaussian noise (sigma {number(mech['sigma'])}) reaches "
+                f"{number(mech['threshold'])}; its count of {unit} gets discrete Gaussian "
+                f"noise with sigma {number(mech['count_sigma'])}"], f"{unit} with {c} keys each"
+
+    def expected_error_words(self, params):
+        from thresher.accounting.aggregates import expected_abs_gaussian
+        if "count_sigma" not in params:
+            return []
+        return [f"expected error: E|noise| of a count "
+                f"{expected_abs_gaussian(params['count_sigma']):.3g}"]
 
 
 KIND = WeightedGaussian()

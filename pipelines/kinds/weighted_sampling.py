@@ -198,6 +198,15 @@ def sanitize_existing_sample(sample, params, key_columns, frequency_column):
         params, key_columns, frequency_column=frequency_column)
 
 
+def release_keep(mech):
+    """pi_0..pi_M: the keep table the release draws with (``accounting.pws.release_tables``
+    of the report's parameters, as the release builds it)."""
+    import numpy as np
+    from thresher.accounting import pws
+    from thresher.transforms.selection.sanitize_sample import _as_parameters
+    return np.asarray(pws.release_tables(_as_parameters(mech)).keep, dtype=np.float64)
+
+
 class WeightedSampling(CountsKind):
     """Private weighted sampling (module docstring); charged from its stages' (epsilon,
     delta) claims (the default privacy_record)."""
@@ -217,6 +226,31 @@ class WeightedSampling(CountsKind):
 
     def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
         limits.check_weighted_sampling_release(spec, epsilon, delta, max_keys_per_user)
+    CHEAP_RELEASE_POINT = False    # its release point needs the release tables
+
+    def release_probability(self, report, counts):
+        """pi_n, the end-to-end reporting probability (paper 001 Alg. 3)."""
+        import numpy as np
+        keep = release_keep(report["mechanism"])
+        # The release reads row min(n, M) of the table it used (transforms.selection.sanitize_sample:
+        # counts above max_frequency M are treated as M, whether M saturates at pi = 1 or
+        # was clipped by an explicit max_frequency), so the curve does too.
+        return keep[np.minimum(counts, len(keep) - 1)]
+
+    def release_ceiling(self, report):
+        """(M, pi_M) when the table stops at an explicit max_frequency M below saturation."""
+        mech = report["mechanism"]
+        if "by_max_keys_per_user" in mech:
+            return None
+        keep = release_keep(mech)
+        if keep[-1] >= 1.0:
+            return None
+        return len(keep) - 1, float(keep[-1])
+
+    def noise_words(self, report, key, unit):
+        return [f"sampling: each {key} is reported with a probability that grows with its "
+                f"count of users (private weighted sampling); released frequencies are "
+                f"sanitized"], unit
 
 
 KIND = WeightedSampling()

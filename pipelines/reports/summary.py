@@ -352,6 +352,13 @@ def _kind(report):
         return None
 
 
+def describes_rows(report):
+    """Whether the report's kind has words about its released rows (its
+    ``value_lines``; quantiles: null values and resolution), so they are worth reading."""
+    kind = _kind(report)
+    return kind is not None and kind.DESCRIBES_ROWS
+
+
 def release_ceiling(report):
     """(M, p_M) when no count of users reaches release probability 1 because the table
     stops at an explicit max_frequency M below saturation (weighted_sampling: the kind's

@@ -24,6 +24,10 @@ from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds.base import UsersKind
 from thresher.pipelines.specs.fields import optional_float, optional_int
 
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "adaptive"
+
 FIELDS = {
     "rounds": declare.integer(low=1, high=3, description=(
         f"number of selection rounds, 2 or 3 (default {ad.DEFAULT_ROUNDS}); round r "
@@ -116,7 +120,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
                "threshold_grid": r.threshold_grid, "threshold_delta": r.leak}
               for i, r in enumerate(p.rounds)]
     last = rounds[-1]
-    return {"kind": "adaptive", "rounds": rounds, "scale": p.scale,
+    return {"kind": NAME, "rounds": rounds, "scale": p.scale,
             "noise": "discrete_gaussian",
             # the last round's selection (the automatic bound's score reads these)
             "sigma": last["sigma"], "threshold": last["threshold"],
@@ -155,7 +159,7 @@ def release_users(users, params, max_keys_per_user, key_columns, num_shards, mec
 
 class Adaptive(UsersKind):
     """Weighted Gaussian selection over rounds (module docstring)."""
-    name = "adaptive"
+    name = NAME
     INTERVAL = "count_stage"
     COMPOSITION_NOTE = "its rounds and count, inside its one stage, compose by f-DP"
     FIELDS, OUTPUT_COLUMNS, SCORE = FIELDS, OUTPUT_COLUMNS, SCORE

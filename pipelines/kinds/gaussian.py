@@ -26,6 +26,10 @@ from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_th
                                      public_domain_calibration)
 from thresher.pipelines.dataio.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
 
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "gaussian"
+
 NOISES = ("discrete_gaussian", "correlated", "auto")
 
 FIELDS = {
@@ -78,8 +82,9 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
         raise SpecError("bounding.model", "the gaussian mechanism needs bounding.model: l0 "
                         "(each user counted at most once per key)")
     if mech.get("public_keys"):
-        return public_domain_calibration(mech, kind="gaussian", epsilon=epsilon, delta=delta,
-                                         max_keys_per_user=max_keys_per_user, model=model)
+        return public_domain_calibration(mech, kind=NAME, noise="gaussian", epsilon=epsilon,
+                                         delta=delta, max_keys_per_user=max_keys_per_user,
+                                         model=model)
     noise = mech.get("noise", "discrete_gaussian")
     what = (f"gaussian release at epsilon={epsilon:g}, delta={delta:g}, "
             f"max_keys_per_user={max_keys_per_user}")
@@ -90,7 +95,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
                                pre_threshold=mech["pre_threshold"], sigma=mech.get("sigma"),
                                threshold=mech.get("threshold"), noise="discrete_gaussian"),
         what)
-    out = {"kind": "gaussian", "pre_threshold": int(params.pre_threshold),
+    out = {"kind": NAME, "pre_threshold": int(params.pre_threshold),
            "sigma": float(params.sigma), "threshold": _int_if_whole(params.threshold),
            "noise": "discrete_gaussian", "accounting": ACCOUNTING,
            "delta_achieved": float(params.delta)}
@@ -113,7 +118,7 @@ def _correlated(mech, epsilon, delta, max_keys_per_user, what, asked=False):
                 raise SpecError("mechanism.noise", str(exc)) from None
             raise
     params = calibration(call, what + ", noise correlated")
-    return {"kind": "gaussian", "pre_threshold": int(params.pre_threshold),
+    return {"kind": NAME, "pre_threshold": int(params.pre_threshold),
             "sigma": float(params.sigma), "shared_sigma": float(params.shared_sigma),
             "threshold": int(params.threshold), "noise": correlated_gshm.NOISE,
             "accounting": CORRELATED_ACCOUNTING, "delta_achieved": float(params.delta)}
@@ -166,7 +171,7 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
                        "delta_achieved"}:
         return False
     tau, sigma, threshold = params["pre_threshold"], params["sigma"], params["threshold"]
-    if (params["kind"] != "gaussian" or params["noise"] != "discrete_gaussian"
+    if (params["kind"] != NAME or params["noise"] != "discrete_gaussian"
             or params["accounting"] != ACCOUNTING or type(tau) is not int
             or tau != mech["pre_threshold"] or type(sigma) is not float
             or type(threshold) not in (int, float) or not float(threshold).is_integer()
@@ -193,7 +198,7 @@ def release(counts, params, key_columns):
 
 class Gaussian(CountsKind):
     """The Gaussian sparse histogram mechanism (module docstring)."""
-    name = "gaussian"
+    name = NAME
     INTERVAL = "noisy_count"
     PUBLIC_DOMAIN_NOISE = AGGREGATE_NOISE = "gaussian"
     FIELDS, OUTPUT_COLUMNS, NOISES = FIELDS, OUTPUT_COLUMNS, NOISES

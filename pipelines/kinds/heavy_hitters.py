@@ -34,6 +34,10 @@ from thresher.pipelines.kinds.base import StagesKind, whole_user_limit
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
 
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "heavy_hitters"
+
 DEFAULT_TOP_K = 20
 METHODS = ("adaptive", "trie")
 
@@ -242,7 +246,7 @@ def _adaptive_mechanism():
 
 
 def check_spec(mechanism, input_spec, bounding, privacy):
-    _levels.refuse_auto_bound(bounding, "heavy_hitters")
+    _levels.refuse_auto_bound(bounding, NAME)
     if len(input_spec.keys) != 1:
         raise SpecError("input.keys", f"heavy_hitters needs exactly one (string) key column, "
                         f"got {list(input_spec.keys)}")
@@ -298,7 +302,7 @@ def _calibrate_adaptive(mech, epsilon, delta, max_keys_per_user, model):
                                 max_keys_per_user=max_keys_per_user, model=model)
     q = int(wg.grid_weight(int(max_keys_per_user), params["scale"]))
     point = min(r["threshold_grid"] for r in params["rounds"]) / q
-    out = {**params, "kind": "heavy_hitters", "method": "adaptive", "top_k": mech["top_k"],
+    out = {**params, "kind": NAME, "method": "adaptive", "top_k": mech["top_k"],
            "release_point": point,
            "fewer_than_top_k": FEWER_THAN_TOP_K.format(point=point),
            "count": "the adaptive release's noisy distinct-user count (discrete Gaussian, "
@@ -341,7 +345,7 @@ def _trie_report(mech, params, epsilon, delta, levels, max_keys_per_user):
                                     "release_point": params.release_point}
     if mech.get("prefix_lengths_note"):
         extra["prefix_lengths_note"] = mech["prefix_lengths_note"]
-    return {"kind": "heavy_hitters", "method": "trie", "top_k": mech["top_k"],
+    return {"kind": NAME, "method": "trie", "top_k": mech["top_k"],
             "prefix_lengths": list(mech["prefix_lengths"]), "levels": levels,
             "sampling_rate": params.sampling_rate, "threshold": params.threshold,
             "release_point": params.release_point,
@@ -459,7 +463,7 @@ def release_stages(records, plan, num_shards, rng_factory=None):
 
 class HeavyHitters(StagesKind):
     """TrieHH++ or adaptive top keys (module docstring)."""
-    name = "heavy_hitters"
+    name = NAME
     NO_INTERVAL = ("no interval: the published keys are the top_k by their noisy count, a "
                    "selection on the released value itself, so a plain interval would "
                    "under-cover the winners; no selection-aware interval is derived yet")

@@ -19,6 +19,10 @@ from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_th
                                      public_domain_calibration)
 from thresher.pipelines.dataio.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
 
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "laplace"
+
 FIELDS = {
     "pre_threshold": pre_threshold_field("keys with fewer users (l0) or records (l1) are "
                                          "never released (integer >= 1, default 1)"),
@@ -42,8 +46,9 @@ def parse(section):
 
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     if mech.get("public_keys"):
-        return public_domain_calibration(mech, kind="laplace", epsilon=epsilon, delta=delta,
-                                         max_keys_per_user=max_keys_per_user, model=model)
+        return public_domain_calibration(mech, kind=NAME, noise="laplace", epsilon=epsilon,
+                                         delta=delta, max_keys_per_user=max_keys_per_user,
+                                         model=model)
     params = calibration(
         lambda: laplace_threshold.calibrate(
             epsilon, delta, max_keys_per_user, model=model, noise="discrete_laplace",
@@ -52,7 +57,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
         f"laplace release at epsilon={epsilon:g}, delta={delta:g}, "
         f"max_keys_per_user={max_keys_per_user}, model={model}")
     threshold = float(params.threshold)
-    return {"kind": "laplace", "pre_threshold": int(params.pre_threshold),
+    return {"kind": NAME, "pre_threshold": int(params.pre_threshold),
             "scale": float(params.scale),
             "threshold": int(threshold) if threshold.is_integer() else threshold,
             "noise": "discrete_laplace", "model": model,
@@ -74,7 +79,7 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
                        "accounting", "delta_achieved"}:
         return False
     tau, scale, threshold = params["pre_threshold"], params["scale"], params["threshold"]
-    if (params["kind"] != "laplace" or params["noise"] != "discrete_laplace"
+    if (params["kind"] != NAME or params["noise"] != "discrete_laplace"
             or params["model"] != model or type(tau) is not int or tau != mech["pre_threshold"]
             or type(scale) is not float or type(threshold) not in (int, float)
             or not params["accounting"].startswith(f"Laplace thresholding, {model} model")):
@@ -105,7 +110,7 @@ def stage_budget(budget, mechanism, *, public_domain=False):
 
 class Laplace(CountsKind):
     """Laplace thresholding (module docstring)."""
-    name = "laplace"
+    name = NAME
     INTERVAL = "noisy_count"
     PUBLIC_DOMAIN_NOISE = AGGREGATE_NOISE = "laplace"
     FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS

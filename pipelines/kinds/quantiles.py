@@ -54,6 +54,10 @@ from thresher.pipelines.kinds.base import StagesKind, whole_user_limit
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
 
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "quantiles"
+
 METHODS = ("hierarchical", "binary_search")
 SELECT_KEYS_STAGE = "select_keys"
 DEFAULT_METHOD = "hierarchical"
@@ -211,7 +215,7 @@ def _check_resolution(low, high, out):
 
 
 def check_spec(mechanism, input_spec, bounding, privacy):
-    _levels.refuse_auto_bound(bounding, "quantiles")
+    _levels.refuse_auto_bound(bounding, NAME)
     column = mechanism["column"]
     share = mechanism.pop("key_selection_share", None)
     if input_spec.keys and input_spec.public_keys is None:
@@ -319,7 +323,7 @@ def _calibrate_public_cells(mech, epsilon, delta, max_keys_per_user):
 
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     if mech.get("public_cells"):
-        out = {"kind": "quantiles", "method": mech["method"], "column": mech["column"],
+        out = {"kind": NAME, "method": mech["method"], "column": mech["column"],
                "ranks": list(mech["ranks"]), "domain": list(mech["domain"]),
                "branching": mech["branching"], "leaves": mech["branching"] ** mech["levels"],
                "resolution": (mech["domain"][1] - mech["domain"][0]) / mech["branching"] ** mech["levels"]}
@@ -335,7 +339,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     per_step = max_keys_per_user * per_key
     params = _levels.calibrate(mech, epsilon=epsilon, delta=delta, levels=levels,
                                max_keys_per_user=per_step, what=f"quantiles ({mech['method']}) release")
-    out = {"kind": "quantiles", "method": mech["method"], "column": mech["column"],
+    out = {"kind": NAME, "method": mech["method"], "column": mech["column"],
            "ranks": list(mech["ranks"]), "domain": list(mech["domain"])}
     if mech["method"] == "hierarchical":
         out.update(branching=mech["branching"], leaves=mech["branching"] ** mech["levels"],
@@ -678,7 +682,7 @@ def value_lines(report, table, keys):
 
 class Quantiles(StagesKind):
     """Differentially private quantiles (module docstring)."""
-    name = "quantiles"
+    name = NAME
     VALUE_COLUMN = "value"
     OWN_PUBLIC_KEYS = True
     NO_INTERVAL = ("no interval derived yet for quantile values (the noisy hierarchical "

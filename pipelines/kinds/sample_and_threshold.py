@@ -29,6 +29,10 @@ from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float, optional_int
 
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "sample_and_threshold"
+
 # The PLD calibration costs 0.2-0.6 s of CPU up to C = 64 (15-25 evaluations of the
 # composed bound; benchmarks/bench_plan_cache.py): it is the default up to
 # PLD_DEFAULT_MAX_KEYS and refused above PLD_MAX_KEYS (issue 18's bounded planning).
@@ -142,7 +146,7 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
         method, composition = _accounting_choice(mech, max_keys_per_user, model)
     except SpecError:
         return False
-    if type(params) is not dict or params.get("kind") != "sample_and_threshold":
+    if type(params) is not dict or params.get("kind") != NAME:
         return False
     p, tau, used = params.get("sampling_rate"), params.get("threshold"), params.get("composition")
     rate, threshold = mech.get("sampling_rate"), mech.get("threshold")
@@ -160,7 +164,7 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
 
 def _report(params, method):
     """The plan's parameters dict of a core.SampleThresholdParams."""
-    out = {"kind": "sample_and_threshold",
+    out = {"kind": NAME,
            "sampling_rate": params.sampling_rate,
            "threshold": params.threshold,
            "release_point": params.release_point,
@@ -212,7 +216,7 @@ def release(counts, params, key_columns):
 class SampleAndThreshold(CountsKind):
     """Sample-and-threshold (module docstring); charged from its stages' (epsilon, delta)
     claims (the default privacy_record)."""
-    name = "sample_and_threshold"
+    name = NAME
     INTERVAL = "sampled_estimate"
     FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
     parse = staticmethod(parse)

@@ -22,6 +22,10 @@ from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float, optional_int
 
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "weighted_gaussian"
+
 # sigma * S must stay within the planning limit of the exact tails (pipelines.planning.limits).
 SIGMA_MAX = 1e5 / wg.WEIGHT_SCALE
 # Defaults of this kind (docs/partition_selection.md section 5, measured on the docstring
@@ -99,7 +103,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
         raise CalibrationError(f"weighted_gaussian release at epsilon={epsilon:g}, "
                                f"delta={delta:g}, max_keys_per_user={max_keys_per_user}: "
                                f"{text}") from None
-    return {"kind": "weighted_gaussian", "sigma": p.sigma, "threshold": p.threshold,
+    return {"kind": NAME, "sigma": p.sigma, "threshold": p.threshold,
             "threshold_grid": p.threshold_grid, "scale": p.scale,
             "noise": "discrete_gaussian",
             "count_sigma": p.count_sigma,
@@ -123,7 +127,7 @@ def release(counts, params, key_columns):
 
 class WeightedGaussian(CountsKind):
     """Weighted Gaussian partition selection with counts (module docstring)."""
-    name = "weighted_gaussian"
+    name = NAME
     INTERVAL = "count_stage"
     FIELDS, OUTPUT_COLUMNS, AUTO_MAX_BOUND = FIELDS, OUTPUT_COLUMNS, AUTO_MAX_BOUND
     parse = staticmethod(parse)

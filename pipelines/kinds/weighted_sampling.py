@@ -30,6 +30,10 @@ from thresher.pipelines.kinds import _sample_fields
 from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.kinds._common import calibration
 
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "weighted_sampling"
+
 FIELDS = {
     "sampling": declare.choice(pws.SAMPLING_SCHEMES, default="none", description=(
         "weighted sampling scheme: none (a private histogram), ppswor or priority (default "
@@ -170,7 +174,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     keep = calibration(keep_table,
                        f"weighted_sampling tables for max_keys_per_user={max_keys_per_user}")
     half = np.flatnonzero(keep >= 0.5)
-    out = {"kind": "weighted_sampling", **params.as_dict(),
+    out = {"kind": NAME, **params.as_dict(),
            "delta_achieved": params.delta_realized,
            "threshold": int(half[0]) if len(half) else params.max_frequency,
            "accounting": _ACCOUNTING[params.composition if params.composition != "pld"
@@ -210,7 +214,7 @@ def release_keep(mech):
 class WeightedSampling(CountsKind):
     """Private weighted sampling (module docstring); charged from its stages' (epsilon,
     delta) claims (the default privacy_record)."""
-    name = "weighted_sampling"
+    name = NAME
     VALUE_COLUMN = "estimate"
     NO_INTERVAL = ("no interval yet: sanitized sample frequencies (paper 001) have no "
                    "variance statement implemented")

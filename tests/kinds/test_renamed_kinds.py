@@ -1,6 +1,6 @@
 """A kind is one module (issue 44 item 1, "the kind owns its column"): a copy of each of
-the 8 kind modules, its kind renamed (``name = "gaussian"`` -> ``name = "copy_gaussian"``,
-nothing else changed), kept outside ``pipelines/kinds/`` and registered the documented way
+the 8 kind modules, its kind renamed (``NAME = "gaussian"`` -> ``NAME = "copy_gaussian"``,
+the one place a kind module writes its name; nothing else changed), kept outside ``pipelines/kinds/`` and registered the documented way
 (``THRESHER_KINDS`` for the ``thresher`` command, ``pipelines.kinds.register`` in process),
 plans, validates, runs, shows and reports (text) exactly like the original:
 
@@ -60,9 +60,9 @@ def plugin(tmp_path_factory):
     for kind in ORIGINALS:
         with open(os.path.join(ROOT, "pipelines", "kinds", f"{kind}.py"), encoding="utf-8") as f:
             source = f.read()
-        copy, n = re.subn(rf'^(\s+name = )"{kind}"$', rf'\1"{_renamed(kind)}"', source,
+        copy, n = re.subn(rf'^NAME = "{kind}"$', f'NAME = "{_renamed(kind)}"', source,
                           flags=re.M)
-        assert n == 1, f"pipelines/kinds/{kind}.py: expected one `name = \"{kind}\"` line"
+        assert n == 1, f"pipelines/kinds/{kind}.py: expected one `NAME = \"{kind}\"` line"
         (package / f"{_renamed(kind)}.py").write_text(copy, encoding="utf-8")
     return folder
 
@@ -137,8 +137,9 @@ def test_a_renamed_copy_of_a_kind_releases_like_the_original(case, plugin, workd
     # plan: the same calibration and accounting, every field but the spec's hash
     plans = []
     for path, name in ((original_spec, kind), (copy_spec, copy)):
-        plan = json.loads(_same_words(_cli(workdir, plugin, "plan", path, "--json"), kind))
-        assert plan["mechanism"]["kind"] == kind
+        text = _cli(workdir, plugin, "plan", path, "--json")
+        assert json.loads(text)["mechanism"]["kind"] == name      # the copy is its own kind
+        plan = json.loads(_same_words(text, kind))
         plan.pop("config_sha256")
         plans.append(plan)
     assert plans[0] == plans[1]
@@ -155,9 +156,11 @@ def test_a_renamed_copy_of_a_kind_releases_like_the_original(case, plugin, workd
     assert released[0].schema == released[1].schema
     assert released[0].to_pylist() == released[1].to_pylist()
     reports = []
-    for out in (original_out, copy_out):
+    for out, name in ((original_out, kind), (copy_out, copy)):
         with open(workdir / out / "release_report.json", encoding="utf-8") as handle:
-            report = json.loads(_same_words(handle.read(), kind, out))
+            text = handle.read()
+        assert json.loads(text)["mechanism"]["kind"] == name
+        report = json.loads(_same_words(text, kind, out))
         report.pop("config_sha256")
         reports.append(report)
     assert reports[0] == reports[1]

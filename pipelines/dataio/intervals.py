@@ -29,28 +29,20 @@ from thresher.accounting import intervals as iv
 DEFAULT_CONFIDENCE = 0.95
 NOISY_SUM = "__ns"     # staged noisy sums behind a variance (transforms/values/aggregate_values.py)
 LOW, HIGH = "_low", "_high"
-# Kinds whose ``count`` gets an interval.
-COUNT_KINDS = ("gaussian", "laplace", "weighted_gaussian", "adaptive")
-# Kinds whose ``estimate`` (of the bounded count) gets an interval.
-ESTIMATE_KINDS = ("sample_and_threshold",)
-NO_INTERVAL = {
-    "weighted_sampling": "no interval yet: sanitized sample frequencies (paper 001) have no "
-                         "variance statement implemented",
-    "heavy_hitters": "no interval: the published keys are the top_k by their noisy count, a "
-                     "selection on the released value itself, so a plain interval would "
-                     "under-cover the winners; no selection-aware interval is derived yet",
-    "quantiles": "no interval derived yet for quantile values (the noisy hierarchical counts "
-                 "behind them are post-processed: consistency, isotonic, interpolation)",
-}
-
-# The released value column of the kinds whose value is not ``count``.
-VALUE_COLUMN = {"quantiles": "value", "weighted_sampling": "estimate"}
+# The constructions a kind declares as its ``INTERVAL`` (``pipelines.kinds.base.Kind``;
+# this module imports no kind: it reads the declaration from ``spec.kind_object``):
+# the ``count`` by its noise law (truncated at the threshold, or over public keys:
+# gaussian, laplace); the ``count`` of a count stage drawn independently of the selection
+# (a discrete Gaussian of ``count_sigma``: weighted_gaussian, adaptive); the ``estimate``
+# of a sampled count (binomial: sample_and_threshold).
+NOISY_COUNT, COUNT_STAGE, SAMPLED_ESTIMATE = "noisy_count", "count_stage", "sampled_estimate"
+CONSTRUCTIONS = (NOISY_COUNT, COUNT_STAGE, SAMPLED_ESTIMATE)
 
 
 def kind_publishes(spec):
-    """Whether a release of this spec publishes intervals (for its ``count``, or for
-    sample_and_threshold its ``estimate``)."""
-    return spec.kind in COUNT_KINDS + ESTIMATE_KINDS and spec.input.sample is None
+    """Whether a release of this spec publishes intervals (its kind declares an
+    ``INTERVAL``: for its ``count``, or for a sampled estimate its ``estimate``)."""
+    return spec.kind_object.INTERVAL is not None and spec.input.sample is None
 
 
 def output_names(column):
@@ -65,7 +57,8 @@ def report_section(spec):
                "note": "post-processing of the released values and the parameters above "
                        "(no privacy cost); docs/intervals.md"}
     columns, without = {}, {}
-    if spec.kind in ESTIMATE_KINDS and kind_publishes(spec):
+    kind = spec.kind_object
+    if kind.INTERVAL == SAMPLED_ESTIMATE and kind_publishes(spec):
         columns["estimate"] = {
             "target": "the count after contribution bounding (each user in at most "
                       "max_keys_per_user keys), which estimate = count / sampling_rate estimates",
@@ -80,10 +73,9 @@ def report_section(spec):
         for a in spec.aggregates:
             columns[a.output] = _aggregate_text(a)
     else:
-        kind = "weighted_sampling" if spec.input.sample is not None else spec.kind
         # named by the kind's released value column (issue 36: said "count" for the
         # quantiles' value and weighted_sampling's estimate, columns those kinds lack)
-        without[VALUE_COLUMN.get(kind, "count")] = NO_INTERVAL.get(kind, "no interval derived")
+        without[kind.VALUE_COLUMN] = kind.NO_INTERVAL
     if spec.mechanism.get("debias"):
         without["debiased"] = "no interval derived for the Poisson-debiased estimate"
     section["columns"] = columns
@@ -95,7 +87,7 @@ def report_section(spec):
 def _count_text(spec):
     bounded = ("the count after contribution bounding (each user in at most "
                "max_keys_per_user keys)")
-    if spec.kind in ("weighted_gaussian", "adaptive"):
+    if spec.kind_object.INTERVAL == COUNT_STAGE:
         return {"target": "the count-stage count: distinct users of the key, each user "
                           "counted in at most count_keys_per_user of its kept keys",
                 "construction": "test inversion of the discrete Gaussian count-stage noise; "
@@ -151,9 +143,9 @@ def _aggregate_text(a):
 
 
 def count_tail_and_rule(mechanism, count_threshold=True):
-    """(NoiseTail, floor, threshold, clamped_at_zero) of a kind's released count."""
-    kind = mechanism["kind"]
-    if kind in ("weighted_gaussian", "adaptive"):
+    """(NoiseTail, floor, threshold, clamped_at_zero) of a kind's released count (read
+    from its calibrated parameters: a count stage publishes its ``count_sigma``)."""
+    if "count_sigma" in mechanism:
         sigma = float(mechanism["count_sigma"])
         return iv.NoiseTail(iv.GAUSSIAN, sigma), 0, None, False
     noise = mechanism["noise"]
@@ -205,12 +197,18 @@ def mean_interval(counts, sum_low, sum_high, entry, mechanism, alpha):
     return np.clip(lo, low_clip, high_clip), np.clip(hi, low_clip, high_clip)
 
 
-def interval_columns(table, mechanism, confidence):
-    """{name: pyarrow array} of every interval column for a released table."""
+def interval_columns(table, mechanism, confidence, construction=None):
+    """{name: pyarrow array} of every interval column for a released table.
+    ``construction``: the kind's ``INTERVAL`` (one of CONSTRUCTIONS); None reads it from
+    the calibrated parameters (a sampling rate and no noise: a sampled estimate)."""
+    if construction is None:
+        construction = (SAMPLED_ESTIMATE if "sampling_rate" in mechanism
+                        and not {"sigma", "scale", "count_sigma"} & set(mechanism)
+                        else NOISY_COUNT)
     alpha = 1.0 - float(confidence)
     out = {}
     counts = table.column("count").to_numpy(zero_copy_only=False).astype(np.int64)
-    if mechanism.get("kind") in ESTIMATE_KINDS:
+    if construction == SAMPLED_ESTIMATE:
         low, high = iv.binomial_bounds(counts, float(mechanism["sampling_rate"]), alpha,
                                        float(mechanism["threshold"]))
         out["estimate" + LOW] = pa.array(low.astype(np.float64), type=pa.float64())
@@ -310,7 +308,8 @@ def add_columns(table, mechanism, spec):
     that has an interval (schema order: key columns, then each value and its interval)."""
     if not kind_publishes(spec):
         return table
-    extra = interval_columns(table, mechanism, spec.output.confidence)
+    extra = interval_columns(table, mechanism, spec.output.confidence,
+                             spec.kind_object.INTERVAL)
     names, arrays = [], []
     for name in table.column_names:
         if name.startswith(NOISY_SUM):     # staged for the intervals only: never published

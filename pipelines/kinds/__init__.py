@@ -23,6 +23,15 @@ is a field of that kind, listed in its ``NOISES``, calibrated by its ``calibrate
 charged by its ``privacy_record``: nothing outside the kind's module changes.
 tests/kinds/test_kind_interface.py checks every kind against the interface.
 
+**A kind kept outside this package** (a plug-in) is registered by its module path: call
+:func:`register` (``register("my_package.my_kind")``) before loading a spec, or list the
+module paths, comma-separated, in the environment variable ``THRESHER_KINDS`` (what the
+``thresher`` command reads). The module's last name is the kind's name, exactly as for a
+module here; it is imported only when the kind is used. Nothing outside this package
+compares kind names: every kind-specific decision is a hook of ``base.Kind``, so a
+registered kind plans, validates, runs, shows and reports like one kept here
+(tests/kinds/test_renamed_kinds.py runs a renamed copy of each kind).
+
 Modules whose names start with ``_`` (and ``base``) are shared parts of kinds, not kinds.
 Imports: kind modules import ``pipelines.specs.declare``, ``pipelines.specs.fields``,
 ``pipelines.errors``, ``pipelines.dataio.public_keys``, ``pipelines.planning.limits`` and
@@ -31,6 +40,7 @@ Imports: kind modules import ``pipelines.specs.declare``, ``pipelines.specs.fiel
 release wiring.
 """
 import importlib
+import os
 import pkgutil
 
 # The order kinds are listed in messages and the schema; a kind module not named here (a
@@ -47,13 +57,41 @@ def _discover():
 
 
 KINDS = _discover()
+# The environment variable naming registered kind modules (module paths, comma-separated).
+ENV = "THRESHER_KINDS"
+# {kind name: module path} of the kinds registered from outside this package.
+_REGISTERED = {}
+
+
+def register(module_path):
+    """Register the kind defined by the module ``module_path`` (importable; it ends with
+    its kind object, as a module of this package does); its last dotted name is the
+    kind's name. Returns the name. Call it before a spec naming the kind is loaded (the
+    schema lists :data:`KINDS` when it is built). ValueError for a name already taken by
+    another module."""
+    global KINDS
+    name = module_path.rsplit(".", 1)[-1]
+    if not name.isidentifier() or name.startswith("_"):
+        raise ValueError(f"{ENV}: {module_path!r} is not a kind module path (its last name "
+                         f"is the kind's name: letters, digits and _, not starting with _)")
+    if name in KINDS and _REGISTERED.get(name) != module_path:
+        raise ValueError(f"{ENV}: kind {name!r} is already defined "
+                         f"(by {_REGISTERED.get(name, f'{__name__}.{name}')})")
+    _REGISTERED[name] = module_path
+    if name not in KINDS:
+        KINDS = KINDS + (name,)
+    return name
+
+
+for _path in filter(None, (p.strip() for p in os.environ.get(ENV, "").split(","))):
+    register(_path)
 
 
 def module(kind):
     """The module of one kind (imported on first use: only the chosen kind is loaded)."""
     if kind not in KINDS:
         raise KeyError(kind)
-    return importlib.import_module(f"{__name__}.{kind}")
+    return importlib.import_module(_REGISTERED.get(kind, f"{__name__}.{kind}"))
 
 
 def get(kind):
@@ -62,7 +100,7 @@ def get(kind):
     from thresher.pipelines.kinds.base import Kind
     found = module(kind).__dict__.get("KIND")
     if not isinstance(found, Kind) or found.name != kind:
-        raise TypeError(f"pipelines/kinds/{kind}.py must end with its kind object, "
+        raise TypeError(f"{module(kind).__file__} must end with its kind object, "
                         f"KIND = <a pipelines.kinds.base.Kind subclass>() whose name is "
                         f"{kind!r} (docs: pipelines/kinds/__init__.py)")
     return found

@@ -36,17 +36,18 @@ def calibration(call, what):
         raise CalibrationError(f"{what}: {exc}") from None
 
 
-def public_domain_calibration(mech, *, kind, epsilon, delta, max_keys_per_user, model):
+def public_domain_calibration(mech, *, kind, noise, epsilon, delta, max_keys_per_user, model):
     """calibrate() of gaussian / laplace with input.public_keys: every public key is released
-    with noise and no threshold (paper 002 Sec. 4, Alg. 1); ``accounting.known_domain``."""
+    with noise and no threshold (paper 002 Sec. 4, Alg. 1); ``accounting.known_domain``.
+    ``kind``: the kind's name (the report's); ``noise``: its PUBLIC_DOMAIN_NOISE."""
     from thresher.accounting import known_domain
     params = calibration(
-        lambda: known_domain.calibrate(kind, epsilon, delta, max_keys_per_user, model,
+        lambda: known_domain.calibrate(noise, epsilon, delta, max_keys_per_user, model,
                                        sigma=mech.get("sigma"), scale=mech.get("scale")),
         f"{kind} release over public keys at epsilon={epsilon:g}, delta={delta:g}, "
         f"max_keys_per_user={max_keys_per_user}, model={model}")
     out = {"kind": kind, "public_keys": True}
-    if kind == "gaussian":
+    if noise == "gaussian":
         out.update(sigma=params.sigma, noise="discrete_gaussian",
                    accounting="public key domain, every key released with noise, no threshold "
                               "(paper 002 Sec. 4, Alg. 1): exact discrete Gaussian accounting of "

@@ -18,9 +18,15 @@ import pyarrow as pa
 from thresher.accounting import adaptive as ad
 from thresher.accounting import weighted_gaussian as wg
 from thresher.pipelines.specs import declare
+from thresher.pipelines.planning import limits
+from thresher.pipelines.kinds._words import number
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds.base import UsersKind
 from thresher.pipelines.specs.fields import optional_float, optional_int
+
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "adaptive"
 
 FIELDS = {
     "rounds": declare.integer(low=1, high=3, description=(
@@ -114,7 +120,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
                "threshold_grid": r.threshold_grid, "threshold_delta": r.leak}
               for i, r in enumerate(p.rounds)]
     last = rounds[-1]
-    return {"kind": "adaptive", "rounds": rounds, "scale": p.scale,
+    return {"kind": NAME, "rounds": rounds, "scale": p.scale,
             "noise": "discrete_gaussian",
             # the last round's selection (the automatic bound's score reads these)
             "sigma": last["sigma"], "threshold": last["threshold"],
@@ -153,7 +159,9 @@ def release_users(users, params, max_keys_per_user, key_columns, num_shards, mec
 
 class Adaptive(UsersKind):
     """Weighted Gaussian selection over rounds (module docstring)."""
-    name = "adaptive"
+    name = NAME
+    INTERVAL = "count_stage"
+    COMPOSITION_NOTE = "its rounds and count, inside its one stage, compose by f-DP"
     FIELDS, OUTPUT_COLUMNS, SCORE = FIELDS, OUTPUT_COLUMNS, SCORE
     AUTO_MAX_BOUND, AUTO_MIN_BOUND = AUTO_MAX_BOUND, AUTO_MIN_BOUND
     AUTO_EPSILON_FRACTION = AUTO_EPSILON_FRACTION
@@ -161,11 +169,33 @@ class Adaptive(UsersKind):
     check_spec = staticmethod(check_spec)
     calibrate = staticmethod(calibrate)
     release_users = staticmethod(release_users)
+    MAX_KEYS = limits.WEIGHTED_GAUSSIAN_MAX_KEYS
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        limits.check_adaptive(spec, epsilon, delta, max_keys_per_user)
 
     def privacy_record(self, mechanism, stages, max_keys_per_user):
         """``accounting.zcdp.adaptive_record``: every round and the count column."""
         from thresher.accounting import zcdp
         return zcdp.adaptive_record(mechanism, stages, max_keys_per_user)
+
+    def noise_words(self, report, key, unit):
+        mech = report["mechanism"]
+        rounds = mech["rounds"]
+        return [f"selection: {len(rounds)} rounds; in each, every user gives each of "
+                f"their t kept keys not released before the weight 1/sqrt(t), and a {key} "
+                f"is released when its total weight plus discrete Gaussian noise reaches "
+                f"the round's threshold (" + ", ".join(
+                    f"sigma {number(r['sigma'])}, threshold {number(r['threshold'])}"
+                    for r in rounds) + f"); its count of {unit} gets discrete Gaussian "
+                f"noise with sigma {number(mech['count_sigma'])}"], unit
+
+    def expected_error_words(self, params):
+        from thresher.accounting.aggregates import expected_abs_gaussian
+        if "count_sigma" not in params:
+            return []
+        return [f"expected error: E|noise| of a count "
+                f"{expected_abs_gaussian(params['count_sigma']):.3g}"]
 
 
 KIND = Adaptive()

@@ -63,6 +63,34 @@ class Kind(abc.ABC):
     #: when it is not the kind's name (adaptive scores as weighted_gaussian); see :meth:`score`.
     SCORE = None
 
+    #: The confidence interval published beside the released value
+    #: (``pipelines.dataio.intervals``): "noisy_count" (the ``count`` by its noise law,
+    #: truncated at the threshold or over public keys), "count_stage" (the ``count`` of a
+    #: count stage independent of the selection, noise ``count_sigma``),
+    #: "sampled_estimate" (the ``estimate`` of a sampled count, binomial) or None.
+    INTERVAL = None
+    #: The released value column (the report names it when it has no interval).
+    VALUE_COLUMN = "count"
+    #: Why the released value has no interval (INTERVAL None; in the report).
+    NO_INTERVAL = "no interval derived"
+
+    #: The noise law of the kind's release over ``input.public_keys`` (every listed key
+    #: released, no threshold; paper 002 Sec. 4): "gaussian" or "laplace", the name
+    #: ``accounting.known_domain`` calibrates and chooses a bound by (Thm 4.3 / Lemma 4.2);
+    #: the kind then takes ``pipelines.dataio.public_keys.MECHANISM_FIELDS``. None: no such
+    #: release.
+    PUBLIC_DOMAIN_NOISE = None
+    #: The kind reads ``input.public_keys`` itself (quantiles' public cells, checked by its
+    #: :meth:`check_public_domain`), without PUBLIC_DOMAIN_NOISE's release.
+    OWN_PUBLIC_KEYS = False
+    #: The noise law of the ``aggregates`` sum columns calibrated jointly with the count
+    #: (``pipelines.specs.aggregates``): "gaussian" (sum noise at the count's sigma ratio)
+    #: or "laplace" (privacy.epsilon split evenly); None: the kind takes no aggregates.
+    AGGREGATE_NOISE = None
+    #: A note on how the kind's own stages compose inside its release stage, appended to
+    #: the plan's accounting line (adaptive: its rounds and count by f-DP); None: none.
+    COMPOSITION_NOTE = None
+
     # ---- bounds ------------------------------------------------------------------------
     #: The largest default candidate of ``max_keys_per_user: auto`` (bounding.auto.max_bound).
     AUTO_MAX_BOUND = DEFAULT_AUTO_MAX_BOUND
@@ -70,6 +98,10 @@ class Kind(abc.ABC):
     AUTO_MIN_BOUND = 1
     #: The default share of privacy.epsilon spent choosing C (bounding.auto.epsilon).
     AUTO_EPSILON_FRACTION = DEFAULT_AUTO_EPSILON_FRACTION
+
+    #: The largest bound C the kind's calibration is planned for (the planning limit,
+    #: ``pipelines.planning.limits``; the O(C) calibrations allow DEFAULT_MAX_KEYS there).
+    MAX_KEYS = 100_000
 
     # ---- releases (report notes) -------------------------------------------------------
     #: The kind's pipeline computes report figures: ``release_stages`` is given a
@@ -141,6 +173,20 @@ class Kind(abc.ABC):
         :meth:`CountsKind.per_user_bound` and :meth:`CountsKind.bound_options`."""
         return False
 
+    # ---- planning limits (pipelines.planning.limits) -----------------------------------
+    def check_limits(self, mechanism):
+        """Refuse, from the parsed section alone (before the budget split), fields beyond
+        the kind's planning limits (raises SpecError naming the field; the limits and their
+        checks are ``pipelines.planning.limits``'). Default: none."""
+        return None
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        """Refuse a release stage's (epsilon, delta) and the largest bound C =
+        ``max_keys_per_user`` the plan calibrates (already within MAX_KEYS) that the kind
+        cannot calibrate within its planning limits (raises SpecError naming the field;
+        ``field`` is the spec field setting C). Default: none."""
+        return None
+
     # ---- calibrates --------------------------------------------------------------------
     @abc.abstractmethod
     def calibrate(self, mech, *, epsilon, delta, max_keys_per_user, model):
@@ -187,6 +233,47 @@ class Kind(abc.ABC):
         sound for any kind."""
         from thresher.accounting import zcdp
         return zcdp.stage_records(stages)
+
+    # ---- report and plan words (pipelines.reports.summary, .plan_text) ---------------
+    #: The plan's text may compute the release point (:meth:`release_probability` at
+    #: growing counts) cheaply; False where that needs tables the plan does not build
+    #: (weighted_sampling's release tables).
+    CHEAP_RELEASE_POINT = True
+    #: :meth:`value_lines` describes the released rows (the report reads them for it).
+    DESCRIBES_ROWS = False
+
+    def release_probability(self, report, counts):
+        """P[a key with n users (after bounding) is released] for each n of ``counts``
+        (an int64 array), from the report's calibrated ``mechanism`` alone (a float64
+        array; the caller has left out public keys and automatic bounds). None: no such
+        curve (the report then names no release point)."""
+        return None
+
+    def release_ceiling(self, report):
+        """(M, p_M) when no count reaches release probability 1 (the table stops at M
+        below saturation); None otherwise."""
+        return None
+
+    def bounded_data_words(self, held, key):
+        """The sentence saying the released values are of the bounded data (``held``: what
+        the bound did to a user; ``key``: the key's name); None: the counts' sentence."""
+        return None
+
+    def noise_words(self, report, key, unit):
+        """(lines, unit): the sentences saying what noise or sampling each ``key``'s value
+        got and which keys came out (``unit``: what a count counts), and the unit the
+        release point is then stated in. Default: no sentence, the unit unchanged."""
+        return [], unit
+
+    def expected_error_words(self, params):
+        """The plan's line(s) on the expected absolute error of a released value from its
+        noise alone (``params``: the calibrated section). Default none."""
+        return []
+
+    def value_lines(self, report, table, keys):
+        """Lines about the released rows ``table`` themselves (DESCRIBES_ROWS; ``keys``:
+        the key columns). Default none."""
+        return []
 
     # ---- releases ----------------------------------------------------------------------
     def apply_notes(self, report, note):

@@ -16,6 +16,8 @@ import math
 import pyarrow as pa
 
 from thresher.accounting import correlated_gshm, gshm, plain_gshm
+from thresher.pipelines.planning import limits
+from thresher.pipelines.kinds._words import number, threshold_words
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.specs import declare
@@ -23,6 +25,10 @@ from thresher.pipelines.specs.fields import optional_float
 from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
                                      public_domain_calibration)
 from thresher.pipelines.dataio.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
+
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "gaussian"
 
 NOISES = ("discrete_gaussian", "correlated", "auto")
 
@@ -76,8 +82,9 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
         raise SpecError("bounding.model", "the gaussian mechanism needs bounding.model: l0 "
                         "(each user counted at most once per key)")
     if mech.get("public_keys"):
-        return public_domain_calibration(mech, kind="gaussian", epsilon=epsilon, delta=delta,
-                                         max_keys_per_user=max_keys_per_user, model=model)
+        return public_domain_calibration(mech, kind=NAME, noise="gaussian", epsilon=epsilon,
+                                         delta=delta, max_keys_per_user=max_keys_per_user,
+                                         model=model)
     noise = mech.get("noise", "discrete_gaussian")
     what = (f"gaussian release at epsilon={epsilon:g}, delta={delta:g}, "
             f"max_keys_per_user={max_keys_per_user}")
@@ -88,7 +95,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
                                pre_threshold=mech["pre_threshold"], sigma=mech.get("sigma"),
                                threshold=mech.get("threshold"), noise="discrete_gaussian"),
         what)
-    out = {"kind": "gaussian", "pre_threshold": int(params.pre_threshold),
+    out = {"kind": NAME, "pre_threshold": int(params.pre_threshold),
            "sigma": float(params.sigma), "threshold": _int_if_whole(params.threshold),
            "noise": "discrete_gaussian", "accounting": ACCOUNTING,
            "delta_achieved": float(params.delta)}
@@ -111,7 +118,7 @@ def _correlated(mech, epsilon, delta, max_keys_per_user, what, asked=False):
                 raise SpecError("mechanism.noise", str(exc)) from None
             raise
     params = calibration(call, what + ", noise correlated")
-    return {"kind": "gaussian", "pre_threshold": int(params.pre_threshold),
+    return {"kind": NAME, "pre_threshold": int(params.pre_threshold),
             "sigma": float(params.sigma), "shared_sigma": float(params.shared_sigma),
             "threshold": int(params.threshold), "noise": correlated_gshm.NOISE,
             "accounting": CORRELATED_ACCOUNTING, "delta_achieved": float(params.delta)}
@@ -164,7 +171,7 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
                        "delta_achieved"}:
         return False
     tau, sigma, threshold = params["pre_threshold"], params["sigma"], params["threshold"]
-    if (params["kind"] != "gaussian" or params["noise"] != "discrete_gaussian"
+    if (params["kind"] != NAME or params["noise"] != "discrete_gaussian"
             or params["accounting"] != ACCOUNTING or type(tau) is not int
             or tau != mech["pre_threshold"] or type(sigma) is not float
             or type(threshold) not in (int, float) or not float(threshold).is_integer()
@@ -191,19 +198,60 @@ def release(counts, params, key_columns):
 
 class Gaussian(CountsKind):
     """The Gaussian sparse histogram mechanism (module docstring)."""
-    name = "gaussian"
+    name = NAME
+    INTERVAL = "noisy_count"
+    PUBLIC_DOMAIN_NOISE = AGGREGATE_NOISE = "gaussian"
     FIELDS, OUTPUT_COLUMNS, NOISES = FIELDS, OUTPUT_COLUMNS, NOISES
     parse = staticmethod(parse)
     check_spec = staticmethod(check_spec)
     calibrate = staticmethod(calibrate)
     verify_calibration = staticmethod(verify_calibration)
     release = staticmethod(release)
+    SCORE = "gaussian"          # the V(C) score model of the automatic bound
+
+    def check_limits(self, mechanism):
+        limits.check_gaussian_fields(mechanism)
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        limits.check_gaussian_release(spec, epsilon, delta, max_keys_per_user, field,
+                                      self.MAX_KEYS)
 
     def privacy_record(self, mechanism, stages, max_keys_per_user):
         """``accounting.zcdp.gaussian_record``: independent noise, over public keys, or
         (noise: correlated) the shared draw's own record."""
         from thresher.accounting import zcdp
         return zcdp.gaussian_record(mechanism, stages, max_keys_per_user)
+
+    def release_probability(self, report, counts):
+        """n >= pre_threshold and n + Z >= threshold, Z discrete Gaussian(sigma) (paper 004
+        Alg. 1): ``accounting.discrete_gaussian.sf``; with correlated noise summed over
+        the shared draw z."""
+        import numpy as np
+        from thresher.accounting.discrete_gaussian import pmf, sf
+        mech, n = report["mechanism"], counts
+        if mech.get("noise") == "correlated":     # sum over the shared draw z
+            k = int(np.ceil(38.6 * mech["shared_sigma"])) + 1
+            z = np.arange(-k, k + 1)
+            grid = mech["threshold"] - n[:, None] - z[None, :]
+            p = np.asarray(sf(grid.ravel(), mech["sigma"]), dtype=np.float64).reshape(grid.shape)
+            from thresher.accounting import fixed_order
+            p = fixed_order.matvec(p, pmf(z, mech["shared_sigma"]))   # no BLAS
+        else:
+            p = np.asarray(sf(mech["threshold"] - n, mech["sigma"]), dtype=np.float64)
+        return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
+
+    def noise_words(self, report, key, unit):
+        return [threshold_words(report["mechanism"], key, unit,
+                                 f"discrete Gaussian noise with sigma "
+                                 f"{number(report['mechanism']['sigma'])}")], unit
+
+    def expected_error_words(self, params):
+        import math
+        from thresher.accounting.aggregates import expected_abs_gaussian
+        if "sigma" not in params:
+            return []
+        sd = math.hypot(params["sigma"], params.get("shared_sigma", 0.0))  # shared + own
+        return [f"expected error: E|noise| of a count {expected_abs_gaussian(sd):.3g}"]
 
 
 KIND = Gaussian()

@@ -34,6 +34,10 @@ from thresher.pipelines.kinds.base import StagesKind, whole_user_limit
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
 
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "heavy_hitters"
+
 DEFAULT_TOP_K = 20
 METHODS = ("adaptive", "trie")
 
@@ -139,7 +143,7 @@ def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
     (sampling_rate, threshold) meeting (epsilon, delta) over the user's C x levels cells
     (accounting.sample_threshold.trie); adaptive, the smallest round threshold over the
     grid weight of a user with C keys (Gopi et al. 2020 weights floor(S / sqrt(C))), inf
-    above the adaptive kind's planning limit (limits.MAX_KEYS["adaptive"])."""
+    above the adaptive kind's planning limit (limits.WEIGHTED_GAUSSIAN_MAX_KEYS)."""
     from thresher.accounting import adaptive as ad
     from thresher.accounting import sample_threshold
     from thresher.accounting import weighted_gaussian as wg
@@ -152,7 +156,7 @@ def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
         out["trie"] = trie_point(epsilon, delta, prefix_levels, max_keys_per_user)["release_point"]
     except ValueError:
         out["trie"] = float("inf")
-    if max_keys_per_user > limits.MAX_KEYS["adaptive"]:
+    if max_keys_per_user > limits.WEIGHTED_GAUSSIAN_MAX_KEYS:
         # beyond the adaptive kind's planning limit its calibration runs for minutes (C =
         # 1e5 at epsilon 100: > 90 s); the method is then out of the running
         out["adaptive"] = float("inf")
@@ -242,7 +246,7 @@ def _adaptive_mechanism():
 
 
 def check_spec(mechanism, input_spec, bounding, privacy):
-    _levels.refuse_auto_bound(bounding, "heavy_hitters")
+    _levels.refuse_auto_bound(bounding, NAME)
     if len(input_spec.keys) != 1:
         raise SpecError("input.keys", f"heavy_hitters needs exactly one (string) key column, "
                         f"got {list(input_spec.keys)}")
@@ -251,7 +255,7 @@ def check_spec(mechanism, input_spec, bounding, privacy):
     if mechanism.get("method") != "adaptive":
         choose_schedule(mechanism)
     if mechanism.get("method") is None and not limits.release_fits(
-            "heavy_hitters", level_structure(mechanism), privacy.epsilon, privacy.delta,
+            HeavyHitters.MAX_KEYS, level_structure(mechanism), privacy.epsilon, privacy.delta,
             bounding.max_keys_per_user):
         # beyond the planning limits no method is chosen (that would calibrate at the
         # refused bound / table length, for minutes): the plan's limits.check_release
@@ -298,7 +302,7 @@ def _calibrate_adaptive(mech, epsilon, delta, max_keys_per_user, model):
                                 max_keys_per_user=max_keys_per_user, model=model)
     q = int(wg.grid_weight(int(max_keys_per_user), params["scale"]))
     point = min(r["threshold_grid"] for r in params["rounds"]) / q
-    out = {**params, "kind": "heavy_hitters", "method": "adaptive", "top_k": mech["top_k"],
+    out = {**params, "kind": NAME, "method": "adaptive", "top_k": mech["top_k"],
            "release_point": point,
            "fewer_than_top_k": FEWER_THAN_TOP_K.format(point=point),
            "count": "the adaptive release's noisy distinct-user count (discrete Gaussian, "
@@ -341,7 +345,7 @@ def _trie_report(mech, params, epsilon, delta, levels, max_keys_per_user):
                                     "release_point": params.release_point}
     if mech.get("prefix_lengths_note"):
         extra["prefix_lengths_note"] = mech["prefix_lengths_note"]
-    return {"kind": "heavy_hitters", "method": "trie", "top_k": mech["top_k"],
+    return {"kind": NAME, "method": "trie", "top_k": mech["top_k"],
             "prefix_lengths": list(mech["prefix_lengths"]), "levels": levels,
             "sampling_rate": params.sampling_rate, "threshold": params.threshold,
             "release_point": params.release_point,
@@ -459,7 +463,10 @@ def release_stages(records, plan, num_shards, rng_factory=None):
 
 class HeavyHitters(StagesKind):
     """TrieHH++ or adaptive top keys (module docstring)."""
-    name = "heavy_hitters"
+    name = NAME
+    NO_INTERVAL = ("no interval: the published keys are the top_k by their noisy count, a "
+                   "selection on the released value itself, so a plain interval would "
+                   "under-cover the winners; no selection-aware interval is derived yet")
     FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
     parse = staticmethod(parse)
     check_spec = staticmethod(check_spec)
@@ -467,6 +474,14 @@ class HeavyHitters(StagesKind):
     level_structure = staticmethod(level_structure)
     calibrate = staticmethod(calibrate)
     verify_calibration = staticmethod(verify_calibration)
+
+    def check_limits(self, mechanism):
+        limits.check_given_threshold(self.name, mechanism)
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        limits.check_adaptive_method(spec, max_keys_per_user, field, self.MAX_KEYS)
+        limits.check_levels(spec, epsilon, delta, max_keys_per_user, field,
+                            self.level_structure(spec.mechanism), self.MAX_KEYS)
 
     def stage_budget(self, budget, mechanism, *, public_domain=False):
         return stage_budget(budget, mechanism)
@@ -479,6 +494,22 @@ class HeavyHitters(StagesKind):
         the trie from its stage's (epsilon, delta)."""
         from thresher.accounting import zcdp
         return zcdp.heavy_hitters_record(mechanism, stages, max_keys_per_user)
+
+    def noise_words(self, report, key, unit):
+        mech, c = report["mechanism"], report["bounding"]["max_keys_per_user"]
+        how = ("whole keys selected by adaptive weighted Gaussian rounds, ranked by their "
+               "noisy counts" if mech.get("method") == "adaptive" else
+               f"TrieHH++ over prefix levels {mech.get('prefix_lengths')}")
+        out = [f"heavy hitters: {how}; release point about {mech['release_point']:,.0f} "
+               f"{unit} for a {key} whose users hold {c} keys each"]
+        if mech.get("schedule_choice"):
+            out.append(f"prefix levels chosen by the plan: {mech['schedule_choice']['rule']}")
+        if mech.get("prefix_lengths_note"):
+            out.append(mech["prefix_lengths_note"])
+        got, top_k = report.get("released_keys"), mech.get("top_k")
+        if got is not None and top_k is not None and got < top_k:
+            out.append(f"{got:,} of top_k {top_k:,} came back: {mech['fewer_than_top_k']}")
+        return out, unit
 
 
 KIND = HeavyHitters()

@@ -9,6 +9,8 @@ actually drawn.
 import pyarrow as pa
 
 from thresher.accounting import laplace_threshold
+from thresher.pipelines.planning import limits
+from thresher.pipelines.kinds._words import number, threshold_words
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.kinds.base import RELEASE_STAGE, CountsKind
 from thresher.pipelines.specs import declare
@@ -16,6 +18,10 @@ from thresher.pipelines.specs.fields import optional_float
 from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
                                      public_domain_calibration)
 from thresher.pipelines.dataio.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
+
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "laplace"
 
 FIELDS = {
     "pre_threshold": pre_threshold_field("keys with fewer users (l0) or records (l1) are "
@@ -40,8 +46,9 @@ def parse(section):
 
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     if mech.get("public_keys"):
-        return public_domain_calibration(mech, kind="laplace", epsilon=epsilon, delta=delta,
-                                         max_keys_per_user=max_keys_per_user, model=model)
+        return public_domain_calibration(mech, kind=NAME, noise="laplace", epsilon=epsilon,
+                                         delta=delta, max_keys_per_user=max_keys_per_user,
+                                         model=model)
     params = calibration(
         lambda: laplace_threshold.calibrate(
             epsilon, delta, max_keys_per_user, model=model, noise="discrete_laplace",
@@ -50,7 +57,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
         f"laplace release at epsilon={epsilon:g}, delta={delta:g}, "
         f"max_keys_per_user={max_keys_per_user}, model={model}")
     threshold = float(params.threshold)
-    return {"kind": "laplace", "pre_threshold": int(params.pre_threshold),
+    return {"kind": NAME, "pre_threshold": int(params.pre_threshold),
             "scale": float(params.scale),
             "threshold": int(threshold) if threshold.is_integer() else threshold,
             "noise": "discrete_laplace", "model": model,
@@ -72,7 +79,7 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
                        "accounting", "delta_achieved"}:
         return False
     tau, scale, threshold = params["pre_threshold"], params["scale"], params["threshold"]
-    if (params["kind"] != "laplace" or params["noise"] != "discrete_laplace"
+    if (params["kind"] != NAME or params["noise"] != "discrete_laplace"
             or params["model"] != model or type(tau) is not int or tau != mech["pre_threshold"]
             or type(scale) is not float or type(threshold) not in (int, float)
             or not params["accounting"].startswith(f"Laplace thresholding, {model} model")):
@@ -103,12 +110,17 @@ def stage_budget(budget, mechanism, *, public_domain=False):
 
 class Laplace(CountsKind):
     """Laplace thresholding (module docstring)."""
-    name = "laplace"
+    name = NAME
+    INTERVAL = "noisy_count"
+    PUBLIC_DOMAIN_NOISE = AGGREGATE_NOISE = "laplace"
     FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
     parse = staticmethod(parse)
     calibrate = staticmethod(calibrate)
     verify_calibration = staticmethod(verify_calibration)
     release = staticmethod(release)
+
+    def check_limits(self, mechanism):
+        limits.check_laplace_fields(mechanism)
 
     def stage_budget(self, budget, mechanism, *, public_domain=False):
         return stage_budget(budget, mechanism, public_domain=public_domain)
@@ -121,6 +133,26 @@ class Laplace(CountsKind):
         """``accounting.zcdp.laplace_record`` (l0 and l1, with aggregates' sum columns)."""
         from thresher.accounting import zcdp
         return zcdp.laplace_record(mechanism, stages, max_keys_per_user)
+
+    def release_probability(self, report, counts):
+        """n >= pre_threshold and n + Z >= threshold, Z discrete Laplace(scale) (paper 002
+        Alg. 3): ``accounting.laplace_threshold.log_suppress``."""
+        import numpy as np
+        from thresher.accounting.laplace_threshold import log_suppress
+        mech, n = report["mechanism"], counts
+        p = -np.expm1(log_suppress(mech["scale"], mech["threshold"] - n, mech.get("noise", "discrete_laplace")))
+        return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
+
+    def noise_words(self, report, key, unit):
+        return [threshold_words(report["mechanism"], key, unit,
+                                f"discrete Laplace noise with scale "
+                                f"{number(report['mechanism']['scale'])}")], unit
+
+    def expected_error_words(self, params):
+        from thresher.accounting.aggregates import expected_abs_laplace
+        if "scale" not in params:
+            return []
+        return [f"expected error: E|noise| of a count {expected_abs_laplace(params['scale']):.3g}"]
 
 
 KIND = Laplace()

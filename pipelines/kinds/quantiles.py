@@ -46,11 +46,17 @@ import math
 import numpy as np
 import pyarrow as pa
 
+from thresher.pipelines.planning import limits
+from thresher.pipelines.kinds._words import number
 from thresher.pipelines.errors import CalibrationError, InputError, SpecError
 from thresher.pipelines.kinds import _levels
 from thresher.pipelines.kinds.base import StagesKind, whole_user_limit
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
+
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "quantiles"
 
 METHODS = ("hierarchical", "binary_search")
 SELECT_KEYS_STAGE = "select_keys"
@@ -209,7 +215,7 @@ def _check_resolution(low, high, out):
 
 
 def check_spec(mechanism, input_spec, bounding, privacy):
-    _levels.refuse_auto_bound(bounding, "quantiles")
+    _levels.refuse_auto_bound(bounding, NAME)
     column = mechanism["column"]
     share = mechanism.pop("key_selection_share", None)
     if input_spec.keys and input_spec.public_keys is None:
@@ -317,7 +323,7 @@ def _calibrate_public_cells(mech, epsilon, delta, max_keys_per_user):
 
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     if mech.get("public_cells"):
-        out = {"kind": "quantiles", "method": mech["method"], "column": mech["column"],
+        out = {"kind": NAME, "method": mech["method"], "column": mech["column"],
                "ranks": list(mech["ranks"]), "domain": list(mech["domain"]),
                "branching": mech["branching"], "leaves": mech["branching"] ** mech["levels"],
                "resolution": (mech["domain"][1] - mech["domain"][0]) / mech["branching"] ** mech["levels"]}
@@ -333,7 +339,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     per_step = max_keys_per_user * per_key
     params = _levels.calibrate(mech, epsilon=epsilon, delta=delta, levels=levels,
                                max_keys_per_user=per_step, what=f"quantiles ({mech['method']}) release")
-    out = {"kind": "quantiles", "method": mech["method"], "column": mech["column"],
+    out = {"kind": NAME, "method": mech["method"], "column": mech["column"],
            "ranks": list(mech["ranks"]), "domain": list(mech["domain"])}
     if mech["method"] == "hierarchical":
         out.update(branching=mech["branching"], leaves=mech["branching"] ** mech["levels"],
@@ -626,9 +632,62 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
                                           params["support_floor"]))
 
 
+def value_lines(report, table, keys):
+    """Words about a quantiles release's values, from its released rows (issue 36 D9: a
+    release whose every value was null said "released 8 keys", and the report's
+    ``resolution`` was taken for the values' own): how many values are null and why, and
+    the resolution the values actually have (the ``resolution`` column) beside the finest
+    the plan allows."""
+    mech = report.get("mechanism", {})
+    if "value" not in table.column_names:
+        return []
+    out = []
+    rows, nulls = table.num_rows, table.column("value").null_count
+    if nulls:
+        if "null_values" in mech:
+            why = mech["null_values"].partition("null: ")[2] or mech["null_values"]
+        else:
+            point = mech.get("release_point")
+            where = ("every bucket of its first level" if mech.get("method") == "hierarchical"
+                     else "both sides of every round of its search")
+            why = (f"nothing about it was released: {where} fell below the threshold after "
+                   f"sampling" + (f" (a bucket needs about {point:,.0f} users to be released "
+                                  f"half the time)" if isinstance(point, (int, float)) else ""))
+        empty = ""
+        if keys:
+            import pyarrow.compute as pc
+            answered = table.group_by(keys, use_threads=False).aggregate([("value", "count")])
+            total = answered.num_rows
+            none = int(pc.sum(pc.equal(answered.column("value_count"), 0)).as_py() or 0)
+            empty = f"; {none:,} of {total:,} keys have no value at all"
+        out.append(f"null values: {nulls:,} of {rows:,}" + ("" if nulls < rows else " (every value)")
+                   + f"{empty}: a value is null when {why}")
+    if "resolution" in table.column_names:
+        import pyarrow.compute as pc
+        res = table.column("resolution")
+        finest = mech.get("resolution")
+        known = rows - res.null_count
+        if known and isinstance(finest, (int, float)):
+            low, high = pc.min(res).as_py(), pc.max(res).as_py()
+            coarser = int(pc.sum(pc.greater(res, finest * (1 + 1e-9))).as_py() or 0)
+            if coarser:
+                out.append(f"resolution: {coarser:,} of {known:,} values are coarser than the "
+                           f"plan's finest {number(finest)} (deeper levels or later rounds "
+                           f"released nothing there): from {number(low)} to {number(high)}, "
+                           f"each in the resolution column")
+            else:
+                out.append(f"resolution: every value to {number(finest)} (the plan's finest)")
+    return out
+
+
 class Quantiles(StagesKind):
     """Differentially private quantiles (module docstring)."""
-    name = "quantiles"
+    name = NAME
+    VALUE_COLUMN = "value"
+    OWN_PUBLIC_KEYS = True
+    NO_INTERVAL = ("no interval derived yet for quantile values (the noisy hierarchical "
+                   "counts behind them are post-processed: consistency, isotonic, "
+                   "interpolation)")
     FIELDS, OUTPUT_COLUMNS, REQUIRED, KEYS_OPTIONAL = FIELDS, OUTPUT_COLUMNS, REQUIRED, KEYS_OPTIONAL
     WRITES_NOTES, NOTES_FILE = WRITES_NOTES, NOTES_FILE
     parse = staticmethod(parse)
@@ -638,6 +697,13 @@ class Quantiles(StagesKind):
     calibrate = staticmethod(calibrate)
     release_stages = staticmethod(release_stages)
     apply_notes = staticmethod(apply_notes)
+
+    def check_limits(self, mechanism):
+        limits.check_given_threshold(self.name, mechanism)
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        limits.check_levels(spec, epsilon, delta, max_keys_per_user, field,
+                            self.level_structure(spec.mechanism), self.MAX_KEYS)
 
     def stage_budget(self, budget, mechanism, *, public_domain=False):
         return stage_budget(budget, mechanism)
@@ -650,6 +716,27 @@ class Quantiles(StagesKind):
         every other stage from its (epsilon, delta)."""
         from thresher.accounting import zcdp
         return zcdp.quantiles_record(mechanism, stages, max_keys_per_user)
+    DESCRIBES_ROWS = True
+
+    def bounded_data_words(self, held, key):
+        return (f"quantiles are of the bounded data: {held}, so a {key}'s quantiles are of "
+                f"the values of the users the bound kept for it, not of all its input values")
+
+    def noise_words(self, report, key, unit):
+        mech = report["mechanism"]
+        if "support_floor" in mech:
+            return [f"quantiles per {key}: every bucket of every selected {key} gets discrete "
+                    f"Gaussian noise (sigma {number(mech['sigma'])}), no threshold; values are "
+                    f"monotone in rank; a {key} gets null values only when "
+                    f"{mech['null_values'].partition('null: ')[2]}"], unit
+        ranks = ", ".join(number(r) for r in mech.get("ranks", []))
+        domain = mech.get("domain") or ["?", "?"]
+        return [f"quantiles: of {mech.get('column')} at ranks {ranks}, within "
+                f"[{number(domain[0])}, {number(domain[1])}], by the {mech.get('method', '')} "
+                f"method"], unit
+
+    def value_lines(self, report, table, keys):
+        return value_lines(report, table, keys)
 
 
 KIND = Quantiles()

@@ -21,11 +21,17 @@ paper's own recipe (alpha = 1/6).
 import pyarrow as pa
 
 from thresher.accounting import sample_threshold
+from thresher.pipelines.planning import limits
+from thresher.pipelines.kinds._words import number
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds import _levels
 from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float, optional_int
+
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "sample_and_threshold"
 
 # The PLD calibration costs 0.2-0.6 s of CPU up to C = 64 (15-25 evaluations of the
 # composed bound; benchmarks/bench_plan_cache.py): it is the default up to
@@ -140,7 +146,7 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
         method, composition = _accounting_choice(mech, max_keys_per_user, model)
     except SpecError:
         return False
-    if type(params) is not dict or params.get("kind") != "sample_and_threshold":
+    if type(params) is not dict or params.get("kind") != NAME:
         return False
     p, tau, used = params.get("sampling_rate"), params.get("threshold"), params.get("composition")
     rate, threshold = mech.get("sampling_rate"), mech.get("threshold")
@@ -158,7 +164,7 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
 
 def _report(params, method):
     """The plan's parameters dict of a core.SampleThresholdParams."""
-    out = {"kind": "sample_and_threshold",
+    out = {"kind": NAME,
            "sampling_rate": params.sampling_rate,
            "threshold": params.threshold,
            "release_point": params.release_point,
@@ -210,13 +216,45 @@ def release(counts, params, key_columns):
 class SampleAndThreshold(CountsKind):
     """Sample-and-threshold (module docstring); charged from its stages' (epsilon, delta)
     claims (the default privacy_record)."""
-    name = "sample_and_threshold"
+    name = NAME
+    INTERVAL = "sampled_estimate"
     FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
     parse = staticmethod(parse)
     for_auto_bound = staticmethod(for_auto_bound)
     calibrate = staticmethod(calibrate)
     verify_calibration = staticmethod(verify_calibration)
     release = staticmethod(release)
+    SCORE = "sample_and_threshold"          # the V(C) score model of the automatic bound
+
+    def check_limits(self, mechanism):
+        limits.check_given_threshold(self.name, mechanism)
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        limits.check_levels(spec, epsilon, delta, max_keys_per_user, field,
+                            self.level_structure(spec.mechanism), self.MAX_KEYS)
+
+    def release_probability(self, report, counts):
+        """Binomial(n, p) >= threshold (paper 003 Sec. 3.1)."""
+        # P[Bin(n, p) >= threshold] by the accounting's own binomial tail (scipy.special's
+        # bdtrc; scipy.stats would cost thresher report 0.7-1.4 s to import)
+        from thresher.accounting.sample_threshold.core import _sf
+        mech = report["mechanism"]
+        return _sf(mech["threshold"] - 1, counts, mech["sampling_rate"])
+
+    def noise_words(self, report, key, unit):
+        mech = report["mechanism"]
+        return [f"sampling: each user's contribution to a {key} is kept with probability "
+                f"{number(mech['sampling_rate'])} (no noise); a {key} is released when its "
+                f"sampled count is at least {mech['threshold']}"], unit
+
+    def expected_error_words(self, params):
+        import math
+        if "sampling_rate" not in params:
+            return []
+        p = float(params["sampling_rate"])
+        return [f"expected error: a count n is released as a Binomial(n, {p:.3g}) sample; "
+                f"sd of n estimated from it: sqrt(n (1 - p) / p), {math.sqrt((1 - p) / p):.3g} "
+                f"sqrt(n)"]
 
 
 KIND = SampleAndThreshold()

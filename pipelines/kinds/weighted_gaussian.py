@@ -15,10 +15,16 @@ measurements behind the defaults: ``bounding.auto.max_bound`` 1024 (AUTO_MAX_BOU
 import pyarrow as pa
 
 from thresher.accounting import weighted_gaussian as wg
+from thresher.pipelines.planning import limits
+from thresher.pipelines.kinds._words import number
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float, optional_int
+
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "weighted_gaussian"
 
 # sigma * S must stay within the planning limit of the exact tails (pipelines.planning.limits).
 SIGMA_MAX = 1e5 / wg.WEIGHT_SCALE
@@ -97,7 +103,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
         raise CalibrationError(f"weighted_gaussian release at epsilon={epsilon:g}, "
                                f"delta={delta:g}, max_keys_per_user={max_keys_per_user}: "
                                f"{text}") from None
-    return {"kind": "weighted_gaussian", "sigma": p.sigma, "threshold": p.threshold,
+    return {"kind": NAME, "sigma": p.sigma, "threshold": p.threshold,
             "threshold_grid": p.threshold_grid, "scale": p.scale,
             "noise": "discrete_gaussian",
             "count_sigma": p.count_sigma,
@@ -121,12 +127,18 @@ def release(counts, params, key_columns):
 
 class WeightedGaussian(CountsKind):
     """Weighted Gaussian partition selection with counts (module docstring)."""
-    name = "weighted_gaussian"
+    name = NAME
+    INTERVAL = "count_stage"
     FIELDS, OUTPUT_COLUMNS, AUTO_MAX_BOUND = FIELDS, OUTPUT_COLUMNS, AUTO_MAX_BOUND
     parse = staticmethod(parse)
     bound_options = staticmethod(bound_options)
     calibrate = staticmethod(calibrate)
     release = staticmethod(release)
+    SCORE = "weighted_gaussian"          # the V(C) score model of the automatic bound
+    MAX_KEYS = limits.WEIGHTED_GAUSSIAN_MAX_KEYS
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        limits.check_weighted_gaussian(spec, epsilon, delta, max_keys_per_user)
 
     def per_user_bound(self):
         """The bounding with weights,
@@ -142,6 +154,32 @@ class WeightedGaussian(CountsKind):
         """``accounting.zcdp.weighted_gaussian_record``: the selection and the count column."""
         from thresher.accounting import zcdp
         return zcdp.weighted_gaussian_record(mechanism, stages, max_keys_per_user)
+
+    def release_probability(self, report, counts):
+        """n users that each kept max_keys_per_user keys (the lightest weight, q_C): the
+        curve of the heaviest users; lighter users need fewer co-holders."""
+        import numpy as np
+        from thresher.accounting.weighted_gaussian import grid_weight, sf_upper
+        mech = report["mechanism"]
+        q = grid_weight(int(report["bounding"]["max_keys_per_user"]), mech["scale"])
+        sd = mech["sigma"] * mech["scale"]
+        return np.asarray([sf_upper(mech["threshold_grid"] - int(k) * q, sd) if k > 0 else 0.0
+                           for k in counts], dtype=np.float64)
+
+    def noise_words(self, report, key, unit):
+        mech, c = report["mechanism"], report["bounding"]["max_keys_per_user"]
+        return [f"selection: each user gives each of their t kept keys the weight "
+                f"1/sqrt(t); a {key} is released when its total weight plus discrete "
+                f"Gaussian noise (sigma {number(mech['sigma'])}) reaches "
+                f"{number(mech['threshold'])}; its count of {unit} gets discrete Gaussian "
+                f"noise with sigma {number(mech['count_sigma'])}"], f"{unit} with {c} keys each"
+
+    def expected_error_words(self, params):
+        from thresher.accounting.aggregates import expected_abs_gaussian
+        if "count_sigma" not in params:
+            return []
+        return [f"expected error: E|noise| of a count "
+                f"{expected_abs_gaussian(params['count_sigma']):.3g}"]
 
 
 KIND = WeightedGaussian()

@@ -23,11 +23,16 @@ import numpy as np
 import pyarrow as pa
 
 from thresher.accounting import pws
+from thresher.pipelines.planning import limits
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.specs import declare
 from thresher.pipelines.kinds import _sample_fields
 from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.kinds._common import calibration
+
+# The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
+# parameters say it; a renamed copy of this module is another kind).
+NAME = "weighted_sampling"
 
 FIELDS = {
     "sampling": declare.choice(pws.SAMPLING_SCHEMES, default="none", description=(
@@ -169,7 +174,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     keep = calibration(keep_table,
                        f"weighted_sampling tables for max_keys_per_user={max_keys_per_user}")
     half = np.flatnonzero(keep >= 0.5)
-    out = {"kind": "weighted_sampling", **params.as_dict(),
+    out = {"kind": NAME, **params.as_dict(),
            "delta_achieved": params.delta_realized,
            "threshold": int(half[0]) if len(half) else params.max_frequency,
            "accounting": _ACCOUNTING[params.composition if params.composition != "pld"
@@ -197,14 +202,59 @@ def sanitize_existing_sample(sample, params, key_columns, frequency_column):
         params, key_columns, frequency_column=frequency_column)
 
 
+def release_keep(mech):
+    """pi_0..pi_M: the keep table the release draws with (``accounting.pws.release_tables``
+    of the report's parameters, as the release builds it)."""
+    import numpy as np
+    from thresher.accounting import pws
+    from thresher.transforms.selection.sanitize_sample import _as_parameters
+    return np.asarray(pws.release_tables(_as_parameters(mech)).keep, dtype=np.float64)
+
+
 class WeightedSampling(CountsKind):
     """Private weighted sampling (module docstring); charged from its stages' (epsilon,
     delta) claims (the default privacy_record)."""
-    name = "weighted_sampling"
+    name = NAME
+    VALUE_COLUMN = "estimate"
+    NO_INTERVAL = ("no interval yet: sanitized sample frequencies (paper 001) have no "
+                   "variance statement implemented")
     FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
     parse = staticmethod(parse)
     calibrate = staticmethod(calibrate)
     release = staticmethod(release)
+    SCORE = "weighted_sampling"          # the V(C) score model of the automatic bound
+    MAX_KEYS = limits.WEIGHTED_SAMPLING_MAX_KEYS
+
+    def check_limits(self, mechanism):
+        limits.check_weighted_sampling_fields(mechanism)
+
+    def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
+        limits.check_weighted_sampling_release(spec, epsilon, delta, max_keys_per_user)
+    CHEAP_RELEASE_POINT = False    # its release point needs the release tables
+
+    def release_probability(self, report, counts):
+        """pi_n, the end-to-end reporting probability (paper 001 Alg. 3)."""
+        import numpy as np
+        keep = release_keep(report["mechanism"])
+        # The release reads row min(n, M) of the table it used (transforms.selection.sanitize_sample:
+        # counts above max_frequency M are treated as M, whether M saturates at pi = 1 or
+        # was clipped by an explicit max_frequency), so the curve does too.
+        return keep[np.minimum(counts, len(keep) - 1)]
+
+    def release_ceiling(self, report):
+        """(M, pi_M) when the table stops at an explicit max_frequency M below saturation."""
+        mech = report["mechanism"]
+        if "by_max_keys_per_user" in mech:
+            return None
+        keep = release_keep(mech)
+        if keep[-1] >= 1.0:
+            return None
+        return len(keep) - 1, float(keep[-1])
+
+    def noise_words(self, report, key, unit):
+        return [f"sampling: each {key} is reported with a probability that grows with its "
+                f"count of users (private weighted sampling); released frequencies are "
+                f"sanitized"], unit
 
 
 KIND = WeightedSampling()

@@ -71,12 +71,12 @@ THRESHOLD_MAX = 100
 # gaussian with mechanism.noise: correlated (= accounting.correlated_gshm.MAX_KEYS: its
 # calibration sums Thm 5.4 over the shared draw; minutes beyond it)
 CORRELATED_MAX_KEYS = 1024
-MAX_KEYS = {"gaussian": 100_000, "laplace": 100_000, "sample_and_threshold": 100_000,
-            "weighted_sampling": 10_000, "heavy_hitters": 100_000, "quantiles": 100_000,
-            "weighted_gaussian": 2048, "adaptive": 2048}
-# Kinds calibrated by sample-and-threshold accounting (heavy_hitters and quantiles: one
-# sample-and-threshold histogram per level, each at its stage's budget).
-_SAMPLE_AND_THRESHOLD_KINDS = ("sample_and_threshold", "heavy_hitters", "quantiles")
+# The largest bound C a kind's calibration is planned for (its kind object's MAX_KEYS,
+# ``pipelines.kinds.base.Kind``): O(C) calibrations (the default), the exact optimal
+# composition of weighted_sampling, and the O(C^2) weighted-Gaussian / adaptive ones.
+DEFAULT_MAX_KEYS = 100_000
+WEIGHTED_SAMPLING_MAX_KEYS = 10_000
+WEIGHTED_GAUSSIAN_MAX_KEYS = 2048
 WS_KEY_DELTA_MIN = 1e-15
 WS_SAMPLING_THRESHOLD_MIN = 1e-6
 # sample-and-threshold kinds: below this rate a released key needs > 1e12 users, and at
@@ -118,8 +118,11 @@ def _default(max_bound):
     return default_candidates(max_bound)
 
 
-def check_spec(spec):
-    """Limits that depend on the spec's fields only (no budget split): raise SpecError."""
+def check_spec(spec, kind):
+    """Limits that depend on the spec's fields only (no budget split): raise SpecError.
+    ``kind``: the spec's kind object (``pipelines.kinds.base.Kind``), whose
+    ``check_limits`` checks its own fields (with the functions below; this module imports
+    no kind)."""
     privacy = spec.privacy
     if privacy.epsilon > EPSILON_MAX:
         raise SpecError("privacy.epsilon", f"must be <= {EPSILON_MAX:g} (the planning limit: "
@@ -127,42 +130,57 @@ def check_spec(spec):
     if privacy.delta < DELTA_MIN:
         raise SpecError("privacy.delta", f"must be >= {DELTA_MIN:g} (the planning limit), "
                         f"got {privacy.delta:g}")
-    kind, mech = spec.kind, spec.mechanism
+    mech = spec.mechanism
     rate = mech.get("sampling_rate")
     if rate is not None and rate < SAMPLING_RATE_MIN:
         raise SpecError("mechanism.sampling_rate", f"must be >= {SAMPLING_RATE_MIN:g} (the "
                         f"planning limit: a key would need ~threshold / sampling_rate > "
                         f"{1 / SAMPLING_RATE_MIN:g} users to be released, and the binomial "
                         f"tails overflow), got {rate:g}")
-    if kind == "gaussian" and mech.get("sigma") is not None and mech["sigma"] < SIGMA_MIN:
+    kind.check_limits(mech)
+
+
+def check_gaussian_fields(mech):
+    """gaussian's sigma and threshold within the exact tails' limits (module docstring)."""
+    if mech.get("sigma") is not None and mech["sigma"] < SIGMA_MIN:
         raise SpecError("mechanism.sigma", f"must be >= {SIGMA_MIN:g} (smaller noise cannot "
                         f"meet any delta < 1), got {mech['sigma']:g}")
-    if kind == "gaussian" and mech.get("sigma") is not None and mech["sigma"] > SIGMA_MAX:
+    if mech.get("sigma") is not None and mech["sigma"] > SIGMA_MAX:
         raise SpecError("mechanism.sigma", f"must be <= {SIGMA_MAX:g} (the planning limit: "
                         f"exact discrete Gaussian tails cost O(sigma) memory), got {mech['sigma']:g}")
-    if kind == "gaussian" and mech.get("threshold") is not None \
+    if mech.get("threshold") is not None \
             and mech["threshold"] - mech["pre_threshold"] > GAP_MAX:
         raise SpecError("mechanism.threshold", f"must be <= pre_threshold + {GAP_MAX:g} = "
                         f"{mech['pre_threshold'] + GAP_MAX:g} (the planning limit: it would "
                         f"need sigma > {SIGMA_MAX:g}), got {mech['threshold']:g}")
-    if kind == "laplace" and mech.get("threshold") is not None \
-            and mech["threshold"] > LAPLACE_THRESHOLD_MAX:
+
+
+def check_laplace_fields(mech):
+    """laplace's given threshold within the integer search's range."""
+    if mech.get("threshold") is not None and mech["threshold"] > LAPLACE_THRESHOLD_MAX:
         raise SpecError("mechanism.threshold", f"must be <= {LAPLACE_THRESHOLD_MAX:g} (the "
                         f"planning limit), got {mech['threshold']:g}")
-    if kind in _SAMPLE_AND_THRESHOLD_KINDS and mech.get("threshold") is not None \
-            and mech["threshold"] > THRESHOLD_MAX:
+
+
+def check_given_threshold(kind, mech):
+    """A given threshold of a sample-and-threshold kind (named ``kind`` in the message)
+    within THRESHOLD_MAX (module docstring)."""
+    if mech.get("threshold") is not None and mech["threshold"] > THRESHOLD_MAX:
         raise SpecError("mechanism.threshold", f"a given threshold must be an integer in "
                         f"[1, {THRESHOLD_MAX}] for {kind} (the planning limit: checking it "
                         f"searches the sampling rate over binomial tails whose cost grows "
                         f"with the threshold, ~10 s at {THRESHOLD_MAX}, docs/performance.md); "
                         f"leave it out to have it calibrated, got {mech['threshold']}")
-    if kind == "weighted_sampling" and mech.get("sampling_threshold") is not None \
+
+
+def check_weighted_sampling_fields(mech):
+    """weighted_sampling's sampling threshold and tables within their limits."""
+    if mech.get("sampling_threshold") is not None \
             and mech["sampling_threshold"] < WS_SAMPLING_THRESHOLD_MIN:
         field = "input.sample.threshold" if mech.get("presampled") else "mechanism.sampling_threshold"
         raise SpecError(field, f"must be >= {WS_SAMPLING_THRESHOLD_MIN:g} (the planning limit: "
                         f"the tables grow as 1/threshold), got {mech['sampling_threshold']:g}")
-    if kind == "weighted_sampling":
-        _check_pws_table_size(mech)
+    _check_pws_table_size(mech)
 
 
 # ppswor's q = 1 - exp(-w t) is 1.0 in float64 only once w t >= 54 ln 2 (e^-wt < 2^-54);
@@ -202,31 +220,30 @@ def _check_pws_table_size(mech):
                     f"reported with probability ~{q_cap:.6g})")
 
 
-def check_release(spec, epsilon, delta, candidates, level_structure=(1, 1)):
+def check_release(spec, epsilon, delta, candidates, kind):
     """Limits that depend on the release stage's (epsilon, delta) and the largest bound C
     the plan calibrates; raise SpecError naming the field and what would work.
-    level_structure: the kind's (levels, contributions per level per unit of C), passed
-    by the plan (this module imports no kind)."""
-    kind = spec.kind
+    ``kind``: the spec's kind object, passed by the plan (this module imports no kind):
+    its MAX_KEYS, then its ``check_release_limits``."""
     c = max(candidates)
     field = _bound_field(spec)
-    if c > MAX_KEYS[kind]:
-        raise SpecError(field, f"must be <= {MAX_KEYS[kind]} for {kind} (the planning limit: "
-                        f"calibration is O(max_keys_per_user) per step), got {c}")
-    if kind == "gaussian" and spec.mechanism.get("noise") == "correlated" \
-            and c > CORRELATED_MAX_KEYS:
-        raise SpecError(field, f"must be <= {CORRELATED_MAX_KEYS} for gaussian with noise: "
+    if c > kind.MAX_KEYS:
+        raise SpecError(field, f"must be <= {kind.MAX_KEYS} for {kind.name} (the planning "
+                        f"limit: calibration is O(max_keys_per_user) per step), got {c}")
+    kind.check_release_limits(spec, epsilon, delta, c, field)
+
+
+def check_gaussian_release(spec, epsilon, delta, c, field, max_keys):
+    """gaussian: correlated noise within its calibration's bound; a calibrated sigma
+    within SIGMA_MAX (module docstring). ``max_keys``: the kind's MAX_KEYS (named in the
+    message)."""
+    if spec.mechanism.get("noise") == "correlated" and c > CORRELATED_MAX_KEYS:
+        raise SpecError(field, f"must be <= {CORRELATED_MAX_KEYS} for {spec.kind} with noise: "
                         f"correlated (the planning limit of its calibration; noise: "
-                        f"discrete_gaussian allows {MAX_KEYS[kind]}), got {c}")
-    if kind == "heavy_hitters" and spec.mechanism.get("method") == "adaptive" \
-            and c > MAX_KEYS["adaptive"]:
-        # its calibration is the adaptive kind's (accounting.adaptive): minutes beyond it
-        raise SpecError(field, f"must be <= {MAX_KEYS['adaptive']} for heavy_hitters with "
-                        f"method: adaptive (the planning limit of the adaptive calibration; "
-                        f"method: trie allows {MAX_KEYS[kind]}), got {c}")
-    if kind == "gaussian" and spec.mechanism.get("noise") == "correlated":
+                        f"discrete_gaussian allows {max_keys}), got {c}")
+    if spec.mechanism.get("noise") == "correlated":
         _check_correlated(spec, epsilon, delta, c)
-    if kind == "gaussian" and spec.mechanism.get("sigma") is None:
+    if spec.mechanism.get("sigma") is None:
         if not _gaussian_fits(epsilon, delta, c, SIGMA_MAX):
             need = _smallest(lambda e: _gaussian_fits(e, delta, c, SIGMA_MAX), epsilon)
             raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage "
@@ -234,47 +251,58 @@ def check_release(spec, epsilon, delta, candidates, level_structure=(1, 1)):
                             f"sigma > {SIGMA_MAX:g}, the planning limit; "
                             + _epsilon_advice(need, spec.privacy.epsilon, epsilon,
                                               "a larger delta or a smaller bound"))
-    if kind == "weighted_gaussian":
-        _check_weighted_gaussian(spec, epsilon, delta, c)
-    if kind == "adaptive":
-        _check_adaptive(spec, epsilon, delta, c)
-    if kind == "weighted_sampling" and delta / c < WS_KEY_DELTA_MIN:
+
+
+def check_adaptive_method(spec, c, field, max_keys):
+    """heavy_hitters with method: adaptive calibrates as the adaptive kind
+    (accounting.adaptive): minutes beyond WEIGHTED_GAUSSIAN_MAX_KEYS. ``max_keys``: the
+    trie method's limit (named in the message)."""
+    kind = spec.kind
+    if spec.mechanism.get("method") == "adaptive" and c > WEIGHTED_GAUSSIAN_MAX_KEYS:
+        raise SpecError(field, f"must be <= {WEIGHTED_GAUSSIAN_MAX_KEYS} for {kind} with "
+                        f"method: adaptive (the planning limit of the adaptive calibration; "
+                        f"method: trie allows {max_keys}), got {c}")
+
+
+def check_weighted_sampling_release(spec, epsilon, delta, c):
+    """weighted_sampling: the per-key delta above float granularity and the PWS tables of
+    the per-key budget within L_MAX (module docstring)."""
+    if delta / c < WS_KEY_DELTA_MIN:
         raise SpecError("privacy.delta", f"{delta:g} over max_keys_per_user={c} gives a per-key "
                         f"delta below {WS_KEY_DELTA_MIN:g}, the planning limit of "
-                        f"weighted_sampling (float granularity); use delta >= "
+                        f"{spec.kind} (float granularity); use delta >= "
                         f"{WS_KEY_DELTA_MIN * c:.3g}")
-    if kind == "weighted_sampling":
-        # The per-key budget itself (exact optimal composition: O(C) per step, C <= 1e4).
-        from thresher.accounting.pws import per_key_budget
-        budget = per_key_budget(epsilon, delta, c,
-                                composition=spec.mechanism.get("composition") or "optimal")
-        length = _length(budget.key_epsilon, budget.key_delta, 1)
-        _check_rounding(spec, epsilon, delta, c, budget)
-        if length > L_MAX:
-            raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage "
-                            f"{epsilon:g}) with delta={delta:g} and max_keys_per_user={c} gives "
-                            f"per-key epsilon {budget.key_epsilon:.3g}, delta "
-                            f"{budget.key_delta:.3g}, whose PWS tables span ~{length:.3g} counts "
-                            f"(> {L_MAX:.0f}, the planning limit of weighted_sampling); use a "
-                            f"release epsilon of about {epsilon * length / L_MAX:.3g} or more, "
-                            f"or a smaller max_keys_per_user")
-    if kind in _SAMPLE_AND_THRESHOLD_KINDS:
-        _check_levels(spec, epsilon, delta, c, field, level_structure)
+    # The per-key budget itself (exact optimal composition: O(C) per step, C <= 1e4).
+    from thresher.accounting.pws import per_key_budget
+    budget = per_key_budget(epsilon, delta, c,
+                            composition=spec.mechanism.get("composition") or "optimal")
+    length = _length(budget.key_epsilon, budget.key_delta, 1)
+    _check_rounding(spec, epsilon, delta, c, budget)
+    if length > L_MAX:
+        raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (release stage "
+                        f"{epsilon:g}) with delta={delta:g} and max_keys_per_user={c} gives "
+                        f"per-key epsilon {budget.key_epsilon:.3g}, delta "
+                        f"{budget.key_delta:.3g}, whose PWS tables span ~{length:.3g} counts "
+                        f"(> {L_MAX:.0f}, the planning limit of {spec.kind}); use a "
+                        f"release epsilon of about {epsilon * length / L_MAX:.3g} or more, "
+                        f"or a smaller max_keys_per_user")
 
 
-def _check_levels(spec, epsilon, delta, c, field, level_structure):
+def check_levels(spec, epsilon, delta, c, field, level_structure, max_keys):
     """Sample-and-threshold kinds calibrate one contribution at epsilon / (levels * C'),
     C' = c * per_key (``accounting.sample_threshold.calibrate_levels``): the table length
-    and the O(C') calibration are checked at what is actually calibrated."""
+    and the O(C') calibration are checked at what is actually calibrated.
+    ``level_structure``: the kind's (levels, contributions per level per unit of C);
+    ``max_keys``: its MAX_KEYS."""
     kind = spec.kind
     levels, per_key = level_structure
 
     def length(e, k):
         return _length(e / levels, delta / levels, k * per_key)
 
-    if c * per_key > MAX_KEYS[kind]:
+    if c * per_key > max_keys:
         raise SpecError(field, f"times the {per_key} contributions per level a user makes "
-                        f"must be <= {MAX_KEYS[kind]} for {kind} (the planning limit: "
+                        f"must be <= {max_keys} for {kind} (the planning limit: "
                         f"calibration is O(contributions) per step), got {c} x {per_key}")
     if length(epsilon, c) > L_MAX:
         need = _smallest(lambda e: length(e, c) <= L_MAX, epsilon)
@@ -289,17 +317,17 @@ def _check_levels(spec, epsilon, delta, c, field, level_structure):
                                           else "a larger delta"))
 
 
-def release_fits(kind, level_structure, epsilon, delta, c):
+def release_fits(max_keys, level_structure, epsilon, delta, c):
     """True when :func:`check_release`'s bound and table-length limits of a
     sample-and-threshold kind pass at (epsilon, delta, C = c): a kind that calibrates
     while the spec is parsed (heavy_hitters' default method, from release points) asks
     first and leaves the refusal, with its message, to the plan (issue: it calibrated a
     max_keys_per_user of 1e7 for minutes before the plan refused it). The spec's whole
     budget is an upper bound on the release stage's, so a False here is a refusal there."""
-    if not (isinstance(c, int) and 1 <= c <= MAX_KEYS[kind]):
+    if not (isinstance(c, int) and 1 <= c <= max_keys):
         return False
     levels, per_key = level_structure
-    if c * per_key > MAX_KEYS[kind]:
+    if c * per_key > max_keys:
         return False
     return _length(epsilon / levels, delta / levels, c * per_key) <= L_MAX
 
@@ -323,7 +351,7 @@ def _check_correlated(spec, epsilon, delta, c):
                                       "bound"))
 
 
-def _check_weighted_gaussian(spec, epsilon, delta, c):
+def check_weighted_gaussian(spec, epsilon, delta, c):
     """weighted_gaussian (accounting.weighted_gaussian): its calibration is O(C^2) per
     step (C <= 2048: ~2 s); the selection noise sigma * S must be drawable
     (transforms.randomness.samplers.SIGMA_MAX grid units) and the count's sigma within SIGMA_MAX."""
@@ -454,7 +482,7 @@ def _largest_bound(ok, c):
     return (c if first_bad is None else first_bad) - 1
 
 
-def _check_adaptive(spec, epsilon, delta, c):
+def check_adaptive(spec, epsilon, delta, c):
     """adaptive (accounting.adaptive): the rounds and the count share one base noise s,
     about the continuous Gaussian sigma for the release's (epsilon, delta); round r draws
     s / sqrt((1 - f_c) w_r) user weights, whose sigma * S must be drawable, and the count

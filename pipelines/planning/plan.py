@@ -76,7 +76,7 @@ class Plan:
         (``accounting.known_domain.domain_bound_rule``) over the calibrated candidates."""
         from thresher.accounting.known_domain import domain_bound_rule
         return domain_bound_rule(
-            self.spec.kind, self.candidates, self.domain.num_rows,
+            self.spec.kind_object.PUBLIC_DOMAIN_NOISE, self.candidates, self.domain.num_rows,
             epsilon=self.release_stage.epsilon, params_by_bound=self.params_by_bound,
             sparsity=min(self.spec.bounding.auto.max_bound, self.domain.num_rows))
 
@@ -95,7 +95,7 @@ class Plan:
                 bounding["selection"] = {
                     "epsilon": self.select_stage.epsilon,
                     "rule": ("paper 002 Lemma 4.2: the ceil(d/epsilon)-th largest user weight"
-                             if spec.kind == "laplace" else
+                             if spec.kind_object.PUBLIC_DOMAIN_NOISE == "laplace" else
                              "paper 002 Thm 4.3: the smallest C with S(C) <= M(C), ratios "
                              "clipped to sqrt(min(max_bound, d))"),
                     "sensitivity": self.domain_bound_rule().sensitivity,
@@ -178,9 +178,10 @@ def intervals_report(spec):
 
 def _accounting_text(mechanism, spec):
     parts = []
+    laplace_domain = spec.kind_object.PUBLIC_DOMAIN_NOISE == "laplace"
     if spec.auto_bound and spec.input.public_keys is not None:
         parts.append("choose_contribution_bound: bounded-domain rule (paper 002 "
-                     f"{'Lemma 4.2' if spec.kind == 'laplace' else 'Thm 4.3'}) by the "
+                     f"{'Lemma 4.2' if laplace_domain else 'Thm 4.3'}) by the "
                      "exponential mechanism, (epsilon, 0)-DP")
     elif spec.auto_bound:
         parts.append("choose_contribution_bound: exponential mechanism, (epsilon, 0)-DP "
@@ -190,9 +191,9 @@ def _accounting_text(mechanism, spec):
         first = next(iter(mechanism["by_max_keys_per_user"].values()))
         accounting = first.get("accounting")
     parts.append(f"release: {accounting}")
-    if spec.kind == "adaptive":
-        parts.append("the plan's stages composed by basic composition (adaptive: its "
-                     "rounds and count, inside its one stage, compose by f-DP)")
+    note = kinds.get(spec.kind).COMPOSITION_NOTE
+    if note is not None:
+        parts.append(f"the plan's stages composed by basic composition ({spec.kind}: {note})")
     else:
         parts.append("the plan's stages composed by basic composition")
     return "; ".join(parts)
@@ -233,7 +234,7 @@ def _shown(x):
 
 def make_plan(spec):
     """Budget split and calibration; raises CalibrationError if the budget cannot be met."""
-    limits.check_spec(spec)
+    limits.check_spec(spec, kinds.get(spec.kind))
     check_stage_budgets(spec)
     budget = Budget(spec.privacy.epsilon, spec.privacy.delta)
     if spec.auto_bound:
@@ -263,9 +264,7 @@ def make_plan(spec):
     # the kind's stages (one per composed histogram of heavy_hitters and quantiles; laplace
     # over a public domain is pure epsilon-DP and spends no delta)
     release = kind.stage_budget(budget, spec.mechanism, public_domain=domain is not None)
-    # (levels, contributions per level per unit of C) of a sample-and-threshold kind
-    limits.check_release(spec, release.epsilon, release.delta, candidates,
-                         kind.level_structure(spec.mechanism))
+    limits.check_release(spec, release.epsilon, release.delta, candidates, kind)
     mechanism = spec.mechanism
     if spec.auto_bound:
         mechanism = kind.for_auto_bound(mechanism)  # the kind's cheaper default there

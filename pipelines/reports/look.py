@@ -217,7 +217,7 @@ def report_lines(output, top=TABLE_TOP):
              f"(epsilon={privacy['epsilon']:g}, delta={delta:g})-differential privacy "
              f"({privacy['neighbouring']}); {report['mechanism'].get('kind', '')} mechanism, "
              f"at most {report['bounding']['max_keys_per_user']} keys per user"]
-    if report["mechanism"].get("kind") == "quantiles":
+    if summary.describes_rows(report):
         lines += summary.quantile_lines(report, summary.load_released(output, report))
     lines += summary.noise_in_words(report, keys)
     stages = [s for s in privacy.get("stages", []) if isinstance(s, dict)]

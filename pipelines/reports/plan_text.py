@@ -125,7 +125,7 @@ def format_short(plan, report, users=2000):
     keys = list(spec.input.keys)
     # PWS's release point needs its release tables (accounting.pws.release_tables), which
     # the plan builds only where they can refuse the bound (tests/robustness/test_pws_plan_cost)
-    cheap = spec.kind != "weighted_sampling"
+    cheap = spec.kind_object.CHEAP_RELEASE_POINT
     out = [f"release {spec.name}: {spec.kind} over "
            + (f"keys {', '.join(keys)}" if keys else "all rows (no keys)")
            + f", users in column {spec.input.user}",
@@ -179,23 +179,10 @@ def scalar_params(params):
 def expected_errors(params, users):
     """The expected absolute error of each released value from its noise alone (bias from
     bounding and clamping depends on the data, which the plan does not read)."""
-    import math
-    from thresher.accounting.aggregates import expected_abs_gaussian, expected_abs_laplace
-    kind = params.get("kind")
+    from thresher.pipelines import kinds
     out = []
-    if kind == "gaussian" and "sigma" in params:
-        sd = math.hypot(params["sigma"], params.get("shared_sigma", 0.0))  # shared + own
-        out.append(f"expected error: E|noise| of a count {expected_abs_gaussian(sd):.3g}")
-    elif kind == "laplace" and "scale" in params:
-        out.append(f"expected error: E|noise| of a count {expected_abs_laplace(params['scale']):.3g}")
-    elif kind in ("weighted_gaussian", "adaptive") and "count_sigma" in params:
-        out.append(f"expected error: E|noise| of a count "
-                   f"{expected_abs_gaussian(params['count_sigma']):.3g}")
-    elif kind == "sample_and_threshold" and "sampling_rate" in params:
-        p = float(params["sampling_rate"])
-        out.append(f"expected error: a count n is released as a Binomial(n, {p:.3g}) sample; "
-                   f"sd of n estimated from it: sqrt(n (1 - p) / p), {math.sqrt((1 - p) / p):.3g} "
-                   f"sqrt(n)")
+    if params.get("kind") in kinds.KINDS:
+        out += kinds.get(params["kind"]).expected_error_words(params)
     if params.get("aggregates"):
         from thresher.pipelines.specs.aggregates import plan_lines
         out.append(f"aggregates (noise only, at {users} users per key; --users N):")

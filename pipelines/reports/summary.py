@@ -155,8 +155,6 @@ def key_columns(names, report):
     values = set(VALUE_COLUMNS)
     values.update(kind_output_columns(report))
     values.update(a.get("output") for a in mech.get("aggregates", []) or [] if isinstance(a, dict))
-    if mech.get("kind") == "quantiles":
-        values.update(("value", "rank", "resolution"))
     for low, high in interval_columns(names).values():
         values.update((low, high))
     return [n for n in names if n not in values]
@@ -319,8 +317,8 @@ def is_cut(v, width=KEY_WIDTH):
 
 def release_probability(report, counts):
     """P(a key held by n users is released), n in ``counts``, from the calibrated
-    parameters alone (report["mechanism"]); None when every key is released regardless
-    (public keys) or the kind has no such curve.
+    parameters alone (report["mechanism"]) by the kind's ``release_probability``; None
+    when every key is released regardless (public keys) or the kind has no such curve.
 
     - gaussian (paper 004 Alg. 1): n >= pre_threshold and n + Z >= threshold, Z discrete
       Gaussian(sigma): ``accounting.discrete_gaussian.sf``;
@@ -333,67 +331,40 @@ def release_probability(report, counts):
     """
     import numpy as np
     mech = report["mechanism"]
-    kind = mech.get("kind")
+    kind = _kind(report)
     n = np.asarray(counts, dtype=np.int64)
-    if mech.get("public_keys") or "by_max_keys_per_user" in mech:
+    if mech.get("public_keys") or "by_max_keys_per_user" in mech or kind is None:
         return None
-    if kind == "gaussian":
-        from thresher.accounting.discrete_gaussian import pmf, sf
-        if mech.get("noise") == "correlated":     # sum over the shared draw z
-            k = int(np.ceil(38.6 * mech["shared_sigma"])) + 1
-            z = np.arange(-k, k + 1)
-            grid = mech["threshold"] - n[:, None] - z[None, :]
-            p = np.asarray(sf(grid.ravel(), mech["sigma"]), dtype=np.float64).reshape(grid.shape)
-            from thresher.accounting import fixed_order
-            p = fixed_order.matvec(p, pmf(z, mech["shared_sigma"]))   # no BLAS
-        else:
-            p = np.asarray(sf(mech["threshold"] - n, mech["sigma"]), dtype=np.float64)
-        return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
-    if kind == "laplace":
-        from thresher.accounting.laplace_threshold import log_suppress
-        p = -np.expm1(log_suppress(mech["scale"], mech["threshold"] - n, mech.get("noise", "discrete_laplace")))
-        return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
-    if kind == "sample_and_threshold":
-        # P[Bin(n, p) >= threshold] by the accounting's own binomial tail (scipy.special's
-        # bdtrc; scipy.stats would cost thresher report 0.7-1.4 s to import)
-        from thresher.accounting.sample_threshold.core import _sf
-        return _sf(mech["threshold"] - 1, n, mech["sampling_rate"])
-    if kind == "weighted_gaussian":
-        # n users that each kept max_keys_per_user keys (the lightest weight, q_C): the
-        # curve of the heaviest users; lighter users need fewer co-holders
-        from thresher.accounting.weighted_gaussian import grid_weight, sf_upper
-        q = grid_weight(int(report["bounding"]["max_keys_per_user"]), mech["scale"])
-        sd = mech["sigma"] * mech["scale"]
-        return np.asarray([sf_upper(mech["threshold_grid"] - int(k) * q, sd) if k > 0 else 0.0
-                           for k in n], dtype=np.float64)
-    if kind == "weighted_sampling":
-        keep = weighted_sampling_keep(mech)
-        # The release reads row min(n, M) of the table it used (transforms.selection.sanitize_sample:
-        # counts above max_frequency M are treated as M, whether M saturates at pi = 1 or
-        # was clipped by an explicit max_frequency), so the curve does too.
-        return keep[np.minimum(n, len(keep) - 1)]
-    return None
+    return kind.release_probability(report, n)
 
 
-def weighted_sampling_keep(mech):
-    """pi_0..pi_M: the keep table the weighted_sampling release draws with
-    (``accounting.pws.release_tables`` of the report's parameters, as the release builds it)."""
-    import numpy as np
-    from thresher.accounting import pws
-    from thresher.transforms.selection.sanitize_sample import _as_parameters
-    return np.asarray(pws.release_tables(_as_parameters(mech)).keep, dtype=np.float64)
+def _kind(report):
+    """The kind object of a report's ``mechanism.kind`` (``pipelines.kinds.base.Kind``),
+    which owns every kind-specific word; None for a kind this thresher does not know."""
+    mech = report.get("mechanism", {}) if isinstance(report, dict) else {}
+    kind = mech.get("kind")
+    if not isinstance(kind, str):
+        return None
+    from thresher.pipelines import kinds
+    try:
+        return kinds.get(kind)
+    except KeyError:
+        return None
+
+
+def describes_rows(report):
+    """Whether the report's kind has words about its released rows (its
+    ``value_lines``; quantiles: null values and resolution), so they are worth reading."""
+    kind = _kind(report)
+    return kind is not None and kind.DESCRIBES_ROWS
 
 
 def release_ceiling(report):
-    """(M, pi_M) when no count of users reaches release probability 1 because the table
-    stops at an explicit max_frequency M below saturation (weighted_sampling); else None."""
-    mech = report["mechanism"]
-    if mech.get("kind") != "weighted_sampling" or "by_max_keys_per_user" in mech:
-        return None
-    keep = weighted_sampling_keep(mech)
-    if keep[-1] >= 1.0:
-        return None
-    return len(keep) - 1, float(keep[-1])
+    """(M, p_M) when no count of users reaches release probability 1 because the table
+    stops at an explicit max_frequency M below saturation (weighted_sampling: the kind's
+    ``release_ceiling``); else None."""
+    kind = _kind(report)
+    return None if kind is None else kind.release_ceiling(report)
 
 
 def users_at(report, probability, limit=10**7):
@@ -436,9 +407,10 @@ def bounded_data(report, key="key"):
                 f"kept, not of all its records in the input")
     held = (f"a user holding more than {c} key{'s' if c != 1 else ''} is counted in {c} of "
             f"them only")
-    if report["mechanism"].get("kind") == "quantiles":
-        return (f"quantiles are of the bounded data: {held}, so a {key}'s quantiles are of "
-                f"the values of the users the bound kept for it, not of all its input values")
+    kind = _kind(report)
+    words = kind.bounded_data_words(held, key) if kind is not None else None
+    if words is not None:
+        return words
     return (f"counts are of the bounded data: {held}, so a {key}'s count is of the users "
             f"the bound kept for it, not of all its users in the input")
 
@@ -446,7 +418,7 @@ def bounded_data(report, key="key"):
 def noise_in_words(report, keys, release_point=True):
     """One or two sentences: what was added to each key's count and which keys came out."""
     mech = report["mechanism"]
-    kind = mech.get("kind")
+    kind = _kind(report)
     bounding = report["bounding"]
     c = bounding["max_keys_per_user"]
     unit = "records" if bounding.get("model") == "l1" else "distinct users"
@@ -456,68 +428,15 @@ def noise_in_words(report, keys, release_point=True):
     key = " and ".join(keys) if keys else "key"
     out = [f"bound: {each} ({how})", bounded_data(report, key)]
     if mech.get("public_keys"):
-        noise = (f"discrete Gaussian noise (sigma {_g(mech['sigma'])})" if kind == "gaussian"
+        noise = (f"discrete Gaussian noise (sigma {_g(mech['sigma'])})"
+                 if kind is not None and kind.PUBLIC_DOMAIN_NOISE == "gaussian"
                  else f"discrete Laplace noise (scale {_g(mech['scale'])})")
         out.append(f"noise: every public {key} is released with its count of {unit} plus "
                    f"{noise}; no threshold")
         return out
-    if kind in ("gaussian", "laplace"):
-        noise = (f"discrete Gaussian noise with sigma {_g(mech['sigma'])}" if kind == "gaussian"
-                 else f"discrete Laplace noise with scale {_g(mech['scale'])}")
-        if mech.get("noise") == "correlated":
-            noise += (f" plus one shared discrete Gaussian draw (sigma "
-                      f"{_g(mech['shared_sigma'])}) common to every {key}: the errors are "
-                      f"correlated")
-        out.append(f"noise: each {key}'s count of {unit} gets {noise}; a {key} is released "
-                   f"when its count is at least {mech.get('pre_threshold', 1)} and its noisy "
-                   f"count at least {_g(mech['threshold'])}")
-    elif kind == "sample_and_threshold":
-        out.append(f"sampling: each user's contribution to a {key} is kept with probability "
-                   f"{_g(mech['sampling_rate'])} (no noise); a {key} is released when its "
-                   f"sampled count is at least {mech['threshold']}")
-    elif kind == "weighted_gaussian":
-        out.append(f"selection: each user gives each of their t kept keys the weight "
-                   f"1/sqrt(t); a {key} is released when its total weight plus discrete "
-                   f"Gaussian noise (sigma {_g(mech['sigma'])}) reaches {_g(mech['threshold'])}; "
-                   f"its count of {unit} gets discrete Gaussian noise with sigma "
-                   f"{_g(mech['count_sigma'])}")
-        unit = f"{unit} with {c} keys each"
-    elif kind == "adaptive":
-        rounds = mech["rounds"]
-        out.append(f"selection: {len(rounds)} rounds; in each, every user gives each of "
-                   f"their t kept keys not released before the weight 1/sqrt(t), and a {key} "
-                   f"is released when its total weight plus discrete Gaussian noise reaches "
-                   f"the round's threshold (" + ", ".join(
-                       f"sigma {_g(r['sigma'])}, threshold {_g(r['threshold'])}"
-                       for r in rounds) + f"); its count of {unit} gets discrete Gaussian "
-                   f"noise with sigma {_g(mech['count_sigma'])}")
-    elif kind == "heavy_hitters":
-        how = ("whole keys selected by adaptive weighted Gaussian rounds, ranked by their "
-               "noisy counts" if mech.get("method") == "adaptive" else
-               f"TrieHH++ over prefix levels {mech.get('prefix_lengths')}")
-        out.append(f"heavy hitters: {how}; release point about {mech['release_point']:,.0f} "
-                   f"{unit} for a {key} whose users hold {c} keys each")
-        if mech.get("schedule_choice"):
-            out.append(f"prefix levels chosen by the plan: {mech['schedule_choice']['rule']}")
-        if mech.get("prefix_lengths_note"):
-            out.append(mech["prefix_lengths_note"])
-        got, top_k = report.get("released_keys"), mech.get("top_k")
-        if got is not None and top_k is not None and got < top_k:
-            out.append(f"{got:,} of top_k {top_k:,} came back: {mech['fewer_than_top_k']}")
-    elif kind == "quantiles" and "support_floor" in mech:
-        out.append(f"quantiles per {key}: every bucket of every selected {key} gets discrete "
-                   f"Gaussian noise (sigma {_g(mech['sigma'])}), no threshold; values are "
-                   f"monotone in rank; a {key} gets null values only when "
-                   f"{mech['null_values'].partition('null: ')[2]}")
-    elif kind == "weighted_sampling":
-        out.append(f"sampling: each {key} is reported with a probability that grows with its "
-                   f"count of users (private weighted sampling); released frequencies are "
-                   f"sanitized")
-    elif kind == "quantiles":
-        ranks = ", ".join(_g(r) for r in mech.get("ranks", []))
-        domain = mech.get("domain") or ["?", "?"]
-        out.append(f"quantiles: of {mech.get('column')} at ranks {ranks}, within "
-                   f"[{_g(domain[0])}, {_g(domain[1])}], by the {mech.get('method', '')} method")
+    if kind is not None:
+        words, unit = kind.noise_words(report, key, unit)
+        out += words
     for agg in mech.get("aggregates") or []:
         if isinstance(agg, dict) and "output" in agg:
             clip = agg.get("clip") or ["?", "?"]
@@ -546,53 +465,17 @@ def quantile_lines(report, table):
     ``resolution`` was taken for the values' own): how many values are null and why, and
     the resolution the values actually have (the ``resolution`` column) beside the finest
     the plan allows. [] for other kinds."""
-    mech = report.get("mechanism", {})
-    if mech.get("kind") != "quantiles" or "value" not in table.column_names:
+    kind = _kind(report)
+    if kind is None or not kind.DESCRIBES_ROWS:
         return []
-    out = []
-    rows, nulls = table.num_rows, table.column("value").null_count
-    keys = key_columns(table.column_names, report)
-    if nulls:
-        if "null_values" in mech:
-            why = mech["null_values"].partition("null: ")[2] or mech["null_values"]
-        else:
-            point = mech.get("release_point")
-            where = ("every bucket of its first level" if mech.get("method") == "hierarchical"
-                     else "both sides of every round of its search")
-            why = (f"nothing about it was released: {where} fell below the threshold after "
-                   f"sampling" + (f" (a bucket needs about {point:,.0f} users to be released "
-                                  f"half the time)" if isinstance(point, (int, float)) else ""))
-        empty = ""
-        if keys:
-            import pyarrow.compute as pc
-            answered = table.group_by(keys, use_threads=False).aggregate([("value", "count")])
-            total = answered.num_rows
-            none = int(pc.sum(pc.equal(answered.column("value_count"), 0)).as_py() or 0)
-            empty = f"; {none:,} of {total:,} keys have no value at all"
-        out.append(f"null values: {nulls:,} of {rows:,}" + ("" if nulls < rows else " (every value)")
-                   + f"{empty}: a value is null when {why}")
-    if "resolution" in table.column_names:
-        import pyarrow.compute as pc
-        res = table.column("resolution")
-        finest = mech.get("resolution")
-        known = rows - res.null_count
-        if known and isinstance(finest, (int, float)):
-            low, high = pc.min(res).as_py(), pc.max(res).as_py()
-            coarser = int(pc.sum(pc.greater(res, finest * (1 + 1e-9))).as_py() or 0)
-            if coarser:
-                out.append(f"resolution: {coarser:,} of {known:,} values are coarser than the "
-                           f"plan's finest {_g(finest)} (deeper levels or later rounds released "
-                           f"nothing there): from {_g(low)} to {_g(high)}, each in the "
-                           f"resolution column")
-            else:
-                out.append(f"resolution: every value to {_g(finest)} (the plan's finest)")
-    return out
+    return kind.value_lines(report, table, key_columns(table.column_names, report))
 
 
 def quantile_lines_of(output, report):
     """:func:`quantile_lines` of the release published in ``output`` (a local folder; []
     elsewhere, or when the files cannot be read)."""
-    if report.get("mechanism", {}).get("kind") != "quantiles" or "://" in str(output):
+    kind = _kind(report)
+    if kind is None or not kind.DESCRIBES_ROWS or "://" in str(output):
         return []
     try:
         return quantile_lines(report, load_released(output, report))

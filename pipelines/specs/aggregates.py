@@ -32,12 +32,12 @@ import pyarrow as pa
 from thresher.accounting import aggregates as acc
 from thresher.pipelines.specs.aggregates_fields import AUTO, AUTO_FIELDS, ENTRY_FIELDS, SPREAD, STATISTICS  # noqa: F401
 from thresher.pipelines.errors import CalibrationError, SpecError
+from thresher.pipelines import kinds
 
 FIELD = "aggregates"
 AUTO_FIELD = "aggregates_auto"
 AUTO_STAGE = "choose_aggregate_clip"
 DEFAULT_AUTO_EPSILON_FRACTION = 0.1
-KINDS = ("gaussian", "laplace")
 VALUE_PREFIX = "__v"     # prepared per-record value columns (float64, null = dropped)
 SUM_PREFIX = "__s"       # per-key int64 sums on the fixed-point grid
 # Sum noise ratio: sigma_j = SUM_NOISE_RATIO * D_j * sigma (each column costs what the
@@ -74,8 +74,9 @@ def sum_name(i):
 def parse(section, input_spec, kind, bounding, reserved=()):
     """The ``aggregates`` list (each entry's fields checked by the schema) with the rules
     across fields; returns a tuple of AggregateSpec (SpecError naming the field otherwise)."""
-    if kind not in KINDS:
-        raise SpecError(FIELD, f"aggregates are supported for gaussian and laplace, not {kind!r} "
+    if kinds.get(kind).AGGREGATE_NOISE is None:
+        supported = " and ".join(k for k in kinds.KINDS if kinds.get(k).AGGREGATE_NOISE)
+        raise SpecError(FIELD, f"aggregates are supported for {supported}, not {kind!r} "
                         f"(no sound construction for sampled releases yet); remove the field")
     if input_spec.sample is not None:
         raise SpecError(FIELD, "cannot be combined with input.sample (an existing sample has "
@@ -187,7 +188,7 @@ def calibrate(spec, module, mech, *, epsilon, delta, max_keys_per_user, model):
     c = int(max_keys_per_user)
     what = (f"{spec.kind} release with {len(grids)} aggregate sum column(s) at epsilon="
             f"{epsilon:g}, delta={delta:g}, max_keys_per_user={c}")
-    if spec.kind == "laplace":
+    if spec.kind_object.AGGREGATE_NOISE == "laplace":
         share = epsilon / (1 + len(grids))
         params = module.calibrate(mech, epsilon=share, delta=delta, max_keys_per_user=c,
                                   model=model)

@@ -94,7 +94,7 @@ def kind_variant(kind):
 
 def mechanism_schema(kinds):
     return {"type": "object", "required": ["kind"],
-            "properties": {"kind": d.choice(KINDS)},
+            "properties": {"kind": d.choice(kinds_pkg.KINDS)},
             "allOf": [{"if": {"properties": {"kind": {"const": k}}, "required": ["kind"]},
                        "then": kind_variant(k)} for k in kinds]}
 
@@ -110,7 +110,8 @@ def _keys_optional(kinds):
                                               "properties": {"keys": {"minItems": 1}}}}}}
 
 
-def sections(kinds=KINDS):
+def sections(kinds=None):
+    kinds = kinds_pkg.KINDS if kinds is None else kinds
     return {
         "name": d.string(description="the release's name (in the report)"),
         "description": {"type": "string"},
@@ -143,8 +144,10 @@ TOP_FIELDS = ("name", "description", "input", "privacy", "bounding", "mechanism"
               "aggregates", "aggregates_auto", "budget", "continual")
 
 
-def json_schema(kinds=KINDS):
+def json_schema(kinds=None):
     """The JSON Schema of a release spec (a dict); ``kinds`` limits the mechanism variants
-    (the loader passes the spec's own kind, so only that kind's module is imported)."""
+    (the loader passes the spec's own kind, so only that kind's module is imported; None:
+    every kind, registered ones included)."""
+    kinds = kinds_pkg.KINDS if kinds is None else kinds
     body = d.mapping(sections(kinds), REQUIRED, allOf=[_keys_optional(kinds)])
     return {"$schema": DRAFT, "title": "thresher release spec", **body}

@@ -115,6 +115,12 @@ class ReleaseSpec:
         return self.mechanism["kind"]
 
     @property
+    def kind_object(self):
+        """The kind object of ``mechanism.kind`` (``pipelines.kinds.base.Kind``): what the
+        modules below the kinds (intervals, public keys) ask for the kind's decisions."""
+        return kinds.get(self.kind)
+
+    @property
     def auto_bound(self):
         return self.bounding.max_keys_per_user == "auto"
 
@@ -344,7 +350,7 @@ def parse_mechanism(section):
     the kind's rules (what ``parse`` does with it; used by tests and tools)."""
     section = declare.without_nulls(section)
     kind = section.get("kind") if isinstance(section, dict) else None
-    declare.check(section, schema.mechanism_schema((kind,) if kind in KINDS else ()),
+    declare.check(section, schema.mechanism_schema((kind,) if kind in kinds.KINDS else ()),
                   "mechanism")
     return _parse_mechanism(section)
 
@@ -354,7 +360,16 @@ def _spec_schema(data):
     is missing or unknown: the schema then reports that first)."""
     mechanism = data.get("mechanism")
     kind = mechanism.get("kind") if isinstance(mechanism, dict) else None
-    return schema.json_schema(kinds=(kind,) if isinstance(kind, str) and kind in KINDS else ())
+    return schema.json_schema(kinds=(kind,) if isinstance(kind, str) and kind in kinds.KINDS else ())
+
+
+def _public_domain_kinds():
+    """The kinds taking ``input.public_keys``, as the error names them ("gaussian and
+    laplace (and quantiles)"): loads every kind, on this error path only."""
+    released = [k for k in kinds.KINDS if kinds.get(k).PUBLIC_DOMAIN_NOISE is not None]
+    own = [k for k in kinds.KINDS if kinds.get(k).OWN_PUBLIC_KEYS]
+    text = " and ".join(released)
+    return text + (f" (and {' and '.join(own)})" if own else "")
 
 
 def parse(data, source_text=""):
@@ -374,11 +389,11 @@ def parse(data, source_text=""):
     kind = kinds.get(mechanism["kind"])
     # the kind's checks of the input and bounding (heavy_hitters, quantiles, gaussian...)
     input_spec = kind.check_spec(mechanism, input_spec, bounding, privacy) or input_spec
-    if mechanism["kind"] in public_keys.KINDS:
+    if kind.PUBLIC_DOMAIN_NOISE is not None:
         mechanism = public_keys.check_mechanism(mechanism, input_spec, data["mechanism"])
-    elif input_spec.public_keys is not None and mechanism["kind"] != "quantiles":
-        raise SpecError("input.public_keys", f"public_keys is supported for gaussian and "
-                        f"laplace (and quantiles), not {mechanism['kind']!r}")
+    elif input_spec.public_keys is not None and not kind.OWN_PUBLIC_KEYS:
+        raise SpecError("input.public_keys", f"public_keys is supported for "
+                        f"{_public_domain_kinds()}, not {mechanism['kind']!r}")
     auto_section = data["bounding"].get("auto") if isinstance(data["bounding"], dict) else None
     if input_spec.public_keys is not None and isinstance(auto_section, dict) \
             and "objective" in auto_section:

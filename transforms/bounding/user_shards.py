@@ -52,7 +52,11 @@ COALESCE_ROWS = 1 << 20
 
 
 class _SplitByUser(beam.DoFn):
-    def __init__(self, num_shards, coalesce_rows=None, drop_key_hash=False, spill_dir=None):
+    def __init__(self, num_shards, coalesce_rows=None, drop_key_hash=False, spill_dir=None,
+                 gate_min_rows=None):
+        # gate_min_rows: also emit, tagged user_row_gate.STATS, the per-user row counts of
+        # each split table's heavy buckets (user_row_gate.heavy_user_counts)
+        self._gate_min_rows = gate_min_rows
         self._num_shards = num_shards
         self._coalesce_rows = COALESCE_ROWS if coalesce_rows is None else coalesce_rows
         self._drop_key_hash = drop_key_hash
@@ -66,6 +70,11 @@ class _SplitByUser(beam.DoFn):
         table = concat(tables)
         if table is None:
             return
+        if self._gate_min_rows is not None:
+            from thresher.transforms.bounding import user_row_gate
+            counted = user_row_gate.heavy_user_counts(table, self._gate_min_rows)
+            if counted is not None:
+                yield beam.pvalue.TaggedOutput(user_row_gate.STATS, counted)
         user_hash = table.column(USER_COLUMN).to_numpy()
         if self._drop_key_hash and KEY_HASH_COLUMN in table.column_names:
             table = table.drop_columns([KEY_HASH_COLUMN])   # recomputed after the shuffle
@@ -90,7 +99,11 @@ class _SplitByUser(beam.DoFn):
     def finish_bundle(self):
         for window, tables in self._pending.items():
             for piece in self._split(tables):
-                yield WindowedValue(piece, window.max_timestamp(), [window])
+                if isinstance(piece, beam.pvalue.TaggedOutput):
+                    yield beam.pvalue.TaggedOutput(piece.tag, WindowedValue(
+                        piece.value, window.max_timestamp(), [window]))
+                else:
+                    yield WindowedValue(piece, window.max_timestamp(), [window])
         self._pending = {}
         self._pending_rows = {}
 
@@ -162,6 +175,9 @@ def exact_users(table):
 # an automatic bound, l1, adaptive rounds, aggregates): ~500 bytes a row in the automatic
 # bound's kernels, so 2**21 rows stay near 1 GB; one user with more fails the run.
 MAX_USER_ROWS = 1 << 21
+# Refuse a user known to pass MAX_USER_ROWS before the shuffle's group, not only after it
+# (transforms.bounding.user_row_gate); the check after the group stays.
+GATE_BEFORE_GROUP = True
 
 
 def user_row_counts(pieces):
@@ -207,12 +223,17 @@ def check_user_rows(pieces, max_user_rows, setting):
         return
     rows, _ = user_row_counts(pieces)
     if rows > max_user_rows:
-        from thresher.errors import InputError
-        field, remedy = setting
-        raise InputError(
-            f"{field}: a user has more than {max_user_rows:,} rows, and with this setting "
-            f"all of a user's rows are held in one place: at most {max_user_rows:,} rows "
-            f"per user are accepted (memory); {remedy}. Nothing was published.")
+        raise refusal(max_user_rows, setting)
+
+
+def refusal(max_user_rows, setting):
+    """The ``InputError`` refusing a user over ``max_user_rows`` (never its count)."""
+    from thresher.errors import InputError
+    field, remedy = setting
+    return InputError(
+        f"{field}: a user has more than {max_user_rows:,} rows, and with this setting "
+        f"all of a user's rows are held in one place: at most {max_user_rows:,} rows "
+        f"per user are accepted (memory); {remedy}. Nothing was published.")
 
 
 def _concat_shard(shard_and_tables, key_columns=None, after=None, max_user_rows=None,
@@ -271,14 +292,26 @@ class ShardByUser(beam.PTransform):
         shuffled (:mod:`transforms.plumbing.spill`)."""
         # a spilled piece keeps __key: 8 bytes a row on local disk cost less than hashing
         # every key again after the shuffle (~0.6 s of CPU per 1e7 string keys)
+        gate = self._max_user_rows is not None and GATE_BEFORE_GROUP
+        from thresher.transforms.bounding import user_row_gate
         split = _SplitByUser(self._num_shards, coalesce_rows=self._coalesce_rows,
                              drop_key_hash=(self._key_columns is not None
                                             and self._spill_dir is None),
-                             spill_dir=self._spill_dir)
-        return (batches
-                | "SplitByUserHash" >> beam.ParDo(split).with_output_types(
-                    SHARD_AND_PATH if self._spill_dir is not None else SHARD_AND_TABLE)
-                | "GroupUserShards" >> beam.GroupByKey())                          # (shard, [Table])
+                             spill_dir=self._spill_dir,
+                             gate_min_rows=(user_row_gate.gate_min_rows(self._max_user_rows)
+                                            if gate else None))
+        piece_type = SHARD_AND_PATH if self._spill_dir is not None else SHARD_AND_TABLE
+        if not gate:
+            pieces = batches | "SplitByUserHash" >> beam.ParDo(split).with_output_types(
+                piece_type)
+        else:   # a user over the limit is refused before the group (user_row_gate)
+            split = batches | "SplitByUserHash" >> beam.ParDo(split).with_outputs(
+                user_row_gate.STATS, main="pieces")
+            pieces = split.pieces
+            pieces.element_type = piece_type
+            pieces = user_row_gate.gated(pieces, split[user_row_gate.STATS],
+                                         self._max_user_rows, self._setting)
+        return pieces | "GroupUserShards" >> beam.GroupByKey()                  # (shard, [Table])
 
     def concat(self, after=None):
         """(shard, [Table]) -> one Table of whole users (:func:`exact_users`, ``__key`` present).

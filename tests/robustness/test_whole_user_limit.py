@@ -196,3 +196,37 @@ def test_the_gate_refuses_no_user_within_the_limit(tmp_path, monkeypatch, capsys
     code = cli.main(["run", str(spec), "--quiet"])
     assert code == 0, capsys.readouterr().err
     assert os.path.exists(tmp_path / "out" / "released.parquet")
+
+
+def _prepared(users):
+    """A prepared-batch stand-in: the two identity words of each row's user."""
+    import hashlib
+    digest = {u: hashlib.sha256(u.encode()).digest() for u in set(users)}
+    words = np.array([int.from_bytes(digest[u][:8], "little") for u in users], dtype=np.uint64)
+    low = np.array([int.from_bytes(digest[u][8:16], "little") for u in users], dtype=np.uint64)
+    return pa.table({user_shards.USER_COLUMN: words, user_shards.USER_LOW_COLUMN: low})
+
+
+def test_the_gate_counts_are_exact_lower_bounds_over_tables():
+    """``user_row_gate``: a user with at least ``min_rows`` rows in a table is counted
+    exactly there, the counts are summed over tables, and rows of tables where it had
+    fewer are not counted (so the total is a lower bound: no user within the limit is
+    ever refused). Deterministic."""
+    from thresher.transforms.bounding import user_row_gate
+    rng = np.random.default_rng(43)
+    tables = []
+    for heavy_rows in (700, 650, 90):      # 90 < min_rows: not counted in that table
+        users = ["heavy"] * heavy_rows + [f"u{u}" for u in rng.integers(0, 500, 3000)]
+        tables.append(_prepared(list(np.array(users)[rng.permutation(len(users))])))
+    combine = user_row_gate.MostRowsOfOneUser()
+    accs = []
+    for table in tables:
+        acc = combine.create_accumulator()
+        counted = user_row_gate.heavy_user_counts(table, 100)
+        if counted is not None:
+            acc = combine.add_input(acc, counted)
+        accs.append(acc)
+    assert combine.extract_output(combine.merge_accumulators(accs)) == 700 + 650
+    # a table of light users (every bucket under min_rows) sends nothing
+    assert user_row_gate.heavy_user_counts(_prepared([f"u{u}" for u in range(3000)]),
+                                           100) is None

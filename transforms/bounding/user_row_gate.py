@@ -27,6 +27,31 @@ like the check after the group.
 
 Why the release is unchanged when nothing is refused: the gate passes every piece
 through as it is; it only orders the group after the counts.
+
+Why these settings are refused rather than pre-reduced like the fixed l0 bound
+(:mod:`transforms.bounding.prereduce`; issue 43, item 2). A per-table cut must leave
+every kernel's result, hence the published bytes, unchanged.
+
+* l1 rand-clip (:mod:`transforms.bounding.rand_clip`): the j-th copy of record r of user
+  u has priority mix64(mix64(h(r) XOR s_u) + j), copies numbered over all of u's rows,
+  and the kernel keeps u's C smallest. Dropping rows of r removes the highest copy
+  numbers, whatever row is dropped. A table holding one copy of r sees only j = 0: if r
+  is once in table A and once in table B, and P(r, 0) is above both tables' C-th
+  smallest, dropping it in both removes (r, 0) and (r, 1), though P(r, 1) may be among
+  u's C smallest overall; the kept counts change. Per-table bottom-C is exact only when
+  no record of u repeats in any table, which a table cannot know. An exact cut needs each
+  record's count over all tables (a shuffle by (user, record): the heavy user's rows
+  again) or a kernel that reads an explicit copy number (new priorities for repeated
+  records: the published bytes of l1 releases would change).
+* aggregates (:func:`transforms.values.aggregate_values.user_key_totals`): a kept (user,
+  key)'s total is a float64 sum of its values in one canonical order (ascending); a
+  per-table partial total adds them in another order, its rounding can differ in the
+  last bit, and the grid conversion carries that into the published sums. Fixed clips
+  already drop the keys a user cannot keep (``PreReduceL0`` with ``every_row``); the
+  rows of the kept keys all travel.
+* adaptive rounds re-bound each user's remaining keys in every round, and ``clip: auto``
+  scores every user's totals (``prereduce``'s docstring); quantiles and heavy hitters
+  read every record of a user in their own kernels.
 """
 import apache_beam as beam
 import numpy as np

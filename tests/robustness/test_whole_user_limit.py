@@ -150,7 +150,7 @@ def test_the_refusal_comes_before_the_group(tmp_path, monkeypatch, capsys, data,
     """docs/scale.md item 3: the check after the user shuffle reads the grouped shard, and
     on a runner holding a group in memory a huge user ends the job inside the group first.
     With that check switched off, the gate before the group
-    (``transforms.bounding.user_row_gate``: rows counted per user where the shuffle splits
+    (``user_shards.gated``: rows counted per user where the shuffle splits
     its tables, the pieces held back until the counts are summed) still refuses the heavy
     user: exit 2, the setting named, never the count, nothing published. Without the gate
     the run went ahead (exit 0)."""
@@ -208,25 +208,24 @@ def _prepared(users):
 
 
 def test_the_gate_counts_are_exact_lower_bounds_over_tables():
-    """``user_row_gate``: a user with at least ``min_rows`` rows in a table is counted
+    """``user_shards.gated``: a user with at least ``min_rows`` rows in a table is counted
     exactly there, the counts are summed over tables, and rows of tables where it had
     fewer are not counted (so the total is a lower bound: no user within the limit is
     ever refused). Deterministic."""
-    from thresher.transforms.bounding import user_row_gate
     rng = np.random.default_rng(43)
     tables = []
     for heavy_rows in (700, 650, 90):      # 90 < min_rows: not counted in that table
         users = ["heavy"] * heavy_rows + [f"u{u}" for u in rng.integers(0, 500, 3000)]
         tables.append(_prepared(list(np.array(users)[rng.permutation(len(users))])))
-    combine = user_row_gate.MostRowsOfOneUser()
+    combine = user_shards.MostRowsOfOneUser()
     accs = []
     for table in tables:
         acc = combine.create_accumulator()
-        counted = user_row_gate.heavy_user_counts(table, 100)
+        counted = user_shards.heavy_user_counts(table, 100)
         if counted is not None:
             acc = combine.add_input(acc, counted)
         accs.append(acc)
     assert combine.extract_output(combine.merge_accumulators(accs)) == 700 + 650
     # a table of light users (every bucket under min_rows) sends nothing
-    assert user_row_gate.heavy_user_counts(_prepared([f"u{u}" for u in range(3000)]),
+    assert user_shards.heavy_user_counts(_prepared([f"u{u}" for u in range(3000)]),
                                            100) is None

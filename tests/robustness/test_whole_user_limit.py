@@ -139,3 +139,93 @@ def test_a_run_refused_after_reading_keeps_its_charge(tmp_path, monkeypatch, cap
     with pytest.raises(ledger.SpecError, match="run_failed, not reserved: its run failed after "
                                                "it began reading the input"):
         ledger.release_reservation(location, row, force=True)
+
+
+REFUSED = sorted(case for case, (_, field) in CASES.items() if field is not None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", REFUSED)
+def test_the_refusal_comes_before_the_group(tmp_path, monkeypatch, capsys, data, case):
+    """docs/scale.md item 3: the check after the user shuffle reads the grouped shard, and
+    on a runner holding a group in memory a huge user ends the job inside the group first.
+    With that check switched off, the gate before the group
+    (``user_shards.gated``: rows counted per user where the shuffle splits
+    its tables, the pieces held back until the counts are summed) still refuses the heavy
+    user: exit 2, the setting named, never the count, nothing published. Without the gate
+    the run went ahead (exit 0)."""
+    monkeypatch.setattr(release, "MAX_USER_ROWS", 300)
+    monkeypatch.setattr(user_shards, "MAX_USER_ROWS", 300)
+    monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)
+    monkeypatch.setattr(user_shards, "check_user_rows", lambda *a, **k: None)
+    change, field = CASES[case]
+    doc = {"name": case, "input": {"path": data, "format": "parquet", "user": "user_id",
+                                   "keys": ["word"]},
+           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
+           "mechanism": {"kind": "gaussian"},
+           "output": {"path": str(tmp_path / "out")}}
+    for section, values in change.items():
+        if isinstance(values, dict):
+            doc.setdefault(section, {}).update(values)
+        else:
+            doc[section] = values
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    code = cli.main(["run", str(spec), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{field}: a user has more than 300 rows" in err and "at most 300" in err
+    assert f"{HEAVY_ROWS:,}" not in err and str(HEAVY_ROWS) not in err
+    assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_the_gate_refuses_no_user_within_the_limit(tmp_path, monkeypatch, capsys, data):
+    """The gate's counts are lower bounds: with the limit just above the heavy user's
+    2,000 rows, an l1 release goes ahead (the gate counts that user exactly, 2,000 <=
+    limit)."""
+    monkeypatch.setattr(release, "MAX_USER_ROWS", HEAVY_ROWS)
+    monkeypatch.setattr(user_shards, "MAX_USER_ROWS", HEAVY_ROWS)
+    change, _ = CASES["l1"]
+    doc = {"name": "l1", "input": {"path": data, "format": "parquet", "user": "user_id",
+                                   "keys": ["word"]},
+           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
+           "output": {"path": str(tmp_path / "out")}, **change}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    code = cli.main(["run", str(spec), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    assert os.path.exists(tmp_path / "out" / "released.parquet")
+
+
+def _prepared(users):
+    """A prepared-batch stand-in: the two identity words of each row's user."""
+    import hashlib
+    digest = {u: hashlib.sha256(u.encode()).digest() for u in set(users)}
+    words = np.array([int.from_bytes(digest[u][:8], "little") for u in users], dtype=np.uint64)
+    low = np.array([int.from_bytes(digest[u][8:16], "little") for u in users], dtype=np.uint64)
+    return pa.table({user_shards.USER_COLUMN: words, user_shards.USER_LOW_COLUMN: low})
+
+
+def test_the_gate_counts_are_exact_lower_bounds_over_tables():
+    """``user_shards.gated``: a user with at least ``min_rows`` rows in a table is counted
+    exactly there, the counts are summed over tables, and rows of tables where it had
+    fewer are not counted (so the total is a lower bound: no user within the limit is
+    ever refused). Deterministic."""
+    rng = np.random.default_rng(43)
+    tables = []
+    for heavy_rows in (700, 650, 90):      # 90 < min_rows: not counted in that table
+        users = ["heavy"] * heavy_rows + [f"u{u}" for u in rng.integers(0, 500, 3000)]
+        tables.append(_prepared(list(np.array(users)[rng.permutation(len(users))])))
+    combine = user_shards.MostRowsOfOneUser()
+    accs = []
+    for table in tables:
+        acc = combine.create_accumulator()
+        counted = user_shards.heavy_user_counts(table, 100)
+        if counted is not None:
+            acc = combine.add_input(acc, counted)
+        accs.append(acc)
+    assert combine.extract_output(combine.merge_accumulators(accs)) == 700 + 650
+    # a table of light users (every bucket under min_rows) sends nothing
+    assert user_shards.heavy_user_counts(_prepared([f"u{u}" for u in range(3000)]),
+                                           100) is None

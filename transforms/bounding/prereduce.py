@@ -40,8 +40,10 @@ and ``aggregates`` with fixed clips (``PerUserBoundWithValues``: every row of th
 keys is kept, ``every_row``, since the bounding sums each kept (user, key)'s values, in a
 canonical order, so the totals are the same). ``clip: auto`` scores every user's totals,
 l1 rand-clip samples records (not keys) and adaptive rounds re-bound the users' remaining
-keys, so none of those can drop a user's keys early; the automatic bound has a step of
-its own (``PreReducePairs``, below).
+keys, so none of those can drop a user's keys early (nor, bytes unchanged, a record or a
+partial value total: ``user_shards``, "The gate before the group", says why; a user
+over ``MAX_USER_ROWS`` there is refused before the shuffle groups its rows); the
+automatic bound has a step of its own (``PreReducePairs``, below).
 
 The automatic bound (``max_keys_per_user: auto``, ``PreReducePairs``; issue 43). Its one
 pass (``transforms.bounding.scored_bound.scored_table``) scores every candidate C with

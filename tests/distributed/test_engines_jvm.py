@@ -362,3 +362,46 @@ def test_a_local_run_listens_on_loopback_only(flink_jar, spark_jar, tmp_path, fl
     wide = sorted(entry for entry in seen if entry[2] not in LOOPBACK)
     assert wide == [], f"listening beyond loopback ({len(wide)} of {len(seen)}): {wide}"
     check_release(out, make_plan(spec_mod.load(spec_path)).report(), input_path)
+
+
+@pytest.mark.parametrize("name,flags,local", [
+    ("flink", ["--runner=FlinkRunner", "--flink_master=[local]"], True),
+    ("flink", ["--runner=FlinkRunner"], True),                       # Beam's default [auto]
+    ("flink", ["--runner=FlinkRunner", "--flink_master=flink.example:8081"], False),
+    ("spark", ["--runner=SparkRunner", "--spark_master_url=local[2]"], True),
+    ("spark", ["--runner=SparkRunner", "--spark_master_url=spark://spark.example:7077"], False),
+])
+def test_loopback_is_forced_only_for_a_local_master(tmp_path, monkeypatch, name, flags, local):
+    """A user-given cluster master keeps the engine's own addresses: no FLINK_CONF_DIR,
+    no SPARK_LOCAL_IP; a local one gets them (and the loopback job-server jar)."""
+    monkeypatch.delenv("FLINK_CONF_DIR", raising=False)
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    assert engines.loopback_environment(name, flags, str(tmp_path)) is local
+    variable = "FLINK_CONF_DIR" if name == "flink" else "SPARK_LOCAL_IP"
+    assert (variable in os.environ) is local
+    if local and name == "flink":
+        with open(os.path.join(os.environ[variable], "flink-conf.yaml"), encoding="utf-8") as f:
+            conf = dict(line.split(": ", 1) for line in f.read().splitlines())
+        assert conf == {key: "127.0.0.1" for key in ("rest.address", "rest.bind-address",
+                                                     "jobmanager.rpc.address",
+                                                     "jobmanager.bind-host",
+                                                     "taskmanager.host",
+                                                     "taskmanager.bind-host")}
+    if local and name == "spark":
+        assert os.environ[variable] == "127.0.0.1"
+
+
+@pytest.mark.engines
+def test_a_cluster_master_gets_the_plain_job_server(flink_jar, spark_jar, monkeypatch):
+    """Only a local master runs the job server whose gRPC servers bind loopback."""
+    monkeypatch.delenv("FLINK_CONF_DIR", raising=False)
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    remote = engines.complete_beam_args(["--runner=FlinkRunner",
+                                         "--flink_master=flink.example:8081"])
+    assert f"--flink_job_server_jar={flink_jar}" in remote
+    local = engines.complete_beam_args(["--runner=SparkRunner", "--spark_master_url=local[2]"])
+    jar = [arg for arg in local if arg.startswith("--spark_job_server_jar=")]
+    assert jar and jar[0].endswith("-thresher-loopback.jar")
+    remote = engines.complete_beam_args(["--runner=SparkRunner",
+                                         "--spark_master_url=spark://spark.example:7077"])
+    assert f"--spark_job_server_jar={spark_jar}" in remote

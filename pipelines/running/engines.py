@@ -159,7 +159,19 @@ def cached(eng, folder=None):
                           f"run thresher engines fetch {eng.fetch_words}")
     for name, digest in sorted(jars.items()):
         _check_sha(os.path.join(folder, name), digest, manifest, eng)
+    if isinstance(found.get("loopback_jar"), str):
+        _check_sha(os.path.join(folder, found["loopback_jar"]),
+                   str(found.get("loopback_sha256")), manifest, eng)
     return path
+
+
+def loopback_jar(eng, folder=None):
+    """The verified loopback variant of a cached job server (:func:`cached` first), or
+    None when the cache predates it (``thresher engines fetch`` adds it)."""
+    folder = folder or cache_dir()
+    found = record(eng, folder)
+    name = found.get("loopback_jar") if found else None
+    return os.path.join(folder, name) if isinstance(name, str) else None
 
 
 def _run_client(command, env, timeout, label, say):
@@ -239,7 +251,23 @@ def _fetch_maven(eng, scratch, folder, say):
              "java": _tool_version(["java", "-version"]),
              "maven": _tool_version(["mvn", "-v"]),
              "jars": {name: sha256_of(os.path.join(folder, name)) for name in jars}}
+    _add_loopback_jar(eng, folder, extra, say)
     return path, extra
+
+
+def _add_loopback_jar(eng, folder, entry, say):
+    """Write the job server's loopback variant (:func:`jvm_engines.write_loopback_jar`) and
+    record it in ``entry``: its name and sha256, the rewritten class's jar among the jars."""
+    jvm = jvm_engines.candidates(eng.name)[0]
+    try:
+        name, patch = jvm_engines.write_loopback_jar(folder, jvm)
+    except (ValueError, KeyError, OSError) as exc:
+        say(f"{eng.name}: no loopback variant of the job server ({exc}): a local run's "
+            f"Beam gRPC servers will listen on every interface")
+        return
+    entry["jars"][patch] = sha256_of(os.path.join(folder, patch))
+    entry["loopback_jar"] = name
+    entry["loopback_sha256"] = sha256_of(os.path.join(folder, name))
 
 
 def _fetch_go(eng, scratch, say):
@@ -261,7 +289,17 @@ def fetch(eng, folder=None, say=None):
     folder = folder or cache_dir()
     path = cached(eng, folder)
     if path is not None:
-        extra = len(record(eng, folder).get("jars", {}))
+        found = record(eng, folder)
+        if eng.name != "prism" and "loopback_jar" not in found:
+            _add_loopback_jar(eng, folder, found, say)   # a cache from before it existed
+            if "loopback_jar" in found:
+                manifest = _manifest_path(folder, eng)
+                with open(manifest + ".tmp", "w", encoding="utf-8") as handle:
+                    json.dump(found, handle, indent=2)
+                os.replace(manifest + ".tmp", manifest)
+                say(f"{eng.name}: added {found['loopback_jar']} (Beam's gRPC servers on "
+                    f"the address they are given, for local runs)")
+        extra = len(found.get("jars", {}))
         say(f"{eng.name}: {path} already fetched, sha256 verified"
             + (f" (and the {extra} jars of its classpath)" if extra else ""))
         return path
@@ -334,17 +372,103 @@ def check_ports(beam_args):
                                   f"and Beam picks one; nothing was run") from None
 
 
-def loopback_environment(name, beam_args):
-    """Spark's driver binds to SPARK_LOCAL_IP, else to the address of the host name (a
-    real interface): for a local Spark (``local``, ``local[N]``, Beam's default) the
-    launcher's environment, which Beam hands to the job server it starts, names loopback
-    unless the user set it. A cluster's executors must reach the driver: left alone."""
-    if name != "spark" or os.environ.get("SPARK_LOCAL_IP"):
+# Flink's local cluster (the MiniCluster inside the job server) binds its REST endpoint,
+# blob server, RPC and the task managers' netty shuffle to the wildcard address unless
+# told (Flink 1.19 option names, from flink-core's ConfigOptions classes). The job server
+# reads them from $FLINK_CONF_DIR/flink-conf.yaml when it is given no --flink-conf-dir
+# (Beam's FlinkExecutionEnvironments calls GlobalConfiguration.loadConfiguration()).
+LOOPBACK_FLINK_CONF = (
+    ("rest.address", "127.0.0.1"),
+    ("rest.bind-address", "127.0.0.1"),
+    ("jobmanager.rpc.address", "127.0.0.1"),
+    ("jobmanager.bind-host", "127.0.0.1"),      # also the blob server's bind address
+    ("taskmanager.host", "127.0.0.1"),
+    ("taskmanager.bind-host", "127.0.0.1"),     # RPC and the netty shuffle server
+)
+LOCAL_FLINK_MASTERS = ("[local]", "[auto]")     # Beam's default is [auto]: a local cluster
+
+
+def loopback_flink_conf(folder=None):
+    """The folder of a flink-conf.yaml holding :data:`LOOPBACK_FLINK_CONF` (written once,
+    in the engine cache beside the job server; rewritten when it differs)."""
+    conf_dir = os.path.join(folder or cache_dir(), "flink-loopback-conf")
+    text = "".join(f"{key}: {value}\n" for key, value in LOOPBACK_FLINK_CONF)
+    path = os.path.join(conf_dir, "flink-conf.yaml")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            if handle.read() == text:
+                return conf_dir
+    except OSError:
+        pass
+    os.makedirs(conf_dir, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(path + ".tmp", path)
+    return conf_dir
+
+
+def loopback_environment(name, beam_args, folder=None):
+    """For a local master, the environment the job server inherits from the launcher (Beam
+    starts it with ``os.environ``) makes the engine bind to loopback, unless the user set
+    the variable: Spark's driver and block manager bind to SPARK_LOCAL_IP, else to the
+    address of the host name (a real interface); Flink's local cluster reads
+    FLINK_CONF_DIR (:func:`loopback_flink_conf`). A cluster master (``--flink_master=
+    host:port``, ``--spark_master_url=spark://...``) is left alone: its task managers /
+    executors must reach the job server and driver from other machines. Returns whether
+    the master is local (then the job server's loopback variant is started)."""
+    from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PipelineOptions,
+                                                      SparkRunnerOptions)
+    options = PipelineOptions(list(beam_args))
+    if name == "spark":
+        local = options.view_as(SparkRunnerOptions).spark_master_url.startswith("local")
+        if local and not os.environ.get("SPARK_LOCAL_IP"):
+            os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    else:
+        local = options.view_as(FlinkRunnerOptions).flink_master in LOCAL_FLINK_MASTERS
+        if local and not os.environ.get("FLINK_CONF_DIR"):
+            os.environ["FLINK_CONF_DIR"] = loopback_flink_conf(folder)
+    loopback_worker_service()
+    return local
+
+
+def loopback_worker_service():
+    """Beam's LOOPBACK environment serves the launcher's SDK worker on ``[::]:PORT``
+    (``worker_pool_main.BeamFnExternalWorkerPoolServicer.start``, no flag for the
+    address) while it hands the job server ``localhost:PORT``: bind what is handed out.
+    gRPC binds ``localhost`` on 127.0.0.1 and ::1 alike, so either resolution of the
+    name by the job server reaches it."""
+    from apache_beam.runners.worker import worker_pool_main as pool
+    servicer = pool.BeamFnExternalWorkerPoolServicer
+    if getattr(servicer.start, "_thresher_loopback", False):
         return
-    from apache_beam.options.pipeline_options import PipelineOptions, SparkRunnerOptions
-    master = PipelineOptions(list(beam_args)).view_as(SparkRunnerOptions).spark_master_url
-    if master.startswith("local"):
-        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+
+    def start(cls, use_process=False, port=0, state_cache_size=0,
+              data_buffer_time_limit_ms=-1, container_executable=None):
+        # Beam 2.77's start() with the one address changed (kept in step by
+        # tests/distributed/test_engines_jvm.py::test_a_local_run_listens_on_loopback_only)
+        import atexit
+        import grpc
+        options = [("grpc.http2.max_pings_without_data", 0),
+                   ("grpc.http2.max_ping_strikes", 0)]
+        server = grpc.server(pool.thread_pool_executor.shared_unbounded_instance(),
+                             options=options)
+        address = "localhost:%s" % server.add_insecure_port("localhost:%s" % port)
+        worker_pool = cls(use_process=use_process, container_executable=container_executable,
+                          state_cache_size=state_cache_size,
+                          data_buffer_time_limit_ms=data_buffer_time_limit_ms)
+        pool.beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(
+            worker_pool, server)
+        server.start()
+
+        def kill_worker_processes():
+            for process in worker_pool._worker_processes.values():
+                pool.kill_process_gracefully(process)
+
+        atexit.register(kill_worker_processes)
+        return address, server
+
+    start._thresher_loopback = True
+    servicer.start = classmethod(start)
 
 
 def complete_beam_args(beam_args, folder=None):
@@ -390,5 +514,12 @@ def complete_beam_args(beam_args, folder=None):
         return list(beam_args) + [f"--{eng.flag}={path}"]
     require_java(f"--runner={runner}")
     check_ports(beam_args)
-    loopback_environment(name, beam_args)
+    if loopback_environment(name, beam_args, folder):
+        local = loopback_jar(eng, folder)
+        if local is None:
+            print(f"thresher: the cached {eng.name} job server has no loopback variant: its "
+                  f"gRPC servers will listen on every interface; `thresher engines fetch "
+                  f"{eng.fetch_words}` adds it", file=sys.stderr, flush=True)
+        else:
+            path = local
     return list(beam_args) + [f"--{eng.flag}={path}"] + job_server_flags(name, beam_args)

@@ -154,3 +154,119 @@ def assemble(eng, scratch, folder):
     write_manifest_jar(path + ".tmp", eng.main_class, jars)
     os.replace(path + ".tmp", path)
     return path, jars
+
+
+# ---- binding Beam's gRPC servers to the address they are given -----------------------
+#
+# Every gRPC server of Beam's Java job server (the job and artifact ports, and per SDK
+# environment the Fn API control, data, state, logging and provisioning servers) is made
+# by ``org.apache.beam.sdk.fn.server.ServerFactory$InetSocketAddressServerFactory``, whose
+# ``createServer(services, InetSocketAddress address)`` starts with
+# ``NettyServerBuilder.forPort(address.getPort())``: the host is dropped and the server
+# listens on every interface, though the address it was given (and advertises) is
+# loopback (``InetAddress.getLoopbackAddress()`` for the Fn API, ``--job-host``, default
+# localhost, for the job port). No flag or system property changes it. For a local
+# master thresher starts the job server from a second manifest jar whose Class-Path puts
+# first a copy of that one class, rewritten to call ``NettyServerBuilder.forAddress
+# (address)``: the same bytes otherwise (7 bytes of one method and 4 constants added).
+SERVER_FACTORY = "org/apache/beam/sdk/fn/server/ServerFactory$InetSocketAddressServerFactory.class"
+LOOPBACK_JAR = "thresher-bind-given-address.jar"
+
+
+def _constant_pool(data):
+    """[(tag, offset of its body)] indexed from 1 (None for the second slot of longs),
+    and the offset just past the pool."""
+    count = int.from_bytes(data[8:10], "big")
+    entries, at, index = [None], 10, 1
+    sizes = {3: 4, 4: 4, 5: 8, 6: 8, 7: 2, 8: 2, 9: 4, 10: 4, 11: 4, 12: 4, 15: 3, 16: 2,
+             17: 4, 18: 4, 19: 2, 20: 2}
+    while index < count:
+        tag = data[at]
+        entries.append((tag, at + 1))
+        if tag == 1:
+            at += 3 + int.from_bytes(data[at + 1:at + 3], "big")
+        else:
+            at += 1 + sizes[tag]
+        if tag in (5, 6):
+            entries.append(None)
+            index += 1
+        index += 1
+    return entries, at
+
+
+def _u2(data, at):
+    return int.from_bytes(data[at:at + 2], "big")
+
+
+def _utf8(data, entries, index):
+    tag, at = entries[index]
+    assert tag == 1
+    return data[at + 2:at + 2 + _u2(data, at)].decode("utf-8")
+
+
+def _method(data, entries, index):
+    """(class name, method name, descriptor) of a Methodref constant."""
+    tag, at = entries[index]
+    if tag != 10:
+        return None
+    klass, nat = _u2(data, at), _u2(data, at + 2)
+    _, nat_at = entries[nat]
+    return (_utf8(data, entries, _u2(data, entries[klass][1])),
+            _utf8(data, entries, _u2(data, nat_at)), _utf8(data, entries, _u2(data, nat_at + 2)))
+
+
+def bind_given_address(data):
+    """The class bytes of SERVER_FACTORY with ``forPort(address.getPort())`` replaced by
+    ``forAddress(address)``; ValueError when the bytes are not the shape expected."""
+    entries, end = _constant_pool(data)
+    get_port = for_port = None
+    for index in range(1, len(entries)):
+        if entries[index] is None:
+            continue
+        method = _method(data, entries, index)
+        if method and method[:2] == ("java/net/InetSocketAddress", "getPort"):
+            get_port = index
+        if method and method[1] == "forPort" and method[0].endswith("/netty/NettyServerBuilder"):
+            for_port, builder, result = index, method[0], method[2].split(")", 1)[1]
+    if get_port is None or for_port is None:
+        raise ValueError("ServerFactory no longer calls NettyServerBuilder.forPort")
+    old = bytes([0x2B, 0xB6]) + get_port.to_bytes(2, "big") + b"\xb8" + for_port.to_bytes(2, "big")
+    if data.count(old) != 1:
+        raise ValueError("ServerFactory.createServer is not `forPort(address.getPort())`")
+    count = _u2(data, 8)
+    klass = _u2(data, entries[for_port][1])
+    name, descriptor = b"forAddress", f"(Ljava/net/SocketAddress;){result}".encode()
+    added = (b"\x01" + len(name).to_bytes(2, "big") + name
+             + b"\x01" + len(descriptor).to_bytes(2, "big") + descriptor
+             + b"\x0c" + count.to_bytes(2, "big") + (count + 1).to_bytes(2, "big")
+             + b"\x0a" + klass.to_bytes(2, "big") + (count + 2).to_bytes(2, "big"))
+    new = b"\x2b\x00\x00\x00\xb8" + (count + 3).to_bytes(2, "big")   # aload_1; nop x3
+    data = data[:8] + (count + 4).to_bytes(2, "big") + data[10:end] + added + data[end:]
+    return data.replace(old, new)
+
+
+def write_loopback_jar(folder, eng):
+    """``<lib>/LOOPBACK_JAR`` holding SERVER_FACTORY rewritten by :func:`bind_given_address`,
+    and a second manifest jar that puts it first; returns (manifest jar, patch jar), both
+    relative to ``folder``."""
+    lib = os.path.join(folder, eng.lib)
+    jars = library_jars(folder, eng)
+    source = [name for name in jars if name.startswith("beam-sdks-java-core-")]
+    if len(source) != 1:
+        raise ValueError(f"no single beam-sdks-java-core jar in {lib}")
+    with zipfile.ZipFile(os.path.join(lib, source[0])) as jar:
+        patched = bind_given_address(jar.read(SERVER_FACTORY))
+    patch = os.path.join(lib, LOOPBACK_JAR)
+    with zipfile.ZipFile(patch + ".tmp", "w", zipfile.ZIP_DEFLATED) as jar:
+        jar.writestr(zipfile.ZipInfo(SERVER_FACTORY, date_time=(1980, 1, 1, 0, 0, 0)), patched)
+    os.replace(patch + ".tmp", patch)
+    class_path = [f"{eng.lib}/{LOOPBACK_JAR}"] + [f"{eng.lib}/{name}" for name in jars
+                                                  if name != LOOPBACK_JAR]
+    name = loopback_jar_name(eng)
+    write_manifest_jar(os.path.join(folder, name + ".tmp"), eng.main_class, class_path)
+    os.replace(os.path.join(folder, name + ".tmp"), os.path.join(folder, name))
+    return name, f"{eng.lib}/{LOOPBACK_JAR}"
+
+
+def loopback_jar_name(eng):
+    return eng.jar_name.replace("-thresher.jar", "-thresher-loopback.jar")

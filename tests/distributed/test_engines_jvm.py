@@ -265,3 +265,143 @@ def test_engine_publishes_the_in_process_bytes(job_servers, in_process, tmp_path
                                          f"--job_endpoint={job_servers[engine]}",
                                          "--environment_type=LOOPBACK"])
     _same(got, in_process[case], case)
+
+
+# ---- every listener of a local run on loopback ------------------------------------------
+
+LOOPBACK = ("127.0.0.1", "::1")
+
+
+def _socket_addresses():
+    """{socket inode: (address, port)} of every listening TCP socket of this network
+    namespace, from /proc/net/tcp and tcp6 (state 0A is LISTEN)."""
+    import ipaddress
+    found = {}
+    for table, size in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        with open(table, encoding="ascii") as handle:
+            rows = handle.read().splitlines()[1:]
+        for row in rows:
+            fields = row.split()
+            if fields[3] != "0A":
+                continue
+            hex_address, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_address)
+            # the kernel prints each 32-bit word in host (little-endian) order
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            address = ipaddress.ip_address(raw)
+            if size == 16 and address.ipv4_mapped:
+                address = address.ipv4_mapped
+            found[fields[9]] = (str(address), int(hex_port, 16))
+    return found
+
+
+def listeners(pids):
+    """{(pid, command, address, port)} of the listening TCP sockets ``pids`` hold."""
+    addresses = _socket_addresses()
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm", encoding="utf-8") as handle:
+                command = handle.read().strip()
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in addresses:
+                found.add((pid, command) + addresses[target[8:-1]])
+    return found
+
+
+def _run_watching_listeners(args, cwd, poll=0.5, timeout=RUN_TIMEOUT):
+    """The CLI run of ``args`` in its own session; while it runs, the listening sockets of
+    every process of that session (the launcher, Beam's job server JVM and whatever it
+    starts) are read every ``poll`` s. Returns (exit code or None, output, listeners)."""
+    import tempfile
+    import time
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    seen = set()
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
+        process = subprocess.Popen([sys.executable, "-m", "thresher.pipelines.cli"] + args,
+                                   cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        deadline = time.monotonic() + timeout
+        try:
+            while process.poll() is None and time.monotonic() < deadline:
+                seen |= listeners(sessions.members(process.pid))
+                time.sleep(poll)
+            code = process.poll()
+        finally:
+            sessions.stop(process.pid)
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        log.seek(0)
+        output = log.read()
+    return code, output, seen
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("flags", [
+    ["--runner=FlinkRunner", "--flink_master=[local]"],
+    ["--runner=SparkRunner", "--spark_master_url=local[2]"],
+], ids=["flink", "spark"])
+def test_a_local_run_listens_on_loopback_only(flink_jar, spark_jar, tmp_path, flags):
+    """Issue 41: with a local master, every port the run opens (the job server's job and
+    artifact ports, Flink's local cluster or Spark's driver, Beam's Fn API servers, the
+    launcher's LOOPBACK worker) is bound to 127.0.0.1 or ::1, none to every interface."""
+    spec_path, out, input_path = quickstart_spec(tmp_path)
+    code, output, seen = _run_watching_listeners(["run", spec_path, "--"] + flags,
+                                                 str(tmp_path))
+    assert code == 0, output[-3000:]
+    assert any(command == "java" for _, command, _, _ in seen), \
+        "no listener of the job server was seen: " + repr(sorted(seen))
+    wide = sorted(entry for entry in seen if entry[2] not in LOOPBACK)
+    assert wide == [], f"listening beyond loopback ({len(wide)} of {len(seen)}): {wide}"
+    check_release(out, make_plan(spec_mod.load(spec_path)).report(), input_path)
+
+
+@pytest.mark.parametrize("name,flags,local", [
+    ("flink", ["--runner=FlinkRunner", "--flink_master=[local]"], True),
+    ("flink", ["--runner=FlinkRunner"], True),                       # Beam's default [auto]
+    ("flink", ["--runner=FlinkRunner", "--flink_master=flink.example:8081"], False),
+    ("spark", ["--runner=SparkRunner", "--spark_master_url=local[2]"], True),
+    ("spark", ["--runner=SparkRunner", "--spark_master_url=spark://spark.example:7077"], False),
+])
+def test_loopback_is_forced_only_for_a_local_master(tmp_path, monkeypatch, name, flags, local):
+    """A user-given cluster master keeps the engine's own addresses: no FLINK_CONF_DIR,
+    no SPARK_LOCAL_IP; a local one gets them (and the loopback job-server jar)."""
+    monkeypatch.delenv("FLINK_CONF_DIR", raising=False)
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    assert engines.loopback_environment(name, flags, str(tmp_path)) is local
+    variable = "FLINK_CONF_DIR" if name == "flink" else "SPARK_LOCAL_IP"
+    assert (variable in os.environ) is local
+    if local and name == "flink":
+        with open(os.path.join(os.environ[variable], "flink-conf.yaml"), encoding="utf-8") as f:
+            conf = dict(line.split(": ", 1) for line in f.read().splitlines())
+        assert conf == {key: "127.0.0.1" for key in ("rest.address", "rest.bind-address",
+                                                     "jobmanager.rpc.address",
+                                                     "jobmanager.bind-host",
+                                                     "taskmanager.host",
+                                                     "taskmanager.bind-host")}
+    if local and name == "spark":
+        assert os.environ[variable] == "127.0.0.1"
+
+
+@pytest.mark.engines
+def test_a_cluster_master_gets_the_plain_job_server(flink_jar, spark_jar, monkeypatch):
+    """Only a local master runs the job server whose gRPC servers bind loopback."""
+    monkeypatch.delenv("FLINK_CONF_DIR", raising=False)
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    remote = engines.complete_beam_args(["--runner=FlinkRunner",
+                                         "--flink_master=flink.example:8081"])
+    assert f"--flink_job_server_jar={flink_jar}" in remote
+    local = engines.complete_beam_args(["--runner=SparkRunner", "--spark_master_url=local[2]"])
+    jar = [arg for arg in local if arg.startswith("--spark_job_server_jar=")]
+    assert jar and jar[0].endswith("-thresher-loopback.jar")
+    remote = engines.complete_beam_args(["--runner=SparkRunner",
+                                         "--spark_master_url=spark://spark.example:7077"])
+    assert f"--spark_job_server_jar={spark_jar}" in remote

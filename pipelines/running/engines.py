@@ -436,39 +436,44 @@ def loopback_worker_service():
     (``worker_pool_main.BeamFnExternalWorkerPoolServicer.start``, no flag for the
     address) while it hands the job server ``localhost:PORT``: bind what is handed out.
     gRPC binds ``localhost`` on 127.0.0.1 and ::1 alike, so either resolution of the
-    name by the job server reaches it."""
+    name by the job server reaches it. Beam's own ``start`` runs unchanged; only the
+    ``grpc`` that module sees makes servers whose wildcard ports bind ``localhost``."""
     from apache_beam.runners.worker import worker_pool_main as pool
-    servicer = pool.BeamFnExternalWorkerPoolServicer
-    if getattr(servicer.start, "_thresher_loopback", False):
+    if isinstance(pool.grpc, _LoopbackGrpc):
         return
+    pool.grpc = _LoopbackGrpc(pool.grpc)
 
-    def start(cls, use_process=False, port=0, state_cache_size=0,
-              data_buffer_time_limit_ms=-1, container_executable=None):
-        # Beam 2.77's start() with the one address changed (kept in step by
-        # tests/distributed/test_engines_jvm.py::test_a_local_run_listens_on_loopback_only)
-        import atexit
-        import grpc
-        options = [("grpc.http2.max_pings_without_data", 0),
-                   ("grpc.http2.max_ping_strikes", 0)]
-        server = grpc.server(pool.thread_pool_executor.shared_unbounded_instance(),
-                             options=options)
-        address = "localhost:%s" % server.add_insecure_port("localhost:%s" % port)
-        worker_pool = cls(use_process=use_process, container_executable=container_executable,
-                          state_cache_size=state_cache_size,
-                          data_buffer_time_limit_ms=data_buffer_time_limit_ms)
-        pool.beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(
-            worker_pool, server)
-        server.start()
 
-        def kill_worker_processes():
-            for process in worker_pool._worker_processes.values():
-                pool.kill_process_gracefully(process)
+class _LoopbackGrpc:
+    """The ``grpc`` module as worker_pool_main sees it: every attribute is grpc's, but
+    ``server`` returns a server whose ``add_insecure_port("[::]:N")`` binds
+    ``localhost:N`` (checked by
+    tests/distributed/test_engines_jvm.py::test_a_local_run_listens_on_loopback_only)."""
 
-        atexit.register(kill_worker_processes)
-        return address, server
+    def __init__(self, grpc_module):
+        self._grpc = grpc_module
 
-    start._thresher_loopback = True
-    servicer.start = classmethod(start)
+    def __getattr__(self, name):
+        return getattr(self._grpc, name)
+
+    def server(self, *args, **kwargs):
+        return _LoopbackServer(self._grpc.server(*args, **kwargs))
+
+
+class _LoopbackServer:
+    """A gRPC server whose wildcard listening addresses become ``localhost``."""
+
+    def __init__(self, server):
+        self._server = server
+
+    def __getattr__(self, name):
+        return getattr(self._server, name)
+
+    def add_insecure_port(self, address):
+        for wildcard in ("[::]:", "0.0.0.0:"):
+            if address.startswith(wildcard):
+                address = "localhost:" + address[len(wildcard):]
+        return self._server.add_insecure_port(address)
 
 
 def complete_beam_args(beam_args, folder=None):

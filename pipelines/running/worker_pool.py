@@ -6,8 +6,8 @@ first on its PATH: started from another environment it finds an interpreter with
 Beam, the worker dies (``No module named apache_beam``) and the job waits for it
 forever. So the pool runs with this interpreter's folder first on PATH (the interpreter
 that runs thresher has Beam and thresher), in the run's folder (relative output paths
-resolve as in the launcher), on a free port. Beam's pool listens on every interface
-(``[::]:PORT``; it has no flag for the address): see docs/running.md, "Engines".
+resolve as in the launcher), on a free port, listening on localhost only
+(``loopback_pool``: Beam's own pool binds every interface and has no flag for it).
 """
 import dataclasses
 import os
@@ -64,7 +64,7 @@ def start(folder):
         port = _free_port()
         log = open(log_path, "w", encoding="utf-8")
         process = subprocess.Popen(
-            [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
+            [sys.executable, "-m", "thresher.pipelines.running.loopback_pool",
              f"--service_port={port}"], cwd=folder, env=env, stdout=log,
             stderr=subprocess.STDOUT, process_group=0)
         log.close()

@@ -405,3 +405,19 @@ def test_a_cluster_master_gets_the_plain_job_server(flink_jar, spark_jar, monkey
     remote = engines.complete_beam_args(["--runner=SparkRunner",
                                          "--spark_master_url=spark://spark.example:7077"])
     assert f"--spark_job_server_jar={spark_jar}" in remote
+
+
+def test_the_workers_pool_listens_on_loopback_only(tmp_path):
+    """The pool thresher starts for ``--workers N`` (pipelines/running/worker_pool.py)
+    binds localhost only: Beam's worker_pool_main alone listens on ``[::]`` (what it did
+    before loopback_pool). No engine needed: the pool is started and its listening sockets
+    read from /proc while it runs."""
+    from thresher.pipelines.running import worker_pool
+    pool = worker_pool.start(str(tmp_path))
+    try:
+        port = int(pool.endpoint.rsplit(":", 1)[1])
+        found = [entry for entry in listeners([pool.process.pid]) if entry[3] == port]
+        assert found, f"the pool holds no listener on {port}"
+        assert all(entry[2] in LOOPBACK for entry in found), found
+    finally:
+        pool.stop()

@@ -64,6 +64,10 @@ def Release(spec, num_shards=16):
     if extra:
         raise SpecError(extra[0], "is not a section of a release spec; allowed sections: "
                         + ", ".join(known))
+    if "continual" in spec:
+        raise SpecError("continual", "a continual release runs one period at a time with "
+                        "`thresher run SPEC --period P` (docs/continual.md); thresher.Release "
+                        "makes one release")
     section = spec.get("input")
     if not isinstance(section, dict) or ("user" not in section and "sample" not in section):
         raise SpecError("input", "needs user and keys (the fields of the input rows), or "

@@ -257,7 +257,9 @@ def test_api_release_takes_every_section_of_a_cli_spec(tmp_path):
     spec = yaml.safe_load((tmp_path / "spec.yaml").read_text())
     spec["description"] = "every section of a CLI spec"
     spec["budget"]["ledger"] = str(tmp_path / "api.sqlite")
-    assert set(spec) == set(spec_mod.TOP_FIELDS)
+    # every section but continual, which runs period by period through the CLI only
+    # (test_api_release_refuses_a_continual_section)
+    assert set(spec) == set(spec_mod.TOP_FIELDS) - {"continual"}
 
     got, reports = _api_release(spec, records)
     columns = list(got[0])
@@ -566,3 +568,18 @@ def test_beam_yaml_main_releases_an_existing_sample(tmp_path):
         json.loads(json.dumps(cli_report["mechanism"])),
         json.loads(json.dumps(cli_report["privacy"])))
     assert 0 < report["released_keys"] < len(sample)
+
+
+def test_api_release_refuses_a_continual_section():
+    """A spec with a ``continual`` section releases period by period (``thresher run SPEC
+    --period P``, charged once for the horizon): thresher.Release must refuse it naming the
+    section, never release it once as if the section were not there."""
+    import thresher
+    spec = {"input": {"user": "user_id", "keys": ["word"]},
+            "privacy": {"epsilon": 1.0, "delta": 1e-8},
+            "bounding": {"max_keys_per_user": 4}, "mechanism": {"kind": "gaussian"},
+            "continual": {"horizon": 6}}
+    with pytest.raises(SpecError) as refused:
+        thresher.Release(spec)
+    assert refused.value.field == "continual"
+    assert "--period" in str(refused.value)

@@ -22,9 +22,9 @@ def session_of(pid):
     return int(fields[3])                            # state ppid pgrp session
 
 
-def members(session):
-    """The pids of the live processes of ``session`` (zombies excluded)."""
-    found = []
+def _live_stats():
+    """(pid, [state, ppid, pgrp, session, ...]) of every live process (zombies excluded),
+    from /proc/PID/stat: the fields after the command name, which may hold spaces."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -34,9 +34,13 @@ def members(session):
         except OSError:
             continue
         fields = text[text.rindex(")") + 2:].split()
-        if int(fields[3]) == session and fields[0] != "Z":
-            found.append(int(name))
-    return found
+        if fields[0] != "Z":
+            yield int(name), fields
+
+
+def members(session):
+    """The pids of the live processes of ``session`` (zombies excluded)."""
+    return [pid for pid, fields in _live_stats() if int(fields[3]) == session]
 
 
 def stop(session, grace=15.0):
@@ -63,17 +67,8 @@ def stop(session, grace=15.0):
 def descendants(pid):
     """Every live process below ``pid`` (children, their children, ...)."""
     children = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as handle:
-                text = handle.read()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(name))
+    for child, fields in _live_stats():
+        children.setdefault(int(fields[1]), []).append(child)
     found, stack = [], list(children.get(pid, []))
     while stack:
         child = stack.pop()

@@ -67,15 +67,8 @@ CASES = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_a_user_over_the_limit_fails_closed_naming_the_setting(tmp_path, monkeypatch, capsys,
-                                                               data, case):
-    monkeypatch.setattr(release, "MAX_USER_ROWS", 300)
-    # heavy_hitters and quantiles read it when they build their shuffle
-    # (pipelines.kinds.base.whole_user_limit)
-    monkeypatch.setattr(user_shards, "MAX_USER_ROWS", 300)
-    monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)   # small tables here
-    change, field = CASES[case]
+def _case_spec(tmp_path, data, case, change):
+    """The spec file of ``case``: the gaussian quickstart shape with the case's sections."""
     doc = {"name": case, "input": {"path": data, "format": "parquet", "user": "user_id",
                                    "keys": ["word"]},
            "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
@@ -88,6 +81,19 @@ def test_a_user_over_the_limit_fails_closed_naming_the_setting(tmp_path, monkeyp
             doc[section] = values
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(doc))
+    return spec
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_user_over_the_limit_fails_closed_naming_the_setting(tmp_path, monkeypatch, capsys,
+                                                               data, case):
+    monkeypatch.setattr(release, "MAX_USER_ROWS", 300)
+    # heavy_hitters and quantiles read it when they build their shuffle
+    # (pipelines.kinds.base.whole_user_limit)
+    monkeypatch.setattr(user_shards, "MAX_USER_ROWS", 300)
+    monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)   # small tables here
+    change, field = CASES[case]
+    spec = _case_spec(tmp_path, data, case, change)
     code = cli.main(["run", str(spec), "--quiet"])
     err = capsys.readouterr().err
     if field is None:   # fixed l0, auto: the heavy user is pre-reduced, the release goes ahead
@@ -159,18 +165,7 @@ def test_the_refusal_comes_before_the_group(tmp_path, monkeypatch, capsys, data,
     monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)
     monkeypatch.setattr(user_shards, "check_user_rows", lambda *a, **k: None)
     change, field = CASES[case]
-    doc = {"name": case, "input": {"path": data, "format": "parquet", "user": "user_id",
-                                   "keys": ["word"]},
-           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
-           "mechanism": {"kind": "gaussian"},
-           "output": {"path": str(tmp_path / "out")}}
-    for section, values in change.items():
-        if isinstance(values, dict):
-            doc.setdefault(section, {}).update(values)
-        else:
-            doc[section] = values
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(doc))
+    spec = _case_spec(tmp_path, data, case, change)
     code = cli.main(["run", str(spec), "--quiet"])
     err = capsys.readouterr().err
     assert code == 2, err

@@ -139,6 +139,10 @@ def format_short(plan, report, users=2000):
         out.append(f"bound: max_keys_per_user chosen privately from {len(cands)} candidates "
                    f"{value_text(cands[0])}..{value_text(cands[-1])} ({spec.bounding.model} "
                    f"model); each candidate's parameters:")
+        # what the counts are of, once for every candidate (C stands for the chosen bound)
+        out += _words([summary.bounded_data(dict(report, bounding=dict(
+            report["bounding"], max_keys_per_user="C")), " and ".join(keys) or "key")],
+            report["mechanism"])
         shown = sorted({cands[0], cands[-1]})
         for bound in shown:
             params = plan.params_by_bound.get(bound)
@@ -148,8 +152,9 @@ def format_short(plan, report, users=2000):
             sub = dict(report, mechanism=params,
                        bounding=dict(report["bounding"], max_keys_per_user=bound,
                                      chosen_by="spec"))
+            # [2:]: the bound and the bounded-data lines, said once above
             out += ["    " + line for line in _words(summary.noise_in_words(
-                sub, keys, release_point=cheap)[1:], params)]
+                sub, keys, release_point=cheap)[2:], params)]
             out += ["    " + line for line in expected_errors(params, users)]
         if len(shown) < len(cands):
             out.append(f"  ({len(cands) - len(shown)} more candidates: thresher plan --verbose)")

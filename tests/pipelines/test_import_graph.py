@@ -79,6 +79,9 @@ LAYERS = {
     "running": ("errors", "planning.calibration_cache", "running"),
     "running.progress": ("errors",),
     "running.release": ("errors", "specs", "kinds", "dataio", "ledgers", "planning", "running"),
+    # engines check builds its synthetic release's spec and plan, then runs it as
+    # release does (in child processes)
+    "running.engine_check": ("errors", "specs", "planning", "running"),
     "continual": ("errors", "specs.declare", "dataio", "ledgers"),
     "continual.section": ("errors", "specs.declare"),
 }

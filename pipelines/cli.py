@@ -606,7 +606,15 @@ def _continual_command(args, spec):
     """A spec with a ``continual`` section (pipelines.continual.command)."""
     if spec.continual is None:
         raise SpecError("--period", "applies to a spec with a continual section only")
-    from thresher.pipelines.continual import command
+    from thresher.pipelines.continual import command, state
+    _check_ledger_outside_output(spec)
+    # the horizon's state (its secret among it) lives beside the ledger: never in the
+    # published folder either
+    from thresher.pipelines.ledgers import ledger
+    where = ledger.inside_output(state.folder_for(spec.budget, spec.name), spec.output.path)
+    if where:
+        raise ThresherError("budget.ledger: the continual state folder (the horizon's secret) "
+                            + where.removeprefix("the ledger "))
     if args.command == "run":
         if args.period is None:
             raise SpecError("--period", f"a continual release runs one period at a time: "

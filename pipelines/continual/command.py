@@ -40,8 +40,8 @@ from thresher.pipelines.errors import CalibrationError, InputError, SpecError
 
 FAULT_ENV = "THRESHER_CONTINUAL_FAULT"
 FAULT_EXIT = 86
-FAULT_POINTS = ("before_charge", "after_charge", "after_stage", "after_publish",
-                "after_state_files", "after_commit")
+FAULT_POINTS = ("before_charge", "after_charge", "after_pending", "after_stage",
+                "after_publish", "after_state_files", "after_commit")
 RUN_TOKEN_STAGE = "\x00thresher/continual-ledger-run-token"
 RELEASED_FILE, REPORT_FILE = "released.parquet", "release_report.json"
 
@@ -297,9 +297,20 @@ def run(spec, period, quiet=False):
         digests = {name: hashlib.sha256(data).hexdigest() for name, data in files_out.items()}
         final = os.path.join(out_root, f"period={period}")
         recorded = head["outputs"].get(str(period))
+        if recorded is None:
+            # a crash after publishing (before the head was committed) leaves these: the
+            # same noise on changed data would disclose the change, so the bytes must match
+            # whether or not the period's folder is still there
+            pending = store.read_json(state_mod.PENDING)
+            if pending is not None and pending.get("period") == period:
+                recorded = pending.get("outputs")
         if recorded is not None and recorded != digests:
-            raise SpecError("input.path", f"period {period} was published with other bytes: "
-                            f"its input changed since; nothing was published")
+            raise SpecError("input.path", f"period {period} was published (or its publication "
+                            f"begun) with other bytes: its input changed since; nothing was "
+                            f"published")
+        if period > done:
+            store.write_json(state_mod.PENDING, {"period": period, "outputs": digests})
+            fault("after_pending")
         _publish(final, files_out, digests, period)
         if period <= done:
             if not quiet:

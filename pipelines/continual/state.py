@@ -34,6 +34,9 @@ from thresher.pipelines.errors import SpecError
 
 SECRET_BYTES = 32
 HEAD, HORIZON, SECRET, LOCK = "head.json", "horizon.json", "secret", "lock"
+# The digests of the period being published, written before its folder appears: a re-run
+# after a crash must publish those bytes or nothing, even when the folder was removed.
+PENDING = "pending.json"
 
 
 def folder_for(budget, name):

@@ -164,6 +164,7 @@ def reference(tmp_path_factory):
     pytest.param(1, "before_charge", marks=pytest.mark.slow),
     pytest.param(1, "after_charge", marks=pytest.mark.slow),
     pytest.param(1, "after_publish", marks=pytest.mark.slow),
+    pytest.param(2, "after_pending", marks=pytest.mark.slow),
     pytest.param(2, "after_stage", marks=pytest.mark.slow),
     (2, "after_publish"),
     pytest.param(2, "after_state_files", marks=pytest.mark.slow),
@@ -244,3 +245,47 @@ def test_plan_prints_the_ratio_and_recommends_one_shot_where_the_tree_does_not_p
     assert plan["noise"]["ratio"] == pytest.approx(acc.noise_ratio(365))
     assert plan["privacy"]["delta_selection"] <= 0.5e-8
     assert plan["privacy"]["zcdp_record"] == {"rho": 0.5, "delta0": 1e-8}
+
+
+def test_a_period_published_before_a_crash_is_never_republished_with_other_bytes(tmp_path):
+    """A crash after period 2 is published but before the state records it; the operator
+    removes the period's folder and changes its input (one user fewer). The re-run draws the
+    same node noise (keyed by key and node), so publishing the new counts would disclose the
+    change exactly, uncharged: it must be refused, nothing published. Without the digests
+    written before publishing, the re-run published (exit 0)."""
+    spec = _run_clean(tmp_path, 1)
+    done = _cli(tmp_path, "run", str(spec), "--period", "2", fault="after_publish")
+    assert done.returncode == command.FAULT_EXIT
+    assert (tmp_path / "out" / "period=2").exists()
+    import shutil
+    shutil.rmtree(tmp_path / "out" / "period=2")
+    day = tmp_path / "data" / "day2.parquet"
+    table = pq.read_table(day)
+    # a user first seen at period 2: its pairs count there, so the counts change
+    before = set(pq.read_table(tmp_path / "data" / "day1.parquet").column("user").to_pylist())
+    dropped = next(u for u in table.column("user").to_pylist() if u not in before)
+    import pyarrow.compute as pc
+    table = table.filter(pc.not_equal(table.column("user"), dropped))
+    pq.write_table(table, day)
+    done = _cli(tmp_path, "run", str(spec), "--period", "2")
+    assert done.returncode == 2 and "input.path" in done.stderr, done.stderr
+    assert not (tmp_path / "out" / "period=2").exists()
+    assert len(_ledger(tmp_path)["releases"]) == 1
+
+
+def test_a_ledger_or_state_inside_the_output_folder_is_refused(tmp_path):
+    """The horizon's state (its secret, the users' pairs) lives beside the ledger; a ledger
+    inside the output folder would put it among the published files. Refused by run and
+    validate (exit 2, naming budget.ledger), nothing written. Without the check, period 1
+    ran and wrote the secret under out/."""
+    _write_periods(tmp_path / "data", periods=1)
+    spec = _spec(tmp_path)
+    data = json.loads(spec.read_text())
+    data["budget"]["ledger"] = "out/ledger.sqlite"
+    spec.write_text(json.dumps(data))
+    for command_name in ("validate", "run"):
+        args = [command_name, str(spec)] + (["--period", "1"] if command_name == "run" else [])
+        done = _cli(tmp_path, *args)
+        assert done.returncode == 2 and "budget.ledger" in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists() or not any(
+        "secret" in files for _, _, files in os.walk(tmp_path / "out"))

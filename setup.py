@@ -74,7 +74,7 @@ setup(
         # thresher report --html draws its plots with matplotlib.
         "report": ["matplotlib>=3.7"],
         "bench": ["pipeline-dp>=0.2"],
-        # budget.ledger: postgresql://... (pipelines/ledgers/ledger_postgres.py).
+        # budget.ledger: postgresql://... (pipelines/ledgers/postgres_backend.py).
         "postgres": ["psycopg[binary]>=3.1"],
         "yaml": ["apache-beam[yaml]>=2.60"],
         # Object storage for input.path / output.path (docs/running.md).

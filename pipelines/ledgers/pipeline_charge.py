@@ -20,7 +20,7 @@ transform is applied charged one of them; here the charge is a stage of the pipe
   charge was a branch with no order against reading). A refused charge fails the run
   with the ledger's message, nothing read by the release or written by its outputs.
 - The reservation checks a token it finds against the dataset, spec digest and charge
-  (``ledger._check_token_row``): one secret reused for another release is refused. A
+  (``lifecycle._check_token_row``): one secret reused for another release is refused. A
   new token for a spec already charged under earlier tokens (the same Beam YAML pipeline
   run again) is charged and said in a warning: its sinks may replace the earlier output.
 
@@ -44,7 +44,7 @@ import os
 import apache_beam as beam
 
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.ledgers import ledger, ledger_postgres
+from thresher.pipelines.ledgers import ledger, store
 
 RUN_TOKEN_STAGE = "\x00thresher/ledger-run-token"    # NUL: no Beam label is this stage
 # Runners whose Python workers run on the machine that builds the pipeline.
@@ -56,7 +56,7 @@ LOCAL_ENVIRONMENTS = (None, "", "LOOPBACK", "PROCESS", "EMBED")
 def workers_reach(budget, pipeline):
     """The budget section with a SQLite path made absolute, or SpecError naming
     ``budget.ledger`` when the pipeline's workers could not reach this ledger."""
-    if ledger_postgres.is_url(budget.ledger):
+    if not store.backend_for(budget.ledger).is_file:
         return budget
     from apache_beam.options.pipeline_options import PortableOptions
     runner = type(pipeline.runner).__name__ if pipeline.runner is not None else "DirectRunner"
@@ -105,7 +105,7 @@ class ChargeRun(beam.DoFn):
                 "again (release %d); the same spec was already released %d time%s in this "
                 "ledger. If the pipeline's sinks write where the earlier run wrote, they "
                 "replace its output: the earlier release stays charged either way",
-                ledger._where(self._budget.ledger), self._name, self._budget.dataset,
+                store.where(self._budget.ledger), self._name, self._budget.dataset,
                 reservation.row_id, reservation.earlier,
                 "" if reservation.earlier == 1 else "s")
         yield reservation.row_id

@@ -1,5 +1,5 @@
 """Six processes reserving at one instant: the shared body of the SQLite and PostgreSQL
-ledger race tests (pipelines/ledgers/ledger.py, pipelines/ledgers/ledger_postgres.py)."""
+ledger race tests (pipelines/ledgers/sqlite_backend.py, pipelines/ledgers/postgres_backend.py)."""
 import multiprocessing
 
 from thresher.pipelines.ledgers import ledger

@@ -74,7 +74,7 @@ def _spec(tmp_path, data, ledger_path, name="r", total=2.5, total_delta=1e-6, fo
 
 def _sql(target, statement, params=()):
     """A hand edit of the ledger, as an operator would make it."""
-    if ledger.ledger_postgres.is_url(target):
+    if not ledger.backend_for(target).is_file:
         import psycopg
         with psycopg.connect(target, autocommit=True) as conn:
             conn.execute(statement.replace("?", "%s"), params)
@@ -88,7 +88,7 @@ def _sql(target, statement, params=()):
 
 
 def _rows(target, statement):
-    if ledger.ledger_postgres.is_url(target):
+    if not ledger.backend_for(target).is_file:
         import psycopg
         with psycopg.connect(target, autocommit=True) as conn:
             return conn.execute(statement).fetchall()

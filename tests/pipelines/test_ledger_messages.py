@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from thresher.pipelines.ledgers import composition as comp
-from thresher.pipelines.ledgers import ledger, ledger_postgres
+from thresher.pipelines.ledgers import ledger, postgres_backend
 from tests.robustness.conftest import run_cli
 
 from .conftest import QUICKSTART_DATA
@@ -105,7 +105,7 @@ def test_a_ledger_server_that_never_answers_is_said_at_once(monkeypatch):
     """Before: 30 s of silence before the connection timed out. A listening socket that
     accepts and never answers; the timeout shortened to 3 s for the test."""
     pytest.importorskip("psycopg")
-    monkeypatch.setattr(ledger_postgres, "CONNECT_TIMEOUT_S", 3)
+    monkeypatch.setattr(postgres_backend, "CONNECT_TIMEOUT_S", 3)
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)

@@ -215,7 +215,7 @@ def test_a_ledger_corrupted_after_publishing_keeps_the_release_and_says_so(tmp_p
 
 def test_a_ledger_of_another_shape_is_refused(tmp_path, tiny, target):  # noqa: F811
     """D8 on both back ends: tables named like the ledger's with other columns."""
-    if ledger.ledger_postgres.is_url(target):
+    if not ledger.backend_for(target).is_file:
         import psycopg
         with psycopg.connect(target, autocommit=True) as conn:
             conn.execute("CREATE TABLE datasets (name TEXT PRIMARY KEY, total REAL)")

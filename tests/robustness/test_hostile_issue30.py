@@ -173,7 +173,7 @@ def test_ledger_on_a_read_only_mount_is_refused(tmp_path):
     folder = os.path.join(case.folder, "ro")
     os.makedirs(folder)
     conn = sqlite3.connect(os.path.join(folder, "ledger.sqlite"))   # an existing, empty ledger
-    from thresher.pipelines.ledgers.ledger import _SCHEMA
+    from thresher.pipelines.ledgers.sqlite_backend import _SCHEMA
     conn.executescript(_SCHEMA)
     conn.close()
     case.before = set(os.listdir(case.folder))

@@ -1,7 +1,8 @@
-"""The ledger on a PostgreSQL server: ``budget.ledger: postgresql://user@host:5432/db``.
+"""The ledger on a PostgreSQL server: ``budget.ledger: postgresql://user@host:5432/db``;
+the ``backend.Backend`` of a ``postgresql://`` URL.
 
-The same two tables and the same life of a release as the SQLite ledger
-(``pipelines.ledger``), through psycopg 3 (``pip install 'thresher[postgres]'``). What
+The same tables and the same life of a release as the SQLite ledger
+(``sqlite_backend``; the lifecycle is ``pipelines.ledgers.lifecycle``), through psycopg 3 (``pip install 'thresher[postgres]'``). What
 makes "two runs with room for one: exactly one proceeds" hold here is a row lock, not a
 check then a write: ``reserve`` runs in one transaction that first makes sure the
 dataset's row exists (``INSERT ... ON CONFLICT DO NOTHING``) and then takes that row
@@ -14,10 +15,10 @@ lock, so two first runs do not race on ``CREATE`` or ``ALTER``; the ledger's tri
 are created there too when missing.
 """
 import contextlib
-import re
 
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.ledgers import sums
+from thresher.pipelines.ledgers.backend import Backend, without_password
 
 SCHEMES = ("postgresql", "postgres")
 _ADVISORY_KEY = 0x7468726573686572      # "thresher": serialises CREATE TABLE
@@ -66,7 +67,7 @@ _SCHEMA = (
         host TEXT,
         pid INTEGER)""",
 )
-# The columns added since the first ledgers (pipelines.ledgers.ledger.NEW_COLUMNS): an
+# The columns added since the first ledgers (sqlite_backend.NEW_COLUMNS): an
 # older database gets them here, under the same advisory lock as CREATE TABLE.
 _MIGRATIONS = (
     *(f"ALTER TABLE datasets ADD COLUMN IF NOT EXISTS {c} TEXT" for c in (
@@ -79,7 +80,7 @@ _MIGRATIONS = (
         "rho", "delta0", "run_token")),
     "CREATE UNIQUE INDEX IF NOT EXISTS releases_run_token ON releases (run_token)",
 )
-# The ledger's triggers (pipelines.ledgers.ledger.TRIGGERS: the same on SQLite): a release
+# The ledger's triggers (sqlite_backend.TRIGGERS: the same on SQLite): a release
 # without its record is refused, whoever inserts it (an older thresher fails closed), and
 # every insert, delete and change of a release's charge is counted in its dataset's
 # ``row_changes``. Created once, when missing (then every dataset's running sums are
@@ -119,16 +120,63 @@ def is_url(ledger):
 
 def shown(url):
     """The URL without its password, for messages."""
-    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    return without_password(url)
 
 
-class Connection:
-    """A psycopg connection that speaks the SQLite ledger's SQL (``?`` placeholders)."""
-
-    dialect = "postgresql"
+class PostgresBackend(Backend):
+    """A PostgreSQL ledger, connected (``connect``); speaks the SQLite ledger's SQL (``?``
+    placeholders)."""
 
     def __init__(self, conn):
         self._conn = conn
+
+    # ---- the location ------------------------------------------------------------------
+
+    @classmethod
+    def claims(cls, location):
+        return is_url(location)
+
+    @classmethod
+    def shown(cls, location):
+        return shown(location)
+
+    @classmethod
+    def where(cls, location):
+        return shown(location)
+
+    @classmethod
+    def named(cls, location):
+        return repr(shown(location))
+
+    @classmethod
+    def expanded(cls, location):
+        return location
+
+    @classmethod
+    def resolved(cls, location, folder):
+        return location
+
+    @classmethod
+    def nothing_there(cls, location):
+        return False          # only the server can tell: connect and read
+
+    @classmethod
+    def missing(cls, location):
+        return ""
+
+    @classmethod
+    def database_errors(cls):
+        try:
+            import psycopg      # optional (the postgres extra); only a URL ledger needs it
+        except ImportError:
+            return ()
+        return (psycopg.Error,)
+
+    @classmethod
+    def connect(cls, location, create, field):
+        return cls(_connect(location, create, field))
+
+    # ---- a connected ledger ------------------------------------------------------------
 
     def execute(self, sql, params=()):
         return self._conn.execute(sql.replace("?", "%s"), params)
@@ -140,6 +188,10 @@ class Connection:
     def write_transaction(self):
         with self._conn.transaction():
             yield self
+
+    def migrate(self, location):
+        """Nothing left to do: ``connect`` made the tables, columns and triggers under its
+        advisory lock."""
 
     def lock_dataset(self, dataset, fresh):
         """Inside a write transaction: the dataset's row, created with the values ``fresh``
@@ -162,6 +214,10 @@ class Connection:
         raise SpecError("budget.ledger", f"the dataset {dataset!r} kept vanishing from the "
                         "ledger while this run reserved (deleted by other runs); try again")
 
+    def lock_row(self, dataset):
+        """FOR UPDATE: other runs on this dataset wait for this transaction."""
+        self.execute("SELECT 1 FROM datasets WHERE dataset = ? FOR UPDATE", (dataset,))
+
     def columns_of(self, table):
         """The column names of ``table`` in the connection's schema ([] if none)."""
         rows = self.execute("SELECT column_name FROM information_schema.columns WHERE "
@@ -169,15 +225,16 @@ class Connection:
                             "ordinal_position", (table,)).fetchall()
         return [r[0] for r in rows]
 
-    def triggers_of(self, table):
-        """The names of the triggers on ``table`` in the connection's schema."""
-        return _triggers_of(self._conn, table)
-
     def insert_release(self, sql, params):
         return self.execute(f"{sql} RETURNING id", params).fetchone()[0]
 
+    def statement_errors(self):
+        return self.database_errors()
 
-def connect(url, create, field="budget.ledger"):
+
+def _connect(url, create, field):
+    """The psycopg connection (autocommit; tables made under the advisory lock when
+    ``create``)."""
     try:
         import psycopg
     except ImportError:
@@ -206,7 +263,7 @@ def connect(url, create, field="budget.ledger"):
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise SpecError(field, f"the ledger {shown(url)} cannot be used (its tables "
                             f"cannot be made or are of another shape): {first}") from None
-    return Connection(conn)
+    return conn
 
 
 def _triggers_of(conn, table):
@@ -232,8 +289,3 @@ def _install_triggers(conn):
 
 def _literal(text):
     return "'" + text.replace("'", "''") + "'"
-
-
-def database_errors():
-    import psycopg
-    return (psycopg.Error,)

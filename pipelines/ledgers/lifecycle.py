@@ -17,6 +17,8 @@ import socket
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.ledgers import composition as comp
 from thresher.pipelines.ledgers import store
+from thresher.pipelines.ledgers.store import (PUBLISH_FAILED, PUBLISHED, PUBLISHING, RESERVED,
+                                               RUN_FAILED, TOTALS_HELP)
 
 log = logging.getLogger("thresher")
 
@@ -92,7 +94,7 @@ class Reservation:
                 try:
                     with conn.write_transaction():
                         cur = conn.execute("UPDATE releases SET state = ? WHERE id = ? AND "
-                                           "state = ?", (store.PUBLISHING, self.row_id, store.RESERVED))
+                                           "state = ?", (PUBLISHING, self.row_id, RESERVED))
                         changed = cur.rowcount
                 finally:
                     conn.close()
@@ -132,14 +134,14 @@ class Reservation:
         the release: a loud warning says what happened and what the ledger holds."""
         try:
             with store.errors(self.path):
-                self._finish(store.PUBLISHED, output)
+                self._finish(PUBLISHED, output)
         except SpecError as exc:
             self._done = True
             log.warning("WARNING: the release is published at %s, but the ledger could not "
                         "mark it published (%s). Its row %d stays '%s' and counts as spent, "
                         "so the budget is safe; repair or restore the ledger, then check it "
                         "with: thresher ledger show %s", output, exc.message, self.row_id,
-                        store.PUBLISHING if self._publishing else store.RESERVED, store.shown(self.path))
+                        PUBLISHING if self._publishing else RESERVED, store.shown(self.path))
 
     def abandon(self):
         """After an error: delete the reservation if the run had not begun reading its
@@ -147,19 +149,20 @@ class Reservation:
         (``publish_failed``)."""
         if self._done:
             return
-        state = (store.PUBLISH_FAILED if self._publishing else store.RUN_FAILED if self._reading
+        state = (PUBLISH_FAILED if self._publishing else RUN_FAILED if self._reading
                  else None)
         try:
             self._finish(state)
         except Exception as exc:  # noqa: BLE001 - the original error matters more
             log.warning("could not update the ledger %s (release %d stays %s and counts as "
-                        "spent; thresher ledger reservations lists it): %s", store.shown(self.path),
-                        self.row_id, store.PUBLISHING if self._publishing else store.RESERVED, exc)
+                        "spent; thresher ledger reservations lists it): %s",
+                        store.shown(self.path),
+                        self.row_id, PUBLISHING if self._publishing else RESERVED, exc)
             return
-        if state == store.RUN_FAILED:
+        if state == RUN_FAILED:
             log.warning("the run failed after it began reading its input: its charge stays "
                         "spent (release %d is %s in the ledger %s; a failure after reading "
-                        "may depend on the data)", self.row_id, store.RUN_FAILED, store.shown(self.path))
+                        "may depend on the data)", self.row_id, RUN_FAILED, store.shown(self.path))
 
 
 def reserve(plan, run_token=None, output=None):
@@ -211,7 +214,7 @@ def _reserve(budget, name, sha, charge, run_token=None, output=None):
                 raise SpecError("budget.ledger", f"the ledger {store.shown(budget.ledger)!r} is "
                                 f"inconsistent: dataset {budget.dataset!r}: "
                                 f"{dataset_row.totals_problem}; no release is admitted on it "
-                                f"until its totals are set again ({store.TOTALS_HELP}); nothing was "
+                                f"until its totals are set again ({TOTALS_HELP}); nothing was "
                                 f"read or published")
             if dataset_row.digest is None:
                 # A dataset written before totals were stamped: stamped now, as they are.
@@ -225,14 +228,15 @@ def _reserve(budget, name, sha, charge, run_token=None, output=None):
                                 f"thresher?), so its spent rho is unknown; nothing was read or "
                                 f"published")
             if not comp.admits(totals, spent, charge):
-                raise SpecError("budget", f"{comp.refusal_text(budget.dataset, totals, spent, charge)} "
-                                f"(ledger {store.shown(budget.ledger)}); nothing was read or published")
+                refusal = comp.refusal_text(budget.dataset, totals, spent, charge)
+                raise SpecError("budget", f"{refusal} (ledger {store.shown(budget.ledger)}); "
+                                f"nothing was read or published")
             earlier = 0
             if run_token is not None:      # earlier runs of this release (Beam: run twice)
                 earlier = int(conn.execute(
                     "SELECT COUNT(*) FROM releases WHERE dataset = ? AND config_sha256 = ? AND "
                     "run_token IS NOT NULL", (budget.dataset, sha)).fetchone()[0])
-            state = store.RESERVED if run_token is None else store.PUBLISHED
+            state = RESERVED if run_token is None else PUBLISHED
             sql = ("INSERT INTO releases (dataset, name, epsilon, delta, config_sha256, state, "
                    "reserved_at, host, pid, rho, delta0, run_token, finished_at, output) "
                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
@@ -243,7 +247,8 @@ def _reserve(budget, name, sha, charge, run_token=None, output=None):
                       None if run_token is None else now, output)
             row_id = conn.insert_release(sql, params)
             spent = spent.plus(charge)
-            store.write_spent(conn, budget.dataset, spent, dataset_row.row_changes + 1)  # the insert
+            # stamped with the count of changes including this insert (its trigger counts it)
+            store.write_spent(conn, budget.dataset, spent, dataset_row.row_changes + 1)
     finally:
         conn.close()
     reservation = Reservation(budget.ledger, row_id, budget.dataset, totals, spent,
@@ -286,7 +291,8 @@ def _check_fixed(budget, totals, wanted):
         raise SpecError("budget", f"the ledger {shown!r} records the total epsilon="
                         f"{float(totals.epsilon):g}, delta={float(totals.delta):g} for dataset "
                         f"{budget.dataset!r}; the spec says epsilon={budget.epsilon:g}, "
-                        f"delta={budget.delta:g} (a dataset's total cannot change by editing the spec: change "
+                        f"delta={budget.delta:g} (a dataset's total cannot change by editing the "
+                        f"spec: change "
                         f"it with thresher ledger set-budget, then give the spec the new total)")
     if totals.composition != wanted.composition:
         said = (f"the spec says {wanted.composition}" if budget.composition_given else
@@ -357,7 +363,7 @@ def preview(plan):
             state = None if row is None else (row.totals, row.spent)
             if row is not None and row.totals_problem is not None:
                 return Preview(True, f"the ledger {shown!r} is inconsistent: dataset "
-                                     f"{budget.dataset!r}: {row.totals_problem} ({store.TOTALS_HELP})"
+                                     f"{budget.dataset!r}: {row.totals_problem} ({TOTALS_HELP})"
                                      f": the run will be refused", field="budget.ledger")
         except store.BadRow as exc:
             return Preview(True, f"{exc.message.replace('; nothing was read or published', '')}"
@@ -389,5 +395,6 @@ def preview(plan):
     if not comp.admits(totals, spent, charge):
         return Preview(True, f"{comp.refusal_text(budget.dataset, totals, spent, charge)}: "
                              f"the ledger {shown!r} will refuse it")
-    return Preview(False, f"{where}; {cost}; after it {comp.remaining_text(totals, spent, charge)} "
+    left = comp.remaining_text(totals, spent, charge)
+    return Preview(False, f"{where}; {cost}; after it {left} "
                           f"remain ({shown!r}; not charged)")

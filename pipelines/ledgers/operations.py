@@ -12,6 +12,7 @@ import socket
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.ledgers import composition as comp
 from thresher.pipelines.ledgers import section, store
+from thresher.pipelines.ledgers.store import RESERVED, RUN_FAILED, loose, printable
 
 
 def reservations(path, dataset=None):
@@ -25,15 +26,15 @@ def reservations(path, dataset=None):
             sql = ("SELECT id, dataset, name, epsilon, delta, reserved_at, host, pid FROM "
                    "releases WHERE state = ?" + (" AND dataset = ?" if dataset else "") +
                    " ORDER BY id")
-            rows = conn.execute(sql, (store.RESERVED, dataset) if dataset else (store.RESERVED,)).fetchall()
+            rows = conn.execute(sql, (RESERVED, dataset) if dataset else (RESERVED,)).fetchall()
         finally:
             conn.close()
     now = datetime.datetime.now(datetime.timezone.utc)
     out = []
     for rid, ds, name, eps, delta, at, host, pid in rows:
         reserved = _parse_time(at)
-        out.append({"id": int(rid), "dataset": ds, "name": name, "epsilon": store.loose(eps),
-                    "delta": store.loose(delta), "reserved_at": at,
+        out.append({"id": int(rid), "dataset": ds, "name": name, "epsilon": loose(eps),
+                    "delta": loose(delta), "reserved_at": at,
                     "age_seconds": int((now - reserved).total_seconds()) if reserved else None,
                     "host": host, "pid": pid, "owner": owner_state(host, pid, reserved)})
     return out
@@ -104,11 +105,12 @@ def release_reservation(path, row_id, force=False):
                 row = conn.execute("SELECT id, dataset, name, epsilon, delta, reserved_at, host, "
                                    "pid, state FROM releases WHERE id = ?", (row_id,)).fetchone()
                 if row is None:
-                    raise SpecError("ID", f"no release {row_id} in the ledger {store.shown(path)!r}")
+                    raise SpecError("ID", f"no release {row_id} in the ledger "
+                                    f"{store.shown(path)!r}")
                 rid, ds, name, eps, delta, at, host, pid, state = row
-                if state != store.RESERVED:
+                if state != RESERVED:
                     why = ("its run failed after it began reading the input" if state ==
-                           store.RUN_FAILED else "it may have been seen")
+                           RUN_FAILED else "it may have been seen")
                     raise SpecError("ID", f"release {row_id} ({name!r}, dataset {ds!r}) is "
                                     f"{state}, not reserved: {why}, so its budget stays spent")
                 owner = owner_state(host, pid, _parse_time(at))
@@ -123,8 +125,8 @@ def release_reservation(path, row_id, force=False):
                 store.uncharge(conn, ds, row_id, path)
         finally:
             conn.close()
-    return {"id": int(rid), "dataset": ds, "name": name, "epsilon": store.loose(eps),
-            "delta": store.loose(delta), "reserved_at": at, "host": host, "pid": pid, "owner": owner}
+    return {"id": int(rid), "dataset": ds, "name": name, "epsilon": loose(eps),
+            "delta": loose(delta), "reserved_at": at, "host": host, "pid": pid, "owner": owner}
 
 
 def format_reservations(rows):
@@ -135,9 +137,9 @@ def format_reservations(rows):
              f"{'age':>8}  owner"]
     for r in rows:
         age = "-" if r["age_seconds"] is None else _age(r["age_seconds"])
-        lines.append(f"{r['id']:>5}  {store.printable(r['dataset']):<16} {store.printable(r['name']):<20} "
+        lines.append(f"{r['id']:>5}  {printable(r['dataset']):<16} {printable(r['name']):<20} "
                      f"{n(r['epsilon']):>8} {n(r['delta']):>8}  {age:>8}  {r['owner']} (pid "
-                     f"{r['pid']} on {store.printable(r['host'])})")
+                     f"{r['pid']} on {printable(r['host'])})")
     return "\n".join(lines)
 
 
@@ -168,7 +170,7 @@ def set_budget(path, dataset, epsilon, delta=None, threshold_delta=None, force=F
                 row = store.select(conn, "datasets", store.DATASET_COLUMNS, " WHERE dataset = ?",
                               (dataset,)).fetchone()
                 if row is None:
-                    raise SpecError("DATASET", f"no dataset {store.printable(dataset)!r} in the "
+                    raise SpecError("DATASET", f"no dataset {printable(dataset)!r} in the "
                                     f"ledger {store.shown(path)!r} (a dataset is created by its "
                                     f"first release)")
                 old_text = [None if v is None else str(v) for v in row[:5]]
@@ -180,7 +182,7 @@ def set_budget(path, dataset, epsilon, delta=None, threshold_delta=None, force=F
                 spent = store.folded(conn, dataset)
                 over = _overspent(new, spent)
                 if over and not force:
-                    raise SpecError("--force", f"dataset {store.printable(dataset)!r} has already "
+                    raise SpecError("--force", f"dataset {printable(dataset)!r} has already "
                                     f"spent {over}: a total below what is spent admits no "
                                     f"release until it is raised again; pass --force to set "
                                     f"it anyway")

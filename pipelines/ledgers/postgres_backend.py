@@ -1,18 +1,18 @@
 """The ledger on a PostgreSQL server: ``budget.ledger: postgresql://user@host:5432/db``;
 the ``backend.Backend`` of a ``postgresql://`` URL.
 
-The same tables and the same life of a release as the SQLite ledger
-(``sqlite_backend``; the lifecycle is ``pipelines.ledgers.lifecycle``), through psycopg 3 (``pip install 'thresher[postgres]'``). What
-makes "two runs with room for one: exactly one proceeds" hold here is a row lock, not a
-check then a write: ``reserve`` runs in one transaction that first makes sure the
-dataset's row exists (``INSERT ... ON CONFLICT DO NOTHING``) and then takes that row
-``FOR UPDATE``; a second run on the same dataset waits at that lock until the first
-commits, and then reads the running sums (kept in that row) including the first
-release. The tables are created -- and an older ledger's tables given the columns added
-since (``ADD COLUMN IF NOT EXISTS``, all nullable) -- under a transaction-scoped advisory
-lock, so two first runs do not race on ``CREATE`` or ``ALTER``; the ledger's triggers
-(``TRIGGERS``: a release without its record refused, each change of a release counted)
-are created there too when missing.
+The same tables and the same life of a release as the SQLite ledger (``sqlite_backend``;
+the lifecycle is ``pipelines.ledgers.lifecycle``), through psycopg 3 (``pip install
+'thresher[postgres]'``). What makes "two runs with room for one: exactly one proceeds"
+hold here is a row lock, not a check then a write: ``reserve`` runs in one transaction
+that first makes sure the dataset's row exists (``lock_dataset``: ``INSERT ... ON
+CONFLICT DO NOTHING``) and then takes that row ``FOR UPDATE``; a second run on the same
+dataset waits at that lock until the first commits, and then reads the running sums
+(kept in that row) including the first release. The tables are created -- and an older
+ledger's tables given the columns added since (``ADD COLUMN IF NOT EXISTS``, all
+nullable) -- under a transaction-scoped advisory lock, so two first runs do not race on
+``CREATE`` or ``ALTER``; the ledger's triggers (``TRIGGERS``: a release without its
+record refused, each change of a release counted) are created there too when missing.
 """
 import contextlib
 

@@ -7,6 +7,7 @@ the ``--json`` document (``summary``) and as text (``format_summary``); and the 
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.ledgers import composition as comp
 from thresher.pipelines.ledgers import store
+from thresher.pipelines.ledgers.store import TOTALS_HELP, as_float, loose, printable
 
 
 def summary(path, dataset=None):
@@ -47,7 +48,7 @@ def _summary(path, dataset):
             if state.totals_problem is not None:
                 entry["warning"] = " ".join(filter(None, (
                     f"{state.totals_problem}: no release is admitted on this dataset until "
-                    f"its totals are set again ({store.TOTALS_HELP}).", entry.get("warning"))))
+                    f"its totals are set again ({TOTALS_HELP}).", entry.get("warning"))))
             out.append(entry)
         return out
     finally:
@@ -59,8 +60,8 @@ def _unreadable_summary(name, rows, message):
     stored (numbers that are no numbers shown as null) and the problem as its warning."""
     return {
         "dataset": name, "composition": None, "budget": None, "spent": None, "zcdp": None,
-        "releases": [{"id": r[8], "name": r[0], "epsilon": store.loose(r[1]),
-                      "delta": store.loose(r[2]), "rho": store.loose(r[9]), "delta0": store.loose(r[10]),
+        "releases": [{"id": r[8], "name": r[0], "epsilon": loose(r[1]),
+                      "delta": loose(r[2]), "rho": loose(r[9]), "delta0": loose(r[10]),
                       "config_sha256": r[3], "state": r[4], "time": r[6] or r[5],
                       "output": r[7]} for r in rows],
         "warning": f"{message.replace('; nothing was read or published', '')}; every run "
@@ -82,8 +83,8 @@ def _dataset_summary(name, totals, spent, folded, rows, problem=None):
             spent.delta0, totals.conversion_delta if spent.rho > 0 else 0))}
     else:
         shown_spent = {"epsilon": float(spent.epsilon), "delta": float(spent.delta)}
-    records = {"rho_spent": store.as_float(comp.text(spent.rho)),
-               "delta0_spent": store.as_float(comp.text(spent.delta0))}
+    records = {"rho_spent": as_float(comp.text(spent.rho)),
+               "delta0_spent": as_float(comp.text(spent.delta0))}
     if zcdp:
         records.update(rho_budget=float(totals.rho), delta0_budget=float(totals.delta0),
                        conversion_delta=float(totals.conversion_delta),
@@ -100,8 +101,8 @@ def _dataset_summary(name, totals, spent, folded, rows, problem=None):
         "budget": {"epsilon": float(totals.epsilon), "delta": float(totals.delta)},
         "spent": shown_spent,
         "zcdp": records,
-        "releases": [{"id": r[8], "name": r[0], "epsilon": store.as_float(r[1]), "delta": store.as_float(r[2]),
-                      "rho": store.as_float(r[9]), "delta0": store.as_float(r[10]),
+        "releases": [{"id": r[8], "name": r[0], "epsilon": as_float(r[1]), "delta": as_float(r[2]),
+                      "rho": as_float(r[9]), "delta0": as_float(r[10]),
                       "config_sha256": r[3], "state": r[4], "time": r[6] or r[5],
                       "output": r[7]} for r in rows],
     }
@@ -122,7 +123,7 @@ def format_summary(datasets):
     lines = []
     for d in datasets:
         b, s, z = d["budget"], d["spent"], d["zcdp"]
-        name = store.printable(d["dataset"])
+        name = printable(d["dataset"])
         count = f"{len(d['releases'])} release{'s' if len(d['releases']) != 1 else ''}"
         if s is None:
             lines.append(f"dataset {name} ({count}): cannot be read")
@@ -137,14 +138,14 @@ def format_summary(datasets):
                          f"{n(b['epsilon'])}, delta {n(s['delta'])} of {n(b['delta'])} "
                          f"({count}, basic composition)")
         if d.get("warning"):
-            lines.append(f"  WARNING: {store.printable(d['warning'])}")
+            lines.append(f"  WARNING: {printable(d['warning'])}")
         for r in d["releases"]:
             record = ("" if r["rho"] is None else
                       f" rho={n(r['rho'])} delta0={n(r['delta0'])}")
-            lines.append(f"  {r['time']}  {store.printable(r['state']):<14} {store.printable(r['name'])}  "
+            lines.append(f"  {r['time']}  {printable(r['state']):<14} {printable(r['name'])}  "
                          f"epsilon={n(r['epsilon'])} delta={n(r['delta'])}{record}  config "
-                         f"{store.printable(str(r['config_sha256'])[:12])}  "
-                         f"{store.printable(r['output'] or '-')}")
+                         f"{printable(str(r['config_sha256'])[:12])}  "
+                         f"{printable(r['output'] or '-')}")
     return "\n".join(lines) if lines else "the ledger holds no dataset yet"
 
 
@@ -157,7 +158,7 @@ def after_run_line(budget):
     s, b, n = d["spent"], d["budget"], comp.shown_number
     if s is None:
         return f"ledger: cannot be read now ({d['warning']})"
-    name = store.printable(d["dataset"])
+    name = printable(d["dataset"])
     if d["composition"] == comp.ZCDP:
         z = d["zcdp"]
         return (f"ledger: dataset {name} (zcdp) has spent rho {n(z['rho_spent'])} of "

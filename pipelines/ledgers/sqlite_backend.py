@@ -82,7 +82,7 @@ _INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS releases_run_token ON releases (run_
 # never updated the running sums), and the ``releases_counted_*`` count each insert,
 # delete and change of a release's charge in its dataset's ``row_changes``. This version
 # stamps its running sums with the count they cover (``spent_row_changes``); sums that
-# do not cover the count are folded again from the releases (``store._dataset_row``).
+# do not cover the count are folded again from the releases (``store.dataset_row``).
 # Counting, not summing: SQLite has no exact decimals.
 TRIGGERS = {
     "releases_need_record": (
@@ -106,7 +106,7 @@ TRIGGERS = {
 _SCHEMA = _TABLES + _INDEX + ";\n" + "".join(t + ";\n" for t in TRIGGERS.values())
 # Columns added after the first ledgers were written: added (nullable, or counting from 0)
 # to an older ledger when it is opened for writing (``migrate``); readers treat them as
-# NULL until then (``store._select``).
+# NULL until then (``store.select``).
 NEW_COLUMNS = {
     "datasets": ("composition", "threshold_delta", "rho", "spent_epsilon", "spent_delta",
                  "spent_rho", "spent_delta0", "row_changes", "spent_row_changes",

@@ -74,7 +74,8 @@ def connect(path, create):
 
 # The columns each table must have (a ledger made by another program, or an older
 # thresher, with tables of these names but another shape is refused naming what is
-# missing; issue 30 D8: it was an internal OperationalError). NEW_COLUMNS are added.
+# missing; issue 30 D8: it was an internal OperationalError). The columns added since
+# (sqlite_backend.NEW_COLUMNS; the same on PostgreSQL) are given by Backend.migrate.
 COLUMNS = {
     "datasets": ("dataset", "epsilon", "delta", "created"),
     "releases": ("id", "dataset", "name", "epsilon", "delta", "config_sha256", "state",

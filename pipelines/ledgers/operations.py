@@ -96,8 +96,9 @@ def release_reservation(path, row_id, force=False):
     ``publishing`` (in a write transaction, only if still ``reserved``) before it moves its
     output into place, and refuses to publish once its row was released. Returns the row
     as ``reservations`` lists it."""
-    if store.backend_for(path).missing(path):
-        raise SpecError("", store.backend_for(path).missing(path))
+    missing = store.backend_for(path).missing(path)
+    if missing:
+        raise SpecError("", missing)
     with store.errors(path, "", "updated"):
         conn = store.connect(path, create=True)
         try:
@@ -160,8 +161,9 @@ def set_budget(path, dataset, epsilon, delta=None, threshold_delta=None, force=F
     the total is raised again). The totals are stamped with their digest
     (``store.totals_digest``) and the change is recorded in ``budget_changes``. A dataset
     whose totals were edited by hand is repaired this way. Returns (old, new) as dicts."""
-    if store.backend_for(path).missing(path):
-        raise SpecError("LEDGER", store.backend_for(path).missing(path))
+    missing = store.backend_for(path).missing(path)
+    if missing:
+        raise SpecError("LEDGER", missing)
     with store.errors(path, "LEDGER", "updated"):
         conn = store.connect(path, create=True)
         try:

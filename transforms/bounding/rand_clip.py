@@ -230,6 +230,5 @@ class RandClip(beam.PTransform):
     def expand(self, user_shards):
         # pa.Table (all records of a set of users) -> pa.Table(keys, __key, count)
         return user_shards | "RandClipRecords" >> keyed_random.par_do(
-            _RandClipFn(self._key_columns, self._user_column, keyed_random.resolve(self._rng_factory),
-                        keyed_random.stage_name(user_shards)),
+            _RandClipFn(self._key_columns, self._user_column, *keyed_random.stage_of(self._rng_factory)),
             self._max_records_per_user)

@@ -240,8 +240,7 @@ class ScoredPerUserBound(beam.PTransform):
 
     def expand(self, user_shards):
         fn = _ScoredBoundFn(self._key_columns, self._score, self._num_key_shards,
-                            keyed_random.resolve(self._rng_factory),
-                            keyed_random.stage_name(user_shards), self._spill_dir)
+                            *keyed_random.stage_of(self._rng_factory), self._spill_dir)
         out = user_shards | "BoundL0AndScore" >> keyed_random.par_do(fn).with_outputs(
             _ScoredBoundFn.DROPPED, _ScoredBoundFn.PARTIALS, main="buckets")
         out[_ScoredBoundFn.PARTIALS].element_type = SHARD_AND_TABLE

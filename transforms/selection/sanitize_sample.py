@@ -215,5 +215,5 @@ class SanitizeSample(beam.PTransform):
         # (key..., frequency) -> (key..., token, estimate)
         return tables | "SanitizeKeys" >> keyed_random.par_do(
             _SanitizeFn(self._key_columns, self._frequency_column,
-                        keyed_random.resolve(self._rng_factory), keyed_random.stage_name(tables)),
+                        *keyed_random.stage_of(self._rng_factory)),
             self._params)

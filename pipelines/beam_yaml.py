@@ -53,8 +53,8 @@ gathered file; they are row by row, so the same). What differs from the CLI:
   a release the ledger already cannot fit is refused then too (``ThresherRelease.budget``).
 
 Randomness: the release secret is drawn inside the pipeline, as ``thresher run`` draws it
-(``transforms.randomness.keyed_random.PipelineSecret``), and every stage identity is taken relative
-to the transform's own label (``keyed_random.building``), so under one secret the
+(``transforms.randomness.keyed_random.PipelineSecret``), and each stage is handed its label
+path from the release's root (``keyed_random.KeyedDraws``), so under one secret the
 transform draws exactly what ``thresher run`` draws for the same spec and records.
 
 The building blocks (PerUserBound, NoisyThreshold, ...) are deliberately not exposed one

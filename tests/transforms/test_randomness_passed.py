@@ -271,3 +271,12 @@ def test_the_handed_label_keys_the_draws_whatever_the_beam_label():
     assert len(a) == 20 and a == b and a != c
     path = keyed_random.KeyedDraws(source).child("Outer").child("Release")
     assert path.stage == "Outer/Release" and keyed_random.stage_of(path) == (source, "Outer/Release")
+
+
+@pytest.mark.parametrize("name", ["", "Outer/Release", "\x00thresher/user-identity", 3])
+def test_a_label_is_one_name_and_never_a_reserved_stage(name):
+    """A path grows one name at a time (so two composites cannot hand out one path by
+    joining names differently), and no name starts a reserved stage (user identities and
+    the secret's commitments are keyed by stage names that start with NUL)."""
+    with pytest.raises(ValueError, match="stage label"):
+        keyed_random.KeyedSource(SECRET).child(name)

@@ -212,7 +212,8 @@ class RandClip(beam.PTransform):
     the key columns and ``__key``. Output: PCollection[pyarrow.Table] of partial record
     counts -- key columns, ``__key``, int64 ``count`` -- for ``SumCountsPerKey``.
     ``max_records_per_user`` is an int >= 1 or a side input (``beam.pvalue.AsSingleton``)
-    carrying one. ``rng_factory`` is for tests only.
+    carrying one.
+    ``rng_factory``: its draws (``keyed_random.KeyedDraws``, ``source.child(label)``).
     """
 
     def __init__(self, key_columns, max_records_per_user, *, user_column=USER_COLUMN,

@@ -222,8 +222,9 @@ def _select(counts_or_path, bound, candidates):
 class ScoredPerUserBound(beam.PTransform):
     """The bounding pass of an automatic bound (module docstring).
 
-    Input: PCollection[pa.Table] of whole users (``ShardByUser``). Apply it with the label
-    ``PerUserBound`` (the fixed-bound pipeline's; its full label keys the per-user salts).
+    Input: PCollection[pa.Table] of whole users (``ShardByUser``). Hand it the draws
+    ``release.child("PerUserBound")`` (the fixed-bound pipeline's; that label path keys
+    the per-user salts).
     Output: a dict — ``dropped`` and ``partials``, the statistics that
     ``ChooseContributionBound`` takes instead of user shards (:meth:`statistics`), and
     ``buckets``: the running counts tables (or their spilled file names) for :meth:`select`.

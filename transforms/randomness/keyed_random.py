@@ -632,8 +632,10 @@ class KeyedDraws:
 
     def child(self, name):
         """The draws of the stage ``name`` inside this one (path ``stage/name``)."""
-        if not isinstance(name, str) or not name or "/" in name:
-            raise ValueError(f"a stage label is a non-empty str without '/', got {name!r}")
+        if not isinstance(name, str) or not name or "/" in name or "\x00" in name:
+            # no NUL: the reserved stages (user identities, commitments) start with one
+            raise ValueError(f"a stage label is a non-empty str without '/' or NUL, "
+                             f"got {name!r}")
         return KeyedDraws(self.source, f"{self.stage}/{name}" if self.stage else name)
 
     def __repr__(self):

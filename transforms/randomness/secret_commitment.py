@@ -14,7 +14,7 @@ twice, a contribution bound of 2C where C was claimed. A check per shard cannot 
   batch) emits, once per bundle and per secret it saw, a **commitment**: the first 16
   bytes of the secret's stage key for the reserved stage :data:`COMMITMENT_STAGE`, a PRF
   output (``KeyedSource.stage_key``), never the secret; the stage name starts with a NUL,
-  so no Beam label draws from it (as ``user_identity.IDENTITY_STAGE``);
+  so no stage label draws from it (as ``user_identity.IDENTITY_STAGE``);
 * the commitments of all those stages are side inputs of the **publisher**
   (:func:`publisher`, the stage that writes the released file of ``thresher run``;
   :class:`OneSecret` before the Beam YAML transform's outputs), which reads the
@@ -37,7 +37,7 @@ import apache_beam as beam
 from thresher.errors import ThresherError
 from thresher.transforms.randomness import keyed_random
 
-COMMITMENT_STAGE = "\x00thresher/secret-commitment"   # NUL: no Beam label is this stage
+COMMITMENT_STAGE = "\x00thresher/secret-commitment"   # NUL: no stage label is this stage
 COMMITMENTS = "thresher_secret_commitments"          # the tagged output of a secret reader
 COMMITMENT_BYTES = 16
 

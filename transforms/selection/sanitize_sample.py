@@ -209,7 +209,7 @@ class SanitizeSample(beam.PTransform):
         self._params = params
         self._key_columns = tuple(key_columns)
         self._frequency_column = frequency_column
-        self._rng_factory = rng_factory  # tests only: a seeded numpy Generator factory
+        self._rng_factory = rng_factory  # keyed_random.KeyedDraws: source and stage label
 
     def expand(self, tables):
         # (key..., frequency) -> (key..., token, estimate)

@@ -273,7 +273,7 @@ def test_the_handed_label_keys_the_draws_whatever_the_beam_label():
     assert path.stage == "Outer/Release" and keyed_random.stage_of(path) == (source, "Outer/Release")
 
 
-@pytest.mark.parametrize("name", ["", "Outer/Release", "\x00thresher/user-identity", 3])
+@pytest.mark.parametrize("name", ["", "Outer/Release", "\x00reserved", 3])
 def test_a_label_is_one_name_and_never_a_reserved_stage(name):
     """A path grows one name at a time (so two composites cannot hand out one path by
     joining names differently), and no name starts a reserved stage (user identities and

@@ -53,8 +53,8 @@ gathered file; they are row by row, so the same). What differs from the CLI:
   a release the ledger already cannot fit is refused then too (``ThresherRelease.budget``).
 
 Randomness: the release secret is drawn inside the pipeline, as ``thresher run`` draws it
-(``transforms.randomness.keyed_random.PipelineSecret``), and every stage identity is taken relative
-to the transform's own label (``keyed_random.building``), so under one secret the
+(``transforms.randomness.keyed_random.PipelineSecret``), and each stage is handed its label
+path from the release's root (``keyed_random.KeyedDraws``), so under one secret the
 transform draws exactly what ``thresher run`` draws for the same spec and records.
 
 The building blocks (PerUserBound, NoisyThreshold, ...) are deliberately not exposed one
@@ -490,10 +490,10 @@ class _Release(beam.PTransform):
                for c, (t, nullable) in output_columns.items()])
 
         # the release secret: drawn inside the pipeline, never carried in its graph
-        from thresher.transforms.randomness.keyed_random import PipelineSecret, building
+        from thresher.transforms.randomness.keyed_random import KeyedDraws, PipelineSecret
         source = (self._rng_factory if self._rng_factory is not None
                   else PipelineSecret.draw(rows.pipeline))
-        root = rows.pipeline._current_transform().full_label   # the draws' root
+        draws = KeyedDraws(source)   # the release's root: each stage gets its own child
         charged = None      # budget: this run's charge. The release's first stage that reads
         # a row (ToRecords) and both outputs take it as a side input, so on every runner
         # the charge is in the ledger before any row is read by the release: a run that
@@ -501,7 +501,8 @@ class _Release(beam.PTransform):
         # run token), so it is added before OneSecret seals the secret's readers.
         if spec.budget is not None:
             from thresher.pipelines.ledgers.pipeline_charge import charge_when_run
-            charged = beam.pvalue.AsSingleton(charge_when_run(rows.pipeline, plan, source, root))
+            charged = beam.pvalue.AsSingleton(charge_when_run(rows.pipeline, plan, source,
+                                                              self.label))
         gate = {} if charged is None else {"charged": charged}
         batches = rows | "Batch" >> beam.BatchElements(min_batch_size=_BATCH_ROWS // 16,
                                                        max_batch_size=_BATCH_ROWS)
@@ -513,9 +514,8 @@ class _Release(beam.PTransform):
                 _RowsToRecords(user, read_keys, values, source), **gate)
         clips = []     # clip: auto -- the chosen bounds (one dict), for the report
         notes = []     # a kind's report figures computed in the pipeline (one JSON line)
-        with building(source, root=root):
-            released, chosen = release_stages(records, plan, self._num_shards,
-                                              clip_sink=clips.append, notes_sink=notes.append)
+        released, chosen = release_stages(records, plan, self._num_shards, rng_factory=draws,
+                                          clip_sink=clips.append, notes_sink=notes.append)
         # nothing leaves before the run is known to have read one secret (issue 36 P2)
         from thresher.transforms.randomness.secret_commitment import OneSecret
         released = released | "OneSecret" >> OneSecret(source)

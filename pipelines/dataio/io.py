@@ -491,8 +491,8 @@ class _ReadTextFile(beam.DoFn):
 
 class ReadRecords(beam.PTransform):
     """Files -> PCollection[pyarrow.Table] of prepared record batches (see prepare_batch).
-    ``rng_factory``: the release's ``KeyedSource`` (by default the one of the release
-    being built, ``keyed_random.resolve``), which keys the user identities."""
+    ``rng_factory``: the release's ``KeyedSource``, which keys the user identities (given
+    explicitly by the release; none is refused, ``keyed_random.resolve``)."""
 
     def __init__(self, input_spec, files, label=None, rng_factory=None):
         super().__init__(label)

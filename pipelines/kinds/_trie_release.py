@@ -9,6 +9,7 @@ import apache_beam as beam
 import pyarrow as pa
 
 from thresher.pipelines.errors import InputError
+from thresher.transforms.randomness import keyed_random
 from thresher.transforms.trees.heavy_hitters import TrieHeavyHitters, heavy_hitters
 
 
@@ -51,7 +52,8 @@ class HeavyHittersRelease(beam.PTransform):
                 | "StringKeys" >> beam.Map(_string_keys, self._key)
                 | "TrieHH" >> TrieHeavyHitters(self._key, self._lengths, self._params,
                                                num_shards=self._num_shards,
-                                               rng_factory=self._rng_factory,
+                                               rng_factory=keyed_random.child(
+                                                   self._rng_factory, "TrieHH"),
                                                user_column=self._user)
                 | "GatherTrie" >> beam.combiners.ToList()
                 | "TopK" >> beam.FlatMap(_top_k, self._key, self._top_k, len(self._lengths) - 1))

@@ -150,11 +150,13 @@ def release_users(users, params, max_keys_per_user, key_columns, num_shards, mec
     instead of bounding once and ``release``). ``mechanism``: the parsed section (the
     number of rounds fixes the pipeline's shape); ``params``: the calibrated section
     (its ``count_stage.counts_per_user`` bounds the count stage);
-    ``spill_dir``: the per-key shuffles' spill folder (as ``SumCountsPerKey``'s)."""
+    ``spill_dir``: the per-key shuffles' spill folder (as ``SumCountsPerKey``'s);
+    ``rng_factory``: the release's draws (``keyed_random.KeyedDraws``)."""
+    from thresher.transforms.randomness.keyed_random import child
     from thresher.transforms.selection.adaptive_rounds import AdaptiveRelease
     return users | "AdaptiveRelease" >> AdaptiveRelease(
         key_columns, params, max_keys_per_user, mechanism["rounds"], num_shards,
-        rng_factory=rng_factory, spill_dir=spill_dir)
+        rng_factory=child(rng_factory, "AdaptiveRelease"), spill_dir=spill_dir)
 
 
 class Adaptive(UsersKind):

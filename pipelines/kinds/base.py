@@ -288,14 +288,16 @@ class CountsKind(Kind):
     releases_from = COUNTS
 
     @abc.abstractmethod
-    def release(self, counts, params, key_columns):
+    def release(self, counts, params, key_columns, rng_factory=None):
         """PCollection[Table(key columns, count)] of bounded per-key user counts ->
         PCollection[Table(key columns, OUTPUT_COLUMNS)] of released rows. ``params``: the
-        calibrated dict, or a side input of it after an automatic bound."""
+        calibrated dict, or a side input of it after an automatic bound; ``rng_factory``:
+        the release's draws (``keyed_random.KeyedDraws``), from which each stage that
+        draws takes its own child (``keyed_random.child(rng_factory, label)``)."""
 
     def per_user_bound(self):
         """The PTransform class bounding each user to C keys in the l0 model, called as
-        ``cls(keys, bound, rng_factory=..., **bound_options(mechanism))``. Default
+        ``cls(keys, bound, rng_factory=draws.child(...), **bound_options(mechanism))``. Default
         ``transforms.bounding.per_user_bound.PerUserBound`` (imported here: Beam)."""
         from thresher.transforms.bounding.per_user_bound import PerUserBound
         return PerUserBound
@@ -321,7 +323,8 @@ class UsersKind(Kind):
         """PCollection of whole-user tables (``transforms.bounding.user_shards.ShardByUser``) ->
         released rows. ``max_keys_per_user``: the bound (an int, or a side input after an
         automatic bound); ``params``: the calibrated dict (or side input); ``mechanism``:
-        the parsed section; ``spill_dir``: the per-key shuffles' spill folder."""
+        the parsed section; ``spill_dir``: the per-key shuffles' spill folder;
+        ``rng_factory``: the release's draws (as for ``CountsKind.release``)."""
 
 
 class StagesKind(Kind):
@@ -331,7 +334,8 @@ class StagesKind(Kind):
     @abc.abstractmethod
     def release_stages(self, records, plan, num_shards, rng_factory=None, notes_sink=None):
         """PCollection of prepared record tables (``pipelines.dataio.io.prepare_batch``)
-        -> released rows. ``notes_sink`` is passed only to a kind that WRITES_NOTES.
+        -> released rows. ``notes_sink`` is passed only to a kind that WRITES_NOTES;
+        ``rng_factory``: the release's draws (as for ``CountsKind.release``).
         Every consumer holding all of a user's rows takes :func:`whole_user_limit`."""
 
 

@@ -191,9 +191,11 @@ def _int_if_whole(x):
     return int(x) if float(x).is_integer() else float(x)
 
 
-def release(counts, params, key_columns):
+def release(counts, params, key_columns, rng_factory=None):
+    from thresher.transforms.randomness.keyed_random import child
     from thresher.transforms.selection.noisy_threshold import NoisyThreshold
-    return counts | "NoisyThreshold" >> NoisyThreshold(params)
+    return counts | "NoisyThreshold" >> NoisyThreshold(
+        params, rng_factory=child(rng_factory, "NoisyThreshold"))
 
 
 class Gaussian(CountsKind):

@@ -446,6 +446,7 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     from thresher.pipelines.kinds._trie_release import HeavyHittersRelease
     from thresher.transforms.bounding.per_user_bound import PerUserBound
     from thresher.transforms.bounding.user_shards import USER_COLUMN, ShardByUser
+    from thresher.transforms.randomness.keyed_random import child
     spec = plan.spec
     keys = list(spec.input.keys)
     bound = spec.bounding.max_keys_per_user
@@ -454,11 +455,12 @@ def release_stages(records, plan, num_shards, rng_factory=None):
         return _adaptive_stages(records, plan, num_shards, rng_factory)
     return (records
             | "ShardByUser" >> ShardByUser(num_shards, **whole_user_limit(plan))
-            | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory,
-                                             rows=True)                      # Table(__user, key)
+            | "PerUserBound" >> PerUserBound(
+                keys, bound, rng_factory=child(rng_factory, "PerUserBound"), rows=True)                      # Table(__user, key)
             | "HeavyHitters" >> HeavyHittersRelease(
                 keys[0], mech["prefix_lengths"], mech["top_k"], plan.params_by_bound[bound],
-                num_shards=num_shards, rng_factory=rng_factory, user_column=USER_COLUMN))
+                num_shards=num_shards, rng_factory=child(rng_factory, "HeavyHitters"),
+                user_column=USER_COLUMN))
 
 
 class HeavyHitters(StagesKind):

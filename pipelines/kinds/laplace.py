@@ -95,9 +95,11 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
             and abs(reported - achieved) <= 1e-9 * achieved)
 
 
-def release(counts, params, key_columns):
+def release(counts, params, key_columns, rng_factory=None):
+    from thresher.transforms.randomness.keyed_random import child
     from thresher.transforms.selection.noisy_threshold import NoisyThreshold
-    return counts | "NoisyThreshold" >> NoisyThreshold(params)
+    return counts | "NoisyThreshold" >> NoisyThreshold(
+        params, rng_factory=child(rng_factory, "NoisyThreshold"))
 
 
 def stage_budget(budget, mechanism, *, public_domain=False):

@@ -472,6 +472,7 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
     from thresher.transforms.trees.quantile_release import BinarySearchQuantiles, KeyedHierarchy
     from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold
     from thresher.transforms.bounding.user_shards import ShardByUser
+    from thresher.transforms.randomness.keyed_random import child
     spec = plan.spec
     mech = spec.mechanism
     keys = list(spec.input.keys)
@@ -486,15 +487,18 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
         return _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
                                     notes_sink)
     counts = (users
-              | "PerUserBound" >> PerUserBound(keys + [column], bound, rng_factory=rng_factory)
+              | "PerUserBound" >> PerUserBound(keys + [column], bound,
+                                               rng_factory=child(rng_factory, "PerUserBound"))
               | "SumCountsPerValue" >> SumCountsPerKey(keys + [column], num_shards)  # Table(keys, value, count)
               | "Numeric" >> beam.Map(_numeric, column))
     if "key_selection" in params:
         selected = (users
                     | "HashKeysOnly" >> beam.Map(_rehash_keys, keys)  # __key was keys + value
-                    | "BoundKeys" >> PerUserBound(keys, bound, rng_factory=rng_factory)
+                    | "BoundKeys" >> PerUserBound(keys, bound,
+                                                  rng_factory=child(rng_factory, "BoundKeys"))
                     | "UsersPerKey" >> SumCountsPerKey(keys, num_shards)              # Table(keys, count)
-                    | "SelectKeys" >> SampleAndThreshold(params["key_selection"], rng_factory)
+                    | "SelectKeys" >> SampleAndThreshold(params["key_selection"],
+                                                         child(rng_factory, "SelectKeys"))
                     | "GatherKeys" >> beam.combiners.ToList()
                     | "KeyList" >> beam.Map(_selected_keys, keys))                     # [key tuple]
         key_list = beam.pvalue.AsSingleton(selected)
@@ -507,14 +511,16 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
         return (counts
                 | "Hierarchy" >> KeyedHierarchy(keys, column, lo=lo, hi=hi, branching=mech["branching"],
                                                 levels=mech["levels"], params=params,
-                                                num_shards=num_shards, rng_factory=rng_factory)
+                                                num_shards=num_shards,
+                                                rng_factory=child(rng_factory, "Hierarchy"))
                 | "GatherLevels" >> beam.combiners.ToList()
                 | "Quantiles" >> beam.FlatMap(_answer_hierarchy, keys, key_list, mech))
     return (counts
             | "BinarySearch" >> BinarySearchQuantiles(keys, column, key_list=selected,
                                                       ranks=mech["ranks"], lo=lo, hi=hi,
                                                       rounds=mech["rounds"], params=params,
-                                                      num_shards=num_shards, rng_factory=rng_factory)
+                                                      num_shards=num_shards,
+                                                      rng_factory=child(rng_factory, "BinarySearch"))
             | "ToTable" >> beam.Map(_to_table, keys))
 
 
@@ -595,21 +601,25 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
     from thresher.transforms.trees.public_cells import PublicCellLevels, key_tuples
     from thresher.transforms.selection.public_domain import NoisyDomainCounts
     from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold
+    from thresher.transforms.randomness.keyed_random import child
     spec = plan.spec
     mech = spec.mechanism
     keys = list(spec.input.keys)
     column = mech["column"]
     bound = spec.bounding.max_keys_per_user
     counts = (users
-              | "BoundKeyValues" >> BoundKeyValues(keys, column, bound, rng_factory=rng_factory)
+              | "BoundKeyValues" >> BoundKeyValues(
+                  keys, column, bound, rng_factory=child(rng_factory, "BoundKeyValues"))
               | "SumCountsPerValue" >> SumCountsPerKey(keys + [column], num_shards)
               | "Numeric" >> beam.Map(_numeric, column))
     if "key_selection" in params:
         key_table = (users
                      | "HashKeysOnly" >> beam.Map(_rehash_keys, keys)
-                     | "BoundKeys" >> PerUserBound(keys, bound, rng_factory=rng_factory)
+                     | "BoundKeys" >> PerUserBound(keys, bound,
+                                                   rng_factory=child(rng_factory, "BoundKeys"))
                      | "UsersPerKey" >> SumCountsPerKey(keys, num_shards)
-                     | "SelectKeys" >> SampleAndThreshold(params["key_selection"], rng_factory)
+                     | "SelectKeys" >> SampleAndThreshold(params["key_selection"],
+                                                          child(rng_factory, "SelectKeys"))
                      | "GatherKeys" >> beam.combiners.ToList()
                      | "CapKeys" >> beam.Map(_cap_selection, keys,
                                              params["key_selection"]["max_keys"]))
@@ -626,7 +636,8 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
                                                branching=mech["branching"], levels=mech["levels"],
                                                num_shards=num_shards)
             | "NoisyCells" >> NoisyDomainCounts({"noise": "discrete_gaussian",
-                                                 "sigma": params["sigma"]}, rng_factory)
+                                                 "sigma": params["sigma"]},
+                                                child(rng_factory, "NoisyCells"))
             | "GatherCells" >> beam.combiners.ToList()
             | "Quantiles" >> beam.FlatMap(_answer_cells, keys, key_list, mech,
                                           params["support_floor"]))

@@ -207,10 +207,12 @@ def comparison(params):
     return out
 
 
-def release(counts, params, key_columns):
+def release(counts, params, key_columns, rng_factory=None):
     # Table(keys, count) -> Table(keys, count = sampled count, estimate = count / p)
+    from thresher.transforms.randomness.keyed_random import child
     from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold
-    return counts | "SampleAndThreshold" >> SampleAndThreshold(params)
+    return counts | "SampleAndThreshold" >> SampleAndThreshold(
+        params, rng_factory=child(rng_factory, "SampleAndThreshold"))
 
 
 class SampleAndThreshold(CountsKind):

@@ -120,9 +120,11 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
             "count_keys_per_user": mech["count_keys_per_user"]}
 
 
-def release(counts, params, key_columns):
+def release(counts, params, key_columns, rng_factory=None):
+    from thresher.transforms.randomness.keyed_random import child
     from thresher.transforms.selection.weighted_threshold import WeightedThreshold
-    return counts | "WeightedThreshold" >> WeightedThreshold(params)
+    return counts | "WeightedThreshold" >> WeightedThreshold(
+        params, rng_factory=child(rng_factory, "WeightedThreshold"))
 
 
 class WeightedGaussian(CountsKind):

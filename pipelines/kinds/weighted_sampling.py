@@ -186,20 +186,26 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     return out
 
 
-def release(counts, params, key_columns):
+def release(counts, params, key_columns, rng_factory=None):
     # Table(keys, count) -> Table(keys, token, estimate)
+    from thresher.transforms.randomness.keyed_random import child
     from thresher.transforms.selection.sanitize_sample import SanitizeSample
-    return counts | "SanitizeSample" >> SanitizeSample(params, key_columns, frequency_column="count")
+    return counts | "SanitizeSample" >> SanitizeSample(
+        params, key_columns, frequency_column="count",
+        rng_factory=child(rng_factory, "SanitizeSample"))
 
 
-def sanitize_existing_sample(sample, params, key_columns, frequency_column):
+def sanitize_existing_sample(sample, params, key_columns, frequency_column, rng_factory=None):
     """Post-processing path: ``sample`` is a PCollection[pa.Table] of an existing non-private
     sample (key columns + ``frequency_column``), ``params`` the dict from :func:`calibrate`
     of :func:`mechanism_for_sample` (``presampled`` true; side input or plain dict).
-    Returns PCollection[pa.Table] of released rows (keys, token, estimate)."""
+    Returns PCollection[pa.Table] of released rows (keys, token, estimate).
+    ``rng_factory``: the draws (``keyed_random.KeyedDraws``) of the caller's release."""
+    from thresher.transforms.randomness.keyed_random import child
     from thresher.transforms.selection.sanitize_sample import SanitizeSample
     return sample | "SanitizeExistingSample" >> SanitizeSample(
-        params, key_columns, frequency_column=frequency_column)
+        params, key_columns, frequency_column=frequency_column,
+        rng_factory=child(rng_factory, "SanitizeExistingSample"))
 
 
 def release_keep(mech):

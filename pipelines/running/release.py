@@ -90,10 +90,12 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     schema = output_schema(spec, files)
 
     read_spec = kind.read_spec(spec)
-    records = pipeline | "Read" >> io.ReadRecords(read_spec, files)         # Table(__user, __key, keys)
     source = keyed_random.resolve(rng_factory)   # the publisher checks: one secret per run
+    draws = keyed_random.KeyedDraws(source)      # each stage gets its own child, by name
+    records = pipeline | "Read" >> io.ReadRecords(read_spec, files,
+                                                  rng_factory=source)   # Table(__user, __key, keys)
     if spec.input.sample is not None:   # an existing weighted sample (release_stages)
-        released, _ = release_stages(records, plan, num_shards)
+        released, _ = release_stages(records, plan, num_shards, rng_factory=draws)
         _write(released, staging, schema, keys, source=source)
         return
     sink = None
@@ -104,7 +106,7 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     if not io.is_small_input(est_rows, exact_rows):
         spill_dir = _spill_dir(pipeline, staging)
     notes = []            # a kind's report figures computed in the pipeline (apply_notes)
-    released, chosen = release_stages(records, plan, num_shards, rng_factory=rng_factory,
+    released, chosen = release_stages(records, plan, num_shards, rng_factory=draws,
                                       clip_sink=sink, spill_dir=spill_dir,
                                       notes_sink=notes.append)
     for note in notes:    # one JSON line, read back by _apply_kind_notes
@@ -150,13 +152,18 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     (``WRITES_NOTES``; ``thresher run`` writes it to staging, the Beam YAML transform takes
     it as a side input of its report; both fold it in with the kind's ``apply_notes``).
     The kind's ``releases_from`` (``pipelines.kinds.base``) says which wiring applies.
+    rng_factory: the release's source (a ``keyed_random.KeyedSource``, ``PipelineSecret``
+    or, in tests, ``seeded_for_tests``) or its root ``keyed_random.KeyedDraws``: every
+    stage that draws is handed its own child of it, named as the stage is labelled.
     Returns (released PCollection[pyarrow.Table],
     chosen bound PCollection[int] with exactly one element, or None for a fixed bound).
     """
+    if not isinstance(rng_factory, keyed_random.KeyedDraws):
+        rng_factory = keyed_random.KeyedDraws(rng_factory)   # the root: labels from here
     spec = plan.spec
     keys = list(spec.input.keys)
     if spec.input.sample is not None:
-        return _sample_stages(records, plan, num_shards), None
+        return _sample_stages(records, plan, num_shards, rng_factory), None
     kind = kinds.get(spec.kind)
     if kind.releases_from == RECORDS:                    # heavy_hitters, quantiles
         extra = ({"notes_sink": notes_sink}
@@ -179,7 +186,8 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
             keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
             model=spec.bounding.model, score=plan.score_name,
             score_params=plan.score_params(), max_bound=spec.bounding.auto.max_bound,
-            num_key_shards=_key_shards(num_shards), rng_factory=rng_factory,
+            num_key_shards=_key_shards(num_shards),
+            rng_factory=keyed_random.child(rng_factory, "ChooseContributionBound"),
             spill_dir=spill_dir)                                               # one int
     users = shards.users(chosen, min(plan.candidates))                     # Table of whole users
     if kind.releases_from == USERS:                      # adaptive: rounds over the users
@@ -194,12 +202,13 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     if spec.aggregates:   # counts and grid sums (pipelines/specs/aggregates.py)
         from thresher.transforms.values.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
-            _side(params), rng_factory=rng_factory), chosen
-    released = kind.release(counts, _side(params), keys)
+            _side(params), rng_factory=keyed_random.child(rng_factory, "ReleaseWithAggregates")
+        ), chosen
+    released = kind.release(counts, _side(params), keys, rng_factory)
     return released, chosen
 
 
-def _sample_stages(records, plan, num_shards):
+def _sample_stages(records, plan, num_shards, rng_factory):
     """An existing weighted sample (``input.sample``): one row per key with its frequency;
     no users to bound, the declared bound is the sample's, and the kind's release
     (weighted_sampling: SanitizeSample) sanitizes it (paper 001's post-processing use)."""
@@ -208,7 +217,7 @@ def _sample_stages(records, plan, num_shards):
     params = plan.params_by_bound[spec.bounding.max_keys_per_user]
     from thresher.transforms.selection.unique_keys import OneRowPerKey
     counts = records | "OneRowPerKey" >> OneRowPerKey(keys, num_shards)     # Table(keys, count)
-    return kinds.get(spec.kind).release(counts, params, keys)
+    return kinds.get(spec.kind).release(counts, params, keys, rng_factory)
 
 
 def _prereduced(records, plan, rng_factory):
@@ -229,10 +238,8 @@ def _prereduced(records, plan, rng_factory):
             or not isinstance(source, keyed_random.KeyedSource)):
         return records
     from thresher.transforms.bounding.prereduce import PreReduceL0
-    # the keyed draws are those of the PerUserBound applied in _bound_users, whose full
-    # label is this composite's label / "PerUserBound" (keyed_random.stage_name)
-    parent = keyed_random.stage_name(records)    # relative to the release's root
-    stage = f"{parent}/PerUserBound" if parent else "PerUserBound"
+    # the keyed draws are those of the PerUserBound applied in _bound_users
+    stage = keyed_random.child(rng_factory, "PerUserBound").stage
     return records | "PreReduceUsers" >> PreReduceL0(
         spec.input.keys, spec.bounding.max_keys_per_user, source, stage,
         every_row=bool(spec.aggregates))
@@ -252,8 +259,7 @@ def _prereduced_pairs(records, plan, rng_factory):
     from thresher.transforms.bounding.prereduce import PreReducePairs
     from thresher.transforms.bounding.scored_bound import user_key_cap
     # the keyed draws of the ScoredPerUserBound applied as "PerUserBound" beside this
-    parent = keyed_random.stage_name(records)
-    stage = f"{parent}/PerUserBound" if parent else "PerUserBound"
+    stage = keyed_random.child(rng_factory, "PerUserBound").stage
     return records | "PreReducePairs" >> PreReducePairs(
         plan.spec.input.keys, user_key_cap(plan.candidates), source, stage)
 
@@ -333,15 +339,18 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
         keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
         model=spec.bounding.model, score=plan.score_name,
         score_params=plan.score_params(), max_bound=spec.bounding.auto.max_bound,
-        num_key_shards=_key_shards(num_shards), rng_factory=rng_factory, spill_dir=spill_dir)
-    bounder = ScoredPerUserBound(keys, choose.score, rng_factory=rng_factory,
+        num_key_shards=_key_shards(num_shards),
+        rng_factory=keyed_random.child(rng_factory, "ChooseContributionBound"), spill_dir=spill_dir)
+    bounder = ScoredPerUserBound(keys, choose.score,
+                                 rng_factory=keyed_random.child(rng_factory, "PerUserBound"),
                                  num_key_shards=_key_shards(num_shards), spill_dir=spill_dir)
     scored = users | "PerUserBound" >> bounder     # the fixed pipeline's label: same salts
     chosen = bounder.statistics(scored) | "ChooseContributionBound" >> choose    # one int
     partial = bounder.select(scored["buckets"], chosen, min(plan.candidates))
     params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards, spill_dir=spill_dir)
-    released = kinds.get(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys)
+    released = kinds.get(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys,
+                                            rng_factory)
     return released, chosen
 
 
@@ -361,7 +370,8 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     if spec.auto_bound:
         chosen = shards.for_choice | "ChooseDomainBound" >> public_domain.ChooseDomainBound(
             plan.domain_bound_rule(), epsilon=plan.select_stage.epsilon,
-            model=spec.bounding.model, rng_factory=rng_factory)                # one int
+            model=spec.bounding.model,
+            rng_factory=keyed_random.child(rng_factory, "ChooseDomainBound"))  # one int
     users = shards.users(chosen, min(plan.candidates))                     # Table of whole users
     clips = _choose_clips(users, plan, rng_factory, clip_sink)
     partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
@@ -378,9 +388,10 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     if spec.aggregates:
         from thresher.transforms.values.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
-            _side(params), rng_factory=rng_factory), chosen
+            _side(params), rng_factory=keyed_random.child(rng_factory, "ReleaseWithAggregates")
+        ), chosen
     released = counts | "NoisyDomainCounts" >> public_domain.NoisyDomainCounts(
-        _side(params), rng_factory=rng_factory)
+        _side(params), rng_factory=keyed_random.child(rng_factory, "NoisyDomainCounts"))
     return released, chosen
 
 
@@ -443,17 +454,18 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
                 params = users.pipeline | "Params" >> beam.Create([params])
             params = params | "ApplyClips" >> beam.Map(apply_clips, clips=clip_side)
         partial = users | "PerUserBound" >> PerUserBoundWithValues(
-            keys, bound, sum_columns(spec.aggregates), rng_factory=rng_factory,
-            clips=clip_side)
+            keys, bound, sum_columns(spec.aggregates),
+            rng_factory=keyed_random.child(rng_factory, "PerUserBound"), clips=clip_side)
     elif spec.bounding.model == "l1":
         from thresher.transforms.bounding.rand_clip import RandClip
-        partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
+        partial = users | "RandClip" >> RandClip(
+            keys, bound, rng_factory=keyed_random.child(rng_factory, "RandClip"))
     else:   # a kind may bound with weights (weighted_gaussian: WeightedPerUserBound)
         kind = kinds.get(spec.kind)
         bounder = kind.per_user_bound()
         options = kind.bound_options(spec.mechanism)
-        partial = users | "PerUserBound" >> bounder(keys, bound, rng_factory=rng_factory,
-                                                    **options)
+        partial = users | "PerUserBound" >> bounder(
+            keys, bound, rng_factory=keyed_random.child(rng_factory, "PerUserBound"), **options)
     return partial, params
 
 
@@ -589,8 +601,8 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
             keyed = keyed_random.PipelineSecret.draw(pipeline)
         else:                             # tests: a fixed KeyedSource, or seeded_for_tests
             keyed = rng_factory           # (the reader refuses any other source)
-        with keyed_random.building(keyed):    # every stage draws from the release secret
-            build(pipeline, plan, files, est_rows, staging, rng_factory=rng_factory)
+        # every stage draws from the release secret, handed to it by build
+        build(pipeline, plan, files, est_rows, staging, rng_factory=keyed)
         progress.watch(beam_runner)       # live metrics of the in-process runner
         if reservation is not None:
             reservation.reading()         # from here on a failure keeps the charge

@@ -394,16 +394,19 @@ def parse_auto(section, privacy, aggregates):
 
 def choose_clips(users, plan, rng_factory=None, clip_sink=None):
     """The ``choose_aggregate_clip`` stage on user shards: a PCollection of one dict
-    {sum index: upper bound}, or None when no aggregate has ``clip: auto``."""
+    {sum index: upper bound}, or None when no aggregate has ``clip: auto``.
+    ``rng_factory``: the release's draws (``keyed_random.KeyedDraws``)."""
     spec = plan.spec
     auto = auto_columns(spec.aggregates)
     if not auto:
         return None
+    from thresher.transforms.randomness.keyed_random import child
     from thresher.transforms.values.choose_clip import ChooseClipBounds
     stage = next(s for s in plan.budget.stages if s.name == AUTO_STAGE)
     clips = users | "ChooseClipBounds" >> ChooseClipBounds(
         list(spec.input.keys), auto, spec.aggregates_auto.candidates, epsilon=stage.epsilon,
-        quantile=spec.aggregates_auto.quantile, rng_factory=rng_factory)
+        quantile=spec.aggregates_auto.quantile,
+        rng_factory=child(rng_factory, "ChooseClipBounds"))
     if clip_sink is not None:
         clip_sink(clips)
     return clips

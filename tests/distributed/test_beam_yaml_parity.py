@@ -12,7 +12,7 @@ Parquet file, once through the transform in Beam's in-process runner on the same
 The transform must publish exactly the same released rows (bit-identical floats) and
 the same report fields: the same code validates, calibrates and draws, and the secret's
 streams are keyed by stage identities relative to the release
-(``keyed_random.building``). One test runs the transform on two SDK worker processes.
+(the release hands each stage its ``keyed_random.KeyedDraws``). One test runs the transform on two SDK worker processes.
 No statistical assertion: no false-failure probability.
 """
 import json

@@ -85,9 +85,9 @@ def _build_proto(name, folder):
     files = spec_mod.input_files(spec.input)
     pipeline = beam.Pipeline()
     staging = os.path.join(folder, name.replace(":", "_"), "staging")
-    from thresher.transforms.randomness.keyed_random import PipelineSecret, building
-    with building(PipelineSecret.draw(pipeline)):    # as pipelines.running.release.run builds it
-        build(pipeline, plan, files, io.check_input(spec.input, files), staging)
+    from thresher.transforms.randomness.keyed_random import PipelineSecret
+    build(pipeline, plan, files, io.check_input(spec.input, files), staging,   # as run builds it
+          rng_factory=PipelineSecret.draw(pipeline))
     return pipeline.to_runner_api().SerializeToString(), None
 
 

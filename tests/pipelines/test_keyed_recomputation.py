@@ -197,7 +197,7 @@ def test_choice_materialised_twice_from_one_pcollection_is_the_same_draw():
         reads = []
         for copy_index in range(2):
             chosen = _choose(pipeline, users, candidates=candidates, max_bound=64, epsilon=1e-9,
-                             rng_factory=source, stage="ChooseContributionBound",
+                             rng_factory=source.child("ChooseContributionBound"),
                              label=f"Recomputed{copy_index}")
             side = beam.pvalue.AsSingleton(chosen)
             for consumer in range(3):
@@ -205,7 +205,8 @@ def test_choice_materialised_twice_from_one_pcollection_is_the_same_draw():
                              | f"Read{copy_index}{consumer}" >> beam.Map(lambda _, c: c, side))
         assert_that(reads | "AllReads" >> beam.Flatten(), one_candidate, label="SameDraw")
         independent = [_choose(pipeline, users, candidates=candidates, max_bound=64,
-                               epsilon=1e-9, rng_factory=source, label=f"Independent{stage}")
+                               epsilon=1e-9, rng_factory=source.child(f"Independent{stage}"),
+                               label=f"Independent{stage}")
                        for stage in range(6)]
         assert_that(independent | "AllIndependent" >> beam.Flatten(), not_all_equal,
                     label="IndependentDraws")

@@ -381,8 +381,7 @@ def test_the_graph_holds_a_large_domain_once_packed(write_spec, small_parquet, t
     packed = len(public_domain.pack(plan.domain))
     table_bytes = plan.domain.nbytes
     pipeline = beam.Pipeline()
-    with keyed_random.building(keyed_random.KeyedSource(b"graph size test secret.........")):
-        release.build(pipeline, plan, [small_parquet], 20_000, str(tmp_path / "staging"),
-                      rng_factory=keyed_random.KeyedSource(b"graph size test secret........."))
+    release.build(pipeline, plan, [small_parquet], 20_000, str(tmp_path / "staging"),
+                  rng_factory=keyed_random.KeyedSource(b"graph size test secret........."))
     graph = len(pipeline.to_runner_api().SerializeToString())
     assert graph < 3 * packed + 2_000_000 < table_bytes + 2_000_000

@@ -140,8 +140,8 @@ def test_a_stage_reading_the_secret_after_the_publisher_is_refused_when_built():
     secret = keyed_random.PipelineSecret.draw(pipeline)
     params = {"noise": "laplace", "scale": 1.0, "pre_threshold": 0, "threshold": 1.0}
     counts = pipeline | "Counts" >> beam.Create([])
-    _ = counts | "Before" >> NoisyThreshold(params, rng_factory=secret)
+    _ = counts | "Before" >> NoisyThreshold(params, rng_factory=secret.child("Before"))
     _ = (pipeline | beam.Impulse()
          | "Publish" >> secret_commitment.publisher(lambda _: None, secret))
     with pytest.raises(RuntimeError, match="added after the publisher"):
-        _ = counts | "After" >> NoisyThreshold(params, rng_factory=secret)
+        _ = counts | "After" >> NoisyThreshold(params, rng_factory=secret.child("After"))

@@ -127,25 +127,25 @@ def _run(table, num_shards, run):
                        "user_id", KEYS, False, [("amount", "__v0")], source)))
         users = records | "ShardByUser" >> ShardByUser(num_shards, key_columns=KEYS)
         out = {}
-        out["l0"] = users | "L0" >> PerUserBound(KEYS, C, rng_factory=source)
-        out["l1"] = users | "L1" >> RandClip(KEYS, RECORDS, rng_factory=source)
-        bounder = ScoredPerUserBound(KEYS, score, rng_factory=source)
+        out["l0"] = users | "L0" >> PerUserBound(KEYS, C, rng_factory=source.child("L0"))
+        out["l1"] = users | "L1" >> RandClip(KEYS, RECORDS, rng_factory=source.child("L1"))
+        bounder = ScoredPerUserBound(KEYS, score, rng_factory=source.child("Scored"))
         scored = users | "Scored" >> bounder
         chosen = p | "ChosenC" >> beam.Create([C])
         out["one_pass_auto"] = bounder.select(scored["buckets"], chosen, min(CANDIDATES))
         out["weighted"] = users | "Weighted" >> WeightedPerUserBound(
-            KEYS, C, rng_factory=source, count_keys_per_user=1)
+            KEYS, C, rng_factory=source.child("Weighted"), count_keys_per_user=1)
         released = beam.pvalue.AsList(p | "Released" >> beam.Create(
             [pa.table({"word": RELEASED_EARLIER})]))
         later = users | "RoundRemoveReleased" >> beam.ParDo(_FilterFn(KEYS, False), released)
         out["adaptive_round"] = later | "RoundBound" >> WeightedPerUserBound(
-            KEYS, C, rng_factory=source)
+            KEYS, C, rng_factory=source.child("RoundBound"))
         counted = users | "CountKeepReleased" >> beam.ParDo(_FilterFn(KEYS, True), released)
         out["adaptive_count"] = counted | "CountBound" >> PerUserBound(
-            KEYS, 1, rng_factory=source)
+            KEYS, 1, rng_factory=source.child("CountBound"))
         clips = beam.pvalue.AsSingleton(p | "Clip" >> beam.Create([{0: 40.0}]))
         out["aggregates"] = users | "Values" >> PerUserBoundWithValues(
-            KEYS, C, [("__v0", grid)], rng_factory=source, clips=clips)
+            KEYS, C, [("__v0", grid)], rng_factory=source.child("Values"), clips=clips)
         for kind, partial in out.items():
             (partial
              | f"{kind}Sum" >> SumCountsPerKey(KEYS, num_shards)

@@ -138,7 +138,8 @@ def test_table_statistics_partials_cover_each_key_once_per_table():
 def _choose(pipeline, tables, **overrides):
     kwargs = dict(candidates=_CANDIDATES, epsilon=1.0, model="l1", score="laplace_l1",
                   score_params={"epsilon": 1.0, "delta": 1e-5}, max_bound=_MAX_BOUND,
-                  rng_factory=keyed_random.KeyedSource(b"choose-bound test secret........"))
+                  rng_factory=keyed_random.KeyedSource(b"choose-bound test secret........")
+                  .child("ChooseContributionBound"))
     kwargs.update(overrides)
     return tables | ChooseContributionBound(["word", "bucket"], **kwargs)
 

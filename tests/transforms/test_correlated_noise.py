@@ -76,7 +76,8 @@ def _run(source, splits, folder, label="Rel"):
         side = p | "Params" >> beam.Create([PARAMS])
         batches = [table.slice(a, b - a) for a, b in zip(splits[:-1], splits[1:])]
         _ = (p | beam.Create(batches)
-             | label >> NoisyThreshold(beam.pvalue.AsSingleton(side), rng_factory=source)
+             | label >> NoisyThreshold(beam.pvalue.AsSingleton(side),
+                                   rng_factory=source.child(label))
              | beam.Map(_write, folder=folder))
     out = pa.concat_tables([pq.read_table(f) for f in sorted(folder.iterdir())])
     return table, dict(zip(out.column("word").to_pylist(), out.column("count").to_pylist())), \

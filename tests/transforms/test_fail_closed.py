@@ -141,14 +141,15 @@ def test_prepare_batch_has_no_default_identity_key():
 
 
 def test_with_a_secret_drawn_in_the_pipeline_the_blocks_run():
-    """The documented way: one ``PipelineSecret.draw(pipeline)`` for every block."""
+    """The documented way: one ``PipelineSecret.draw(pipeline)``, a child of it (its own
+    label) for every block."""
     prepared = _prepared(user_identity.TEST_KEY)
     pairs = set(zip(prepared.column("__user").to_pylist(), prepared.column("word").to_pylist()))
     want = sorted((w, sum(1 for _, v in pairs if v == w)) for w in {v for _, v in pairs})
     with beam.Pipeline(runner=FnApiRunner()) as p:
         secret = keyed_random.PipelineSecret.draw(p)
         kept = (p | beam.Create([prepared]) | ShardByUser(2)
-                | thresher.PerUserBound(["word"], 5, rng_factory=secret)  # 5 words: not binding
+                | thresher.PerUserBound(["word"], 5, rng_factory=secret.child("Bound"))  # 5 words: not binding
                 | beam.FlatMap(lambda t: zip(t.column("word").to_pylist(),
                                              t.column("count").to_pylist()))
                 | beam.CombinePerKey(sum))
@@ -156,7 +157,7 @@ def test_with_a_secret_drawn_in_the_pipeline_the_blocks_run():
         released = (p | "Counts" >> beam.Create([_counts()])
                     | thresher.NoisyThreshold({"noise": "laplace", "scale": 1e-3,
                                                "pre_threshold": 0, "threshold": 1.0},
-                                              rng_factory=secret)
+                                              rng_factory=secret.child("Release"))
                     | beam.FlatMap(lambda t: t.column("word").to_pylist()))
         assert_that(released, equal_to([f"w{i}" for i in range(5)]), label="Released")
 

@@ -125,5 +125,5 @@ def test_beam_trie_heavy_hitters_end_to_end_with_the_csprng():
         side = p | "Params" >> beam.Create([params.as_report()])
         out = (p | beam.Create(batches)
                | hh.TrieHeavyHitters("word", PREFIXES, beam.pvalue.AsSingleton(side), num_shards=4,
-                                     rng_factory=keyed_random.KeyedSource(bytes(32))))
+                                     rng_factory=keyed_random.KeyedSource(bytes(32)).child("TrieHH")))
         assert_that(out | beam.combiners.ToList(), lambda lists: check(lists[0]))

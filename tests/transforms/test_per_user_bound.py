@@ -90,7 +90,7 @@ def test_pipeline_bound_as_side_input_limits_each_user():
                   | beam.Create([_table(users, words)])
                   | ShardByUser(4)
                   | PerUserBound(["word"], beam.pvalue.AsSingleton(bound),
-                                 rng_factory=keyed_random.KeyedSource(bytes(32)))
+                                 rng_factory=keyed_random.KeyedSource(bytes(32)).child("PerUserBound"))
                   | SumCountsPerKey(["word"], 2)
                   | beam.Map(lambda t: int(np.sum(t.column("count").to_numpy())))
                   | beam.CombineGlobally(sum))

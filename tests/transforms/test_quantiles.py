@@ -98,7 +98,7 @@ def test_hierarchical_histogram_end_to_end_on_beam():
         out = (p | beam.Create(batches)
                | q.HierarchicalHistogram("v", lo=0, hi=1, branching=BRANCHING, levels=levels,
                                          params=params.as_report(), num_shards=2,
-                                         rng_factory=keyed_random.KeyedSource(bytes(32))))
+                                         rng_factory=keyed_random.KeyedSource(bytes(32)).child("Hierarchy")))
         assert_that(out | beam.combiners.ToList(), lambda lists: check(lists[0]))
 
 

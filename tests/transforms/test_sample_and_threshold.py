@@ -127,7 +127,8 @@ def _run(tables, params, check, rng_factory=None):
     """Run SampleAndThreshold on FnApiRunner; ``check`` gets the list of output tables
     (it runs inside the pipeline, so it asserts there). Without ``rng_factory`` a test
     secret (a transform given no secret refuses to run)."""
-    rng_factory = rng_factory or keyed_random.KeyedSource(b"sample-and-threshold test secret")
+    rng_factory = rng_factory or keyed_random.KeyedSource(
+        b"sample-and-threshold test secret").child("SampleAndThreshold")
     with TestPipeline(runner=FnApiRunner()) as p:
         side = p | "Params" >> beam.Create([params])
         out = (p | beam.Create(tables)

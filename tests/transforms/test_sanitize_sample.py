@@ -251,7 +251,7 @@ def test_beam_sanitize_sample_with_side_input_params(report):
         side = p | "Params" >> beam.Create([params_dict])
         released = (p | "Counts" >> beam.Create(parts)
                     | SanitizeSample(beam.pvalue.AsSingleton(side), ["word", "shard"],
-                                     rng_factory=keyed_random.KeyedSource(bytes(32))))
+                                     rng_factory=keyed_random.KeyedSource(bytes(32)).child("SanitizeSample")))
         assert_that(released, check)
 
 

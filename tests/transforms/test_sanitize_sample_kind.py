@@ -156,12 +156,15 @@ def test_release_and_sanitize_existing_sample_in_beam():
         out = pa.concat_tables(tables)
         assert sorted(out.column("k").to_pylist()) == ["x", "y"]   # q = pi = 1 there
 
-    # the kind's stages take the release's secret as a release builds them (keyed_random.building)
-    with TestPipeline() as p, keyed_random.building(keyed_random.KeyedSource(bytes(32))):
+    # the kind's stages take the release's draws, as a release hands them over
+    draws = keyed_random.KeyedDraws(keyed_random.KeyedSource(bytes(32)))
+    with TestPipeline() as p:
         side = p | "P" >> beam.Create([params])
-        released = ws.release(p | "C" >> beam.Create([counts]), beam.pvalue.AsSingleton(side), ["k"])
+        released = ws.release(p | "C" >> beam.Create([counts]), beam.pvalue.AsSingleton(side),
+                              ["k"], draws)
         assert_that(released, check_release, label="release")
         side2 = p | "P2" >> beam.Create([sample_params])
         from_sample = ws.sanitize_existing_sample(p | "S" >> beam.Create([sample]),
-                                                  beam.pvalue.AsSingleton(side2), ["k"], "n")
+                                                  beam.pvalue.AsSingleton(side2), ["k"], "n",
+                                                  draws)
         assert_that(from_sample, check_sample, label="sample")

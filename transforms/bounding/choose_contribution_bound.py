@@ -413,16 +413,16 @@ class ChooseContributionBound(beam.PTransform):
       monotone: use the monotone exponential mechanism, Pr proportional to
         exp(-epsilon V / Delta) (every score here is monotone: adding a user never
         decreases V(C); docs/contribution_bound.md). False gives exp(-epsilon V / 2 Delta).
-      rng_factory: tests only (a seeded generator factory).
+      rng_factory: the draw's source and stage label (``keyed_random.KeyedDraws``:
+        ``source.child("ChooseContributionBound")``; tests: ``seeded_for_tests``).
       spill_dir: a local folder for the key-shard partials' shuffle (the in-process
         runner, ``transforms.plumbing.spill``); None uses the runner's GroupByKey.
     """
 
     def __init__(self, key_columns, *, candidates, epsilon, model, score, score_params,
                  max_bound, monotone=True, rng_factory=None, user_column=USER_COLUMN,
-                 num_key_shards=_DEFAULT_KEY_SHARDS, spill_dir=None, label=None, stage=None):
+                 num_key_shards=_DEFAULT_KEY_SHARDS, spill_dir=None, label=None):
         super().__init__(label)
-        self._stage = stage   # the draw's stage identity; default: this transform's label
         if model not in contribution_bound.MODELS:
             raise ValueError(f"model must be one of {contribution_bound.MODELS}, got {model!r}")
         if score in contribution_bound.SCORE_MODELS and \
@@ -462,8 +462,8 @@ class ChooseContributionBound(beam.PTransform):
         sums = tables | "Scores" >> ContributionBoundSums(
             self._key_columns, self.score, num_key_shards=self._num_key_shards,
             user_column=self._user_column, spill_dir=self._spill_dir)
-        stage = self._stage or keyed_random.stage_name(sums)
         return (sums
                 | "ExponentialMechanism" >> keyed_random.par_do(_ExponentialMechanismFn(
-                    self.score, self.epsilon, self.monotone, keyed_random.resolve(self._rng_factory), stage))
+                    self.score, self.epsilon, self.monotone,
+                    *keyed_random.stage_of(self._rng_factory)))
                 | "Materialise" >> beam.Reshuffle())

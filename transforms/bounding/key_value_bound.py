@@ -99,5 +99,4 @@ class BoundKeyValues(beam.PTransform):
 
     def expand(self, user_shards):
         return user_shards | "OneValuePerKey" >> keyed_random.par_do(_BoundFn(
-            self._keys, self._column, self._bound, keyed_random.resolve(self._rng_factory),
-            keyed_random.stage_name(user_shards))).with_output_types(TABLE)
+            self._keys, self._column, self._bound, *keyed_random.stage_of(self._rng_factory))).with_output_types(TABLE)

@@ -342,7 +342,6 @@ class PerUserBound(beam.PTransform):
 
     def expand(self, user_shards):
         return user_shards | "BoundL0" >> keyed_random.par_do(
-            _BoundL0Fn(self._key_columns, keyed_random.resolve(self._rng_factory),
-                       keyed_random.stage_name(user_shards), rows=self._rows),
+            _BoundL0Fn(self._key_columns, *keyed_random.stage_of(self._rng_factory), rows=self._rows),
             self._max_keys_per_user
         ).with_output_types(TABLE)

@@ -332,7 +332,7 @@ class PreReduceL0(beam.PTransform):
     batches of a bundle combined), without rows fixed-bound l0 bounding at C cannot keep
     where removing them pays (:func:`prereduce_table`): every row passes once.
 
-    ``stage``: the full label of the ``PerUserBound`` that bounds these records after the
+    ``stage``: the label path handed to the ``PerUserBound`` that bounds these records after the
     shuffle (its keyed draws are the ones computed here). ``rng_factory`` must be a
     ``keyed_random.KeyedSource`` (the release's secret): with fresh randomness the draws
     here and after the shuffle would differ, so the caller applies this step only then.

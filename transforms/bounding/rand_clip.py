@@ -212,7 +212,8 @@ class RandClip(beam.PTransform):
     the key columns and ``__key``. Output: PCollection[pyarrow.Table] of partial record
     counts -- key columns, ``__key``, int64 ``count`` -- for ``SumCountsPerKey``.
     ``max_records_per_user`` is an int >= 1 or a side input (``beam.pvalue.AsSingleton``)
-    carrying one. ``rng_factory`` is for tests only.
+    carrying one.
+    ``rng_factory``: its draws (``keyed_random.KeyedDraws``, ``source.child(label)``).
     """
 
     def __init__(self, key_columns, max_records_per_user, *, user_column=USER_COLUMN,
@@ -230,6 +231,5 @@ class RandClip(beam.PTransform):
     def expand(self, user_shards):
         # pa.Table (all records of a set of users) -> pa.Table(keys, __key, count)
         return user_shards | "RandClipRecords" >> keyed_random.par_do(
-            _RandClipFn(self._key_columns, self._user_column, keyed_random.resolve(self._rng_factory),
-                        keyed_random.stage_name(user_shards)),
+            _RandClipFn(self._key_columns, self._user_column, *keyed_random.stage_of(self._rng_factory)),
             self._max_records_per_user)

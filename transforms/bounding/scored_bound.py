@@ -222,8 +222,9 @@ def _select(counts_or_path, bound, candidates):
 class ScoredPerUserBound(beam.PTransform):
     """The bounding pass of an automatic bound (module docstring).
 
-    Input: PCollection[pa.Table] of whole users (``ShardByUser``). Apply it with the label
-    ``PerUserBound`` (the fixed-bound pipeline's; its full label keys the per-user salts).
+    Input: PCollection[pa.Table] of whole users (``ShardByUser``). Hand it the draws
+    ``release.child("PerUserBound")`` (the fixed-bound pipeline's; that label path keys
+    the per-user salts).
     Output: a dict — ``dropped`` and ``partials``, the statistics that
     ``ChooseContributionBound`` takes instead of user shards (:meth:`statistics`), and
     ``buckets``: the running counts tables (or their spilled file names) for :meth:`select`.
@@ -240,8 +241,7 @@ class ScoredPerUserBound(beam.PTransform):
 
     def expand(self, user_shards):
         fn = _ScoredBoundFn(self._key_columns, self._score, self._num_key_shards,
-                            keyed_random.resolve(self._rng_factory),
-                            keyed_random.stage_name(user_shards), self._spill_dir)
+                            *keyed_random.stage_of(self._rng_factory), self._spill_dir)
         out = user_shards | "BoundL0AndScore" >> keyed_random.par_do(fn).with_outputs(
             _ScoredBoundFn.DROPPED, _ScoredBoundFn.PARTIALS, main="buckets")
         out[_ScoredBoundFn.PARTIALS].element_type = SHARD_AND_TABLE

@@ -1,7 +1,8 @@
 """Randomness: every draw of a release and every secret-keyed identity.
 
 The exact samplers (``samplers``: discrete Gaussian / Laplace from a CSPRNG), the keyed
-streams derived from the release secret and a stage's Beam label (``keyed_random``, over
+streams derived from the release secret and a stage's label path, handed to it by the
+release (``keyed_random.KeyedDraws``; ``keyed_random``, over
 the AES-based PRF of ``block_prf`` in the construction named by ``stream_construction``),
 the canonical key hashes and texts (``hashing``), the secret-keyed user identities
 (``user_identity``) and the one-secret-per-run commitments (``secret_commitment``).

@@ -12,9 +12,10 @@ random word of a release from
   committed), never carried in the pipeline graph, so it is in no staged job, template
   or jar; never logged, never written to the report, the spec or any output
   (``docs/running.md``); and
-* a **stable identity** of what is drawn: the stage (the full Beam label of the
-  composite that draws, fixed when the pipeline is built, relative to the release's
-  root composite when a user's pipeline applies the release: :func:`building`) and the
+* a **stable identity** of what is drawn: the stage (a label path the release hands
+  the stage that draws, :class:`KeyedDraws`: passed as an argument, never looked up in
+  the pipeline being built, so it is the same wherever a user's pipeline applies the
+  release) and the
   identity of the row: for per-user draws the user's 128-bit identity (the two words
   ``__user_hi``/``__user`` and ``__user_lo``, a secret-keyed PRF of the user id computed
   when the record is read, ``transforms.randomness.user_identity``; never a grouping code, a public
@@ -54,33 +55,38 @@ computational (an adversary who cannot distinguish AES-256 from a random permuta
 nor SHAKE256 keyed by a secret prefix from a random function, sees exactly distributed
 noise).
 
-How a stage that draws gets the secret (the pattern every draw site follows, e.g. a
-per-user identity computed by the record reader):
+How a stage that draws gets the secret and its label (the pattern every draw site
+follows, e.g. a per-user identity computed by the record reader):
 
-1. its PTransform takes ``rng_factory=None`` and, at expansion, hands its DoFn
-   ``keyed_random.resolve(self._rng_factory)`` (stored as the DoFn's ``_rng_factory``):
-   in a release that is the release's :class:`PipelineSecret` (no secret in it);
-2. it applies the DoFn with ``keyed_random.par_do(dofn, *side_inputs)`` instead of
+1. its PTransform takes ``rng_factory``, a :class:`KeyedDraws` (``source.child(name)``:
+   the release's source and the stage's label path), as a constructor argument; a
+   composite holding drawing stages hands each of them ``self._rng_factory.child(...)``;
+2. at expansion it calls :func:`stage_of` for (source, stage label) and hands both to
+   its DoFn (the source stored as the DoFn's ``_rng_factory``; in a release that is the
+   release's :class:`PipelineSecret`, no secret in it);
+3. it applies the DoFn with ``keyed_random.par_do(dofn, *side_inputs)`` instead of
    ``beam.ParDo``: for a :class:`PipelineSecret` this adds the secret's singleton side
    input and sets it on the DoFn's source before each ``process`` call;
-3. ``process`` draws through :func:`stage_stream`, :func:`table_streams` or
+4. ``process`` draws through :func:`stage_stream`, :func:`table_streams` or
    :func:`stage_source` (``setup`` calls :func:`worker_rng`).
 
-Tests fix the randomness through the same argument: a ``KeyedSource`` with a known
-secret, or the test-only :func:`seeded_for_tests` (a seeded numpy generator, asked for
-by name). Nothing else is accepted (:func:`resolve`): a plain generator factory such as
-``numpy.random.default_rng`` would draw fresh, unkeyed randomness per worker and per
-retry.
+Tests fix the randomness through the same argument: a child of a ``KeyedSource`` with a
+known secret, or the test-only :func:`seeded_for_tests` (a seeded numpy generator, asked
+for by name). Nothing else is accepted (:func:`stage_of`): a plain generator factory
+such as ``numpy.random.default_rng`` would draw fresh, unkeyed randomness per worker and
+per retry.
 
-**Fail closed.** A transform given no ``rng_factory`` outside a release being built
-raises :class:`NoSecretError` (a ``ThresherError`` naming what to pass) when it is
-applied: there is no fallback to per-worker OS randomness, and user identities need a
-``KeyedSource`` (or, in tests, :func:`seeded_for_tests` asked for by name:
-``transforms.randomness.user_identity.identity_key``). Someone chaining the building blocks in their
-own pipeline draws the secret with ``PipelineSecret.draw(pipeline)`` and passes that one
-object to every transform (docs/running.md, "Secrets for the building blocks").
+**Fail closed.** A transform given no ``rng_factory`` raises :class:`NoSecretError` (a
+``ThresherError`` and ``TypeError`` naming ``rng_factory`` and what to pass) when it is
+applied, and one given a source without its own label raises
+:class:`UnlabelledSourceError`: there is no ambient source and no fallback to per-worker
+OS randomness, and user identities need a ``KeyedSource`` (or, in tests,
+:func:`seeded_for_tests` asked for by name:
+``transforms.randomness.user_identity.identity_key``). Someone chaining the building
+blocks in their own pipeline draws the secret once with ``PipelineSecret.draw(pipeline)``
+and gives each transform its own child of it (docs/running.md, "Secrets for the building
+blocks").
 """
-import contextlib
 import hashlib
 import os
 
@@ -212,6 +218,10 @@ class KeyedSource:
         if not isinstance(identities, (pa.Array, pa.ChunkedArray)):
             identities = pa.array([bytes(i) for i in identities], pa.binary())
         return keys.streams(_TEXT_GROUP, texts=keys.text_identities(_TEXT_GROUP, identities))
+
+    def child(self, name):
+        """The draws of stage ``name`` under this secret (:class:`KeyedDraws`)."""
+        return KeyedDraws(self).child(name)
 
     def __call__(self):  # pragma: no cover - every stage asks for its stream by name
         raise TypeError("a KeyedSource is not a generator factory: use stream() or rows()")
@@ -598,68 +608,121 @@ class _WithSecret(beam.DoFn):
         return self._inner.default_label()
 
 
-_BUILDING = []     # (KeyedSource, root label) of the release whose pipeline is being built
+class KeyedDraws:
+    """What a stage that draws is handed: the release's source and the stage's label
+    path, its **stage identity** (module docstring, step 1).
+
+    The release makes one root (``KeyedDraws(source)``, path "") and hands each stage
+    ``draws.child(name)`` explicitly, as a constructor argument; a composite that holds
+    drawing stages derives their sources from its own the same way (``self._draws.child
+    ("SampleAndThreshold0")``). Nothing is looked up while the pipeline is built: the
+    labels are the names the release gives, independent of where a user's pipeline
+    applies the release or of Beam's own labels (which they equal by convention, so the
+    draws of ``thresher run`` are unchanged: tests/pipelines/test_released_bytes_frozen.py).
+    Two stages of one release must never be handed equal paths: their draws would be
+    the same words."""
+
+    def __init__(self, source, stage=""):
+        if not isinstance(source, (KeyedSource, SeededForTests)):
+            raise (NoSecretError() if source is None else NotASecretError(source))
+        if not isinstance(stage, str):
+            raise TypeError(f"a stage label path is a str, got {stage!r}")
+        self.source = source
+        self.stage = stage
+
+    def child(self, name):
+        """The draws of the stage ``name`` inside this one (path ``stage/name``)."""
+        if not isinstance(name, str) or not name or "/" in name or "\x00" in name:
+            # no NUL: the reserved stages (user identities, commitments) start with one
+            raise ValueError(f"a stage label is a non-empty str without '/' or NUL, "
+                             f"got {name!r}")
+        return KeyedDraws(self.source, f"{self.stage}/{name}" if self.stage else name)
+
+    def __repr__(self):
+        return f"KeyedDraws({self.source!r}, {self.stage!r})"
 
 
-@contextlib.contextmanager
-def building(source, root=""):
-    """While a release's pipeline is built (``pipelines.running.release.build``), transforms
-    given no ``rng_factory`` take the release's :class:`KeyedSource` (:func:`resolve`).
-
-    ``root``: the full label of the composite the release's stages are built in (the
-    Beam YAML transform's, ``pipelines.beam_yaml``; "" for ``thresher run``, whose stages
-    are at the top of its pipeline). Stage identities (:func:`stage_name`) are taken
-    relative to it, so one release's draws under one secret are the same wherever a
-    user's pipeline applies it. Two releases never share a secret, so equal relative
-    names in two releases of one pipeline name streams of different keys."""
-    _BUILDING.append((source, root))
-    try:
-        yield
-    finally:
-        _BUILDING.pop()
-
-
-class NoSecretError(ThresherError):
-    """A transform that draws was applied with no secret to draw from (:func:`resolve`)."""
+class NoSecretError(ThresherError, TypeError):
+    """A transform that draws was applied with no source to draw from (:func:`stage_of`,
+    :func:`resolve`); a TypeError too: a required argument is missing."""
 
     def __init__(self):
         super().__init__(
             "this thresher transform draws random values and was given no secret: pass "
-            "rng_factory=keyed_random.PipelineSecret.draw(pipeline) (a secret drawn once "
-            "inside the pipeline; give the same object to every transform of one release) "
-            "or rng_factory=keyed_random.KeyedSource(secret) (a secret of at least 16 "
-            "bytes that you keep), or use thresher.Release(spec), which draws its own. "
-            "Without one, user identities would be public and a retried bundle would draw "
-            "different noise, so thresher refuses to run.")
+            "rng_factory=keyed_random.PipelineSecret.draw(pipeline).child(\"<stage>\") (a "
+            "secret drawn once inside the pipeline; draw it once and give every transform "
+            "of one release its own child of it) or "
+            "rng_factory=keyed_random.KeyedSource(secret).child(\"<stage>\") (a secret of "
+            "at least 16 bytes that you keep), or use thresher.Release(spec), which draws "
+            "its own. Without one, user identities would be public and a retried bundle "
+            "would draw different noise, so thresher refuses to run.")
+
+
+class UnlabelledSourceError(ThresherError, ValueError):
+    """A drawing transform was given a source without its stage label (:func:`stage_of`)."""
+
+    def __init__(self, source):
+        super().__init__(
+            f"rng_factory={source!r} names no stage: a thresher transform that draws takes "
+            "its own child of the release's source, rng_factory=source.child(\"<stage>\") "
+            "with a label no other transform of the release is given (the label keys its "
+            "draws: two transforms handed one source would draw the same noise)")
+
+
+def child(rng_factory, name):
+    """For a composite that holds drawing stages: the ``rng_factory`` of its stage
+    ``name``, ``rng_factory.child(name)`` for a :class:`KeyedDraws`; anything else is
+    passed on as it is (a seeded test generator draws the same for any stage; a missing
+    or unlabelled source is refused by the stage that would draw from it, naming it)."""
+    return rng_factory.child(name) if isinstance(rng_factory, KeyedDraws) else rng_factory
+
+
+def stage_of(rng_factory):
+    """At expansion of a transform that draws: (source, stage label) of its
+    ``rng_factory``, a :class:`KeyedDraws` (``source.child(name)``), or the test-only
+    :func:`seeded_for_tests` (whose draws no label keys). Given nothing it raises
+    :class:`NoSecretError`; a source without a label, :class:`UnlabelledSourceError`;
+    anything else, :class:`NotASecretError`. There is no other place to draw from."""
+    if isinstance(rng_factory, SeededForTests):
+        return rng_factory, ""
+    if isinstance(rng_factory, KeyedDraws):
+        if not rng_factory.stage and not isinstance(rng_factory.source, SeededForTests):
+            raise UnlabelledSourceError(rng_factory)
+        return rng_factory.source, rng_factory.stage
+    if isinstance(rng_factory, KeyedSource):
+        raise UnlabelledSourceError(rng_factory)
+    if rng_factory is None:
+        raise NoSecretError()
+    raise NotASecretError(rng_factory)
 
 
 def resolve(factory):
-    """At expansion: the source a drawing transform uses -- the one given (a
-    :class:`KeyedSource`, such as the :class:`PipelineSecret` of
-    ``PipelineSecret.draw(pipeline)``, or the test-only :func:`seeded_for_tests`), else
-    the source of the release being built (:func:`building`), else
+    """The source itself (no stage label): the one given (a :class:`KeyedSource`, such as
+    the :class:`PipelineSecret` of ``PipelineSecret.draw(pipeline)``, the source of a
+    :class:`KeyedDraws`, or the test-only :func:`seeded_for_tests`), else
     :class:`NoSecretError`. Anything else is refused (:class:`NotASecretError`): a plain
     generator factory (``numpy.random.default_rng``, ``samplers.secure_random``) would
     be called per worker and per retry, drawing fresh, unkeyed randomness that a
     recomputed stage spends its epsilon on again. There is no silent fallback."""
+    if isinstance(factory, KeyedDraws):
+        return factory.source
     if isinstance(factory, (KeyedSource, SeededForTests)):
         return factory
     if factory is not None:
         raise NotASecretError(factory)
-    if _BUILDING and _BUILDING[-1][0] is not None:
-        return _BUILDING[-1][0]
     raise NoSecretError()
 
 
-class NotASecretError(ThresherError):
+class NotASecretError(ThresherError, TypeError):
     """A drawing transform was given an ``rng_factory`` that is not a secret source."""
 
     def __init__(self, factory):
         super().__init__(
             f"rng_factory={factory!r} is not a secret source: a thresher transform that "
-            "draws takes rng_factory=keyed_random.PipelineSecret.draw(pipeline) (the same "
-            "object for every transform of one release) or keyed_random.KeyedSource(secret) "
-            "(tests: keyed_random.seeded_for_tests(seed), which makes no privacy claim). A "
+            "draws takes rng_factory=keyed_random.PipelineSecret.draw(pipeline).child(...) "
+            "(one secret per release, a child of it per transform) or "
+            "keyed_random.KeyedSource(secret).child(...) (tests: "
+            "keyed_random.seeded_for_tests(seed), which makes no privacy claim). A "
             "generator factory would draw fresh, unkeyed randomness on every worker and "
             "every retry, so thresher refuses it.")
 
@@ -681,24 +744,14 @@ class SeededForTests:
     def __repr__(self):
         return f"seeded_for_tests({self.seed!r})"
 
+    def child(self, name):
+        """The same seeded generator for any stage (:class:`KeyedDraws`, for uniformity)."""
+        return KeyedDraws(self).child(name)
+
 
 def seeded_for_tests(seed):
     """TESTS ONLY: :class:`SeededForTests` (a seeded generator and the public test key)."""
     return SeededForTests(seed)
-
-
-def stage_name(pvalue):
-    """The full label of the composite being expanded (unique in the pipeline and the
-    same every time the pipeline is built), relative to the root of the release being
-    built (:func:`building`): the stage identity of its draws."""
-    label = pvalue.pipeline._current_transform().full_label
-    root = _BUILDING[-1][1] if _BUILDING else ""
-    if root:
-        if label == root:
-            return ""
-        if label.startswith(root + "/"):
-            return label[len(root) + 1:]
-    return label
 
 
 class StageSource:

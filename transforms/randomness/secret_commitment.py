@@ -14,7 +14,7 @@ twice, a contribution bound of 2C where C was claimed. A check per shard cannot 
   batch) emits, once per bundle and per secret it saw, a **commitment**: the first 16
   bytes of the secret's stage key for the reserved stage :data:`COMMITMENT_STAGE`, a PRF
   output (``KeyedSource.stage_key``), never the secret; the stage name starts with a NUL,
-  so no Beam label draws from it (as ``user_identity.IDENTITY_STAGE``);
+  so no stage label draws from it (as ``user_identity.IDENTITY_STAGE``);
 * the commitments of all those stages are side inputs of the **publisher**
   (:func:`publisher`, the stage that writes the released file of ``thresher run``;
   :class:`OneSecret` before the Beam YAML transform's outputs), which reads the
@@ -37,7 +37,7 @@ import apache_beam as beam
 from thresher.errors import ThresherError
 from thresher.transforms.randomness import keyed_random
 
-COMMITMENT_STAGE = "\x00thresher/secret-commitment"   # NUL: no Beam label is this stage
+COMMITMENT_STAGE = "\x00thresher/secret-commitment"   # NUL: no stage label is this stage
 COMMITMENTS = "thresher_secret_commitments"          # the tagged output of a secret reader
 COMMITMENT_BYTES = 16
 
@@ -70,7 +70,7 @@ def check(own, commitments):
 
 class _Registry:
     def __init__(self):
-        self.commitments = []   # PCollection[bytes] of each stage that reads the secret
+        self.readers = []       # (main output, commitments) of each stage that reads it
         self.sealed = False
 
 
@@ -84,13 +84,26 @@ def _registry(source):
     return registry
 
 
-def _register(source, pcoll):
+def _register(source, main, commitments):
     registry = _registry(source)
     if registry.sealed:
         raise RuntimeError("a stage that reads the release secret was added after the "
                            "publisher's check of its commitments: add it before "
                            "secret_commitment.publisher / OneSecret")
-    registry.commitments.append(pcoll)
+    registry.readers.append((main, commitments))
+
+
+def _attach(main, commitments):
+    """Make ``commitments`` the :data:`COMMITMENTS` output of the ParDo that produced
+    ``main``, as Beam attaches a tagged output it is asked for after the fact
+    (``pvalue.DoOutputsTuple``): the ParDo's application is ``main.producer``, known once
+    it was applied. Until then its commitments are emitted to no consumer (dropped)."""
+    applied = main.producer
+    if COMMITMENTS not in applied.outputs:
+        applied.transform.output_tags.add(COMMITMENTS)
+        commitments.producer = applied
+        applied.add_output(commitments, COMMITMENTS)
+    return commitments
 
 
 def sealed(source):
@@ -99,7 +112,7 @@ def sealed(source):
     one more fused stage) and ``release_secret``; no registration after it."""
     registry = _registry(source)
     registry.sealed = True
-    return ([beam.pvalue.AsList(c) for c in registry.commitments],
+    return ([beam.pvalue.AsList(_attach(main, c)) for main, c in registry.readers],
             {"release_secret": source.side_input()})
 
 
@@ -107,8 +120,10 @@ class CommittedParDo(beam.ParDo):
     """``keyed_random.par_do`` under a ``PipelineSecret``: the ParDo of
     ``keyed_random._WithSecret(dofn)`` (the secret's side input set on the DoFn's source
     before each element) with one more output, :data:`COMMITMENTS`, registered for the
-    publisher. Still a ParDo, with the caller's label as its step name: its main output,
-    ``with_outputs`` and ``with_output_types`` are the plain ParDo's."""
+    publisher, which attaches it to this ParDo's application when it seals the readers
+    (:func:`sealed`; no private Beam API: the application is the main output's
+    ``producer``). Still a ParDo, with the caller's label as its step name: its main
+    output, ``with_outputs`` and ``with_output_types`` are the plain ParDo's."""
 
     def __init__(self, dofn, source, args, kwargs):
         super().__init__(_Committing(dofn), *args, release_secret=source.side_input(),
@@ -117,15 +132,9 @@ class CommittedParDo(beam.ParDo):
 
     def expand(self, pcoll):
         main = super().expand(pcoll)
-        # the commitments' output, added to this ParDo's application as Beam adds a tagged
-        # output (pvalue.DoOutputsTuple): the producing step is this ParDo itself
-        applied = pcoll.pipeline._current_transform()
-        self.output_tags.add(COMMITMENTS)
         commitments = beam.pvalue.PCollection(pcoll.pipeline, tag=COMMITMENTS,
                                               element_type=bytes, is_bounded=pcoll.is_bounded)
-        commitments.producer = applied
-        applied.add_output(commitments, COMMITMENTS)
-        _register(self._source, commitments)
+        _register(self._source, main, commitments)
         return main
 
 

@@ -76,7 +76,7 @@ import pyarrow.compute as pc
 from thresher.errors import ThresherError
 from thresher.transforms.randomness import block_prf
 
-IDENTITY_STAGE = "\x00thresher/user-identity"   # NUL: no Beam label is this stage
+IDENTITY_STAGE = "\x00thresher/user-identity"   # NUL: no stage label is this stage
 TEST_KEY = hashlib.shake_256(b"thresher: public test-only user identity key").digest(32)
 _TAG_INT = b"thr:int\x00"
 _TAG_BYTES = b"thr:str\x00"

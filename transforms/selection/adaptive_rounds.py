@@ -132,7 +132,8 @@ class _FilterFn(beam.DoFn):
 
 class RoundThreshold(KernelRelease):
     """One round's threshold over batches of per-key grid weights (key columns, ``count``,
-    ``__w``): the released keys (key columns only). Its label is the draws' stage."""
+    ``__w``): the released keys (key columns only). ``rng_factory``: its draws' source
+    and stage label (``keyed_random.KeyedDraws``)."""
 
     stage_label = "RoundNoiseAndThreshold"
 
@@ -142,10 +143,9 @@ class RoundThreshold(KernelRelease):
 
     def expand(self, sums):
         from thresher.transforms.selection.release_fn import ReleaseBatchFn
-        stage = keyed_random.stage_name(sums)
         fn = functools.partial(round_release_table, round_index=self._round_index)
         return sums | self.stage_label >> keyed_random.par_do(
-            ReleaseBatchFn(fn, keyed_random.resolve(self._rng_factory), stage),
+            ReleaseBatchFn(fn, *keyed_random.stage_of(self._rng_factory)),
             self._params).with_output_types(TABLE)
 
 
@@ -189,6 +189,10 @@ class AdaptiveRelease(beam.PTransform):
         self._rng_factory = rng_factory
         self._spill_dir = spill_dir
 
+    def _draws(self, name):
+        """The draws of this release's stage ``name`` (its label path below this one's)."""
+        return keyed_random.child(self._rng_factory, name)
+
     def _count_bound(self, pipeline):
         """C_c as an int, or as an AsSingleton when the params or the bound are side inputs."""
         params, bound = self._params, self._bound
@@ -213,22 +217,23 @@ class AdaptiveRelease(beam.PTransform):
             else:
                 remaining = users
             sums = (remaining
-                    | f"{name}Bound" >> WeightedPerUserBound(keys, self._bound,
-                                                             rng_factory=self._rng_factory)
+                    | f"{name}Bound" >> WeightedPerUserBound(
+                        keys, self._bound, rng_factory=self._draws(f"{name}Bound"))
                     | f"{name}SumPerKey" >> SumCountsPerKey(keys, self._num_shards,
                                                                spill_dir=self._spill_dir))
             released.append(sums | f"{name}Threshold" >> RoundThreshold(
-                self._params, r, rng_factory=self._rng_factory))
+                self._params, r, rng_factory=self._draws(f"{name}Threshold")))
         every = tuple(released) | "ReleasedKeys" >> beam.Flatten()
         kept = users | "CountKeepReleased" >> beam.ParDo(
             _FilterFn(keys, keep_released=True), beam.pvalue.AsList(every)
         ).with_output_types(TABLE)
         partial = kept | "CountBound" >> PerUserBound(keys, self._count_bound(users.pipeline),
-                                                      rng_factory=self._rng_factory)
+                                                      rng_factory=self._draws("CountBound"))
         zeros = every | "CountZeros" >> beam.Map(zero_counts, key_columns=keys
                                                  ).with_output_types(TABLE)
         counts = ((partial, zeros)
                   | "CountPieces" >> beam.Flatten()
                   | "CountSumPerKey" >> SumCountsPerKey(keys, self._num_shards,
                                                                spill_dir=self._spill_dir))
-        return counts | "CountNoise" >> NoisyCounts(self._params, rng_factory=self._rng_factory)
+        return counts | "CountNoise" >> NoisyCounts(self._params,
+                                                  rng_factory=self._draws("CountNoise"))

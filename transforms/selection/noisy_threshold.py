@@ -115,7 +115,8 @@ class NoisyThreshold(KernelRelease):
     unique across the collection. Output: PCollection[pyarrow.Table] of released keys with
     ``count`` the noisy count. ``params`` is a dict as :func:`kernel_arguments` reads it
     (e.g. a release report's ``mechanism`` section), or a side input
-    (``beam.pvalue.AsSingleton``) carrying one. ``rng_factory`` is for tests only.
+    (``beam.pvalue.AsSingleton``) carrying one.
+    ``rng_factory``: its draws (``keyed_random.KeyedDraws``, ``source.child(label)``).
     """
 
     stage_label = "NoiseAndThreshold"

@@ -408,8 +408,7 @@ class ChooseDomainBound(beam.PTransform):
                                                              self._user_column))
                 | "SumStatistic" >> beam.CombineGlobally(SumIntegers(len(self.rule.candidates)))
                 | "ExponentialMechanism" >> keyed_random.par_do(
-                    _DrawFn(self.rule, self.epsilon, keyed_random.resolve(self._rng_factory),
-                            keyed_random.stage_name(users)))
+                    _DrawFn(self.rule, self.epsilon, *keyed_random.stage_of(self._rng_factory)))
                 | "Materialise" >> beam.Reshuffle())
 
 
@@ -440,6 +439,5 @@ class NoisyDomainCounts(beam.PTransform):
 
     def expand(self, counts):
         return counts | "NoiseEveryKey" >> keyed_random.par_do(
-            _NoisyDomainFn(keyed_random.resolve(self._rng_factory),
-                           keyed_random.stage_name(counts)),
+            _NoisyDomainFn(*keyed_random.stage_of(self._rng_factory)),
             self._params).with_output_types(TABLE)

@@ -68,7 +68,8 @@ class KernelRelease(beam.PTransform):
     Subclasses name the mechanism and its ``release_table``. Input: PCollection[pyarrow.Table]
     with the key columns and an int64 ``count`` (keys unique across the collection).
     Output: PCollection[pyarrow.Table] of released keys only. ``params`` is a dict, or a
-    side input (``beam.pvalue.AsSingleton``) carrying one; ``rng_factory`` is for tests only.
+    side input (``beam.pvalue.AsSingleton``) carrying one; ``rng_factory``: the draws'
+    source and stage label (``keyed_random.KeyedDraws``, ``source.child(name)``).
     """
 
     stage_label = "Release"
@@ -79,16 +80,15 @@ class KernelRelease(beam.PTransform):
 
     shared_component = None     # (params, rng) -> one value per release, or None
 
-    def __init__(self, params, rng_factory=None, label=None, stage=None):
+    def __init__(self, params, rng_factory=None, label=None):
         super().__init__(label)
         self._params = params
-        self._rng_factory = rng_factory
-        self._stage = stage     # the draws' stage identity; default: this transform's label
+        self._rng_factory = rng_factory   # keyed_random.KeyedDraws: source and stage label
 
     def expand(self, counts):
-        stage = self._stage or keyed_random.stage_name(counts)
+        source, stage = keyed_random.stage_of(self._rng_factory)
         shared = type(self).shared_component
         extra = {} if shared is None else {"shared_component": shared}
         return counts | self.stage_label >> keyed_random.par_do(
-            ReleaseBatchFn(type(self).release_table, keyed_random.resolve(self._rng_factory), stage,
+            ReleaseBatchFn(type(self).release_table, source, stage,
                            **extra), self._params)

@@ -90,7 +90,8 @@ class SampleAndThreshold(KernelRelease):
     released keys with ``count`` the sampled count and ``estimate`` = count / p; empty
     batches are dropped. ``params`` has ``sampling_rate`` and ``threshold`` -- a dict, an
     ``accounting.sample_threshold.SampleThresholdParams``, or a side input
-    (``beam.pvalue.AsSingleton``) carrying one. ``rng_factory`` is for tests only.
+    (``beam.pvalue.AsSingleton``) carrying one.
+    ``rng_factory``: its draws (``keyed_random.KeyedDraws``, ``source.child(label)``).
     """
 
     stage_label = "SampleAndThreshold"

@@ -209,11 +209,11 @@ class SanitizeSample(beam.PTransform):
         self._params = params
         self._key_columns = tuple(key_columns)
         self._frequency_column = frequency_column
-        self._rng_factory = rng_factory  # tests only: a seeded numpy Generator factory
+        self._rng_factory = rng_factory  # keyed_random.KeyedDraws: source and stage label
 
     def expand(self, tables):
         # (key..., frequency) -> (key..., token, estimate)
         return tables | "SanitizeKeys" >> keyed_random.par_do(
             _SanitizeFn(self._key_columns, self._frequency_column,
-                        keyed_random.resolve(self._rng_factory), keyed_random.stage_name(tables)),
+                        *keyed_random.stage_of(self._rng_factory)),
             self._params)

@@ -119,8 +119,7 @@ class WeightedPerUserBound(beam.PTransform):
     def expand(self, user_shards):
         return user_shards | "BoundL0Weighted" >> keyed_random.par_do(
             _WeightedBoundFn(self._key_columns, self._scale,
-                             keyed_random.resolve(self._rng_factory),
-                             keyed_random.stage_name(user_shards),
+                             *keyed_random.stage_of(self._rng_factory),
                              self._count_keys_per_user),
             self._max_keys_per_user).with_output_types(TABLE)
 

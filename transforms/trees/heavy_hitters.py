@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from thresher.transforms.randomness import hashing
+from thresher.transforms.randomness import hashing, keyed_random
 from thresher.transforms.plumbing.aggregate import SumCountsPerKey
 from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold, release_table
 from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, USER_COLUMN, concat
@@ -183,7 +183,8 @@ class TrieHeavyHitters(beam.PTransform):
                 counts
                 | f"Prefixes{i}" >> beam.Map(_prefix_with_hash, self._key, length, self._user)  # Table(prefix, count, __key)
                 | f"SumPerPrefix{i}" >> SumCountsPerKey([self._key], self._num_shards)
-                | f"SampleAndThreshold{i}" >> SampleAndThreshold(self._params, self._rng_factory)
+                | f"SampleAndThreshold{i}" >> SampleAndThreshold(
+                    self._params, keyed_random.child(self._rng_factory, f"SampleAndThreshold{i}"))
                 | f"Level{i}" >> beam.Map(_with_level, i))                          # Table(level, prefix, count, estimate)
         released = levels | "FlattenLevels" >> beam.Flatten()
         if not self._prune:

@@ -25,7 +25,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from thresher.transforms.randomness import hashing
+from thresher.transforms.randomness import hashing, keyed_random
 from thresher.transforms.plumbing.aggregate import SumCountsPerKey
 from thresher.transforms.trees.quantiles import LevelHistograms, RangeAnswers, _grouped, release_levels
 from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold
@@ -230,7 +230,8 @@ class BinarySearchQuantiles(beam.PTransform):
                                           key_list, len(self._ranks),
                                           beam.pvalue.AsSingleton(state))
                 | f"SumPerSide{r}" >> SumCountsPerKey(cell_cols, self._num_shards)
-                | f"SampleAndThreshold{r}" >> SampleAndThreshold(self._params, self._rng_factory)
+                | f"SampleAndThreshold{r}" >> SampleAndThreshold(
+                    self._params, keyed_random.child(self._rng_factory, f"SampleAndThreshold{r}"))
                 | f"Gather{r}" >> beam.combiners.ToList())
             state = released | f"Move{r}" >> beam.Map(
                 search_update, self._keys, key_list, self._ranks, beam.pvalue.AsSingleton(state))

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from thresher.transforms.randomness import hashing
+from thresher.transforms.randomness import hashing, keyed_random
 from thresher.transforms.plumbing.aggregate import SumCountsPerKey
 from thresher.transforms.trees.heavy_hitters import LEVEL_COLUMN
 from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold, release_table, sample_and_threshold
@@ -135,7 +135,8 @@ class LevelHistograms(beam.PTransform):
                 | f"Cells{level}" >> beam.Map(_cells_with_hash, self._keys, self._column, self._lo,
                                               self._hi, self._branching, level)
                 | f"SumPerCell{level}" >> SumCountsPerKey(self._keys + [BUCKET_COLUMN], self._num_shards)
-                | f"SampleAndThreshold{level}" >> SampleAndThreshold(self._params, self._rng_factory)
+                | f"SampleAndThreshold{level}" >> SampleAndThreshold(
+                    self._params, keyed_random.child(self._rng_factory, f"SampleAndThreshold{level}"))
                 | f"Level{level}" >> beam.Map(_with_level, level))
         return levels | "FlattenLevels" >> beam.Flatten()
 

@@ -153,8 +153,7 @@ class PerUserBoundWithValues(beam.PTransform):
     def expand(self, user_shards):
         extra = () if self._clips is None else (self._clips,)
         return user_shards | "BoundL0WithValues" >> keyed_random.par_do(
-            _BoundWithValuesFn(self._keys, self._sums, keyed_random.resolve(self._rng_factory),
-                               keyed_random.stage_name(user_shards)), self._bound, *extra
+            _BoundWithValuesFn(self._keys, self._sums, *keyed_random.stage_of(self._rng_factory)), self._bound, *extra
         ).with_output_types(TABLE)
 
 

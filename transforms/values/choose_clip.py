@@ -100,5 +100,5 @@ class ChooseClipBounds(beam.PTransform):
                 | "SumClipStatistic" >> beam.CombineGlobally(SumIntegers(size))
                 | "ClipExponentialMechanism" >> keyed_random.par_do(_DrawFn(
                     self._auto, self._candidates, self._epsilon, self._quantile,
-                    keyed_random.resolve(self._rng_factory), keyed_random.stage_name(users)))
+                    *keyed_random.stage_of(self._rng_factory)))
                 | "MaterialiseClips" >> beam.Reshuffle())

@@ -36,6 +36,10 @@ DEFAULT_AUTO_MAX_BOUND = 128
 DEFAULT_AUTO_EPSILON_FRACTION = 0.1
 
 COUNTS, USERS, RECORDS = "counts", "users", "records"
+# The noise laws a kind names in PUBLIC_DOMAIN_NOISE and AGGREGATE_NOISE (the names
+# ``accounting.known_domain`` and ``pipelines.specs.aggregates`` calibrate by); modules
+# outside the kinds compare with these, never with a literal (a kind of the same name).
+GAUSSIAN_NOISE, LAPLACE_NOISE = "gaussian", "laplace"
 
 
 class Kind(abc.ABC):
@@ -69,6 +73,12 @@ class Kind(abc.ABC):
     #: count stage independent of the selection, noise ``count_sigma``),
     #: "sampled_estimate" (the ``estimate`` of a sampled count, binomial) or None.
     INTERVAL = None
+    def interval_notes(self, mechanism):
+        """{name: sentence} added to the report's description of the ``count`` interval
+        (``intervals.columns.count``) of a thresholded release, from the parsed section
+        (gaussian: its correlated noise's errors are correlated). Default none."""
+        return {}
+
     #: The released value column (the report names it when it has no interval).
     VALUE_COLUMN = "count"
     #: Why the released value has no interval (INTERVAL None; in the report).
@@ -87,6 +97,22 @@ class Kind(abc.ABC):
     #: (``pipelines.specs.aggregates``): "gaussian" (sum noise at the count's sigma ratio)
     #: or "laplace" (privacy.epsilon split evenly); None: the kind takes no aggregates.
     AGGREGATE_NOISE = None
+    #: Output columns (of OUTPUT_COLUMNS) that may hold null: the Beam YAML transform
+    #: declares them Optional in its row type (quantiles: a value where every cell was
+    #: suppressed; weighted_sampling: token and estimate with ``report: keys``).
+    NULLABLE_COLUMNS = ()
+    #: The kind may be released continually (``continual``: distinct-user counts per key,
+    #: tree-aggregated discrete Gaussian noise; ``pipelines.continual``), with no field of
+    #: its own set.
+    CONTINUAL = False
+    #: The kind sanitizes an existing weighted sample given as ``input.sample`` (paper 001's
+    #: post-processing use): :meth:`parse_sample` reads that section and
+    #: :meth:`for_sample` the mechanism section for it.
+    SAMPLE_INPUT = False
+    #: Figures of the released rows the HTML report draws beside its own
+    #: (``pipelines.reports.html_report.FIGURES``): "quantile_curves" (a ``rank``, ``value``
+    #: curve per key).
+    FIGURES = ()
     #: A note on how the kind's own stages compose inside its release stage, appended to
     #: the plan's accounting line (adaptive: its rounds and count by f-DP); None: none.
     COMPOSITION_NOTE = None
@@ -146,6 +172,17 @@ class Kind(abc.ABC):
         may return a replacement ``input_spec``; None keeps it."""
         return None
 
+    def parse_sample(self, section):
+        """``input.sample`` (SAMPLE_INPUT; the schema has checked its fields) -> the parsed
+        sample {frequency, scheme, threshold} (raises SpecError naming the field)."""
+        raise NotImplementedError(f"{self.name} takes no input.sample")
+
+    def for_sample(self, mechanism, sample, bounding):
+        """The parsed section for a release of the existing sample ``sample``
+        (SAMPLE_INPUT): the sample's declared scheme replaces the kind's own sampling
+        (raises SpecError naming the field)."""
+        raise NotImplementedError(f"{self.name} takes no input.sample")
+
     def read_spec(self, spec):
         """The input as the release reads it (``pipelines.dataio.io.ReadRecords``): the
         spec's own ``input`` section unless the kind reads more columns (quantiles reads
@@ -195,6 +232,12 @@ class Kind(abc.ABC):
         delta) at bound C = ``max_keys_per_user`` in ``model`` (l0 or l1). Raises
         CalibrationError when the budget cannot be met, SpecError for a field that
         cannot apply."""
+
+    def check_aggregates(self, mechanism):
+        """Refuse, once ``aggregates`` are given (the kind's AGGREGATE_NOISE is set), a
+        parsed section whose noise the joint calibration of the sum columns does not
+        analyse (raises SpecError naming the field). Default: none."""
+        return None
 
     def stage_budget(self, budget, mechanism, *, public_domain=False):
         """Record the kind's stages in the plan's ``accounting.budget.Budget`` (what is
@@ -264,6 +307,12 @@ class Kind(abc.ABC):
         got and which keys came out (``unit``: what a count counts), and the unit the
         release point is then stated in. Default: no sentence, the unit unchanged."""
         return [], unit
+
+    def public_noise_words(self, mechanism):
+        """The noise every key's count gets in a release over ``input.public_keys``
+        (PUBLIC_DOMAIN_NOISE), from the calibrated section ("discrete Gaussian noise
+        (sigma 3.1)"); None for a kind with no such release."""
+        return None
 
     def expected_error_words(self, params):
         """The plan's line(s) on the expected absolute error of a released value from its

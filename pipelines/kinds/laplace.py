@@ -12,7 +12,7 @@ from thresher.accounting import laplace_threshold
 from thresher.pipelines.planning import limits
 from thresher.pipelines.kinds._words import number, threshold_words
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.kinds.base import RELEASE_STAGE, CountsKind
+from thresher.pipelines.kinds.base import LAPLACE_NOISE, RELEASE_STAGE, CountsKind
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
 from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
@@ -112,7 +112,7 @@ class Laplace(CountsKind):
     """Laplace thresholding (module docstring)."""
     name = NAME
     INTERVAL = "noisy_count"
-    PUBLIC_DOMAIN_NOISE = AGGREGATE_NOISE = "laplace"
+    PUBLIC_DOMAIN_NOISE = AGGREGATE_NOISE = LAPLACE_NOISE
     FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
     parse = staticmethod(parse)
     calibrate = staticmethod(calibrate)
@@ -142,6 +142,9 @@ class Laplace(CountsKind):
         mech, n = report["mechanism"], counts
         p = -np.expm1(log_suppress(mech["scale"], mech["threshold"] - n, mech.get("noise", "discrete_laplace")))
         return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
+
+    def public_noise_words(self, mechanism):
+        return f"discrete Laplace noise (scale {number(mechanism['scale'])})"
 
     def noise_words(self, report, key, unit):
         return [threshold_words(report["mechanism"], key, unit,

@@ -224,6 +224,12 @@ class WeightedSampling(CountsKind):
     release = staticmethod(release)
     SCORE = "weighted_sampling"          # the V(C) score model of the automatic bound
     MAX_KEYS = limits.WEIGHTED_SAMPLING_MAX_KEYS
+    NULLABLE_COLUMNS = tuple(OUTPUT_COLUMNS)   # token and estimate: null with report: keys
+    SAMPLE_INPUT = True                        # input.sample: an existing sample sanitized
+    parse_sample = staticmethod(parse_sample)
+
+    def for_sample(self, mechanism, sample, bounding):
+        return mechanism_for_sample(mechanism, sample)
 
     def check_limits(self, mechanism):
         limits.check_weighted_sampling_fields(mechanism)

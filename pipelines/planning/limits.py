@@ -254,11 +254,12 @@ def check_gaussian_release(spec, epsilon, delta, c, field, max_keys):
 
 
 def check_adaptive_method(spec, c, field, max_keys):
-    """heavy_hitters with method: adaptive calibrates as the adaptive kind
-    (accounting.adaptive): minutes beyond WEIGHTED_GAUSSIAN_MAX_KEYS. ``max_keys``: the
-    trie method's limit (named in the message)."""
+    """A kind's method calibrated as the adaptive kind (accounting.adaptive; heavy_hitters'
+    ``method: adaptive``, which calls this for it): minutes beyond
+    WEIGHTED_GAUSSIAN_MAX_KEYS. ``max_keys``: the kind's other method's limit (named in
+    the message)."""
     kind = spec.kind
-    if spec.mechanism.get("method") == "adaptive" and c > WEIGHTED_GAUSSIAN_MAX_KEYS:
+    if c > WEIGHTED_GAUSSIAN_MAX_KEYS:
         raise SpecError(field, f"must be <= {WEIGHTED_GAUSSIAN_MAX_KEYS} for {kind} with "
                         f"method: adaptive (the planning limit of the adaptive calibration; "
                         f"method: trie allows {max_keys}), got {c}")

@@ -33,6 +33,7 @@ from thresher.accounting import aggregates as acc
 from thresher.pipelines.specs.aggregates_fields import AUTO, AUTO_FIELDS, ENTRY_FIELDS, SPREAD, STATISTICS  # noqa: F401
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines import kinds
+from thresher.pipelines.kinds.base import LAPLACE_NOISE
 
 FIELD = "aggregates"
 AUTO_FIELD = "aggregates_auto"
@@ -188,7 +189,7 @@ def calibrate(spec, module, mech, *, epsilon, delta, max_keys_per_user, model):
     c = int(max_keys_per_user)
     what = (f"{spec.kind} release with {len(grids)} aggregate sum column(s) at epsilon="
             f"{epsilon:g}, delta={delta:g}, max_keys_per_user={c}")
-    if spec.kind_object.AGGREGATE_NOISE == "laplace":
+    if spec.kind_object.AGGREGATE_NOISE == LAPLACE_NOISE:
         share = epsilon / (1 + len(grids))
         params = module.calibrate(mech, epsilon=share, delta=delta, max_keys_per_user=c,
                                   model=model)

@@ -56,6 +56,9 @@ class Kind(abc.ABC):
     FIELDS = None
     #: Field names of FIELDS that must be given.
     REQUIRED = ()
+    #: The frozen dataclass of the parsed section's fields read outside the kind module
+    #: (:meth:`params`; ``pipelines.kinds._params``); None: the kind offers none yet.
+    PARAMS = None
     #: ``input.keys`` may be left out (quantiles: one global release).
     KEYS_OPTIONAL = False
     #: {column: pyarrow type} the release writes beside the key columns.
@@ -165,6 +168,15 @@ class Kind(abc.ABC):
         """The ``mechanism`` section (without ``kind``; the schema has checked FIELDS) ->
         the parsed fields (a dict): defaults filled, rules across fields checked (raises
         SpecError naming the field)."""
+
+    def params(self, mechanism):
+        """The parsed section ``mechanism`` (a dict: :meth:`parse`'s, as the spec holds
+        it) as the kind's frozen PARAMS, its fields checked (TypeError naming the field).
+        The dict stays the wire format; this is the typed view to read it by."""
+        if self.PARAMS is None:
+            raise TypeError(f"kind {self.name!r} declares no PARAMS")
+        from thresher.pipelines.kinds._params import build
+        return build(self.PARAMS, mechanism)
 
     def check_spec(self, mechanism, input_spec, bounding, privacy):
         """Checks of the kind against the other sections, after :meth:`parse` (raises

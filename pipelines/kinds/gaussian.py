@@ -11,6 +11,7 @@ one shared Z drawn once per release plus an independent X per key,
 that module) or ``auto`` (both calibrated from (epsilon, delta, C, tau) alone; the lower
 release point wins, discrete_gaussian on ties).
 """
+import dataclasses
 import math
 
 import pyarrow as pa
@@ -47,6 +48,20 @@ FIELDS = {
     **MECHANISM_FIELDS,
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianParams:
+    """The parsed section (:func:`parse`, with ``public_keys`` set by the loader for a
+    release over ``input.public_keys``) as its readers outside this module see it."""
+    pre_threshold: int                      # tau
+    sigma: float | None = None              # given, else calibrated
+    threshold: float | None = None          # tau*: given, else calibrated
+    noise: str = "discrete_gaussian"        # one of NOISES
+    public_keys: bool = False
+    debias: str | None = None               # pipelines.dataio.public_keys.MECHANISM_FIELDS
+    num_users: int | None = None
+    clamp_negative: bool = False
 
 
 def parse(section):
@@ -202,6 +217,7 @@ class Gaussian(CountsKind):
     INTERVAL = "noisy_count"
     PUBLIC_DOMAIN_NOISE = AGGREGATE_NOISE = GAUSSIAN_NOISE
     FIELDS, OUTPUT_COLUMNS, NOISES = FIELDS, OUTPUT_COLUMNS, NOISES
+    PARAMS = GaussianParams
     parse = staticmethod(parse)
     check_spec = staticmethod(check_spec)
     calibrate = staticmethod(calibrate)
@@ -211,7 +227,7 @@ class Gaussian(CountsKind):
     CONTINUAL = True            # pipelines.continual: its counts, tree-aggregated noise
 
     def check_limits(self, mechanism):
-        limits.check_gaussian_fields(mechanism)
+        limits.check_gaussian_fields(self.params(mechanism))
 
     def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
         limits.check_gaussian_release(spec, epsilon, delta, max_keys_per_user, field,

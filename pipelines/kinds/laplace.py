@@ -6,6 +6,8 @@ l0 model: each user in at most C keys once each; scale C/epsilon, tau* from delt
 Both calibrated by ``accounting.laplace_threshold.calibrate`` for the discrete Laplace
 actually drawn.
 """
+import dataclasses
+
 import pyarrow as pa
 
 from thresher.accounting import laplace_threshold
@@ -34,6 +36,19 @@ FIELDS = {
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
 
+
+
+@dataclasses.dataclass(frozen=True)
+class LaplaceParams:
+    """The parsed section (:func:`parse`, with ``public_keys`` set by the loader for a
+    release over ``input.public_keys``) as its readers outside this module see it."""
+    pre_threshold: int                      # tau
+    scale: float | None = None              # given, else calibrated
+    threshold: float | None = None          # tau*: given, else calibrated
+    public_keys: bool = False
+    debias: str | None = None               # pipelines.dataio.public_keys.MECHANISM_FIELDS
+    num_users: int | None = None
+    clamp_negative: bool = False
 
 def parse(section):
     tau = pre_threshold(section)
@@ -113,6 +128,7 @@ class Laplace(CountsKind):
     name = NAME
     INTERVAL = "noisy_count"
     PUBLIC_DOMAIN_NOISE = AGGREGATE_NOISE = LAPLACE_NOISE
+    PARAMS = LaplaceParams
     FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
     parse = staticmethod(parse)
     calibrate = staticmethod(calibrate)
@@ -120,7 +136,7 @@ class Laplace(CountsKind):
     release = staticmethod(release)
 
     def check_limits(self, mechanism):
-        limits.check_laplace_fields(mechanism)
+        limits.check_laplace_fields(self.params(mechanism))
 
     def stage_budget(self, budget, mechanism, *, public_domain=False):
         return stage_budget(budget, mechanism, public_domain=public_domain)

@@ -140,26 +140,27 @@ def check_spec(spec, kind):
     kind.check_limits(mech)
 
 
-def check_gaussian_fields(mech):
-    """gaussian's sigma and threshold within the exact tails' limits (module docstring)."""
-    if mech.get("sigma") is not None and mech["sigma"] < SIGMA_MIN:
+def check_gaussian_fields(params):
+    """gaussian's sigma and threshold within the exact tails' limits (module docstring).
+    ``params``: its parsed section, typed (``pipelines.kinds.gaussian.GaussianParams``)."""
+    if params.sigma is not None and params.sigma < SIGMA_MIN:
         raise SpecError("mechanism.sigma", f"must be >= {SIGMA_MIN:g} (smaller noise cannot "
-                        f"meet any delta < 1), got {mech['sigma']:g}")
-    if mech.get("sigma") is not None and mech["sigma"] > SIGMA_MAX:
+                        f"meet any delta < 1), got {params.sigma:g}")
+    if params.sigma is not None and params.sigma > SIGMA_MAX:
         raise SpecError("mechanism.sigma", f"must be <= {SIGMA_MAX:g} (the planning limit: "
-                        f"exact discrete Gaussian tails cost O(sigma) memory), got {mech['sigma']:g}")
-    if mech.get("threshold") is not None \
-            and mech["threshold"] - mech["pre_threshold"] > GAP_MAX:
+                        f"exact discrete Gaussian tails cost O(sigma) memory), got {params.sigma:g}")
+    if params.threshold is not None and params.threshold - params.pre_threshold > GAP_MAX:
         raise SpecError("mechanism.threshold", f"must be <= pre_threshold + {GAP_MAX:g} = "
-                        f"{mech['pre_threshold'] + GAP_MAX:g} (the planning limit: it would "
-                        f"need sigma > {SIGMA_MAX:g}), got {mech['threshold']:g}")
+                        f"{params.pre_threshold + GAP_MAX:g} (the planning limit: it would "
+                        f"need sigma > {SIGMA_MAX:g}), got {params.threshold:g}")
 
 
-def check_laplace_fields(mech):
-    """laplace's given threshold within the integer search's range."""
-    if mech.get("threshold") is not None and mech["threshold"] > LAPLACE_THRESHOLD_MAX:
+def check_laplace_fields(params):
+    """laplace's given threshold within the integer search's range. ``params``: its parsed
+    section, typed (``pipelines.kinds.laplace.LaplaceParams``)."""
+    if params.threshold is not None and params.threshold > LAPLACE_THRESHOLD_MAX:
         raise SpecError("mechanism.threshold", f"must be <= {LAPLACE_THRESHOLD_MAX:g} (the "
-                        f"planning limit), got {mech['threshold']:g}")
+                        f"planning limit), got {params.threshold:g}")
 
 
 def check_given_threshold(kind, mech):

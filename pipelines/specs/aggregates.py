@@ -208,16 +208,17 @@ def calibrate(spec, module, mech, *, epsilon, delta, max_keys_per_user, model):
         ratios = tuple((g.sensitivity, SUM_NOISE_RATIO) for g in grids)
         params = module.calibrate(mech, epsilon=epsilon, delta=delta, max_keys_per_user=c,
                                   model=model)
-        if mech.get("public_keys"):
-            sigma, achieved = _domain_sigma(epsilon, delta, c, ratios, mech.get("sigma"), what)
+        section = spec.kind_object.params(mech)     # the kind's typed parsed section
+        if section.public_keys:
+            sigma, achieved = _domain_sigma(epsilon, delta, c, ratios, section.sigma, what)
             params.update(sigma=sigma, delta_achieved=achieved)
             text = (f"public key domain, every key released with noise, no threshold: the "
                     f"{c}-fold shift of (count, sums) by (1, D_1, ..)")
         else:
             from thresher.accounting import gshm
             try:
-                p = gshm.calibrate(epsilon, delta, c, pre_threshold=mech["pre_threshold"],
-                                   sigma=mech.get("sigma"), threshold=mech.get("threshold"),
+                p = gshm.calibrate(epsilon, delta, c, pre_threshold=section.pre_threshold,
+                                   sigma=section.sigma, threshold=section.threshold,
                                    noise="discrete_gaussian", aggregates=ratios)
             except ValueError as exc:
                 raise CalibrationError(f"{what}: {exc}") from None

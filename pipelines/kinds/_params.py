@@ -1,0 +1,49 @@
+"""A kind's parsed ``mechanism`` section as a frozen, typed object (issue 44 item 1): the
+fields code outside the kind reads, declared once as a frozen dataclass in the kind's module
+(its ``PARAMS``) and built and checked from the section's dict by :func:`build`
+(``Kind.params``).
+
+The dict stays what the spec loader, the calibration and the report pass around and
+publish (the report's ``mechanism`` section is its wire format, byte for byte); the typed
+object is a read-only view of it, so a field read outside the kind is an attribute a
+reader and a linter can follow, and a missing field or a value of the wrong type fails
+where the object is built, naming the field, instead of as a KeyError deep in a check.
+"""
+import dataclasses
+import types
+import typing
+
+
+def build(cls, section, where="mechanism"):
+    """The frozen dataclass ``cls`` from the dict ``section``: each field of ``cls`` read
+    from it (a field with a default may be absent; keys ``cls`` does not declare are left
+    to the dict), its value checked against the field's type. TypeError naming
+    ``<where>.<field>`` for a missing field or a value of another type."""
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for field in dataclasses.fields(cls):
+        name = f"{where}.{field.name}"
+        if field.name in section:
+            values[field.name] = _checked(section[field.name], hints[field.name], name)
+        elif field.default is dataclasses.MISSING and \
+                field.default_factory is dataclasses.MISSING:
+            raise TypeError(f"{name}: missing from the parsed section ({cls.__name__} "
+                            f"needs it)")
+    return cls(**values)
+
+
+def _checked(value, hint, name):
+    """``value`` as a ``hint`` (float, int, bool, str, or one of them or None): an int is a
+    float; a bool is neither an int nor a float."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        hint = next(o for o in options if o is not type(None))
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if hint in (bool, str) and isinstance(value, hint):
+        return value
+    raise TypeError(f"{name}: must be {getattr(hint, '__name__', hint)}, got {value!r}")

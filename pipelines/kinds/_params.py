@@ -32,18 +32,29 @@ def build(cls, section, where="mechanism"):
     return cls(**values)
 
 
+_NOT = object()
+
+
 def _checked(value, hint, name):
-    """``value`` as a ``hint`` (float, int, bool, str, or one of them or None): an int is a
-    float; a bool is neither an int nor a float."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        hint = next(o for o in options if o is not type(None))
-    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+    """``value`` as a ``hint``: float, int, bool, str, None, or a union of them (the first
+    that takes it). An int is a float; a bool is neither an int nor a float."""
+    options = (typing.get_args(hint)
+               if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,))
+    for option in options:
+        got = _as(value, option)
+        if got is not _NOT:
+            return got
+    wanted = " or ".join("None" if o is type(None) else o.__name__ for o in options)
+    raise TypeError(f"{name}: must be {wanted}, got {value!r}")
+
+
+def _as(value, option):
+    if option is type(None):
+        return None if value is None else _NOT
+    if isinstance(value, bool):
+        return value if option is bool else _NOT
+    if option is float and isinstance(value, (int, float)):
         return float(value)
-    if hint is int and isinstance(value, int) and not isinstance(value, bool):
+    if option in (int, str) and isinstance(value, option):
         return value
-    if hint in (bool, str) and isinstance(value, hint):
-        return value
-    raise TypeError(f"{name}: must be {getattr(hint, '__name__', hint)}, got {value!r}")
+    return _NOT

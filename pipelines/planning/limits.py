@@ -174,14 +174,15 @@ def check_given_threshold(kind, mech):
                         f"leave it out to have it calibrated, got {mech['threshold']}")
 
 
-def check_weighted_sampling_fields(mech):
-    """weighted_sampling's sampling threshold and tables within their limits."""
-    if mech.get("sampling_threshold") is not None \
-            and mech["sampling_threshold"] < WS_SAMPLING_THRESHOLD_MIN:
-        field = "input.sample.threshold" if mech.get("presampled") else "mechanism.sampling_threshold"
+def check_weighted_sampling_fields(params):
+    """weighted_sampling's sampling threshold and tables within their limits. ``params``:
+    its parsed section, typed (``pipelines.kinds.weighted_sampling.WeightedSamplingParams``)."""
+    t = params.sampling_threshold
+    if t is not None and t < WS_SAMPLING_THRESHOLD_MIN:
+        field = "input.sample.threshold" if params.presampled else "mechanism.sampling_threshold"
         raise SpecError(field, f"must be >= {WS_SAMPLING_THRESHOLD_MIN:g} (the planning limit: "
-                        f"the tables grow as 1/threshold), got {mech['sampling_threshold']:g}")
-    _check_pws_table_size(mech)
+                        f"the tables grow as 1/threshold), got {t:g}")
+    _check_pws_table_size(params)
 
 
 # ppswor's q = 1 - exp(-w t) is 1.0 in float64 only once w t >= 54 ln 2 (e^-wt < 2^-54);
@@ -190,22 +191,22 @@ def check_weighted_sampling_fields(mech):
 SATURATION_SCALE = {"ppswor": 54 * math.log(2), "priority": 1.0}
 
 
-def _check_pws_table_size(mech):
+def _check_pws_table_size(params):
     """weighted_sampling tables within accounting.pws's caps, before anything is built:
     an explicit max_frequency within the table of its report; an automatic one (where pi
     reaches 1, >= SATURATION_SCALE / t for ppswor / priority) too, or the plan is refused
     naming the threshold (clipping there would silently report large keys with pi < 1)."""
     from thresher.accounting import pws
-    report = mech.get("report", "keys_and_frequencies")
+    report = params.report
     cap, what = ((pws.MAX_KEEP_LENGTH, "keep-probability table") if report == "keys"
                  else (pws.MAX_BAND_ROWS, "frequency table"))
-    max_frequency = mech.get("max_frequency", "auto")
+    max_frequency = params.max_frequency
     if max_frequency != "auto":
         if max_frequency > cap:
             raise SpecError("mechanism.max_frequency", f"must be <= {cap} with report: {report} "
                             f"(the planning limit: the largest {what}), got {max_frequency}")
         return
-    sampling, t = mech.get("sampling", "none"), mech.get("sampling_threshold")
+    sampling, t = params.sampling, params.sampling_threshold
     if sampling not in SATURATION_SCALE or t is None:
         return
     scale = SATURATION_SCALE[sampling]
@@ -213,7 +214,7 @@ def _check_pws_table_size(mech):
         return
     t_min = float(f"{scale / cap * 1.001:.3g}")
     q_cap = -math.expm1(-cap * t) if sampling == "ppswor" else min(1.0, cap * t)
-    field = "input.sample.threshold" if mech.get("presampled") else "mechanism.sampling_threshold"
+    field = "input.sample.threshold" if params.presampled else "mechanism.sampling_threshold"
     raise SpecError(field, f"{t:g} with {sampling} sampling and report: {report} needs a "
                     f"{what} of >= {scale / t:.3g} counts before every key is reported (more "
                     f"than {cap}, the planning limit); use a threshold >= {t_min:g}, or set "

@@ -3,7 +3,8 @@ parameters are a frozen typed object; the report dict stays the wire format").
 
 ``Kind.params(mechanism)`` builds the kind's ``PARAMS`` dataclass from the parsed
 ``mechanism`` dict (``pipelines.kinds._params.build``); the planning limits and the joint
-calibration of aggregate sums read gaussian's and laplace's fields from it. Checked here:
+calibration of aggregate sums read gaussian's, laplace's and weighted_sampling's fields
+from it. Checked here:
 the object holds the dict's values (defaults where the dict leaves a field out), cannot be
 changed, and a missing field or a value of the wrong type is refused naming the field. The
 published bytes are unchanged (tests/pipelines/test_released_bytes_frozen.py).
@@ -19,7 +20,7 @@ from thresher.pipelines.kinds._params import build
 from thresher.pipelines.planning import limits
 from thresher.pipelines.specs import spec as spec_mod
 
-TYPED = ("gaussian", "laplace")
+TYPED = ("gaussian", "laplace")     # pre_threshold required, threshold a float
 
 
 def _spec(kind, **mechanism):
@@ -35,6 +36,9 @@ def _spec(kind, **mechanism):
     ("gaussian", {"noise": "correlated"}),
     ("laplace", {}),
     ("laplace", {"pre_threshold": 2, "scale": 2.5, "threshold": 40}),
+    ("weighted_sampling", {}),
+    ("weighted_sampling", {"sampling": "ppswor", "sampling_threshold": 0.5,
+                           "report": "keys", "max_frequency": 300}),
 ])
 def test_params_hold_the_parsed_section(kind, mechanism):
     spec = _spec(kind, **mechanism)
@@ -52,11 +56,20 @@ def test_a_missing_field_or_a_wrong_type_is_named(kind):
     cls = kinds.get(kind).PARAMS
     with pytest.raises(TypeError, match=r"^mechanism\.pre_threshold: missing"):
         build(cls, {})
-    with pytest.raises(TypeError, match=r"^mechanism\.threshold: must be float, got 'ten'"):
+    with pytest.raises(TypeError, match=r"^mechanism\.threshold: must be float or None, got 'ten'"):
         build(cls, {"pre_threshold": 1, "threshold": "ten"})
     with pytest.raises(TypeError, match=r"^mechanism\.pre_threshold: must be int, got True"):
         build(cls, {"pre_threshold": True})
     assert build(cls, {"pre_threshold": 1, "threshold": 7}).threshold == 7.0
+
+
+def test_a_union_field_takes_each_of_its_types():
+    cls = kinds.get("weighted_sampling").PARAMS
+    assert build(cls, {"max_frequency": 12}).max_frequency == 12
+    assert build(cls, {"max_frequency": "auto"}).max_frequency == "auto"
+    with pytest.raises(TypeError, match=r"^mechanism\.max_frequency: must be int or str, "
+                                        r"got 1\.5"):
+        build(cls, {"max_frequency": 1.5})
 
 
 def test_the_limits_read_the_typed_fields():
@@ -70,6 +83,10 @@ def test_the_limits_read_the_typed_fields():
     params = kinds.get("laplace").params({"pre_threshold": 1, "threshold": 1e13})
     with pytest.raises(SpecError, match=r"^mechanism\.threshold: must be <="):
         limits.check_laplace_fields(params)
+    params = kinds.get("weighted_sampling").params(
+        {"sampling": "priority", "sampling_threshold": 1e-30, "presampled": True})
+    with pytest.raises(SpecError, match=r"^input\.sample\.threshold: must be >="):
+        limits.check_weighted_sampling_fields(params)
 
 
 def test_a_kind_without_params_says_so():

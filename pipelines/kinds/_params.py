@@ -36,19 +36,28 @@ _NOT = object()
 
 
 def _checked(value, hint, name):
-    """``value`` as a ``hint``: float, int, bool, str, None, or a union of them (the first
-    that takes it). An int is a float; a bool is neither an int nor a float."""
+    """``value`` as a ``hint``: float, int, bool, str, None, ``tuple[X, ...]`` (from a list),
+    or a union of them (the first that takes it). An int is a float; a bool is neither an
+    int nor a float."""
     options = (typing.get_args(hint)
                if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,))
     for option in options:
         got = _as(value, option)
         if got is not _NOT:
             return got
-    wanted = " or ".join("None" if o is type(None) else o.__name__ for o in options)
+    wanted = " or ".join("None" if o is type(None) else
+                         "a list of " + typing.get_args(o)[0].__name__
+                         if typing.get_origin(o) is tuple else o.__name__ for o in options)
     raise TypeError(f"{name}: must be {wanted}, got {value!r}")
 
 
 def _as(value, option):
+    if typing.get_origin(option) is tuple:           # tuple[X, ...]: a list or tuple of X
+        element = typing.get_args(option)[0]
+        if not isinstance(value, (list, tuple)):
+            return _NOT
+        items = tuple(_as(v, element) for v in value)
+        return _NOT if any(i is _NOT for i in items) else items
     if option is type(None):
         return None if value is None else _NOT
     if isinstance(value, bool):

@@ -354,20 +354,22 @@ def _check_correlated(spec, epsilon, delta, c):
                                       "bound"))
 
 
-def check_weighted_gaussian(spec, epsilon, delta, c):
+def check_weighted_gaussian(spec, params, epsilon, delta, c):
     """weighted_gaussian (accounting.weighted_gaussian): its calibration is O(C^2) per
     step (C <= 2048: ~2 s); the selection noise sigma * S must be drawable
-    (transforms.randomness.samplers.SIGMA_MAX grid units) and the count's sigma within SIGMA_MAX."""
+    (transforms.randomness.samplers.SIGMA_MAX grid units) and the count's sigma within SIGMA_MAX.
+    ``params``: its parsed section, typed
+    (``pipelines.kinds.weighted_gaussian.WeightedGaussianParams``)."""
     from thresher.accounting import weighted_gaussian as wg
     from thresher.transforms.randomness.samplers import SIGMA_MAX as DRAW_MAX
     largest = DRAW_MAX / wg.WEIGHT_SCALE
-    if spec.mechanism.get("sigma") is None and wg.gaussian_part(epsilon, largest, c) > delta:
+    if params.sigma is None and wg.gaussian_part(epsilon, largest, c) > delta:
         raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (selection stage "
                         f"{epsilon:g}) with delta={delta:g}, max_keys_per_user={c} needs "
                         f"selection noise sigma > {largest:g} user weights, the planning limit; "
                         f"use a larger epsilon or delta")
-    count_eps, count_delta = wg.count_budget(epsilon, delta, spec.mechanism["count_fraction"])
-    counted = wg.count_bound(c, spec.mechanism.get("count_keys_per_user"))
+    count_eps, count_delta = wg.count_budget(epsilon, delta, params.count_fraction)
+    counted = wg.count_bound(c, params.count_keys_per_user)
     if not _gaussian_fits(count_eps, count_delta, counted, SIGMA_MAX):
         raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} gives the count stage "
                         f"epsilon {count_eps:g}, delta {count_delta:g}, which needs count sigma "
@@ -485,23 +487,23 @@ def _largest_bound(ok, c):
     return (c if first_bad is None else first_bad) - 1
 
 
-def check_adaptive(spec, epsilon, delta, c):
+def check_adaptive(spec, params, epsilon, delta, c):
     """adaptive (accounting.adaptive): the rounds and the count share one base noise s,
     about the continuous Gaussian sigma for the release's (epsilon, delta); round r draws
     s / sqrt((1 - f_c) w_r) user weights, whose sigma * S must be drawable, and the count
-    s sqrt(C_c / f_c), within SIGMA_MAX (the calibration checks its exact values again)."""
+    s sqrt(C_c / f_c), within SIGMA_MAX (the calibration checks its exact values again).
+    ``params``: its parsed section, typed (``pipelines.kinds.adaptive.AdaptiveParams``)."""
     from thresher.accounting import adaptive as ad
     from thresher.accounting import gaussian
     from thresher.accounting import weighted_gaussian as wg
-    mech = spec.mechanism
     base = gaussian.sigma_for(epsilon, (1.0 - ad.THRESHOLD_DELTA_SHARE) * delta, rel_tol=1e-6)
-    c_count = wg.count_bound(c, mech.get("count_keys_per_user"))
-    rounds, count_sigma = ad.stage_sigmas(base, mech["round_fractions"], mech["count_fraction"],
+    c_count = wg.count_bound(c, params.count_keys_per_user)
+    rounds, count_sigma = ad.stage_sigmas(base, params.round_fractions, params.count_fraction,
                                           c_count)
     for i, s in enumerate(rounds, start=1):
         if s * wg.WEIGHT_SCALE > ad.GRID_SIGMA_MAX:
             raise SpecError("mechanism.round_fractions", f"round {i} gets the share "
-                            f"{mech['round_fractions'][i - 1]:g} of the noise budget "
+                            f"{params.round_fractions[i - 1]:g} of the noise budget "
                             f"(privacy.epsilon {spec.privacy.epsilon:g}), which needs selection "
                             f"noise sigma > {ad.GRID_SIGMA_MAX / wg.WEIGHT_SCALE:g} user "
                             "weights, the sampler's range; give the round a larger share or "

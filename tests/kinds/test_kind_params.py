@@ -3,8 +3,8 @@ parameters are a frozen typed object; the report dict stays the wire format").
 
 ``Kind.params(mechanism)`` builds the kind's ``PARAMS`` dataclass from the parsed
 ``mechanism`` dict (``pipelines.kinds._params.build``); the planning limits and the joint
-calibration of aggregate sums read gaussian's, laplace's and weighted_sampling's fields
-from it. Checked here:
+calibration of aggregate sums read the fields of gaussian, laplace, weighted_sampling,
+weighted_gaussian and adaptive from it. Checked here:
 the object holds the dict's values (defaults where the dict leaves a field out), cannot be
 changed, and a missing field or a value of the wrong type is refused naming the field. The
 published bytes are unchanged (tests/pipelines/test_released_bytes_frozen.py).
@@ -39,6 +39,10 @@ def _spec(kind, **mechanism):
     ("weighted_sampling", {}),
     ("weighted_sampling", {"sampling": "ppswor", "sampling_threshold": 0.5,
                            "report": "keys", "max_frequency": 300}),
+    ("weighted_gaussian", {}),
+    ("weighted_gaussian", {"sigma": 3, "count_fraction": 0.2, "count_keys_per_user": 8}),
+    ("adaptive", {}),
+    ("adaptive", {"rounds": 3, "round_fractions": [0.05, 0.15, 0.8]}),
 ])
 def test_params_hold_the_parsed_section(kind, mechanism):
     spec = _spec(kind, **mechanism)
@@ -46,6 +50,7 @@ def test_params_hold_the_parsed_section(kind, mechanism):
     assert isinstance(params, kinds.get(kind).PARAMS)
     for field in dataclasses.fields(params):
         want = spec.mechanism.get(field.name, field.default)
+        want = tuple(want) if isinstance(want, list) else want     # a list reads as a tuple
         assert getattr(params, field.name) == want, field.name
     with pytest.raises(dataclasses.FrozenInstanceError):
         params.threshold = 1.0
@@ -70,6 +75,15 @@ def test_a_union_field_takes_each_of_its_types():
     with pytest.raises(TypeError, match=r"^mechanism\.max_frequency: must be int or str, "
                                         r"got 1\.5"):
         build(cls, {"max_frequency": 1.5})
+
+
+def test_a_list_field_is_a_tuple_of_its_type():
+    cls = kinds.get("adaptive").PARAMS
+    fields = {"rounds": 2, "count_fraction": 0.1, "count_keys_per_user": 4}
+    assert build(cls, {**fields, "round_fractions": [1, 0.5]}).round_fractions == (1.0, 0.5)
+    with pytest.raises(TypeError, match=r"^mechanism\.round_fractions: must be a list of "
+                                        r"float, got \[0\.5, 'x'\]"):
+        build(cls, {**fields, "round_fractions": [0.5, "x"]})
 
 
 def test_the_limits_read_the_typed_fields():

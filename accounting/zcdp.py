@@ -371,15 +371,6 @@ def adaptive_record(mechanism, stages, max_keys_per_user):
     return total + Record(gaussian_rho(counts, mechanism["count_stage"]["sigma"]), 0.0)
 
 
-def heavy_hitters_record(mechanism, stages, max_keys_per_user):
-    """``heavy_hitters``: ``method: adaptive`` is the adaptive release; the trie's levels
-    (sample-and-threshold, composed by a PLD inside one stage) are charged from the
-    stage's (epsilon, delta)."""
-    if mechanism.get("method") == "adaptive":
-        return adaptive_record(mechanism, stages, max_keys_per_user)
-    return stage_records(stages)
-
-
 def quantiles_record(mechanism, stages, max_keys_per_user):
     """``quantiles``: the public cells of a per-key release (stage ``levels``: discrete
     Gaussian on every (key, level, bucket) cell, a user shifting ``unit_shifts`` = C L

@@ -473,12 +473,9 @@ class _Release(beam.PTransform):
                 if name not in fields:
                     raise SpecError("ThresherRelease.aggregates", f"field {name!r} is not in "
                                     f"the input; its fields are: {', '.join(fields)}")
-        output_columns = {c: (t, False) for c, t in kinds.get(spec.kind).OUTPUT_COLUMNS.items()}
-        if spec.kind == "quantiles":          # null where every cell was suppressed
-            output_columns["value"] = (output_columns["value"][0], True)
-            output_columns["resolution"] = (output_columns["resolution"][0], True)
-        if spec.kind == "weighted_sampling":  # token and estimate: null with report: keys
-            output_columns = {c: (t, True) for c, (t, _) in output_columns.items()}
+        kind = kinds.get(spec.kind)           # its NULLABLE_COLUMNS may hold null
+        output_columns = {c: (t, c in kind.NULLABLE_COLUMNS)
+                          for c, t in kind.OUTPUT_COLUMNS.items()}
         if spec.mechanism.get("debias"):      # input.public_keys with debias: poisson
             output_columns["debiased"] = (pa.float64(), False)
         for agg in spec.aggregates or ():     # a mean over a public key can be null

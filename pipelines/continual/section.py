@@ -2,8 +2,8 @@
 
 Declared here for ``pipelines.specs.schema`` (unknown fields are refused by the schema);
 :func:`parse` checks the rules across sections: a continual release is the tree of
-``accounting.continual`` over distinct-user counts, so it needs ``mechanism.kind:
-gaussian`` with no other mechanism field, an integer ``bounding.max_keys_per_user`` in the
+``accounting.continual`` over distinct-user counts, so it needs a kind whose
+``CONTINUAL`` is set (``mechanism.kind: gaussian``) with no other mechanism field, an integer ``bounding.max_keys_per_user`` in the
 ``l0`` model, no aggregates and no public keys, and a ``budget`` section with a SQLite
 ledger (the horizon's state is kept beside it). Loads no numerics.
 """
@@ -38,17 +38,20 @@ def parse(section):
                          selection_share=float(section.get("selection_share", 0.5)))
 
 
-def check(data, input_spec, bounding, mechanism, budget):
-    """Refuse what a continual release cannot do (SpecError naming the field)."""
+def check(data, input_spec, bounding, mechanism, budget, kind, continual_kinds):
+    """Refuse what a continual release cannot do (SpecError naming the field). ``kind``:
+    the kind object of ``mechanism.kind`` (its ``CONTINUAL`` says whether it may be
+    released continually); ``continual_kinds()``: the names of those that may, for the
+    message."""
     extra = sorted(k for k in data["mechanism"] if k != "kind")
-    if mechanism["kind"] != "gaussian":
+    if not kind.CONTINUAL:
         raise SpecError("mechanism.kind", f"a continual release counts distinct users per key "
-                        f"with tree-aggregated discrete Gaussian noise: use kind: gaussian, got "
-                        f"{mechanism['kind']!r}")
+                        f"with tree-aggregated discrete Gaussian noise: use kind: "
+                        f"{continual_kinds()}, got {mechanism['kind']!r}")
     if extra:
         raise SpecError(f"mechanism.{extra[0]}", "does not apply with continual: the node noise "
                         "and the threshold are calibrated for the whole horizon (leave only "
-                        "kind: gaussian)")
+                        f"kind: {mechanism['kind']})")
     if bounding.max_keys_per_user == "auto" or bounding.model != "l0":
         raise SpecError("bounding.max_keys_per_user", "with continual must be an integer in the "
                         "l0 model: each user counts in at most that many keys over the whole "

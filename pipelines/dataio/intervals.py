@@ -105,14 +105,7 @@ def _count_text(spec):
                            "neither one-sided tail of the released value, given release, is "
                            "below (1 - confidence) / 2",
            "holds": "for every true count >= pre_threshold, conditional on release"}
-    if spec.mechanism.get("noise") in ("correlated", "auto"):
-        out["correlated"] = (
-            "with noise: correlated the noise law is the exact convolution of the shared and "
-            "the independent discrete Gaussian; every key's interval holds for that key, but "
-            "the errors of different keys share one draw: they are correlated, so misses "
-            "come together rather than as independent 1 - confidence fractions (when the "
-            "noise chosen by auto is discrete_gaussian the errors are independent)")
-    return out
+    return {**out, **spec.kind_object.interval_notes(spec.mechanism)}
 
 
 def _aggregate_text(a):

@@ -13,6 +13,8 @@ all of them, and the report lists every stage's parameters and the composed delt
 MAD's one-round re-routing is not implemented (its sensitivity proof is not reproduced
 here): ``rounds: 1`` is refused.
 """
+import dataclasses
+
 import pyarrow as pa
 
 from thresher.accounting import adaptive as ad
@@ -73,6 +75,15 @@ def round_stage(index):
     parts of the plan's one "release" stage (composed by f-DP), not budget stages."""
     return f"round_{index + 1}"
 
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveParams:
+    """The parsed section (:func:`parse`) as its readers outside this module see it."""
+    rounds: int
+    round_fractions: tuple[float, ...]              # w_r: each round's share of the noise
+    count_fraction: float                           # f_c: the count's share
+    count_keys_per_user: int                        # C_c: counts per user
 
 def parse(section):
     rounds = section.get("rounds", ad.DEFAULT_ROUNDS)
@@ -172,9 +183,11 @@ class Adaptive(UsersKind):
     calibrate = staticmethod(calibrate)
     release_users = staticmethod(release_users)
     MAX_KEYS = limits.WEIGHTED_GAUSSIAN_MAX_KEYS
+    PARAMS = AdaptiveParams
 
     def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
-        limits.check_adaptive(spec, epsilon, delta, max_keys_per_user)
+        limits.check_adaptive(spec, self.params(spec.mechanism), epsilon, delta,
+                              max_keys_per_user)
 
     def privacy_record(self, mechanism, stages, max_keys_per_user):
         """``accounting.zcdp.adaptive_record``: every round and the count column."""

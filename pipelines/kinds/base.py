@@ -36,6 +36,10 @@ DEFAULT_AUTO_MAX_BOUND = 128
 DEFAULT_AUTO_EPSILON_FRACTION = 0.1
 
 COUNTS, USERS, RECORDS = "counts", "users", "records"
+# The noise laws a kind names in PUBLIC_DOMAIN_NOISE and AGGREGATE_NOISE (the names
+# ``accounting.known_domain`` and ``pipelines.specs.aggregates`` calibrate by); modules
+# outside the kinds compare with these, never with a literal (a kind of the same name).
+GAUSSIAN_NOISE, LAPLACE_NOISE = "gaussian", "laplace"
 
 
 class Kind(abc.ABC):
@@ -52,6 +56,9 @@ class Kind(abc.ABC):
     FIELDS = None
     #: Field names of FIELDS that must be given.
     REQUIRED = ()
+    #: The frozen dataclass of the parsed section's fields read outside the kind module
+    #: (:meth:`params`; ``pipelines.kinds._params``); None: the kind offers none yet.
+    PARAMS = None
     #: ``input.keys`` may be left out (quantiles: one global release).
     KEYS_OPTIONAL = False
     #: {column: pyarrow type} the release writes beside the key columns.
@@ -69,6 +76,12 @@ class Kind(abc.ABC):
     #: count stage independent of the selection, noise ``count_sigma``),
     #: "sampled_estimate" (the ``estimate`` of a sampled count, binomial) or None.
     INTERVAL = None
+    def interval_notes(self, mechanism):
+        """{name: sentence} added to the report's description of the ``count`` interval
+        (``intervals.columns.count``) of a thresholded release, from the parsed section
+        (gaussian: its correlated noise's errors are correlated). Default none."""
+        return {}
+
     #: The released value column (the report names it when it has no interval).
     VALUE_COLUMN = "count"
     #: Why the released value has no interval (INTERVAL None; in the report).
@@ -87,6 +100,22 @@ class Kind(abc.ABC):
     #: (``pipelines.specs.aggregates``): "gaussian" (sum noise at the count's sigma ratio)
     #: or "laplace" (privacy.epsilon split evenly); None: the kind takes no aggregates.
     AGGREGATE_NOISE = None
+    #: Output columns (of OUTPUT_COLUMNS) that may hold null: the Beam YAML transform
+    #: declares them Optional in its row type (quantiles: a value where every cell was
+    #: suppressed; weighted_sampling: token and estimate with ``report: keys``).
+    NULLABLE_COLUMNS = ()
+    #: The kind may be released continually (``continual``: distinct-user counts per key,
+    #: tree-aggregated discrete Gaussian noise; ``pipelines.continual``), with no field of
+    #: its own set.
+    CONTINUAL = False
+    #: The kind sanitizes an existing weighted sample given as ``input.sample`` (paper 001's
+    #: post-processing use): :meth:`parse_sample` reads that section and
+    #: :meth:`for_sample` the mechanism section for it.
+    SAMPLE_INPUT = False
+    #: Figures of the released rows the HTML report draws beside its own
+    #: (``pipelines.reports.html_report.FIGURES``): "quantile_curves" (a ``rank``, ``value``
+    #: curve per key).
+    FIGURES = ()
     #: A note on how the kind's own stages compose inside its release stage, appended to
     #: the plan's accounting line (adaptive: its rounds and count by f-DP); None: none.
     COMPOSITION_NOTE = None
@@ -140,11 +169,31 @@ class Kind(abc.ABC):
         the parsed fields (a dict): defaults filled, rules across fields checked (raises
         SpecError naming the field)."""
 
+    def params(self, mechanism):
+        """The parsed section ``mechanism`` (a dict: :meth:`parse`'s, as the spec holds
+        it) as the kind's frozen PARAMS, its fields checked (TypeError naming the field).
+        The dict stays the wire format; this is the typed view to read it by."""
+        if self.PARAMS is None:
+            raise TypeError(f"kind {self.name!r} declares no PARAMS")
+        from thresher.pipelines.kinds._params import build
+        return build(self.PARAMS, mechanism)
+
     def check_spec(self, mechanism, input_spec, bounding, privacy):
         """Checks of the kind against the other sections, after :meth:`parse` (raises
         SpecError naming the field). May fill fields of ``mechanism`` the plan needs, and
         may return a replacement ``input_spec``; None keeps it."""
         return None
+
+    def parse_sample(self, section):
+        """``input.sample`` (SAMPLE_INPUT; the schema has checked its fields) -> the parsed
+        sample {frequency, scheme, threshold} (raises SpecError naming the field)."""
+        raise NotImplementedError(f"{self.name} takes no input.sample")
+
+    def for_sample(self, mechanism, sample, bounding):
+        """The parsed section for a release of the existing sample ``sample``
+        (SAMPLE_INPUT): the sample's declared scheme replaces the kind's own sampling
+        (raises SpecError naming the field)."""
+        raise NotImplementedError(f"{self.name} takes no input.sample")
 
     def read_spec(self, spec):
         """The input as the release reads it (``pipelines.dataio.io.ReadRecords``): the
@@ -195,6 +244,12 @@ class Kind(abc.ABC):
         delta) at bound C = ``max_keys_per_user`` in ``model`` (l0 or l1). Raises
         CalibrationError when the budget cannot be met, SpecError for a field that
         cannot apply."""
+
+    def check_aggregates(self, mechanism):
+        """Refuse, once ``aggregates`` are given (the kind's AGGREGATE_NOISE is set), a
+        parsed section whose noise the joint calibration of the sum columns does not
+        analyse (raises SpecError naming the field). Default: none."""
+        return None
 
     def stage_budget(self, budget, mechanism, *, public_domain=False):
         """Record the kind's stages in the plan's ``accounting.budget.Budget`` (what is
@@ -264,6 +319,12 @@ class Kind(abc.ABC):
         got and which keys came out (``unit``: what a count counts), and the unit the
         release point is then stated in. Default: no sentence, the unit unchanged."""
         return [], unit
+
+    def public_noise_words(self, mechanism):
+        """The noise every key's count gets in a release over ``input.public_keys``
+        (PUBLIC_DOMAIN_NOISE), from the calibrated section ("discrete Gaussian noise
+        (sigma 3.1)"); None for a kind with no such release."""
+        return None
 
     def expected_error_words(self, params):
         """The plan's line(s) on the expected absolute error of a released value from its

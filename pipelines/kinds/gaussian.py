@@ -11,6 +11,7 @@ one shared Z drawn once per release plus an independent X per key,
 that module) or ``auto`` (both calibrated from (epsilon, delta, C, tau) alone; the lower
 release point wins, discrete_gaussian on ties).
 """
+import dataclasses
 import math
 
 import pyarrow as pa
@@ -19,7 +20,7 @@ from thresher.accounting import correlated_gshm, gshm, plain_gshm
 from thresher.pipelines.planning import limits
 from thresher.pipelines.kinds._words import number, threshold_words
 from thresher.pipelines.errors import CalibrationError, SpecError
-from thresher.pipelines.kinds.base import CountsKind
+from thresher.pipelines.kinds.base import GAUSSIAN_NOISE, CountsKind
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
 from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
@@ -47,6 +48,20 @@ FIELDS = {
     **MECHANISM_FIELDS,
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianParams:
+    """The parsed section (:func:`parse`, with ``public_keys`` set by the loader for a
+    release over ``input.public_keys``) as its readers outside this module see it."""
+    pre_threshold: int                      # tau
+    sigma: float | None = None              # given, else calibrated
+    threshold: float | None = None          # tau*: given, else calibrated
+    noise: str = "discrete_gaussian"        # one of NOISES
+    public_keys: bool = False
+    debias: str | None = None               # pipelines.dataio.public_keys.MECHANISM_FIELDS
+    num_users: int | None = None
+    clamp_negative: bool = False
 
 
 def parse(section):
@@ -202,17 +217,19 @@ class Gaussian(CountsKind):
     """The Gaussian sparse histogram mechanism (module docstring)."""
     name = NAME
     INTERVAL = "noisy_count"
-    PUBLIC_DOMAIN_NOISE = AGGREGATE_NOISE = "gaussian"
+    PUBLIC_DOMAIN_NOISE = AGGREGATE_NOISE = GAUSSIAN_NOISE
     FIELDS, OUTPUT_COLUMNS, NOISES = FIELDS, OUTPUT_COLUMNS, NOISES
+    PARAMS = GaussianParams
     parse = staticmethod(parse)
     check_spec = staticmethod(check_spec)
     calibrate = staticmethod(calibrate)
     verify_calibration = staticmethod(verify_calibration)
     release = staticmethod(release)
     SCORE = "gaussian"          # the V(C) score model of the automatic bound
+    CONTINUAL = True            # pipelines.continual: its counts, tree-aggregated noise
 
     def check_limits(self, mechanism):
-        limits.check_gaussian_fields(mechanism)
+        limits.check_gaussian_fields(self.params(mechanism))
 
     def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
         limits.check_gaussian_release(spec, epsilon, delta, max_keys_per_user, field,
@@ -241,6 +258,25 @@ class Gaussian(CountsKind):
         else:
             p = np.asarray(sf(mech["threshold"] - n, mech["sigma"]), dtype=np.float64)
         return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
+
+    def check_aggregates(self, mechanism):
+        if self.noise(mechanism) in ("correlated", "auto"):
+            raise SpecError("mechanism.noise", f"{mechanism['noise']} is not analysed with "
+                            "aggregates (the sums' noise is calibrated with independent count "
+                            "noise); use noise: discrete_gaussian")
+
+    def interval_notes(self, mechanism):
+        if self.noise(mechanism) not in ("correlated", "auto"):
+            return {}
+        return {"correlated": (
+            "with noise: correlated the noise law is the exact convolution of the shared and "
+            "the independent discrete Gaussian; every key's interval holds for that key, but "
+            "the errors of different keys share one draw: they are correlated, so misses "
+            "come together rather than as independent 1 - confidence fractions (when the "
+            "noise chosen by auto is discrete_gaussian the errors are independent)")}
+
+    def public_noise_words(self, mechanism):
+        return f"discrete Gaussian noise (sigma {number(mechanism['sigma'])})"
 
     def noise_words(self, report, key, unit):
         return [threshold_words(report["mechanism"], key, unit,

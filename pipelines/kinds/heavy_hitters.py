@@ -481,7 +481,8 @@ class HeavyHitters(StagesKind):
         limits.check_given_threshold(self.name, mechanism)
 
     def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
-        limits.check_adaptive_method(spec, max_keys_per_user, field, self.MAX_KEYS)
+        if spec.mechanism.get("method") == "adaptive":
+            limits.check_adaptive_method(spec, max_keys_per_user, field, self.MAX_KEYS)
         limits.check_levels(spec, epsilon, delta, max_keys_per_user, field,
                             self.level_structure(spec.mechanism), self.MAX_KEYS)
 
@@ -492,10 +493,13 @@ class HeavyHitters(StagesKind):
         return release_stages(records, plan, num_shards, rng_factory)
 
     def privacy_record(self, mechanism, stages, max_keys_per_user):
-        """``accounting.zcdp.heavy_hitters_record``: method adaptive as the adaptive kind,
-        the trie from its stage's (epsilon, delta)."""
+        """``method: adaptive`` is the adaptive release (``accounting.zcdp.adaptive_record``);
+        the trie's levels (sample-and-threshold, composed by a PLD inside one stage) are
+        charged from the stage's (epsilon, delta)."""
         from thresher.accounting import zcdp
-        return zcdp.heavy_hitters_record(mechanism, stages, max_keys_per_user)
+        if mechanism.get("method") == "adaptive":
+            return zcdp.adaptive_record(mechanism, stages, max_keys_per_user)
+        return zcdp.stage_records(stages)
 
     def noise_words(self, report, key, unit):
         mech, c = report["mechanism"], report["bounding"]["max_keys_per_user"]

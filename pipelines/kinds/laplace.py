@@ -6,13 +6,15 @@ l0 model: each user in at most C keys once each; scale C/epsilon, tau* from delt
 Both calibrated by ``accounting.laplace_threshold.calibrate`` for the discrete Laplace
 actually drawn.
 """
+import dataclasses
+
 import pyarrow as pa
 
 from thresher.accounting import laplace_threshold
 from thresher.pipelines.planning import limits
 from thresher.pipelines.kinds._words import number, threshold_words
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.kinds.base import RELEASE_STAGE, CountsKind
+from thresher.pipelines.kinds.base import LAPLACE_NOISE, RELEASE_STAGE, CountsKind
 from thresher.pipelines.specs import declare
 from thresher.pipelines.specs.fields import optional_float
 from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
@@ -34,6 +36,19 @@ FIELDS = {
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
 
+
+
+@dataclasses.dataclass(frozen=True)
+class LaplaceParams:
+    """The parsed section (:func:`parse`, with ``public_keys`` set by the loader for a
+    release over ``input.public_keys``) as its readers outside this module see it."""
+    pre_threshold: int                      # tau
+    scale: float | None = None              # given, else calibrated
+    threshold: float | None = None          # tau*: given, else calibrated
+    public_keys: bool = False
+    debias: str | None = None               # pipelines.dataio.public_keys.MECHANISM_FIELDS
+    num_users: int | None = None
+    clamp_negative: bool = False
 
 def parse(section):
     tau = pre_threshold(section)
@@ -114,7 +129,8 @@ class Laplace(CountsKind):
     """Laplace thresholding (module docstring)."""
     name = NAME
     INTERVAL = "noisy_count"
-    PUBLIC_DOMAIN_NOISE = AGGREGATE_NOISE = "laplace"
+    PUBLIC_DOMAIN_NOISE = AGGREGATE_NOISE = LAPLACE_NOISE
+    PARAMS = LaplaceParams
     FIELDS, OUTPUT_COLUMNS = FIELDS, OUTPUT_COLUMNS
     parse = staticmethod(parse)
     calibrate = staticmethod(calibrate)
@@ -122,7 +138,7 @@ class Laplace(CountsKind):
     release = staticmethod(release)
 
     def check_limits(self, mechanism):
-        limits.check_laplace_fields(mechanism)
+        limits.check_laplace_fields(self.params(mechanism))
 
     def stage_budget(self, budget, mechanism, *, public_domain=False):
         return stage_budget(budget, mechanism, public_domain=public_domain)
@@ -144,6 +160,9 @@ class Laplace(CountsKind):
         mech, n = report["mechanism"], counts
         p = -np.expm1(log_suppress(mech["scale"], mech["threshold"] - n, mech.get("noise", "discrete_laplace")))
         return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
+
+    def public_noise_words(self, mechanism):
+        return f"discrete Laplace noise (scale {number(mechanism['scale'])})"
 
     def noise_words(self, report, key, unit):
         return [threshold_words(report["mechanism"], key, unit,

@@ -696,6 +696,8 @@ class Quantiles(StagesKind):
     name = NAME
     VALUE_COLUMN = "value"
     OWN_PUBLIC_KEYS = True
+    NULLABLE_COLUMNS = ("value", "resolution")   # null where every cell was suppressed
+    FIGURES = ("quantile_curves",)               # the HTML report draws rank -> value
     NO_INTERVAL = ("no interval derived yet for quantile values (the noisy hierarchical "
                    "counts behind them are post-processed: consistency, isotonic, "
                    "interpolation)")

@@ -12,6 +12,8 @@ kept keys. docs/partition_selection.md has the derivation and (section 5) the
 measurements behind the defaults: ``bounding.auto.max_bound`` 1024 (AUTO_MAX_BOUND),
 ``count_fraction`` 0.1 and ``count_keys_per_user`` 128.
 """
+import dataclasses
+
 import pyarrow as pa
 
 from thresher.accounting import weighted_gaussian as wg
@@ -54,6 +56,15 @@ FIELDS = {
 }
 OUTPUT_COLUMNS = {"count": pa.int64()}
 COUNT_STAGE = "count"
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightedGaussianParams:
+    """The parsed section (:func:`parse`) as its readers outside this module see it."""
+    count_fraction: float                           # share of (epsilon, delta) for counts
+    count_keys_per_user: int                        # C_c: counts per user
+    sigma: float | None = None                      # selection noise: given, else calibrated
+    threshold: float | None = None                  # in user weights: given, else calibrated
 
 
 def parse(section):
@@ -138,9 +149,11 @@ class WeightedGaussian(CountsKind):
     release = staticmethod(release)
     SCORE = "weighted_gaussian"          # the V(C) score model of the automatic bound
     MAX_KEYS = limits.WEIGHTED_GAUSSIAN_MAX_KEYS
+    PARAMS = WeightedGaussianParams
 
     def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
-        limits.check_weighted_gaussian(spec, epsilon, delta, max_keys_per_user)
+        limits.check_weighted_gaussian(spec, self.params(spec.mechanism), epsilon, delta,
+                                       max_keys_per_user)
 
     def per_user_bound(self):
         """The bounding with weights,

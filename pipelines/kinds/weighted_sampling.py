@@ -19,6 +19,8 @@ Post-processing path (PWS §1.1): :func:`sanitize_existing_sample` releases the 
 version of an existing non-private weighted sample (a table of key columns and a frequency
 column, drawn with a declared scheme and threshold), without the original data.
 """
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 
@@ -85,6 +87,20 @@ _ACCOUNTING = {
                   "sampled distributions; each user touches one key",
 }
 
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightedSamplingParams:
+    """The parsed section (:func:`parse`; with ``presampled`` from
+    :func:`mechanism_for_sample` for an existing sample) as its readers outside this
+    module see it."""
+    sampling: str = "none"                          # none, ppswor or priority
+    sampling_threshold: float | None = None         # t (ppswor, priority)
+    report: str = "keys_and_frequencies"
+    estimator: str = "mle"
+    composition: str = "optimal"
+    max_frequency: int | str = "auto"               # M, or "auto" (where pi reaches 1)
+    presampled: bool = False                        # input.sample: the threshold's field
 
 def parse(section):
     sampling = section.get("sampling", "none")
@@ -230,9 +246,16 @@ class WeightedSampling(CountsKind):
     release = staticmethod(release)
     SCORE = "weighted_sampling"          # the V(C) score model of the automatic bound
     MAX_KEYS = limits.WEIGHTED_SAMPLING_MAX_KEYS
+    PARAMS = WeightedSamplingParams
+    NULLABLE_COLUMNS = tuple(OUTPUT_COLUMNS)   # token and estimate: null with report: keys
+    SAMPLE_INPUT = True                        # input.sample: an existing sample sanitized
+    parse_sample = staticmethod(parse_sample)
+
+    def for_sample(self, mechanism, sample, bounding):
+        return mechanism_for_sample(mechanism, sample)
 
     def check_limits(self, mechanism):
-        limits.check_weighted_sampling_fields(mechanism)
+        limits.check_weighted_sampling_fields(self.params(mechanism))
 
     def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
         limits.check_weighted_sampling_release(spec, epsilon, delta, max_keys_per_user)

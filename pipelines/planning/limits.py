@@ -140,26 +140,27 @@ def check_spec(spec, kind):
     kind.check_limits(mech)
 
 
-def check_gaussian_fields(mech):
-    """gaussian's sigma and threshold within the exact tails' limits (module docstring)."""
-    if mech.get("sigma") is not None and mech["sigma"] < SIGMA_MIN:
+def check_gaussian_fields(params):
+    """gaussian's sigma and threshold within the exact tails' limits (module docstring).
+    ``params``: its parsed section, typed (``pipelines.kinds.gaussian.GaussianParams``)."""
+    if params.sigma is not None and params.sigma < SIGMA_MIN:
         raise SpecError("mechanism.sigma", f"must be >= {SIGMA_MIN:g} (smaller noise cannot "
-                        f"meet any delta < 1), got {mech['sigma']:g}")
-    if mech.get("sigma") is not None and mech["sigma"] > SIGMA_MAX:
+                        f"meet any delta < 1), got {params.sigma:g}")
+    if params.sigma is not None and params.sigma > SIGMA_MAX:
         raise SpecError("mechanism.sigma", f"must be <= {SIGMA_MAX:g} (the planning limit: "
-                        f"exact discrete Gaussian tails cost O(sigma) memory), got {mech['sigma']:g}")
-    if mech.get("threshold") is not None \
-            and mech["threshold"] - mech["pre_threshold"] > GAP_MAX:
+                        f"exact discrete Gaussian tails cost O(sigma) memory), got {params.sigma:g}")
+    if params.threshold is not None and params.threshold - params.pre_threshold > GAP_MAX:
         raise SpecError("mechanism.threshold", f"must be <= pre_threshold + {GAP_MAX:g} = "
-                        f"{mech['pre_threshold'] + GAP_MAX:g} (the planning limit: it would "
-                        f"need sigma > {SIGMA_MAX:g}), got {mech['threshold']:g}")
+                        f"{params.pre_threshold + GAP_MAX:g} (the planning limit: it would "
+                        f"need sigma > {SIGMA_MAX:g}), got {params.threshold:g}")
 
 
-def check_laplace_fields(mech):
-    """laplace's given threshold within the integer search's range."""
-    if mech.get("threshold") is not None and mech["threshold"] > LAPLACE_THRESHOLD_MAX:
+def check_laplace_fields(params):
+    """laplace's given threshold within the integer search's range. ``params``: its parsed
+    section, typed (``pipelines.kinds.laplace.LaplaceParams``)."""
+    if params.threshold is not None and params.threshold > LAPLACE_THRESHOLD_MAX:
         raise SpecError("mechanism.threshold", f"must be <= {LAPLACE_THRESHOLD_MAX:g} (the "
-                        f"planning limit), got {mech['threshold']:g}")
+                        f"planning limit), got {params.threshold:g}")
 
 
 def check_given_threshold(kind, mech):
@@ -173,14 +174,15 @@ def check_given_threshold(kind, mech):
                         f"leave it out to have it calibrated, got {mech['threshold']}")
 
 
-def check_weighted_sampling_fields(mech):
-    """weighted_sampling's sampling threshold and tables within their limits."""
-    if mech.get("sampling_threshold") is not None \
-            and mech["sampling_threshold"] < WS_SAMPLING_THRESHOLD_MIN:
-        field = "input.sample.threshold" if mech.get("presampled") else "mechanism.sampling_threshold"
+def check_weighted_sampling_fields(params):
+    """weighted_sampling's sampling threshold and tables within their limits. ``params``:
+    its parsed section, typed (``pipelines.kinds.weighted_sampling.WeightedSamplingParams``)."""
+    t = params.sampling_threshold
+    if t is not None and t < WS_SAMPLING_THRESHOLD_MIN:
+        field = "input.sample.threshold" if params.presampled else "mechanism.sampling_threshold"
         raise SpecError(field, f"must be >= {WS_SAMPLING_THRESHOLD_MIN:g} (the planning limit: "
-                        f"the tables grow as 1/threshold), got {mech['sampling_threshold']:g}")
-    _check_pws_table_size(mech)
+                        f"the tables grow as 1/threshold), got {t:g}")
+    _check_pws_table_size(params)
 
 
 # ppswor's q = 1 - exp(-w t) is 1.0 in float64 only once w t >= 54 ln 2 (e^-wt < 2^-54);
@@ -189,22 +191,22 @@ def check_weighted_sampling_fields(mech):
 SATURATION_SCALE = {"ppswor": 54 * math.log(2), "priority": 1.0}
 
 
-def _check_pws_table_size(mech):
+def _check_pws_table_size(params):
     """weighted_sampling tables within accounting.pws's caps, before anything is built:
     an explicit max_frequency within the table of its report; an automatic one (where pi
     reaches 1, >= SATURATION_SCALE / t for ppswor / priority) too, or the plan is refused
     naming the threshold (clipping there would silently report large keys with pi < 1)."""
     from thresher.accounting import pws
-    report = mech.get("report", "keys_and_frequencies")
+    report = params.report
     cap, what = ((pws.MAX_KEEP_LENGTH, "keep-probability table") if report == "keys"
                  else (pws.MAX_BAND_ROWS, "frequency table"))
-    max_frequency = mech.get("max_frequency", "auto")
+    max_frequency = params.max_frequency
     if max_frequency != "auto":
         if max_frequency > cap:
             raise SpecError("mechanism.max_frequency", f"must be <= {cap} with report: {report} "
                             f"(the planning limit: the largest {what}), got {max_frequency}")
         return
-    sampling, t = mech.get("sampling", "none"), mech.get("sampling_threshold")
+    sampling, t = params.sampling, params.sampling_threshold
     if sampling not in SATURATION_SCALE or t is None:
         return
     scale = SATURATION_SCALE[sampling]
@@ -212,7 +214,7 @@ def _check_pws_table_size(mech):
         return
     t_min = float(f"{scale / cap * 1.001:.3g}")
     q_cap = -math.expm1(-cap * t) if sampling == "ppswor" else min(1.0, cap * t)
-    field = "input.sample.threshold" if mech.get("presampled") else "mechanism.sampling_threshold"
+    field = "input.sample.threshold" if params.presampled else "mechanism.sampling_threshold"
     raise SpecError(field, f"{t:g} with {sampling} sampling and report: {report} needs a "
                     f"{what} of >= {scale / t:.3g} counts before every key is reported (more "
                     f"than {cap}, the planning limit); use a threshold >= {t_min:g}, or set "
@@ -254,11 +256,12 @@ def check_gaussian_release(spec, epsilon, delta, c, field, max_keys):
 
 
 def check_adaptive_method(spec, c, field, max_keys):
-    """heavy_hitters with method: adaptive calibrates as the adaptive kind
-    (accounting.adaptive): minutes beyond WEIGHTED_GAUSSIAN_MAX_KEYS. ``max_keys``: the
-    trie method's limit (named in the message)."""
+    """A kind's method calibrated as the adaptive kind (accounting.adaptive; heavy_hitters'
+    ``method: adaptive``, which calls this for it): minutes beyond
+    WEIGHTED_GAUSSIAN_MAX_KEYS. ``max_keys``: the kind's other method's limit (named in
+    the message)."""
     kind = spec.kind
-    if spec.mechanism.get("method") == "adaptive" and c > WEIGHTED_GAUSSIAN_MAX_KEYS:
+    if c > WEIGHTED_GAUSSIAN_MAX_KEYS:
         raise SpecError(field, f"must be <= {WEIGHTED_GAUSSIAN_MAX_KEYS} for {kind} with "
                         f"method: adaptive (the planning limit of the adaptive calibration; "
                         f"method: trie allows {max_keys}), got {c}")
@@ -351,20 +354,22 @@ def _check_correlated(spec, epsilon, delta, c):
                                       "bound"))
 
 
-def check_weighted_gaussian(spec, epsilon, delta, c):
+def check_weighted_gaussian(spec, params, epsilon, delta, c):
     """weighted_gaussian (accounting.weighted_gaussian): its calibration is O(C^2) per
     step (C <= 2048: ~2 s); the selection noise sigma * S must be drawable
-    (transforms.randomness.samplers.SIGMA_MAX grid units) and the count's sigma within SIGMA_MAX."""
+    (transforms.randomness.samplers.SIGMA_MAX grid units) and the count's sigma within SIGMA_MAX.
+    ``params``: its parsed section, typed
+    (``pipelines.kinds.weighted_gaussian.WeightedGaussianParams``)."""
     from thresher.accounting import weighted_gaussian as wg
     from thresher.transforms.randomness.samplers import SIGMA_MAX as DRAW_MAX
     largest = DRAW_MAX / wg.WEIGHT_SCALE
-    if spec.mechanism.get("sigma") is None and wg.gaussian_part(epsilon, largest, c) > delta:
+    if params.sigma is None and wg.gaussian_part(epsilon, largest, c) > delta:
         raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (selection stage "
                         f"{epsilon:g}) with delta={delta:g}, max_keys_per_user={c} needs "
                         f"selection noise sigma > {largest:g} user weights, the planning limit; "
                         f"use a larger epsilon or delta")
-    count_eps, count_delta = wg.count_budget(epsilon, delta, spec.mechanism["count_fraction"])
-    counted = wg.count_bound(c, spec.mechanism.get("count_keys_per_user"))
+    count_eps, count_delta = wg.count_budget(epsilon, delta, params.count_fraction)
+    counted = wg.count_bound(c, params.count_keys_per_user)
     if not _gaussian_fits(count_eps, count_delta, counted, SIGMA_MAX):
         raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} gives the count stage "
                         f"epsilon {count_eps:g}, delta {count_delta:g}, which needs count sigma "
@@ -482,23 +487,23 @@ def _largest_bound(ok, c):
     return (c if first_bad is None else first_bad) - 1
 
 
-def check_adaptive(spec, epsilon, delta, c):
+def check_adaptive(spec, params, epsilon, delta, c):
     """adaptive (accounting.adaptive): the rounds and the count share one base noise s,
     about the continuous Gaussian sigma for the release's (epsilon, delta); round r draws
     s / sqrt((1 - f_c) w_r) user weights, whose sigma * S must be drawable, and the count
-    s sqrt(C_c / f_c), within SIGMA_MAX (the calibration checks its exact values again)."""
+    s sqrt(C_c / f_c), within SIGMA_MAX (the calibration checks its exact values again).
+    ``params``: its parsed section, typed (``pipelines.kinds.adaptive.AdaptiveParams``)."""
     from thresher.accounting import adaptive as ad
     from thresher.accounting import gaussian
     from thresher.accounting import weighted_gaussian as wg
-    mech = spec.mechanism
     base = gaussian.sigma_for(epsilon, (1.0 - ad.THRESHOLD_DELTA_SHARE) * delta, rel_tol=1e-6)
-    c_count = wg.count_bound(c, mech.get("count_keys_per_user"))
-    rounds, count_sigma = ad.stage_sigmas(base, mech["round_fractions"], mech["count_fraction"],
+    c_count = wg.count_bound(c, params.count_keys_per_user)
+    rounds, count_sigma = ad.stage_sigmas(base, params.round_fractions, params.count_fraction,
                                           c_count)
     for i, s in enumerate(rounds, start=1):
         if s * wg.WEIGHT_SCALE > ad.GRID_SIGMA_MAX:
             raise SpecError("mechanism.round_fractions", f"round {i} gets the share "
-                            f"{mech['round_fractions'][i - 1]:g} of the noise budget "
+                            f"{params.round_fractions[i - 1]:g} of the noise budget "
                             f"(privacy.epsilon {spec.privacy.epsilon:g}), which needs selection "
                             f"noise sigma > {ad.GRID_SIGMA_MAX / wg.WEIGHT_SCALE:g} user "
                             "weights, the sampler's range; give the round a larger share or "

@@ -22,7 +22,7 @@ from thresher.pipelines.planning import calibration_cache, limits
 from thresher.pipelines.reports.citations import cite_all
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines import kinds
-from thresher.pipelines.kinds.base import RELEASE_STAGE
+from thresher.pipelines.kinds.base import LAPLACE_NOISE, RELEASE_STAGE
 
 log = logging.getLogger("thresher")
 
@@ -95,7 +95,7 @@ class Plan:
                 bounding["selection"] = {
                     "epsilon": self.select_stage.epsilon,
                     "rule": ("paper 002 Lemma 4.2: the ceil(d/epsilon)-th largest user weight"
-                             if spec.kind_object.PUBLIC_DOMAIN_NOISE == "laplace" else
+                             if spec.kind_object.PUBLIC_DOMAIN_NOISE == LAPLACE_NOISE else
                              "paper 002 Thm 4.3: the smallest C with S(C) <= M(C), ratios "
                              "clipped to sqrt(min(max_bound, d))"),
                     "sensitivity": self.domain_bound_rule().sensitivity,
@@ -178,7 +178,7 @@ def intervals_report(spec):
 
 def _accounting_text(mechanism, spec):
     parts = []
-    laplace_domain = spec.kind_object.PUBLIC_DOMAIN_NOISE == "laplace"
+    laplace_domain = spec.kind_object.PUBLIC_DOMAIN_NOISE == LAPLACE_NOISE
     if spec.auto_bound and spec.input.public_keys is not None:
         parts.append("choose_contribution_bound: bounded-domain rule (paper 002 "
                      f"{'Lemma 4.2' if laplace_domain else 'Thm 4.3'}) by the "

@@ -285,6 +285,13 @@ def _quantiles_figure(plt, table, keys):
     return fig
 
 
+# The figures a kind asks for by its FIGURES (pipelines.kinds.base.Kind): name -> (title,
+# draw(plt, table, key columns), the released columns it draws; drawn when present).
+FIGURES = {
+    "quantile_curves": ("Released quantiles", _quantiles_figure, ("rank", "value")),
+}
+
+
 def interval_columns(table):
     """Value columns with published ``_low`` / ``_high`` intervals, in table order."""
     names = set(table.column_names)
@@ -463,9 +470,12 @@ def _build(plt, output, top):
                                                                column), plt)))
     if summary.release_probability(report, [1]) is not None:
         figures.append(("Release probability", _png(_probability_figure(plt, report, unit), plt)))
-    if report["mechanism"].get("kind") == "quantiles" and {"rank", "value"} <= set(table.column_names):
-        figures.append(("Released quantiles", _png(_quantiles_figure(
-            plt, table, [k for k in keys if k != "rank"]), plt)))
+    kind = summary._kind(report)
+    for figure in kind.FIGURES if kind is not None else ():
+        title, draw, columns = FIGURES[figure]
+        if set(columns) <= set(table.column_names):
+            figures.append((title, _png(draw(plt, table, [k for k in keys if k not in columns]),
+                                        plt)))
     bounding = report["bounding"]
     if bounding.get("chosen_by") == "exponential_mechanism" and "candidates" in bounding:
         figures.append(("Contribution bound", _png(_bound_figure(plt, bounding), plt),

@@ -428,9 +428,7 @@ def noise_in_words(report, keys, release_point=True):
     key = " and ".join(keys) if keys else "key"
     out = [f"bound: {each} ({how})", bounded_data(report, key)]
     if mech.get("public_keys"):
-        noise = (f"discrete Gaussian noise (sigma {_g(mech['sigma'])})"
-                 if kind is not None and kind.PUBLIC_DOMAIN_NOISE == "gaussian"
-                 else f"discrete Laplace noise (scale {_g(mech['scale'])})")
+        noise = (kind.public_noise_words(mech) if kind is not None else None) or "noise"
         out.append(f"noise: every public {key} is released with its count of {unit} plus "
                    f"{noise}; no threshold")
         return out

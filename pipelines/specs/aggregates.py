@@ -33,6 +33,7 @@ from thresher.accounting import aggregates as acc
 from thresher.pipelines.specs.aggregates_fields import AUTO, AUTO_FIELDS, ENTRY_FIELDS, SPREAD, STATISTICS  # noqa: F401
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines import kinds
+from thresher.pipelines.kinds.base import LAPLACE_NOISE
 
 FIELD = "aggregates"
 AUTO_FIELD = "aggregates_auto"
@@ -188,7 +189,7 @@ def calibrate(spec, module, mech, *, epsilon, delta, max_keys_per_user, model):
     c = int(max_keys_per_user)
     what = (f"{spec.kind} release with {len(grids)} aggregate sum column(s) at epsilon="
             f"{epsilon:g}, delta={delta:g}, max_keys_per_user={c}")
-    if spec.kind_object.AGGREGATE_NOISE == "laplace":
+    if spec.kind_object.AGGREGATE_NOISE == LAPLACE_NOISE:
         share = epsilon / (1 + len(grids))
         params = module.calibrate(mech, epsilon=share, delta=delta, max_keys_per_user=c,
                                   model=model)
@@ -207,16 +208,17 @@ def calibrate(spec, module, mech, *, epsilon, delta, max_keys_per_user, model):
         ratios = tuple((g.sensitivity, SUM_NOISE_RATIO) for g in grids)
         params = module.calibrate(mech, epsilon=epsilon, delta=delta, max_keys_per_user=c,
                                   model=model)
-        if mech.get("public_keys"):
-            sigma, achieved = _domain_sigma(epsilon, delta, c, ratios, mech.get("sigma"), what)
+        section = spec.kind_object.params(mech)     # the kind's typed parsed section
+        if section.public_keys:
+            sigma, achieved = _domain_sigma(epsilon, delta, c, ratios, section.sigma, what)
             params.update(sigma=sigma, delta_achieved=achieved)
             text = (f"public key domain, every key released with noise, no threshold: the "
                     f"{c}-fold shift of (count, sums) by (1, D_1, ..)")
         else:
             from thresher.accounting import gshm
             try:
-                p = gshm.calibrate(epsilon, delta, c, pre_threshold=mech["pre_threshold"],
-                                   sigma=mech.get("sigma"), threshold=mech.get("threshold"),
+                p = gshm.calibrate(epsilon, delta, c, pre_threshold=section.pre_threshold,
+                                   sigma=section.sigma, threshold=section.threshold,
                                    noise="discrete_gaussian", aggregates=ratios)
             except ValueError as exc:
                 raise CalibrationError(f"{what}: {exc}") from None

@@ -212,11 +212,17 @@ def _expanded_size(data):
 
 # ---- sections (after the schema check: the rules across fields) ----------------------
 
-def _parse_input(section):
+def _parse_input(section, kind=None):
+    """``input`` of a release of kind ``kind`` (its kind object: it reads ``input.sample``;
+    None: an input without a sample)."""
     sample = None
     if "sample" in section:
-        from thresher.pipelines.kinds.weighted_sampling import parse_sample
-        sample = parse_sample(section["sample"])
+        if kind is None or not kind.SAMPLE_INPUT:
+            raise SpecError("mechanism.kind", f"must be "
+                            f"{_kinds_where(lambda k: k.SAMPLE_INPUT)} with input.sample (an "
+                            f"existing sample is sanitized, not re-counted), got "
+                            f"{kind.name if kind is not None else None!r}")
+        sample = kind.parse_sample(section["sample"])
         if "user" in section:
             raise SpecError("input.user", "must be left out with input.sample: an existing "
                             "sample has one row per key, no user column")
@@ -363,6 +369,12 @@ def _spec_schema(data):
     return schema.json_schema(kinds=(kind,) if isinstance(kind, str) and kind in kinds.KINDS else ())
 
 
+def _kinds_where(test):
+    """The kinds whose kind object passes ``test``, as an error names them ("gaussian or
+    laplace"): loads every kind, on an error path only."""
+    return " or ".join(k for k in kinds.KINDS if test(kinds.get(k)))
+
+
 def _public_domain_kinds():
     """The kinds taking ``input.public_keys``, as the error names them ("gaussian and
     laplace (and quantiles)"): loads every kind, on this error path only."""
@@ -381,7 +393,7 @@ def parse(data, source_text=""):
     data = declare.without_nulls(data)
     declare.check(data, _spec_schema(data))
     privacy = _parse_privacy(data["privacy"])
-    input_spec = _parse_input(data["input"])
+    input_spec = _parse_input(data["input"], kinds.get(data["mechanism"]["kind"]))
     bounding = _parse_bounding(data["bounding"], privacy, auto_max_bound(data["mechanism"]["kind"]),
                                auto_epsilon_fraction(data["mechanism"]["kind"]),
                                auto_min_bound(data["mechanism"]["kind"]))
@@ -405,7 +417,7 @@ def parse(data, source_text=""):
                         "'debiased' is the output column that mechanism.debias adds; rename "
                         "the key column")
     if input_spec.sample is not None:
-        mechanism = _presampled_mechanism(mechanism, input_spec.sample, bounding)
+        mechanism = _presampled_mechanism(kind, mechanism, input_spec.sample, bounding)
     aggregates, aggregates_auto = (), None
     if "aggregates_auto" in data and "aggregates" not in data:
         raise SpecError("aggregates_auto", "only applies with aggregates (clip: auto)")
@@ -416,16 +428,14 @@ def parse(data, source_text=""):
         input_spec = dataclasses.replace(input_spec, values=tuple(
             c for c, _ in aggregates_mod.value_columns(aggregates)))
         aggregates_auto = aggregates_mod.parse_auto(data.get("aggregates_auto"), privacy, aggregates)
-        if kind.noise(mechanism) in ("correlated", "auto"):
-            raise SpecError("mechanism.noise", f"{mechanism['noise']} is not analysed with "
-                            "aggregates (the sums' noise is calibrated with independent count "
-                            "noise); use noise: discrete_gaussian")
+        kind.check_aggregates(mechanism)
     columns.check(input_spec, mechanism, aggregates, kind.OUTPUT_COLUMNS)
     budget = ledger.parse_section(data["budget"], privacy) if "budget" in data else None
     continual = None
     if "continual" in data:
         from thresher.pipelines.continual import section as continual_section
-        continual_section.check(data, input_spec, bounding, mechanism, budget)
+        continual_section.check(data, input_spec, bounding, mechanism, budget, kind,
+                                lambda: _kinds_where(lambda k: k.CONTINUAL))
         continual = continual_section.parse(data["continual"])
     return ReleaseSpec(
         name=data["name"],
@@ -455,19 +465,16 @@ def _refuse_null_confidence(data):
                         f"{OutputSpec.confidence}")
 
 
-def _presampled_mechanism(mechanism, sample, bounding):
-    """An existing weighted sample is released by SanitizeSample alone (paper 001's
-    post-processing use): the guarantee holds if the sample was drawn as declared from
-    per-key user counts with each user in at most max_keys_per_user keys, once each."""
-    if mechanism["kind"] != "weighted_sampling":
-        raise SpecError("mechanism.kind", "must be weighted_sampling with input.sample "
-                        f"(an existing sample is sanitized, not re-counted), got {mechanism['kind']!r}")
+def _presampled_mechanism(kind, mechanism, sample, bounding):
+    """An existing weighted sample is released by the kind's sanitizer alone (a kind with
+    ``SAMPLE_INPUT``, weighted_sampling: paper 001's post-processing use): the guarantee
+    holds if the sample was drawn as declared from per-key user counts with each user in
+    at most max_keys_per_user keys, once each."""
     if bounding.max_keys_per_user == "auto" or bounding.model != "l0":
         raise SpecError("bounding.max_keys_per_user", "with input.sample must be the integer bound "
                         "the sample was built with (model l0): it cannot be chosen from the sample")
-    from thresher.pipelines.kinds.weighted_sampling import mechanism_for_sample
-    return {"kind": mechanism["kind"], **mechanism_for_sample(
-        {k: v for k, v in mechanism.items() if k != "kind"}, sample)}
+    return {"kind": mechanism["kind"], **kind.for_sample(
+        {k: v for k, v in mechanism.items() if k != "kind"}, sample, bounding)}
 
 
 def load(path):

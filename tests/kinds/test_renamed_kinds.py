@@ -9,12 +9,20 @@ plans, validates, runs, shows and reports (text) exactly like the original:
 - ``thresher validate`` accepts it;
 - a run under one fixed test secret publishes the same ``released.parquet`` rows and the
   same ``release_report.json`` (the kind's name aside);
-- ``thresher show`` and ``thresher report`` print the same text (the kind's name and the
-  output folder aside).
+- ``thresher show`` and ``thresher report`` print the same text, and ``thresher report
+  --html`` writes the same page, figures included (the kind's name and the output folder
+  aside);
+- the decisions only some specs reach: an existing sample (``input.sample``, a kind with
+  ``SAMPLE_INPUT``), a continual plan (``continual``, a kind with ``CONTINUAL``), and the
+  Beam YAML transform's row type (the kind's ``NULLABLE_COLUMNS``).
 
 Before the kinds owned their limits, intervals, words, aggregates and public keys, the copy
 failed ``thresher plan`` with a KeyError in pipelines/planning/limits.py (MAX_KEYS[kind]),
-and its report lost its intervals and words. Deterministic: no statistical assertion.
+and its report lost its intervals and words; before the second round (the kind's
+NULLABLE_COLUMNS, CONTINUAL, SAMPLE_INPUT and FIGURES) the copy of quantiles lost its HTML
+figure of quantile curves, and copies were refused with input.sample (weighted_sampling) and
+continual (gaussian) and got another Beam YAML row type (quantiles, weighted_sampling).
+Deterministic: no statistical assertion.
 """
 import json
 import os
@@ -22,6 +30,7 @@ import re
 import subprocess
 import sys
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -172,3 +181,106 @@ def test_a_renamed_copy_of_a_kind_releases_like_the_original(case, plugin, workd
         texts = [_words(_same_words(_cli(workdir, plugin, command, out), kind, out))
                  for out in (original_out, copy_out)]
         assert texts[0] == texts[1], command
+
+    # report --html: the same page, the same figures (their PNG bytes included)
+    pages = []
+    for out in (original_out, copy_out):
+        page = workdir / f"{out.replace(os.sep, '_')}.html"
+        _cli(workdir, plugin, "report", out, "--html", str(page))
+        # the spec's hash aside (its spec names the other kind), as in the plan and report
+        pages.append(re.sub(r"config sha256\s+[0-9a-f]+", "config sha256",
+                            _same_words(page.read_text(encoding="utf-8"), kind, out)))
+    assert pages[0].count("data:image/png") > 0
+    assert _html_figures(pages[0]) == _html_figures(pages[1])
+    assert pages[0] == pages[1]
+
+
+def _html_figures(page):
+    """The figures' titles of an HTML report (named in the failure before the whole page)."""
+    return re.findall(r'<img alt="([^"]*)"', page)
+
+
+def test_a_renamed_copy_sanitizes_an_existing_sample_like_the_original(plugin, workdir,
+                                                                       registered):
+    """input.sample: refused for any kind but weighted_sampling by name before; now for a
+    kind without SAMPLE_INPUT. The copy validates, plans and releases the same rows."""
+    counts = {}
+    for word in pq.read_table(str(workdir / "small.parquet")).column("word").to_pylist():
+        counts[word] = counts.get(word, 0) + 1
+    pq.write_table(pa.table({"word": sorted(counts), "n": [counts[w] for w in sorted(counts)]}),
+                   str(workdir / "sample.parquet"))
+    outputs = []
+    for kind in ("weighted_sampling", _renamed("weighted_sampling")):
+        doc = {"name": "existing_sample",
+               "input": {"path": "sample.parquet", "keys": ["word"],
+                         "sample": {"frequency": "n", "scheme": "none"}},
+               "privacy": {"epsilon": 1.0, "delta": 1e-8},
+               "bounding": {"max_keys_per_user": 1},
+               "mechanism": {"kind": kind},
+               "output": {"path": os.path.join(f"sample_{kind}", "out")}}
+        path = f"sample_{kind}.yaml"
+        with open(workdir / path, "w", encoding="utf-8") as handle:
+            yaml.safe_dump(doc, handle, sort_keys=True)
+        _cli(workdir, plugin, "validate", path)
+        plan = json.loads(_same_words(_cli(workdir, plugin, "plan", path, "--json"),
+                                      "weighted_sampling"))
+        plan.pop("config_sha256")
+        _run(workdir, path)
+        out = doc["output"]["path"]
+        with open(workdir / out / "release_report.json", encoding="utf-8") as handle:
+            report = json.loads(_same_words(handle.read(), "weighted_sampling", out))
+        report.pop("config_sha256")
+        outputs.append((plan, report,
+                        pq.read_table(str(workdir / out / "released.parquet")).to_pylist()))
+    assert outputs[0][2]
+    assert outputs[0] == outputs[1]
+
+
+def test_a_renamed_copy_of_gaussian_plans_a_continual_release(plugin, workdir, registered):
+    """continual: refused for any kind but gaussian by name before; now for a kind
+    without CONTINUAL (the copy of laplace is still refused, naming the field)."""
+    plans = []
+    for kind in ("gaussian", _renamed("gaussian")):
+        doc = {"name": "daily",
+               "input": {"path": "data/day{period}.parquet", "user": "user", "keys": ["word"]},
+               "privacy": {"epsilon": 1.0, "delta": 1e-8},
+               "bounding": {"max_keys_per_user": 3},
+               "mechanism": {"kind": kind},
+               "output": {"path": "out"},
+               "budget": {"ledger": "ledger.sqlite", "dataset": "words", "epsilon": 10.0,
+                          "delta": 1e-6},
+               "continual": {"horizon": 30}}
+        path = f"continual_{kind}.yaml"
+        with open(workdir / path, "w", encoding="utf-8") as handle:
+            yaml.safe_dump(doc, handle, sort_keys=True)
+        plan = json.loads(_same_words(_cli(workdir, plugin, "plan", path, "--json"),
+                                      "gaussian"))
+        plan.pop("config_sha256", None)
+        plans.append(plan)
+    assert plans[0] == plans[1]
+    with pytest.raises(spec_mod.SpecError, match=r"mechanism\.kind.*use kind: gaussian or "
+                                                 r"copy_gaussian, got 'copy_laplace'"):
+        spec_mod.parse({**doc, "mechanism": {"kind": _renamed("laplace")}})
+
+
+@pytest.mark.parametrize("kind,mechanism,keys", [
+    ("quantiles", {"column": "x", "ranks": [0.5], "domain": [0, 100]}, None),
+    ("weighted_sampling", {"report": "keys"}, ["word"]),
+])
+def test_a_renamed_copy_gets_the_same_beam_yaml_row_type(kind, mechanism, keys, registered):
+    """The Beam YAML transform's released rows declare the kind's NULLABLE_COLUMNS
+    Optional (quantiles' value and resolution, weighted_sampling's token and estimate):
+    the same row type for the copy (the pipeline is built, not run)."""
+    import apache_beam as beam
+    from apache_beam.typehints.schemas import named_fields_from_element_type
+    from thresher.pipelines.beam_yaml import ThresherRelease
+    types = []
+    for name in (kind, _renamed(kind)):
+        pipeline = beam.Pipeline()
+        rows = pipeline | beam.Create([beam.Row(user_id="u", word="w", x=1.0)])
+        released = rows | ThresherRelease(
+            user="user_id", keys=keys, privacy={"epsilon": 1.0, "delta": 1e-8},
+            bounding={"max_keys_per_user": 1}, mechanism={"kind": name, **mechanism})
+        types.append(named_fields_from_element_type(released["released"].element_type))
+    assert any("Optional" in str(t) for _, t in types[0])
+    assert types[0] == types[1]

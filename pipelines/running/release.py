@@ -72,9 +72,8 @@ def key_fields(spec, files):
 
 
 def release_schema(spec, key_fields):
-    """Schema of the released table: ``key_fields`` (pyarrow fields of the key columns;
-    a field of type None takes the type the released tables give it) and the kind's
-    columns (before the interval columns, which ``finish`` adds)."""
+    """Fields of the released table: ``key_fields`` (pyarrow fields of the key columns)
+    and the kind's columns (before the interval columns, which ``finish`` adds)."""
     fields = list(key_fields)
     for name, t in kinds.get(spec.kind).OUTPUT_COLUMNS.items():
         fields.append(pa.field(name, t))
@@ -129,7 +128,7 @@ class Release(beam.PTransform):
     ``source``: the release's keyed source (``PipelineSecret`` or a test ``KeyedSource``);
     its stage identities are taken relative to this transform's label, so the release
     draws the same wherever it is applied. ``key_fields``: pyarrow fields of the key
-    columns (type None: as the released tables give it). ``spill_dir``: the in-process
+    columns (of type null: as the released tables give it). ``spill_dir``: the in-process
     runner's shuffle spill folder (``_spill_dir``). ``rng_factory``: what the stages are
     given (tests: the fixed source; None: the release's ``source``)."""
 
@@ -200,7 +199,7 @@ def finish(unused_impulse, tables, chosen, reports, spec, key_fields, clips=None
     published table and report are a function of the private output, the spec and the
     version on every runner."""
     keys = list(spec.input.keys)
-    if isinstance(chosen, (list, tuple)):     # max_keys_per_user: auto -- the chosen bound
+    if not isinstance(chosen, int):           # max_keys_per_user: auto -- the chosen bound
         chosen = _one(chosen, "the contribution-bound stage")
         if chosen is None:
             raise ThresherError("the contribution-bound stage produced no bound; nothing "
@@ -229,7 +228,7 @@ def finish(unused_impulse, tables, chosen, reports, spec, key_fields, clips=None
 
 
 def _key_field(field, tables):
-    """A key column's field: as given, or (type None) as the released tables have it."""
+    """A key column's field: as given, or (type null) as the released tables have it."""
     if field.type != pa.null():
         return field
     for t in tables:

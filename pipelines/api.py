@@ -141,8 +141,6 @@ def release_of(spec, num_shards, source_text, field_name=_api_field):
 
 
 _BATCH_ROWS = 1 << 16
-
-
 _ARROW_OF = {bool: pa.bool_(), int: pa.int64(), float: pa.float64(), str: pa.string(),
              bytes: pa.binary()}
 
@@ -307,8 +305,6 @@ class _SampleRowsToRecords(beam.DoFn):
             yield prepared
 
 
-
-
 def _table_rows(done, columns, charged=None):
     """The finished release's rows as ``beam.Row``s (``charged``: with a budget, this
     run's ledger charge, a side input read only so that no row leaves before it exists)."""
@@ -322,37 +318,33 @@ def _report_row(done, charged=None):
     return beam.Row(report=json.dumps(report, sort_keys=False, allow_nan=False))
 
 
-def _spec_name(field):
-    return field
-
-
 class RowsRelease(beam.PTransform):
     """The release of ``plan`` over schema'd rows: ``{"released": rows, "report": one row}``
-    (module docstring). ``field_name``: how errors name a spec field (its dotted name;
-    "" for the transform itself)."""
+    (module docstring). ``field_name``: how errors name a spec field, given its dotted
+    name ("" for the transform itself; default: the dotted name, ``thresher.Release``)."""
 
     def __init__(self, plan, num_shards, field_name=None, label=None):
         super().__init__(label)
         self._plan = plan
         self._num_shards = num_shards
-        self._field_name = field_name or _spec_name
+        self._field_name = field_name or _api_field
         # Tests only: a KeyedSource with a known secret, to compare with thresher run
         # (pipelines.running.release.run's rng_factory). None: the secret is drawn in the pipeline.
         self._rng_factory = None
 
     def expand(self, rows):
-        try:
+        from thresher.pipelines.running.beam_flags import refuse_graph_saving
+        refuse_graph_saving(rows.pipeline.options, "by " + self._field_name(""))
+        from apache_beam.options.pipeline_options import StandardOptions
+        from thresher.pipelines.running.beam_flags import refuse_dask
+        refuse_dask(rows.pipeline.runner)
+        refuse_dask(rows.pipeline.options.view_as(StandardOptions).runner)
+        try:       # the errors below name spec fields: named as the caller names them
             return self._expand(rows)
         except SpecError as exc:
             raise SpecError(self._field_name(exc.field), exc.message) from None
 
     def _expand(self, rows):
-        from thresher.pipelines.running.beam_flags import refuse_graph_saving
-        refuse_graph_saving(rows.pipeline.options, "by " + (self._field_name("") or "thresher.Release"))
-        from apache_beam.options.pipeline_options import StandardOptions
-        from thresher.pipelines.running.beam_flags import refuse_dask
-        refuse_dask(rows.pipeline.runner)
-        refuse_dask(rows.pipeline.options.view_as(StandardOptions).runner)
         _refuse_windowing(rows)
         plan = _budget_checked(self._plan, rows.pipeline)
         spec = plan.spec
@@ -426,7 +418,7 @@ class RowsRelease(beam.PTransform):
         else:                        # Table(__user, __user_lo, __key, keys)
             records = batches | "ToRecords" >> keyed_random.par_do(
                 _RowsToRecords(user, read_keys, values, source), **gate)
-        # the key columns' types as the rows give them (None: as the released tables have them)
+        # the key columns' types as the rows give them (null: as the released tables have them)
         key_fields = [pa.field(k, _arrow_type(fields[k]) or pa.null()) for k in keys]
         finished = records | "Release" >> release.Release(plan, self._num_shards, source,
                                                           key_fields)

@@ -61,10 +61,9 @@ import sys
 
 import yaml
 
-from thresher.pipelines.api import release_of
+from thresher.pipelines.api import DEFAULT_NUM_SHARDS, release_of
 from thresher.pipelines.errors import ThresherError
 
-DEFAULT_NUM_SHARDS = 16
 # Fields of the spec's input section, as this transform's config names them.
 _CONFIG_FIELD = {"input.user": "user", "input.keys": "keys", "input.public_keys": "public_keys",
                  "input.sample": "sample", "output.confidence": "confidence"}

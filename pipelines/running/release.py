@@ -88,7 +88,7 @@ def release_schema(spec, key_fields):
 def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     """``thresher run``'s pipeline: Read -> Release -> Write. The one ``Release`` transform
     (the Python API's and Beam YAML's too) ends in-pipeline with the released table and
-    the report; ``WriteRelease`` writes both into ``staging`` once. Returns nothing."""
+    the report; ``write_release`` writes both into ``staging`` once. Returns nothing."""
     spec = plan.spec
     if spec.aggregates:   # int64 grid sums cannot overflow: <= MAX_USERS users per key
         from thresher.pipelines.specs.aggregates import check_rows
@@ -272,17 +272,18 @@ def _spill_dir(pipeline, staging):
 
 def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, spill_dir=None,
                    notes_sink=None):
-    """The stages of a release between reading and writing (shared by ``thresher run``
-    and the Beam YAML transform, pipelines/beam_yaml.py).
+    """The stages of a release between its prepared records and its finishing stage
+    (``Release``).
 
     records: PCollection[pyarrow.Table] of prepared batches (``pipelines.io.prepare_batch``:
     ``__user``, ``__key`` and the key columns; with ``input.sample``
     ``pipelines.io.prepare_sample_batch``: ``__key``, the key columns and ``count``);
     spill_dir: a local folder for the user
-    shuffle's pieces (in-process runner only, see ``_spill_dir``); notes_sink: called with a
+    shuffle's pieces (in-process runner only, see ``_spill_dir``); clip_sink: called with the
+    PCollection of the chosen clips (``clip: auto``); notes_sink: called with a
     PCollection of one JSON line when the kind computes report figures in the pipeline
-    (``WRITES_NOTES``; ``thresher run`` writes it to staging, the Beam YAML transform takes
-    it as a side input of its report; both fold it in with the kind's ``apply_notes``).
+    (``WRITES_NOTES``). ``Release`` takes both as side inputs of its finishing stage,
+    which folds them into the report (``apply_clips``, the kind's ``apply_notes``).
     The kind's ``releases_from`` (``pipelines.kinds.base``) says which wiring applies.
     Returns (released PCollection[pyarrow.Table],
     chosen bound PCollection[int] with exactly one element, or None for a fixed bound).

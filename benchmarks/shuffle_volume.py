@@ -115,14 +115,14 @@ def instrument():
     aggregate.SumCountsPerKey.per_shard = staticmethod(
         _measured("key_counts", aggregate._sum_shard))
 
-    gathered = release._write_gathered
+    finish = release.finish
 
-    def write_gathered(unused, tables, *args, **kwargs):
+    def finish_recorded(unused, tables, *args, **kwargs):
         tables = list(tables)
         for table in tables:
             _record("released", table)
-        return gathered(unused, tables, *args, **kwargs)
-    release._write_gathered = write_gathered
+        return finish(unused, tables, *args, **kwargs)
+    release.finish = finish_recorded
     release._spill_dir = lambda pipeline, staging: None   # shuffles in the runner
 
     captured = {}

@@ -102,22 +102,6 @@ def read_text(path):
         return handle.read().decode("utf-8")
 
 
-def take_one_json_line(staging, name, what):
-    """The one JSON line a stage wrote to ``name`` in staging, parsed, the file removed;
-    None when the stage wrote no file. More or fewer lines are an error naming ``what``
-    (a stage ran twice or not at all), and nothing is published."""
-    path = join(staging, name)
-    text = read_text(path)
-    if text is None:
-        return None
-    lines = [line for line in text.splitlines() if line.strip()]
-    delete(path)
-    if len(lines) != 1:
-        raise ThresherError(f"{what} wrote {len(lines)} lines, expected exactly one; nothing "
-                            f"was published")
-    return json.loads(lines[0])
-
-
 def delete(path):
     if is_remote(path):
         _fs().delete([path])

@@ -1,12 +1,16 @@
-"""Build and run the Beam pipeline of one release.
+"""Build and run the Beam pipeline of one release: Read -> Release -> Write.
 
-    read batches ─► ShardByUser ─► PerUserBound / RandClip ─► SumCountsPerKey ─► mechanism ─► Parquet
-                         │                 ▲ side input: C
-                         └─► ChooseContributionBound (only with max_keys_per_user: auto)
+    Read ─► ShardByUser ─► PerUserBound / RandClip ─► SumCountsPerKey ─► mechanism ─┐
+                 │                 ▲ side input: C                                  │
+                 └─► ChooseContributionBound (max_keys_per_user: auto) ──────────────┤
+                                                     FinishRelease (table, report) ◄┘ ─► Write
 
-The release is written to a staging folder beside ``output.path`` and moved into place
-only after the pipeline succeeded and the report is written, so a failed run never
-leaves an output that looks complete.
+``Release`` is the one release transform: ``thresher run`` applies it to the records it
+reads, ``thresher.Release`` (pipelines/api.py) and Beam YAML's ``ThresherRelease``
+(pipelines/beam_yaml.py) to schema'd rows. It ends in the pipeline with the released
+table (canonical order, interval columns) and the report; ``thresher run`` writes both
+once into a staging folder beside ``output.path``, moved into place only after the
+pipeline succeeded, so a failed run never leaves an output that looks complete.
 """
 import json
 import logging
@@ -34,9 +38,6 @@ from thresher.transforms.bounding.user_shards import MAX_USER_ROWS, ShardByUser
 
 log = logging.getLogger("thresher")
 
-CHOSEN_BOUND_FILE = "chosen_bound"
-
-
 def pipeline_options(beam_args):
     """Beam options from the flags after ``--``; the default runner is the in-process
     FnApiRunner (what DirectRunner uses for batch Python pipelines, without DirectRunner's
@@ -56,8 +57,8 @@ def _make_runner(runner_name):
     return LiveMetricsRunner()     # Beam's FnApiRunner, its metrics readable while it runs
 
 
-def output_schema(spec, files):
-    """Schema of the released Parquet: the key columns (as read) and the kind's columns."""
+def key_fields(spec, files):
+    """The released file's key columns: pyarrow fields typed as the reader gives them."""
     schema = io.read_schema(files[0], spec.input.format, spec.input.delimiter)
     fields = []
     for name in spec.input.keys:
@@ -67,6 +68,13 @@ def output_schema(spec, files):
         if spec.input.format != "parquet" or pa.types.is_large_string(t):
             t = pa.string() if (spec.input.format != "parquet" or pa.types.is_large_string(t)) else t
         fields.append(pa.field(name, t))
+    return fields
+
+
+def release_schema(spec, key_fields):
+    """Fields of the released table: ``key_fields`` (pyarrow fields of the key columns)
+    and the kind's columns (before the interval columns, which ``finish`` adds)."""
+    fields = list(key_fields)
     for name, t in kinds.get(spec.kind).OUTPUT_COLUMNS.items():
         fields.append(pa.field(name, t))
     if spec.mechanism.get("debias"):   # input.public_keys with debias: poisson
@@ -74,51 +82,178 @@ def output_schema(spec, files):
     if spec.aggregates:
         from thresher.pipelines.specs.aggregates import output_fields
         fields.extend(output_fields(spec.aggregates))
-    return pa.schema(fields)
+    return fields
 
 
 def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
-    """Add the release's stages to ``pipeline``; returns nothing (the sinks are the output)."""
+    """``thresher run``'s pipeline: Read -> Release -> Write. The one ``Release`` transform
+    (the Python API's and Beam YAML's too) ends in-pipeline with the released table and
+    the report; ``write_release`` writes both into ``staging`` once. Returns nothing."""
     spec = plan.spec
-    keys = list(spec.input.keys)
     if spec.aggregates:   # int64 grid sums cannot overflow: <= MAX_USERS users per key
         from thresher.pipelines.specs.aggregates import check_rows
         check_rows(est_rows)
     exact_rows = spec.input.format == "parquet"     # footers: est_rows is the row count
     num_shards = io.num_shards_for(est_rows, exact=exact_rows)
-    kind = kinds.get(spec.kind)
-    schema = output_schema(spec, files)
 
-    read_spec = kind.read_spec(spec)
+    read_spec = kinds.get(spec.kind).read_spec(spec)
     source = keyed_random.resolve(rng_factory)   # the publisher checks: one secret per run
-    draws = keyed_random.KeyedDraws(source)      # each stage gets its own child, by name
     records = pipeline | "Read" >> io.ReadRecords(read_spec, files,
                                                   rng_factory=source)   # Table(__user, __key, keys)
-    if spec.input.sample is not None:   # an existing weighted sample (release_stages)
-        released, _ = release_stages(records, plan, num_shards, rng_factory=draws)
-        _write(released, staging, schema, keys, source=source)
-        return
-    sink = None
-    if spec.aggregates_auto is not None:   # the chosen clip bounds, for the report
-        from thresher.pipelines.specs.aggregates import clip_sink
-        sink = clip_sink(staging)
     spill_dir = None   # a small input's shuffles stay in memory (a few MB at most)
-    if not io.is_small_input(est_rows, exact_rows):
+    if spec.input.sample is None and not io.is_small_input(est_rows, exact_rows):
         spill_dir = _spill_dir(pipeline, staging)
-    notes = []            # a kind's report figures computed in the pipeline (apply_notes)
-    released, chosen = release_stages(records, plan, num_shards, rng_factory=draws,
-                                      clip_sink=sink, spill_dir=spill_dir,
-                                      notes_sink=notes.append)
-    for note in notes:    # one JSON line, read back by _apply_kind_notes
-        (note
-         | "WriteNote" >> beam.io.WriteToText(os.path.join(staging, kind.NOTES_FILE),
-                                              num_shards=1, shard_name_template=""))
-    if chosen is not None:
-        (chosen
-         | "FormatBound" >> beam.Map(lambda c: json.dumps({"max_keys_per_user": int(c)}))
-         | "WriteBound" >> beam.io.WriteToText(os.path.join(staging, CHOSEN_BOUND_FILE),
-                                               num_shards=1, shard_name_template=""))
-    _write(released, staging, schema, keys, domain=plan.domain, source=source)
+    finished = records | "Release" >> Release(plan, num_shards, source, key_fields(spec, files),
+                                               spill_dir=spill_dir, rng_factory=rng_factory)
+    finished | "Write" >> beam.Map(write_release, staging=staging)
+
+
+class Release(beam.PTransform):
+    """The one release of a spec (``thresher run``, ``thresher.Release`` and Beam YAML's
+    ``ThresherRelease`` all apply it): prepared record batches in
+    (``pipelines.dataio.io.prepare_batch``; ``prepare_sample_batch`` with ``input.sample``),
+    the release finished in the pipeline out:
+
+    one element ``(table, report)``: every released row in the canonical order and
+    layout of ``pipelines.dataio.released_file`` with the interval columns
+    (``pipelines.dataio.intervals``), and the release report (the plan's, for the chosen
+    bound, with the chosen clips, the kind's notes and ``released_keys``).
+
+    Both are functions of the released rows, the spec and the version only: the chosen
+    bound, clips and notes reach the one finishing stage as side inputs, nothing is
+    written beside the release and read back. The finishing stage is the release's
+    publisher (``transforms.randomness.secret_commitment.publisher``): under the
+    in-pipeline secret it first checks that every stage read one secret, so nothing
+    leaves before that check passed.
+
+    ``source``: the release's keyed source (``PipelineSecret`` or a test ``KeyedSource``);
+    each drawing stage is handed its own child of it (``keyed_random.KeyedDraws``), named
+    as the stage is labelled, so the release draws the same wherever it is applied. ``key_fields``: pyarrow fields of the key
+    columns (of type null: as the released tables give it). ``spill_dir``: the in-process
+    runner's shuffle spill folder (``_spill_dir``). ``rng_factory``: what the stages are
+    given (tests: the fixed source; None: the release's ``source``)."""
+
+    def __init__(self, plan, num_shards, source, key_fields, spill_dir=None,
+                 rng_factory=None, label=None):
+        super().__init__(label)
+        self._plan = plan
+        self._num_shards = num_shards
+        self._source = source
+        self._key_fields = list(key_fields)
+        self._spill_dir = spill_dir
+        self._rng_factory = rng_factory
+
+    def expand(self, records):
+        plan = self._plan
+        spec = plan.spec
+        keys = list(spec.input.keys)
+        pipeline = records.pipeline
+        clips = []     # clip: auto -- the chosen bounds (one dict)
+        notes = []     # a kind's report figures computed in the pipeline (one JSON line)
+        # the draws' root: each stage is handed its own child of it, named as the stage
+        # is labelled, wherever this transform is applied (keyed_random.KeyedDraws)
+        factory = self._rng_factory if self._rng_factory is not None else self._source
+        released, chosen = release_stages(records, plan, self._num_shards,
+                                          rng_factory=keyed_random.KeyedDraws(
+                                              keyed_random.resolve(factory)),
+                                          clip_sink=clips.append,
+                                          spill_dir=self._spill_dir,
+                                          notes_sink=notes.append)
+        if chosen is None:
+            bound = spec.bounding.max_keys_per_user
+            reports = {bound: plan.report()}
+            chosen = bound
+        else:
+            reports = {c: plan.report(chosen_bound=c) for c in plan.candidates}
+            chosen = beam.pvalue.AsList(chosen)
+        extra = {}
+        if clips:
+            extra["clips"] = beam.pvalue.AsList(clips[0])
+        if notes:
+            extra["notes"] = beam.pvalue.AsList(notes[0])
+        if plan.domain is not None:
+            from thresher.transforms.selection.public_domain import packed_domain
+            extra["domain"] = beam.pvalue.AsSingleton(packed_domain(pipeline, plan.domain, keys))
+        finished = (pipeline
+                    | "GatherReleased" >> beam.Impulse()
+                    | "FinishRelease" >> secret_commitment.publisher(
+                        finish, self._source, tables=beam.pvalue.AsList(released),
+                        chosen=chosen, reports=reports, spec=spec,
+                        key_fields=self._key_fields, **extra))
+        return finished
+
+
+def _one(values, what):
+    """The one element of a side input that holds one (a private choice, a note): None
+    when there is none (a stage that did not run), an error naming ``what`` for more."""
+    values = list(values)
+    if len(values) > 1:
+        raise ThresherError(f"{what} produced {len(values)} values, expected exactly one; "
+                            f"nothing was published")
+    return values[0] if values else None
+
+
+def finish(unused_impulse, tables, chosen, reports, spec, key_fields, clips=None, notes=None,
+           domain=None):
+    """The release finished: (canonical released table with its interval columns, report).
+
+    Post-processing of the released tables and the private choices with the public
+    parameters only (the plan's reports for each candidate bound, the spec), so the
+    published table and report are a function of the private output, the spec and the
+    version on every runner."""
+    keys = list(spec.input.keys)
+    if not isinstance(chosen, int):           # max_keys_per_user: auto -- the chosen bound
+        chosen = _one(chosen, "the contribution-bound stage")
+        if chosen is None:
+            raise ThresherError("the contribution-bound stage produced no bound; nothing "
+                                "was published")
+    report = dict(reports[int(chosen)])
+    if clips is not None:                     # clip: auto -- the chosen bounds
+        clips = _one(clips, "the clip stage")
+        if clips is not None:
+            from thresher.pipelines.specs.aggregates import apply_clips
+            report["mechanism"] = apply_clips(report["mechanism"], clips)
+    if notes is not None:                     # e.g. quantiles' capped key selection
+        note = _one(notes, "the kind's notes stage")
+        if note is not None:
+            report = kinds.get(spec.kind).apply_notes(report, json.loads(note))
+    tables = list(tables)
+    schema = pa.schema([_key_field(f, tables) for f in key_fields]
+                       + release_schema(spec, []))
+    if domain is not None:
+        from thresher.transforms.selection.public_domain import unpack
+        domain = unpack(domain)
+    table = released_file.canonical_table(tables, schema, keys, domain=domain)
+    from thresher.pipelines.dataio import intervals
+    table = intervals.add_columns(table, report["mechanism"], spec)
+    report["released_keys"] = int(table.num_rows)
+    return table, report
+
+
+def _key_field(field, tables):
+    """A key column's field: as given, or (type null) as the released tables have it."""
+    if field.type != pa.null():
+        return field
+    for t in tables:
+        if field.name in t.column_names:
+            return pa.field(field.name, t.schema.field(field.name).type)
+    return pa.field(field.name, pa.string())
+
+
+def write_release(done, staging):
+    """``thresher run``'s Write: the finished release's ``released.parquet`` and
+    ``release_report.json`` written into the staging location, once each."""
+    table, report = done
+    report = dict(report, outputs=[io.RELEASED_FILE])
+    path = publish.join(staging, io.RELEASED_FILE)
+    if publish.is_remote(path):
+        from apache_beam.io.filesystems import FileSystems
+        with FileSystems.create(path) as handle:
+            handle.write(released_file.serialise(table))
+    else:
+        released_file.write(table, path)
+    publish.write_json(publish.join(staging, io.REPORT_FILE), report)
+    return table.num_rows
 
 
 def _spill_dir(pipeline, staging):
@@ -140,17 +275,18 @@ def _spill_dir(pipeline, staging):
 
 def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, spill_dir=None,
                    notes_sink=None):
-    """The stages of a release between reading and writing (shared by ``thresher run``
-    and the Beam YAML transform, pipelines/beam_yaml.py).
+    """The stages of a release between its prepared records and its finishing stage
+    (``Release``).
 
     records: PCollection[pyarrow.Table] of prepared batches (``pipelines.io.prepare_batch``:
     ``__user``, ``__key`` and the key columns; with ``input.sample``
     ``pipelines.io.prepare_sample_batch``: ``__key``, the key columns and ``count``);
     spill_dir: a local folder for the user
-    shuffle's pieces (in-process runner only, see ``_spill_dir``); notes_sink: called with a
+    shuffle's pieces (in-process runner only, see ``_spill_dir``); clip_sink: called with the
+    PCollection of the chosen clips (``clip: auto``); notes_sink: called with a
     PCollection of one JSON line when the kind computes report figures in the pipeline
-    (``WRITES_NOTES``; ``thresher run`` writes it to staging, the Beam YAML transform takes
-    it as a side input of its report; both fold it in with the kind's ``apply_notes``).
+    (``WRITES_NOTES``). ``Release`` takes both as side inputs of its finishing stage,
+    which folds them into the report (``apply_clips``, the kind's ``apply_notes``).
     The kind's ``releases_from`` (``pipelines.kinds.base``) says which wiring applies.
     rng_factory: the release's source (a ``keyed_random.KeyedSource``, ``PipelineSecret``
     or, in tests, ``seeded_for_tests``) or its root ``keyed_random.KeyedDraws``: every
@@ -494,50 +630,6 @@ def _params_for(bound, table):
     return table[int(bound)]
 
 
-def _write(released, staging, schema, keys, domain=None, source=None):
-    """Gather every released row and write ``released.parquet`` once, in the canonical
-    order and layout of ``pipelines.released_file`` (a function of the released rows,
-    never of shards, bundles or input size). The writer is the release's publisher: under
-    the in-pipeline secret it first checks that every stage of the run read one secret
-    (``transforms.randomness.secret_commitment``; added last, after every stage that draws).
-
-    The released Tables reach the writer as one side input (``AsList``) of a one-element
-    stage, rather than through ``ToList``: Beam's global combine is two more fused stages
-    (its merge, and the stage that supplies its default for an empty input), which on the
-    in-process runner cost more than the rows of a small release (docs/performance.md).
-    A public key domain arrives as the release's one packed copy
-    (``public_domain.packed_domain``), never pickled into the writer (issue 36 D13)."""
-    extra = {}
-    if domain is not None:
-        from thresher.transforms.selection.public_domain import packed_domain
-        extra["domain"] = beam.pvalue.AsSingleton(
-            packed_domain(released.pipeline, domain, keys))
-    (released.pipeline
-     | "GatherReleased" >> beam.Impulse()
-     | "WriteReleased" >> secret_commitment.publisher(
-         _write_gathered, source, tables=beam.pvalue.AsList(released),
-         path=publish.join(staging, io.RELEASED_FILE), schema=schema, keys=tuple(keys),
-         **extra))
-
-
-def _write_gathered(unused_impulse, tables, path, schema, keys, domain=None):
-    if domain is not None:
-        from thresher.transforms.selection.public_domain import unpack
-        domain = unpack(domain)
-    return _write_canonical(list(tables), path, schema, keys, domain)
-
-
-def _write_canonical(tables, path, schema, keys, domain):
-    table = released_file.canonical_table(tables, schema, keys, domain=domain)
-    if publish.is_remote(path):
-        from apache_beam.io.filesystems import FileSystems
-        with FileSystems.create(path) as handle:
-            handle.write(released_file.serialise(table))
-    else:
-        released_file.write(table, path)
-    return table.num_rows
-
-
 def _metrics(result):
     try:
         counters = result.metrics().query(
@@ -610,22 +702,11 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
         progress.watch(result)            # their result's metrics are polled meanwhile
         result.wait_until_finish()
         signals.check()                   # a SIGTERM that library code swallowed
-        chosen = None
-        if spec.auto_bound:
-            chosen = _read_chosen_bound(staging)
-        report = plan.report(chosen_bound=chosen)
-        if spec.aggregates_auto is not None:   # clip: auto -- the chosen bounds
-            from thresher.pipelines.specs.aggregates import report_chosen_clips
-            report = report_chosen_clips(report, staging)
-        report = _apply_kind_notes(report, staging, kinds.get(spec.kind))
         publish.remove_sink_scratch(staging)
-        outputs = publish.released_files(staging)
-        if not outputs:
+        report_text = publish.read_text(publish.join(staging, io.REPORT_FILE))
+        if report_text is None or not publish.released_files(staging):
             raise InputError("the pipeline finished but wrote no released file; nothing was published")
-        _add_intervals(outputs, report["mechanism"], spec)
-        report["released_keys"] = publish.count_released(outputs)
-        report["outputs"] = publish.published_names(outputs)
-        publish.write_json(publish.join(staging, io.REPORT_FILE), report)
+        report = json.loads(report_text)    # what WriteRelease wrote, returned as published
         signals.check()
         if reservation is not None:
             reservation.publishing()      # from here on the release stays charged
@@ -637,46 +718,3 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
     log.info("operator diagnostics (NOT differentially private, do not publish): %s; "
              "wall time %.2f s", json.dumps(diagnostics, sort_keys=True), time.time() - started)
     return report
-
-
-def _add_intervals(outputs, mechanism, spec):
-    """Write the <column>_low / _high intervals into the staged released file, here in
-    the launcher, once: post-processing of the released values with the public
-    parameters (pipelines/dataio/intervals.py), so the published bytes stay a function of the
-    private output, the spec and the version on every runner."""
-    from thresher.pipelines.dataio import intervals
-    if not intervals.kind_publishes(spec):
-        return
-    import pyarrow.parquet as pq
-    for path in outputs:
-        if publish.is_remote(path):
-            from apache_beam.io.filesystems import FileSystems
-            with FileSystems.open(path) as handle:
-                table = pq.read_table(pa.BufferReader(handle.read()))
-        else:
-            table = pq.read_table(path)
-        table = intervals.add_columns(table, mechanism, spec)
-        if publish.is_remote(path):
-            from apache_beam.io.filesystems import FileSystems
-            with FileSystems.create(path) as handle:
-                handle.write(released_file.serialise(table))
-        else:
-            released_file.write(table, path)
-
-
-def _apply_kind_notes(report, staging, kind):
-    """The report with the figures a kind's pipeline wrote to its NOTES_FILE (one JSON
-    line, read and removed from staging; e.g. quantiles' capped key selection)."""
-    if not kind.WRITES_NOTES:
-        return report
-    note = publish.take_one_json_line(staging, kind.NOTES_FILE,
-                                      f"the {kind.NOTES_FILE} stage")
-    return report if note is None else kind.apply_notes(report, note)
-
-
-def _read_chosen_bound(staging):
-    chosen = publish.take_one_json_line(staging, CHOSEN_BOUND_FILE,
-                                        "the contribution-bound stage")
-    if chosen is None:
-        raise ThresherError("the contribution-bound stage produced no bound; nothing was published")
-    return int(chosen["max_keys_per_user"])

@@ -436,42 +436,6 @@ def apply_clips(params, clips):
     return out
 
 
-CLIPS_FILE = "chosen_clips"
-
-
-def clip_sink(staging):
-    """A clip_sink for ``thresher run``: write the chosen clips beside the release."""
-    import json
-    import os
-
-    def sink(clips):
-        (clips
-         | "FormatClips" >> beam_map(lambda c: json.dumps({str(k): v for k, v in c.items()}))
-         | "WriteClips" >> beam_write(os.path.join(staging, CLIPS_FILE)))
-    return sink
-
-
-def beam_map(fn):
-    import apache_beam as beam
-    return beam.Map(fn)
-
-
-def beam_write(path):
-    import apache_beam as beam
-    return beam.io.WriteToText(path, num_shards=1, shard_name_template="")
-
-
-def report_chosen_clips(report, staging):
-    """Fill the report's aggregates with the chosen clips (read and removed from staging)."""
-    from thresher.pipelines.dataio import publish
-    clips = publish.take_one_json_line(staging, CLIPS_FILE, "the clip stage")
-    if clips is None:
-        return report
-    report = dict(report)
-    report["mechanism"] = apply_clips(report["mechanism"], clips)
-    return report
-
-
 def check_rows(est_rows):
     """Refuse an input with more rows than MAX_USERS (2**50): a key then could have more
     users than the int64 grid sums are sized for (accounting.aggregates)."""

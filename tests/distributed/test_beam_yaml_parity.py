@@ -1,4 +1,7 @@
-"""The Beam YAML transform (pipelines/beam_yaml.py ``ThresherRelease``) accepts what
+"""thresher run, thresher.Release and Beam YAML's ``ThresherRelease`` apply one transform,
+``release.Release`` (issue 44, item 2: ``test_thresher_run_the_api_and_beam_yaml_apply_one_release_transform``).
+
+The Beam YAML transform (pipelines/beam_yaml.py ``ThresherRelease``) accepts what
 ``thresher run`` accepts (issue 29): ``aggregates`` with ``clip: auto``, ``budget``,
 ``input.public_keys``, ``mechanism.kind: quantiles`` and ``input.sample`` -- each refused
 by name before -- and publishes thresher run's ``<column>_low`` / ``_high`` interval
@@ -131,6 +134,46 @@ def _config(**changes):
               "name": "parity"}
     config.update(changes)
     return config
+
+
+def _releases_applied(pipeline):
+    """The ``release.Release`` transforms applied in ``pipeline``, with their plans'
+    reports (config_sha256 aside: the CLI hashes its file, the others their config)."""
+    found = []
+
+    class Visitor(beam.pipeline.PipelineVisitor):
+        def enter_composite_transform(self, node):
+            if isinstance(node.transform, release.Release):
+                report = dict(node.transform._plan.report())
+                report.pop("config_sha256")
+                found.append((type(node.transform), report))
+    pipeline.visit(Visitor())
+    return found
+
+
+def test_thresher_run_the_api_and_beam_yaml_apply_one_release_transform(tmp_path):
+    """One Release (issue 44, item 2): thresher run (Read -> Release -> Write),
+    thresher.Release(spec) and Beam YAML's ThresherRelease each apply the one
+    ``release.Release`` transform, once, with the same calibrated plan -- so what the
+    transform publishes is the CLI's by construction; the tests below check the rows'
+    way into it (fields, types, the sample and value columns) against the file's."""
+    import thresher
+    from thresher.transforms.randomness.keyed_random import building
+    config = _config(aggregates=[{"column": "amount", "statistic": "mean", "clip": "auto"}])
+    data = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist(_records(100)), str(data))
+    doc = {"name": "parity", "input": {"path": str(data), "user": "user_id", "keys": ["word"]},
+           "output": {"path": str(tmp_path / "out")},
+           **{k: config[k] for k in ("privacy", "bounding", "mechanism", "aggregates")}}
+    cli, api, yaml_ = beam.Pipeline(), beam.Pipeline(), beam.Pipeline()
+    source = KeyedSource(SECRET)
+    with building(source):
+        release.build(cli, make_plan(spec_mod.parse(doc)), [str(data)], 100,
+                      str(tmp_path / "staging"), rng_factory=source)
+    for pipeline, transform in ((api, thresher.Release(doc)), (yaml_, ThresherRelease(**config))):
+        _ = (pipeline | beam.Create([beam.Row(**r) for r in _records(100)])
+             | "Release" >> transform)
+    assert _releases_applied(cli) == _releases_applied(api) == _releases_applied(yaml_) != []
 
 
 def test_the_transform_matches_thresher_run_for_a_plain_count(tmp_path):
@@ -282,12 +325,13 @@ def test_api_release_refuses_unknown_sections_and_a_user_beside_a_sample_by_name
                                         r"allowed sections: name, "):
         thresher.Release(dict(base, budgets={}))
     # input.sample is accepted (test_an_existing_weighted_sample_matches_thresher_run);
-    # the spec's own rules about it still hold, named
-    with pytest.raises(SpecError, match=r"^ThresherRelease\.user: must be left out with "
+    # the spec's own rules about it still hold, named as the spec names them (the API is
+    # no longer the Beam YAML transform, whose config names them ThresherRelease.user)
+    with pytest.raises(SpecError, match=r"^input\.user: must be left out with "
                                         r"input\.sample"):
         thresher.Release(dict(base, mechanism={"kind": "weighted_sampling"}, input={
             "user": "user_id", "keys": ["word"], "sample": {"frequency": "n", "scheme": "none"}}))
-    with pytest.raises(SpecError, match=r"^ThresherRelease\.confidence: "):
+    with pytest.raises(SpecError, match=r"^output\.confidence: "):
         thresher.Release(dict(base, output={"confidence": 1.5}))
 
 
@@ -351,6 +395,12 @@ def test_api_release_takes_an_existing_sample(tmp_path):
                 if k not in NOT_COMPARED})
 
 
+# One Release (issue 44, item 2): the transform's finishing -- the interval columns, the
+# report, the chosen bound and clips -- is one function for thresher run and the transform
+# (release.finish, under the one-release test above), so these per-kind comparisons of it
+# run with the slow suite (CI runs it); the default suite keeps the comparisons of what
+# differs, the rows' way into the release (fields, types, value and sample columns).
+@pytest.mark.slow
 @pytest.mark.parametrize("changes", [
     {"confidence": 0.8},
     {"mechanism": {"kind": "laplace"}},
@@ -378,6 +428,8 @@ def test_interval_columns_match_thresher_run(tmp_path, changes):
     assert report["intervals"]["confidence"] == changes.get("confidence", 0.95)
 
 
+# slow: the finishing is shared (comment above test_interval_columns_match_thresher_run)
+@pytest.mark.slow
 @pytest.mark.parametrize("method", [{"method": "adaptive"},
                                     {"method": "trie", "prefix_lengths": [2, 4, None]}])
 def test_heavy_hitters_match_thresher_run(tmp_path, method):
@@ -389,6 +441,8 @@ def test_heavy_hitters_match_thresher_run(tmp_path, method):
     assert sorted(r["rank"] for r in rows) == list(range(1, len(rows) + 1))
 
 
+# slow: the finishing is shared (comment above test_interval_columns_match_thresher_run)
+@pytest.mark.slow
 def test_auto_bound_over_public_keys_matches_thresher_run(tmp_path):
     """(3) max_keys_per_user: auto with input.public_keys: the bounded-domain rule's
     choice (ChooseDomainBound) flows into the bounding and the report as in the CLI."""
@@ -404,6 +458,8 @@ def test_auto_bound_over_public_keys_matches_thresher_run(tmp_path):
     assert len(rows) == len(words[::4])
 
 
+# slow: the finishing is shared (comment above test_interval_columns_match_thresher_run)
+@pytest.mark.slow
 def test_auto_bound_with_clip_auto_matches_thresher_run(tmp_path):
     """(3) max_keys_per_user: auto with aggregates clip: auto: both private choices in
     one release, both side inputs of the bounding and of the report and intervals."""

@@ -146,11 +146,14 @@ def test_failed_run_publishes_nothing_on_object_storage(store, capsys, monkeypat
     """A failure after the pipeline wrote its staged objects deletes them all."""
     spec_path, _, root = store
 
-    def fail(files):
+    staged = publish.released_files
+
+    def fail(staging):     # the launcher's look at what the pipeline wrote
+        files = staged(staging)
         assert files and all(f.startswith(f"{BUCKET}/releases/quickstart.tmp-") for f in files)
         raise OSError("injected failure after the pipeline ran")
 
-    monkeypatch.setattr(publish, "count_released", fail)
+    monkeypatch.setattr(publish, "released_files", fail)
     assert main(["run", spec_path]) == 1
     assert "injected failure" in capsys.readouterr().err
     assert _objects(root) == ["bucket/in/words.parquet"]

@@ -158,7 +158,6 @@ def test_thresher_run_the_api_and_beam_yaml_apply_one_release_transform(tmp_path
     transform publishes is the CLI's by construction; the tests below check the rows'
     way into it (fields, types, the sample and value columns) against the file's."""
     import thresher
-    from thresher.transforms.randomness.keyed_random import building
     config = _config(aggregates=[{"column": "amount", "statistic": "mean", "clip": "auto"}])
     data = tmp_path / "data.parquet"
     pq.write_table(pa.Table.from_pylist(_records(100)), str(data))
@@ -167,9 +166,8 @@ def test_thresher_run_the_api_and_beam_yaml_apply_one_release_transform(tmp_path
            **{k: config[k] for k in ("privacy", "bounding", "mechanism", "aggregates")}}
     cli, api, yaml_ = beam.Pipeline(), beam.Pipeline(), beam.Pipeline()
     source = KeyedSource(SECRET)
-    with building(source):
-        release.build(cli, make_plan(spec_mod.parse(doc)), [str(data)], 100,
-                      str(tmp_path / "staging"), rng_factory=source)
+    release.build(cli, make_plan(spec_mod.parse(doc)), [str(data)], 100,
+                  str(tmp_path / "staging"), rng_factory=source)
     for pipeline, transform in ((api, thresher.Release(doc)), (yaml_, ThresherRelease(**config))):
         _ = (pipeline | beam.Create([beam.Row(**r) for r in _records(100)])
              | "Release" >> transform)

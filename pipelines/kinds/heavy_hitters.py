@@ -452,8 +452,14 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     mech = spec.mechanism
     if mech.get("method") == "adaptive":
         return _adaptive_stages(records, plan, num_shards, rng_factory)
+    # issue 43: a user's rows beyond what PerUserBound can keep go before the shuffle
+    # (transforms/bounding/prereduce_stages.py: same bytes), so no user is refused
+    from thresher.transforms.bounding.prereduce_stages import prereduced_for_bounds
+    records, reduced = prereduced_for_bounds(records, [(keys, bound, "PerUserBound", False)],
+                                             rng_factory)
+    shuffle = {"coalesce_rows": 1} if reduced else whole_user_limit(plan)
     return (records
-            | "ShardByUser" >> ShardByUser(num_shards, **whole_user_limit(plan))
+            | "ShardByUser" >> ShardByUser(num_shards, **shuffle)
             | "PerUserBound" >> PerUserBound(keys, bound, rng_factory=rng_factory,
                                              rows=True)                      # Table(__user, key)
             | "HeavyHitters" >> HeavyHittersRelease(

@@ -167,11 +167,15 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     if _one_pass_auto(spec):
         return _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir)
     reduced = _prereduced(records, plan, rng_factory)
+    copies = False
+    if reduced is records:   # l1: a user's repeated records travel as (record, count)
+        reduced = _prereduced_copies(records, plan, rng_factory)
+        copies = reduced is not records
     combined = reduced is not records   # pre-reduced: a user sends ~C rows per table
     shards = _UserShards(reduced, num_shards, keys, spec.auto_bound, spill_dir,
                          combined=combined,
-                         setting=_whole_user_setting(plan) if not combined or spec.aggregates
-                         else None)
+                         setting=_whole_user_setting(plan)
+                         if not combined or spec.aggregates or copies else None)
     chosen = None
     if spec.auto_bound:
         from thresher.transforms.bounding.choose_contribution_bound import ChooseContributionBound
@@ -258,6 +262,26 @@ def _prereduced_pairs(records, plan, rng_factory):
         plan.spec.input.keys, user_key_cap(plan.candidates), source, stage)
 
 
+def _copies_apply(plan, rng_factory):
+    """Whether l1 rows travel as (record, count) (:func:`_prereduced_copies`)."""
+    spec = plan.spec
+    return (spec.bounding.model == "l1" and not spec.auto_bound and not spec.aggregates
+            and kinds.get(spec.kind).releases_from != USERS
+            and isinstance(keyed_random.resolve(rng_factory), keyed_random.KeyedSource))
+
+
+def _prereduced_copies(records, plan, rng_factory):
+    """Fixed-bound l1 (``RandClip``): combine the read batches into the shuffle's tables
+    and send a heavy user's repeated records as one row per table with their count
+    (transforms/bounding/rand_clip_copies.py: the kept copies, hence the bytes, are
+    those of the rows). Under the release's secret only (the kernel reading the counts
+    needs the keyed priorities); every other bounding gets its records unchanged."""
+    if not _copies_apply(plan, rng_factory):
+        return records
+    from thresher.transforms.bounding.rand_clip_copies import PreReduceCopies
+    return records | "PreReduceCopies" >> PreReduceCopies()
+
+
 _FIXED_L0 = ("use a fixed bounding.max_keys_per_user with bounding.model: l0 (its "
              "bounding drops a user's extra rows before the shuffle), or leave such users "
              "out of the input")
@@ -281,7 +305,9 @@ def _whole_user_setting(plan):
                 "user, but this user still has more rows than that after the per-table "
                 "pre-reduction; " + _FIXED_L0)
     if spec.bounding.model == "l1":
-        return ("bounding.model", "l1 samples a user's records, not keys; " + _FIXED_L0)
+        return ("bounding.model", "l1 samples a user's records, not keys: its repeated "
+                "records travel as one row with their count, but all of its distinct "
+                "records meet in one place; " + _FIXED_L0)
     if kind.releases_from == USERS:
         return ("mechanism.kind", f"{spec.kind} re-bounds a user's keys in every round; "
                 + _FIXED_L0)
@@ -447,6 +473,8 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
             clips=clip_side)
     elif spec.bounding.model == "l1":
         from thresher.transforms.bounding.rand_clip import RandClip
+        if _copies_apply(plan, rng_factory):   # rows carry __copies (_prereduced_copies)
+            from thresher.transforms.bounding.rand_clip_copies import RandClipCopies as RandClip
         partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
     else:   # a kind may bound with weights (weighted_gaussian: WeightedPerUserBound)
         kind = kinds.get(spec.kind)

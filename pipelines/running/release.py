@@ -167,15 +167,14 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     if _one_pass_auto(spec):
         return _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir)
     reduced = _prereduced(records, plan, rng_factory)
-    copies = False
-    if reduced is records:   # l1: a user's repeated records travel as (record, count)
-        reduced = _prereduced_copies(records, plan, rng_factory)
-        copies = reduced is not records
+    distinct_rows = False   # a user's distinct records or keys all meet in one place
+    if reduced is records:   # issue 43: the other fixed bounds' own pre-reductions
+        reduced, distinct_rows = _prereduced_heavy(records, plan, rng_factory)
     combined = reduced is not records   # pre-reduced: a user sends ~C rows per table
     shards = _UserShards(reduced, num_shards, keys, spec.auto_bound, spill_dir,
                          combined=combined,
                          setting=_whole_user_setting(plan)
-                         if not combined or spec.aggregates or copies else None)
+                         if not combined or spec.aggregates or distinct_rows else None)
     chosen = None
     if spec.auto_bound:
         from thresher.transforms.bounding.choose_contribution_bound import ChooseContributionBound
@@ -263,23 +262,49 @@ def _prereduced_pairs(records, plan, rng_factory):
 
 
 def _copies_apply(plan, rng_factory):
-    """Whether l1 rows travel as (record, count) (:func:`_prereduced_copies`)."""
+    """Whether l1 rows travel as (record, count) (:func:`_prereduced_heavy`)."""
     spec = plan.spec
     return (spec.bounding.model == "l1" and not spec.auto_bound and not spec.aggregates
-            and kinds.get(spec.kind).releases_from != USERS
+            and plan.domain is None and kinds.get(spec.kind).releases_from != USERS
             and isinstance(keyed_random.resolve(rng_factory), keyed_random.KeyedSource))
 
 
-def _prereduced_copies(records, plan, rng_factory):
-    """Fixed-bound l1 (``RandClip``): combine the read batches into the shuffle's tables
-    and send a heavy user's repeated records as one row per table with their count
-    (transforms/bounding/rand_clip_copies.py: the kept copies, hence the bytes, are
-    those of the rows). Under the release's secret only (the kernel reading the counts
-    needs the keyed priorities); every other bounding gets its records unchanged."""
-    if not _copies_apply(plan, rng_factory):
-        return records
-    from thresher.transforms.bounding.rand_clip_copies import PreReduceCopies
-    return records | "PreReduceCopies" >> PreReduceCopies()
+def _prereduced_heavy(records, plan, rng_factory):
+    """issue 43: the pre-reductions of the fixed bounds ``_prereduced`` leaves alone, so
+    that a heavy user is bounded rather than refused; each leaves the published bytes as
+    they are (their modules say why). Returns (records, whether a user's distinct rows
+    still all meet in one place, so the whole-user limit stays):
+
+    * l1 (``RandClip``): a user's repeated records travel as one row per table with
+      their count (transforms/bounding/rand_clip_copies.py; ``RandClipCopies`` reads it);
+    * adaptive: one row per (user, key) and table (transforms/bounding/prereduce_stages.py,
+      ``PreReduceDistinctPairs``);
+    * weighted_gaussian (``WeightedPerUserBound``: the l0 kernel, then weights and counts
+      of the kept keys only): ``PreReduceL0`` at C, as the plain l0 bound.
+
+    Under the release's keyed secret only; every other bounding gets its records."""
+    spec = plan.spec
+    kind = kinds.get(spec.kind)
+    source = keyed_random.resolve(rng_factory)
+    if (spec.auto_bound or spec.aggregates or plan.domain is not None
+            or not isinstance(source, keyed_random.KeyedSource)):
+        return records, False
+    if kind.releases_from == USERS:
+        if spec.bounding.model != "l0":
+            return records, False
+        from thresher.transforms.bounding.prereduce_stages import PreReduceDistinctPairs
+        return records | "PreReduceDistinctPairs" >> PreReduceDistinctPairs(
+            spec.input.keys), True
+    if _copies_apply(plan, rng_factory):
+        from thresher.transforms.bounding.rand_clip_copies import PreReduceCopies
+        return records | "PreReduceCopies" >> PreReduceCopies(), True
+    if spec.bounding.model == "l0" and kind.releases_from != RECORDS:
+        from thresher.transforms.bounding.prereduce import PreReduceL0
+        parent = keyed_random.stage_name(records)
+        stage = f"{parent}/PerUserBound" if parent else "PerUserBound"
+        return records | "PreReduceUsers" >> PreReduceL0(
+            spec.input.keys, spec.bounding.max_keys_per_user, source, stage), False
+    return records, False
 
 
 _FIXED_L0 = ("use a fixed bounding.max_keys_per_user with bounding.model: l0 (its "
@@ -309,8 +334,9 @@ def _whole_user_setting(plan):
                 "records travel as one row with their count, but all of its distinct "
                 "records meet in one place; " + _FIXED_L0)
     if kind.releases_from == USERS:
-        return ("mechanism.kind", f"{spec.kind} re-bounds a user's keys in every round; "
-                + _FIXED_L0)
+        return ("mechanism.kind", f"{spec.kind} re-bounds a user's keys in every round: "
+                "a user's repeated keys travel once per table, but all of its distinct "
+                "keys meet in one place; " + _FIXED_L0)
     if spec.aggregates:
         return ("aggregates", "a kept key's rows are summed where the user's rows meet; "
                 "sum each user's values per key before the release (one row per user and "
@@ -473,7 +499,7 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
             clips=clip_side)
     elif spec.bounding.model == "l1":
         from thresher.transforms.bounding.rand_clip import RandClip
-        if _copies_apply(plan, rng_factory):   # rows carry __copies (_prereduced_copies)
+        if _copies_apply(plan, rng_factory):   # rows carry __copies (_prereduced_heavy)
             from thresher.transforms.bounding.rand_clip_copies import RandClipCopies as RandClip
         partial = users | "RandClip" >> RandClip(keys, bound, rng_factory=rng_factory)
     else:   # a kind may bound with weights (weighted_gaussian: WeightedPerUserBound)

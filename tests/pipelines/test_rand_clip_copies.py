@@ -117,7 +117,7 @@ def test_l1_release_bytes_are_the_same_with_the_copies_step_and_without(tmp_path
     with_step = list(seen)
     seen.clear()
     shutil.rmtree(tmp_path / "out")     # the same spec and paths: the same config digest
-    monkeypatch.setattr(release, "_prereduced_copies", lambda records, plan, rng: records)
+    monkeypatch.setattr(release, "_prereduced_heavy", lambda records, plan, rng: (records, False))
     whole = _run(str(tmp_path), table)
     assert pq.read_table(tmp_path / "out" / "released.parquet").num_rows > 0
     assert reduced == whole
@@ -159,7 +159,7 @@ def test_a_heavy_user_under_l1_is_bounded_not_refused(tmp_path, monkeypatch, cap
     assert os.path.exists(tmp_path / "out" / "released.parquet")
     doc["output"]["path"] = str(tmp_path / "out2")
     spec.write_text(yaml.safe_dump(doc))
-    monkeypatch.setattr(release, "_prereduced_copies", lambda records, plan, rng: records)
+    monkeypatch.setattr(release, "_prereduced_heavy", lambda records, plan, rng: (records, False))
     assert cli.main(["run", str(spec), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "bounding.model: a user has more than 300 rows" in err and "distinct" in err

@@ -195,3 +195,103 @@ def prereduced_for_bounds(records, bounds, rng_factory):
     full = [Bound(keys, c, f"{parent}/{label}" if parent else label, *rest)
             for keys, c, label, *rest in bounds]
     return records | "PreReduceUsers" >> PreReduceForBounds(full, source), True
+
+
+# ---- one row per distinct (user, key): the adaptive rounds ------------------------------
+# ``kind: adaptive`` and heavy_hitters' ``method: adaptive`` (transforms.selection.
+# adaptive_rounds) read a user's rows only through l0 kernels: each round's
+# ``WeightedPerUserBound`` (``bound_table_l0`` on the keys not yet released, then weights
+# from the number of kept keys) and the count stage's ``PerUserBound``; the filters between
+# them keep or drop rows by their exact key values. ``bound_table_l0`` keeps one row per
+# distinct (user, exact key) among a user's first C keys and reads nothing else of a pair
+# (its number of rows is never read: ``prereduce``'s docstring, "The automatic bound",
+# point 2). So every row repeating a (user identity, exact key) pair of its table can go
+# before the shuffle with no change to any round, the counts or the published bytes
+# (tests/pipelines/test_prereduce_stages.py). No cap on a user's distinct keys is exact
+# here: round r reads a user's first C keys among those not released before, which can
+# lie arbitrarily deep in the user's order; a user with more than
+# ``user_shards.MAX_USER_ROWS`` distinct keys is still refused, naming ``mechanism.kind``.
+
+
+def distinct_key_rows(table, key_columns, mode="auto"):
+    """(boolean mask of the rows kept, or None for all): one row (the first) per
+    distinct (``__user``, ``__user_lo``, exact key) among the rows of user buckets with
+    more than ``prereduce.AUTO_HEAVY_ROWS`` rows in the table, when that removes at least
+    ``prereduce.MIN_REMOVED_ROWS`` rows ("auto"); of every row ("always"); none
+    ("never"). Keys are compared on exact codes of the key columns, never on a hash."""
+    n = table.num_rows
+    if mode == "never" or n == 0:
+        return None
+    if mode == "always":
+        rows = np.arange(n)
+    else:
+        from thresher.transforms.bounding.rand_clip_copies import _user_buckets
+        bucket, counts = _user_buckets(table)
+        heavy = counts > prereduce.AUTO_HEAVY_ROWS
+        if int((counts[heavy] - 1).sum()) < prereduce.MIN_REMOVED_ROWS:
+            return None
+        rows = np.flatnonzero(heavy[bucket])
+    part = table.take(pa.array(rows))
+    from thresher.transforms.bounding.per_user_bound import exact_key_codes
+    from thresher.transforms.bounding.user_shards import USER_COLUMN, USER_LOW_COLUMN
+    words = part.column(USER_COLUMN).to_numpy()
+    low = part.column(USER_LOW_COLUMN).to_numpy()
+    keys = exact_key_codes(part, list(key_columns))
+    order = np.lexsort((keys, low, words))     # stable: each pair's first row first
+    w, lo, k = words[order], low[order], keys[order]
+    first = np.empty(len(order), dtype=bool)
+    first[0] = True
+    first[1:] = (w[1:] != w[:-1]) | (lo[1:] != lo[:-1]) | (k[1:] != k[:-1])
+    keep = np.ones(n, dtype=bool)
+    keep[rows] = False
+    keep[rows[order[first]]] = True
+    return keep
+
+
+class _DistinctPairsFn(_PreReduceForBoundsFn):
+    def __init__(self, key_columns, mode, coalesce_rows):
+        super().__init__([], None, mode, coalesce_rows)
+        self._key_columns = tuple(key_columns)
+
+    def _flush(self):
+        tables, self._pending, self._pending_rows = self._pending, [], 0
+        table = concat(tables)
+        if table is None:
+            return
+        mode = prereduce.MODE if self._mode is None else self._mode
+        kept = distinct_key_rows(table, self._key_columns, mode)
+        counter = beam.metrics.Metrics.counter
+        counter(prereduce.NOT_PRIVATE, "rows_prereduced_in").inc(table.num_rows)
+        if kept is not None and not kept.all():
+            table = table.filter(pa.array(kept))
+        counter(prereduce.NOT_PRIVATE, "rows_prereduced_out").inc(table.num_rows)
+        if table.num_rows:
+            yield table
+
+
+class PreReduceDistinctPairs(beam.PTransform):
+    """Prepared record batches -> tables of about ``COALESCE_ROWS`` rows, a heavy
+    user's repeated (user, key) rows removed (:func:`distinct_key_rows`; the adaptive
+    rounds' pre-reduction, comment above). No randomness is read; feed the result to
+    ``ShardByUser(coalesce_rows=1)``."""
+
+    def __init__(self, key_columns, mode=None, coalesce_rows=None, label=None):
+        super().__init__(label)
+        if mode is not None and mode not in prereduce.MODES:
+            raise ValueError(f"mode must be one of {prereduce.MODES}, got {mode!r}")
+        self._key_columns = tuple(key_columns)
+        self._mode = mode
+        self._coalesce_rows = COALESCE_ROWS if coalesce_rows is None else int(coalesce_rows)
+
+    def expand(self, batches):
+        return batches | "DistinctPairs" >> beam.ParDo(_DistinctPairsFn(
+            self._key_columns, self._mode, self._coalesce_rows)).with_output_types(TABLE)
+
+
+def distinct_pairs_for_rounds(records, key_columns, rng_factory):
+    """(records through :class:`PreReduceDistinctPairs`, True) under the release's
+    keyed secret; else (records, False): a test's seeded draws are consumed in row
+    order, so the rows must stay as they are."""
+    if not isinstance(keyed_random.resolve(rng_factory), keyed_random.KeyedSource):
+        return records, False
+    return records | "PreReduceDistinctPairs" >> PreReduceDistinctPairs(key_columns), True

@@ -338,9 +338,12 @@ def _whole_user_setting(plan):
                 "a user's repeated keys travel once per table, but all of its distinct "
                 "keys meet in one place; " + _FIXED_L0)
     if spec.aggregates:
-        return ("aggregates", "a kept key's rows are summed where the user's rows meet; "
-                "sum each user's values per key before the release (one row per user and "
-                "key)")
+        from thresher.pipelines.specs.aggregates import auto_columns
+        scored = ("'clip: auto' reads every key's total of every user, and " if
+                  auto_columns(spec.aggregates) else "")
+        return ("aggregates", scored + "a kept key's rows are summed where the user's rows "
+                "meet (in one order: the published sums depend on it); sum each user's "
+                "values per key before the release (one row per user and key)")
     if plan.domain is not None:
         return ("input.public_keys", "with a public key domain a user's rows are bounded "
                 "where they meet, not before the shuffle; leave such users out of the input")

@@ -128,11 +128,13 @@ def test_l1_release_bytes_are_the_same_with_the_copies_step_and_without(tmp_path
         assert max(with_step) <= 150
 
 
-def _heavy_data(folder):
-    """3,600 users of 5 rows and a user "heavy" with 2,000 rows on one word."""
+def _heavy_data(folder, distinct=False):
+    """3,600 users of 5 rows and a user "heavy" with 2,000 rows on one word (on 2,000
+    words: ``distinct``)."""
     rng = np.random.default_rng(43)
     users = [f"u{u}" for u in range(3600) for _ in range(5)] + ["heavy"] * 2000
-    words = [f"w{w}" for w in rng.integers(0, 40, size=18000)] + ["w1"] * 2000
+    words = [f"w{w}" for w in rng.integers(0, 40, size=18000)] + (
+        [f"h{i}" for i in range(2000)] if distinct else ["w1"] * 2000)
     order = rng.permutation(len(users))
     table = pa.table({"user_id": pa.array(users).take(order),
                       "word": pa.array(words).take(order)})
@@ -163,3 +165,25 @@ def test_a_heavy_user_under_l1_is_bounded_not_refused(tmp_path, monkeypatch, cap
     assert cli.main(["run", str(spec), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "bounding.model: a user has more than 300 rows" in err and "distinct" in err
+
+
+def test_a_user_with_more_distinct_records_than_the_limit_is_still_refused(tmp_path,
+                                                                           monkeypatch, capsys):
+    """2,000 distinct records of one user, whole users limited to 300 rows: exit 2 naming
+    ``bounding.model`` and saying that distinct records are what counts (no exact bounded
+    algorithm is built for them: rand_clip_copies' docstring), never the user's count."""
+    monkeypatch.setattr(release, "MAX_USER_ROWS", 300)
+    monkeypatch.setattr(user_shards, "MAX_USER_ROWS", 300)
+    doc = {"name": "heavy", "input": {"path": _heavy_data(str(tmp_path), distinct=True),
+                                      "format": "parquet", "user": "user_id",
+                                      "keys": ["word"]},
+           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
+           "bounding": {"max_keys_per_user": BOUND, "model": "l1"},
+           "mechanism": {"kind": "laplace"}, "output": {"path": str(tmp_path / "out")}}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    assert cli.main(["run", str(spec), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "bounding.model: a user has more than 300 rows" in err and "distinct" in err
+    assert "2,000" not in err and "2000" not in err
+    assert not os.path.exists(tmp_path / "out")

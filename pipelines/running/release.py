@@ -298,7 +298,8 @@ def _prereduced_heavy(records, plan, rng_factory):
     if _copies_apply(plan, rng_factory):
         from thresher.transforms.bounding.rand_clip_copies import PreReduceCopies
         return records | "PreReduceCopies" >> PreReduceCopies(), True
-    if spec.bounding.model == "l0" and kind.releases_from != RECORDS:
+    if (spec.bounding.model == "l0" and kind.releases_from != RECORDS
+            and not kind.plain_l0_bound):     # weighted_gaussian (the others: _prereduced)
         from thresher.transforms.bounding.prereduce import PreReduceL0
         parent = keyed_random.stage_name(records)
         stage = f"{parent}/PerUserBound" if parent else "PerUserBound"

@@ -8,10 +8,10 @@ multiset of records, nothing else: a record's priorities are fixed by its total 
 of copies N_r, whatever rows they sit in.
 
 So a user's rows can travel as (record, count) pairs. :class:`PreReduceCopies` (before
-the user shuffle) gives every row a ``__copies`` column (1) and, where it pays, replaces
-the rows of each distinct (user identity, record) of a table by its first row carrying
-the count (:func:`collapse_copies`): a repeated record of a heavy user travels as one row
-per table. After the shuffle :func:`kept_copies` sums the counts per (user, record),
+the user shuffle) replaces, where it pays, the rows of each distinct (user identity,
+record) of a table by its first row carrying the count in a ``__copies`` column
+(:func:`collapse_copies`; a table where nothing is collapsed travels as it is): a
+repeated record of a heavy user travels as one row per table. After the shuffle :func:`kept_copies` sums the counts per (user, record),
 numbers the copies as the row kernel does (a record's copies 0..N_r - 1; records sharing
 a hash continue each other's numbering in content order), computes every copy's
 priority and keeps each user's C smallest: the same kept copies as the row kernel on the
@@ -34,6 +34,7 @@ of one user tie, probability below n^2 / 2^65 for a user's n copies.
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.transforms.window import GlobalWindows
 
 from thresher.transforms.bounding import prereduce
@@ -76,23 +77,26 @@ def _user_buckets(table):
 def collapse_copies(table, mode="auto"):
     """``table`` (prepared batches: ``__user``, ``__user_lo``, ``__key``, key columns)
     with ``__copies`` (int64) appended, and, per distinct (user identity, record) among
-    the rows collapsed, one row (the first) carrying the number of its rows. ``mode``:
+    the rows collapsed, one row (the first) carrying the number of its rows; the table
+    as it is (no ``__copies``: one copy a row) when nothing is collapsed. A user shard
+    concatenates tables with and without the column (Arrow fills it with nulls: one
+    copy), and a shard without it goes to the row kernel unchanged. ``mode``:
     "auto" collapses the rows of user buckets with more than ``HEAVY_ROWS`` rows when
     that removes at least ``prereduce.MIN_REMOVED_ROWS`` rows; "always" every row;
     "never" none. Records are compared on exact codes of every record column (never on
     a hash)."""
     n = table.num_rows
-    copies = np.ones(n, dtype=np.int64)
     if mode == "never" or n == 0:
-        return table.append_column(COPIES_COLUMN, pa.array(copies))
+        return table
     if mode == "always":
         rows = np.arange(n)
     else:
         bucket, counts = _user_buckets(table)
         heavy = counts > HEAVY_ROWS
         if int((counts[heavy] - 1).sum()) < prereduce.MIN_REMOVED_ROWS:
-            return table.append_column(COPIES_COLUMN, pa.array(copies))
+            return table
         rows = np.flatnonzero(heavy[bucket])
+    copies = np.ones(n, dtype=np.int64)
     part = table.take(pa.array(rows))
     words = part.column(USER_COLUMN).to_numpy()
     low = part.column(USER_LOW_COLUMN).to_numpy()
@@ -119,7 +123,8 @@ def kept_copies(table, user_codes, streams, max_records_per_user, user_column=US
     bound to ``table`` (``keyed_random.bind_users``)."""
     n = table.num_rows
     c = int(max_records_per_user)
-    copies = table.column(COPIES_COLUMN).to_numpy().astype(np.int64)
+    # a null count is a row of a table that was not collapsed: one copy
+    copies = pc.fill_null(table.column(COPIES_COLUMN), 1).to_numpy().astype(np.int64)
     content = table.drop_columns([COPIES_COLUMN])
     users = {user_column, *USER_COLUMNS}
     columns = [name for name in content.column_names if name not in users]

@@ -113,6 +113,7 @@ def test_l1_release_bytes_are_the_same_with_the_copies_step_and_without(tmp_path
                                                                          monkeypatch, mode):
     monkeypatch.setattr(prereduce, "MODE", mode)
     monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)    # small tables here
+    monkeypatch.setattr(rand_clip_copies, "HEAVY_ROWS", 32)
     monkeypatch.setattr(rand_clip_copies, "BLOCK", 512)
     table = _records()
     seen = _most_rows_of_one_user_per_split(monkeypatch)
@@ -153,6 +154,7 @@ def test_a_heavy_user_under_l1_is_bounded_not_refused(tmp_path, monkeypatch, cap
     monkeypatch.setattr(release, "MAX_USER_ROWS", 300)
     monkeypatch.setattr(user_shards, "MAX_USER_ROWS", 300)
     monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)
+    monkeypatch.setattr(rand_clip_copies, "HEAVY_ROWS", 32)
     doc = {"name": "heavy", "input": {"path": _heavy_data(str(tmp_path)), "format": "parquet",
                                       "user": "user_id", "keys": ["word"]},
            "privacy": {"epsilon": 1.0, "delta": 1.0e-8},

@@ -50,8 +50,9 @@ from thresher.transforms.randomness.hashing import hash_columns, mix64
 
 COPIES_COLUMN = "__copies"
 USER_COLUMNS = (USER_COLUMN, USER_HIGH_COLUMN, USER_LOW_COLUMN)
-# Copies enumerated at once by kept_copies (about 60 bytes each while a block is live).
-BLOCK = 1 << 20
+# Copies enumerated at once by kept_copies (about 60 bytes each while a block is live:
+# 2**20 of them added ~70 MB of peak memory to an ordinary 3e6-row l1 release).
+BLOCK = 1 << 18
 # A user bucket with more than this many rows in a table is collapsed (module docstring).
 # High, so that ordinary data pays nearly nothing: on 1e6-row tables of Zipf-active users
 # (benchmarks/datagen.py) collapsing every user with more than 32 rows removed 11 % of the

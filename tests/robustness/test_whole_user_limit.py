@@ -25,7 +25,7 @@ import yaml
 from thresher.pipelines import cli
 from thresher.pipelines.running import release
 from thresher.pipelines.ledgers import ledger
-from thresher.transforms.bounding import prereduce, user_shards
+from thresher.transforms.bounding import prereduce, rand_clip_copies, user_shards
 
 HEAVY_ROWS = 2000
 
@@ -100,6 +100,7 @@ def test_a_user_over_the_limit_fails_closed_naming_the_setting(tmp_path, monkeyp
     # (pipelines.kinds.base.whole_user_limit)
     monkeypatch.setattr(user_shards, "MAX_USER_ROWS", 300)
     monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)   # small tables here
+    monkeypatch.setattr(rand_clip_copies, "HEAVY_ROWS", 32)
     change, field = CASES[case]
     spec = _case_spec(tmp_path, data, case, change)
     code = cli.main(["run", str(spec), "--quiet"])

@@ -53,12 +53,14 @@ USER_COLUMNS = (USER_COLUMN, USER_HIGH_COLUMN, USER_LOW_COLUMN)
 # Copies enumerated at once by kept_copies (about 60 bytes each while a block is live:
 # 2**20 of them added ~70 MB of peak memory to an ordinary 3e6-row l1 release).
 BLOCK = 1 << 18
-# A user bucket with more than this many rows in a table is collapsed (module docstring).
-# High, so that ordinary data pays nearly nothing: on 1e6-row tables of Zipf-active users
-# (benchmarks/datagen.py) collapsing every user with more than 32 rows removed 11 % of the
-# rows for 0.2 s of CPU, and the copies kernel cost 10 % more than the row kernel after
-# it; a heavy user has 1e5 or more rows in each table.
-HEAVY_ROWS = 1024
+# A user bucket with more than this many rows in a table (~2**20 rows) is collapsed
+# (module docstring). High, so that ordinary data pays nothing: on Zipf-active users
+# (benchmarks/datagen.py, 3e6 rows, 300,000 users; the heaviest has 13,934 rows in a
+# table) collapsing the users with more than 1,024 rows cost +0.5 s of CPU and +65 MB of
+# peak memory per 3e6 rows (load 13.6), none without it. A heavy user has 1e5 or more
+# rows in each table; one that stays below this in every table reaches the whole-user
+# limit only over more than 2**21 / HEAVY_ROWS = 128 tables (about 1.3e8 rows).
+HEAVY_ROWS = 1 << 14
 
 
 def record_columns(table, user_column=USER_COLUMN):

@@ -428,10 +428,14 @@ def _adaptive_stages(records, plan, num_shards, rng_factory):
     spec = plan.spec
     keys = list(spec.input.keys)
     bound = spec.bounding.max_keys_per_user
-    users = (records
-             | "StringKeys" >> beam.Map(_string_keys, keys[0])
-             | "ShardByUser" >> ShardByUser(num_shards, key_columns=keys,
-                                            **whole_user_limit(plan)))
+    from thresher.transforms.bounding.prereduce_stages import distinct_pairs_for_rounds
+    records = records | "StringKeys" >> beam.Map(_string_keys, keys[0])
+    # issue 43: a user's repeated keys travel once per table (same bytes); its distinct
+    # keys all meet in one place, so the whole-user limit stays
+    records, reduced = distinct_pairs_for_rounds(records, keys, rng_factory)
+    users = records | "ShardByUser" >> ShardByUser(
+        num_shards, key_columns=keys, **({"coalesce_rows": 1} if reduced else {}),
+        **whole_user_limit(plan))
     released = adaptive.release_users(users, plan.params_by_bound[bound], bound, keys,
                                       num_shards, _adaptive_mechanism(), rng_factory=rng_factory)
     return (released
@@ -453,8 +457,14 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     mech = spec.mechanism
     if mech.get("method") == "adaptive":
         return _adaptive_stages(records, plan, num_shards, rng_factory)
+    # issue 43: a user's rows beyond what PerUserBound can keep go before the shuffle
+    # (transforms/bounding/prereduce_stages.py: same bytes), so no user is refused
+    from thresher.transforms.bounding.prereduce_stages import prereduced_for_bounds
+    records, reduced = prereduced_for_bounds(records, [(keys, bound, "PerUserBound", False)],
+                                             rng_factory)
+    shuffle = {"coalesce_rows": 1} if reduced else whole_user_limit(plan)
     return (records
-            | "ShardByUser" >> ShardByUser(num_shards, **whole_user_limit(plan))
+            | "ShardByUser" >> ShardByUser(num_shards, **shuffle)
             | "PerUserBound" >> PerUserBound(
                 keys, bound, rng_factory=child(rng_factory, "PerUserBound"), rows=True)                      # Table(__user, key)
             | "HeavyHitters" >> HeavyHittersRelease(

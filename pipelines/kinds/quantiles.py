@@ -482,7 +482,19 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
     if plan.domain is not None:
         from thresher.transforms.selection.public_domain import RestrictToDomain
         records = records | "RestrictToDomain" >> RestrictToDomain(plan.domain, keys)
-    users = records | "ShardByUser" >> ShardByUser(num_shards, **whole_user_limit(plan))
+    # issue 43: a user's rows beyond what the bounding stages below can keep go before
+    # the shuffle (transforms/bounding/prereduce_stages.py: same bytes), so no user is
+    # refused for its number of rows
+    from thresher.transforms.bounding.prereduce_stages import prereduced_for_bounds
+    if params.get("public_cells") or mech.get("public_cells"):
+        bounds = [(keys, bound, "BoundKeyValues", False, column)]
+    else:
+        bounds = [(keys + [column], bound, "PerUserBound", False)]
+    if "key_selection" in params:
+        bounds.append((keys, bound, "BoundKeys", True))
+    records, reduced = prereduced_for_bounds(records, bounds, rng_factory)
+    shuffle = {"coalesce_rows": 1} if reduced else whole_user_limit(plan)
+    users = records | "ShardByUser" >> ShardByUser(num_shards, **shuffle)
     if params.get("public_cells") or mech.get("public_cells"):
         return _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
                                     notes_sink)

@@ -310,11 +310,14 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     if _one_pass_auto(spec):
         return _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir)
     reduced = _prereduced(records, plan, rng_factory)
+    distinct_rows = False   # a user's distinct records or keys all meet in one place
+    if reduced is records:   # issue 43: the other fixed bounds' own pre-reductions
+        reduced, distinct_rows = _prereduced_heavy(records, plan, rng_factory)
     combined = reduced is not records   # pre-reduced: a user sends ~C rows per table
     shards = _UserShards(reduced, num_shards, keys, spec.auto_bound, spill_dir,
                          combined=combined,
-                         setting=_whole_user_setting(plan) if not combined or spec.aggregates
-                         else None)
+                         setting=_whole_user_setting(plan)
+                         if not combined or spec.aggregates or distinct_rows else None)
     chosen = None
     if spec.auto_bound:
         from thresher.transforms.bounding.choose_contribution_bound import ChooseContributionBound
@@ -400,6 +403,52 @@ def _prereduced_pairs(records, plan, rng_factory):
         plan.spec.input.keys, user_key_cap(plan.candidates), source, stage)
 
 
+def _copies_apply(plan, rng_factory):
+    """Whether l1 rows travel as (record, count) (:func:`_prereduced_heavy`)."""
+    spec = plan.spec
+    return (spec.bounding.model == "l1" and not spec.auto_bound and not spec.aggregates
+            and plan.domain is None and kinds.get(spec.kind).releases_from != USERS
+            and isinstance(keyed_random.resolve(rng_factory), keyed_random.KeyedSource))
+
+
+def _prereduced_heavy(records, plan, rng_factory):
+    """issue 43: the pre-reductions of the fixed bounds ``_prereduced`` leaves alone, so
+    that a heavy user is bounded rather than refused; each leaves the published bytes as
+    they are (their modules say why). Returns (records, whether a user's distinct rows
+    still all meet in one place, so the whole-user limit stays):
+
+    * l1 (``RandClip``): a user's repeated records travel as one row per table with
+      their count (transforms/bounding/rand_clip_copies.py; ``RandClipCopies`` reads it);
+    * adaptive: one row per (user, key) and table (transforms/bounding/prereduce_stages.py,
+      ``PreReduceDistinctPairs``);
+    * weighted_gaussian (``WeightedPerUserBound``: the l0 kernel, then weights and counts
+      of the kept keys only): ``PreReduceL0`` at C, as the plain l0 bound.
+
+    Under the release's keyed secret only; every other bounding gets its records."""
+    spec = plan.spec
+    kind = kinds.get(spec.kind)
+    source = keyed_random.resolve(rng_factory)
+    if (spec.auto_bound or spec.aggregates or plan.domain is not None
+            or not isinstance(source, keyed_random.KeyedSource)):
+        return records, False
+    if kind.releases_from == USERS:
+        if spec.bounding.model != "l0":
+            return records, False
+        from thresher.transforms.bounding.prereduce_stages import PreReduceDistinctPairs
+        return records | "PreReduceDistinctPairs" >> PreReduceDistinctPairs(
+            spec.input.keys), True
+    if _copies_apply(plan, rng_factory):
+        from thresher.transforms.bounding.rand_clip_copies import PreReduceCopies
+        return records | "PreReduceCopies" >> PreReduceCopies(), True
+    if (spec.bounding.model == "l0" and kind.releases_from != RECORDS
+            and not kind.plain_l0_bound):     # weighted_gaussian (the others: _prereduced)
+        from thresher.transforms.bounding.prereduce import PreReduceL0
+        stage = keyed_random.child(rng_factory, "PerUserBound").stage
+        return records | "PreReduceUsers" >> PreReduceL0(
+            spec.input.keys, spec.bounding.max_keys_per_user, source, stage), False
+    return records, False
+
+
 _FIXED_L0 = ("use a fixed bounding.max_keys_per_user with bounding.model: l0 (its "
              "bounding drops a user's extra rows before the shuffle), or leave such users "
              "out of the input")
@@ -423,14 +472,20 @@ def _whole_user_setting(plan):
                 "user, but this user still has more rows than that after the per-table "
                 "pre-reduction; " + _FIXED_L0)
     if spec.bounding.model == "l1":
-        return ("bounding.model", "l1 samples a user's records, not keys; " + _FIXED_L0)
+        return ("bounding.model", "l1 samples a user's records, not keys: its repeated "
+                "records travel as one row with their count, but all of its distinct "
+                "records meet in one place; " + _FIXED_L0)
     if kind.releases_from == USERS:
-        return ("mechanism.kind", f"{spec.kind} re-bounds a user's keys in every round; "
-                + _FIXED_L0)
+        return ("mechanism.kind", f"{spec.kind} re-bounds a user's keys in every round: "
+                "a user's repeated keys travel once per table, but all of its distinct "
+                "keys meet in one place; " + _FIXED_L0)
     if spec.aggregates:
-        return ("aggregates", "a kept key's rows are summed where the user's rows meet; "
-                "sum each user's values per key before the release (one row per user and "
-                "key)")
+        from thresher.pipelines.specs.aggregates import auto_columns
+        scored = ("'clip: auto' reads every key's total of every user, and " if
+                  auto_columns(spec.aggregates) else "")
+        return ("aggregates", scored + "a kept key's rows are summed where the user's rows "
+                "meet (in one order: the published sums depend on it); sum each user's "
+                "values per key before the release (one row per user and key)")
     if plan.domain is not None:
         return ("input.public_keys", "with a public key domain a user's rows are bounded "
                 "where they meet, not before the shuffle; leave such users out of the input")
@@ -594,6 +649,8 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
             rng_factory=keyed_random.child(rng_factory, "PerUserBound"), clips=clip_side)
     elif spec.bounding.model == "l1":
         from thresher.transforms.bounding.rand_clip import RandClip
+        if _copies_apply(plan, rng_factory):   # rows carry __copies (_prereduced_heavy)
+            from thresher.transforms.bounding.rand_clip_copies import RandClipCopies as RandClip
         partial = users | "RandClip" >> RandClip(
             keys, bound, rng_factory=keyed_random.child(rng_factory, "RandClip"))
     else:   # a kind may bound with weights (weighted_gaussian: WeightedPerUserBound)

@@ -6,8 +6,11 @@ without the check), every row of a user meets in one element of the user shuffle
 with 1e7 rows took 1.6-5.5 GB in process. Each consumer of the shuffle now counts a
 shard's rows per user before concatenating it (``transforms.bounding.user_shards.
 check_user_rows``) and refuses a user above ``MAX_USER_ROWS``: exit 2, a message naming
-the setting, nothing published. A fixed l0 bound, and ``max_keys_per_user: auto``
-(issue 43), pre-reduce the user instead and release. The refusal never says the user's count, and the run keeps its ledger charge
+the setting, nothing published. A fixed l0 bound, ``max_keys_per_user: auto``, l1
+(repeated records as (record, count) rows), quantiles and heavy_hitters with the trie
+and adaptive (a user's repeated keys once per table), quantiles and heavy_hitters (issue
+43) pre-reduce the user instead and release; l1 and adaptive still refuse a user with more
+distinct records or keys than the limit. The refusal never says the user's count, and the run keeps its ledger charge
 (review F3). Real CLI runs on real Parquet (more than 15,625 rows, so the shuffle spills to
 files); the limit is lowered to 300 rows for the test. Deterministic.
 """
@@ -22,7 +25,7 @@ import yaml
 from thresher.pipelines import cli
 from thresher.pipelines.running import release
 from thresher.pipelines.ledgers import ledger
-from thresher.transforms.bounding import prereduce, user_shards
+from thresher.transforms.bounding import prereduce, rand_clip_copies, user_shards
 
 HEAVY_ROWS = 2000
 
@@ -45,24 +48,29 @@ CASES = {
     # issue 43: auto pre-reduces the heavy user too (one row per (user, key) of a table,
     # at most the score's user key cap of keys) and releases
     "auto": ({"bounding": {"max_keys_per_user": "auto"}}, None),
+    # issue 43: l1 sends the heavy user's repeated record as one row per table with its
+    # count (transforms/bounding/rand_clip_copies.py) and releases
     "l1": ({"bounding": {"max_keys_per_user": 4, "model": "l1"},
-            "mechanism": {"kind": "laplace"}}, "bounding.model"),
+            "mechanism": {"kind": "laplace"}}, None),
+    # issue 43: adaptive sends the heavy user's one key once per table and releases
     "adaptive": ({"bounding": {"max_keys_per_user": 4}, "mechanism": {"kind": "adaptive"}},
-                 "mechanism.kind"),
+                 None),
     "aggregates": ({"bounding": {"max_keys_per_user": 4},
                     "aggregates": [{"column": "amount", "statistic": "sum",
                                     "clip": [0.0, 5.0]}]}, "aggregates"),
     "fixed": ({"bounding": {"max_keys_per_user": 4}}, None),
     # review F2: the kinds with their own stages shuffled users without the check
+    # issue 43: quantiles and heavy_hitters (trie) pre-reduce the heavy user for their
+    # bounding stages (transforms/bounding/prereduce_stages.py) and release
     "quantiles": ({"bounding": {"max_keys_per_user": 4},
                    "mechanism": {"kind": "quantiles", "column": "amount", "ranks": [0.5],
-                                 "domain": [0, 10]}}, "mechanism.kind"),
+                                 "domain": [0, 10]}}, None),
     "heavy_hitters_adaptive": ({"bounding": {"max_keys_per_user": 4},
                                 "mechanism": {"kind": "heavy_hitters", "top_k": 5,
-                                              "method": "adaptive"}}, "mechanism.kind"),
+                                              "method": "adaptive"}}, None),
     "heavy_hitters_trie": ({"bounding": {"max_keys_per_user": 4},
                             "mechanism": {"kind": "heavy_hitters", "top_k": 5,
-                                          "method": "trie"}}, "mechanism.kind"),
+                                          "method": "trie"}}, None),
 }
 
 
@@ -92,6 +100,7 @@ def test_a_user_over_the_limit_fails_closed_naming_the_setting(tmp_path, monkeyp
     # (pipelines.kinds.base.whole_user_limit)
     monkeypatch.setattr(user_shards, "MAX_USER_ROWS", 300)
     monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)   # small tables here
+    monkeypatch.setattr(rand_clip_copies, "HEAVY_ROWS", 32)
     change, field = CASES[case]
     spec = _case_spec(tmp_path, data, case, change)
     code = cli.main(["run", str(spec), "--quiet"])
@@ -118,8 +127,9 @@ def test_a_run_refused_after_reading_keeps_its_charge(tmp_path, monkeypatch, cap
         doc = {"name": name, "input": {"path": data, "format": "parquet", "user": "user_id",
                                        "keys": keys},
                "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
-               "bounding": {"max_keys_per_user": 4, "model": "l1"},
-               "mechanism": {"kind": "laplace"},
+               "bounding": {"max_keys_per_user": 4},
+               "aggregates": [{"column": "amount", "statistic": "sum", "clip": [0.0, 5.0]}],
+               "mechanism": {"kind": "gaussian"},
                "output": {"path": str(tmp_path / f"out-{name}")},
                "budget": {"ledger": location, "dataset": "ds", "epsilon": 3.0,
                           "delta": 1.0e-6}}
@@ -134,7 +144,7 @@ def test_a_run_refused_after_reading_keeps_its_charge(tmp_path, monkeypatch, cap
     assert "no_such_column" in capsys.readouterr().err
     assert cli.main(["run", spec("heavy", ["word"]), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "bounding.model: a user has more than 300 rows" in err, err
+    assert "aggregates: a user has more than 300 rows" in err, err
     shown = ledger.summary(location, "ds")[0]
     assert [(r["name"], r["state"]) for r in shown["releases"]] == [
         ("earlier", "reserved"), ("heavy", "run_failed")]

@@ -326,9 +326,10 @@ class ShardByUser(beam.PTransform):
 # ---- The gate before the group --------------------------------------------------
 # Refuse a user over the whole-user limit before the user shuffle groups its rows.
 #
-# Where no bounded algorithm cuts a user's rows before the shuffle (``bounding.model: l1``,
-# ``kind: adaptive``, ``aggregates``, ``quantiles``, ``heavy_hitters``, a public key
-# domain: ``pipelines.running.release._whole_user_setting``), every row of a user meets in
+# Where no bounded algorithm cuts a user's rows before the shuffle (``aggregates``, a
+# public key domain; ``bounding.model: l1`` and ``kind: adaptive`` for a user's distinct
+# records or keys: "What is still refused" below;
+# ``pipelines.running.release._whole_user_setting``), every such row of a user meets in
 # one element, and a user with more than ``user_shards.MAX_USER_ROWS`` rows is refused
 # (``user_shards.check_user_rows``). That check reads the grouped shard, so it runs after
 # the runner has gathered the shard: on a runner that holds a group's values in memory
@@ -354,30 +355,26 @@ class ShardByUser(beam.PTransform):
 # Why the release is unchanged when nothing is refused: the gate passes every piece
 # through as it is; it only orders the group after the counts.
 #
-# Why these settings are refused rather than pre-reduced like the fixed l0 bound
-# (:mod:`transforms.bounding.prereduce`; issue 43, item 2). A per-table cut must leave
-# every kernel's result, hence the published bytes, unchanged.
+# What is still refused (issue 43, item 2). Most bounds now cut a user before the shuffle,
+# each with the published bytes unchanged (its module says why): the fixed l0 bound and
+# weighted_gaussian (``prereduce.PreReduceL0``), ``auto`` (``prereduce.PreReducePairs``),
+# quantiles and heavy_hitters' trie (``prereduce_stages.PreReduceForBounds``): at most
+# about C rows per stage and table, so the gate is off for them. Three keep it on, since
+# what they send grows with a user's *distinct* records or keys:
 #
-# * l1 rand-clip (:mod:`transforms.bounding.rand_clip`): the j-th copy of record r of user
-#   u has priority mix64(mix64(h(r) XOR s_u) + j), copies numbered over all of u's rows,
-#   and the kernel keeps u's C smallest. Dropping rows of r removes the highest copy
-#   numbers, whatever row is dropped. A table holding one copy of r sees only j = 0: if r
-#   is once in table A and once in table B, and P(r, 0) is above both tables' C-th
-#   smallest, dropping it in both removes (r, 0) and (r, 1), though P(r, 1) may be among
-#   u's C smallest overall; the kept counts change. Per-table bottom-C is exact only when
-#   no record of u repeats in any table, which a table cannot know. An exact cut needs each
-#   record's count over all tables (a shuffle by (user, record): the heavy user's rows
-#   again) or a kernel that reads an explicit copy number (new priorities for repeated
-#   records: the published bytes of l1 releases would change).
-# * aggregates (:func:`transforms.values.aggregate_values.user_key_totals`): a kept (user,
-#   key)'s total is a float64 sum of its values in one canonical order (ascending); a
-#   per-table partial total adds them in another order, its rounding can differ in the
-#   last bit, and the grid conversion carries that into the published sums. Fixed clips
-#   already drop the keys a user cannot keep (``PreReduceL0`` with ``every_row``); the
-#   rows of the kept keys all travel.
-# * adaptive rounds re-bound each user's remaining keys in every round, and ``clip: auto``
-#   scores every user's totals (``prereduce``'s docstring); quantiles and heavy hitters
-#   read every record of a user in their own kernels.
+# * l1 rand-clip (``rand_clip_copies``): a user's repeated records travel as one row per
+#   table with their count, and the kernel numbers the copies over all of them. Dropping
+#   a distinct record early is not exact: its copy numbers, hence its priorities, depend
+#   on its count in every table (only a shuffle by (user, record) would give it first).
+# * adaptive rounds (``prereduce_stages.PreReduceDistinctPairs``): one row per (user, key)
+#   and table; no cap is exact, since round r reads a user's first C keys among those not
+#   released before, arbitrarily deep in the user's order.
+# * aggregates: a kept (user, key)'s total is a float64 sum of its values in one canonical
+#   order (ascending, ``aggregate_values.user_key_totals``); a per-table partial total
+#   adds them in another order, its rounding can differ in the last bit, and the grid
+#   conversion carries that into the published sums (exact fixed-point totals would lift
+#   this, at the price of different bytes for some inputs). ``clip: auto`` also scores
+#   every key's total of every user. A public key domain bounds where the rows meet.
 
 # A user is counted in a split table when its bucket holds at least this many rows there
 # (never more than the limit itself: a lowered limit counts smaller users).

@@ -1,0 +1,104 @@
+"""Heavy user under every bound mode (issue 43, item 2): data, specs and a measuring run.
+
+The data are ``benchmarks/heavy_user.py``'s (one user ``heavy`` with ``--heavy-rows`` rows
+among ``--users`` ordinary users of 20 rows each; with ``--same-key`` all of the heavy
+user's rows are on one key, else each on its own key). One spec per mode below; each is
+run through the CLI under ``/usr/bin/time -v`` and a table of (exit code, wall seconds,
+peak RSS) is printed:
+
+    python benchmarks/heavy_modes.py /tmp/heavy --heavy-rows 10000000
+    python benchmarks/heavy_modes.py /tmp/heavy --run [--python PATH] [--modes l1,auto]
+
+Deterministic data (``--seed``); the figures are timings on whatever machine runs them.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import heavy_user  # noqa: E402
+
+QUANTILES = {"kind": "quantiles", "column": "amount", "ranks": [0.5], "domain": [0, 20]}
+MODES = {
+    "fixed": {"bounding": {"max_keys_per_user": 4}},
+    "auto": {"bounding": {"max_keys_per_user": "auto"}},
+    "l1": {"bounding": {"max_keys_per_user": 4, "model": "l1"}, "mechanism": {"kind": "laplace"}},
+    "adaptive": {"bounding": {"max_keys_per_user": 4}, "mechanism": {"kind": "adaptive"}},
+    "aggregates": {"bounding": {"max_keys_per_user": 4},
+                   "aggregates": [{"column": "amount", "statistic": "sum", "clip": [0.0, 10.0]}]},
+    "aggregates_auto": {"bounding": {"max_keys_per_user": 4},
+                        "aggregates": [{"column": "amount", "statistic": "mean",
+                                        "clip": "auto"}]},
+    "quantiles": {"bounding": {"max_keys_per_user": 4}, "mechanism": QUANTILES},
+    "heavy_hitters_trie": {"bounding": {"max_keys_per_user": 4},
+                           "mechanism": {"kind": "heavy_hitters", "top_k": 5, "method": "trie"}},
+    "heavy_hitters_adaptive": {"bounding": {"max_keys_per_user": 4},
+                               "mechanism": {"kind": "heavy_hitters", "top_k": 5,
+                                             "method": "adaptive"}},
+}
+
+
+def write_specs(folder, data):
+    for name, change in MODES.items():
+        doc = {"name": f"heavy-{name}",
+               "input": {"path": os.path.abspath(data), "format": "parquet",
+                         "user": "user_id", "keys": ["word"]},
+               "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
+               "mechanism": {"kind": "gaussian"},
+               "output": {"path": os.path.join(os.path.abspath(folder), "out", name)}}
+        for section, values in change.items():
+            if isinstance(values, dict) and section != "mechanism":
+                doc.setdefault(section, {}).update(values)
+            else:
+                doc[section] = values
+        with open(os.path.join(folder, f"mode_{name}.yaml"), "w", encoding="utf-8") as handle:
+            yaml.safe_dump(doc, handle, sort_keys=False)
+
+
+def run(folder, python, modes):
+    print("| mode | exit | wall s | peak RSS MB | message |")
+    print("|---|---|---|---|---|")
+    for name in modes:
+        spec = os.path.join(folder, f"mode_{name}.yaml")
+        start = time.time()
+        done = subprocess.run(["/usr/bin/time", "-v", python, "-m", "thresher", "run", spec,
+                               "--overwrite"], capture_output=True, text=True)
+        wall = time.time() - start
+        rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
+        lines = [l for l in done.stderr.splitlines() if l.strip()
+                 and not l.startswith("\t") and not l.startswith("Command ")]
+        message = lines[-1][:120] if done.returncode and lines else ""
+        print(f"| {name} | {done.returncode} | {wall:.0f} | "
+              f"{int(rss.group(1)) / 1024 if rss else float('nan'):.0f} | {message} |",
+              flush=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("folder")
+    parser.add_argument("--heavy-rows", type=int, default=10_000_000)
+    parser.add_argument("--users", type=int, default=5000)
+    parser.add_argument("--same-key", action="store_true")
+    parser.add_argument("--seed", type=int, default=30)
+    parser.add_argument("--run", action="store_true")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--modes", default=",".join(MODES))
+    args = parser.parse_args(argv)
+    os.makedirs(args.folder, exist_ok=True)
+    data = os.path.join(args.folder, "heavy.parquet")
+    if args.run:
+        run(args.folder, args.python, args.modes.split(","))
+        return
+    n = heavy_user.generate(data, args.heavy_rows, args.users, 20, 1 << 20, args.seed,
+                            args.same_key)
+    write_specs(args.folder, data)
+    print(f"{data}: {n} rows")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Pre-reduction for the kinds that release from records (issue 43, item 2;
+transforms/bounding/prereduce_stages.py).
+
+``heavy_hitters`` (trie) and ``quantiles`` bound users with fixed-bound l0 stages after
+the user shuffle; a heavy user used to be refused above ``MAX_USER_ROWS`` rows. Checked
+here, under one fixed secret (every comparison exact, no statistics):
+
+- the kernel: the union of every stage's per-table reduction, bounded by each stage,
+  keeps exactly what each stage keeps on all the rows (quantiles' two stages: (key,
+  value) pairs and keys alone);
+- through ``release.run``: the published file and report are byte-identical with the
+  step forced on every row, decided per table, and removed; with it, the heavy user hands
+  the shuffle a few rows per table instead of thousands;
+- through the CLI with the whole-user limit lowered below the heavy user's rows: the
+  release runs (exit 0), where it was refused before.
+"""
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from thresher.pipelines import cli
+from thresher.pipelines.dataio import io as pio
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running import release
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.transforms.bounding import prereduce, prereduce_stages, user_shards
+from thresher.transforms.bounding.per_user_bound import bound_table_l0
+from thresher.transforms.bounding.prereduce_stages import Bound, kept_rows, with_key_hash_of
+from thresher.transforms.bounding.user_shards import exact_users
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.randomness.user_identity import TEST_KEY
+from tests.pipelines.test_prereduce import HEAVY_ROWS, _most_rows_of_one_user_per_split, _records
+
+SECRET = b"test-only secret: prereduce kinds"
+BOUND = 4
+QUANTILES = {"kind": "quantiles", "column": "amount", "ranks": [0.5], "domain": [0, 10]}
+BINARY_SEARCH = {**QUANTILES, "method": "binary_search"}
+HEAVY_HITTERS = {"kind": "heavy_hitters", "top_k": 5, "method": "trie"}
+HH_ADAPTIVE = {"kind": "heavy_hitters", "top_k": 5, "method": "adaptive"}
+ADAPTIVE = {"kind": "adaptive"}
+WEIGHTED = {"kind": "weighted_gaussian"}
+MECHANISMS = {"quantiles": QUANTILES, "binary_search": {**QUANTILES, "method": "binary_search"},
+              "trie": HEAVY_HITTERS, "hh_adaptive": HH_ADAPTIVE, "adaptive": ADAPTIVE,
+              "weighted_gaussian": WEIGHTED}
+# what each case's step keeps of h per split: C per bounding stage (quantiles: two), or
+# one row per distinct key (the rounds: h's 1,500 + 20 words)
+MOST_ROWS = {"quantiles": 2 * 4, "binary_search": 2 * 4, "trie": 4, "weighted_gaussian": 4,
+             "hh_adaptive": 1520, "adaptive": 1520}
+
+
+def _without_steps(monkeypatch):
+    """Every issue-43 pre-reduction removed (the records reach the shuffle as read)."""
+    monkeypatch.setattr(prereduce_stages, "prereduced_for_bounds",
+                        lambda records, bounds, rng_factory: (records, False))
+    monkeypatch.setattr(prereduce_stages, "distinct_pairs_for_rounds",
+                        lambda records, keys, rng_factory: (records, False))
+    monkeypatch.setattr(release, "_prereduced_heavy",
+                        lambda records, plan, rng_factory: (records, False))
+
+
+def _kept(table, bound, secret):
+    """{(user word 0, user word 1, exact key..., value)} that ``bound`` keeps of ``table``:
+    the stage's own kernel on the whole table, under the stage's keyed draws."""
+    from thresher.transforms.bounding.key_value_bound import bound_key_values
+    shard = exact_users(with_key_hash_of(table, bound.key_columns) if bound.rehash else table)
+    if bound.value_column is None:
+        source = keyed_random.StageSource(secret, bound.stage)
+        rows = bound_table_l0(shard, bound.key_columns, BOUND, source)
+        columns = bound.key_columns
+    else:
+        rows = bound_key_values(shard, list(bound.key_columns), bound.value_column, BOUND,
+                                keyed_random.StageSource(secret, bound.stage + "/value"),
+                                keyed_random.StageSource(secret, bound.stage + "/keys"))
+        columns = (*bound.key_columns, bound.value_column)
+    kept = shard.take(pa.array(rows))
+    user = "__user_hi" if "__user_hi" in kept.column_names else "__user"
+    return set(zip(kept.column(user).to_pylist(), kept.column("__user_lo").to_pylist(),
+                   *[kept.column(k).to_pylist() for k in columns]))
+
+
+# quantiles' stages: (key, value) pairs by PerUserBound (binary search) or one value per
+# key by BoundKeyValues (hierarchical, public cells), each beside BoundKeys (keys alone)
+STAGES = {
+    "pairs": [Bound(["word", "amount"], BOUND, "S/PerUserBound"),
+              Bound(["word"], BOUND, "S/BoundKeys", rehash=True)],
+    "key_values": [Bound(["word"], BOUND, "S/BoundKeyValues", value_column="amount"),
+                   Bound(["word"], BOUND, "S/BoundKeys", rehash=True)],
+}
+
+
+@pytest.mark.parametrize("stages", sorted(STAGES))
+@pytest.mark.parametrize("batch_rows", [211, 1500, 20000])
+def test_the_union_of_the_stages_reductions_keeps_every_stages_choice(batch_rows, stages):
+    """Any split of the records into tables, each reduced to the union of the stages'
+    rows: every stage chooses what it chooses on all the records (users holding keys
+    whose public hashes collide included: v)."""
+    prepared, _ = pio.prepare_batch(_records(), "user_id", ["word", "amount"],
+                                    identity_key=TEST_KEY)
+    bounds = STAGES[stages]
+    secret = keyed_random.KeyedSource(SECRET)
+    pieces = []
+    for start in range(0, prepared.num_rows, batch_rows):
+        batch = prepared.slice(start, batch_rows)
+        keep, _ = kept_rows(batch, bounds, secret, "always")
+        pieces.append(batch.filter(pa.array(keep)))
+    reduced = pa.concat_tables(pieces)
+    assert reduced.num_rows < prepared.num_rows - HEAVY_ROWS / 2
+    for bound in bounds:
+        assert _kept(reduced, bound, secret) == _kept(prepared, bound, secret)
+
+
+def _release_records(seed=7):
+    """3,000 users of 4 rows over 20 words (enough users per word for the key selection
+    to publish), a heavy user h with 3,000 rows over 1,500 words of its own and the 20
+    common ones, at many values; rows shuffled."""
+    rng = np.random.default_rng(seed)
+    users = [f"o{u}" for u in range(3000) for _ in range(4)]
+    words = [f"w{w}" for w in rng.integers(0, 20, size=len(users))]
+    users += ["h"] * HEAVY_ROWS
+    words += [f"w{i % 20}" if i % 3 == 0 else f"h{i % 1500}" for i in range(HEAVY_ROWS)]
+    order = rng.permutation(len(users))
+    amounts = rng.integers(0, 40, size=len(users)) / 4.0
+    return pa.table({"user_id": pa.array(users).take(order),
+                     "word": pa.array(words).take(order), "amount": pa.array(amounts)})
+
+
+def _run(folder, table, mechanism):
+    data = os.path.join(folder, "input.parquet")
+    pq.write_table(table, data, row_group_size=1000)           # several read batches
+    doc = {"name": "prereduce_stages", "input": {"path": data, "format": "parquet",
+                                                 "user": "user_id", "keys": ["word"]},
+           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
+           "bounding": {"max_keys_per_user": BOUND},
+           "mechanism": mechanism,
+           "output": {"path": os.path.join(folder, "out")}}
+    path = os.path.join(folder, "spec.yaml")
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(doc, handle)
+    release.run(make_plan(spec_mod.load(path)), [],
+                rng_factory=keyed_random.KeyedSource(SECRET))
+    out = {}
+    for name in ("released.parquet", "release_report.json"):
+        with open(os.path.join(folder, "out", name), "rb") as handle:
+            out[name] = handle.read()
+    return out
+
+
+@pytest.mark.parametrize("mode", ["always", "auto"])
+@pytest.mark.parametrize("case", sorted(MECHANISMS))
+def test_release_bytes_are_the_same_with_the_step_and_without(tmp_path, monkeypatch, mode,
+                                                              case):
+    import shutil
+    monkeypatch.setattr(prereduce, "MODE", mode)
+    monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)    # small tables here
+    table = _release_records()
+    seen = _most_rows_of_one_user_per_split(monkeypatch)
+    reduced = _run(str(tmp_path), table, MECHANISMS[case])
+    with_step = list(seen)
+    seen.clear()
+    shutil.rmtree(tmp_path / "out")   # the same spec and paths: the same config digest
+    _without_steps(monkeypatch)
+    whole = _run(str(tmp_path), table, MECHANISMS[case])
+    assert pq.read_table(tmp_path / "out" / "released.parquet").num_rows > 0
+    assert reduced == whole
+    assert max(seen) == HEAVY_ROWS          # without the step h's rows all travel
+    assert with_step and max(with_step) <= MOST_ROWS[case]
+
+
+def _heavy_data(folder):
+    """3,600 users of 5 rows and a user "heavy" with 2,000 rows on one word."""
+    rng = np.random.default_rng(43)
+    users = [f"u{u}" for u in range(3600) for _ in range(5)] + ["heavy"] * 2000
+    words = [f"w{w}" for w in rng.integers(0, 40, size=18000)] + ["w1"] * 2000
+    order = rng.permutation(len(users))
+    table = pa.table({"user_id": pa.array(users).take(order),
+                      "word": pa.array(words).take(order),
+                      "amount": pa.array(rng.integers(0, 9, size=len(users)) / 2.0)})
+    path = os.path.join(folder, "input.parquet")
+    pq.write_table(table, path, row_group_size=5000)
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(MECHANISMS))
+def test_a_heavy_user_is_bounded_not_refused(tmp_path, monkeypatch, capsys, case):
+    """Whole users limited to 300 rows, one user with 2,000 rows on one word: the CLI
+    release runs (exit 0, a released file). Without the steps the same run is refused
+    (exit 2) naming ``mechanism.kind``."""
+    monkeypatch.setattr(release, "MAX_USER_ROWS", 300)
+    monkeypatch.setattr(user_shards, "MAX_USER_ROWS", 300)
+    monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)
+    doc = {"name": "heavy", "input": {"path": _heavy_data(str(tmp_path)), "format": "parquet",
+                                      "user": "user_id", "keys": ["word"]},
+           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
+           "bounding": {"max_keys_per_user": BOUND}, "mechanism": MECHANISMS[case],
+           "output": {"path": str(tmp_path / "out")}}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    assert cli.main(["run", str(spec), "--quiet"]) == 0, capsys.readouterr().err
+    assert os.path.exists(tmp_path / "out" / "released.parquet")
+    doc["output"]["path"] = str(tmp_path / "out2")
+    spec.write_text(yaml.safe_dump(doc))
+    _without_steps(monkeypatch)
+    assert cli.main(["run", str(spec), "--quiet"]) == 2
+    assert "mechanism.kind: a user has more than 300 rows" in capsys.readouterr().err

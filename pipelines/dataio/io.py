@@ -256,15 +256,16 @@ def _identify_dictionary(user, key):
             values = pc.fill_null(values, pa.scalar(b"", pa.binary()).cast(values.type))
         # index len(values): a null row; a null or empty value is not usable
         usable = np.append(lengths.to_numpy(zero_copy_only=False) > 0, False)
-        identities = np.zeros((2, len(values) + 1), dtype=np.uint64)
-        identities[:, :-1] = identities_of_bytes(values, key).T
+        identities = identities_of_bytes(values, key)
         index = chunk.indices
         if index.null_count:
             index = pc.fill_null(index, len(values))
+            identities = np.append(identities, np.zeros((1, 2), np.uint64), axis=0)
         index = index.to_numpy(zero_copy_only=False)
-        valid.append(usable[index])
-        word0.append(identities[0][index])
-        word1.append(identities[1][index])
+        valid.append(usable[index] if not usable[:len(values)].all() or chunk.null_count
+                     else np.ones(len(index), dtype=bool))
+        word0.append(np.ascontiguousarray(identities[:, 0])[index])
+        word1.append(np.ascontiguousarray(identities[:, 1])[index])
     if len(chunks) == 1:
         return pa.array(valid[0]), (word0[0], word1[0])
     empty = np.zeros(0, np.uint64)

@@ -129,25 +129,25 @@ _LOW_BYTES = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)
 
 
 def _words_at(arr):
-    """(w, starts): ``w[p]`` is the little-endian uint64 of the 8 bytes at byte ``p`` of
-    the values' data (zero past its end), ``starts`` each value's first byte. A strided
-    view of one copy of the data: no index arrays per byte."""
+    """(windows, starts): ``windows[p]`` is the 16 bytes at byte ``p`` of the values'
+    data (zero past its end), ``starts`` each value's first byte. A strided view of one
+    copy of the data: no index arrays per byte."""
     offsets, data = offsets_and_data(arr)
     lo, hi = int(offsets[0]), int(offsets[-1])
     extended = np.zeros(hi - lo + 2 * BLOCK, dtype=np.uint8)
     extended[:hi - lo] = data[lo:hi]
-    windows = np.lib.stride_tricks.as_strided(extended, shape=(hi - lo + BLOCK, 8),
+    windows = np.lib.stride_tricks.as_strided(extended, shape=(hi - lo + BLOCK, BLOCK),
                                               strides=(1, 1))
-    return windows.view(WORD)[:, 0], offsets[:-1] - lo
+    return windows, offsets[:-1] - lo
 
 
-def _block(words, starts, lengths, j):
+def _block(windows, starts, lengths, j):
     """Block j (bytes 16j ... 16j + 15, zero-padded) of each value: an ``(n, 2)`` uint64
-    array, two unaligned word loads masked to the value's length."""
-    out = np.empty((len(starts), 2), dtype=np.uint64)
+    array, one 16-byte load per value masked to the value's length."""
+    out = windows[starts + j * BLOCK].view(WORD)
     rest = lengths - j * BLOCK
-    out[:, 0] = words[starts + j * BLOCK] & _LOW_BYTES[np.clip(rest, 0, 8)]
-    out[:, 1] = words[starts + (j * BLOCK + 8)] & _LOW_BYTES[np.clip(rest - 8, 0, 8)]
+    out[:, 0] &= _LOW_BYTES[np.clip(rest, 0, 8)]
+    out[:, 1] &= _LOW_BYTES[np.clip(rest - 8, 0, 8)]
     return out
 
 

@@ -69,7 +69,8 @@ def _read_main(path):
                                                        "user_id")
             except TypeError:   # before issue 34: no user argument
                 table, text_keys = pio._read_row_group(path, group, columns, ["word"])
-            table = pio._decoded(table, text_keys)
+            if not hasattr(pio, "_text_dictionary"):   # since issue 43 prepare decodes
+                table = pio._decoded(table, text_keys)
         else:
             table = handle.read_row_group(group, columns=columns)
         read_wall += time.perf_counter() - w0
@@ -83,10 +84,13 @@ def _read_main(path):
                       "read_cpu": read_cpu}))
 
 
-def measure_read(root, path):
+def measure_read(root, path, python=None):
+    """The read path of the thresher that ``python`` imports (default: this interpreter,
+    with ``root`` first on the path)."""
     load0 = os.getloadavg()[0]
-    env = dict(os.environ, PYTHONPATH=root)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "_read", path], cwd=root,
+    env = dict(os.environ, PYTHONPATH=root) if python is None else dict(os.environ)
+    proc = subprocess.run([python or sys.executable, os.path.abspath(__file__), "_read", path],
+                          cwd=root if python is None else "/",
                           env=env, capture_output=True, text=True, check=True)
     m = json.loads(proc.stdout.strip().splitlines()[-1])
     m["load"] = (load0, os.getloadavg()[0])
@@ -108,6 +112,10 @@ def main(argv=None):
     parser.add_argument("--rows", type=lambda s: int(float(s)), default=10_000_000)
     parser.add_argument("--root", default=ROOT, help="the thresher checkout to measure")
     parser.add_argument("--only", default="read,run")
+    parser.add_argument("--python", action="append", default=[],
+                        help="read: also measure the thresher this interpreter imports "
+                             "(a virtualenv of another checkout), in turns with this one")
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--data-dir", default=os.path.join(ROOT, "benchmarks", "data"))
     parser.add_argument("--work", default=None, help="scratch folder (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -123,12 +131,14 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|")
     only = args.only.split(",")
     for ids, path in inputs.items():
-        if "read" in only:
-            m = measure_read(root, path)
-            print(f"| read (prepare_batch) | {ids} | {m['rows'] / m['wall']:,.0f} | "
-                  f"{m['wall']:.2f} | {m['cpu']:.2f} | {m['read_wall']:.2f}, "
-                  f"{m['read_cpu']:.2f} | {m['load'][0]:.1f}-{m['load'][1]:.1f} |",
-                  flush=True)
+        for _ in range(args.rounds if "read" in only else 0):
+            for python in [None] + args.python:
+                m = measure_read(root, path, python)
+                name = "read (prepare_batch)" + (f" [{python}]" if python else "")
+                print(f"| {name} | {ids} | {m['rows'] / m['wall']:,.0f} | "
+                      f"{m['wall']:.2f} | {m['cpu']:.2f} | {m['read_wall']:.2f}, "
+                      f"{m['read_cpu']:.2f} | {m['load'][0]:.1f}-{m['load'][1]:.1f} |",
+                      flush=True)
         if "run" in only:
             m = measure_run(root, path, work, f"identity_{ids.split()[0]}")
             print(f"| thresher run (gaussian, C=8) | {ids} | {args.rows / m['wall']:,.0f} | "

@@ -59,6 +59,35 @@ def generate(rows, *, users, vocabulary_size, zipf_a=1.1, user_tail=0.8, seed=0)
     return pa.table({"user_id": user_strings, "word": word_dict.cast(pa.string())})
 
 
+def write_parts(folder, rows, parts, *, zipf_a=1.1, user_tail=0.8, seed=0,
+                row_group_size=100_000):
+    """``rows`` records of :func:`generate`'s law (users = vocabulary = rows / 10) written as
+    ``parts`` Parquet files in ``folder``, one part in memory at a time: 1e8 rows in one
+    table would take ~15 GB of Python strings. Each part draws from its own seeded stream
+    (``seed``, part); the users' weights, their id permutation and the vocabulary are shared."""
+    users = vocabulary_size = max(1, rows // 10)
+    base = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, users + 1) ** user_tail
+    weights = 0.3 / users + weights / weights.sum()
+    user_cdf = np.cumsum(weights / weights.sum())
+    permutation = base.permutation(users)
+    word_p = np.arange(1, vocabulary_size + 1, dtype=np.float64) ** -zipf_a
+    word_cdf = np.cumsum(word_p / word_p.sum())
+    words = pa.array(vocabulary(vocabulary_size, seed))
+    os.makedirs(folder, exist_ok=True)
+    for part in range(parts):
+        rng = np.random.default_rng([seed, part])
+        n = rows // parts + (part < rows % parts)
+        user_ids = permutation[np.minimum(np.searchsorted(user_cdf, rng.random(n)), users - 1)]
+        word_index = np.minimum(np.searchsorted(word_cdf, rng.random(n)), vocabulary_size - 1)
+        user_strings = pa.array(np.char.add("u", user_ids.astype(str)).astype(object),
+                                type=pa.string())
+        word_dict = pa.DictionaryArray.from_arrays(pa.array(word_index.astype(np.int32)), words)
+        table = pa.table({"user_id": user_strings, "word": word_dict.cast(pa.string())})
+        write(table, os.path.join(folder, f"part-{part:04d}.parquet"), row_group_size)
+        del table, user_strings, word_dict
+
+
 def write(table, path, row_group_size=100_000):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     pq.write_table(table, path, row_group_size=row_group_size, compression="zstd")

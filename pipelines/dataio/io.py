@@ -183,6 +183,10 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
             valid = pc.and_(valid, pc.fill_null(pc.invert(pc.is_nan(user)), False))
     drops["rows_dropped_null_or_empty_user"] = table.num_rows - (pc.sum(valid).as_py() or 0) if table.num_rows else 0
     keys = _normalise_keys(table, key_columns, as_text)
+    # a text key read as a dictionary (Parquet) is hashed per distinct value
+    # (hashing.hash_array), the decoded column is what the release carries
+    coded = {k: table.column(k) for k in key_columns
+             if _text_dictionary(table.column(k).type)}
     key_valid = None
     for col in keys.values():
         ok = pc.is_valid(col)
@@ -194,6 +198,7 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
     drops["rows_dropped_null_key"] = (pc.sum(valid).as_py() or 0) - n_ok
     if n_ok < table.num_rows:
         keys = {k: pc.filter(v, both) for k, v in keys.items()}
+        coded = {k: pc.filter(v, both) for k, v in coded.items()}
         if words is None:
             user = pc.filter(user, both)
         else:
@@ -205,8 +210,9 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
     word0, word1 = identify(user, identity_key) if words is None else words
     prepared = pa.table({USER_COLUMN: pa.array(word0, type=pa.uint64()),
                          USER_LOW_COLUMN: pa.array(word1, type=pa.uint64()),
-                         KEY_HASH_COLUMN: pa.array(hash_columns(keyed, key_columns),
-                                                   type=pa.uint64()),
+                         KEY_HASH_COLUMN: pa.array(hash_columns(
+                             pa.table({k: coded.get(k, keys[k]) for k in key_columns}),
+                             key_columns), type=pa.uint64()),
                          **{k: keyed.column(k) for k in key_columns}})
     if value_columns:
         from thresher.transforms.values.aggregate_values import prepare_values
@@ -225,6 +231,14 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
     return prepared, drops
 
 
+def _text_dictionary(arrow_type):
+    """A dictionary of strings: its decoded values are the normalised key
+    (``_normalise_keys`` only decodes it), so its hash may be taken per dictionary value."""
+    return pa.types.is_dictionary(arrow_type) and (
+        pa.types.is_string(arrow_type.value_type)
+        or pa.types.is_large_string(arrow_type.value_type))
+
+
 def _identify_dictionary(user, key):
     """(validity, (word 0, word 1)) of a dictionary-encoded text user column, every row:
     the identity (``transforms.randomness.user_identity``) of each dictionary value, taken to the
@@ -233,20 +247,30 @@ def _identify_dictionary(user, key):
     identity). A null row, a null or empty value is not valid (dropped by the caller)."""
     from thresher.transforms.randomness.user_identity import identities_of_bytes
     chunks = user.chunks if isinstance(user, pa.ChunkedArray) else [user]
-    valid, word0, word1 = [np.zeros(0, dtype=bool)], [np.zeros(0, np.uint64)], [np.zeros(0, np.uint64)]
+    valid, word0, word1 = [], [], []
     for chunk in chunks:
         values = chunk.dictionary
-        usable = np.append(pc.and_(pc.is_valid(values), pc.fill_null(
-            pc.greater(pc.binary_length(values), 0), False)).to_numpy(zero_copy_only=False),
-            False)                                  # index len(values): a null row
-        identities = np.zeros((len(values) + 1, 2), dtype=np.uint64)
-        identities[:-1] = identities_of_bytes(
-            pc.fill_null(values, pa.scalar(b"", pa.binary()).cast(values.type)), key)
-        index = pc.fill_null(chunk.indices, len(values)).to_numpy(zero_copy_only=False)
-        valid.append(usable[index])
-        word0.append(identities[:, 0][index])
-        word1.append(identities[:, 1][index])
-    return pa.array(np.concatenate(valid)), (np.concatenate(word0), np.concatenate(word1))
+        lengths = pc.binary_length(values)
+        if values.null_count:
+            lengths = pc.fill_null(lengths, 0)
+            values = pc.fill_null(values, pa.scalar(b"", pa.binary()).cast(values.type))
+        # index len(values): a null row; a null or empty value is not usable
+        usable = np.append(lengths.to_numpy(zero_copy_only=False) > 0, False)
+        identities = identities_of_bytes(values, key)
+        index = chunk.indices
+        if index.null_count:
+            index = pc.fill_null(index, len(values))
+            identities = np.append(identities, np.zeros((1, 2), np.uint64), axis=0)
+        index = index.to_numpy(zero_copy_only=False)
+        valid.append(usable[index] if not usable[:len(values)].all() or chunk.null_count
+                     else np.ones(len(index), dtype=bool))
+        word0.append(np.ascontiguousarray(identities[:, 0])[index])
+        word1.append(np.ascontiguousarray(identities[:, 1])[index])
+    if len(chunks) == 1:
+        return pa.array(valid[0]), (word0[0], word1[0])
+    empty = np.zeros(0, np.uint64)
+    return (pa.array(np.concatenate([np.zeros(0, bool)] + valid)),
+            (np.concatenate([empty] + word0), np.concatenate([empty] + word1)))
 
 
 # A frequency counts distinct users; above this it is not a user count (and not exact in
@@ -407,7 +431,8 @@ class _ReadParquetRowGroup(beam.DoFn):
         if self._user is not None:
             check_float_user_ids(table.column(self._user), f"{path!r} (row group {group})",
                                  self._user)
-        table = _decoded(table, text_keys)
+        # text keys stay dictionaries: prepare_batch hashes each distinct key once and
+        # decodes them (_normalise_keys)
         for batch in table.to_batches(max_chunksize=BATCH_ROWS):
             yield pa.Table.from_batches([batch])
 

@@ -61,3 +61,19 @@ def test_value_longer_than_a_chunk():
 def test_mix64_is_a_bijection_on_samples(shards):
     x = np.arange(100_000, dtype=np.uint64) * np.uint64(shards)
     assert len(np.unique(hashing.mix64(x))) == len(np.unique(x))
+
+
+def test_dictionary_columns_hash_as_their_decoded_values():
+    # issue 43: a dictionary column (Parquet text keys as read) is hashed per dictionary
+    # value and taken to the rows; chunks carry dictionaries of their own
+    first = pa.array(["ka", "lo", "ka", "", "mi" * 40]).dictionary_encode()
+    second = pa.DictionaryArray.from_arrays(pa.array([2, 0, 0, 1], pa.int32()),
+                                            pa.array(["zz", "ka", "é"]))
+    chunked = pa.chunked_array([first, second])
+    decoded = pa.array(["ka", "lo", "ka", "", "mi" * 40, "é", "zz", "zz", "ka"])
+    assert np.array_equal(hashing.hash_array(chunked), hashing.hash_array(decoded))
+    assert np.array_equal(hashing.hash_array(second), hashing.hash_array(decoded[5:]))
+    table = pa.table({"k": chunked, "j": decoded})
+    plain = pa.table({"k": decoded, "j": decoded})
+    assert np.array_equal(hashing.hash_columns(table, ["k", "j"]),
+                          hashing.hash_columns(plain, ["k", "j"]))

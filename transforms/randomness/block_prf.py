@@ -108,53 +108,85 @@ def mac_bytes(arr, key, tag):
     ``tag || L`` (8 bytes each, little-endian) followed by the bytes, zero-padded to
     whole blocks: the length in the first block makes the set prefix-free."""
     n = len(arr)
-    out = np.zeros((n, 2), dtype=np.uint64)
     if n == 0:
-        return out
+        return np.zeros((0, 2), dtype=np.uint64)
     arr = _binary(arr)
     lengths = pc.binary_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
     long = lengths > LONG_BYTES
-    if long.any():
-        offsets, data = offsets_and_data(arr)
-        for i in np.flatnonzero(long):   # rare: ids over a kilobyte, one CBC call each
-            out[i] = mac_one(bytes(data[offsets[i]:offsets[i + 1]]), key, tag)
-        short = np.flatnonzero(~long)
-        out[short] = _mac_short(arr.take(pa.array(short)), lengths[short], key, tag)
-    else:
-        out[:] = _mac_short(arr, lengths, key, tag)
+    if not long.any():
+        return _mac_short(arr, lengths, key, tag)
+    out = np.zeros((n, 2), dtype=np.uint64)
+    offsets, data = offsets_and_data(arr)
+    for i in np.flatnonzero(long):   # rare: ids over a kilobyte, one CBC call each
+        out[i] = mac_one(bytes(data[offsets[i]:offsets[i + 1]]), key, tag)
+    short = np.flatnonzero(~long)
+    out[short] = _mac_short(arr.take(pa.array(short)), lengths[short], key, tag)
     return out
 
 
-_PADS = pa.array([bytes(k) for k in range(BLOCK)], pa.binary())
+# _LOW_BYTES[k]: the word whose k low bytes are ones (k = 0 ... 8)
+_LOW_BYTES = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)
+
+
+def _words_at(arr):
+    """(windows, starts): ``windows[p]`` is the 16 bytes at byte ``p`` of the values'
+    data (zero past its end), ``starts`` each value's first byte. A strided view of one
+    copy of the data: no index arrays per byte."""
+    offsets, data = offsets_and_data(arr)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    extended = np.zeros(hi - lo + 2 * BLOCK, dtype=np.uint8)
+    extended[:hi - lo] = data[lo:hi]
+    windows = np.lib.stride_tricks.as_strided(extended, shape=(hi - lo + BLOCK, BLOCK),
+                                              strides=(1, 1))
+    return windows, offsets[:-1] - lo
+
+
+def _block(windows, starts, lengths, j):
+    """Block j (bytes 16j ... 16j + 15, zero-padded) of each value: an ``(n, 2)`` uint64
+    array, one 16-byte load per value masked to the value's length."""
+    out = windows[starts + j * BLOCK].view(WORD)
+    rest = lengths - j * BLOCK
+    out[:, 0] &= _LOW_BYTES[np.clip(rest, 0, 8)]
+    out[:, 1] &= _LOW_BYTES[np.clip(rest - 8, 0, 8)]
+    return out
 
 
 def _mac_short(arr, lengths, key, tag):
-    """CBC-MAC of many short messages at once. Arrow appends each value's zero padding
-    (one element-wise join, no per-byte Python or index arrays), so the data buffer is
-    the messages' blocks back to back; then block position j of every message that has
-    one goes through AES in a single call (messages ordered by block count, longest
-    first, so those still running are a prefix)."""
-    if len(arr) == 0:
+    """CBC-MAC of many short messages at once: the header blocks in one AES call, then
+    block position j of every message that has one in a single call, each block read
+    straight from the Arrow data buffer (``_block``). When every value has the same
+    number of blocks (ids of 1 to 16 bytes: one) all messages run at every position;
+    otherwise they are ordered by block count, longest first, so those still running
+    are a prefix."""
+    n = len(arr)
+    if n == 0:
         return np.zeros((0, 2), dtype=np.uint64)
-    pads = _PADS.take(pa.array((-lengths) % BLOCK)).cast(arr.type)
-    padded = pc.binary_join_element_wise(arr, pads, pa.scalar(b"", arr.type))
-    offsets, data = offsets_and_data(padded)
-    base = int(offsets[0])
-    span = data[base:int(offsets[-1])]
-    blocks = np.frombuffer(span.tobytes() if base % 8 else span, dtype=WORD).reshape(-1, 2)
-    first = (offsets[:-1] - base) // BLOCK
-    data_blocks = np.diff(offsets) // BLOCK
-    order = np.argsort(-data_blocks, kind="stable")
-    first, data_blocks = first[order], data_blocks[order]
+    data_blocks = (lengths + (BLOCK - 1)) // BLOCK
     enc = encryptor(key)
-    header = np.empty((len(lengths), 2), dtype=np.uint64)
+    # the header block tag || L depends on the length alone: one AES call per length
+    header = np.empty((int(lengths.max()) + 1, 2), dtype=np.uint64)
     header[:, 0] = tag_word(tag)
-    header[:, 1] = lengths[order].astype(np.uint64)
-    state = encrypt(enc, header)
+    header[:, 1] = np.arange(len(header), dtype=np.uint64)
+    by_length = encrypt(enc, header)
+    state = np.empty((n, 2), dtype=np.uint64)
+    state[:, 0] = by_length[:, 0].take(lengths)     # two 1-d gathers: a 2-d one is slower
+    state[:, 1] = by_length[:, 1].take(lengths)
+    width = int(data_blocks.max(initial=0))
+    if width == 0:
+        return state
+    words, starts = _words_at(arr)
+    if int(data_blocks.min()) == width:
+        for j in range(width):
+            state = encrypt(enc, state ^ _block(words, starts, lengths, j))
+        return state
+    order = np.argsort(-data_blocks, kind="stable")
+    starts, lengths, data_blocks = starts[order], lengths[order], data_blocks[order]
+    state = state[order]
     descending = -data_blocks                 # ascending, for searchsorted
-    for j in range(int(data_blocks.max(initial=0))):
+    for j in range(width):
         active = int(np.searchsorted(descending, -j, side="left"))   # data_blocks > j
-        state[:active] = encrypt(enc, state[:active] ^ blocks[first[:active] + j])
+        state[:active] = encrypt(enc, state[:active] ^ _block(
+            words, starts[:active], lengths[:active], j))
     out = np.empty_like(state)
     out[order] = state
     return out

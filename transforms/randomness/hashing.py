@@ -131,11 +131,19 @@ def _hash_long(data, powers):
 
 
 def hash_array(arr):
-    """uint64 hash of each value of an Arrow array (nulls must be removed first)."""
+    """uint64 hash of each value of an Arrow array (nulls must be removed first). A
+    dictionary array hashes each dictionary value once and takes the hashes to the rows
+    (the same words as hashing the decoded values: the hash is a function of the value)."""
     if isinstance(arr, pa.ChunkedArray):
+        if pa.types.is_dictionary(arr.type) and arr.num_chunks != 1:   # own dictionaries
+            return np.concatenate([np.zeros(0, np.uint64)]
+                                  + [hash_array(chunk) for chunk in arr.chunks])
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     if pa.types.is_dictionary(arr.type):
-        arr = arr.cast(arr.type.value_type)
+        indices = arr.indices
+        if indices.null_count:
+            indices = pc.fill_null(indices, 0)
+        return hash_array(arr.dictionary)[indices.to_numpy(zero_copy_only=False)]
     t = arr.type
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
             or pa.types.is_large_binary(t):

@@ -18,7 +18,7 @@ import zipfile
 
 import pytest
 
-from .conftest import ROOT
+from tests.distributed.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 

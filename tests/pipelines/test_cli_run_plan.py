@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from .conftest import ROOT
+from tests.pipelines.conftest import ROOT
 
 
 def thresher(*argv, env=None, timeout=600):

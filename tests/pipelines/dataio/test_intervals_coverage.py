@@ -24,6 +24,7 @@ def _check(hits, total, what):
     assert hits / total >= CONFIDENCE - 4 * se, (what, hits, total, hits / total)
 
 
+@pytest.mark.slow       # 9 s for gaussian on the 2-core machine: 3 x 3,000 keys, 4 statistics
 @pytest.mark.parametrize("kind", ["gaussian", "laplace"])
 def test_threshold_kinds_cover_counts_sums_means_variances_given_release(kind, tmp_path):
     params = ck.calibrated(kind, str(tmp_path))

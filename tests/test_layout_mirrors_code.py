@@ -91,7 +91,8 @@ def layout_problems(root):
                 problems.append(f"{path}: its name names the module {module!r}; move it to "
                                 + " or ".join(f"{p}/" for p in sorted(places)))
             elif not module and rel not in mirrors:
-                same = sorted("tests/" + p for p in packages if p.rsplit("/", 1)[-1] == rel.rsplit("/", 1)[-1])
+                # a folder named after a package or module: that package's mirror
+                same = sorted(homes.get(rel.rsplit("/", 1)[-1], ()))
                 where = (" or ".join(f"{p}/" for p in same) if same else
                          "the tests/ folder mirroring the package it tests (tests/<package path>/)")
                 problems.append(f"{path}: {rel}/ mirrors no code package and is not a cross-cutting "
@@ -138,11 +139,14 @@ def test_a_planted_misplaced_file_is_found_with_where_it_goes(tmp_path):
         # planted
         "tests/pipelines/test_ledger_backends.py",        # flat, though its module has a package
         "tests/kinds/test_kind_interface.py",             # a folder that mirrors nothing
+        "tests/ledger/test_two_backends.py",              # a folder named after a module
         "tests/pipelines/ledgers/test_zcdp_records.py",   # names accounting/zcdp.py
         "tests/robustness/test_hostile_issue30.py",       # an issue's name
     ])
     problems = layout_problems(str(tmp_path))
-    assert len(problems) == 4, problems
+    assert len(problems) == 5, problems
+    assert any(p.startswith("tests/ledger/test_two_backends.py") and
+               p.endswith("move it to tests/pipelines/ledgers/") for p in problems), problems
     assert any(p.startswith("tests/pipelines/test_ledger_backends.py") and
                p.endswith("move it to tests/pipelines/ledgers/") for p in problems), problems
     assert any(p.startswith("tests/kinds/test_kind_interface.py") and

@@ -22,8 +22,8 @@ from thresher.pipelines.beam_yaml import ThresherRelease
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.planning.plan import make_plan
 
-from tests.distributed.conftest import QUICKSTART, ROOT
-from tests.distributed.release_check import check_counts
+from .conftest import QUICKSTART, ROOT
+from .release_check import check_counts
 
 EXAMPLE = os.path.join(ROOT, "configs", "beam_yaml", "quickstart_release.yaml")
 CONFIG = {"user": "user_id", "keys": ["word"], "privacy": {"epsilon": 1.0, "delta": 1e-8},

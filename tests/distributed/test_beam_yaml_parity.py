@@ -33,7 +33,7 @@ from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.transforms.randomness.keyed_random import KeyedSource
 
-from tests.distributed.conftest import ROOT
+from .conftest import ROOT
 
 SECRET = b"test-only release secret: 32 B.."
 PRIVACY = {"epsilon": 1.0, "delta": 1e-8}

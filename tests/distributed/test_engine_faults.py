@@ -19,8 +19,8 @@ import yaml
 
 from thresher.pipelines.running import sessions
 
-from tests.distributed.conftest import ROOT, free_loopback_port, quickstart_spec
-from tests.distributed.test_engines_jvm import _cached
+from .conftest import ROOT, free_loopback_port, quickstart_spec
+from .test_engines_jvm import _cached
 
 HARD_BOUND = 900        # s: the test's own limit on one CLI run (a hang fails the test)
 

@@ -33,9 +33,9 @@ from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running import engines, sessions
 from thresher.pipelines.specs import spec as spec_mod
 
-from tests.distributed.conftest import ROOT, free_loopback_port, quickstart_spec
-from tests.distributed.release_check import check_release
-from tests.distributed.test_engines_real import DATA, SECRET, _spec_doc
+from .conftest import ROOT, free_loopback_port, quickstart_spec
+from .release_check import check_release
+from .test_engines_real import DATA, SECRET, _spec_doc
 
 RUN_TIMEOUT = 600        # s per release: a cold JVM and a 2-core machine shared with CI
 RELEASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_release_under_secret.py")

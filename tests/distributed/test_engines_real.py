@@ -45,9 +45,9 @@ from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.planning.plan import make_plan
 from thresher.transforms.randomness.keyed_random import KeyedSource
 
-from tests.distributed.conftest import QUICKSTART, ROOT, quickstart_spec
-from tests.distributed.release_check import check_release
-from tests.distributed.test_external_worker_pool import RUN_TIMEOUT, installed  # noqa: F401
+from .conftest import QUICKSTART, ROOT, quickstart_spec
+from .release_check import check_release
+from .test_external_worker_pool import RUN_TIMEOUT, installed  # noqa: F401
 
 SECRET = b"test-only release secret: 32 B.."
 

@@ -28,8 +28,8 @@ import pytest
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.planning.plan import make_plan
 
-from tests.distributed.conftest import ROOT, _wait_for_port, copy_source, free_loopback_port, quickstart_spec
-from tests.distributed.release_check import check_release
+from .conftest import ROOT, _wait_for_port, copy_source, free_loopback_port, quickstart_spec
+from .release_check import check_release
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import zipfile
 
 import pytest
 
-from tests.distributed.conftest import ROOT
+from .conftest import ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -19,9 +19,9 @@ from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
 from thresher.pipelines.planning.plan import make_plan
 
-from tests.distributed.conftest import QUICKSTART, ROOT
-from tests.distributed.fake_object_store import SCHEME, ObjectStoreFileSystem
-from tests.distributed.release_check import check_counts, comparable
+from .conftest import QUICKSTART, ROOT
+from .fake_object_store import SCHEME, ObjectStoreFileSystem
+from .release_check import check_counts, comparable
 
 BUCKET = f"{SCHEME}://bucket"
 

@@ -30,7 +30,7 @@ from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running.release import build
 
-from tests.distributed.conftest import ROOT
+from .conftest import ROOT
 
 EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "configs", "examples", "*.yaml")))
 QUICKSTART = os.path.join(ROOT, "configs", "examples", "quickstart.yaml")

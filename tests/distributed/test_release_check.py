@@ -12,8 +12,8 @@ import pytest
 
 from thresher.transforms.randomness import samplers
 
-from tests.distributed.conftest import ROOT
-from tests.distributed.release_check import check_release, expected_counts
+from .conftest import ROOT
+from .release_check import check_release, expected_counts
 
 DATA = os.path.join(ROOT, "configs", "examples", "data", "quickstart.parquet")
 C, SIGMA, TAU_STAR = 8, 14.0, 88

@@ -25,8 +25,8 @@ from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.cli import main
 from thresher.pipelines.planning.plan import make_plan
 
-from tests.distributed.conftest import QUICKSTART, ROOT, copy_source
-from tests.distributed.release_check import check_release, expected_counts
+from .conftest import QUICKSTART, ROOT, copy_source
+from .release_check import check_release, expected_counts
 
 pytestmark = pytest.mark.slow
 

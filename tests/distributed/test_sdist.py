@@ -35,8 +35,8 @@ from apache_beam.runners.portability.stager import Stager
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.planning.plan import make_plan
 
-from tests.distributed.conftest import ROOT
-from tests.distributed.release_check import check_release
+from .conftest import ROOT
+from .release_check import check_release
 
 PACKAGES = ("accounting", "transforms", "pipelines")
 SKIP_DIRS = {".git", "out", "__pycache__", ".pytest_cache", "build", "dist", ".hypothesis"}

@@ -16,7 +16,7 @@ import yaml
 
 from thresher.pipelines.ledgers import ledger
 
-from tests.pipelines.conftest import QUICKSTART_DATA, ROOT
+from .conftest import QUICKSTART_DATA, ROOT
 
 pytest.importorskip("apache_beam.yaml.main")
 

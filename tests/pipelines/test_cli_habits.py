@@ -13,7 +13,7 @@ import pytest
 from thresher.pipelines.cli import main
 from thresher.pipelines.running.progress import Reporter
 
-from tests.pipelines.conftest import ROOT
+from .conftest import ROOT
 
 KINDS = ["gaussian", "laplace", "sample_and_threshold", "weighted_sampling"]
 

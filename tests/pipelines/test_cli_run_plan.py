@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.pipelines.conftest import ROOT
+from .conftest import ROOT
 
 
 def thresher(*argv, env=None, timeout=600):

@@ -17,7 +17,7 @@ import yaml
 
 from thresher.accounting import correlated_gshm
 
-from tests.robustness.conftest import assert_clean_error, run_cli, words_table, write_parquet, write_spec
+from .conftest import assert_clean_error, run_cli, words_table, write_parquet, write_spec
 
 
 @pytest.fixture

@@ -62,7 +62,8 @@ setup(
     extras_require={
         # Test-only oracles: peer libraries are used to cross-check numbers, never at run time.
         # apache-beam[yaml] because the tests run the Beam YAML example.
-        "dev": ["pytest>=8.2", "hypothesis>=6.100", "mpmath>=1.3", "dp-accounting>=0.4",
+        # pytest-xdist: the README's test command runs the suite on both cores (-n 2).
+        "dev": ["pytest>=8.2", "pytest-xdist>=3.5", "hypothesis>=6.100", "mpmath>=1.3", "dp-accounting>=0.4",
                 "python-dp>=1.1", "apache-beam[yaml]>=2.60", "matplotlib>=3.7",
                 "psycopg[binary]>=3.1",
                 # tests/pipelines/test_released_bytes_frozen.py asks which OpenBLAS kernel

@@ -107,7 +107,7 @@ def gap(before):
     print(f"new bound (one dominating pair):                {new:.3g}  "
           f"({time.process_time() - start:.2f} s CPU, load {_load():.1f})")
     try:
-        from tests.accounting.test_sample_threshold_pld import _dp_accounting_delta
+        from tests.accounting.sample_threshold.test_sample_threshold_pld import _dp_accounting_delta
     except ImportError:
         print("dp_accounting (dev extra) not installed: no exact comparison")
         return

@@ -5,7 +5,7 @@ and clamped) go through the kernels thresher runs (``noisy_threshold`` +
 ``aggregate_values.noisy_outputs``, ``weighted_threshold``, the adaptive count stage) with
 keyed streams under a given secret; the interval columns are computed as the launcher
 computes them (``pipelines.dataio.intervals.interval_columns``). Shared by
-tests/pipelines/test_coverage.py and benchmarks/bench_coverage.py.
+tests/pipelines/dataio/test_intervals_coverage.py and benchmarks/bench_coverage.py.
 """
 import numpy as np
 import pyarrow as pa

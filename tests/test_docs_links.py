@@ -28,7 +28,7 @@ PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT)
 
 SETUP_COMMANDS = (
     'python -m pip install . && thresher run configs/examples/quickstart.yaml --overwrite',
-    'python -m pip install -e ".[dev]" && python -m pytest tests -q',
+    'python -m pip install -e ".[dev]" && python -m pytest tests -q -n 2',
 )
 README_MAX_LINES = 150
 

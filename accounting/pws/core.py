@@ -256,7 +256,7 @@ def _next_row(prev, lo, pi_prev, pi_i, up_factor, down_factor, delta):
     operations and their order are those of the plain statement of the two passes (a
     sequential prefix sum, then e^-eps (sum - delta) + slack clipped at 0, differences; the
     suffix sums from j = i down), so the rows are bit-for-bit the same
-    (tests/accounting/test_pws_band_build.py keeps that plain version as the reference)."""
+    (tests/accounting/pws/test_pws_band_build.py keeps that plain version as the reference)."""
     n = len(prev)
     row = np.empty(n + 1)                       # starts as the lower bounds D_{i,.}
     upper = np.empty(n + 1)
@@ -579,7 +579,7 @@ def composed_delta(key_epsilon, key_delta, max_keys_per_user, epsilon):
     # binom._pmf: the distribution's own pmf (what binom.pmf returns for these valid
     # arguments, l = 0..C, 0 < p <= 1/2) without its per-call argument handling, which
     # costs 4x the pmf itself; the searches of per_key_budget make ~35 calls per grid
-    # point (tests/accounting/test_pws_keep_table.py checks the two are equal)
+    # point (tests/accounting/pws/test_pws_keep_table.py checks the two are equal)
     weights = stats.binom._pmf(l, c, p_flip)
     loss = (c - 2 * l) * key_epsilon
     with np.errstate(over="ignore"):   # expm1 -> inf where the term is clipped to 0 anyway
@@ -796,7 +796,7 @@ def _realized_band_delta(data, starts, lengths, lo, q, e_eps, chunk_entries=1 <<
     move by at most one column (the band's rows do): the same floating-point operations on
     the same operands, in the same order, as the plain statement -- gathered, cumsum'd,
     quantised, differenced, compared -- so the result is bit for bit the same
-    (tests/accounting/test_pws_keep_table.py keeps the plain statement as the reference)."""
+    (tests/accounting/pws/test_pws_keep_table.py keeps the plain statement as the reference)."""
     m = len(lengths) - 1
     worst = 0.0
     prev_p = np.zeros((1, 1))
@@ -1236,6 +1236,6 @@ def release_tables_can_fail(params):
     each such column holds the same entries at the same diagonals d and the estimate is
     a_j = g(j + d*) / 1 = j + d*, an exact integer: period 1, increment 1.0, and the tail
     release_tables reads (columns M + W .. M + 3W) lies there
-    (tests/accounting/test_pws_keep_table.py checks it)."""
+    (tests/accounting/pws/test_pws_keep_table.py checks it)."""
     return (params.report != "keys" and params.beyond_table == "shift"
             and params.estimator != "mle")

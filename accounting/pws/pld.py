@@ -47,7 +47,7 @@ import numpy as np
 from thresher.accounting._lazy import special
 
 # Relative error allowed for the composite Phi(Phi^-1(x) + mu) of scipy's ndtr/ndtri in
-# (1) and for the float sum with delta0; tests/accounting/test_pws_pld.py checks scipy
+# (1) and for the float sum with delta0; tests/accounting/pws/test_pws_pld.py checks scipy
 # against mpmath at 50 digits on x in [1e-300, 1 - 1e-16], mu in [1e-4, 8] (< 1e-12 seen).
 RHO = 1e-10
 _U = np.finfo(np.float64).eps / 2

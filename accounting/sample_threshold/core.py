@@ -285,7 +285,7 @@ def sampling_rate_for(epsilon, delta_target, threshold, *, method="exact", rel_t
     or None if none above 1e-12 qualifies.
 
     Searches p = exp(-y) for the smallest y; delta grows with p (checked on a grid in
-    tests/accounting/test_sample_threshold.py), and the p returned always meets the target
+    tests/accounting/sample_threshold/test_sample_threshold.py), and the p returned always meets the target
     whether or not that holds."""
     _check(epsilon, 0.5, threshold, method)
     if not 0 < delta_target < 1:

@@ -4,7 +4,7 @@ agree on their types, and the estimated number of rows (``pipelines.dataio.io`` 
 shuffles from it). Parquet footers and CSV/JSONL headers only.
 
 Kept apart from ``pipelines.dataio.io``, whose reading DoFns need Beam: ``thresher validate``
-imports this module and not Beam (tests/pipelines/test_command_imports.py).
+imports this module and not Beam (tests/pipelines/test_cli_command_imports.py).
 """
 import os
 

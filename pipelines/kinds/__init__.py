@@ -21,7 +21,7 @@ with. The module:
 A kind option (a noise variant of an existing kind, e.g. gaussian's ``mechanism.noise``)
 is a field of that kind, listed in its ``NOISES``, calibrated by its ``calibrate`` and
 charged by its ``privacy_record``: nothing outside the kind's module changes.
-tests/kinds/test_kind_interface.py checks every kind against the interface.
+tests/pipelines/kinds/test_kind_interface.py checks every kind against the interface.
 
 **A kind kept outside this package** (a plug-in) is registered by its module path: call
 :func:`register` (``register("my_package.my_kind")``) before loading a spec, or list the
@@ -30,7 +30,7 @@ module paths, comma-separated, in the environment variable ``THRESHER_KINDS`` (w
 module here; it is imported only when the kind is used. Nothing outside this package
 compares kind names: every kind-specific decision is a hook of ``base.Kind``, so a
 registered kind plans, validates, runs, shows and reports like one kept here
-(tests/kinds/test_renamed_kinds.py runs a renamed copy of each kind).
+(tests/pipelines/kinds/test_renamed_kinds.py runs a renamed copy of each kind).
 
 Modules whose names start with ``_`` (and ``base``) are shared parts of kinds, not kinds.
 Imports: kind modules import ``pipelines.specs.declare``, ``pipelines.specs.fields``,

@@ -3,7 +3,7 @@ holds the kind's fields, calibration and stages): the string-key check, the top-
 last level and the TrieHH++ release.
 
 Kept apart so that importing the kind -- which ``thresher plan``, ``validate`` and
-``schema`` do -- does not import Beam (tests/pipelines/test_command_imports.py).
+``schema`` do -- does not import Beam (tests/pipelines/test_cli_command_imports.py).
 """
 import apache_beam as beam
 import pyarrow as pa

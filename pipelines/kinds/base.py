@@ -18,7 +18,7 @@ How a kind releases (``releases_from``; exactly one, each with its one required 
   every stage from the prepared records.
 
 ``parse`` and ``calibrate`` are required of every kind; a class lacking a required method
-cannot be instantiated (``abc``), and tests/kinds/test_kind_interface.py checks every kind
+cannot be instantiated (``abc``), and tests/pipelines/kinds/test_kind_interface.py checks every kind
 against this interface.
 
 Import rule: this module imports no Beam, no ``transforms`` and no ``accounting`` at its

@@ -55,7 +55,7 @@ FIELDS = {
         "max_keys_per_user of 2 to 64, else basic; pld needs accounting: exact)")),
 }
 # transforms.selection.sample_and_threshold.OUTPUT_COLUMNS (not imported here: the transforms import
-# Beam, which plan, validate and schema never need; tests/pipelines/test_command_imports.py
+# Beam, which plan, validate and schema never need; tests/pipelines/test_cli_command_imports.py
 # checks the two agree)
 OUTPUT_COLUMNS = {"count": pa.int64(), "estimate": pa.float64()}
 

@@ -61,7 +61,7 @@ FIELDS = {
             "counts are treated as this one (auto: where every key is reported)")),
 }
 # transforms.selection.sanitize_sample.OUTPUT_COLUMNS (not imported here: the transforms import Beam,
-# which plan, validate and schema never need; tests/pipelines/test_command_imports.py
+# which plan, validate and schema never need; tests/pipelines/test_cli_command_imports.py
 # checks the two agree)
 OUTPUT_COLUMNS = {"token": pa.int64(), "estimate": pa.float64()}
 

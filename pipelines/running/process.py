@@ -24,7 +24,7 @@ gettext for its words at every parser Beam and the CLI build.
 
 **Beam only when a pipeline is built.** ``prepare`` imports nothing of Beam: a refused
 spec, and every command but ``run``, answers without it (tests/pipelines/
-test_command_imports.py); ``run`` imports it in :func:`prepare_pipeline`, once the spec is
+test_cli_command_imports.py); ``run`` imports it in :func:`prepare_pipeline`, once the spec is
 planned and the output and options are checked.
 
 **Beam's import kept out of the cyclic garbage collector's full passes.** Importing Beam

@@ -1,6 +1,6 @@
 """Random bound-score parameters for each score kind, shared by the l1-score tests
 (tests/accounting/test_contribution_bound.py) and the key-objective tests
-(tests/transforms/test_keys_objective.py)."""
+(tests/transforms/bounding/test_keys_objective.py)."""
 import numpy as np
 
 from thresher.accounting import contribution_bound as cb

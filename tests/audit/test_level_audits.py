@@ -174,6 +174,7 @@ def test_honest_levels_stay_within_the_claim(builder):
     assert not result.violated, f"{scenario.name} ({scenario.parameters}): {result.summary()}"
 
 
+@pytest.mark.slow       # 16-18 s each on the 2-core machine (MUTATION_TRIALS releases)
 @pytest.mark.parametrize("builder", [heavy_hitters_scenario, quantiles_scenario],
                          ids=["heavy_hitters", "quantiles"])
 def test_levels_ignored_is_flagged(builder):

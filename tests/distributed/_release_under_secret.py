@@ -1,4 +1,4 @@
-"""Test-only: run a release under a fixed secret, as tests/pipelines/test_keyed_recomputation.py
+"""Test-only: run a release under a fixed secret, as tests/pipelines/running/test_keyed_recomputation.py
 does in process, for a run that must happen in another process (inside the loopback
 network namespace of ``loopback_netns.py``).
 

@@ -151,7 +151,7 @@ def test_progress_is_off_without_a_terminal_and_on_when_asked(write_spec, small_
                           env=env, cwd=ROOT, timeout=300)
     assert loud.returncode == 0, loud.stderr
     assert "thresher: progress" in loud.stderr and "finished; 20,000 rows read" in loud.stderr
-    # while it ran: the stage and the rows from Beam's metrics (tests/pipelines/test_progress_metrics.py)
+    # while it ran: the stage and the rows from Beam's metrics (tests/pipelines/running/test_progress_metrics.py)
     match = re.search(r"stage ([A-Za-z, ]+); ([\d,]+) rows read \(Beam metrics: Read/\w+ ([\d,]+)\)",
                       loud.stderr)
     assert match and match.group(1) != "starting", loud.stderr

@@ -202,7 +202,7 @@ def test_adaptive_never_outputs_a_key_colliding_with_a_released_one():
     from apache_beam.testing.util import assert_that, equal_to
     from thresher.transforms.selection import adaptive_rounds as ar
     from thresher.transforms.bounding.user_shards import ShardByUser
-    from tests.kinds.test_weighted_gaussian_kind import _records
+    from tests.pipelines.kinds.test_weighted_gaussian_kind import _records
 
     k1, k2 = colliding_pair("key")
     records = _records([(f"u{i}", k1) for i in range(50)] + [("victim", k2)])

@@ -15,7 +15,7 @@ smallest distinct hashes in the batch. Keeping, per user and batch, one row per 
 (user, exact key) among the C smallest hashes therefore keeps a superset of the final
 kept keys, and the bounding's choice on a superset containing the first C keys of a
 total order is those C keys. The released bytes are the same with and without this step
-(tests/pipelines/test_prereduce.py), and what a user's rows become depends on the secret
+(tests/transforms/bounding/test_prereduce.py), and what a user's rows become depends on the secret
 and that user's rows only (the batch decides nothing but which superset travels).
 
 Where it pays, once per row. Read batches are first combined into tables of about
@@ -26,7 +26,7 @@ its rows: a superset too), and the table is reduced only when that can remove at
 ``MIN_REMOVED_ROWS`` rows (:func:`heavy_user_rows`; one sort of the user words decides).
 The decision is a function of the table's rows; whichever way it goes, what travels is a
 superset of the kept keys, so it picks the superset and nothing else
-(tests/pipelines/test_prereduce.py forces it either way: ``MODE``). Measured on 1e7 rows
+(tests/transforms/bounding/test_prereduce.py forces it either way: ``MODE``). Measured on 1e7 rows
 of ~1e6 Zipf-active users (docs/performance.md, issue 34): a quarter of the rows are
 those of users with more than 2C rows in a 1e6-row table, and almost all of them go.
 
@@ -85,7 +85,7 @@ cap`` rows in a table goes through :func:`prereduce_l0` at ``cap`` instead, whic
 superset of the user's first ``cap`` keys (the fixed bound's argument above, C = cap);
 the first ``cap`` keys of any such subset of D_i are those of D_i, so (2) and (3) hold for
 the keys the pass reads. Which rows go depends on the table's rows only (a user's pairs
-stay whatever the split), so the step is also a function of each user's own records. tests/pipelines/test_prereduce.py checks the statistics, the
+stay whatever the split), so the step is also a function of each user's own records. tests/transforms/bounding/test_prereduce.py checks the statistics, the
 running counts and the kept set at every candidate on split records (colliding keys
 included), and the published bytes with the step forced on and off.
 """
@@ -117,7 +117,7 @@ BUCKET_BITS = 20     # at most 2**20 user buckets in the decision (one per row o
 AUTO_HEAVY_ROWS = 32
 # "auto": decide per table (heavy_user_rows); "always": every user of every table
 # through the kernel; "never": no row removed (the tables are still combined). Only the
-# superset that travels differs, never the release (tests/pipelines/test_prereduce.py).
+# superset that travels differs, never the release (tests/transforms/bounding/test_prereduce.py).
 MODES = ("auto", "always", "never")
 MODE = "auto"
 

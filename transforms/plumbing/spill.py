@@ -16,7 +16,7 @@ read; unread files are removed with the folder (``pipelines.running.release`` pu
 release's staging folder as ``beam-temp-user-shuffle``, which is deleted after the
 pipeline and with the staging folder on failure). Nothing in the folder is published.
 The same tables reach the consumers as through the in-memory shuffle, so the release is
-unchanged (tests/transforms/test_spill.py).
+unchanged (tests/transforms/plumbing/test_spill.py).
 """
 import os
 import uuid

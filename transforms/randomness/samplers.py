@@ -34,7 +34,7 @@ the same idea as the exact Bernoulli(exp(-gamma)) of Canonne, Kamath & Steinke 2
   for geometric variables, rejection from a geometric envelope with exact
   Bernoulli(exp(-gamma)) acceptance for the discrete Gaussian.
 
-Tests (tests/samplers/) check the certified bounds against mpmath at 400 bits, and
+Tests (tests/transforms/randomness/) check the certified bounds against mpmath at 400 bits, and
 the pmf of every sampler by chi-square tests over 10**6 draws, including variants with
 8-bit prefixes and short tables that force the slow paths on thousands of draws.
 docs/privacy_testing.md has the speed figures.

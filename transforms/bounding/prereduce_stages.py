@@ -24,7 +24,7 @@ holds a row of each of A's first C keys, so A keeps the same keys as on all the 
 the same holds for every stage at once. ``PerUserBound`` reads of a kept key only its
 identity and key columns (one row of the key, rows=True; or its distinct-user count),
 never how many rows it has, so the published bytes are those of the release without the
-step (tests/pipelines/test_prereduce_stages.py, with the step forced on, off and
+step (tests/transforms/bounding/test_prereduce_stages.py, with the step forced on, off and
 decided per table). Which rows travel depends on the table's rows only; what each user's
 rows become depends on the secret and that user's records only.
 
@@ -212,7 +212,7 @@ def _stage(rng_factory, label):
 # (its number of rows is never read: ``prereduce``'s docstring, "The automatic bound",
 # point 2). So every row repeating a (user identity, exact key) pair of its table can go
 # before the shuffle with no change to any round, the counts or the published bytes
-# (tests/pipelines/test_prereduce_stages.py). No cap on a user's distinct keys is exact
+# (tests/transforms/bounding/test_prereduce_stages.py). No cap on a user's distinct keys is exact
 # here: round r reads a user's first C keys among those not released before, which can
 # lie arbitrarily deep in the user's order; a user with more than
 # ``user_shards.MAX_USER_ROWS`` distinct keys is still refused, naming ``mechanism.kind``.

@@ -16,7 +16,7 @@ numbers the copies as the row kernel does (a record's copies 0..N_r - 1; records
 a hash continue each other's numbering in content order), computes every copy's
 priority and keeps each user's C smallest: the same kept copies as the row kernel on the
 expanded rows, hence the same per-key counts and the same published bytes
-(tests/pipelines/test_rand_clip_copies.py, with the step on and off).
+(tests/transforms/bounding/test_rand_clip_copies.py, with the step on and off).
 
 Memory. The copies are enumerated in blocks of ``BLOCK`` copies (vectorised; a Python
 loop over blocks, never over rows), each block keeping its C smallest priorities per

@@ -33,7 +33,7 @@ from thresher.transforms.bounding.prereduce_stages import Bound, kept_rows, with
 from thresher.transforms.bounding.user_shards import exact_users
 from thresher.transforms.randomness import keyed_random
 from thresher.transforms.randomness.user_identity import TEST_KEY
-from tests.pipelines.test_prereduce import HEAVY_ROWS, _most_rows_of_one_user_per_split, _records
+from tests.transforms.bounding.test_prereduce import HEAVY_ROWS, _most_rows_of_one_user_per_split, _records
 
 SECRET = b"test-only secret: prereduce kinds"
 BOUND = 4

@@ -34,7 +34,7 @@ from thresher.transforms.bounding.rand_clip_copies import collapse_copies
 from thresher.transforms.bounding.user_shards import exact_users
 from thresher.transforms.randomness import keyed_random
 from thresher.transforms.randomness.user_identity import TEST_KEY
-from tests.pipelines.test_prereduce import _most_rows_of_one_user_per_split
+from tests.transforms.bounding.test_prereduce import _most_rows_of_one_user_per_split
 
 SECRET = b"test-only secret: rand-clip copies"
 BOUND = 5

@@ -22,7 +22,7 @@ from thresher.pipelines.ledgers import ledger, store
 from thresher.pipelines.ledgers.postgres_backend import PostgresBackend
 from thresher.pipelines.ledgers.sqlite_backend import SQLiteBackend
 
-from .conftest import ROOT
+from tests.pipelines.conftest import ROOT
 
 LEDGERS = os.path.join(ROOT, "pipelines", "ledgers")
 BACKEND_MODULES = ("backend.py", "sqlite_backend.py", "postgres_backend.py")

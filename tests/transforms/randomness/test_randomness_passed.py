@@ -33,7 +33,7 @@ import thresher
 from thresher.errors import ThresherError
 from thresher.transforms.randomness import keyed_random
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 PACKAGE_DIRS = ("transforms", "pipelines", "accounting", os.path.join("src", "thresher"))
 SECRET = b"randomness passed test secret.."
 

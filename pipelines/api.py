@@ -75,7 +75,7 @@ def Release(spec, num_shards=16):
     output = spec.get("output")
     if output is not None and not isinstance(output, dict):
         raise SpecError("output", f"must be a mapping, got {type(output).__name__}")
-    from thresher.pipelines.beam_yaml import ThresherRelease
+    from thresher.pipelines.beam_yaml import ThresherRelease  # heavy: apache_beam
     return ThresherRelease(section.get("user"), section.get("keys"), spec.get("privacy"),
                            spec.get("bounding", {}), spec.get("mechanism"),
                            name=spec.get("name", "release"), num_shards=num_shards,

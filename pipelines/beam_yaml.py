@@ -70,19 +70,29 @@ import sys
 import typing
 
 import apache_beam as beam
+from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.transforms.trigger import DefaultTrigger
+from apache_beam.transforms.window import GlobalWindows
 import numpy as np
 import pyarrow as pa
 import yaml
 from apache_beam.typehints.row_type import RowTypeConstraint
 from apache_beam.typehints.schemas import named_fields_from_element_type
 
-from thresher.pipelines.dataio import io
+from thresher.pipelines.dataio import intervals, io
+from thresher.pipelines.dataio.public_keys import load_domain
 from thresher.pipelines.errors import SpecError, ThresherError
+from thresher.pipelines.ledgers import pipeline_charge
+from thresher.pipelines.ledgers.pipeline_charge import charge_when_run
 from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running.beam_flags import refuse_dask, refuse_graph_saving
 from thresher.pipelines.running.release import release_stages
 from thresher.pipelines import kinds
+from thresher.pipelines.specs.aggregates import apply_clips, value_columns
 from thresher.pipelines.specs.spec import parse
 from thresher.transforms.randomness import keyed_random
+from thresher.transforms.randomness.keyed_random import KeyedDraws, PipelineSecret
+from thresher.transforms.randomness.secret_commitment import OneSecret
 from thresher.transforms.randomness.user_identity import identity_key
 
 DEFAULT_NUM_SHARDS = 16
@@ -234,7 +244,6 @@ def _domain_for(plan, fields):
     spec = plan.spec
     if plan.domain is None:
         return plan
-    from thresher.pipelines.dataio.public_keys import load_domain
     types = {k: _arrow_type(fields[k]) for k in spec.input.keys}
     if any(t is None for t in types.values()):
         return plan        # keep the file's own types
@@ -251,7 +260,6 @@ def _budget_checked(plan, pipeline):
     (``ThresherRelease.budget`` otherwise), checked when the pipeline is built."""
     if plan.spec.budget is None:
         return plan
-    from thresher.pipelines.ledgers import pipeline_charge
     try:
         budget = pipeline_charge.workers_reach(plan.spec.budget, pipeline)
         plan = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, budget=budget))
@@ -278,7 +286,6 @@ def _interval_columns(spec, output_columns):
     """``output_columns`` with the ``<column>_low`` / ``_high`` columns ``thresher run``
     publishes, each after its value column (pipelines/dataio/intervals.py ``add_columns``):
     {name: (Arrow type, nullable)}."""
-    from thresher.pipelines.dataio import intervals
     with_interval = (intervals.report_section(spec)["columns"]
                      if intervals.kind_publishes(spec) else {})
     out = {}
@@ -298,8 +305,6 @@ def _refuse_windowing(rows):
     of their rows and one privacy charge. Windows or a trigger would bound users per window
     or pane, and release (and charge) nothing or several times; so the input must be in
     Beam's global window with its default trigger (SpecError otherwise)."""
-    from apache_beam.transforms.trigger import DefaultTrigger
-    from apache_beam.transforms.window import GlobalWindows
     windowing = rows.windowing
     if not isinstance(windowing.windowfn, GlobalWindows):
         raise SpecError("ThresherRelease", f"its input is in windows "
@@ -391,7 +396,6 @@ def _chosen_report(reports, chosen, clips=None):
     ``thresher run`` reports them (``aggregates.report_chosen_clips``)."""
     report = dict(reports[int(chosen)])
     if clips is not None:
-        from thresher.pipelines.specs.aggregates import apply_clips
         report["mechanism"] = apply_clips(report["mechanism"], clips)
     return report
 
@@ -404,7 +408,6 @@ def _table_to_rows(table, columns, spec, reports, chosen, clips=None, charged=No
     ledger charge, a side input read only so that no row is emitted before it exists."""
     if not table.num_rows:
         return
-    from thresher.pipelines.dataio import intervals
     if intervals.kind_publishes(spec):
         mechanism = _chosen_report(reports, chosen, clips)["mechanism"]
         table = intervals.add_columns(table, mechanism, spec)
@@ -431,10 +434,7 @@ class _Release(beam.PTransform):
         self._rng_factory = None
 
     def expand(self, rows):
-        from thresher.pipelines.running.beam_flags import refuse_graph_saving
         refuse_graph_saving(rows.pipeline.options, "by ThresherRelease")
-        from apache_beam.options.pipeline_options import StandardOptions
-        from thresher.pipelines.running.beam_flags import refuse_dask
         refuse_dask(rows.pipeline.runner)
         refuse_dask(rows.pipeline.options.view_as(StandardOptions).runner)
         _refuse_windowing(rows)
@@ -467,7 +467,6 @@ class _Release(beam.PTransform):
         plan = _domain_for(plan, fields)
         values = []
         if spec.aggregates:
-            from thresher.pipelines.specs.aggregates import value_columns
             values = value_columns(spec.aggregates)
             for i, (name, _) in enumerate(values):
                 if name not in fields:
@@ -487,7 +486,6 @@ class _Release(beam.PTransform):
                for c, (t, nullable) in output_columns.items()])
 
         # the release secret: drawn inside the pipeline, never carried in its graph
-        from thresher.transforms.randomness.keyed_random import KeyedDraws, PipelineSecret
         source = (self._rng_factory if self._rng_factory is not None
                   else PipelineSecret.draw(rows.pipeline))
         draws = KeyedDraws(source)   # the release's root: each stage gets its own child
@@ -497,7 +495,6 @@ class _Release(beam.PTransform):
         # then fails on its data stays charged (issue 42). The charge reads the secret (its
         # run token), so it is added before OneSecret seals the secret's readers.
         if spec.budget is not None:
-            from thresher.pipelines.ledgers.pipeline_charge import charge_when_run
             charged = beam.pvalue.AsSingleton(charge_when_run(rows.pipeline, plan, source,
                                                               self.label))
         gate = {} if charged is None else {"charged": charged}
@@ -514,7 +511,6 @@ class _Release(beam.PTransform):
         released, chosen = release_stages(records, plan, self._num_shards, rng_factory=draws,
                                           clip_sink=clips.append, notes_sink=notes.append)
         # nothing leaves before the run is known to have read one secret (issue 36 P2)
-        from thresher.transforms.randomness.secret_commitment import OneSecret
         released = released | "OneSecret" >> OneSecret(source)
 
         if chosen is None:

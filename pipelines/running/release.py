@@ -14,23 +14,42 @@ import os
 import time
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 import pyarrow as pa
-from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
+import pyarrow.parquet as pq
 
-from thresher.pipelines.dataio import io, publish, released_file
+from thresher.pipelines.dataio import intervals, io, publish, released_file
 
 from thresher.pipelines.ledgers import ledger
 
-from thresher.pipelines.running import progress, signals
+from thresher.pipelines.running import signals
+from thresher.pipelines.common import progress
 from thresher.pipelines.dataio.claim import claim
 from thresher.pipelines.errors import InputError, ThresherError
-from thresher.pipelines.running.beam_flags import refuse_dask
+from thresher.pipelines.running.beam_flags import refuse_dask, refuse_graph_saving
 from thresher.pipelines import kinds
 from thresher.pipelines.kinds.base import RECORDS, USERS, whole_user_setting
+from thresher.pipelines.running.beam_options import ReleaseOptions
+from thresher.pipelines.running.live_metrics import LiveMetricsRunner
+from thresher.pipelines.specs.aggregates import (apply_clips, auto_columns, check_rows,
+                                                 choose_clips, clip_sink, output_fields,
+                                                 report_chosen_clips, sum_columns)
 from thresher.pipelines.specs.spec import input_files
+from thresher.transforms.bounding.choose_contribution_bound import (_DEFAULT_KEY_SHARDS,
+                                                                    ChooseContributionBound)
+from thresher.transforms.bounding.prereduce import PreReduceL0, PreReducePairs
+from thresher.transforms.bounding.rand_clip import RandClip
+from thresher.transforms.bounding.scored_bound import ScoredPerUserBound, user_key_cap
+from thresher.transforms.plumbing.spill import SPILL_FOLDER
 from thresher.transforms.randomness import keyed_random, secret_commitment
 from thresher.transforms.plumbing.aggregate import SumCountsPerKey
 from thresher.transforms.bounding.user_shards import MAX_USER_ROWS, ShardByUser
+from thresher.transforms.selection import public_domain
+from thresher.transforms.selection.public_domain import packed_domain, unpack
+from thresher.transforms.selection.unique_keys import OneRowPerKey
+from thresher.transforms.values.aggregate_values import (PerUserBoundWithValues,
+                                                         ReleaseWithAggregates, zero_sums)
 
 log = logging.getLogger("thresher")
 
@@ -42,7 +61,6 @@ def pipeline_options(beam_args):
     FnApiRunner (what DirectRunner uses for batch Python pipelines, without DirectRunner's
     attempt to download the Prism runner first). Each options view is built once
     (``pipelines.beam_options``)."""
-    from thresher.pipelines.running.beam_options import ReleaseOptions
     options = ReleaseOptions(list(beam_args))
     runner = options.view_as(StandardOptions).runner
     refuse_dask(runner)
@@ -52,7 +70,6 @@ def pipeline_options(beam_args):
 def _make_runner(runner_name):
     if runner_name:
         return runner_name
-    from thresher.pipelines.running.live_metrics import LiveMetricsRunner
     return LiveMetricsRunner()     # Beam's FnApiRunner, its metrics readable while it runs
 
 
@@ -72,7 +89,6 @@ def output_schema(spec, files):
     if spec.mechanism.get("debias"):   # input.public_keys with debias: poisson
         fields.append(pa.field("debiased", pa.float64()))
     if spec.aggregates:
-        from thresher.pipelines.specs.aggregates import output_fields
         fields.extend(output_fields(spec.aggregates))
     return pa.schema(fields)
 
@@ -82,7 +98,6 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     spec = plan.spec
     keys = list(spec.input.keys)
     if spec.aggregates:   # int64 grid sums cannot overflow: <= MAX_USERS users per key
-        from thresher.pipelines.specs.aggregates import check_rows
         check_rows(est_rows)
     exact_rows = spec.input.format == "parquet"     # footers: est_rows is the row count
     num_shards = io.num_shards_for(est_rows, exact=exact_rows)
@@ -100,7 +115,6 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
         return
     sink = None
     if spec.aggregates_auto is not None:   # the chosen clip bounds, for the report
-        from thresher.pipelines.specs.aggregates import clip_sink
         sink = clip_sink(staging)
     spill_dir = None   # a small input's shuffles stay in memory (a few MB at most)
     if not io.is_small_input(est_rows, exact_rows):
@@ -127,13 +141,12 @@ def _spill_dir(pipeline, staging):
     the pipeline. None (the runner's own shuffle) for any other runner, a remote output,
     or SDK workers that may not share this machine's disk (``--environment_type`` other
     than the in-process ones)."""
-    from apache_beam.options.pipeline_options import PortableOptions
+    # heavy: apache_beam.runners.portability.fn_api_runner
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
     environment = (pipeline.options.view_as(PortableOptions).environment_type or "").upper()
     same_machine = environment in ("", "EMBEDDED", "LOOPBACK", "PROCESS")
     if isinstance(pipeline.runner, FnApiRunner) and same_machine \
             and not publish.is_remote(staging):
-        from thresher.transforms.plumbing.spill import SPILL_FOLDER
         return os.path.join(os.path.abspath(staging), SPILL_FOLDER)
     return None
 
@@ -181,7 +194,6 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
                          else None)
     chosen = None
     if spec.auto_bound:
-        from thresher.transforms.bounding.choose_contribution_bound import ChooseContributionBound
         chosen = shards.for_choice | "ChooseContributionBound" >> ChooseContributionBound(
             keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
             model=spec.bounding.model, score=plan.score_name,
@@ -200,7 +212,6 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(
         keys, num_shards, spill_dir=spill_dir)                              # Table(keys, count)
     if spec.aggregates:   # counts and grid sums (pipelines/specs/aggregates.py)
-        from thresher.transforms.values.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
             _side(params), rng_factory=keyed_random.child(rng_factory, "ReleaseWithAggregates")
         ), chosen
@@ -215,7 +226,6 @@ def _sample_stages(records, plan, num_shards, rng_factory):
     spec = plan.spec
     keys = list(spec.input.keys)
     params = plan.params_by_bound[spec.bounding.max_keys_per_user]
-    from thresher.transforms.selection.unique_keys import OneRowPerKey
     counts = records | "OneRowPerKey" >> OneRowPerKey(keys, num_shards)     # Table(keys, count)
     return kinds.get(spec.kind).release(counts, params, keys, rng_factory)
 
@@ -230,14 +240,12 @@ def _prereduced(records, plan, rng_factory):
     spec = plan.spec
     source = keyed_random.resolve(rng_factory)
     if spec.aggregates:   # PerUserBoundWithValues, fixed clips: every row of the kept keys
-        from thresher.pipelines.specs.aggregates import auto_columns
         if auto_columns(spec.aggregates):
             return records
     if (spec.auto_bound or spec.bounding.model != "l0"
             or not kinds.get(spec.kind).plain_l0_bound   # adaptive, weighted_gaussian
             or not isinstance(source, keyed_random.KeyedSource)):
         return records
-    from thresher.transforms.bounding.prereduce import PreReduceL0
     # the keyed draws are those of the PerUserBound applied in _bound_users
     stage = keyed_random.child(rng_factory, "PerUserBound").stage
     return records | "PreReduceUsers" >> PreReduceL0(
@@ -256,8 +264,6 @@ def _prereduced_pairs(records, plan, rng_factory):
     source = keyed_random.resolve(rng_factory)
     if not isinstance(source, keyed_random.KeyedSource):
         return records
-    from thresher.transforms.bounding.prereduce import PreReducePairs
-    from thresher.transforms.bounding.scored_bound import user_key_cap
     # the keyed draws of the ScoredPerUserBound applied as "PerUserBound" beside this
     stage = keyed_random.child(rng_factory, "PerUserBound").stage
     return records | "PreReducePairs" >> PreReducePairs(
@@ -317,7 +323,6 @@ def _key_shards(num_shards):
     shrinks as the data grows (docs/scale.md, "what breaks first"). The sums are exact
     integers and each key's pieces meet in one shard, so the count changes neither the
     scores nor the chosen bound."""
-    from thresher.transforms.bounding.choose_contribution_bound import _DEFAULT_KEY_SHARDS
     return max(_DEFAULT_KEY_SHARDS, int(num_shards))
 
 
@@ -327,8 +332,6 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
     the score's statistics and per-key counts for every candidate C; the chosen C then
     selects its counts. Same draws and same released bytes as bounding after the choice,
     without concatenating, checking and hashing the shards a second time."""
-    from thresher.transforms.bounding.choose_contribution_bound import ChooseContributionBound
-    from thresher.transforms.bounding.scored_bound import ScoredPerUserBound
     spec = plan.spec
     keys = list(spec.input.keys)
     records = _prereduced_pairs(records, plan, rng_factory)
@@ -359,7 +362,6 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     bounding, every domain key gets a zero partial count (so it comes out once even with no
     user), C is chosen by the bounded-domain rule, and every key is released with noise and
     no threshold (transforms/selection/public_domain.py)."""
-    from thresher.transforms.selection import public_domain
     spec = plan.spec
     keys = list(spec.input.keys)
     domain = public_domain.packed_domain(records.pipeline, plan.domain, keys)   # once
@@ -377,8 +379,6 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
     zeros = records.pipeline | "DomainZeroCounts" >> public_domain.DomainZeroCounts(domain, keys)
     if spec.aggregates:   # zero grid sums beside the zero counts (pipelines/specs/aggregates.py)
-        from thresher.pipelines.specs.aggregates import sum_columns
-        from thresher.transforms.values.aggregate_values import zero_sums
         zeros = zeros | "DomainZeroSums" >> beam.Map(
             zero_sums, num_sums=len(sum_columns(spec.aggregates)))
     counts = ((partial, zeros)
@@ -386,7 +386,6 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
               | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards,
                                                    spill_dir=spill_dir))  # every domain key once
     if spec.aggregates:
-        from thresher.transforms.values.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
             _side(params), rng_factory=keyed_random.child(rng_factory, "ReleaseWithAggregates")
         ), chosen
@@ -433,7 +432,6 @@ def _choose_clips(users, plan, rng_factory, clip_sink):
     """aggregates with clip: auto: the chosen bounds (one dict), else None."""
     if not plan.spec.aggregates:
         return None
-    from thresher.pipelines.specs.aggregates import choose_clips
     return choose_clips(users, plan, rng_factory, clip_sink)
 
 
@@ -445,8 +443,6 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
     keys = list(spec.input.keys)
     bound, params = _bound_and_params(users, plan, chosen)
     if spec.aggregates:   # l0 bound carrying each kept user's clamped grid totals
-        from thresher.pipelines.specs.aggregates import apply_clips, sum_columns
-        from thresher.transforms.values.aggregate_values import PerUserBoundWithValues
         clip_side = None
         if clips is not None:
             clip_side = beam.pvalue.AsSingleton(clips)
@@ -457,7 +453,6 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
             keys, bound, sum_columns(spec.aggregates),
             rng_factory=keyed_random.child(rng_factory, "PerUserBound"), clips=clip_side)
     elif spec.bounding.model == "l1":
-        from thresher.transforms.bounding.rand_clip import RandClip
         partial = users | "RandClip" >> RandClip(
             keys, bound, rng_factory=keyed_random.child(rng_factory, "RandClip"))
     else:   # a kind may bound with weights (weighted_gaussian: WeightedPerUserBound)
@@ -509,7 +504,6 @@ def _write(released, staging, schema, keys, domain=None, source=None):
     (``public_domain.packed_domain``), never pickled into the writer (issue 36 D13)."""
     extra = {}
     if domain is not None:
-        from thresher.transforms.selection.public_domain import packed_domain
         extra["domain"] = beam.pvalue.AsSingleton(
             packed_domain(released.pipeline, domain, keys))
     (released.pipeline
@@ -522,7 +516,6 @@ def _write(released, staging, schema, keys, domain=None, source=None):
 
 def _write_gathered(unused_impulse, tables, path, schema, keys, domain=None):
     if domain is not None:
-        from thresher.transforms.selection.public_domain import unpack
         domain = unpack(domain)
     return _write_canonical(list(tables), path, schema, keys, domain)
 
@@ -530,7 +523,6 @@ def _write_gathered(unused_impulse, tables, path, schema, keys, domain=None):
 def _write_canonical(tables, path, schema, keys, domain):
     table = released_file.canonical_table(tables, schema, keys, domain=domain)
     if publish.is_remote(path):
-        from apache_beam.io.filesystems import FileSystems
         with FileSystems.create(path) as handle:
             handle.write(released_file.serialise(table))
     else:
@@ -563,7 +555,6 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
     ``rng_factory`` is for tests (a ``KeyedSource`` with a fixed secret, or
     ``keyed_random.seeded_for_tests(seed)``: public identities, no privacy claim): then
     every stage uses it as is."""
-    from thresher.pipelines.running.beam_flags import refuse_graph_saving
     refuse_graph_saving(beam_args, "by thresher's release")   # before the ledger is asked
     with ledger.reservation_for(plan) as reservation:
         report = _run(plan, beam_args, overwrite, rng_factory, reservation)
@@ -596,7 +587,6 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
     try:
         beam_runner = _make_runner(runner_name)
         pipeline = beam.Pipeline(runner=beam_runner, options=options)
-        from thresher.transforms.randomness import keyed_random
         if rng_factory is None:           # the secret is drawn inside the pipeline
             keyed = keyed_random.PipelineSecret.draw(pipeline)
         else:                             # tests: a fixed KeyedSource, or seeded_for_tests
@@ -615,7 +605,6 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
             chosen = _read_chosen_bound(staging)
         report = plan.report(chosen_bound=chosen)
         if spec.aggregates_auto is not None:   # clip: auto -- the chosen bounds
-            from thresher.pipelines.specs.aggregates import report_chosen_clips
             report = report_chosen_clips(report, staging)
         report = _apply_kind_notes(report, staging, kinds.get(spec.kind))
         publish.remove_sink_scratch(staging)
@@ -644,20 +633,16 @@ def _add_intervals(outputs, mechanism, spec):
     the launcher, once: post-processing of the released values with the public
     parameters (pipelines/dataio/intervals.py), so the published bytes stay a function of the
     private output, the spec and the version on every runner."""
-    from thresher.pipelines.dataio import intervals
     if not intervals.kind_publishes(spec):
         return
-    import pyarrow.parquet as pq
     for path in outputs:
         if publish.is_remote(path):
-            from apache_beam.io.filesystems import FileSystems
             with FileSystems.open(path) as handle:
                 table = pq.read_table(pa.BufferReader(handle.read()))
         else:
             table = pq.read_table(path)
         table = intervals.add_columns(table, mechanism, spec)
         if publish.is_remote(path):
-            from apache_beam.io.filesystems import FileSystems
             with FileSystems.create(path) as handle:
                 handle.write(released_file.serialise(table))
         else:

@@ -25,13 +25,15 @@ paper 004 Thm 5.4 (or the C-fold shift over public keys); laplace -- the release
 is split equally between the count and each sum column (basic composition).
 """
 import dataclasses
+import json
 import math
+import os
 
 import pyarrow as pa
 
-from thresher.accounting import aggregates as acc
-from thresher.pipelines.specs.aggregates_fields import AUTO, AUTO_FIELDS, ENTRY_FIELDS, SPREAD, STATISTICS  # noqa: F401
-from thresher.pipelines.errors import CalibrationError, SpecError
+from thresher.accounting import aggregates as acc, gshm, search
+from thresher.pipelines.specs.aggregates_fields import AUTO, SPREAD
+from thresher.pipelines.errors import CalibrationError, InputError, SpecError
 from thresher.pipelines import kinds
 from thresher.pipelines.kinds.base import LAPLACE_NOISE
 
@@ -215,7 +217,6 @@ def calibrate(spec, module, mech, *, epsilon, delta, max_keys_per_user, model):
             text = (f"public key domain, every key released with noise, no threshold: the "
                     f"{c}-fold shift of (count, sums) by (1, D_1, ..)")
         else:
-            from thresher.accounting import gshm
             try:
                 p = gshm.calibrate(epsilon, delta, c, pre_threshold=section.pre_threshold,
                                    sigma=section.sigma, threshold=section.threshold,
@@ -274,7 +275,6 @@ def _entry(a, grid, noise):
 
 
 def _domain_sigma(epsilon, delta, c, ratios, given, what):
-    from thresher.accounting import search
 
     def fits(s):
         cols = tuple((d, r * d * s) for d, r in ratios)
@@ -402,8 +402,8 @@ def choose_clips(users, plan, rng_factory=None, clip_sink=None):
     auto = auto_columns(spec.aggregates)
     if not auto:
         return None
-    from thresher.transforms.randomness.keyed_random import child
-    from thresher.transforms.values.choose_clip import ChooseClipBounds
+    from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
+    from thresher.transforms.values.choose_clip import ChooseClipBounds  # heavy: apache_beam
     stage = next(s for s in plan.budget.stages if s.name == AUTO_STAGE)
     clips = users | "ChooseClipBounds" >> ChooseClipBounds(
         list(spec.input.keys), auto, spec.aggregates_auto.candidates, epsilon=stage.epsilon,
@@ -441,8 +441,6 @@ CLIPS_FILE = "chosen_clips"
 
 def clip_sink(staging):
     """A clip_sink for ``thresher run``: write the chosen clips beside the release."""
-    import json
-    import os
 
     def sink(clips):
         (clips
@@ -452,18 +450,18 @@ def clip_sink(staging):
 
 
 def beam_map(fn):
-    import apache_beam as beam
+    import apache_beam as beam  # heavy: apache_beam
     return beam.Map(fn)
 
 
 def beam_write(path):
-    import apache_beam as beam
+    import apache_beam as beam  # heavy: apache_beam
     return beam.io.WriteToText(path, num_shards=1, shard_name_template="")
 
 
 def report_chosen_clips(report, staging):
     """Fill the report's aggregates with the chosen clips (read and removed from staging)."""
-    from thresher.pipelines.dataio import publish
+    from thresher.pipelines.dataio import publish  # heavy: pyarrow.parquet
     clips = publish.take_one_json_line(staging, CLIPS_FILE, "the clip stage")
     if clips is None:
         return report
@@ -475,7 +473,6 @@ def report_chosen_clips(report, staging):
 def check_rows(est_rows):
     """Refuse an input with more rows than MAX_USERS (2**50): a key then could have more
     users than the int64 grid sums are sized for (accounting.aggregates)."""
-    from thresher.pipelines.errors import InputError
     if est_rows > acc.MAX_USERS:
         raise InputError(f"input.path: about {est_rows} rows; aggregates support at most "
                          f"2^{acc.MAX_USER_BITS} rows (users per key), so that no grid sum "

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from thresher.accounting.sample_threshold import core, pld
-from thresher.pipelines.planning import calibration_cache as cc
+from thresher.pipelines.common import calibration_cache as cc
 from thresher.pipelines.kinds import heavy_hitters, sample_and_threshold
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod

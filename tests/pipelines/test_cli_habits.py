@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from thresher.pipelines.cli import main
-from thresher.pipelines.running.progress import Reporter
+from thresher.pipelines.common.progress import Reporter
 
 from .conftest import ROOT
 

@@ -3,7 +3,7 @@
 Importing ``scipy.special`` costs 0.15-0.5 s here (SciPy 1.17 clones the numpy namespace
 for its array-API layer, which loads ``numpy.f2py`` and ``numpy.testing``), more than the
 whole rest of a small release beyond Beam's own import. A release whose calibration is
-already known (``pipelines.planning.calibration_cache``) or that never calls these functions
+already known (``pipelines.common.calibration_cache``) or that never calls these functions
 (fixed parameters of some kinds) then never pays it. The functions are SciPy's own:
 the same values, looked up once and kept on this object.
 """

@@ -79,7 +79,7 @@ TOP_MAX = 64.0
 LOSS_STEPS = 10_000
 CALIBRATION_REL_TOL = 1e-3
 # Largest noise the plan accepts: sigma_r S of the rounds within the sampler's range
-# (transforms.randomness.samplers.SIGMA_MAX), the count's sigma_c within pipelines.planning.limits.SIGMA_MAX.
+# (transforms.randomness.samplers.SIGMA_MAX), the count's sigma_c within pipelines.common.limits.SIGMA_MAX.
 GRID_SIGMA_MAX = float(1 << 20)
 COUNT_SIGMA_MAX = 1e5
 

@@ -69,7 +69,7 @@ _LOOSE_T = 1e-9
 _CONVOLUTION_BUDGET = 4e7
 # Cost bound: no explicit sum or pmf here materialises more than this many terms (O(sigma)
 # arrays: ~10 sigma for tails, ~77 sigma for a pmf); larger requests raise ValueError
-# (pipelines.planning.limits keeps specs well inside it: sigma <= 1e5).
+# (pipelines.common.limits keeps specs well inside it: sigma <= 1e5).
 MAX_TERMS = 50_000_000
 _ZETA5 = 1.0369277551433699
 _EM_C5 = 2.0 * _ZETA5 / (2.0 * math.pi) ** 5

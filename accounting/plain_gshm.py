@@ -1,5 +1,5 @@
 """An upper bound on GSHM's delta for discrete Gaussian noise, in plain ``math`` (no SciPy,
-no NumPy): the forward check of a cached calibration (``pipelines.planning.calibration_cache``).
+no NumPy): the forward check of a cached calibration (``pipelines.common.calibration_cache``).
 
 What it bounds is exactly what ``accounting.gshm.delta(..., noise="discrete_gaussian")``
 computes (paper 004 Thm 5.4, Karrer, Kifer, Wilkins, Zhang): with beta = P[v <= g - 1]
@@ -205,7 +205,7 @@ def delta_upper(epsilon, sigma, threshold_gap, max_keys_per_user):
 
 def gaussian_fits(epsilon, delta, max_keys_per_user, sigma):
     """True when the plain upper bound shows delta_+(C, epsilon) <= delta at sigma (the
-    planning limit ``pipelines.planning.limits._gaussian_fits``); False when it cannot show it."""
+    planning limit ``pipelines.common.limits._gaussian_fits``); False when it cannot show it."""
     try:
         d = shift_delta_upper(float(epsilon), float(sigma), int(max_keys_per_user))
     except _TooLarge:

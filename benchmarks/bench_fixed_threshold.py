@@ -1,5 +1,5 @@
 """Wall seconds of ``thresher plan`` for a GIVEN mechanism.threshold (cache off), per kind
-and max_keys_per_user: the figures behind pipelines.planning.limits.THRESHOLD_MAX.
+and max_keys_per_user: the figures behind pipelines.common.limits.THRESHOLD_MAX.
 
     python benchmarks/bench_fixed_threshold.py [--timeout 60] [--thresholds 1000,2000,5000]
 

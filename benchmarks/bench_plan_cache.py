@@ -1,5 +1,5 @@
 """``thresher plan`` for the sample-and-threshold specs, first and second run with a fresh
-calibration cache (pipelines/planning/calibration_cache.py), and the refusal of a fixed
+calibration cache (pipelines/common/calibration_cache.py), and the refusal of a fixed
 (sampling_rate, threshold) that misses the budget. Prints one line per run: wall time,
 CPU time (user + sys of the plan process, from wait4), its peak RSS, the exit code and
 the 1-minute load average (the machine is shared: CPU time is the figure load distorts

@@ -1,18 +1,23 @@
 """Release specs, the thresher CLI, I/O and the wiring of a release pipeline.
 
-At the top, the entry points and the errors they report:
+Its subpackages are layers, bottom first; a module imports (at its top or inside a
+function) only modules of its own layer or a lower one (tests/pipelines/test_import_graph.py
+states the order and checks every import; docs/development.md draws it):
 
-- ``cli`` (the ``thresher`` command), ``api`` (``thresher.Release``, ``thresher.plan``),
-  ``beam_yaml`` (the Beam YAML provider: its dotted path is what users' YAML names);
-- ``errors``: ThresherError and its kinds (SpecError, InputError, CalibrationError), imported
-  by everything below and importing nothing of thresher.
-
-Below them, by concern (each package's docstring says what it may import;
-tests/pipelines/test_import_graph.py checks it): ``specs`` (the spec and its schema),
-``kinds`` (one object per mechanism kind, ``kinds.base.Kind``), ``planning`` (the plan,
-its limits and cache), ``dataio`` (reading and publishing), ``ledgers`` (the privacy
-budget), ``running`` (the release pipeline and running it on Beam), ``reports``. Nothing
-below the entry points imports them.
+0. the floor: ``errors`` (ThresherError and its kinds, importing nothing of thresher) and
+   ``common`` (field declarations, planning limits, the calibration cache, progress lines,
+   citations);
+1. ``dataio`` -- reading and publishing;
+2. ``kinds`` -- one object per mechanism kind (``kinds.base.Kind``);
+3. ``ledgers`` -- the privacy budget;
+4. ``specs`` -- the spec, its schema and its sections;
+5. ``planning`` -- the plan;
+6. ``reports`` -- the summary, the plan as text, the HTML page;
+7. ``running`` -- the release pipeline and running it on Beam;
+8. ``continual`` -- continual release over a horizon;
+9. the entry points: ``cli`` (the ``thresher`` command), ``api`` (``thresher.Release``,
+   ``thresher.plan``), ``beam_yaml`` (the Beam YAML provider: its dotted path is what
+   users' YAML names).
 """
 
 __version__ = "0.1.0"

@@ -42,15 +42,23 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import yaml
+from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.transforms.trigger import DefaultTrigger
+from apache_beam.transforms.window import GlobalWindows
 from apache_beam.typehints.row_type import RowTypeConstraint
 from apache_beam.typehints.schemas import named_fields_from_element_type
 
 from thresher.pipelines import kinds
-from thresher.pipelines.dataio import io
-from thresher.pipelines.specs import spec as spec_module
+from thresher.pipelines.dataio import intervals, io
+from thresher.pipelines.dataio.public_keys import load_domain
 from thresher.pipelines.errors import SpecError
+from thresher.pipelines.ledgers import pipeline_charge
+from thresher.pipelines.ledgers.pipeline_charge import charge_when_run
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running import release
+from thresher.pipelines.running.beam_flags import refuse_dask, refuse_graph_saving
+from thresher.pipelines.specs import spec as spec_module
+from thresher.pipelines.specs.aggregates import value_columns
 from thresher.transforms.randomness import keyed_random
 from thresher.transforms.randomness.user_identity import identity_key
 
@@ -159,7 +167,6 @@ def _domain_for(plan, fields):
     spec = plan.spec
     if plan.domain is None:
         return plan
-    from thresher.pipelines.dataio.public_keys import load_domain
     types = {k: _arrow_type(fields[k]) for k in spec.input.keys}
     if any(t is None for t in types.values()):
         return plan        # keep the file's own types
@@ -173,7 +180,6 @@ def _budget_checked(plan, pipeline):
     checked when the pipeline is built."""
     if plan.spec.budget is None:
         return plan
-    from thresher.pipelines.ledgers import pipeline_charge
     budget = pipeline_charge.workers_reach(plan.spec.budget, pipeline)
     plan = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, budget=budget))
     pipeline_charge.check_fits(plan)
@@ -197,7 +203,6 @@ def _interval_columns(spec, output_columns):
     """``output_columns`` with the ``<column>_low`` / ``_high`` columns ``thresher run``
     publishes, each after its value column (pipelines/dataio/intervals.py ``add_columns``):
     {name: (Arrow type, nullable)}."""
-    from thresher.pipelines.dataio import intervals
     with_interval = (intervals.report_section(spec)["columns"]
                      if intervals.kind_publishes(spec) else {})
     out = {}
@@ -217,8 +222,6 @@ def _refuse_windowing(rows):
     of their rows and one privacy charge. Windows or a trigger would bound users per window
     or pane, and release (and charge) nothing or several times; so the input must be in
     Beam's global window with its default trigger (SpecError otherwise)."""
-    from apache_beam.transforms.trigger import DefaultTrigger
-    from apache_beam.transforms.window import GlobalWindows
     windowing = rows.windowing
     if not isinstance(windowing.windowfn, GlobalWindows):
         raise SpecError("", f"its input is in windows "
@@ -333,10 +336,7 @@ class RowsRelease(beam.PTransform):
         self._rng_factory = None
 
     def expand(self, rows):
-        from thresher.pipelines.running.beam_flags import refuse_graph_saving
         refuse_graph_saving(rows.pipeline.options, "by " + self._field_name(""))
-        from apache_beam.options.pipeline_options import StandardOptions
-        from thresher.pipelines.running.beam_flags import refuse_dask
         refuse_dask(rows.pipeline.runner)
         refuse_dask(rows.pipeline.options.view_as(StandardOptions).runner)
         try:       # the errors below name spec fields: named as the caller names them
@@ -375,7 +375,6 @@ class RowsRelease(beam.PTransform):
         plan = _domain_for(plan, fields)
         values = []
         if spec.aggregates:
-            from thresher.pipelines.specs.aggregates import value_columns
             values = value_columns(spec.aggregates)
             for i, (name, _) in enumerate(values):
                 if name not in fields:
@@ -403,7 +402,6 @@ class RowsRelease(beam.PTransform):
         # then fails on its data stays charged (issue 42). The charge reads the secret (its
         # run token), so it is added before the release's publisher seals the secret's readers.
         if spec.budget is not None:
-            from thresher.pipelines.ledgers.pipeline_charge import charge_when_run
             charged = beam.pvalue.AsSingleton(charge_when_run(rows.pipeline, plan, source,
                                                               self.label))
         gate = {} if charged is None else {"charged": charged}

@@ -21,15 +21,19 @@ import contextlib
 import io
 import json
 import logging
+import math
 import os
 import re
 import signal
 import sys
+import threading
 import time
 
 from thresher.pipelines import __version__
 
-from thresher.pipelines.running import signals
+from thresher.pipelines.reports import look, summary
+from thresher.pipelines.reports.look import FORMATS, _discard_stdout, positive_rows
+from thresher.pipelines.running import process, signals
 from thresher.pipelines.errors import SpecError, ThresherError
 
 EXIT_USAGE = 2
@@ -54,7 +58,6 @@ def _parser():
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks and Beam's logs")
-    from thresher.pipelines.reports.look import FORMATS, positive_rows
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser(
         "run", parents=[common], help="run a release; Beam options go after --",
@@ -187,16 +190,17 @@ def _split_beam_args(argv):
 def _print_plan(plan, as_json, verbose=False, users=2000):
     report = plan.report()
     if as_json:
-        from thresher.pipelines.dataio.publish import report_text
+        from thresher.pipelines.dataio.publish import report_text  # heavy: pyarrow.parquet
         print(report_text(report), end="")      # strict JSON, as the published report
         return
+    # heavy: start-up of thresher --help
     from thresher.pipelines.reports.plan_text import format_plan, format_short
     if not verbose:
         print("\n".join(format_short(plan, report, users)))
         return
     print("\n".join(format_plan(plan, report)))
     if plan.spec.aggregates:
-        from thresher.pipelines.specs.aggregates import print_plan
+        from thresher.pipelines.specs.aggregates import print_plan  # heavy: pyarrow
         print_plan(plan, users)
 
 
@@ -260,11 +264,11 @@ def main(argv=None):
 def _main(argv, interrupted, outcome):
     argv = list(sys.argv[1:] if argv is None else argv)
     own, beam_args = _split_beam_args(argv)
-    from thresher.pipelines.running import process
     process.memoize_translation_lookups()      # argparse's gettext look-ups, once each
     parser = _parser()
     args, extra = parser.parse_known_args(own)
     if extra:
+        # heavy: start-up of thresher --help
         from thresher.pipelines.running.beam_flags import beam_flags_among
         beam = beam_flags_among(extra)
         if beam:
@@ -280,7 +284,6 @@ def _main(argv, interrupted, outcome):
     _configure_logging(args.debug, getattr(args, "quiet", False))
     process.prepare(args.command)
     restore = signals.install(_stop_children) if args.command == "run" else (lambda: None)
-    import threading
     saved_excepthook = threading.excepthook
     if not args.debug:
         # Beam's worker-watching threads raise when a worker dies (Ctrl-C, a crash) and
@@ -299,7 +302,6 @@ def _main(argv, interrupted, outcome):
     except BrokenPipeError:
         # stdout's reader went away (thresher plan ... | head -1): a normal end, as in
         # show and report (pipelines/reports/look.py)
-        from thresher.pipelines.reports.look import _discard_stdout
         _discard_stdout()
         return 0
     except KeyboardInterrupt:
@@ -463,7 +465,6 @@ def _caused_by_interrupt(exc):
 def _watch_sigint(interrupted):
     """Note every SIGINT (then raise KeyboardInterrupt as Python does), so that however
     the interrupt surfaces (in this process or as a worker's failure) the exit is 130."""
-    import threading
     if threading.current_thread() is not threading.main_thread():
         return None
 
@@ -532,13 +533,13 @@ def _dispatch(args, beam_args):
     if args.command == "engines":
         return _engines_command(args)
     if args.command == "schema":
-        from thresher.pipelines.specs.schema import json_schema
+        from thresher.pipelines.specs.schema import json_schema  # heavy: pyarrow
         print(json.dumps(json_schema(), indent=2))
         return 0
     if args.command in ("show", "report"):
         return _look_command(args)
     if args.command == "run":
-        from thresher.pipelines.running import progress
+        from thresher.pipelines.common import progress  # heavy: start-up of thresher --help
         show_progress = args.progress if args.progress is not None else (
             sys.stderr.isatty() and not args.quiet)
         with progress.Reporter(show_progress):
@@ -547,15 +548,16 @@ def _dispatch(args, beam_args):
 
 
 def _spec_command(args, beam_args):
-    from thresher.pipelines.running import progress
-    from thresher.pipelines.specs import spec as spec_mod
-    from thresher.pipelines.planning.plan import make_plan
+    from thresher.pipelines.common import progress  # heavy: start-up of thresher --help
+    from thresher.pipelines.specs import spec as spec_mod  # heavy: pyarrow
+    from thresher.pipelines.planning.plan import make_plan  # heavy: start-up of thresher --help
     progress.phase(f"reading the spec {args.config}")
     spec = spec_mod.load(args.config)
     if spec.continual is not None or getattr(args, "period", None) is not None:
         return _continual_command(args, spec)
     if args.command == "validate":
-        from thresher.pipelines.dataio import input_schema
+        from thresher.pipelines.dataio import input_schema  # heavy: pyarrow.parquet
+        # heavy: start-up of thresher --help
         from thresher.pipelines.planning.preflight import check_output_writable
         files = spec_mod.input_files(spec.input)
         input_schema.check_input(spec.input, files)
@@ -577,26 +579,26 @@ def _spec_command(args, beam_args):
         if not args.json:
             ledger_text = _ledger_preview(plan, refuse=False)
             if ledger_text:
+                # heavy: start-up of thresher --help
                 from thresher.pipelines.reports.plan_text import wrap
                 print("\n".join(wrap([ledger_text])))
         return 0
-    from thresher.pipelines.running import beam_flags
+    from thresher.pipelines.running import beam_flags  # heavy: start-up of thresher --help
+    # heavy: start-up of thresher --help
     from thresher.pipelines.planning.preflight import check_output_writable
     progress.phase("checking the output folder and the Beam options")
     check_output_writable(spec.output.path)
     _check_ledger_outside_output(spec)
     beam_flags.check(beam_args)
-    from thresher.pipelines.running import engines
+    from thresher.pipelines.running import engines  # heavy: start-up of thresher --help
     beam_args = engines.complete_beam_args(beam_args)   # the cached job server / Prism
     progress.phase("checking the input files and building the Beam pipeline")
-    from thresher.pipelines.running import process
     process.prepare_pipeline()
-    from thresher.pipelines.running.release import run
-    from thresher.pipelines.running import engine_watch
+    from thresher.pipelines.running.release import run  # heavy: apache_beam
+    from thresher.pipelines.running import engine_watch  # heavy: start-up of thresher --help
     with engine_watch.watched(beam_args, args.timeout):   # Flink/Spark/Prism failures, --timeout
         report = run(plan, beam_args=beam_args, overwrite=args.overwrite)
     if not args.quiet:
-        from thresher.pipelines.reports import summary
         print("\n".join(summary.run_lines(report, spec.output.path, spec.input.keys,
                                           _ledger_line(spec))))
     return 0
@@ -606,11 +608,11 @@ def _continual_command(args, spec):
     """A spec with a ``continual`` section (pipelines.continual.command)."""
     if spec.continual is None:
         raise SpecError("--period", "applies to a spec with a continual section only")
-    from thresher.pipelines.continual import command, state
+    from thresher.pipelines.continual import command, state  # heavy: apache_beam
     _check_ledger_outside_output(spec)
     # the horizon's state (its secret among it) lives beside the ledger: never in the
     # published folder either
-    from thresher.pipelines.ledgers import ledger
+    from thresher.pipelines.ledgers import ledger  # heavy: start-up of thresher --help
     where = ledger.inside_output(state.folder_for(spec.budget, spec.name), spec.output.path)
     if where:
         raise ThresherError("budget.ledger: the continual state folder (the horizon's secret) "
@@ -632,9 +634,9 @@ def _continual_command(args, spec):
 
 
 def _engines_command(args):
-    from thresher.pipelines.running import engines
+    from thresher.pipelines.running import engines  # heavy: start-up of thresher --help
     if args.engines_command == "check":
-        from thresher.pipelines.running import engine_check
+        from thresher.pipelines.running import engine_check  # heavy: start-up of thresher --help
         wanted = list(dict.fromkeys(args.engine))
         results = engine_check.check(wanted, args.rows, args.workers, timeout=args.timeout)
         print(json.dumps(results) if args.json else engine_check.format_results(results))
@@ -652,7 +654,7 @@ def _check_ledger_outside_output(spec):
     budget = getattr(spec, "budget", None)
     if budget is None:
         return
-    from thresher.pipelines.ledgers import ledger
+    from thresher.pipelines.ledgers import ledger  # heavy: start-up of thresher --help
     where = ledger.inside_output(budget.ledger, spec.output.path)
     if where:
         raise ThresherError(f"budget.ledger: {where}")
@@ -664,7 +666,7 @@ def _ledger_preview(plan, refuse):
     plan; a ledger that cannot be read is a warning on stderr."""
     if getattr(plan.spec, "budget", None) is None:
         return None
-    from thresher.pipelines.ledgers import ledger
+    from thresher.pipelines.ledgers import ledger  # heavy: start-up of thresher --help
     seen = ledger.preview(plan)
     if seen.warning:
         print(f"thresher: warning: {seen.text}", file=sys.stderr)
@@ -679,12 +681,11 @@ def _ledger_preview(plan, refuse):
 def _ledger_line(spec):
     if getattr(spec, "budget", None) is None:
         return None
-    from thresher.pipelines.ledgers import ledger
+    from thresher.pipelines.ledgers import ledger  # heavy: start-up of thresher --help
     return ledger.after_run_line(spec.budget)
 
 
 def _look_command(args):
-    from thresher.pipelines.reports import look
     if args.command == "show":
         with look.to_stdout():
             look.show(args.output, args.format, args.top)
@@ -693,7 +694,7 @@ def _look_command(args):
         with look.to_stdout():
             print("\n".join(look.report_lines(args.output)))
         return 0
-    from thresher.pipelines.reports import html_report
+    from thresher.pipelines.reports import html_report  # heavy: numpy
     dest = look.html_destination(args.output, args.html, overwrite=args.overwrite)
     with look.to_stdout():
         html_report.write(args.output, dest)
@@ -717,7 +718,6 @@ def _ledger_id(text):
 
 
 def _finite_number(text):
-    import math
     try:
         value = float(text)
     except ValueError:
@@ -728,7 +728,7 @@ def _finite_number(text):
 
 
 def _ledger_command(args):
-    from thresher.pipelines.ledgers import ledger
+    from thresher.pipelines.ledgers import ledger  # heavy: start-up of thresher --help
     if args.ledger_command == "set-budget":
         old, new = ledger.set_budget(args.ledger, args.dataset, args.epsilon, args.delta,
                                      args.threshold_delta, force=args.force)

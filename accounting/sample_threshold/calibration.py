@@ -40,7 +40,7 @@ def calibrate(epsilon, delta_target, max_keys_per_user, *, sampling_rate=None, t
 _COARSE_TOL = 1e-3
 _FINE_TOL = 1e-4
 # Thresholds searched when both are free, for a given sampling rate, and named in the
-# refusal of a fixed pair (pipelines.planning.limits.THRESHOLD_MAX: a larger given threshold is
+# refusal of a fixed pair (pipelines.common.limits.THRESHOLD_MAX: a larger given threshold is
 # refused by the planning limits, so naming one would not help).
 _MAX_FREE_TAU = 1000
 _MAX_TAU = 100_000
@@ -353,7 +353,7 @@ def _pld_params(epsilon, delta_target, c, p, tau, calibrated):
 def recheck(epsilon, delta_target, max_keys_per_user, sampling_rate, threshold, *,
             method="exact", composition="basic", calibrated=()):
     """The forward check of a (sampling_rate, threshold) found earlier (a cached
-    calibration, pipelines.planning.calibration_cache): the parameters :func:`calibrate` returns
+    calibration, pipelines.common.calibration_cache): the parameters :func:`calibrate` returns
     for it, with its delta recomputed here -- composition "pld": pld.user_delta over the
     C keys <= delta_target; "basic": the one-key delta at epsilon / C <= delta_target / C
     (the check core.calibrate's searches make, by the full search) -- or None when it

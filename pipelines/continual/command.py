@@ -33,10 +33,17 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from thresher.accounting import continual as acc, zcdp
 from thresher.pipelines.continual import period as period_mod
 from thresher.pipelines.continual import state as state_mod
-from thresher.pipelines.continual.section import PERIOD_FIELD
+from thresher.pipelines.dataio.io import prepare_batch
+from thresher.pipelines.dataio.paths import input_files
+from thresher.pipelines.ledgers import composition as comp, ledger
+from thresher.pipelines.ledgers.ledger import config_sha256
+from thresher.pipelines.specs.continual_section import PERIOD_FIELD
 from thresher.pipelines.errors import CalibrationError, InputError, SpecError
+from thresher.transforms.randomness.keyed_random import KeyedSource
+from thresher.transforms.randomness.user_identity import identity_key
 
 FAULT_ENV = "THRESHER_CONTINUAL_FAULT"
 FAULT_EXIT = 86
@@ -55,7 +62,6 @@ def fault(point):
 # ---- the plan ------------------------------------------------------------------------------
 
 def calibration_of(spec):
-    from thresher.accounting import continual as acc
     c = spec.continual
     try:
         return acc.calibrate(spec.privacy.epsilon, spec.privacy.delta,
@@ -69,7 +75,6 @@ def calibration_of(spec):
 
 def plan_document(spec, calibration):
     """The plan's public figures (JSON values): what every period's report repeats."""
-    from thresher.accounting import continual as acc
     T = calibration.horizon
     tree, once = acc.noise_units(T)
     unit = (calibration.max_keys_per_user / (2.0 * calibration.rho)) ** 0.5
@@ -108,7 +113,6 @@ def plan_document(spec, calibration):
 
 
 def plan_lines(spec):
-    from thresher.accounting import continual as acc
     cal = calibration_of(spec)
     doc = plan_document(spec, cal)
     noise = doc["noise"]
@@ -146,7 +150,6 @@ def plan_sha256(document):
 def period_input(spec, period):
     """The input spec of ``period`` ({period} filled in) and its files; SpecError naming
     input.path when the period's input is missing."""
-    from thresher.pipelines.dataio.paths import input_files
     path = spec.input.path.replace(PERIOD_FIELD, str(period))
     input_spec = dataclasses.replace(spec.input, path=path)
     try:
@@ -159,8 +162,6 @@ def period_input(spec, period):
 
 def read_period(input_spec, files, source):
     """The period's records, prepared (user identities, keys): ``prepare_batch``."""
-    from thresher.pipelines.dataio.io import prepare_batch
-    from thresher.transforms.randomness.user_identity import identity_key
     columns = [input_spec.user, *input_spec.keys]
     tables = []
     for path in files:
@@ -186,10 +187,6 @@ def read_period(input_spec, files, source):
 # ---- the ledger ----------------------------------------------------------------------------
 
 def _charge(spec, calibration, spec_sha, token, out):
-    from thresher.accounting import zcdp
-    from thresher.pipelines.ledgers import composition as comp
-    from thresher.pipelines.ledgers import ledger
-    from thresher.accounting import continual as acc
     record = acc.privacy_record(calibration)
     charge = comp.Charge(comp.dec(spec.privacy.epsilon), comp.dec(spec.privacy.delta),
                          zcdp.decimal_up(record.rho), zcdp.decimal_up(record.delta0))
@@ -199,7 +196,6 @@ def _charge(spec, calibration, spec_sha, token, out):
 
 def ledger_holds(budget, token):
     """True when the ledger holds the horizon's charge (its run token)."""
-    from thresher.pipelines.ledgers import ledger
     if not os.path.isfile(budget.ledger):
         return False
     with ledger.errors(budget.ledger, "budget.ledger", "read"):
@@ -216,15 +212,12 @@ def ledger_holds(budget, token):
 
 def run(spec, period, quiet=False):
     """Run one period (module docstring). Returns the exit code (0)."""
-    from thresher.accounting import continual as acc
-    from thresher.transforms.randomness.keyed_random import KeyedSource
     T = spec.continual.horizon
     if not 1 <= period <= T:
         raise SpecError("--period", f"must be in 1..{T} (continual.horizon), got {period}")
     calibration = calibration_of(spec)
     _, document = plan_lines(spec)
     plan_sha = plan_sha256(document)
-    from thresher.pipelines.ledgers.ledger import config_sha256
     spec_sha = config_sha256(spec)
     store = state_mod.State(state_mod.folder_for(spec.budget, spec.name))
     out_root = spec.output.path

@@ -1,8 +1,8 @@
 """Input and publishing: reading records, formats, paths, public key domains, staging, the
 published file and the exclusive output claim.
 
-Imports: ``pipelines.errors``, ``pipelines.specs.declare`` / ``fields`` (field checks),
-``pipelines.planning.limits`` (the public-key file limits) and ``pipelines.running.progress``
-(the read counters) -- never the spec loader, the kinds, the plan, the ledger or the
-release wiring, which all read through here. Beam only inside the readers and writers.
+Imports (layer 1 of tests/pipelines/test_import_graph.py's order): the floor only
+(``pipelines.errors``; ``pipelines.common``: field checks, the public-key file limits, the
+read counters) -- never the kinds, the spec loader, the plan, the ledger or the release
+wiring, which all read through here. Beam only inside the readers and writers.
 """

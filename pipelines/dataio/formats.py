@@ -9,10 +9,11 @@ mistakes worth naming.
   that says so.
 """
 import gzip
+import os
 import re
 
 from thresher.pipelines.errors import InputError, SpecError
-from thresher.pipelines.specs.fields import describe
+from thresher.pipelines.common.fields import describe
 
 FORMATS = ("parquet", "csv", "jsonl")
 COMPRESSIONS = (".gz",)
@@ -57,7 +58,6 @@ def infer_folder(folder, field="input.path"):
     format its files' names tell (the files ``pipelines.paths.input_files`` reads: names
     starting with . or _ are skipped). A folder mixing formats, or holding a file whose
     name tells none, is a SpecError naming ``field`` and the files; so is an empty folder."""
-    import os
     names = sorted(f for f in os.listdir(folder) if not f.startswith((".", "_"))
                    and os.path.isfile(os.path.join(folder, f)))
     found, unknown = {}, []

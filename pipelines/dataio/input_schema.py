@@ -26,14 +26,14 @@ def read_schema(path, fmt, delimiter=",", fields=None):
         if fmt == "parquet":
             if _is_local(path):
                 return pq.read_schema(path)
-            from apache_beam.io.filesystems import FileSystems
+            from apache_beam.io.filesystems import FileSystems  # heavy: apache_beam
             with FileSystems.open(path) as handle:
                 return pq.read_schema(pa.PythonFile(handle))
         with _open(path) as handle:
             if fmt == "csv":
-                import pyarrow.csv as pcsv
+                import pyarrow.csv as pcsv  # heavy: pyarrow.csv
                 return pcsv.open_csv(handle, parse_options=pcsv.ParseOptions(delimiter=delimiter)).schema
-            import pyarrow.json as pjson
+            import pyarrow.json as pjson  # heavy: pyarrow.json
             return pjson.read_json(handle, read_options=pjson.ReadOptions(block_size=1 << 20)).schema
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError, EOFError) as exc:
         if fmt == "jsonl":
@@ -57,7 +57,7 @@ def _first_line(exc):
 def _open(path):
     if _is_local(path):
         return formats.open_local(path)      # .gz names are decompressed
-    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.io.filesystems import FileSystems  # heavy: apache_beam
     return FileSystems.open(path)            # decompresses by extension (.gz) too
 
 
@@ -214,7 +214,7 @@ def _estimate_text_rows(path):
         if _is_local(path):
             size = os.path.getsize(path)
         else:  # object storage: the size from the listing, so shards scale there too
-            from apache_beam.io.filesystems import FileSystems
+            from apache_beam.io.filesystems import FileSystems  # heavy: apache_beam
             size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
     except Exception:  # noqa: BLE001 - an estimate only; 0 means "unknown"
         size = 0

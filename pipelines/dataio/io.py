@@ -38,13 +38,16 @@ from thresher.pipelines.dataio import formats
 from thresher.pipelines.dataio.input_schema import (  # noqa: F401
     _first_line, _is_local, _is_text, _open, check_input, column_fields, read_schema)
 
-from thresher.pipelines.running import progress
+from thresher.pipelines.common import progress
+from thresher.pipelines.dataio.publish import _json_default
 from thresher.pipelines.errors import InputError, SpecError, ThresherError
 from thresher.transforms.randomness import keyed_random
 from thresher.transforms.randomness.hashing import hash_columns
 from thresher.transforms.randomness.user_identity import (
     check_identity_source, flat_array, identify, identity_key, text_ids)
 from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN
+from thresher.transforms.randomness.user_identity import identities_of_bytes
+from thresher.transforms.values.aggregate_values import prepare_values
 
 NOT_PRIVATE = "thresher_not_private"
 BATCH_ROWS = 1 << 18
@@ -215,7 +218,6 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
                              key_columns), type=pa.uint64()),
                          **{k: keyed.column(k) for k in key_columns}})
     if value_columns:
-        from thresher.transforms.values.aggregate_values import prepare_values
         dropped = 0
         for source, name in value_columns:
             col = table.column(source)
@@ -245,7 +247,6 @@ def _identify_dictionary(user, key):
     rows by their indices. The file's dictionary holds each distinct id once, so no row's
     id is hashed or decoded (a duplicate value would only be MACed twice, to the same
     identity). A null row, a null or empty value is not valid (dropped by the caller)."""
-    from thresher.transforms.randomness.user_identity import identities_of_bytes
     chunks = user.chunks if isinstance(user, pa.ChunkedArray) else [user]
     valid, word0, word1 = [], [], []
     for chunk in chunks:
@@ -481,8 +482,8 @@ class _ReadTextFile(beam.DoFn):
         self._fields = dict(fields or {})
 
     def process(self, path):
-        import pyarrow.csv as pcsv
-        import pyarrow.json as pjson
+        import pyarrow.csv as pcsv  # heavy: pyarrow.csv
+        import pyarrow.json as pjson  # heavy: pyarrow.json
         try:
             with _open(path) as handle:
                 if self._fmt == "csv":
@@ -669,7 +670,6 @@ def count_released(files):
 
 
 def write_json(path, document):
-    from thresher.pipelines.dataio.publish import _json_default
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(document, handle, indent=2, sort_keys=False, default=_json_default)
         handle.write("\n")

@@ -19,7 +19,7 @@ def input_files(input_spec):
     Remote paths (gs://, s3://, ...) are matched through Beam's FileSystems."""
     path = input_spec.path
     if "://" in path:
-        from apache_beam.io.filesystems import FileSystems
+        from apache_beam.io.filesystems import FileSystems  # heavy: apache_beam
         try:
             matches = FileSystems.match([path])[0].metadata_list
         except Exception as exc:  # noqa: BLE001 - any filesystem failure is reported as such

@@ -14,8 +14,8 @@ import os
 
 import pyarrow as pa
 
-from thresher.pipelines.planning import limits
-from thresher.pipelines.specs import declare
+from thresher.pipelines.common import limits
+from thresher.pipelines.common import declare
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.dataio.formats import infer
 from thresher.pipelines.dataio.paths import input_files
@@ -98,9 +98,9 @@ def check_mechanism(mechanism, input_spec, raw_mechanism):
 
 
 def _read(path, fmt):
-    import pyarrow.csv as pcsv
-    import pyarrow.json as pjson
-    import pyarrow.parquet as pq
+    import pyarrow.csv as pcsv  # heavy: pyarrow.csv
+    import pyarrow.json as pjson  # heavy: pyarrow.json
+    import pyarrow.parquet as pq  # heavy: pyarrow.parquet
     if fmt == "parquet":
         return pq.read_table(path)
     if fmt == "csv":
@@ -112,13 +112,13 @@ def _read(path, fmt):
 
 
 def _check_size(path, fmt):
-    """The planning limit on the domain (``pipelines.planning.limits.check_public_keys``), from
+    """The planning limit on the domain (``pipelines.common.limits.check_public_keys``), from
     what the file says before it is read: a Parquet footer's row count, a text file's
     size. A footer that cannot be read is left to the reader's own error."""
     if fmt != "parquet":
         limits.check_public_keys(path, size_bytes=os.path.getsize(path))
         return
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # heavy: pyarrow.parquet
     try:
         rows = pq.ParquetFile(path).metadata.num_rows
     except (pa.ArrowInvalid, OSError, ValueError):
@@ -136,6 +136,7 @@ def load_domain(public_keys, key_columns, key_types=None, data_types=None):
     SpecError (field input.public_keys.path) for: a missing or unreadable file, a missing
     key column, a key that cannot be cast, a null or NaN key, an empty domain, a duplicate
     key (-0.0 and 0.0 are one key, as the reader reads them)."""
+    # heavy: pyarrow.compute
     import pyarrow.compute as pc     # (here: thresher schema and plan need not load it)
     field = f"{FIELD}.path"
     path, fmt = public_keys["path"], public_keys["format"]
@@ -258,6 +259,7 @@ def input_key_types(input_spec):
     them (text inputs: string; Parquet: the column type, dictionaries decoded, large
     strings as strings); None when the input files cannot be listed yet (``thresher plan``
     on a spec whose data is elsewhere: the domain then keeps its own types)."""
+    # heavy: pyarrow.parquet
     from thresher.pipelines.dataio import input_schema as io   # no Beam (plan, validate)
     try:
         files = input_files(input_spec)
@@ -282,6 +284,7 @@ def input_file_key_types(input_spec):
     Parquet or JSONL schema of the first file (JSON numbers are numbers there, although the
     reader then takes their text), text for CSV; None when the files cannot be listed or
     read yet (``thresher plan`` on a spec whose data is elsewhere)."""
+    # heavy: pyarrow.parquet
     from thresher.pipelines.dataio import input_schema as io   # no Beam (plan, validate)
     if input_spec.format == "csv":
         return {k: pa.string() for k in input_spec.keys}

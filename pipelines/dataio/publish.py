@@ -18,6 +18,7 @@ succeeded:
 On failure the staging location is deleted and nothing is published.
 """
 import json
+import math
 import os
 import posixpath
 import uuid
@@ -39,7 +40,7 @@ def is_remote(path):
 
 
 def _fs():
-    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.io.filesystems import FileSystems  # heavy: apache_beam
     return FileSystems
 
 
@@ -49,7 +50,7 @@ def join(base, name):
 
 def files_under(prefix):
     """Every object below ``prefix/`` (recursively), sorted; [] if there is none."""
-    from apache_beam.io.filesystem import BeamIOError
+    from apache_beam.io.filesystem import BeamIOError  # heavy: apache_beam
     try:
         result = _fs().match([join(prefix.rstrip("/"), "**")])[0]
     except BeamIOError:
@@ -165,7 +166,6 @@ def _json_default(value):
 
 def _non_finite(value, where):
     """The dotted path of the first NaN/Infinity in a JSON-able document, or None."""
-    import math
     if isinstance(value, float):
         return None if math.isfinite(value) else (where or "(the document)")
     if hasattr(value, "dtype"):          # numpy scalars (_json_default turns them to floats)

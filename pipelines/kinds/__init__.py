@@ -10,7 +10,7 @@ kind's name; found at import, nothing else lists kinds), plus the transforms it 
 with. The module:
 
 - declares its fields (``FIELDS``: {name: declaration}, built with
-  ``pipelines.specs.declare``) and its ``OUTPUT_COLUMNS``;
+  ``pipelines.common.declare``) and its ``OUTPUT_COLUMNS``;
 - ends with its kind object, ``KIND = MyKind()``, where ``MyKind`` subclasses the release
   shape it uses -- ``base.CountsKind`` (released from bounded per-key counts: implement
   ``release``), ``base.UsersKind`` (from whole users: ``release_users``) or
@@ -33,15 +33,17 @@ registered kind plans, validates, runs, shows and reports like one kept here
 (tests/pipelines/kinds/test_renamed_kinds.py runs a renamed copy of each kind).
 
 Modules whose names start with ``_`` (and ``base``) are shared parts of kinds, not kinds.
-Imports: kind modules import ``pipelines.specs.declare``, ``pipelines.specs.fields``,
-``pipelines.errors``, ``pipelines.dataio.public_keys``, ``pipelines.planning.limits`` and
-``calibration_cache``, ``accounting`` and (inside functions: Beam) ``transforms`` -- never
-``pipelines.specs.spec`` (which loads them by name through :func:`get`), the plan or the
-release wiring.
+Imports (layer 2 of tests/pipelines/test_import_graph.py's order): the floor
+(``pipelines.errors``, ``pipelines.common``: field declarations, limits, the calibration
+cache), ``pipelines.dataio`` (public keys), ``accounting`` and (inside functions: Beam)
+``transforms`` -- never ``pipelines.specs`` (which loads them by name through
+:func:`get`), the plan or the release wiring.
 """
 import importlib
 import os
 import pkgutil
+
+from thresher.pipelines.kinds.base import Kind
 
 # The order kinds are listed in messages and the schema; a kind module not named here (a
 # new one) is found in this package and listed after these, by name.
@@ -97,7 +99,6 @@ def module(kind):
 def get(kind):
     """The kind object of ``mechanism.kind`` ``kind`` (``base.Kind``); KeyError for an
     unknown kind, TypeError for a module that does not define its kind object."""
-    from thresher.pipelines.kinds.base import Kind
     found = module(kind).__dict__.get("KIND")
     if not isinstance(found, Kind) or found.name != kind:
         raise TypeError(f"{module(kind).__file__} must end with its kind object, "

@@ -1,7 +1,7 @@
 """Field checks shared by the mechanism kinds."""
-from thresher.pipelines.specs import declare
+from thresher.pipelines.common import declare
 from thresher.pipelines.errors import CalibrationError, SpecError
-from thresher.pipelines.specs.fields import integer, number
+from thresher.pipelines.common.fields import integer, number
 
 # tau of gaussian and laplace (declared for the schema; read by pre_threshold()).
 PRE_THRESHOLD_LIMIT = 10**9
@@ -40,7 +40,7 @@ def public_domain_calibration(mech, *, kind, noise, epsilon, delta, max_keys_per
     """calibrate() of gaussian / laplace with input.public_keys: every public key is released
     with noise and no threshold (paper 002 Sec. 4, Alg. 1); ``accounting.known_domain``.
     ``kind``: the kind's name (the report's); ``noise``: its PUBLIC_DOMAIN_NOISE."""
-    from thresher.accounting import known_domain
+    from thresher.accounting import known_domain  # heavy: numpy
     params = calibration(
         lambda: known_domain.calibrate(noise, epsilon, delta, max_keys_per_user, model,
                                        sigma=mech.get("sigma"), scale=mech.get("scale")),

@@ -14,9 +14,9 @@ contributions to the level) and reports the delta each level actually spends.
 import collections
 
 from thresher.accounting import sample_threshold
-from thresher.pipelines.specs import declare
+from thresher.pipelines.common import declare
 from thresher.pipelines.errors import CalibrationError, SpecError
-from thresher.pipelines.specs.fields import integer
+from thresher.pipelines.common.fields import integer
 
 StageTotal = collections.namedtuple("StageTotal", "epsilon delta")
 

@@ -2,7 +2,7 @@
 ``pipelines.schema`` apart from the kind's module, so that reading a spec of another kind
 loads neither Beam nor scipy for it. ``SCHEMES`` is ``accounting.pws.SAMPLING_SCHEMES``
 (a test checks they agree)."""
-from thresher.pipelines.specs import declare
+from thresher.pipelines.common import declare
 
 SCHEMES = ("none", "ppswor", "priority")
 

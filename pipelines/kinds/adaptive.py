@@ -19,12 +19,12 @@ import pyarrow as pa
 
 from thresher.accounting import adaptive as ad
 from thresher.accounting import weighted_gaussian as wg
-from thresher.pipelines.specs import declare
-from thresher.pipelines.planning import limits
+from thresher.pipelines.common import declare
+from thresher.pipelines.common import limits
 from thresher.pipelines.kinds._words import number
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds.base import UsersKind
-from thresher.pipelines.specs.fields import optional_float, optional_int
+from thresher.pipelines.common.fields import optional_float, optional_int
 
 # The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
 # parameters say it; a renamed copy of this module is another kind).
@@ -163,8 +163,8 @@ def release_users(users, params, max_keys_per_user, key_columns, num_shards, mec
     (its ``count_stage.counts_per_user`` bounds the count stage);
     ``spill_dir``: the per-key shuffles' spill folder (as ``SumCountsPerKey``'s);
     ``rng_factory``: the release's draws (``keyed_random.KeyedDraws``)."""
-    from thresher.transforms.randomness.keyed_random import child
-    from thresher.transforms.selection.adaptive_rounds import AdaptiveRelease
+    from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
+    from thresher.transforms.selection.adaptive_rounds import AdaptiveRelease  # heavy: apache_beam
     return users | "AdaptiveRelease" >> AdaptiveRelease(
         key_columns, params, max_keys_per_user, mechanism["rounds"], num_shards,
         rng_factory=child(rng_factory, "AdaptiveRelease"), spill_dir=spill_dir)
@@ -191,7 +191,7 @@ class Adaptive(UsersKind):
 
     def privacy_record(self, mechanism, stages, max_keys_per_user):
         """``accounting.zcdp.adaptive_record``: every round and the count column."""
-        from thresher.accounting import zcdp
+        from thresher.accounting import zcdp  # heavy: start-up of thresher schema
         return zcdp.adaptive_record(mechanism, stages, max_keys_per_user)
 
     def noise_words(self, report, key, unit):
@@ -206,6 +206,7 @@ class Adaptive(UsersKind):
                 f"noise with sigma {number(mech['count_sigma'])}"], unit
 
     def expected_error_words(self, params):
+        # heavy: start-up of thresher schema
         from thresher.accounting.aggregates import expected_abs_gaussian
         if "count_sigma" not in params:
             return []

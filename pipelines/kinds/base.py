@@ -50,7 +50,7 @@ class Kind(abc.ABC):
     # ---- what it is and what it reports ------------------------------------------------
     #: ``mechanism.kind``: the name of the kind's module in pipelines/kinds/.
     name = None
-    #: {field name: declaration} of the ``mechanism`` section (``pipelines.specs.declare``:
+    #: {field name: declaration} of the ``mechanism`` section (``pipelines.common.declare``:
     #: a JSON Schema fragment checked before :meth:`parse`, or a description string alone,
     #: which accepts any value and leaves the check to :meth:`parse`).
     FIELDS = None
@@ -129,7 +129,7 @@ class Kind(abc.ABC):
     AUTO_EPSILON_FRACTION = DEFAULT_AUTO_EPSILON_FRACTION
 
     #: The largest bound C the kind's calibration is planned for (the planning limit,
-    #: ``pipelines.planning.limits``; the O(C) calibrations allow DEFAULT_MAX_KEYS there).
+    #: ``pipelines.common.limits``; the O(C) calibrations allow DEFAULT_MAX_KEYS there).
     MAX_KEYS = 100_000
 
     # ---- releases (report notes) -------------------------------------------------------
@@ -141,7 +141,7 @@ class Kind(abc.ABC):
 
     # ---- calibrates (optional hooks: None when the kind has none) ----------------------
     #: ``verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model)``:
-    #: the cheap forward check of a cached calibration (``pipelines.planning.calibration_cache``);
+    #: the cheap forward check of a cached calibration (``pipelines.common.calibration_cache``);
     #: True only if ``params`` meets the budget. None: the kind's calibrations are never
     #: cached (computed every time).
     verify_calibration = None
@@ -175,7 +175,7 @@ class Kind(abc.ABC):
         The dict stays the wire format; this is the typed view to read it by."""
         if self.PARAMS is None:
             raise TypeError(f"kind {self.name!r} declares no PARAMS")
-        from thresher.pipelines.kinds._params import build
+        from thresher.pipelines.kinds._params import build  # heavy: start-up of thresher schema
         return build(self.PARAMS, mechanism)
 
     def check_spec(self, mechanism, input_spec, bounding, privacy):
@@ -222,11 +222,11 @@ class Kind(abc.ABC):
         :meth:`CountsKind.per_user_bound` and :meth:`CountsKind.bound_options`."""
         return False
 
-    # ---- planning limits (pipelines.planning.limits) -----------------------------------
+    # ---- planning limits (pipelines.common.limits) -----------------------------------
     def check_limits(self, mechanism):
         """Refuse, from the parsed section alone (before the budget split), fields beyond
         the kind's planning limits (raises SpecError naming the field; the limits and their
-        checks are ``pipelines.planning.limits``'). Default: none."""
+        checks are ``pipelines.common.limits``'). Default: none."""
         return None
 
     def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
@@ -260,7 +260,7 @@ class Kind(abc.ABC):
 
     def level_structure(self, mechanism):
         """(levels, contributions of one user per level per unit of C) of a kind built on
-        several sample-and-threshold histograms (``pipelines.planning.limits`` reads it);
+        several sample-and-threshold histograms (``pipelines.common.limits`` reads it);
         (1, 1) for one histogram."""
         return 1, 1
 
@@ -286,7 +286,7 @@ class Kind(abc.ABC):
         actually drawn (docs/accounting.md, "Approximate zCDP records"). Default: every
         stage charged from its (epsilon, delta) claim (``accounting.zcdp.stage_records``),
         sound for any kind."""
-        from thresher.accounting import zcdp
+        from thresher.accounting import zcdp  # heavy: numpy
         return zcdp.stage_records(stages)
 
     # ---- report and plan words (pipelines.reports.summary, .plan_text) ---------------
@@ -360,7 +360,7 @@ class CountsKind(Kind):
         """The PTransform class bounding each user to C keys in the l0 model, called as
         ``cls(keys, bound, rng_factory=draws.child(...), **bound_options(mechanism))``. Default
         ``transforms.bounding.per_user_bound.PerUserBound`` (imported here: Beam)."""
-        from thresher.transforms.bounding.per_user_bound import PerUserBound
+        from thresher.transforms.bounding.per_user_bound import PerUserBound  # heavy: apache_beam
         return PerUserBound
 
     def bound_options(self, mechanism):
@@ -412,5 +412,5 @@ def whole_user_limit(plan):
     """``ShardByUser``'s keyword arguments for a kind whose consumers hold all of a user's
     rows (a :class:`StagesKind`): refuse a user above ``MAX_USER_ROWS``, naming
     :func:`whole_user_setting`."""
-    from thresher.transforms.bounding.user_shards import MAX_USER_ROWS
+    from thresher.transforms.bounding.user_shards import MAX_USER_ROWS  # heavy: apache_beam
     return {"max_user_rows": MAX_USER_ROWS, "setting": whole_user_setting(plan.spec.kind)}

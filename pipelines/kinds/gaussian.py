@@ -14,15 +14,17 @@ release point wins, discrete_gaussian on ties).
 import dataclasses
 import math
 
+import numpy as np
 import pyarrow as pa
 
-from thresher.accounting import correlated_gshm, gshm, plain_gshm
-from thresher.pipelines.planning import limits
+from thresher.accounting import correlated_gshm, fixed_order, gshm, plain_gshm
+from thresher.accounting.discrete_gaussian import pmf, sf
+from thresher.pipelines.common import limits
 from thresher.pipelines.kinds._words import number, threshold_words
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds.base import GAUSSIAN_NOISE, CountsKind
-from thresher.pipelines.specs import declare
-from thresher.pipelines.specs.fields import optional_float
+from thresher.pipelines.common import declare
+from thresher.pipelines.common.fields import optional_float
 from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
                                      public_domain_calibration)
 from thresher.pipelines.dataio.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
@@ -174,7 +176,7 @@ _REPORT_TOLERANCE = 1e-6
 
 
 def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model):
-    """Forward check of a cached calibration (``pipelines.planning.calibration_cache``): True only
+    """Forward check of a cached calibration (``pipelines.common.calibration_cache``): True only
     if ``params`` is what ``calibrate`` returns in shape and fixed fields and the plain-math
     upper bound on its delta (``accounting.plain_gshm``, paper 004 Thm 5.4; no SciPy) at
     ``epsilon`` is within ``delta``, and its reported delta_achieved is that delta."""
@@ -207,8 +209,8 @@ def _int_if_whole(x):
 
 
 def release(counts, params, key_columns, rng_factory=None):
-    from thresher.transforms.randomness.keyed_random import child
-    from thresher.transforms.selection.noisy_threshold import NoisyThreshold
+    from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
+    from thresher.transforms.selection.noisy_threshold import NoisyThreshold  # heavy: apache_beam
     return counts | "NoisyThreshold" >> NoisyThreshold(
         params, rng_factory=child(rng_factory, "NoisyThreshold"))
 
@@ -238,22 +240,19 @@ class Gaussian(CountsKind):
     def privacy_record(self, mechanism, stages, max_keys_per_user):
         """``accounting.zcdp.gaussian_record``: independent noise, over public keys, or
         (noise: correlated) the shared draw's own record."""
-        from thresher.accounting import zcdp
+        from thresher.accounting import zcdp  # heavy: start-up of thresher schema
         return zcdp.gaussian_record(mechanism, stages, max_keys_per_user)
 
     def release_probability(self, report, counts):
         """n >= pre_threshold and n + Z >= threshold, Z discrete Gaussian(sigma) (paper 004
         Alg. 1): ``accounting.discrete_gaussian.sf``; with correlated noise summed over
         the shared draw z."""
-        import numpy as np
-        from thresher.accounting.discrete_gaussian import pmf, sf
         mech, n = report["mechanism"], counts
         if mech.get("noise") == "correlated":     # sum over the shared draw z
             k = int(np.ceil(38.6 * mech["shared_sigma"])) + 1
             z = np.arange(-k, k + 1)
             grid = mech["threshold"] - n[:, None] - z[None, :]
             p = np.asarray(sf(grid.ravel(), mech["sigma"]), dtype=np.float64).reshape(grid.shape)
-            from thresher.accounting import fixed_order
             p = fixed_order.matvec(p, pmf(z, mech["shared_sigma"]))   # no BLAS
         else:
             p = np.asarray(sf(mech["threshold"] - n, mech["sigma"]), dtype=np.float64)
@@ -284,7 +283,7 @@ class Gaussian(CountsKind):
                                  f"{number(report['mechanism']['sigma'])}")], unit
 
     def expected_error_words(self, params):
-        import math
+        # heavy: start-up of thresher schema
         from thresher.accounting.aggregates import expected_abs_gaussian
         if "sigma" not in params:
             return []

@@ -27,12 +27,17 @@ import math
 
 import pyarrow as pa
 
-from thresher.pipelines.planning import limits
-from thresher.pipelines.errors import SpecError
+from thresher.accounting import sample_threshold
+from thresher.accounting.sample_threshold import trie
+from thresher.accounting.sample_threshold.calibration import recheck
+from thresher.pipelines.common import limits
+from thresher.pipelines.common.calibration_cache import same
+from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds import _levels
 from thresher.pipelines.kinds.base import StagesKind, whole_user_limit
-from thresher.pipelines.specs import declare
-from thresher.pipelines.specs.fields import optional_float
+from thresher.pipelines.common import calibration_cache, declare
+from thresher.pipelines.common.fields import optional_float
+from thresher.pipelines.kinds.sample_and_threshold import calibrated_fields
 
 # The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
 # parameters say it; a renamed copy of this module is another kind).
@@ -127,7 +132,6 @@ def choose_schedule(mechanism):
     candidate with the lowest last-level release point, which is the one with the fewest
     levels (accounting.sample_threshold.trie proves it), so nothing is calibrated here;
     the calibration (and the point, added to ``schedule_choice``) is the plan's."""
-    from thresher.accounting import sample_threshold
     if mechanism.get("prefix_lengths") is not None:
         return
     best = sample_threshold.fewest_levels(sample_threshold.SCHEDULES)
@@ -144,10 +148,8 @@ def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
     (accounting.sample_threshold.trie); adaptive, the smallest round threshold over the
     grid weight of a user with C keys (Gopi et al. 2020 weights floor(S / sqrt(C))), inf
     above the adaptive kind's planning limit (limits.WEIGHTED_GAUSSIAN_MAX_KEYS)."""
-    from thresher.accounting import adaptive as ad
-    from thresher.accounting import sample_threshold
-    from thresher.accounting import weighted_gaussian as wg
-    from thresher.pipelines.planning import calibration_cache
+    from thresher.accounting import adaptive as ad  # heavy: start-up of thresher validate
+    from thresher.accounting import weighted_gaussian as wg  # heavy: start-up of thresher validate
     out = {}
     # the CLI reads the trie's calibration back from its cache (checked forward first)
     trie_point = calibration_cache.cached("heavy_hitters.trie_release_point",
@@ -176,7 +178,6 @@ def release_points(epsilon, delta, max_keys_per_user, prefix_levels):
 def _trie_release_point(epsilon, delta, levels, max_keys_per_user):
     """The trie's calibration at free (sampling_rate, threshold) over C x levels cells
     (accounting.sample_threshold.calibrate_trie), as plain values the cache can hold."""
-    from thresher.accounting import sample_threshold
     trie = sample_threshold.calibrate_trie(epsilon, delta, levels, max_keys_per_user)
     return {"sampling_rate": trie.sampling_rate, "threshold": trie.threshold,
             "composition": trie.composition, "release_point": trie.release_point}
@@ -200,10 +201,6 @@ def _trie_cells(epsilon, delta, levels, max_keys_per_user, p, tau, composition, 
     cells recomputed as accounting.sample_threshold.calibrate_trie computes it (PLD up to
     trie.PLD_MAX_CELLS cells, basic beyond), or None when it misses the budget or does
     not match the spec's fixed ``rate`` / ``threshold``."""
-    from thresher.accounting import sample_threshold
-    from thresher.accounting.sample_threshold import trie
-    from thresher.accounting.sample_threshold.calibration import recheck
-    from thresher.pipelines.kinds.sample_and_threshold import calibrated_fields
     n = trie.cells_per_user(levels, max_keys_per_user)
     if composition != ("pld" if n <= trie.PLD_MAX_CELLS else "basic") \
             or (rate is not None and p != float(rate)) \
@@ -218,7 +215,7 @@ def _trie_cells(epsilon, delta, levels, max_keys_per_user, p, tau, composition, 
 
 
 def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model):
-    """Forward check of a cached calibration (``pipelines.planning.calibration_cache``), method trie:
+    """Forward check of a cached calibration (``pipelines.common.calibration_cache``), method trie:
     True only if the delta of its (sampling_rate, threshold) over the user's C x L cells,
     recomputed here (:func:`_trie_cells`: one pld.user_delta, ~20 ms at 48 cells), meets
     the budget, the spec's fixed sampling_rate / threshold are the cached ones, and the
@@ -233,12 +230,11 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
                         mech.get("sampling_rate"), mech.get("threshold"))
     if again is None:
         return False
-    from thresher.pipelines.planning.calibration_cache import same
     return same(_trie_report(mech, again, epsilon, delta, levels, max_keys_per_user), params)
 
 
 def _adaptive_mechanism():
-    from thresher.accounting import adaptive as ad
+    from thresher.accounting import adaptive as ad  # heavy: start-up of thresher validate
     return {"kind": "adaptive", "rounds": ad.DEFAULT_ROUNDS,
             "round_fractions": list(ad.DEFAULT_ROUND_FRACTIONS[ad.DEFAULT_ROUNDS]),
             "count_fraction": ad.DEFAULT_COUNT_FRACTION,
@@ -283,7 +279,7 @@ def stage_names(mechanism):
 
 def level_structure(mechanism):
     """(levels, contributions per level per unit of max_keys_per_user): one histogram per
-    prefix length, one contribution per kept key in each (pipelines.planning.limits reads it)."""
+    prefix length, one contribution per kept key in each (pipelines.common.limits reads it)."""
     if mechanism.get("method") == "adaptive" or mechanism.get("prefix_lengths") is None:
         return 1, 1
     return len(mechanism["prefix_lengths"]), 1
@@ -296,8 +292,8 @@ FEWER_THAN_TOP_K = ("only keys that pass the selection are released and ranked: 
 
 
 def _calibrate_adaptive(mech, epsilon, delta, max_keys_per_user, model):
-    from thresher.accounting import weighted_gaussian as wg
-    from thresher.pipelines.kinds import adaptive
+    from thresher.accounting import weighted_gaussian as wg  # heavy: start-up of thresher validate
+    from thresher.pipelines.kinds import adaptive  # heavy: start-up of thresher validate
     params = adaptive.calibrate(_adaptive_mechanism(), epsilon=epsilon, delta=delta,
                                 max_keys_per_user=max_keys_per_user, model=model)
     q = int(wg.grid_weight(int(max_keys_per_user), params["scale"]))
@@ -323,8 +319,6 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 
 
 def _calibrate_trie(mech, *, epsilon, delta, max_keys_per_user, model):
-    from thresher.accounting import sample_threshold
-    from thresher.pipelines.errors import CalibrationError
     levels = len(mech["prefix_lengths"])
     try:
         params = sample_threshold.calibrate_trie(
@@ -379,7 +373,6 @@ _TRIE_ACCOUNTING = (
 def _split_point(mech, epsilon, delta, levels, max_keys_per_user):
     """What the earlier accounting (each level epsilon / L, delta / L; group privacy over C
     within a level) would need, for comparison: its release point (None if infeasible)."""
-    from thresher.accounting import sample_threshold
     try:
         lp = sample_threshold.calibrate_levels(epsilon, delta, levels, max_keys_per_user,
                                                sampling_rate=mech.get("sampling_rate"),
@@ -421,14 +414,14 @@ def _top_k_counted(tables, key, top_k):
 
 
 def _adaptive_stages(records, plan, num_shards, rng_factory):
-    import apache_beam as beam
-    from thresher.pipelines.kinds._trie_release import _string_keys
-    from thresher.pipelines.kinds import adaptive
-    from thresher.transforms.bounding.user_shards import ShardByUser
+    import apache_beam as beam  # heavy: apache_beam
+    from thresher.pipelines.kinds._trie_release import _string_keys  # heavy: apache_beam
+    from thresher.pipelines.kinds import adaptive  # heavy: start-up of thresher validate
+    from thresher.transforms.bounding.user_shards import ShardByUser  # heavy: apache_beam
     spec = plan.spec
     keys = list(spec.input.keys)
     bound = spec.bounding.max_keys_per_user
-    from thresher.transforms.bounding.prereduce_stages import distinct_pairs_for_rounds
+    from thresher.transforms.bounding.prereduce_stages import distinct_pairs_for_rounds  # heavy: apache_beam
     records = records | "StringKeys" >> beam.Map(_string_keys, keys[0])
     # issue 43: a user's repeated keys travel once per table (same bytes); its distinct
     # keys all meet in one place, so the whole-user limit stays
@@ -447,10 +440,11 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     """Prepared records -> whole users -> at most C distinct keys per user (the kept
     (user, key) rows) -> per level, distinct users per prefix -> TrieHH++ -> top_k.
     Returns PCollection[Table(key, count, rank)]."""
-    from thresher.pipelines.kinds._trie_release import HeavyHittersRelease
-    from thresher.transforms.bounding.per_user_bound import PerUserBound
+    from thresher.pipelines.kinds._trie_release import HeavyHittersRelease  # heavy: apache_beam
+    from thresher.transforms.bounding.per_user_bound import PerUserBound  # heavy: apache_beam
+    # heavy: apache_beam
     from thresher.transforms.bounding.user_shards import USER_COLUMN, ShardByUser
-    from thresher.transforms.randomness.keyed_random import child
+    from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
     spec = plan.spec
     keys = list(spec.input.keys)
     bound = spec.bounding.max_keys_per_user
@@ -459,7 +453,7 @@ def release_stages(records, plan, num_shards, rng_factory=None):
         return _adaptive_stages(records, plan, num_shards, rng_factory)
     # issue 43: a user's rows beyond what PerUserBound can keep go before the shuffle
     # (transforms/bounding/prereduce_stages.py: same bytes), so no user is refused
-    from thresher.transforms.bounding.prereduce_stages import prereduced_for_bounds
+    from thresher.transforms.bounding.prereduce_stages import prereduced_for_bounds  # heavy: apache_beam
     records, reduced = prereduced_for_bounds(records, [(keys, bound, "PerUserBound", False)],
                                              rng_factory)
     shuffle = {"coalesce_rows": 1} if reduced else whole_user_limit(plan)
@@ -506,7 +500,7 @@ class HeavyHitters(StagesKind):
         """``method: adaptive`` is the adaptive release (``accounting.zcdp.adaptive_record``);
         the trie's levels (sample-and-threshold, composed by a PLD inside one stage) are
         charged from the stage's (epsilon, delta)."""
-        from thresher.accounting import zcdp
+        from thresher.accounting import zcdp  # heavy: start-up of thresher schema
         if mechanism.get("method") == "adaptive":
             return zcdp.adaptive_record(mechanism, stages, max_keys_per_user)
         return zcdp.stage_records(stages)

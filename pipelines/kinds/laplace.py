@@ -8,15 +8,17 @@ actually drawn.
 """
 import dataclasses
 
+import numpy as np
 import pyarrow as pa
 
 from thresher.accounting import laplace_threshold
-from thresher.pipelines.planning import limits
+from thresher.accounting.laplace_threshold import log_suppress
+from thresher.pipelines.common import limits
 from thresher.pipelines.kinds._words import number, threshold_words
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.kinds.base import LAPLACE_NOISE, RELEASE_STAGE, CountsKind
-from thresher.pipelines.specs import declare
-from thresher.pipelines.specs.fields import optional_float
+from thresher.pipelines.common import declare
+from thresher.pipelines.common.fields import optional_float
 from thresher.pipelines.kinds._common import (calibration, pre_threshold, pre_threshold_field,
                                      public_domain_calibration)
 from thresher.pipelines.dataio.public_keys import MECHANISM_FIELDS, parse_mechanism_fields
@@ -83,7 +85,7 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 
 
 def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model):
-    """Forward check of a cached calibration (``pipelines.planning.calibration_cache``): True only
+    """Forward check of a cached calibration (``pipelines.common.calibration_cache``): True only
     if ``params`` has ``calibrate``'s shape and fixed fields and the delta of its scale and
     threshold at ``epsilon`` (``accounting.laplace_threshold.delta``, one evaluation of the
     accounting the calibration searches over) is within ``delta`` and is the one reported.
@@ -111,8 +113,8 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
 
 
 def release(counts, params, key_columns, rng_factory=None):
-    from thresher.transforms.randomness.keyed_random import child
-    from thresher.transforms.selection.noisy_threshold import NoisyThreshold
+    from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
+    from thresher.transforms.selection.noisy_threshold import NoisyThreshold  # heavy: apache_beam
     return counts | "NoisyThreshold" >> NoisyThreshold(
         params, rng_factory=child(rng_factory, "NoisyThreshold"))
 
@@ -149,14 +151,12 @@ class Laplace(CountsKind):
 
     def privacy_record(self, mechanism, stages, max_keys_per_user):
         """``accounting.zcdp.laplace_record`` (l0 and l1, with aggregates' sum columns)."""
-        from thresher.accounting import zcdp
+        from thresher.accounting import zcdp  # heavy: start-up of thresher schema
         return zcdp.laplace_record(mechanism, stages, max_keys_per_user)
 
     def release_probability(self, report, counts):
         """n >= pre_threshold and n + Z >= threshold, Z discrete Laplace(scale) (paper 002
         Alg. 3): ``accounting.laplace_threshold.log_suppress``."""
-        import numpy as np
-        from thresher.accounting.laplace_threshold import log_suppress
         mech, n = report["mechanism"], counts
         p = -np.expm1(log_suppress(mech["scale"], mech["threshold"] - n, mech.get("noise", "discrete_laplace")))
         return np.where(n >= mech.get("pre_threshold", 1), p, 0.0)
@@ -170,6 +170,7 @@ class Laplace(CountsKind):
                                 f"{number(report['mechanism']['scale'])}")], unit
 
     def expected_error_words(self, params):
+        # heavy: start-up of thresher schema
         from thresher.accounting.aggregates import expected_abs_laplace
         if "scale" not in params:
             return []

@@ -41,18 +41,21 @@ gets (epsilon / L, delta / L) and (sampling_rate, threshold) come from
 group privacy over the user's contributions to one level).
 """
 import dataclasses
+import json
 import math
 
 import numpy as np
 import pyarrow as pa
 
-from thresher.pipelines.planning import limits
+from thresher.accounting import sample_threshold
+from thresher.pipelines.common import limits
 from thresher.pipelines.kinds._words import number
 from thresher.pipelines.errors import CalibrationError, InputError, SpecError
 from thresher.pipelines.kinds import _levels
 from thresher.pipelines.kinds.base import StagesKind, whole_user_limit
-from thresher.pipelines.specs import declare
-from thresher.pipelines.specs.fields import optional_float
+from thresher.pipelines.common import declare
+from thresher.pipelines.common.fields import optional_float
+from thresher.pipelines.kinds.sample_and_threshold import PLD_DEFAULT_MAX_KEYS
 
 # The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
 # parameters say it; a renamed copy of this module is another kind).
@@ -271,7 +274,7 @@ def level_structure(mechanism):
     """(levels, contributions of one user per level per key bound): the histograms the
     budget is split over and how many contributions each level takes per unit of
     max_keys_per_user (binary search: one per rank). Calibration and the planning limits
-    (pipelines.planning.limits) both read it."""
+    (pipelines.common.limits) both read it."""
     if mechanism.get("public_cells"):
         return 1, 1      # one Gaussian stage; sample-and-threshold limits do not apply
     per_key = 1 if mechanism["method"] == "hierarchical" else len(mechanism["ranks"])
@@ -299,7 +302,8 @@ def _calibrate_public_cells(mech, epsilon, delta, max_keys_per_user):
     user shifts C L cells by 1 (one value in each of <= C keys, one bucket per level), so
     sigma is the smallest with exact composed_shift_delta(eps, sigma, C L) <= delta
     (``accounting.known_domain.gaussian_sigma``). Keys compose in parallel."""
-    from thresher.accounting import known_domain
+    from thresher.accounting import known_domain  # heavy: start-up of thresher schema
+    # heavy: apache_beam
     from thresher.transforms.trees.public_cells import NULL_REASON, SUPPORT_Z, support_floor
     levels, branching = mech["levels"], mech["branching"]
     shifts = max_keys_per_user * levels
@@ -358,8 +362,6 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 def _key_selection(out, mech, max_keys_per_user):
     selection = mech.get("key_selection")
     if selection is not None:
-        from thresher.accounting import sample_threshold
-        from thresher.pipelines.kinds.sample_and_threshold import PLD_DEFAULT_MAX_KEYS
         # as kind sample_and_threshold: a user's C keys composed by the PLD bound for
         # 2 <= C <= 64 (a lower release point at the same budget), basic otherwise
         composition = "pld" if 1 < max_keys_per_user <= PLD_DEFAULT_MAX_KEYS else "basic"
@@ -387,6 +389,7 @@ def _key_selection(out, mech, max_keys_per_user):
 
 
 def _numeric(table, column):
+    # heavy: pyarrow.compute
     import pyarrow.compute as pc     # (here: importing the kind loads no compute module)
     col = table.column(column)
     if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
@@ -428,7 +431,7 @@ def _to_table(columns, keys):
 
 
 def _answer_hierarchy(released, keys, key_list, mech):
-    from thresher.transforms.trees.quantile_release import hierarchy_quantiles
+    from thresher.transforms.trees.quantile_release import hierarchy_quantiles  # heavy: apache_beam
     released = [t for t in released if t.num_rows]
     table = pa.concat_tables(released) if released else None
     lo, hi = mech["domain"]
@@ -445,8 +448,8 @@ def _selected_keys(tables, keys):
 
 
 def _rehash_keys(table, keys):
-    from thresher.transforms.randomness.hashing import hash_columns
-    from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN
+    from thresher.transforms.randomness.hashing import hash_columns  # heavy: pandas
+    from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN  # heavy: apache_beam
     index = table.schema.get_field_index(KEY_HASH_COLUMN)
     return table.set_column(index, KEY_HASH_COLUMN,
                             pa.array(hash_columns(table, keys), type=pa.uint64()))
@@ -466,13 +469,15 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
     histograms -> Table(keys..., rank, value). Without public keys but with input.keys,
     the keys are those a sample-and-threshold stage (select_keys) releases from the
     distinct users per key, each user bounded to C keys separately for that stage."""
-    import apache_beam as beam
-    from thresher.transforms.plumbing.aggregate import SumCountsPerKey
-    from thresher.transforms.bounding.per_user_bound import PerUserBound
+    import apache_beam as beam  # heavy: apache_beam
+    from thresher.transforms.plumbing.aggregate import SumCountsPerKey  # heavy: apache_beam
+    from thresher.transforms.bounding.per_user_bound import PerUserBound  # heavy: apache_beam
+    # heavy: apache_beam
     from thresher.transforms.trees.quantile_release import BinarySearchQuantiles, KeyedHierarchy
+    # heavy: apache_beam
     from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold
-    from thresher.transforms.bounding.user_shards import ShardByUser
-    from thresher.transforms.randomness.keyed_random import child
+    from thresher.transforms.bounding.user_shards import ShardByUser  # heavy: apache_beam
+    from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
     spec = plan.spec
     mech = spec.mechanism
     keys = list(spec.input.keys)
@@ -480,12 +485,13 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
     bound = spec.bounding.max_keys_per_user
     params = plan.params_by_bound[bound]
     if plan.domain is not None:
+        # heavy: apache_beam
         from thresher.transforms.selection.public_domain import RestrictToDomain
         records = records | "RestrictToDomain" >> RestrictToDomain(plan.domain, keys)
     # issue 43: a user's rows beyond what the bounding stages below can keep go before
     # the shuffle (transforms/bounding/prereduce_stages.py: same bytes), so no user is
     # refused for its number of rows
-    from thresher.transforms.bounding.prereduce_stages import prereduced_for_bounds
+    from thresher.transforms.bounding.prereduce_stages import prereduced_for_bounds  # heavy: apache_beam
     if params.get("public_cells") or mech.get("public_cells"):
         bounds = [(keys, bound, "BoundKeyValues", False, column)]
     else:
@@ -567,7 +573,6 @@ def _table_of(selection):
 
 
 def _note_of(selection):
-    import json
     return json.dumps(selection[1], sort_keys=True)
 
 
@@ -594,7 +599,7 @@ def apply_notes(report, note):
 
 
 def _answer_cells(released, keys, key_list, mech, floor):
-    from thresher.transforms.trees.public_cells import answer
+    from thresher.transforms.trees.public_cells import answer  # heavy: apache_beam
     lo, hi = mech["domain"]
     yield _to_table(answer(released, keys, key_list, mech["ranks"], lo=lo, hi=hi,
                            branching=mech["branching"], levels=mech["levels"], floor=floor), keys)
@@ -606,14 +611,16 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
     (transforms.trees.public_cells): one value per (user, key), at most C keys per user; every
     (level, key, bucket) cell of every selected key gets discrete Gaussian noise, no
     threshold; per-key post-processing answers every rank."""
-    import apache_beam as beam
-    from thresher.transforms.plumbing.aggregate import SumCountsPerKey
-    from thresher.transforms.bounding.key_value_bound import BoundKeyValues
-    from thresher.transforms.bounding.per_user_bound import PerUserBound
+    import apache_beam as beam  # heavy: apache_beam
+    from thresher.transforms.plumbing.aggregate import SumCountsPerKey  # heavy: apache_beam
+    from thresher.transforms.bounding.key_value_bound import BoundKeyValues  # heavy: apache_beam
+    from thresher.transforms.bounding.per_user_bound import PerUserBound  # heavy: apache_beam
+    # heavy: apache_beam
     from thresher.transforms.trees.public_cells import PublicCellLevels, key_tuples
-    from thresher.transforms.selection.public_domain import NoisyDomainCounts
+    from thresher.transforms.selection.public_domain import NoisyDomainCounts  # heavy: apache_beam
+    # heavy: apache_beam
     from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold
-    from thresher.transforms.randomness.keyed_random import child
+    from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
     spec = plan.spec
     mech = spec.mechanism
     keys = list(spec.input.keys)
@@ -678,7 +685,7 @@ def value_lines(report, table, keys):
                                   f"half the time)" if isinstance(point, (int, float)) else ""))
         empty = ""
         if keys:
-            import pyarrow.compute as pc
+            import pyarrow.compute as pc  # heavy: pyarrow.compute
             answered = table.group_by(keys, use_threads=False).aggregate([("value", "count")])
             total = answered.num_rows
             none = int(pc.sum(pc.equal(answered.column("value_count"), 0)).as_py() or 0)
@@ -686,7 +693,7 @@ def value_lines(report, table, keys):
         out.append(f"null values: {nulls:,} of {rows:,}" + ("" if nulls < rows else " (every value)")
                    + f"{empty}: a value is null when {why}")
     if "resolution" in table.column_names:
-        import pyarrow.compute as pc
+        import pyarrow.compute as pc  # heavy: pyarrow.compute
         res = table.column("resolution")
         finest = mech.get("resolution")
         known = rows - res.null_count
@@ -739,7 +746,7 @@ class Quantiles(StagesKind):
     def privacy_record(self, mechanism, stages, max_keys_per_user):
         """``accounting.zcdp.quantiles_record``: public cells by their Gaussian noise,
         every other stage from its (epsilon, delta)."""
-        from thresher.accounting import zcdp
+        from thresher.accounting import zcdp  # heavy: start-up of thresher schema
         return zcdp.quantiles_record(mechanism, stages, max_keys_per_user)
     DESCRIBES_ROWS = True
 

@@ -18,16 +18,21 @@ vs Bin(k - 1, p) unless ``accounting`` asks for one of the paper's bounds (basic
 report's ``comparison`` gives the paper's thresholds at the same sampling rate and the
 paper's own recipe (alpha = 1/6).
 """
+import math
+
 import pyarrow as pa
 
 from thresher.accounting import sample_threshold
-from thresher.pipelines.planning import limits
+from thresher.accounting.sample_threshold.calibration import recheck
+from thresher.accounting.sample_threshold.core import _sf
+from thresher.pipelines.common import limits
+from thresher.pipelines.common.calibration_cache import same
 from thresher.pipelines.kinds._words import number
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds import _levels
 from thresher.pipelines.kinds.base import CountsKind
-from thresher.pipelines.specs import declare
-from thresher.pipelines.specs.fields import optional_float, optional_int
+from thresher.pipelines.common import declare
+from thresher.pipelines.common.fields import optional_float, optional_int
 
 # The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
 # parameters say it; a renamed copy of this module is another kind).
@@ -134,14 +139,13 @@ def calibrated_fields(sampling_rate, threshold):
 
 
 def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model):
-    """Forward check of a cached calibration (``pipelines.planning.calibration_cache``): True only
+    """Forward check of a cached calibration (``pipelines.common.calibration_cache``): True only
     if the delta of its (sampling_rate, threshold), recomputed here
     (accounting.sample_threshold.calibration.recheck: pld.user_delta over the C keys for
     composition pld, the exact one-key delta at epsilon / C for basic), meets the budget,
     the spec's fixed sampling_rate / threshold are the ones cached, and the whole report
     (delta_achieved, comparisons) recomputed from them is the cached one. One delta
     evaluation (~20 ms at C = 16) instead of the search (~15-25 of them)."""
-    from thresher.accounting.sample_threshold.calibration import recheck
     try:
         method, composition = _accounting_choice(mech, max_keys_per_user, model)
     except SpecError:
@@ -158,7 +162,6 @@ def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model
                     calibrated=calibrated_fields(rate, threshold))
     if again is None:
         return False
-    from thresher.pipelines.planning.calibration_cache import same
     return same(_report(again, method), params)
 
 
@@ -209,7 +212,8 @@ def comparison(params):
 
 def release(counts, params, key_columns, rng_factory=None):
     # Table(keys, count) -> Table(keys, count = sampled count, estimate = count / p)
-    from thresher.transforms.randomness.keyed_random import child
+    from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
+    # heavy: apache_beam
     from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold
     return counts | "SampleAndThreshold" >> SampleAndThreshold(
         params, rng_factory=child(rng_factory, "SampleAndThreshold"))
@@ -239,7 +243,6 @@ class SampleAndThreshold(CountsKind):
         """Binomial(n, p) >= threshold (paper 003 Sec. 3.1)."""
         # P[Bin(n, p) >= threshold] by the accounting's own binomial tail (scipy.special's
         # bdtrc; scipy.stats would cost thresher report 0.7-1.4 s to import)
-        from thresher.accounting.sample_threshold.core import _sf
         mech = report["mechanism"]
         return _sf(mech["threshold"] - 1, counts, mech["sampling_rate"])
 
@@ -250,7 +253,6 @@ class SampleAndThreshold(CountsKind):
                 f"sampled count is at least {mech['threshold']}"], unit
 
     def expected_error_words(self, params):
-        import math
         if "sampling_rate" not in params:
             return []
         p = float(params["sampling_rate"])

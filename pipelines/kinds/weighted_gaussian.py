@@ -14,21 +14,23 @@ measurements behind the defaults: ``bounding.auto.max_bound`` 1024 (AUTO_MAX_BOU
 """
 import dataclasses
 
+import numpy as np
 import pyarrow as pa
 
 from thresher.accounting import weighted_gaussian as wg
-from thresher.pipelines.planning import limits
+from thresher.accounting.weighted_gaussian import grid_weight, sf_upper
+from thresher.pipelines.common import limits
 from thresher.pipelines.kinds._words import number
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines.kinds.base import CountsKind
-from thresher.pipelines.specs import declare
-from thresher.pipelines.specs.fields import optional_float, optional_int
+from thresher.pipelines.common import declare
+from thresher.pipelines.common.fields import optional_float, optional_int
 
 # The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
 # parameters say it; a renamed copy of this module is another kind).
 NAME = "weighted_gaussian"
 
-# sigma * S must stay within the planning limit of the exact tails (pipelines.planning.limits).
+# sigma * S must stay within the planning limit of the exact tails (pipelines.common.limits).
 SIGMA_MAX = 1e5 / wg.WEIGHT_SCALE
 # Defaults of this kind (docs/partition_selection.md section 5, measured on the docstring
 # corpus): the selection's noise does not grow with the bound, so the automatic bound
@@ -132,7 +134,8 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 
 
 def release(counts, params, key_columns, rng_factory=None):
-    from thresher.transforms.randomness.keyed_random import child
+    from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
+    # heavy: apache_beam
     from thresher.transforms.selection.weighted_threshold import WeightedThreshold
     return counts | "WeightedThreshold" >> WeightedThreshold(
         params, rng_factory=child(rng_factory, "WeightedThreshold"))
@@ -159,6 +162,7 @@ class WeightedGaussian(CountsKind):
         """The bounding with weights,
         ``transforms.selection.weighted_threshold.WeightedPerUserBound`` (imported here: the
         transforms import Beam, which plan, validate and schema never need)."""
+        # heavy: apache_beam
         from thresher.transforms.selection.weighted_threshold import WeightedPerUserBound
         return WeightedPerUserBound
 
@@ -167,14 +171,12 @@ class WeightedGaussian(CountsKind):
 
     def privacy_record(self, mechanism, stages, max_keys_per_user):
         """``accounting.zcdp.weighted_gaussian_record``: the selection and the count column."""
-        from thresher.accounting import zcdp
+        from thresher.accounting import zcdp  # heavy: start-up of thresher schema
         return zcdp.weighted_gaussian_record(mechanism, stages, max_keys_per_user)
 
     def release_probability(self, report, counts):
         """n users that each kept max_keys_per_user keys (the lightest weight, q_C): the
         curve of the heaviest users; lighter users need fewer co-holders."""
-        import numpy as np
-        from thresher.accounting.weighted_gaussian import grid_weight, sf_upper
         mech = report["mechanism"]
         q = grid_weight(int(report["bounding"]["max_keys_per_user"]), mech["scale"])
         sd = mech["sigma"] * mech["scale"]
@@ -190,6 +192,7 @@ class WeightedGaussian(CountsKind):
                 f"noise with sigma {number(mech['count_sigma'])}"], f"{unit} with {c} keys each"
 
     def expected_error_words(self, params):
+        # heavy: start-up of thresher schema
         from thresher.accounting.aggregates import expected_abs_gaussian
         if "count_sigma" not in params:
             return []

@@ -25,9 +25,9 @@ import numpy as np
 import pyarrow as pa
 
 from thresher.accounting import pws
-from thresher.pipelines.planning import limits
+from thresher.pipelines.common import limits
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.specs import declare
+from thresher.pipelines.common import declare
 from thresher.pipelines.kinds import _sample_fields
 from thresher.pipelines.kinds.base import CountsKind
 from thresher.pipelines.kinds._common import calibration
@@ -204,8 +204,8 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 
 def release(counts, params, key_columns, rng_factory=None):
     # Table(keys, count) -> Table(keys, token, estimate)
-    from thresher.transforms.randomness.keyed_random import child
-    from thresher.transforms.selection.sanitize_sample import SanitizeSample
+    from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
+    from thresher.transforms.selection.sanitize_sample import SanitizeSample  # heavy: apache_beam
     return counts | "SanitizeSample" >> SanitizeSample(
         params, key_columns, frequency_column="count",
         rng_factory=child(rng_factory, "SanitizeSample"))
@@ -217,8 +217,8 @@ def sanitize_existing_sample(sample, params, key_columns, frequency_column, rng_
     of :func:`mechanism_for_sample` (``presampled`` true; side input or plain dict).
     Returns PCollection[pa.Table] of released rows (keys, token, estimate).
     ``rng_factory``: the draws (``keyed_random.KeyedDraws``) of the caller's release."""
-    from thresher.transforms.randomness.keyed_random import child
-    from thresher.transforms.selection.sanitize_sample import SanitizeSample
+    from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
+    from thresher.transforms.selection.sanitize_sample import SanitizeSample  # heavy: apache_beam
     return sample | "SanitizeExistingSample" >> SanitizeSample(
         params, key_columns, frequency_column=frequency_column,
         rng_factory=child(rng_factory, "SanitizeExistingSample"))
@@ -227,9 +227,7 @@ def sanitize_existing_sample(sample, params, key_columns, frequency_column, rng_
 def release_keep(mech):
     """pi_0..pi_M: the keep table the release draws with (``accounting.pws.release_tables``
     of the report's parameters, as the release builds it)."""
-    import numpy as np
-    from thresher.accounting import pws
-    from thresher.transforms.selection.sanitize_sample import _as_parameters
+    from thresher.transforms.selection.sanitize_sample import _as_parameters  # heavy: apache_beam
     return np.asarray(pws.release_tables(_as_parameters(mech)).keep, dtype=np.float64)
 
 
@@ -263,7 +261,6 @@ class WeightedSampling(CountsKind):
 
     def release_probability(self, report, counts):
         """pi_n, the end-to-end reporting probability (paper 001 Alg. 3)."""
-        import numpy as np
         keep = release_keep(report["mechanism"])
         # The release reads row min(n, M) of the table it used (transforms.selection.sanitize_sample:
         # counts above max_frequency M are treated as M, whether M saturates at pi = 1 or

@@ -7,7 +7,7 @@ a lifecycle that knows no database (``store``, ``lifecycle``, ``operations``, ``
 accounting, ``pipeline_charge`` charges a release built into a Beam pipeline, and
 ``ledger`` is the front the rest of thresher imports.
 
-Imports: ``pipelines.errors``, ``pipelines.specs.declare``, ``pipelines.running.progress``
-and ``pipelines.kinds`` (``records`` asks the kind for its ``privacy_record``) -- never
-the spec loader, the plan or the release wiring (they call the ledger).
+Imports (layer 3 of tests/pipelines/test_import_graph.py's order): the floor, I/O and
+``pipelines.kinds`` (``records`` asks the kind for its ``privacy_record``) -- never the
+spec loader, the plan or the release wiring (they call the ledger).
 """

@@ -87,7 +87,7 @@ class Totals:
 
     def epsilon_of(self, rho):
         """The epsilon that ``rho`` converts to at delta_conv (0 for rho 0)."""
-        from thresher.accounting import zcdp
+        from thresher.accounting import zcdp  # heavy: numpy
         return zcdp.epsilon_of_rho(float(rho), _float_down(self.conversion_delta))
 
 
@@ -96,7 +96,7 @@ def rho_of(epsilon, delta, delta0):
     conversion at delta - delta0_B is <= epsilon (``accounting.zcdp.rho_budget``; 0 when
     delta0_B = delta). Raises ValueError/ArithmeticError when it cannot be computed (an
     epsilon so large that the bisection overflows)."""
-    from thresher.accounting import zcdp
+    from thresher.accounting import zcdp  # heavy: numpy
     conv = sub(delta, delta0)
     # rho_budget returns the float of a 12-digit decimal rounded down: repr gives it back
     return dec(zcdp.rho_budget(float(epsilon), _float_down(conv)))

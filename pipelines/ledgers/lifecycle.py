@@ -35,7 +35,7 @@ def full_charge(plan):
     both charged in either mode's columns."""
     epsilon, delta = charge_of(plan)
     # records asks the kinds, which import the spec, which imports this package: late
-    from thresher.pipelines.ledgers.records import privacy_record
+    from thresher.pipelines.ledgers.records import privacy_record  # heavy: numpy
     rho, delta0 = privacy_record(plan)
     return comp.Charge(comp.dec(epsilon), comp.dec(delta), rho, delta0)
 

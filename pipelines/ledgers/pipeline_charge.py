@@ -39,12 +39,15 @@ spent (a run that later fails stays charged: the safe side). The CLI keeps its o
 reserve before reading, publish, mark (``pipelines.ledgers.ledger``).
 """
 import dataclasses
+import logging
 import os
 
 import apache_beam as beam
+from apache_beam.options.pipeline_options import PortableOptions
 
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.ledgers import ledger, store
+from thresher.transforms.randomness import keyed_random
 
 RUN_TOKEN_STAGE = "\x00thresher/ledger-run-token"    # NUL: no Beam label is this stage
 # Runners whose Python workers run on the machine that builds the pipeline.
@@ -58,7 +61,6 @@ def workers_reach(budget, pipeline):
     ``budget.ledger`` when the pipeline's workers could not reach this ledger."""
     if not store.backend_for(budget.ledger).is_file:
         return budget
-    from apache_beam.options.pipeline_options import PortableOptions
     runner = type(pipeline.runner).__name__ if pipeline.runner is not None else "DirectRunner"
     environment = pipeline.options.view_as(PortableOptions).environment_type
     if runner not in LOCAL_RUNNERS or (environment or "").upper() not in (
@@ -99,7 +101,6 @@ class ChargeRun(beam.DoFn):
             # A second run of the same release (Beam YAML run twice): a new release with
             # new noise, charged again, whose sinks may replace the first one's output --
             # said, not silent (issue 42)
-            import logging
             logging.getLogger("thresher").warning(
                 "ledger %s: this run is a new release of %r on dataset %r, charged "
                 "again (release %d); the same spec was already released %d time%s in this "
@@ -115,7 +116,6 @@ def charge_when_run(pipeline, plan, source, label):
     """The PCollection of this run's one charge (a ledger row id), for a side input that
     gates the release's outputs; applied inside the release's ``expand`` (its stages are
     the release's). ``plan.spec.budget`` must have passed :func:`workers_reach`."""
-    from thresher.transforms.randomness import keyed_random
     spec = plan.spec
     charge = ledger.full_charge(plan)
     return (pipeline

@@ -167,6 +167,7 @@ class PostgresBackend(Backend):
     @classmethod
     def database_errors(cls):
         try:
+            # optional: psycopg, an optional dependency (PostgreSQL ledgers only)
             import psycopg      # optional (the postgres extra); only a URL ledger needs it
         except ImportError:
             return ()
@@ -236,11 +237,11 @@ def _connect(url, create, field):
     """The psycopg connection (autocommit; tables made under the advisory lock when
     ``create``)."""
     try:
-        import psycopg
+        import psycopg  # optional: psycopg, an optional dependency (PostgreSQL ledgers only)
     except ImportError:
         raise SpecError(field, "a PostgreSQL ledger needs psycopg: pip install "
                         "'thresher[postgres]'") from None
-    from thresher.pipelines.running.progress import when_slow
+    from thresher.pipelines.common.progress import when_slow  # heavy: start-up of thresher schema
     try:
         # A server that never answers: said after a few seconds, not 30 s of silence
         with when_slow(f"connecting to the ledger {shown(url)}: the server has not answered "

@@ -12,7 +12,7 @@ from thresher.pipelines.errors import SpecError
 from thresher.pipelines.ledgers import composition as comp
 from thresher.pipelines.ledgers import store
 from thresher.pipelines.ledgers.backend import without_password
-from thresher.pipelines.specs import declare
+from thresher.pipelines.common import declare
 
 # The spec's budget section (declared for pipelines.schema; REQUIRED are required).
 FIELDS = {

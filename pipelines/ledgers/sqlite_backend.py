@@ -186,7 +186,8 @@ class SQLiteBackend(Backend):
             if not os.path.isfile(path):
                 raise SpecError(field, _no_ledger(path))
             uri = f"{pathlib.Path(os.path.abspath(path)).as_uri()}?mode=ro"
-        from thresher.pipelines.running.progress import when_slow
+        # heavy: start-up of thresher schema
+        from thresher.pipelines.common.progress import when_slow
         try:
             if uri:
                 conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S,
@@ -222,7 +223,8 @@ class SQLiteBackend(Backend):
     @contextlib.contextmanager
     def write_transaction(self):
         """BEGIN IMMEDIATE: the write lock is taken before anything is read."""
-        from thresher.pipelines.running.progress import when_slow
+        # heavy: start-up of thresher schema
+        from thresher.pipelines.common.progress import when_slow
         with when_slow(LOCK_WAIT.format(ledger=self._file())):
             self._conn.execute("BEGIN IMMEDIATE")     # waits while another process writes
         try:

@@ -18,8 +18,8 @@ import math
 
 from thresher.accounting.budget import Budget
 from thresher.pipelines import __version__
-from thresher.pipelines.planning import calibration_cache, limits
-from thresher.pipelines.reports.citations import cite_all
+from thresher.pipelines.common import calibration_cache, limits
+from thresher.pipelines.common.citations import cite_all
 from thresher.pipelines.errors import CalibrationError, SpecError
 from thresher.pipelines import kinds
 from thresher.pipelines.kinds.base import LAPLACE_NOISE, RELEASE_STAGE
@@ -67,14 +67,14 @@ class Plan:
 
     def bound_score(self):
         """The accounting.contribution_bound.BoundScore ChooseContributionBound uses."""
-        from thresher.accounting.contribution_bound import make_score
+        from thresher.accounting.contribution_bound import make_score  # heavy: numpy
         return make_score(self.score_name, self.candidates, self.spec.bounding.auto.max_bound,
                           self.score_params())
 
     def domain_bound_rule(self):
         """With input.public_keys and an automatic bound: the bounded-domain rule
         (``accounting.known_domain.domain_bound_rule``) over the calibrated candidates."""
-        from thresher.accounting.known_domain import domain_bound_rule
+        from thresher.accounting.known_domain import domain_bound_rule  # heavy: numpy
         return domain_bound_rule(
             self.spec.kind_object.PUBLIC_DOMAIN_NOISE, self.candidates, self.domain.num_rows,
             epsilon=self.release_stage.epsilon, params_by_bound=self.params_by_bound,
@@ -87,7 +87,7 @@ class Plan:
                     "model": spec.bounding.model,
                     "chosen_by": "exponential_mechanism" if spec.auto_bound else "spec"}
         if self.domain is not None:
-            from thresher.pipelines.dataio.public_keys import report_section
+            from thresher.pipelines.dataio.public_keys import report_section  # heavy: pyarrow
             bounding["public_keys"] = report_section(spec.input.public_keys, self.domain.num_rows)
         if spec.auto_bound:
             bounding["candidates"] = list(self.candidates)
@@ -140,7 +140,7 @@ class Plan:
             privacy["delta_spent"] = self.budget.spent_delta
             privacy["delta_note"] = ("the stages spend delta 0: the release is (epsilon, 0)-DP; "
                                      "privacy.delta is the spec's budget, unused")
-        from thresher.pipelines.ledgers.records import report_section
+        from thresher.pipelines.ledgers.records import report_section  # heavy: numpy
         privacy["zcdp"] = report_section(self)     # what a zcdp ledger charges (docs/accounting.md)
         if spec.input.sample is not None:
             sample = spec.input.sample
@@ -150,7 +150,7 @@ class Plan:
                 f"the input is a {scheme} weighted sample of per-key user counts in which each "
                 f"user contributed to at most {spec.bounding.max_keys_per_user} keys, at most "
                 f"once each; the guarantee holds only for a sample drawn as declared")
-        # Papers cited by authors and title, not "paper 004" (pipelines/reports/citations.py).
+        # Papers cited by authors and title, not "paper 004" (pipelines/common/citations.py).
         return {"name": spec.name, **cite_all({
             "thresher_version": __version__,
             "config_sha256": hashlib.sha256(spec.source_text.encode("utf-8")).hexdigest(),
@@ -165,6 +165,7 @@ class Plan:
 def randomness_report():
     """The report's ``randomness`` section: which construction draws the release's keyed
     randomness from its secret (``transforms.randomness.stream_construction``)."""
+    # heavy: start-up of thresher validate
     from thresher.transforms.randomness import stream_construction
     return {"construction": stream_construction.CONSTRUCTION,
             "description": stream_construction.DESCRIPTION}
@@ -172,7 +173,7 @@ def randomness_report():
 
 def intervals_report(spec):
     """The report's ``intervals`` section (pipelines/dataio/intervals.py)."""
-    from thresher.pipelines.dataio.intervals import report_section
+    from thresher.pipelines.dataio.intervals import report_section  # heavy: pyarrow
     return report_section(spec)
 
 
@@ -243,21 +244,22 @@ def make_plan(spec):
     else:
         candidates = (spec.bounding.max_keys_per_user,)
     if spec.aggregates_auto is not None:   # clip: auto (pipelines/specs/aggregates.py)
-        from thresher.pipelines.specs.aggregates import AUTO_STAGE
+        from thresher.pipelines.specs.aggregates import AUTO_STAGE  # heavy: pyarrow
         budget.spend(AUTO_STAGE, spec.aggregates_auto.epsilon, 0.0)
     domain = None
     if spec.input.public_keys is not None:
+        # heavy: pyarrow
         from thresher.pipelines.dataio.public_keys import (
             input_file_key_types, input_key_types, load_domain)
         domain = load_domain(spec.input.public_keys, spec.input.keys, input_key_types(spec.input),
                              input_file_key_types(spec.input))
         kinds.get(spec.kind).check_public_domain(spec.mechanism, domain.num_rows)
         if spec.auto_bound:
-            from thresher.pipelines.dataio.public_keys import domain_candidates
+            from thresher.pipelines.dataio.public_keys import domain_candidates  # heavy: pyarrow
             candidates = domain_candidates(candidates, domain.num_rows, spec.bounding.model)
     kind = kinds.get(spec.kind)
     if kind.check_key_types is not None:   # from the input's schema (issue 36 D17)
-        from thresher.pipelines.dataio.public_keys import input_key_types
+        from thresher.pipelines.dataio.public_keys import input_key_types  # heavy: pyarrow
         key_types = input_key_types(spec.input)
         if key_types is not None:
             kind.check_key_types(key_types)
@@ -273,7 +275,7 @@ def make_plan(spec):
     calibrate = calibration_cache.cached(f"{spec.kind}.calibrate", kind.calibrate,
                                          kind.verify_calibration)
     if spec.aggregates:   # count and sums calibrated jointly (pipelines/specs/aggregates.py)
-        from thresher.pipelines.specs import aggregates
+        from thresher.pipelines.specs import aggregates  # heavy: pyarrow
         calibrate = functools.partial(aggregates.calibrate, spec, kind)
     for bound in candidates:
         try:

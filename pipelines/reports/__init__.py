@@ -1,7 +1,8 @@
-"""Reports people read: the run summary, the plan as text, the HTML page and the citations
-they carry.
+"""Reports people read: the run summary, the plan as text, and the HTML page (the citations they
+carry are in the floor, ``pipelines.common.citations``).
 
-Imports: ``pipelines.errors``, ``pipelines.kinds``, ``pipelines.specs`` and
-``pipelines.planning`` -- never the release wiring (``pipelines.running``), the ledger or
-I/O: a report is drawn from the plan and the published files' contents.
+Imports (layer 6 of tests/pipelines/test_import_graph.py's order): the floor, the kinds,
+the spec and the plan (and anything below them) -- never the release wiring
+(``pipelines.running``) or the entry points: a report is drawn from the plan and the
+published files' contents.
 """

@@ -44,12 +44,12 @@ class MissingDependency(ThresherError):
 
 def _pyplot():
     try:
-        import matplotlib
+        import matplotlib  # heavy: matplotlib
     except ImportError:
         raise MissingDependency("thresher report --html needs matplotlib; install it with "
                                 "pip install 'thresher[report]' (or pip install matplotlib)") from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib
     return plt
 
 
@@ -77,7 +77,7 @@ PLOT_LABEL_WIDTH = 40       # characters of a key drawn as a plot label
 @functools.lru_cache(maxsize=1)
 def _glyphs():
     """The code points FONT has a glyph for (its character map)."""
-    from matplotlib import font_manager, ft2font
+    from matplotlib import font_manager, ft2font  # heavy: matplotlib
     path = font_manager.findfont(font_manager.FontProperties(family=FONT),
                                  fallback_to_default=True)
     return frozenset(ft2font.FT2Font(path).get_charmap())
@@ -121,7 +121,7 @@ def plain_tick(text):
 def _plain_ticks_formatter():
     """The class of a tick formatter that writes what the formatter it wraps writes, as
     plain text (:func:`plain_tick`); made on first use, matplotlib being optional."""
-    from matplotlib.ticker import Formatter
+    from matplotlib.ticker import Formatter  # heavy: matplotlib
 
     class PlainTicks(Formatter):
         def __init__(self, inner):
@@ -152,7 +152,7 @@ def _plain_ticks_formatter():
 def _plain_ticks(fig):
     """Every axis of ``fig`` whose tick labels are math text (log and symlog scales)
     gets them as plain text."""
-    from matplotlib.ticker import LogFormatterMathtext
+    from matplotlib.ticker import LogFormatterMathtext  # heavy: matplotlib
     plain = _plain_ticks_formatter()
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):

@@ -11,10 +11,12 @@ end: :func:`to_stdout` stops writing, points file descriptor 1 at ``/dev/null`` 
 flush at interpreter exit cannot fail again; the recipe of Python's ``signal`` module
 documentation, "Note on SIGPIPE") and the command exits 0 with nothing on stderr.
 """
+import argparse
 import contextlib
 import json
 import math
 import os
+import stat
 import sys
 
 from thresher.pipelines.reports import summary
@@ -60,7 +62,6 @@ def is_stdout(path):
 
 def positive_rows(text):
     """argparse type of ``--top``: a whole number >= 1."""
-    import argparse
     try:
         value = int(text)
     except ValueError:
@@ -137,7 +138,7 @@ def _value_column(files, names):
 def _top(files, report, n, column, schema):
     """The n rows with the largest ``column`` (ties by key), over the files' chunks: at
     most n + one chunk of rows in memory."""
-    import pyarrow as pa
+    import pyarrow as pa  # heavy: pyarrow
     best = pa.Table.from_batches([], schema=schema)   # (empty_table() imports pandas)
     for batch in summary.iter_batches(files, 1 << 16):
         chunk = pa.Table.from_batches([batch], schema=schema)
@@ -255,7 +256,6 @@ def _holds_data(path):
     empty. Writing to a terminal, a pipe or a device (``--html /dev/stdout``) replaces
     nothing, nor does writing over the empty file a shell's ``> page.html`` made (and a
     terminal is never read to see whether it holds a page)."""
-    import stat
     try:
         st = os.stat(path)
     except OSError:

@@ -1,6 +1,17 @@
 """``thresher plan`` as text: one line per parameter group, plain values (no Python reprs
 such as ``None`` or ``np.float64(...)``), papers cited by authors and title."""
+import json
 import numbers
+import re
+import textwrap
+
+from thresher.pipelines import kinds
+
+from thresher.pipelines.common import limits
+
+from thresher.pipelines.common.citations import _BOTH_SAMPLE_AND_THRESHOLD, PAPERS
+
+from thresher.pipelines.reports import summary
 
 _SKIP = ("kind", "accounting")
 # Parameters that state what the calibration achieved or compares against: their own line.
@@ -52,7 +63,6 @@ def _domain_lines(plan):
     """The public key domain's size (input.public_keys): every listed key is released."""
     if plan.domain is None:
         return []
-    from thresher.pipelines.planning import limits
     return [f"public keys: {plan.domain.num_rows:,} keys listed in "
             f"{plan.spec.input.public_keys['path']}, each released with noise and no "
             f"threshold (limit {limits.PUBLIC_KEYS_MAX:,})"]
@@ -119,7 +129,6 @@ def format_short(plan, report, users=2000):
     release point (users a key needs to be released half / 99% of the time, from the
     calibrated parameters alone: ``pipelines.summary.users_at``), the expected errors of
     the released values, and where the rest is (``--verbose``)."""
-    from thresher.pipelines.reports import summary
     spec = plan.spec
     privacy = report["privacy"]
     keys = list(spec.input.keys)
@@ -184,12 +193,11 @@ def scalar_params(params):
 def expected_errors(params, users):
     """The expected absolute error of each released value from its noise alone (bias from
     bounding and clamping depends on the data, which the plan does not read)."""
-    from thresher.pipelines import kinds
     out = []
     if params.get("kind") in kinds.KINDS:
         out += kinds.get(params["kind"]).expected_error_words(params)
     if params.get("aggregates"):
-        from thresher.pipelines.specs.aggregates import plan_lines
+        from thresher.pipelines.specs.aggregates import plan_lines  # heavy: pyarrow
         out.append(f"aggregates (noise only, at {users} users per key; --users N):")
         out += ["  " + _short_aggregate(line) for line in plan_lines(params, users)]
     return out
@@ -202,7 +210,6 @@ def _words(lines, params):
 
 
 def _short_aggregate(line):
-    import re
     line = re.sub(r", grid step [^,;]+", "", line.strip())
     line = re.sub(r" \([\d.e+]+ grid units\)", "", line)
     return line.replace(" (noise only)", "").replace("discrete Gaussian ", "").replace(
@@ -211,7 +218,6 @@ def _short_aggregate(line):
 
 def cited_papers(report):
     """Each paper the accounting cites, once, in the order first cited."""
-    from thresher.pipelines.reports.citations import _BOTH_SAMPLE_AND_THRESHOLD, PAPERS
     text = json_text(report)
     refs = dict(PAPERS)
     if _BOTH_SAMPLE_AND_THRESHOLD in text:     # both versions of paper 003, cited once
@@ -222,13 +228,11 @@ def cited_papers(report):
 
 
 def json_text(value):
-    import json
     return json.dumps(value, ensure_ascii=False).replace('\\"', '"')
 
 
 def wrap(lines, width=WIDTH):
     """Each line at most ``width`` characters, continued lines indented under the first."""
-    import textwrap
     out = []
     for line in lines:
         if len(line) <= width:

@@ -86,8 +86,8 @@ def released_files(output, report):
 def parquet_file(path):
     """``pyarrow.parquet.ParquetFile`` of a released file; a damaged one is a SpecError
     naming it."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # heavy: pyarrow
+    import pyarrow.parquet as pq  # heavy: pyarrow.parquet
     try:
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -99,7 +99,7 @@ def iter_batches(files, batch_size=4096, columns=None):
     """The released rows in chunks (``pyarrow.RecordBatch``), file by file: memory stays
     one chunk whatever the release's size. A file damaged past its footer is a SpecError
     naming it."""
-    import pyarrow as pa
+    import pyarrow as pa  # heavy: pyarrow
     for path in files:
         handle = parquet_file(path)
         try:
@@ -114,7 +114,7 @@ def released_schema(files):
 
 
 def load_released(output, report):
-    import pyarrow as pa
+    import pyarrow as pa  # heavy: pyarrow
     files = released_files(output, report)
     schema = released_schema(files)
     batches = list(iter_batches(files))
@@ -140,7 +140,7 @@ def kind_output_columns(report):
     kind = mech.get("kind")
     if not isinstance(kind, str):
         return ()
-    from thresher.pipelines import kinds
+    from thresher.pipelines import kinds  # heavy: start-up of thresher --help
     try:
         return tuple(kinds.get(kind).OUTPUT_COLUMNS)
     except KeyError:
@@ -329,7 +329,7 @@ def release_probability(report, counts):
     A user bounded to fewer keys than they had counts once in each kept key, so n is the
     key's count after bounding.
     """
-    import numpy as np
+    import numpy as np  # heavy: numpy
     mech = report["mechanism"]
     kind = _kind(report)
     n = np.asarray(counts, dtype=np.int64)
@@ -345,7 +345,7 @@ def _kind(report):
     kind = mech.get("kind")
     if not isinstance(kind, str):
         return None
-    from thresher.pipelines import kinds
+    from thresher.pipelines import kinds  # heavy: start-up of thresher --help
     try:
         return kinds.get(kind)
     except KeyError:

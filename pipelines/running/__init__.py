@@ -1,9 +1,8 @@
 """Running a release on Beam: the wiring of a release pipeline (``release``: read, bound,
-count, the kind's release, publish), runner flags and options, process settings, signals
-and progress lines.
+count, the kind's release, publish), runner flags and options, process settings and signals
+(the progress lines are in the floor, ``pipelines.common.progress``).
 
-Imports: ``release`` imports the spec, the kinds, I/O, the ledger and the plan's
-calibration cache (every subpackage but ``reports`` and the entry points); the other
-modules here import only ``pipelines.errors``, ``pipelines.planning.calibration_cache``
-and each other (``progress`` only ``errors``: I/O and the ledger use it).
+Imports (layer 7 of tests/pipelines/test_import_graph.py's order): every layer below --
+the floor, I/O, the kinds, the ledger, the spec and the plan (``release`` wires them
+together) -- never the continual release or the entry points.
 """

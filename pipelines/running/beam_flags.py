@@ -26,14 +26,14 @@ class _Discarded(logging.Handler):
 
 def known_option_names():
     """Every option name Beam's PipelineOptions know (all registered option groups)."""
-    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.options.pipeline_options import PipelineOptions  # heavy: apache_beam
     return set(PipelineOptions([]).get_all_options(drop_default=False))
 
 
 def unknown(beam_args):
     """The arguments Beam's parser does not understand: flags (``--runnr``) and stray
     words (a value with no flag). Beam reports them as "unparseable" and drops them."""
-    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.options.pipeline_options import PipelineOptions  # heavy: apache_beam
     logger = logging.getLogger(_BEAM_OPTIONS_LOGGER)
     handler = _Discarded()
     old_level, old_propagate = logger.level, logger.propagate
@@ -111,8 +111,9 @@ def check_runner(beam_args):
     internal error, exit 1, before): the runner is made the way ``beam.Pipeline`` makes it
     (``apache_beam.runners.runner.create_runner``: a known name, case-insensitive, with or
     without "Runner", or the full name of a PipelineRunner class), before anything runs."""
+    # heavy: apache_beam
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-    from apache_beam.runners.runner import create_runner
+    from apache_beam.runners.runner import create_runner  # heavy: apache_beam
     name = PipelineOptions(list(beam_args)).view_as(StandardOptions).runner
     if not name or not isinstance(name, str):
         return
@@ -132,7 +133,7 @@ def check_runner(beam_args):
 def refuse_graph_saving(options, where="after --"):
     """SpecError naming the first option (``PipelineOptions`` or Beam's flags) that saves
     the graph for later launches: thresher's ledger cannot charge launches it never sees."""
-    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.options.pipeline_options import PipelineOptions  # heavy: apache_beam
     if options is None:
         return
     if not isinstance(options, PipelineOptions):

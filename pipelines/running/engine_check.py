@@ -29,6 +29,9 @@ import sys
 import tempfile
 import time
 
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running import engines as engines_mod, sessions
+from thresher.pipelines.running.engine_watch import EngineRunError
 from thresher.pipelines.running.engines import EngineError
 
 ENGINES = ("prism", "flink", "spark")
@@ -40,9 +43,9 @@ def synthetic(path, rows, seed=0):
     """``rows`` (user_id, word) records into the Parquet file ``path``: users' activity
     and words both heavy-tailed (Zipf), as in the quickstart; a function of ``seed``
     (test data, not privacy randomness), vectorised."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import numpy as np  # heavy: numpy
+    import pyarrow as pa  # heavy: pyarrow
+    import pyarrow.parquet as pq  # heavy: pyarrow.parquet
     rng = np.random.default_rng(seed)
     users = max(1, rows // 6)
     vocabulary = pa.array([f"w{index:05d}" for index in range(5000)])
@@ -86,7 +89,6 @@ def engine_args(engine, workers):
 
 def _stop_session(process):
     """Every process of the child's session (job server, pool, workers), then the child."""
-    from thresher.pipelines.running import sessions
     sessions.stop(process.pid)
     try:
         process.wait(timeout=10)
@@ -121,7 +123,6 @@ def run_one(folder, spec, secret, beam_args, workers, timeout):
             tail = [line for line in handle.read().splitlines() if line.strip()][-5:]
         what = f"did not finish within {timeout:g} s (stopped)" if rc is None \
             else f"failed (exit {rc})"
-        from thresher.pipelines.running.engine_watch import EngineRunError
         raise EngineRunError(f"the run {' '.join(beam_args) or 'in process'} {what}: "
                           + " | ".join(tail)[-1500:])
     out = os.path.join(folder, "out")
@@ -136,7 +137,6 @@ def check(engines_wanted, rows, workers, timeout=DEFAULT_TIMEOUT, say=None, keep
     """Run the check; a list of {"engine", "workers", "rows", "seconds", "identical"}, the
     in-process reference first (its ``identical`` is None)."""
     say = say or (lambda line: print(f"thresher: {line}", file=sys.stderr, flush=True))
-    from thresher.pipelines.running import engines as engines_mod
     for name in engines_wanted:      # refuse before any work: unknown or not fetched
         engine_args(name, workers)
         engines_mod.complete_beam_args(engine_args(name, 1))
@@ -190,10 +190,9 @@ def _child(argv):
     spec_path, workers = argv[0], int(argv[1])
     beam_args = argv[argv.index("--") + 1:] if "--" in argv else []
     secret = bytes.fromhex(sys.stdin.readline().strip())
-    from thresher.pipelines.running import engines, release, worker_pool
-    from thresher.pipelines.planning.plan import make_plan
-    from thresher.pipelines.specs import spec as spec_mod
-    from thresher.transforms.randomness.keyed_random import KeyedSource
+    from thresher.pipelines.running import engines, release, worker_pool  # heavy: apache_beam
+    from thresher.pipelines.specs import spec as spec_mod  # heavy: pyarrow
+    from thresher.transforms.randomness.keyed_random import KeyedSource  # heavy: apache_beam
     pool = None
     if any("{pool}" in arg for arg in beam_args):
         pool = worker_pool.start(os.getcwd())

@@ -20,6 +20,7 @@ import os
 import threading
 
 from thresher.pipelines.errors import ThresherError
+from thresher.pipelines.running import sessions
 
 
 class EngineRunError(ThresherError):
@@ -66,7 +67,6 @@ def watched(beam_args, timeout=None):
         return
     if timeout is not None and not timeout > 0:
         raise ThresherError(f"--timeout {timeout:g}: give a positive number of seconds")
-    from thresher.pipelines.running import sessions
     expired = threading.Event()
     finished = threading.Event()
 

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -56,7 +57,7 @@ class Engine:
 
 
 def beam_version():
-    import apache_beam
+    import apache_beam  # heavy: apache_beam
     return apache_beam.__version__
 
 
@@ -356,7 +357,7 @@ def check_ports(beam_args):
     """EngineError (exit 2) when a port the user gave the job server (``--job_port``,
     ``--artifact_port``, ``--expansion_port``) is taken on loopback: Beam would start the
     job server three times, each failing to bind, and end in an internal error."""
-    import socket
+    # heavy: apache_beam
     from apache_beam.options.pipeline_options import JobServerOptions, PipelineOptions
     options = PipelineOptions(list(beam_args)).view_as(JobServerOptions)
     for flag in ("job_port", "artifact_port", "expansion_port"):
@@ -416,6 +417,7 @@ def loopback_environment(name, beam_args, folder=None):
     host:port``, ``--spark_master_url=spark://...``) is left alone: its task managers /
     executors must reach the job server and driver from other machines. Returns whether
     the master is local (then the job server's loopback variant is started)."""
+    # heavy: apache_beam
     from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PipelineOptions,
                                                       SparkRunnerOptions)
     options = PipelineOptions(list(beam_args))
@@ -438,7 +440,7 @@ def loopback_worker_service():
     gRPC binds ``localhost`` on 127.0.0.1 and ::1 alike, so either resolution of the
     name by the job server reaches it. Beam's own ``start`` runs unchanged; only the
     ``grpc`` that module sees makes servers whose wildcard ports bind ``localhost``."""
-    from apache_beam.runners.worker import worker_pool_main as pool
+    from apache_beam.runners.worker import worker_pool_main as pool  # heavy: apache_beam
     if isinstance(pool.grpc, _LoopbackGrpc):
         return
     pool.grpc = _LoopbackGrpc(pool.grpc)
@@ -481,6 +483,7 @@ def complete_beam_args(beam_args, folder=None):
     names none (and, for a job server from the cache, :func:`job_server_flags`);
     EngineError (exit 2) naming the flag and the fetch command when nothing is cached.
     Other runners' flags come back unchanged."""
+    # heavy: apache_beam
     from apache_beam.options.pipeline_options import (FlinkRunnerOptions, PipelineOptions,
                                                       PortableOptions, PrismRunnerOptions,
                                                       SparkRunnerOptions, StandardOptions)

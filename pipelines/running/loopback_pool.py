@@ -14,7 +14,7 @@ from thresher.pipelines.running.engines import loopback_worker_service
 
 def main(argv=None):
     loopback_worker_service()
-    from apache_beam.runners.worker import worker_pool_main
+    from apache_beam.runners.worker import worker_pool_main  # heavy: apache_beam
     worker_pool_main.main(sys.argv[1:] if argv is None else argv)
 
 

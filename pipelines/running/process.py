@@ -40,8 +40,10 @@ collecting them too (0.3-0.5 s of CPU of a bare ``import apache_beam`` process h
 back to the system: -40 MB of peak RSS at 1e7 rows for +2.5 s of system time.)
 """
 import gc
+import gettext
 import os
 import sys
+import types
 import weakref
 
 
@@ -53,7 +55,7 @@ def skip_ipython_probe():
 
 def memoize_dofn_specs():
     """Beam's ``get_dofn_specs`` computed once per DoFn object in this process."""
-    from apache_beam.transforms import userstate
+    from apache_beam.transforms import userstate  # heavy: apache_beam
     compute = userstate.get_dofn_specs
     if getattr(compute, "thresher_memo", False):
         return
@@ -78,7 +80,7 @@ def prepare(command):
     """Settings for one ``thresher COMMAND`` process (Beam is not imported here: a spec
     that is refused, and every command but ``run``, answers without it)."""
     skip_ipython_probe()
-    from thresher.pipelines.planning import calibration_cache
+    from thresher.pipelines.common import calibration_cache  # heavy: start-up of thresher --help
     calibration_cache.enable()      # calibrations read back, not recomputed (scipy not imported)
 
 
@@ -92,7 +94,6 @@ def memoize_translation_lookups():
     builds one per options view it reads). The answer is a function of the arguments
     and of the locale variables of the environment, which are part of the key, so the
     memo answers exactly as gettext would."""
-    import gettext
     find = gettext.find
     if getattr(find, "thresher_memo", False):
         return
@@ -128,9 +129,8 @@ def memoize_signatures():
     function, weakly: a function that goes away leaves the memo); classes, builtins,
     partials and other callables are asked of Beam each time. Signatures are immutable, so
     one object is handed to every caller."""
-    import types
-    from apache_beam.transforms import core, ptransform, util
-    from apache_beam.typehints import decorators
+    from apache_beam.transforms import core, ptransform, util  # heavy: apache_beam
+    from apache_beam.typehints import decorators  # heavy: apache_beam
     compute = decorators.get_signature
     if getattr(compute, "thresher_memo", False):
         return
@@ -158,6 +158,7 @@ def prepare_pipeline():
     """Settings for building and running a pipeline, once the spec is planned and checked
     (``thresher run``, just before the release is built): imports Beam and the release's
     modules, then freezes what exists into the collector's permanent generation."""
+    # heavy: apache_beam
     import thresher.pipelines.running.release  # noqa: F401 -- Beam and the transforms, frozen below
     memoize_dofn_specs()
     memoize_signatures()
@@ -168,5 +169,5 @@ def prepare_pipeline():
 def finish():
     """Undo what :func:`prepare` set for one command that later library calls in the same
     process must not inherit (the calibration cache is for the ``thresher`` command only)."""
-    from thresher.pipelines.planning import calibration_cache
+    from thresher.pipelines.common import calibration_cache  # heavy: start-up of thresher --help
     calibration_cache.disable()

@@ -19,22 +19,39 @@ import time
 
 import apache_beam as beam
 import pyarrow as pa
-from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
 
-from thresher.pipelines.dataio import io, publish, released_file
-
-from thresher.pipelines.ledgers import ledger
-
-from thresher.pipelines.running import progress, signals
+from thresher.pipelines import kinds
+from thresher.pipelines.common import progress
+from thresher.pipelines.dataio import intervals, io, publish, released_file
 from thresher.pipelines.dataio.claim import claim
 from thresher.pipelines.errors import InputError, ThresherError
-from thresher.pipelines.running.beam_flags import refuse_dask
-from thresher.pipelines import kinds
 from thresher.pipelines.kinds.base import RECORDS, USERS, whole_user_setting
+from thresher.pipelines.ledgers import ledger
+from thresher.pipelines.running import signals
+from thresher.pipelines.running.beam_flags import refuse_dask, refuse_graph_saving
+from thresher.pipelines.running.beam_options import ReleaseOptions
+from thresher.pipelines.running.live_metrics import LiveMetricsRunner
+from thresher.pipelines.specs.aggregates import (apply_clips, auto_columns, check_rows,
+                                                 choose_clips, output_fields, sum_columns)
 from thresher.pipelines.specs.spec import input_files
-from thresher.transforms.randomness import keyed_random, secret_commitment
-from thresher.transforms.plumbing.aggregate import SumCountsPerKey
+from thresher.transforms.bounding.choose_contribution_bound import (_DEFAULT_KEY_SHARDS,
+                                                                    ChooseContributionBound)
+from thresher.transforms.bounding.prereduce import PreReduceL0, PreReducePairs
+from thresher.transforms.bounding.prereduce_stages import PreReduceDistinctPairs
+from thresher.transforms.bounding.rand_clip import RandClip
+from thresher.transforms.bounding.rand_clip_copies import PreReduceCopies, RandClipCopies
+from thresher.transforms.bounding.scored_bound import ScoredPerUserBound, user_key_cap
 from thresher.transforms.bounding.user_shards import MAX_USER_ROWS, ShardByUser
+from thresher.transforms.plumbing.aggregate import SumCountsPerKey
+from thresher.transforms.plumbing.spill import SPILL_FOLDER
+from thresher.transforms.randomness import keyed_random, secret_commitment
+from thresher.transforms.selection import public_domain
+from thresher.transforms.selection.public_domain import packed_domain, unpack
+from thresher.transforms.selection.unique_keys import OneRowPerKey
+from thresher.transforms.values.aggregate_values import (PerUserBoundWithValues,
+                                                         ReleaseWithAggregates, zero_sums)
 
 log = logging.getLogger("thresher")
 
@@ -43,7 +60,6 @@ def pipeline_options(beam_args):
     FnApiRunner (what DirectRunner uses for batch Python pipelines, without DirectRunner's
     attempt to download the Prism runner first). Each options view is built once
     (``pipelines.beam_options``)."""
-    from thresher.pipelines.running.beam_options import ReleaseOptions
     options = ReleaseOptions(list(beam_args))
     runner = options.view_as(StandardOptions).runner
     refuse_dask(runner)
@@ -53,7 +69,6 @@ def pipeline_options(beam_args):
 def _make_runner(runner_name):
     if runner_name:
         return runner_name
-    from thresher.pipelines.running.live_metrics import LiveMetricsRunner
     return LiveMetricsRunner()     # Beam's FnApiRunner, its metrics readable while it runs
 
 
@@ -80,7 +95,6 @@ def release_schema(spec, key_fields):
     if spec.mechanism.get("debias"):   # input.public_keys with debias: poisson
         fields.append(pa.field("debiased", pa.float64()))
     if spec.aggregates:
-        from thresher.pipelines.specs.aggregates import output_fields
         fields.extend(output_fields(spec.aggregates))
     return fields
 
@@ -91,7 +105,6 @@ def build(pipeline, plan, files, est_rows, staging, rng_factory=None):
     the report; ``write_release`` writes both into ``staging`` once. Returns nothing."""
     spec = plan.spec
     if spec.aggregates:   # int64 grid sums cannot overflow: <= MAX_USERS users per key
-        from thresher.pipelines.specs.aggregates import check_rows
         check_rows(est_rows)
     exact_rows = spec.input.format == "parquet"     # footers: est_rows is the row count
     num_shards = io.num_shards_for(est_rows, exact=exact_rows)
@@ -172,7 +185,6 @@ class Release(beam.PTransform):
         if notes:
             extra["notes"] = beam.pvalue.AsList(notes[0])
         if plan.domain is not None:
-            from thresher.transforms.selection.public_domain import packed_domain
             extra["domain"] = beam.pvalue.AsSingleton(packed_domain(pipeline, plan.domain, keys))
         finished = (pipeline
                     | "GatherReleased" >> beam.Impulse()
@@ -211,7 +223,6 @@ def finish(unused_impulse, tables, chosen, reports, spec, key_fields, clips=None
     if clips is not None:                     # clip: auto -- the chosen bounds
         clips = _one(clips, "the clip stage")
         if clips is not None:
-            from thresher.pipelines.specs.aggregates import apply_clips
             report["mechanism"] = apply_clips(report["mechanism"], clips)
     if notes is not None:                     # e.g. quantiles' capped key selection
         note = _one(notes, "the kind's notes stage")
@@ -221,10 +232,8 @@ def finish(unused_impulse, tables, chosen, reports, spec, key_fields, clips=None
     schema = pa.schema([_key_field(f, tables) for f in key_fields]
                        + release_schema(spec, []))
     if domain is not None:
-        from thresher.transforms.selection.public_domain import unpack
         domain = unpack(domain)
     table = released_file.canonical_table(tables, schema, keys, domain=domain)
-    from thresher.pipelines.dataio import intervals
     table = intervals.add_columns(table, report["mechanism"], spec)
     report["released_keys"] = int(table.num_rows)
     return table, report
@@ -247,7 +256,6 @@ def write_release(done, staging):
     report = dict(report, outputs=[io.RELEASED_FILE])
     path = publish.join(staging, io.RELEASED_FILE)
     if publish.is_remote(path):
-        from apache_beam.io.filesystems import FileSystems
         with FileSystems.create(path) as handle:
             handle.write(released_file.serialise(table))
     else:
@@ -262,13 +270,12 @@ def _spill_dir(pipeline, staging):
     the pipeline. None (the runner's own shuffle) for any other runner, a remote output,
     or SDK workers that may not share this machine's disk (``--environment_type`` other
     than the in-process ones)."""
-    from apache_beam.options.pipeline_options import PortableOptions
+    # heavy: apache_beam.runners.portability.fn_api_runner (only the launcher needs it)
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
     environment = (pipeline.options.view_as(PortableOptions).environment_type or "").upper()
     same_machine = environment in ("", "EMBEDDED", "LOOPBACK", "PROCESS")
     if isinstance(pipeline.runner, FnApiRunner) and same_machine \
             and not publish.is_remote(staging):
-        from thresher.transforms.plumbing.spill import SPILL_FOLDER
         return os.path.join(os.path.abspath(staging), SPILL_FOLDER)
     return None
 
@@ -320,7 +327,6 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
                          if not combined or spec.aggregates or distinct_rows else None)
     chosen = None
     if spec.auto_bound:
-        from thresher.transforms.bounding.choose_contribution_bound import ChooseContributionBound
         chosen = shards.for_choice | "ChooseContributionBound" >> ChooseContributionBound(
             keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
             model=spec.bounding.model, score=plan.score_name,
@@ -339,7 +345,6 @@ def release_stages(records, plan, num_shards, rng_factory=None, clip_sink=None, 
     counts = partial | "SumCountsPerKey" >> SumCountsPerKey(
         keys, num_shards, spill_dir=spill_dir)                              # Table(keys, count)
     if spec.aggregates:   # counts and grid sums (pipelines/specs/aggregates.py)
-        from thresher.transforms.values.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
             _side(params), rng_factory=keyed_random.child(rng_factory, "ReleaseWithAggregates")
         ), chosen
@@ -354,7 +359,6 @@ def _sample_stages(records, plan, num_shards, rng_factory):
     spec = plan.spec
     keys = list(spec.input.keys)
     params = plan.params_by_bound[spec.bounding.max_keys_per_user]
-    from thresher.transforms.selection.unique_keys import OneRowPerKey
     counts = records | "OneRowPerKey" >> OneRowPerKey(keys, num_shards)     # Table(keys, count)
     return kinds.get(spec.kind).release(counts, params, keys, rng_factory)
 
@@ -369,14 +373,12 @@ def _prereduced(records, plan, rng_factory):
     spec = plan.spec
     source = keyed_random.resolve(rng_factory)
     if spec.aggregates:   # PerUserBoundWithValues, fixed clips: every row of the kept keys
-        from thresher.pipelines.specs.aggregates import auto_columns
         if auto_columns(spec.aggregates):
             return records
     if (spec.auto_bound or spec.bounding.model != "l0"
             or not kinds.get(spec.kind).plain_l0_bound   # adaptive, weighted_gaussian
             or not isinstance(source, keyed_random.KeyedSource)):
         return records
-    from thresher.transforms.bounding.prereduce import PreReduceL0
     # the keyed draws are those of the PerUserBound applied in _bound_users
     stage = keyed_random.child(rng_factory, "PerUserBound").stage
     return records | "PreReduceUsers" >> PreReduceL0(
@@ -395,8 +397,6 @@ def _prereduced_pairs(records, plan, rng_factory):
     source = keyed_random.resolve(rng_factory)
     if not isinstance(source, keyed_random.KeyedSource):
         return records
-    from thresher.transforms.bounding.prereduce import PreReducePairs
-    from thresher.transforms.bounding.scored_bound import user_key_cap
     # the keyed draws of the ScoredPerUserBound applied as "PerUserBound" beside this
     stage = keyed_random.child(rng_factory, "PerUserBound").stage
     return records | "PreReducePairs" >> PreReducePairs(
@@ -434,15 +434,12 @@ def _prereduced_heavy(records, plan, rng_factory):
     if kind.releases_from == USERS:
         if spec.bounding.model != "l0":
             return records, False
-        from thresher.transforms.bounding.prereduce_stages import PreReduceDistinctPairs
         return records | "PreReduceDistinctPairs" >> PreReduceDistinctPairs(
             spec.input.keys), True
     if _copies_apply(plan, rng_factory):
-        from thresher.transforms.bounding.rand_clip_copies import PreReduceCopies
         return records | "PreReduceCopies" >> PreReduceCopies(), True
     if (spec.bounding.model == "l0" and kind.releases_from != RECORDS
             and not kind.plain_l0_bound):     # weighted_gaussian (the others: _prereduced)
-        from thresher.transforms.bounding.prereduce import PreReduceL0
         stage = keyed_random.child(rng_factory, "PerUserBound").stage
         return records | "PreReduceUsers" >> PreReduceL0(
             spec.input.keys, spec.bounding.max_keys_per_user, source, stage), False
@@ -480,7 +477,6 @@ def _whole_user_setting(plan):
                 "a user's repeated keys travel once per table, but all of its distinct "
                 "keys meet in one place; " + _FIXED_L0)
     if spec.aggregates:
-        from thresher.pipelines.specs.aggregates import auto_columns
         scored = ("'clip: auto' reads every key's total of every user, and " if
                   auto_columns(spec.aggregates) else "")
         return ("aggregates", scored + "a kept key's rows are summed where the user's rows "
@@ -508,7 +504,6 @@ def _key_shards(num_shards):
     shrinks as the data grows (docs/scale.md, "what breaks first"). The sums are exact
     integers and each key's pieces meet in one shard, so the count changes neither the
     scores nor the chosen bound."""
-    from thresher.transforms.bounding.choose_contribution_bound import _DEFAULT_KEY_SHARDS
     return max(_DEFAULT_KEY_SHARDS, int(num_shards))
 
 
@@ -518,8 +513,6 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
     the score's statistics and per-key counts for every candidate C; the chosen C then
     selects its counts. Same draws and same released bytes as bounding after the choice,
     without concatenating, checking and hashing the shards a second time."""
-    from thresher.transforms.bounding.choose_contribution_bound import ChooseContributionBound
-    from thresher.transforms.bounding.scored_bound import ScoredPerUserBound
     spec = plan.spec
     keys = list(spec.input.keys)
     records = _prereduced_pairs(records, plan, rng_factory)
@@ -550,7 +543,6 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     bounding, every domain key gets a zero partial count (so it comes out once even with no
     user), C is chosen by the bounded-domain rule, and every key is released with noise and
     no threshold (transforms/selection/public_domain.py)."""
-    from thresher.transforms.selection import public_domain
     spec = plan.spec
     keys = list(spec.input.keys)
     domain = public_domain.packed_domain(records.pipeline, plan.domain, keys)   # once
@@ -568,8 +560,6 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     partial, params = _bound_users(users, plan, chosen, rng_factory, clips)
     zeros = records.pipeline | "DomainZeroCounts" >> public_domain.DomainZeroCounts(domain, keys)
     if spec.aggregates:   # zero grid sums beside the zero counts (pipelines/specs/aggregates.py)
-        from thresher.pipelines.specs.aggregates import sum_columns
-        from thresher.transforms.values.aggregate_values import zero_sums
         zeros = zeros | "DomainZeroSums" >> beam.Map(
             zero_sums, num_sums=len(sum_columns(spec.aggregates)))
     counts = ((partial, zeros)
@@ -577,7 +567,6 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
               | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards,
                                                    spill_dir=spill_dir))  # every domain key once
     if spec.aggregates:
-        from thresher.transforms.values.aggregate_values import ReleaseWithAggregates
         return counts | "ReleaseWithAggregates" >> ReleaseWithAggregates(
             _side(params), rng_factory=keyed_random.child(rng_factory, "ReleaseWithAggregates")
         ), chosen
@@ -624,7 +613,6 @@ def _choose_clips(users, plan, rng_factory, clip_sink):
     """aggregates with clip: auto: the chosen bounds (one dict), else None."""
     if not plan.spec.aggregates:
         return None
-    from thresher.pipelines.specs.aggregates import choose_clips
     return choose_clips(users, plan, rng_factory, clip_sink)
 
 
@@ -636,8 +624,6 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
     keys = list(spec.input.keys)
     bound, params = _bound_and_params(users, plan, chosen)
     if spec.aggregates:   # l0 bound carrying each kept user's clamped grid totals
-        from thresher.pipelines.specs.aggregates import apply_clips, sum_columns
-        from thresher.transforms.values.aggregate_values import PerUserBoundWithValues
         clip_side = None
         if clips is not None:
             clip_side = beam.pvalue.AsSingleton(clips)
@@ -648,10 +634,9 @@ def _bound_users(users, plan, chosen, rng_factory, clips=None):
             keys, bound, sum_columns(spec.aggregates),
             rng_factory=keyed_random.child(rng_factory, "PerUserBound"), clips=clip_side)
     elif spec.bounding.model == "l1":
-        from thresher.transforms.bounding.rand_clip import RandClip
-        if _copies_apply(plan, rng_factory):   # rows carry __copies (_prereduced_heavy)
-            from thresher.transforms.bounding.rand_clip_copies import RandClipCopies as RandClip
-        partial = users | "RandClip" >> RandClip(
+        # rows carry __copies (_prereduced_heavy): the count-aware kernel, same kept records
+        clipper = RandClipCopies if _copies_apply(plan, rng_factory) else RandClip
+        partial = users | "RandClip" >> clipper(
             keys, bound, rng_factory=keyed_random.child(rng_factory, "RandClip"))
     else:   # a kind may bound with weights (weighted_gaussian: WeightedPerUserBound)
         kind = kinds.get(spec.kind)
@@ -712,7 +697,6 @@ def run(plan, beam_args=(), overwrite=False, rng_factory=None):
     ``rng_factory`` is for tests (a ``KeyedSource`` with a fixed secret, or
     ``keyed_random.seeded_for_tests(seed)``: public identities, no privacy claim): then
     every stage uses it as is."""
-    from thresher.pipelines.running.beam_flags import refuse_graph_saving
     refuse_graph_saving(beam_args, "by thresher's release")   # before the ledger is asked
     with ledger.reservation_for(plan) as reservation:
         report = _run(plan, beam_args, overwrite, rng_factory, reservation)
@@ -745,7 +729,6 @@ def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory
     try:
         beam_runner = _make_runner(runner_name)
         pipeline = beam.Pipeline(runner=beam_runner, options=options)
-        from thresher.transforms.randomness import keyed_random
         if rng_factory is None:           # the secret is drawn inside the pipeline
             keyed = keyed_random.PipelineSecret.draw(pipeline)
         else:                             # tests: a fixed KeyedSource, or seeded_for_tests

@@ -11,6 +11,7 @@ resolve as in the launcher), on a free port, listening on localhost only
 """
 import dataclasses
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -29,7 +30,6 @@ class Pool:
 
     def stop(self):
         """The pool and its workers (one process group) are stopped."""
-        import signal
         for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
             try:
                 os.killpg(self.process.pid, sig)

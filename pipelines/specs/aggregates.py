@@ -29,9 +29,9 @@ import math
 
 import pyarrow as pa
 
-from thresher.accounting import aggregates as acc
-from thresher.pipelines.specs.aggregates_fields import AUTO, AUTO_FIELDS, ENTRY_FIELDS, SPREAD, STATISTICS  # noqa: F401
-from thresher.pipelines.errors import CalibrationError, SpecError
+from thresher.accounting import aggregates as acc, gshm, search
+from thresher.pipelines.specs.aggregates_fields import AUTO, SPREAD
+from thresher.pipelines.errors import CalibrationError, InputError, SpecError
 from thresher.pipelines import kinds
 from thresher.pipelines.kinds.base import LAPLACE_NOISE
 
@@ -215,7 +215,6 @@ def calibrate(spec, module, mech, *, epsilon, delta, max_keys_per_user, model):
             text = (f"public key domain, every key released with noise, no threshold: the "
                     f"{c}-fold shift of (count, sums) by (1, D_1, ..)")
         else:
-            from thresher.accounting import gshm
             try:
                 p = gshm.calibrate(epsilon, delta, c, pre_threshold=section.pre_threshold,
                                    sigma=section.sigma, threshold=section.threshold,
@@ -274,8 +273,6 @@ def _entry(a, grid, noise):
 
 
 def _domain_sigma(epsilon, delta, c, ratios, given, what):
-    from thresher.accounting import search
-
     def fits(s):
         cols = tuple((d, r * d * s) for d, r in ratios)
         return acc.joint_shift_delta(epsilon, s, c, cols) <= delta
@@ -402,8 +399,8 @@ def choose_clips(users, plan, rng_factory=None, clip_sink=None):
     auto = auto_columns(spec.aggregates)
     if not auto:
         return None
-    from thresher.transforms.randomness.keyed_random import child
-    from thresher.transforms.values.choose_clip import ChooseClipBounds
+    from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
+    from thresher.transforms.values.choose_clip import ChooseClipBounds  # heavy: apache_beam
     stage = next(s for s in plan.budget.stages if s.name == AUTO_STAGE)
     clips = users | "ChooseClipBounds" >> ChooseClipBounds(
         list(spec.input.keys), auto, spec.aggregates_auto.candidates, epsilon=stage.epsilon,
@@ -439,7 +436,6 @@ def apply_clips(params, clips):
 def check_rows(est_rows):
     """Refuse an input with more rows than MAX_USERS (2**50): a key then could have more
     users than the int64 grid sums are sized for (accounting.aggregates)."""
-    from thresher.pipelines.errors import InputError
     if est_rows > acc.MAX_USERS:
         raise InputError(f"input.path: about {est_rows} rows; aggregates support at most "
                          f"2^{acc.MAX_USER_BITS} rows (users per key), so that no grid sum "

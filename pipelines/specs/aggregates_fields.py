@@ -1,7 +1,7 @@
 """The spec fields of ``aggregates`` and ``aggregates_auto`` (pipelines/specs/aggregates.py), as
 JSON Schema declarations for ``pipelines.schema``; kept apart from the calibration so
 that reading a spec loads no numerics."""
-from thresher.pipelines.specs import declare
+from thresher.pipelines.common import declare
 
 AUTO = "auto"
 STATISTICS = ("sum", "mean", "variance", "stddev")

@@ -16,9 +16,11 @@ and ``aggregates_auto`` are ``pipelines.specs.aggregates``' (declared in
 authority: a spec the schema accepts may still be refused by a rule across fields, the
 input's columns or the calibration, with the field named.
 """
-from thresher.pipelines.specs import aggregates_fields, declare as d
+from thresher.pipelines.kinds._sample_fields import SAMPLE_FIELDS
+from thresher.pipelines.specs import aggregates_fields
+from thresher.pipelines.common import declare as d
 from thresher.pipelines.ledgers import ledger
-from thresher.pipelines.continual import section as continual_section
+from thresher.pipelines.specs import continual_section
 from thresher.pipelines.dataio import public_keys
 from thresher.pipelines import kinds as kinds_pkg
 from thresher.pipelines.dataio.formats import FORMATS
@@ -37,7 +39,6 @@ OBJECTIVES = ("keys", "l1")      # accounting.contribution_bound.OBJECTIVES (tes
 
 
 def _input():
-    from thresher.pipelines.kinds._sample_fields import SAMPLE_FIELDS
     column = d.string()
     return d.mapping({
         "path": d.string(description="a file, a glob or a folder; local or a Beam filesystem "

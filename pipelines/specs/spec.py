@@ -14,7 +14,8 @@ import re
 
 import yaml
 
-from thresher.pipelines.specs import columns, declare, schema
+from thresher.pipelines.specs import columns, continual_section, schema
+from thresher.pipelines.common import declare
 
 from thresher.pipelines.dataio import formats, public_keys
 
@@ -24,12 +25,9 @@ from thresher.pipelines.kinds.base import DEFAULT_AUTO_EPSILON_FRACTION, DEFAULT
 
 from thresher.pipelines.ledgers import ledger
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.specs.fields import SHORT as _SHORT
-# The value checkers and path helpers, where they were before (kinds written for an older
-# thresher import them from here; new code imports pipelines.fields / pipelines.paths).
-from thresher.pipelines.specs.fields import check_fields, choice, integer, number, string  # noqa: F401
-from thresher.pipelines.specs.fields import describe as _describe
-from thresher.pipelines.dataio.paths import input_files, resolved  # noqa: F401
+from thresher.pipelines.common.fields import SHORT as _SHORT
+from thresher.pipelines.common.fields import describe as _describe
+from thresher.pipelines.dataio.paths import input_files, resolved  # noqa: F401 (input_files: cli, release)
 
 FORMATS = formats.FORMATS
 MODELS = schema.MODELS
@@ -108,7 +106,7 @@ class ReleaseSpec:
     aggregates: tuple = ()   # pipelines.specs.aggregates.AggregateSpec, one per output column
     aggregates_auto: object = None  # pipelines.specs.aggregates.AutoClipSpec with clip: auto
     budget: object = None    # pipelines.ledger.BudgetSpec: the dataset's ledger, or None
-    continual: object = None  # pipelines.continual.section.ContinualSpec, or None
+    continual: object = None  # pipelines.specs.continual_section.ContinualSpec, or None
 
     @property
     def kind(self):
@@ -325,6 +323,7 @@ def _parse_auto(section, privacy, default_max_bound=DEFAULT_AUTO_MAX_BOUND,
         cands = default_candidates(max_bound)
         high = tuple(c for c in cands if c >= min_bound)
         cands = high or cands      # max_bound below the kind's floor: the whole grid
+    # heavy: start-up of thresher validate
     from thresher.accounting.contribution_bound import DEFAULT_DROPPED_WEIGHT
     weight = section.get("dropped_weight", DEFAULT_DROPPED_WEIGHT)
     if not isinstance(weight, str):
@@ -340,6 +339,7 @@ def _parse_auto(section, privacy, default_max_bound=DEFAULT_AUTO_MAX_BOUND,
 def default_candidates(max_bound):
     """The geometric sqrt(2) grid 1, 2, 3, 4, 6, 8, 11, ... up to max_bound
     (accounting.contribution_bound.default_candidates; docs/contribution_bound.md)."""
+    # heavy: start-up of thresher validate
     from thresher.accounting.contribution_bound import default_candidates as grid
     return grid(max_bound)
 
@@ -422,6 +422,7 @@ def parse(data, source_text=""):
     if "aggregates_auto" in data and "aggregates" not in data:
         raise SpecError("aggregates_auto", "only applies with aggregates (clip: auto)")
     if "aggregates" in data:
+        # heavy: start-up of thresher validate
         from thresher.pipelines.specs import aggregates as aggregates_mod   # its calibration loads numerics
         aggregates = aggregates_mod.parse(data["aggregates"], input_spec, mechanism["kind"],
                                           bounding, RESERVED_COLUMNS + ("debiased",))
@@ -433,7 +434,6 @@ def parse(data, source_text=""):
     budget = ledger.parse_section(data["budget"], privacy) if "budget" in data else None
     continual = None
     if "continual" in data:
-        from thresher.pipelines.continual import section as continual_section
         continual_section.check(data, input_spec, bounding, mechanism, budget, kind,
                                 lambda: _kinds_where(lambda k: k.CONTINUAL))
         continual = continual_section.parse(data["continual"])

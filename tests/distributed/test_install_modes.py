@@ -32,7 +32,7 @@ PROBE = """
 import sys
 from thresher import PerUserBound, Release, RandClip, NoisyThreshold, plan
 import thresher.pipelines.cli
-from thresher.pipelines.planning.calibration_cache import fingerprint
+from thresher.pipelines.common.calibration_cache import fingerprint
 assert fingerprint(), "the calibration cache found no sources to fingerprint"
 stray = sorted(m for m in sys.modules if m.split('.')[0] in {top!r})
 assert not stray, stray

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from thresher.pipelines.cli import main
-from thresher.pipelines.running.progress import Reporter
+from thresher.pipelines.common.progress import Reporter
 
 from .conftest import ROOT
 
@@ -151,7 +151,7 @@ def test_progress_is_off_without_a_terminal_and_on_when_asked(write_spec, small_
                           env=env, cwd=ROOT, timeout=300)
     assert loud.returncode == 0, loud.stderr
     assert "thresher: progress" in loud.stderr and "finished; 20,000 rows read" in loud.stderr
-    # while it ran: the stage and the rows from Beam's metrics (tests/pipelines/running/test_progress_metrics.py)
+    # while it ran: the stage and the rows from Beam's metrics (tests/pipelines/common/test_progress_metrics.py)
     match = re.search(r"stage ([A-Za-z, ]+); ([\d,]+) rows read \(Beam metrics: Read/\w+ ([\d,]+)\)",
                       loud.stderr)
     assert match and match.group(1) != "starting", loud.stderr

@@ -65,7 +65,7 @@ def test_plan_fits_one_screen_and_verbose_has_the_rest(write_spec, changes):
     """The default: at most 30 lines of at most 100 characters, each paper cited once, the
     guarantee, the stages, the bound, the noise and threshold, the release point and the
     expected errors. --verbose: today's full text (the accounting sentence in full)."""
-    from thresher.pipelines.reports.citations import PAPERS
+    from thresher.pipelines.common.citations import PAPERS
     spec = write_spec(changes)
     done = thresher("plan", spec)
     assert done.returncode == 0, done.stderr

@@ -196,7 +196,7 @@ def test_planning_searches_are_bounded_whatever_their_input():
     """Defence in depth for D1: the searches end after a bounded number of calls even for
     a start of 0, a subnormal, NaN or a predicate that is never true."""
     from thresher.accounting.search import smallest_real
-    from thresher.pipelines.planning import limits
+    from thresher.pipelines.common import limits
     calls = []
 
     def never(x):

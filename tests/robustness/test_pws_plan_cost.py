@@ -6,7 +6,7 @@ frequency table, whose rows are built one at a time. Before this file, sampling 
 near the old floor (1e-6) took 8-60 s and up to ~1 GB to plan. Now the tables are capped
 (``pws.MAX_KEEP_LENGTH``, ``MAX_TABLE_ENTRIES``, ``MAX_BAND_ROWS``) and a spec whose
 automatic table would exceed them is refused before anything is built
-(``pipelines.planning.limits``), naming the field and the value that works.
+(``pipelines.common.limits``), naming the field and the value that works.
 
 Each case here is the largest of its family that is still accepted (or the smallest that is
 refused), run through the real CLI (``pipelines.cli.main``) in one fresh interpreter

@@ -2,8 +2,8 @@
 concern, layered bottom-up as LAYERS says; a module imports modules of its own subpackage
 or of a lower layer, never a higher one or a sibling of its layer, by any import (at the
 top of a file or inside a function). The graph has no cycle but one, documented
-(ALLOWED_CYCLE_EDGE). Nothing in the repository imports a module by its flat path of
-before issue 37 (those paths still work for users: test_old_module_paths_are_the_new_modules).
+(ALLOWED_CYCLE_EDGE). The flat module paths of before issue 37 are gone (issue 44: no
+finder keeps them alive) and nothing in the repository imports one.
 """
 import ast
 import os
@@ -16,6 +16,21 @@ PACKAGE = "thresher.transforms"
 # Bottom layer first; the subpackages of one layer do not import each other.
 LAYERS = (("plumbing",), ("randomness",), ("bounding",), ("selection",), ("values", "trees"))
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+
+# The flat paths thresher.transforms.<module> of before issue 37, kept alive by a meta-path
+# finder until issue 44 retired it (CHANGELOG.md): {former module name: its subpackage}.
+FORMER_PATHS = {
+    **dict.fromkeys(("arrow_coder", "spill", "aggregate"), "plumbing"),
+    **dict.fromkeys(("hashing", "samplers", "block_prf", "stream_construction", "keyed_random",
+                     "secret_commitment", "user_identity"), "randomness"),
+    **dict.fromkeys(("user_shards", "per_user_bound", "rand_clip", "prereduce", "scored_bound",
+                     "choose_contribution_bound", "key_value_bound"), "bounding"),
+    **dict.fromkeys(("release_fn", "noisy_threshold", "sample_and_threshold", "sanitize_sample",
+                     "weighted_threshold", "adaptive_rounds", "public_domain", "unique_keys"),
+                    "selection"),
+    **dict.fromkeys(("aggregate_values", "choose_clip"), "values"),
+    **dict.fromkeys(("heavy_hitters", "quantiles", "quantile_release", "public_cells"), "trees"),
+}
 
 # keyed_random.par_do applies a secret-reading DoFn through secret_commitment.CommittedParDo,
 # whose DoFn subclasses keyed_random._WithSecret: the one cycle, closed by an import inside
@@ -101,7 +116,7 @@ def test_each_subpackage_imports_only_lower_layers():
     ("plumbing.aggregate", "randomness.samplers"),            # plumbing imports nothing here
     ("values.choose_clip", "trees.quantiles"),               # siblings of one layer
     ("trees.heavy_hitters", "values.aggregate_values"),
-    ("selection.release_fn", "transforms"),                   # the package (its old paths)
+    ("selection.release_fn", "transforms"),                   # the package itself
 ])
 def test_a_back_edge_is_found(module, imported):
     """Each kind of back edge, added to the real graph, is reported."""
@@ -133,7 +148,6 @@ def _names(node):
 
 def _flat_path_imports(source):
     """Imports of a module by its flat path of before issue 37."""
-    from thresher.transforms import MOVED
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module:
@@ -143,7 +157,8 @@ def _flat_path_imports(source):
         else:
             continue
         found += [n for n in names if n.startswith(PACKAGE + ".")
-                  and n.split(".")[2] in MOVED and not n.startswith(f"{PACKAGE}.{MOVED[n.split('.')[2]]}.")]
+                  and n.split(".")[2] in FORMER_PATHS
+                  and not n.startswith(f"{PACKAGE}.{FORMER_PATHS[n.split('.')[2]]}.")]
     return found
 
 
@@ -151,8 +166,8 @@ IGNORED_DIRS = {os.path.join("benchmarks", "data")}
 
 
 def test_the_repository_imports_the_new_paths_only():
-    """Old flat paths still import (for users), so a reference the move script missed
-    would go unnoticed: none is left in any Python file of the repository."""
+    """An import of a former flat path inside a function fails only when the function
+    runs: none is left in any Python file of the repository."""
     assert _flat_path_imports("from thresher.transforms import keyed_random\n"
                               "import thresher.transforms.user_shards\n"
                               "from thresher.transforms.randomness import samplers\n") == [
@@ -172,32 +187,25 @@ def test_the_repository_imports_the_new_paths_only():
     assert stale == []
 
 
-def test_old_module_paths_are_the_new_modules():
-    """Code written against the flat paths keeps working: the old path is the very module
-    object at its new place (classes, pickles and isinstance checks agree)."""
-    import pickle
+def test_the_former_flat_paths_are_gone():
+    """No finder answers for the flat paths any more (issue 44): importing one fails, the
+    package has no such attribute, and each module is at the place CHANGELOG.md names."""
+    import importlib.util
+    import sys
 
     import thresher.transforms as transforms
-    import thresher.transforms.bounding.user_shards as new_shards
-    import thresher.transforms.keyed_random as old_keyed
-    import thresher.transforms.randomness.keyed_random as new_keyed
-    from thresher.transforms import samplers as old_samplers  # noqa: F401 (a from-import)
-    from thresher.transforms.user_shards import ShardByUser
+    import thresher.transforms.randomness.keyed_random  # noqa: F401 (the module exists)
 
-    assert old_keyed is new_keyed and transforms.user_shards is new_shards
-    assert ShardByUser is new_shards.ShardByUser
-    assert old_samplers is transforms.randomness.samplers
-    assert new_keyed.__spec__.name == "thresher.transforms.randomness.keyed_random"
-    assert pickle.loads(pickle.dumps(new_keyed.KeyedSource)) is new_keyed.KeyedSource
-    for old, group in transforms.MOVED.items():
-        assert getattr(transforms, old).__name__ == f"{PACKAGE}.{group}.{old}"
-    moved = {m.rpartition(".")[2] for m in package_modules("transforms")
-             if m.count(".") == 3 and not m.endswith(".tables")}
-    assert moved == set(transforms.MOVED)
+    with pytest.raises(ModuleNotFoundError):
+        import thresher.transforms.keyed_random  # noqa: F401
     with pytest.raises(ImportError):
-        import thresher.transforms.no_such_module  # noqa: F401
+        from thresher.transforms import user_shards  # noqa: F401
     with pytest.raises(AttributeError):
-        transforms.no_such_module
+        transforms.samplers
+    assert not [f for f in sys.meta_path if type(f).__module__.startswith("thresher")]
+    for old, group in FORMER_PATHS.items():
+        assert importlib.util.find_spec(f"{PACKAGE}.{old}") is None, old
+        assert importlib.util.find_spec(f"{PACKAGE}.{group}.{old}") is not None, old
 
 
 # A fresh interpreter costs ~2 s: the moved-down module and the package itself by default,

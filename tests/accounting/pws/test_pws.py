@@ -591,7 +591,7 @@ def test_estimators_take_dense_and_int32_indexed_tables(layout, sampling, t):
 def test_calibration_below_float_granularity_stops_with_an_error(eps, delta, report):
     """When the rounding of the sampled distributions alone exceeds the per-key delta the
     margin would reach 1 (tables at delta <= 0): calibrate says so instead of looping
-    (issue 18: these plans ran until killed). pipelines.planning.limits refuses such specs first,
+    (issue 18: these plans ran until killed). pipelines.common.limits refuses such specs first,
     using rounding_excess, which must then exceed the per-key delta."""
     with pytest.raises(ValueError, match="below what floating-point sampling can verify"):
         pws.calibrate(eps, delta, 1, report=report)

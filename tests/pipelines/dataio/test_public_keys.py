@@ -332,7 +332,7 @@ def test_a_domain_over_the_planning_limit_is_refused_before_it_is_read(
         write_spec, small_parquet, tmp_path, monkeypatch, capsys, name):
     """Parquet by its footer's row count, CSV/JSONL by their size: exit 2 naming
     input.public_keys, and the file is never read into memory."""
-    from thresher.pipelines.planning import limits
+    from thresher.pipelines.common import limits
     from thresher.pipelines.dataio import public_keys
     words = [f"w{i}" for i in range(50)]
     path = tmp_path / name
@@ -356,7 +356,7 @@ def test_a_domain_over_the_planning_limit_is_refused_before_it_is_read(
 
 def test_a_domain_at_the_limit_is_accepted_and_counted_after_reading(write_spec, small_parquet,
                                                                        tmp_path, monkeypatch):
-    from thresher.pipelines.planning import limits
+    from thresher.pipelines.common import limits
     domain_path, words = _domain_file(tmp_path, small_parquet, n_present=10, absent=())
     monkeypatch.setattr(limits, "PUBLIC_KEYS_MAX", len(words))
     spec = write_spec({"input.path": small_parquet, "input.public_keys": {"path": domain_path}})

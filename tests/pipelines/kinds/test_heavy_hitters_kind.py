@@ -245,7 +245,7 @@ def test_refusal_with_no_workable_epsilon_names_what_is_allowed_not_nan(tmp_path
 
 
 def test_epsilon_advice_is_never_nan():
-    from thresher.pipelines.planning import limits
+    from thresher.pipelines.common import limits
     assert limits._epsilon_advice(0.5, 1.0, 1.0, "x") == "use a release epsilon >= 0.5 or x"
     text = limits._epsilon_advice(math.nan, 2.0, 1.0, "a larger delta")
     assert "nan" not in text and text.startswith("use a larger delta (no release epsilon up to 50,")

@@ -135,7 +135,7 @@ def test_a_new_kind_is_one_module(tmp_path, monkeypatch):
         '"""``mechanism.kind: zz_new`` -- a test kind."""\n'
         "import pyarrow as pa\n"
         "from thresher.pipelines.kinds.base import CountsKind\n"
-        "from thresher.pipelines.specs import declare\n\n\n"
+        "from thresher.pipelines.common import declare\n\n\n"
         "class ZzNew(CountsKind):\n"
         "    name = 'zz_new'\n"
         "    FIELDS = {'x': declare.integer(low=1, high=9)}\n"

@@ -17,7 +17,7 @@ import pytest
 from thresher.pipelines import kinds
 from thresher.pipelines.errors import SpecError
 from thresher.pipelines.kinds._params import build
-from thresher.pipelines.planning import limits
+from thresher.pipelines.common import limits
 from thresher.pipelines.specs import spec as spec_mod
 
 TYPED = ("gaussian", "laplace")     # pre_threshold required, threshold a float

@@ -76,11 +76,11 @@ def test_default_auto_plan_calibrates_every_candidate_once_with_logarithmic_sear
     doubling and log2(1e7) + 1 bisection steps, the threshold search (``smallest_integer``)
     at most 2 log2(T) + 2 steps (T the grid threshold) and the calibration one more delta:
     a linear search, a second calibration of a candidate or a delta costing more than
-    O(C^2) rows exceeds these (before them, pipelines.planning.limits evaluates one gaussian_part
+    O(C^2) rows exceeds these (before them, pipelines.common.limits evaluates one gaussian_part
     at the largest candidate). Measured: 29 gaussian_part and 2 delta evaluations per
     candidate, 4.3e6 rows in all; the plan time is a benchmark's business."""
     spec = _auto_spec(tmp_path, "weighted_gaussian")
-    calibrated, rows = [], {None: 0}     # None: before the calibrations (pipelines.planning.limits)
+    calibrated, rows = [], {None: 0}     # None: before the calibrations (pipelines.common.limits)
     real_calibrate, real_shift_delta = wg.calibrate, wg.shift_delta
 
     def counting_calibrate(epsilon, delta, bound, **kw):

@@ -38,8 +38,9 @@ LEGACY_COMMIT = "aec4b08"
 
 
 def _legacy_ledger():
-    """The aec4b08 ledger module, loaded under its own names beside today's (only its
-    import of its PostgreSQL module is redirected to the kept copy)."""
+    """The aec4b08 ledger module, loaded under its own names beside today's (its import of
+    its PostgreSQL module is redirected to the kept copy, and that of ``declare`` to where
+    the module is today, ``pipelines.common``)."""
     name = "thresher_legacy_aec4b08_ledger_postgres"
     spec = importlib.util.spec_from_file_location(name, os.path.join(LEGACY, "ledger_postgres.py"))
     pg = importlib.util.module_from_spec(spec)
@@ -51,6 +52,9 @@ def _legacy_ledger():
     assert source.count(original) == 1
     module = types.ModuleType("thresher_legacy_aec4b08_ledger")
     module.__file__ = os.path.join(LEGACY, "ledger.py")
+    moved = "from thresher.pipelines.specs import declare\n"
+    assert source.count(moved) == 1
+    source = source.replace(moved, "from thresher.pipelines.common import declare\n")
     exec(compile(source.replace(original, f"import {name} as ledger_postgres\n"),  # noqa: S102
                  module.__file__, "exec"), module.__dict__)
     return module

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from thresher.accounting import correlated_gshm, gshm
-from thresher.pipelines.planning import calibration_cache as cc
+from thresher.pipelines.common import calibration_cache as cc
 from thresher.pipelines.cli import main
 from thresher.pipelines.dataio.intervals import count_interval
 from thresher.pipelines.kinds import gaussian
@@ -182,7 +182,7 @@ def test_a_correlated_release_publishes_intervals_and_says_errors_are_correlated
 
 
 def test_auto_above_the_correlated_limit_keeps_discrete_gaussian_without_comparing():
-    from thresher.pipelines.planning import limits
+    from thresher.pipelines.common import limits
     assert limits.CORRELATED_MAX_KEYS == correlated_gshm.MAX_KEYS
     mech = {"pre_threshold": 1, "sigma": None, "threshold": None, "noise": "auto"}
     out = gaussian.calibrate(mech, epsilon=1.0, delta=1e-6, max_keys_per_user=2048, model="l0")

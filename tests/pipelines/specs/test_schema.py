@@ -170,7 +170,7 @@ def test_each_kinds_declared_fields_are_what_the_loader_enforces(kind):
     """One declaration, two uses: for every field a kind declares with a type, range or
     choice, a value the declaration refuses is refused by ``thresher validate``'s loader,
     naming the field and saying what the declaration allows (pipelines.declare.allowed)."""
-    from thresher.pipelines.specs import declare
+    from thresher.pipelines.common import declare
     from thresher.pipelines import kinds
     module = kinds.module(kind)
     base = {"kind": kind, **({"column": "v", "ranks": [0.5], "domain": [0, 1]}
@@ -207,7 +207,7 @@ def test_a_new_kind_module_is_found(tmp_path, monkeypatch):
 def test_a_kind_may_declare_a_field_by_description_only():
     """A field declared by its text alone (kinds written before the schema) accepts any
     value in the schema; the kind's parse() checks it."""
-    from thresher.pipelines.specs import declare
+    from thresher.pipelines.common import declare
     variant = declare.mapping({"kind": declare.const("k"), "x": "free text"}, ("kind",))
     assert variant["properties"]["x"] == {"description": "free text"}
     declare.check({"kind": "k", "x": [1, "anything"]}, variant, "mechanism")
@@ -216,7 +216,7 @@ def test_a_kind_may_declare_a_field_by_description_only():
 
 
 def test_schema_messages_name_the_path_and_what_is_allowed():
-    from thresher.pipelines.specs import declare
+    from thresher.pipelines.common import declare
     cases = [
         ({"privacy": {"epsilon": "1e-8", "delta": 1e-8}}, "privacy.epsilon: must be a number > 0, got str '1e-8'"),
         ({"bounding": {"max_keys_per_user": 0}}, "bounding.max_keys_per_user: must be an integer >= 1 and <= 10000000, got 0"),

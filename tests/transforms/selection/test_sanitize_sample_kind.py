@@ -9,7 +9,7 @@ from apache_beam.testing.util import assert_that
 
 from thresher.accounting import pws
 from thresher.pipelines.errors import CalibrationError, SpecError
-from thresher.pipelines.specs import declare
+from thresher.pipelines.common import declare
 from thresher.pipelines.kinds import weighted_sampling as ws
 from thresher.pipelines.specs.spec import parse_mechanism
 from thresher.transforms.randomness import keyed_random

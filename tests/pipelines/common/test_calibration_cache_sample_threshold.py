@@ -9,12 +9,12 @@ import logging
 import pytest
 
 from thresher.accounting.sample_threshold import core, pld
-from thresher.pipelines.planning import calibration_cache as cc
+from thresher.pipelines.common import calibration_cache as cc
 from thresher.pipelines.kinds import heavy_hitters, sample_and_threshold
 from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.specs import spec as spec_mod
 
-from tests.pipelines.planning.test_calibration_cache import _count_calls, _spec, _typed, cache  # noqa: F401 (fixture)
+from tests.pipelines.common.test_calibration_cache import _count_calls, _spec, _typed, cache  # noqa: F401 (fixture)
 
 CASES = {
     "sample_and_threshold_pld": {"kind": "sample_and_threshold", "sampling_rate": 0.05},

@@ -15,9 +15,9 @@ accepts any value; its owner checks it in code.
 import json
 import math
 
-from thresher.pipelines.specs import schema_check
+from thresher.pipelines.common import schema_check
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.specs.fields import SHORT, describe
+from thresher.pipelines.common.fields import SHORT, describe
 
 
 # ---- declarations ---------------------------------------------------------------------
@@ -118,7 +118,7 @@ def check(document, schema, prefix=""):
     _refuse_non_finite(document, [])
     if schema_check.valid(document, schema):   # a valid spec: no jsonschema import (start-up)
         return
-    import jsonschema
+    import jsonschema  # heavy: jsonschema
     validator = jsonschema.Draft202012Validator(schema)
     error = next(iter(validator.iter_errors(document)), None)
     if error is not None:

@@ -4,7 +4,7 @@ rows read as Beam's own MetricResults report them while the pipeline runs."""
 import io
 import re
 
-from thresher.pipelines.running import progress
+from thresher.pipelines.common import progress
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.running.live_metrics import LiveMetricsRunner
 from thresher.pipelines.planning.plan import make_plan

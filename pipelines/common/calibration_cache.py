@@ -2,7 +2,7 @@
 
 A kind's ``calibrate(mechanism, epsilon=, delta=, max_keys_per_user=, model=)`` (and the
 planning limit's check that a Gaussian release can meet its budget at all,
-``pipelines.planning.limits``) is a pure function of its arguments and of the code that computes it (thresher's ``accounting``
+``pipelines.common.limits``) is a pure function of its arguments and of the code that computes it (thresher's ``accounting``
 and ``pipelines`` sources, NumPy, SciPy, mpmath and Python). Computing it needs
 ``scipy.special``, whose import alone costs 0.15-0.5 s on this machine -- more than the
 rest of a small release beyond Beam's own import. The ``thresher`` command therefore keeps
@@ -42,6 +42,8 @@ import os
 import pathlib
 import sys
 import tempfile
+
+from thresher.pipelines import __version__
 
 log = logging.getLogger("thresher")
 
@@ -200,10 +202,9 @@ def fingerprint():
                 sources += 1
     if sources == 0:
         return ""                 # nothing to tell versions apart by: the cache stays off
-    from thresher.pipelines import __version__
     h.update(__version__.encode("utf-8") + b"\0")
     h.update(sys.version.encode("utf-8") + b"\0")
-    import numpy
+    import numpy  # heavy: numpy
     h.update(numpy.__version__.encode("utf-8") + b"\0")
     for name, version_file in (("scipy", "version.py"), ("mpmath", "__init__.py")):
         spec = importlib.util.find_spec(name)   # finds the package without importing it

@@ -1,4 +1,4 @@
-"""The thresher command's calibration cache (pipelines/planning/calibration_cache.py): a cached plan
+"""The thresher command's calibration cache (pipelines/common/calibration_cache.py): a cached plan
 is exactly the computed one, a changed argument or changed code misses, files that are
 not private or do not decode are ignored, a second ``thresher run`` of a spec does
 not import scipy.special, and a planted entry (parameters that decode but miss the
@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from thresher.pipelines.planning import calibration_cache as cc
+from thresher.pipelines.common import calibration_cache as cc
 from thresher.pipelines import kinds
 from thresher.pipelines.specs import spec as spec_mod
 from thresher.pipelines.planning.plan import make_plan
@@ -185,7 +185,7 @@ def test_a_second_run_of_a_spec_does_not_import_scipy(tmp_path, small_parquet):
 def test_the_cache_is_on_only_while_a_command_runs(tmp_path, monkeypatch):
     """An in-process ``thresher`` command must not leave the cache on for later library
     calls (they may run patched code the fingerprint cannot see)."""
-    from thresher.pipelines.planning import calibration_cache
+    from thresher.pipelines.common import calibration_cache
     from thresher.pipelines import cli
     monkeypatch.setenv("THRESHER_CACHE_DIR", str(tmp_path / "cache"))
     calibration_cache.disable()
@@ -194,7 +194,7 @@ def test_the_cache_is_on_only_while_a_command_runs(tmp_path, monkeypatch):
 
 
 def test_no_absolute_cache_folder_turns_the_cache_off(monkeypatch):
-    from thresher.pipelines.planning import calibration_cache
+    from thresher.pipelines.common import calibration_cache
     monkeypatch.delenv("THRESHER_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
     assert calibration_cache.folder() is None

@@ -96,7 +96,7 @@ def metrics_snapshot():
         sources = list(_sources)
     if not sources:
         return None, []
-    from apache_beam.metrics.metric import MetricsFilter
+    from apache_beam.metrics.metric import MetricsFilter  # heavy: apache_beam
     for source in reversed(sources):
         try:
             counters = source.metrics().query(

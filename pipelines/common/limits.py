@@ -57,6 +57,8 @@ value that works. ``docs/limits.md`` ("Planning limits") lists them.
 """
 import math
 
+from thresher.accounting.search import smallest_integer
+from thresher.pipelines.common.calibration_cache import cached
 from thresher.pipelines.errors import SpecError
 
 EPSILON_MAX = 100.0
@@ -114,7 +116,7 @@ def _bound_field(spec):
 def _default(max_bound):
     """The spec's default candidate grid (``specs.spec.default_candidates``), taken from
     accounting so that this module imports neither the spec nor the kinds."""
-    from thresher.accounting.contribution_bound import default_candidates
+    from thresher.accounting.contribution_bound import default_candidates  # heavy: numpy
     return default_candidates(max_bound)
 
 
@@ -196,7 +198,7 @@ def _check_pws_table_size(params):
     an explicit max_frequency within the table of its report; an automatic one (where pi
     reaches 1, >= SATURATION_SCALE / t for ppswor / priority) too, or the plan is refused
     naming the threshold (clipping there would silently report large keys with pi < 1)."""
-    from thresher.accounting import pws
+    from thresher.accounting import pws  # heavy: numpy
     report = params.report
     cap, what = ((pws.MAX_KEEP_LENGTH, "keep-probability table") if report == "keys"
                  else (pws.MAX_BAND_ROWS, "frequency table"))
@@ -276,7 +278,7 @@ def check_weighted_sampling_release(spec, epsilon, delta, c):
                         f"{spec.kind} (float granularity); use delta >= "
                         f"{WS_KEY_DELTA_MIN * c:.3g}")
     # The per-key budget itself (exact optimal composition: O(C) per step, C <= 1e4).
-    from thresher.accounting.pws import per_key_budget
+    from thresher.accounting.pws import per_key_budget  # heavy: numpy
     budget = per_key_budget(epsilon, delta, c,
                             composition=spec.mechanism.get("composition") or "optimal")
     length = _length(budget.key_epsilon, budget.key_delta, 1)
@@ -340,7 +342,7 @@ def _check_correlated(spec, epsilon, delta, c):
     sigma (sigma + 2.6 C) at the smallest workable sigma; beyond correlated_gshm.max_sigma(C)
     (~1000 at small C) it runs for minutes (issue 42: 12 min 46 s at epsilon 0.001), so the
     spec is refused here, before any calibration, naming privacy.epsilon."""
-    from thresher.accounting import correlated_gshm
+    from thresher.accounting import correlated_gshm  # heavy: numpy
     top = correlated_gshm.max_sigma(c)
     if _gaussian_fits(epsilon, delta, c, top):
         return
@@ -360,8 +362,8 @@ def check_weighted_gaussian(spec, params, epsilon, delta, c):
     (transforms.randomness.samplers.SIGMA_MAX grid units) and the count's sigma within SIGMA_MAX.
     ``params``: its parsed section, typed
     (``pipelines.kinds.weighted_gaussian.WeightedGaussianParams``)."""
-    from thresher.accounting import weighted_gaussian as wg
-    from thresher.transforms.randomness.samplers import SIGMA_MAX as DRAW_MAX
+    from thresher.accounting import weighted_gaussian as wg  # heavy: numpy
+    from thresher.transforms.randomness.samplers import SIGMA_MAX as DRAW_MAX  # heavy: numpy
     largest = DRAW_MAX / wg.WEIGHT_SCALE
     if params.sigma is None and wg.gaussian_part(epsilon, largest, c) > delta:
         raise SpecError("privacy.epsilon", f"{spec.privacy.epsilon:g} (selection stage "
@@ -381,7 +383,7 @@ def _check_rounding(spec, epsilon, delta, c, budget):
     """weighted_sampling verifies the sampled (float) distributions exactly; their rounding
     adds ~``accounting.pws.rounding_excess`` to the per-key delta, which grows as
     e^eps0: beyond the per-key delta no table can pass (it used to loop; issue 18)."""
-    from thresher.accounting.pws import rounding_excess
+    from thresher.accounting.pws import rounding_excess  # heavy: numpy
     report = spec.mechanism.get("report", "keys_and_frequencies")
     e0, d0 = budget.key_epsilon, budget.key_delta
     excess = rounding_excess(e0, d0, report)
@@ -414,8 +416,7 @@ def _length(epsilon, delta, c):
 
 def _gaussian_fits(epsilon, delta, c, sigma):
     """delta_+(C, epsilon) <= delta at this sigma: some threshold then works (gshm). Kept
-    in the thresher command's cache (pipelines/planning/calibration_cache.py) like a calibration."""
-    from thresher.pipelines.planning.calibration_cache import cached
+    in the thresher command's cache (pipelines/common/calibration_cache.py) like a calibration."""
     return cached("limits.gaussian_fits", _gaussian_fits_computed,
                   _gaussian_fits_verified)(epsilon, delta, c, sigma)
 
@@ -423,12 +424,12 @@ def _gaussian_fits(epsilon, delta, c, sigma):
 def _gaussian_fits_verified(value, epsilon, delta, c, sigma):
     """Forward check of a cached answer: only True is kept, and only when the plain-math
     upper bound (accounting.plain_gshm, no SciPy) shows it."""
-    from thresher.accounting import plain_gshm
+    from thresher.accounting import plain_gshm  # heavy: start-up of thresher validate
     return value is True and plain_gshm.gaussian_fits(epsilon, delta, c, sigma)
 
 
 def _gaussian_fits_computed(epsilon, delta, c, sigma):
-    from thresher.accounting.discrete_gaussian import composed_shift_delta
+    from thresher.accounting.discrete_gaussian import composed_shift_delta  # heavy: numpy
     return float(composed_shift_delta(epsilon, sigma, c, method="bound")) <= delta
 
 
@@ -480,7 +481,6 @@ def _smallest(ok, start):
 
 def _largest_bound(ok, c):
     """Largest integer k < c with ok(k) (ok monotone decreasing in k); 0 if none."""
-    from thresher.accounting.search import smallest_integer
     if not ok(1):
         return 0
     first_bad = smallest_integer(lambda k: not ok(k), 1, c)
@@ -493,9 +493,9 @@ def check_adaptive(spec, params, epsilon, delta, c):
     s / sqrt((1 - f_c) w_r) user weights, whose sigma * S must be drawable, and the count
     s sqrt(C_c / f_c), within SIGMA_MAX (the calibration checks its exact values again).
     ``params``: its parsed section, typed (``pipelines.kinds.adaptive.AdaptiveParams``)."""
-    from thresher.accounting import adaptive as ad
-    from thresher.accounting import gaussian
-    from thresher.accounting import weighted_gaussian as wg
+    from thresher.accounting import adaptive as ad  # heavy: numpy
+    from thresher.accounting import gaussian  # heavy: numpy
+    from thresher.accounting import weighted_gaussian as wg  # heavy: numpy
     base = gaussian.sigma_for(epsilon, (1.0 - ad.THRESHOLD_DELTA_SHARE) * delta, rel_tol=1e-6)
     c_count = wg.count_bound(c, params.count_keys_per_user)
     rounds, count_sigma = ad.stage_sigmas(base, params.round_fractions, params.count_fraction,

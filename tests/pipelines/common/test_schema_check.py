@@ -1,4 +1,4 @@
-"""pipelines/specs/schema_check.py gives jsonschema's answer (valid or not) on thresher's spec
+"""pipelines/common/schema_check.py gives jsonschema's answer (valid or not) on thresher's spec
 schemas, or no answer; a valid spec is then checked without importing jsonschema."""
 import copy
 import datetime
@@ -13,7 +13,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from thresher.pipelines.specs import schema, schema_check
+from thresher.pipelines.specs import schema
+from thresher.pipelines.common import schema_check
 from thresher.pipelines.specs.spec import load_yaml
 
 from tests.pipelines.conftest import BASE_SPEC, ROOT

@@ -8,7 +8,7 @@ string keys, list, string, int, float, bool, null) and answers None for anything
 (another keyword, another value type). ``declare.check`` accepts a document at once when
 this says True and asks jsonschema otherwise, which also finds and words the error. So a
 valid spec never imports jsonschema, and an invalid one gets jsonschema's first error as
-before; tests/pipelines/specs/test_schema_check.py checks the answers against jsonschema's.
+before; tests/pipelines/common/test_schema_check.py checks the answers against jsonschema's.
 
 Semantics followed (JSON Schema 2020-12 validation, as jsonschema implements them):
 ``integer`` accepts a float with no fractional part and no type accepts a bool except

@@ -10,7 +10,7 @@ ledger (the horizon's state is kept beside it). Loads no numerics.
 import dataclasses
 
 from thresher.pipelines.errors import SpecError
-from thresher.pipelines.specs import declare
+from thresher.pipelines.common import declare
 
 PERIOD_FIELD = "{period}"
 MAX_HORIZON = 100_000        # accounting.continual.MAX_HORIZON (a test checks they agree)

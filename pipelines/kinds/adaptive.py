@@ -18,7 +18,6 @@ import dataclasses
 import pyarrow as pa
 
 from thresher.accounting import adaptive as ad
-from thresher.accounting import weighted_gaussian as wg
 from thresher.pipelines.common import declare
 from thresher.pipelines.common import limits
 from thresher.pipelines.kinds._words import number

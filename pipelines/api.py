@@ -63,10 +63,9 @@ from thresher.transforms.randomness import keyed_random
 from thresher.transforms.randomness.user_identity import identity_key
 
 DEFAULT_NUM_SHARDS = 16
-# The rows are the input and the caller's sinks the output: the spec's schema still asks
-# for input.path and output.path, which these fill and nothing reads.
-_ROWS_INPUT = {"path": "<the rows of the pipeline>", "format": "parquet"}
-_ROWS_OUTPUT = {"path": "<the pipeline's sinks>"}
+# The input fields a release over rows reads; the others (path, format, delimiter) and
+# output.path are ignored as docs/api.md promises, and the spec is parsed in its rows mode
+# (spec_module.parse(rows_input=True)), which neither needs nor invents them.
 _INPUT_FIELDS = ("user", "keys", "public_keys", "sample")
 
 
@@ -133,16 +132,15 @@ def release_of(spec, num_shards, source_text, field_name=_api_field):
     ignored. ``source_text``: the text the report's ``config_sha256`` hashes;
     ``field_name``: how errors name a spec field (Beam YAML: ``ThresherRelease.user``)."""
     section = spec.get("input") or {}
-    document = dict(spec, input=dict(_ROWS_INPUT, **{
-        k: section[k] for k in _INPUT_FIELDS if isinstance(section, dict) and k in section}))
-    output = dict(_ROWS_OUTPUT)
+    document = {k: v for k, v in spec.items() if k != "output"}
+    document["input"] = {k: section[k] for k in _INPUT_FIELDS
+                         if isinstance(section, dict) and k in section}
     if isinstance(spec.get("output"), dict) and "confidence" in spec["output"]:
-        output["confidence"] = spec["output"]["confidence"]
-    document["output"] = output
+        document["output"] = {"confidence": spec["output"]["confidence"]}
     try:
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise SpecError("num_shards", f"must be an integer >= 1, got {num_shards!r}")
-        plan = make_plan(spec_module.parse(document, source_text=source_text))
+        plan = make_plan(spec_module.parse(document, source_text=source_text, rows_input=True))
     except SpecError as exc:
         raise SpecError(field_name(exc.field), exc.message) from None
     return RowsRelease(plan, num_shards, field_name=field_name)

@@ -261,6 +261,8 @@ def input_key_types(input_spec):
     on a spec whose data is elsewhere: the domain then keeps its own types)."""
     # heavy: pyarrow.parquet
     from thresher.pipelines.dataio import input_schema as io   # no Beam (plan, validate)
+    if input_spec.path is None:
+        return None     # a release over rows: pipelines.api casts the domain to the rows' types
     try:
         files = input_files(input_spec)
     except SpecError:
@@ -286,6 +288,8 @@ def input_file_key_types(input_spec):
     read yet (``thresher plan`` on a spec whose data is elsewhere)."""
     # heavy: pyarrow.parquet
     from thresher.pipelines.dataio import input_schema as io   # no Beam (plan, validate)
+    if input_spec.path is None:
+        return None     # a release over rows: no file stores the keys
     if input_spec.format == "csv":
         return {k: pa.string() for k in input_spec.keys}
     try:

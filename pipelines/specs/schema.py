@@ -38,9 +38,15 @@ DROPPED_WEIGHT_RULES = ("balanced", "paper")
 OBJECTIVES = ("keys", "l1")      # accounting.contribution_bound.OBJECTIVES (tested, as above)
 
 
-def _input():
+# The fields a release over rows (the Python API, Beam YAML: ``rows_input``) has no use
+# for: the rows are its input and the caller's sinks its output (pipelines.api).
+FILE_INPUT_FIELDS = ("path", "format", "delimiter")
+FILE_OUTPUT_FIELDS = ("path",)
+
+
+def _input(rows_input=False):
     column = d.string()
-    return d.mapping({
+    fields = {
         "path": d.string(description="a file, a glob or a folder; local or a Beam filesystem "
                                      "URL (gs://, s3://)"),
         "format": d.choice(FORMATS, description="optional: from the file name otherwise"),
@@ -55,7 +61,11 @@ def _input():
                                         "(weighted_sampling only)"),
         "public_keys": d.mapping(public_keys.SECTION_FIELDS, ("path",),
                                  description="a public key domain (gaussian, laplace, quantiles)"),
-    }, ("path",), **{"if": {"required": ["sample"]}, "else": {"required": ["user"]}})
+    }
+    if rows_input:
+        fields = {k: v for k, v in fields.items() if k not in FILE_INPUT_FIELDS}
+    return d.mapping(fields, () if rows_input else ("path",),
+                     **{"if": {"required": ["sample"]}, "else": {"required": ["user"]}})
 
 
 def _privacy():
@@ -111,22 +121,31 @@ def _keys_optional(kinds):
                                               "properties": {"keys": {"minItems": 1}}}}}}
 
 
-def sections(kinds=None):
+def _output(rows_input=False):
+    fields = {"path": d.string(),
+              "confidence": d.number(
+                  low=0, high=1, low_open=True, high_open=True, default=0.95,
+                  description="confidence level of the <column>_low / <column>_high "
+                              "intervals, in (0, 1) (docs/intervals.md)")}
+    if rows_input:
+        return d.mapping({k: v for k, v in fields.items() if k not in FILE_OUTPUT_FIELDS},
+                         description="the released rows' interval level")
+    return d.mapping(fields, ("path",),
+                     description="a folder: released.parquet + release_report.json")
+
+
+def sections(kinds=None, rows_input=False):
+    """The top-level sections; ``rows_input``: of a release over rows (no file input or
+    output: ``input.path``/``format``/``delimiter`` and ``output.path`` are not fields)."""
     kinds = kinds_pkg.KINDS if kinds is None else kinds
     return {
         "name": d.string(description="the release's name (in the report)"),
         "description": {"type": "string"},
-        "input": _input(),
+        "input": _input(rows_input),
         "privacy": _privacy(),
         "bounding": _bounding(),
         "mechanism": mechanism_schema(kinds),
-        "output": d.mapping({"path": d.string(),
-                             "confidence": d.number(
-                                 low=0, high=1, low_open=True, high_open=True, default=0.95,
-                                 description="confidence level of the <column>_low / "
-                                             "<column>_high intervals, in (0, 1) "
-                                             "(docs/intervals.md)")}, ("path",),
-                            description="a folder: released.parquet + release_report.json"),
+        "output": _output(rows_input),
         "aggregates": d.array(d.mapping(aggregates_fields.ENTRY_FIELDS,
                                         tuple(aggregates_fields.ENTRY_FIELDS)),
                               min_items=1, description="per released key, beside the count "
@@ -145,10 +164,12 @@ TOP_FIELDS = ("name", "description", "input", "privacy", "bounding", "mechanism"
               "aggregates", "aggregates_auto", "budget", "continual")
 
 
-def json_schema(kinds=None):
+def json_schema(kinds=None, rows_input=False):
     """The JSON Schema of a release spec (a dict); ``kinds`` limits the mechanism variants
     (the loader passes the spec's own kind, so only that kind's module is imported; None:
-    every kind, registered ones included)."""
+    every kind, registered ones included). ``rows_input``: the spec of a release over rows
+    (``pipelines.specs.spec.parse``'s rows mode), where ``output`` is optional."""
     kinds = kinds_pkg.KINDS if kinds is None else kinds
-    body = d.mapping(sections(kinds), REQUIRED, allOf=[_keys_optional(kinds)])
+    required = tuple(r for r in REQUIRED if r != "output") if rows_input else REQUIRED
+    body = d.mapping(sections(kinds, rows_input), required, allOf=[_keys_optional(kinds)])
     return {"$schema": DRAFT, "title": "thresher release spec", **body}

@@ -46,8 +46,8 @@ DEFAULT_AUTO_OBJECTIVE = "keys"
 
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
-    path: str
-    format: str
+    path: object            # a file, glob or folder; None for a release over rows (rows_input)
+    format: object          # parquet, csv or jsonl; None for a release over rows
     user: object            # the user column; None for a pre-sampled input (input.sample)
     keys: tuple
     sample: object = None   # {frequency, scheme, threshold} for an existing weighted sample
@@ -89,7 +89,7 @@ class BoundingSpec:
 
 @dataclasses.dataclass(frozen=True)
 class OutputSpec:
-    path: str
+    path: object               # the release folder; None for a release over rows (rows_input)
     confidence: float = 0.95   # of the <column>_low / _high intervals (pipelines/dataio/intervals.py)
 
 
@@ -210,9 +210,9 @@ def _expanded_size(data):
 
 # ---- sections (after the schema check: the rules across fields) ----------------------
 
-def _parse_input(section, kind=None):
+def _parse_input(section, kind=None, rows_input=False):
     """``input`` of a release of kind ``kind`` (its kind object: it reads ``input.sample``;
-    None: an input without a sample)."""
+    None: an input without a sample); ``rows_input``: no file (path and format None)."""
     sample = None
     if "sample" in section:
         if kind is None or not kind.SAMPLE_INPUT:
@@ -224,21 +224,9 @@ def _parse_input(section, kind=None):
         if "user" in section:
             raise SpecError("input.user", "must be left out with input.sample: an existing "
                             "sample has one row per key, no user column")
-    path = section["path"]
-    fmt, delimiter = section.get("format"), None
-    folder = None
-    if fmt is None and "://" not in path and os.path.isdir(path):
-        folder = formats.infer_folder(path)     # a folder: the format of the files in it
-    if folder is not None:
-        fmt, delimiter = folder
-    elif fmt is None:
-        fmt, delimiter = formats.infer(path)
-    if "delimiter" in section:
-        if fmt != "csv":
-            raise SpecError("input.delimiter", f"is only for csv input, not {fmt}")
-        delimiter = formats.delimiter(section["delimiter"])
-    elif fmt == "csv" and delimiter is None and folder is None:
-        delimiter = formats.infer(path)[1] if _tells_format(path) else ","
+    path = section.get("path")
+    # a release over rows has no file: no format, and parse refused the file fields
+    fmt, delimiter = (None, None) if rows_input else _file_format(section, path)
     user = section["user"] if sample is None else None
     keys = section.get("keys", [])
     keys = (keys,) if isinstance(keys, str) else tuple(keys)
@@ -258,6 +246,26 @@ def _parse_input(section, kind=None):
         public = public_keys.parse_section(section["public_keys"])
     return InputSpec(path=path, format=fmt, user=user, keys=keys, sample=sample,
                      public_keys=public, delimiter=delimiter or ",")
+
+
+def _file_format(section, path):
+    """(format, delimiter) of the input file(s) at ``path``: ``input.format`` or the file
+    name's, a folder's files' format, and the CSV delimiter (None: the default ",")."""
+    fmt, delimiter = section.get("format"), None
+    folder = None
+    if fmt is None and "://" not in path and os.path.isdir(path):
+        folder = formats.infer_folder(path)     # a folder: the format of the files in it
+    if folder is not None:
+        fmt, delimiter = folder
+    elif fmt is None:
+        fmt, delimiter = formats.infer(path)
+    if "delimiter" in section:
+        if fmt != "csv":
+            raise SpecError("input.delimiter", f"is only for csv input, not {fmt}")
+        delimiter = formats.delimiter(section["delimiter"])
+    elif fmt == "csv" and delimiter is None and folder is None:
+        delimiter = formats.infer(path)[1] if _tells_format(path) else ","
+    return fmt, delimiter
 
 
 def _tells_format(path):
@@ -361,12 +369,31 @@ def parse_mechanism(section):
     return _parse_mechanism(section)
 
 
-def _spec_schema(data):
+def _spec_schema(data, rows_input=False):
     """The schema the loader checks: with the spec's own kind only (or none when the kind
     is missing or unknown: the schema then reports that first)."""
     mechanism = data.get("mechanism")
     kind = mechanism.get("kind") if isinstance(mechanism, dict) else None
-    return schema.json_schema(kinds=(kind,) if isinstance(kind, str) and kind in kinds.KINDS else ())
+    return schema.json_schema(kinds=(kind,) if isinstance(kind, str) and kind in kinds.KINDS else (),
+                              rows_input=rows_input)
+
+
+def _refuse_file_fields(data):
+    """A release over rows reads no file and writes none: a file field there would be
+    silently ignored, so it is refused naming the field (the Python API drops the ones its
+    documentation says it ignores before parsing)."""
+    for section, names in (("input", schema.FILE_INPUT_FIELDS),
+                           ("output", schema.FILE_OUTPUT_FIELDS)):
+        given = data.get(section)
+        for name in names:
+            if isinstance(given, dict) and name in given:
+                raise SpecError(f"{section}.{name}", "does not apply to a release over rows: "
+                                "the rows are its input and the caller's sinks its output; "
+                                "leave it out")
+    if "continual" in data:
+        raise SpecError("continual", "a release over rows makes one release; a continual "
+                        "release runs one period at a time with `thresher run SPEC --period P` "
+                        "(docs/continual.md)")
 
 
 def _kinds_where(test):
@@ -384,16 +411,24 @@ def _public_domain_kinds():
     return text + (f" (and {' and '.join(own)})" if own else "")
 
 
-def parse(data, source_text=""):
-    """Validate a parsed YAML document into a ReleaseSpec; raises SpecError."""
+def parse(data, source_text="", rows_input=False):
+    """Validate a parsed YAML document into a ReleaseSpec; raises SpecError.
+
+    ``rows_input``: the spec of a release over rows already in a pipeline (the Python API,
+    Beam YAML: ``pipelines.api.release_of``): ``input`` names the rows' fields only and
+    ``output`` gives at most ``confidence``; ``input.path``/``format``/``delimiter`` and
+    ``output.path`` are refused (nothing would read them) and are None in the spec, as is
+    ``output`` optional. A ``thresher run`` spec (the default) requires them."""
     if not isinstance(data, dict):
         raise SpecError("", f"the spec must be a YAML mapping with fields "
                             f"{', '.join(TOP_FIELDS)}; got {_describe(data)}")
     _refuse_null_confidence(data)
     data = declare.without_nulls(data)
-    declare.check(data, _spec_schema(data))
+    if rows_input:
+        _refuse_file_fields(data)
+    declare.check(data, _spec_schema(data, rows_input))
     privacy = _parse_privacy(data["privacy"])
-    input_spec = _parse_input(data["input"], kinds.get(data["mechanism"]["kind"]))
+    input_spec = _parse_input(data["input"], kinds.get(data["mechanism"]["kind"]), rows_input)
     bounding = _parse_bounding(data["bounding"], privacy, auto_max_bound(data["mechanism"]["kind"]),
                                auto_epsilon_fraction(data["mechanism"]["kind"]),
                                auto_min_bound(data["mechanism"]["kind"]))
@@ -444,8 +479,8 @@ def parse(data, source_text=""):
         privacy=privacy,
         bounding=bounding,
         mechanism=mechanism,
-        output=OutputSpec(path=data["output"]["path"],
-                          confidence=float(data["output"].get("confidence", 0.95))),
+        output=OutputSpec(path=data.get("output", {}).get("path"),
+                          confidence=float(data.get("output", {}).get("confidence", 0.95))),
         source_text=source_text,
         aggregates=aggregates,
         aggregates_auto=aggregates_auto,

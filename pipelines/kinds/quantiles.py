@@ -120,6 +120,8 @@ class QuantilesParams:
     method: str = DEFAULT_METHOD            # one of METHODS
     sampling_rate: float | None = None      # p, every level/round: given, else calibrated
     threshold: int | None = None            # tau, every level/round: given, else calibrated
+    # key_selection_share: check_spec moves it into the dict's key_selection (popping it),
+    # so a section that went through check_spec reads None here
     key_selection_share: float | None = None
     max_selected_keys: int | None = None
     branching: int | None = None            # hierarchical

@@ -4,7 +4,8 @@ parameters are a frozen typed object; the report dict stays the wire format").
 ``Kind.params(mechanism)`` builds the kind's ``PARAMS`` dataclass from the parsed
 ``mechanism`` dict (``pipelines.kinds._params.build``); the planning limits and the joint
 calibration of aggregate sums read the fields of gaussian, laplace, weighted_sampling,
-weighted_gaussian and adaptive from it. Checked here:
+weighted_gaussian and adaptive from it, the planning limits those of sample_and_threshold,
+heavy_hitters and quantiles (a given sampling rate and threshold). Checked here:
 the object holds the dict's values (defaults where the dict leaves a field out), cannot be
 changed, and a missing field or a value of the wrong type is refused naming the field. The
 published bytes are unchanged (tests/pipelines/test_released_bytes_frozen.py).

@@ -132,14 +132,7 @@ def check_spec(spec, kind):
     if privacy.delta < DELTA_MIN:
         raise SpecError("privacy.delta", f"must be >= {DELTA_MIN:g} (the planning limit), "
                         f"got {privacy.delta:g}")
-    mech = spec.mechanism
-    rate = mech.get("sampling_rate")
-    if rate is not None and rate < SAMPLING_RATE_MIN:
-        raise SpecError("mechanism.sampling_rate", f"must be >= {SAMPLING_RATE_MIN:g} (the "
-                        f"planning limit: a key would need ~threshold / sampling_rate > "
-                        f"{1 / SAMPLING_RATE_MIN:g} users to be released, and the binomial "
-                        f"tails overflow), got {rate:g}")
-    kind.check_limits(mech)
+    kind.check_limits(spec.mechanism)
 
 
 def check_gaussian_fields(params):
@@ -165,15 +158,23 @@ def check_laplace_fields(params):
                         f"planning limit), got {params.threshold:g}")
 
 
-def check_given_threshold(kind, mech):
-    """A given threshold of a sample-and-threshold kind (named ``kind`` in the message)
-    within THRESHOLD_MAX (module docstring)."""
-    if mech.get("threshold") is not None and mech["threshold"] > THRESHOLD_MAX:
+def check_sampled_fields(kind, params):
+    """A given sampling rate and threshold of a sample-and-threshold kind (named ``kind``
+    in the message) within SAMPLING_RATE_MIN and THRESHOLD_MAX (module docstring).
+    ``params``: its parsed section, typed (``SampleAndThresholdParams``,
+    ``HeavyHittersParams`` or ``QuantilesParams`` of ``pipelines.kinds``)."""
+    rate = params.sampling_rate
+    if rate is not None and rate < SAMPLING_RATE_MIN:
+        raise SpecError("mechanism.sampling_rate", f"must be >= {SAMPLING_RATE_MIN:g} (the "
+                        f"planning limit: a key would need ~threshold / sampling_rate > "
+                        f"{1 / SAMPLING_RATE_MIN:g} users to be released, and the binomial "
+                        f"tails overflow), got {rate:g}")
+    if params.threshold is not None and params.threshold > THRESHOLD_MAX:
         raise SpecError("mechanism.threshold", f"a given threshold must be an integer in "
                         f"[1, {THRESHOLD_MAX}] for {kind} (the planning limit: checking it "
                         f"searches the sampling rate over binomial tails whose cost grows "
                         f"with the threshold, ~10 s at {THRESHOLD_MAX}, docs/performance.md); "
-                        f"leave it out to have it calibrated, got {mech['threshold']}")
+                        f"leave it out to have it calibrated, got {params.threshold}")
 
 
 def check_weighted_sampling_fields(params):

@@ -36,24 +36,46 @@ _NOT = object()
 
 
 def _checked(value, hint, name):
-    """``value`` as a ``hint``: float, int, bool, str, None, ``tuple[X, ...]`` (from a list),
-    or a union of them (the first that takes it). An int is a float; a bool is neither an
-    int nor a float."""
-    options = (typing.get_args(hint)
-               if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,))
-    for option in options:
-        got = _as(value, option)
+    """``value`` as a ``hint``: float, int, bool, str, None, ``tuple[X, ...]`` (from a list;
+    X itself may be a union), or a union of them (the first that takes it). An int is a
+    float; a bool is neither an int nor a float."""
+    got = _as(value, hint)
+    if got is not _NOT:
+        return got
+    raise TypeError(f"{name}: must be {_wanted(hint)}, got {value!r}")
+
+
+def _options(hint):
+    """The types a union ``hint`` admits, in order (``(hint,)`` for one type)."""
+    return (typing.get_args(hint)
+            if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,))
+
+
+def _wanted(hint):
+    """``hint`` in words, for the refusal: "float or None", "a list of (int or None)"."""
+    def one(o):
+        if o is type(None):
+            return "None"
+        if typing.get_origin(o) is tuple:
+            element = typing.get_args(o)[0]
+            words = _wanted(element)
+            return f"a list of ({words})" if len(_options(element)) > 1 else f"a list of {words}"
+        return o.__name__
+    return " or ".join(one(o) for o in _options(hint))
+
+
+def _as(value, hint):
+    """``value`` as the first option of ``hint`` that takes it, else _NOT."""
+    for option in _options(hint):
+        got = _as_one(value, option)
         if got is not _NOT:
             return got
-    wanted = " or ".join("None" if o is type(None) else
-                         "a list of " + typing.get_args(o)[0].__name__
-                         if typing.get_origin(o) is tuple else o.__name__ for o in options)
-    raise TypeError(f"{name}: must be {wanted}, got {value!r}")
+    return _NOT
 
 
-def _as(value, option):
+def _as_one(value, option):
     if typing.get_origin(option) is tuple:           # tuple[X, ...]: a list or tuple of X
-        element = typing.get_args(option)[0]
+        element = typing.get_args(option)[0]         # X may be a union (int | None)
         if not isinstance(value, (list, tuple)):
             return _NOT
         items = tuple(_as(v, element) for v in value)

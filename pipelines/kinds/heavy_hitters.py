@@ -23,6 +23,7 @@ plan stage (``release``). Without ``prefix_lengths`` the plan picks the schedule
 point, which is the fewest levels -- [null], paper 003 Sec. 4.1's remark); an explicit
 ``prefix_lengths`` is used as given.
 """
+import dataclasses
 import math
 
 import pyarrow as pa
@@ -72,6 +73,19 @@ OUTPUT_COLUMNS = {"count": pa.float64(), "rank": pa.int64()}
 METHOD_RULE = ("adaptive wherever it can be calibrated at (epsilon, delta, max_keys_per_user), "
                "else trie; both release points are recorded (adaptive's recall at top_k was "
                "the higher at every bound measured, also where the trie's point is lower)")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeavyHittersParams:
+    """The parsed section (:func:`parse`; ``prefix_lengths`` and ``method`` filled by
+    :func:`check_spec` where the spec leaves them to the plan) as its readers outside this
+    module see it. The plan's notes on its choices (``schedule_choice``, ``method_choice``,
+    ``prefix_lengths_note``) stay in the dict, for the report."""
+    top_k: int = DEFAULT_TOP_K
+    prefix_lengths: tuple[int | None, ...] | None = None   # None last: the whole key
+    sampling_rate: float | None = None      # p, every level: given, else calibrated
+    threshold: int | None = None            # tau, every level: given, else calibrated
+    method: str | None = None               # one of METHODS; None: chosen by check_spec
 
 
 def parse(section):
@@ -481,11 +495,13 @@ class HeavyHitters(StagesKind):
     calibrate = staticmethod(calibrate)
     verify_calibration = staticmethod(verify_calibration)
 
+    PARAMS = HeavyHittersParams
+
     def check_limits(self, mechanism):
-        limits.check_given_threshold(self.name, mechanism)
+        limits.check_sampled_fields(self.name, self.params(mechanism))
 
     def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
-        if spec.mechanism.get("method") == "adaptive":
+        if self.params(spec.mechanism).method == "adaptive":
             limits.check_adaptive_method(spec, max_keys_per_user, field, self.MAX_KEYS)
         limits.check_levels(spec, epsilon, delta, max_keys_per_user, field,
                             self.level_structure(spec.mechanism), self.MAX_KEYS)

@@ -108,6 +108,28 @@ KEYS_OPTIONAL = True     # no input.keys: one global release
 OUTPUT_COLUMNS = {"rank": pa.float64(), "value": pa.float64(), "resolution": pa.float64()}
 
 
+@dataclasses.dataclass(frozen=True)
+class QuantilesParams:
+    """The parsed section (:func:`parse`, with ``public_cells`` set by :func:`check_spec`
+    for per-key hierarchical quantiles) as its readers outside this module see it.
+    ``branching`` and ``levels`` are set with method hierarchical only, ``rounds`` with
+    binary_search only; the key selection's split (``key_selection``) stays in the dict."""
+    column: str
+    ranks: tuple[float, ...]
+    domain: tuple[float, ...]               # (low, high)
+    method: str = DEFAULT_METHOD            # one of METHODS
+    sampling_rate: float | None = None      # p, every level/round: given, else calibrated
+    threshold: int | None = None            # tau, every level/round: given, else calibrated
+    # key_selection_share: check_spec moves it into the dict's key_selection (popping it),
+    # so a section that went through check_spec reads None here
+    key_selection_share: float | None = None
+    max_selected_keys: int | None = None
+    branching: int | None = None            # hierarchical
+    levels: int | None = None               # hierarchical
+    rounds: int | None = None               # binary_search
+    public_cells: bool = False
+
+
 def parse(section):
     column = section["column"]
     ranks = [float(r) for r in section["ranks"]]
@@ -730,8 +752,10 @@ class Quantiles(StagesKind):
     release_stages = staticmethod(release_stages)
     apply_notes = staticmethod(apply_notes)
 
+    PARAMS = QuantilesParams
+
     def check_limits(self, mechanism):
-        limits.check_given_threshold(self.name, mechanism)
+        limits.check_sampled_fields(self.name, self.params(mechanism))
 
     def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
         limits.check_levels(spec, epsilon, delta, max_keys_per_user, field,

@@ -18,6 +18,7 @@ vs Bin(k - 1, p) unless ``accounting`` asks for one of the paper's bounds (basic
 report's ``comparison`` gives the paper's thresholds at the same sampling rate and the
 paper's own recipe (alpha = 1/6).
 """
+import dataclasses
 import math
 
 import pyarrow as pa
@@ -74,6 +75,16 @@ _ACCOUNTING = {
              "contributions Poisson-sampled independently, basic composition over a user's keys",
 }
 _PAPER_ALPHA = 1 / 6
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleAndThresholdParams:
+    """The parsed section (:func:`parse`; composition basic from :func:`for_auto_bound`
+    with ``max_keys_per_user: auto``) as its readers outside this module see it."""
+    sampling_rate: float | None = None      # p: given, else calibrated
+    threshold: int | None = None            # tau: given, else calibrated
+    accounting: str = "exact"               # one of sample_threshold.METHODS
+    composition: str | None = None          # pld or basic; None: chosen at calibration
 
 
 def parse(section):
@@ -231,9 +242,10 @@ class SampleAndThreshold(CountsKind):
     verify_calibration = staticmethod(verify_calibration)
     release = staticmethod(release)
     SCORE = "sample_and_threshold"          # the V(C) score model of the automatic bound
+    PARAMS = SampleAndThresholdParams
 
     def check_limits(self, mechanism):
-        limits.check_given_threshold(self.name, mechanism)
+        limits.check_sampled_fields(self.name, self.params(mechanism))
 
     def check_release_limits(self, spec, epsilon, delta, max_keys_per_user, field):
         limits.check_levels(spec, epsilon, delta, max_keys_per_user, field,

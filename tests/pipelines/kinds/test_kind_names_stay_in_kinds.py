@@ -35,7 +35,7 @@ import pytest
 from thresher.accounting import contribution_bound, gshm, known_domain, laplace_threshold
 from thresher.pipelines import kinds
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 KIND_NAMES = frozenset(kinds._ORDER)
 SHARED_WORDS = frozenset((*gshm.NOISES, *laplace_threshold.NOISES, *known_domain.KINDS,
                           *contribution_bound.SCORE_MODELS))

@@ -1,5 +1,6 @@
-"""An upper bound on GSHM's delta for discrete Gaussian noise, in plain ``math`` (no SciPy,
-no NumPy): the forward check of a cached calibration (``pipelines.common.calibration_cache``).
+"""An upper bound on GSHM's delta for discrete Gaussian noise, in plain ``math`` (no SciPy;
+NumPy only to hold and add the terms a block at a time, every exp is ``math.exp``): the
+forward check of a cached calibration (``pipelines.common.calibration_cache``).
 
 What it bounds is exactly what ``accounting.gshm.delta(..., noise="discrete_gaussian")``
 computes (paper 004 Thm 5.4, Karrer, Kifer, Wilkins, Zhang): with beta = P[v <= g - 1]
@@ -55,7 +56,7 @@ import numpy as np
 
 U = 2.0 ** -53
 SLACK = 1e-11
-# The whole check walks at most this many terms (~0.1 s of plain Python); a calibration
+# The whole check walks at most this many terms (~10 ms a block at a time); a calibration
 # needing more is not verified, so it is recomputed rather than read from the cache.
 MAX_TERMS = 100_000
 

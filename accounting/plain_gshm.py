@@ -1,5 +1,6 @@
-"""An upper bound on GSHM's delta for discrete Gaussian noise, in plain ``math`` (no SciPy,
-no NumPy): the forward check of a cached calibration (``pipelines.common.calibration_cache``).
+"""An upper bound on GSHM's delta for discrete Gaussian noise, in plain ``math`` (no SciPy;
+NumPy only to hold and add the terms a block at a time, every exp is ``math.exp``): the
+forward check of a cached calibration (``pipelines.common.calibration_cache``).
 
 What it bounds is exactly what ``accounting.gshm.delta(..., noise="discrete_gaussian")``
 computes (paper 004 Thm 5.4, Karrer, Kifer, Wilkins, Zhang): with beta = P[v <= g - 1]
@@ -51,9 +52,11 @@ Cost: the sums run over ~12 sigma sqrt(C) terms for each of 2C+1 evaluations;
 """
 import math
 
+import numpy as np
+
 U = 2.0 ** -53
 SLACK = 1e-11
-# The whole check walks at most this many terms (~0.1 s of plain Python); a calibration
+# The whole check walks at most this many terms (~10 ms a block at a time); a calibration
 # needing more is not verified, so it is recomputed rather than read from the cache.
 MAX_TERMS = 100_000
 
@@ -76,36 +79,103 @@ class _Budget:
             raise _TooLarge()
 
 
+def _exp_each(x):
+    """math.exp of each float64 in ``x``, as a float64 array: the C library's exp, the
+    function the term-by-term loop used, so every term has the same bits as before (numpy's
+    own exp may take another code path and differ in the last bit). map() walks the list in
+    C: no Python bytecode per term."""
+    return np.fromiter(map(math.exp, x.tolist()), dtype=np.float64, count=len(x))
+
+
+def _block(lo, size):
+    """u = lo .. lo + size - 1 as floats, and u^2 computed exactly in integers and rounded
+    once to float (what Python's int u * u then / float does)."""
+    if abs(lo) + size < 2 ** 31:             # squares below 2^62: exact in int64
+        ui = np.arange(lo, lo + size, dtype=np.int64)
+        return ui.astype(np.float64), (ui * ui).astype(np.float64)
+    # far out (a huge threshold gap or epsilon sigma^2): Python ints, as the scalar form
+    # (and its OverflowError past the float range)
+    us = range(lo, lo + size)
+    return (np.array([float(v) for v in us], dtype=np.float64),
+            np.array([float(v * v) for v in us], dtype=np.float64))
+
+
 def _tail(t, s, weight, budget):
     """Bounds on sums over u >= t (any integer) of f(u) = exp(-u^2 / (2 s^2)): returns
     (lower, upper) of sum f(u), and the upper bound of sum f(u) weight(u) for a weight in
-    [0, 1] (0.0 without one). Item 3 of the module docstring."""
+    [0, 1] (0.0 without one; ``weight`` maps a float64 array of u to an array). Item 3 of
+    the module docstring.
+
+    The terms are evaluated a block at a time with elementwise IEEE operations in the order
+    the scalar formula uses (u^2 as an exact integer rounded once, as Python's int / float
+    does) and ``math.exp`` per term; the stopping rule uses the sequential running sum
+    (``np.add.accumulate``, left to right, as the scalar ``running += f``): so the stopping
+    u, every term and the fsums are bit for bit those of a term-by-term loop."""
     two_s2 = 2.0 * s * s
-    terms, weighted, u = [], [], t
     floor = -int(math.ceil(40.0 * s)) - 1       # below, exp(-u^2/(2 s^2)) < 1e-347: 0
-    if u < floor:
-        u = floor
-    remainder, running = math.inf, 0.0
-    while True:
-        f = math.exp(-(u * u) / two_s2)
-        terms.append(f)
-        running += f        # only decides when to stop: the remainder is added in full
-        if weight is not None:
-            weighted.append(f * weight(u))
-        if u > 0:
-            r = math.exp(-(2.0 * u + 3.0) / two_s2)
-            remainder = math.exp(-((u + 1.0) * (u + 1.0)) / two_s2) / (1.0 - r) if r < 1.0 else math.inf
-            if remainder <= running * 2.0 ** -70:
+    start = t if t >= floor else floor
+    # The scalar loop charged the budget 4096 terms per full block it walked past and the
+    # rest at the end: n terms cost n, or n - 4096 when n is a multiple of 4096 (the last
+    # full block is never charged). So it gives up exactly when that cost exceeds what is
+    # left, and no stopping point is ever searched beyond left + 4096 terms.
+    limit = budget.left + 4096
+    parts_f, parts_w = [], []
+    running = 0.0
+    # The first block reaches about where the stopping rule fires (f(u) ~ 2^-70 of the mass:
+    # u^2 ~ max(t, 0)^2 + 2 s^2 (70 ln 2 + 3)); the block sizes only set how much is
+    # evaluated past the stop, never which terms are summed.
+    block, later = 64, 64
+    if abs(start) < 2 ** 40 and s < 2.0 ** 40:
+        reach = math.sqrt(float(max(start, 0)) ** 2 + two_s2 * (70.0 * math.log(2.0) + 3.0))
+        block = max(64, int(reach - start) + 9)
+        later = max(64, block // 8)
+    n = 0
+    stop = None
+    while stop is None:
+        size = min(block, limit - n)
+        if size <= 0:
+            raise _TooLarge()
+        # one u past the block: its term is the remainder's f(u + 1) of the block's last u
+        u, square = _block(start + n, size + 1)
+        f_all = _exp_each(-square / two_s2)
+        u, f = u[:size], f_all[:size]
+        run = np.add.accumulate(np.concatenate(([running], f)))[1:]
+        if abs(u[0]) < 2.0 ** 52 and abs(u[-1]) < 2.0 ** 52:
+            # (u + 1.0)^2 in floats and float((u + 1)^2) are both the exact square rounded
+            # once (u + 1.0 is exact here): the scalar form's f(u + 1) is the next term
+            following = f_all[1:]
+        else:
+            following = _exp_each(-((u + 1.0) * (u + 1.0)) / two_s2)
+        # The remainder f(u + 1) / (1 - r) is >= f(u + 1) in floats (1 - r is in (0, 1], and
+        # rounding is monotone; r >= 1 gives inf): where f(u + 1) alone is above the
+        # stopping level the scalar test fails, so r is evaluated only at the other u > 0,
+        # in order, until the first that passes.
+        level = run * 2.0 ** -70
+        candidates = np.flatnonzero((u > 0.0) & (following <= level))
+        for k in range(0, len(candidates), 64):
+            idx = candidates[k:k + 64]
+            r = _exp_each(-(2.0 * u[idx] + 3.0) / two_s2)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rem = np.where(r < 1.0, following[idx] / (1.0 - r), math.inf)
+            hit = np.flatnonzero(rem <= level[idx])
+            if len(hit):
+                stop = int(idx[hit[0]])
+                remainder = float(rem[hit[0]])
+                f, u = f[:stop + 1], u[:stop + 1]
                 break
-        u += 1
-        if len(terms) % 4096 == 0:
-            budget.spend(4096)
-    budget.spend(len(terms) % 4096)
+        parts_f.append(f)
+        if weight is not None:
+            parts_w.append(f * weight(u))
+        running = float(run[len(f) - 1])
+        n += len(f)
+        block, later = later, later * 2
+    cost = n - 4096 if n % 4096 == 0 else n
+    budget.spend(cost)
     below_floor = 1e-300 if t < floor else 0.0     # the cut lower tail (< 1e-347 a term)
-    total = math.fsum(terms)
+    total = math.fsum(np.concatenate(parts_f).tolist())
     upper = (total + remainder + below_floor) * (1.0 + SLACK)
-    weighted_upper = ((math.fsum(weighted) + remainder + below_floor) * (1.0 + SLACK)
-                      if weight is not None else 0.0)
+    weighted_upper = ((math.fsum(np.concatenate(parts_w).tolist()) + remainder + below_floor)
+                      * (1.0 + SLACK) if weight is not None else 0.0)
     return total * (1.0 - SLACK), upper, weighted_upper
 
 
@@ -149,7 +219,11 @@ def shift_delta_upper(epsilon, sigma, count, budget=None):
     # covered by the weight clamp below (a weight is never negative).
 
     def weight(u):
-        return min(1.0, max(0.0, -math.expm1(e - (2.0 * u + a) / two_sigma2)))
+        # min(1, max(0, w)) of the scalar form, elementwise with its tie rules
+        w = -np.fromiter(map(math.expm1, (e - (2.0 * u + a) / two_sigma2).tolist()),
+                         dtype=np.float64, count=len(u))
+        w = np.where(w > 0.0, w, 0.0)
+        return np.where(w < 1.0, w, 1.0)
     z_lo, _ = _normaliser(sd, budget)
     _, mass_hi, weighted_hi = _tail(u0, sd, weight, budget)
     d = weighted_hi / z_lo + (8.0 * U * (abs(e) + 1.0) + 2.0 * U) * mass_hi / z_lo

@@ -33,7 +33,9 @@ import threading
 import time
 
 BUNDLE_LOGGER = "apache_beam.runners.portability.fn_api_runner.fn_runner.run_bundle"
-_LABEL = re.compile(r"ref_AppliedPTransform_([A-Za-z0-9]+)")
+# a stage inside the one Release transform (Read -> Release -> Write) is named by its own
+# label (ShardByUser, PerUserBound, ...), not by "Release"
+_LABEL = re.compile(r"ref_AppliedPTransform_(?:Release-)?([A-Za-z0-9]+)")
 DEFAULT_INTERVAL_S = float(os.environ.get("THRESHER_PROGRESS_SECONDS", "5"))
 
 _lock = threading.Lock()

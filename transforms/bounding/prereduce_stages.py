@@ -120,10 +120,13 @@ def kept_rows(table, bounds, rng_factory, mode):
     return keep, examined
 
 
-class _PreReduceForBoundsFn(beam.DoFn):
-    def __init__(self, bounds, rng_factory, mode, coalesce_rows):
-        self._bounds = list(bounds)
-        self._rng_factory = rng_factory
+class _CoalescingFn(beam.DoFn):
+    """Gathers a bundle's tables to about ``coalesce_rows`` rows and hands each gathered
+    table to ``_flush``. It draws nothing: only a subclass that is given the release's
+    source holds one (``_rng_factory``), so an audit of the drawing stages sees exactly
+    those (tests/distributed/test_pickling.py)."""
+
+    def __init__(self, mode, coalesce_rows):
         self._mode = mode
         self._coalesce_rows = coalesce_rows
 
@@ -136,6 +139,17 @@ class _PreReduceForBoundsFn(beam.DoFn):
         self._pending_rows += table.num_rows
         if self._pending_rows >= self._coalesce_rows:
             yield from self._flush()
+
+    def finish_bundle(self):
+        for table in self._flush():
+            yield GlobalWindows.windowed_value(table)
+
+
+class _PreReduceForBoundsFn(_CoalescingFn):
+    def __init__(self, bounds, rng_factory, mode, coalesce_rows):
+        super().__init__(mode, coalesce_rows)
+        self._bounds = list(bounds)
+        self._rng_factory = rng_factory
 
     def _flush(self):
         tables, self._pending, self._pending_rows = self._pending, [], 0
@@ -152,10 +166,6 @@ class _PreReduceForBoundsFn(beam.DoFn):
         counter(prereduce.NOT_PRIVATE, "rows_prereduced_out").inc(table.num_rows)
         if table.num_rows:
             yield table
-
-    def finish_bundle(self):
-        for table in self._flush():
-            yield GlobalWindows.windowed_value(table)
 
 
 class PreReduceForBounds(beam.PTransform):
@@ -253,9 +263,9 @@ def distinct_key_rows(table, key_columns, mode="auto"):
     return keep
 
 
-class _DistinctPairsFn(_PreReduceForBoundsFn):
+class _DistinctPairsFn(_CoalescingFn):
     def __init__(self, key_columns, mode, coalesce_rows):
-        super().__init__([], None, mode, coalesce_rows)
+        super().__init__(mode, coalesce_rows)
         self._key_columns = tuple(key_columns)
 
     def _flush(self):

@@ -59,7 +59,7 @@ import re
 import socket
 import sqlite3
 
-from thresher.pipelines.common import declare
+from thresher.pipelines.specs import declare
 
 from thresher.pipelines.ledgers import ledger_postgres
 from thresher.pipelines.errors import SpecError

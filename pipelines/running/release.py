@@ -723,7 +723,6 @@ def _run(plan, beam_args, overwrite, rng_factory, reservation):
 
 
 def _run_claimed(plan, files, est_rows, final, options, runner_name, rng_factory, reservation):
-    spec = plan.spec
     staging = publish.staging_path(final)
     started = time.time()
     try:

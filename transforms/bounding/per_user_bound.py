@@ -352,6 +352,11 @@ class _BoundL0Fn(beam.DoFn):
         if len(kept) and self._rows:
             yield table.take(pa.array(kept)).select([USER_COLUMN, *self._key_columns])
         elif len(kept):
+            # counted in table order: a gather in ascending rows reads the key strings
+            # in sequence (1e6-row shard: ~0.1 s less than in the users' random key order);
+            # the counts per key are the same, only the order of the partial table's rows
+            # differs, which the per-key sum and the canonical output do not read
+            kept = np.sort(kept)
             yield count_per_key(table.take(pa.array(kept)), self._key_columns)
 
 

@@ -487,9 +487,9 @@ def _whole_user_setting(plan):
         return ("aggregates", "a user's kept keys travel as exact partial totals, one per "
                 "table, but a partial total beyond the float64 range (about 1.8e308) "
                 "travels as its rows; leave such values out of the input")
-    if plan.domain is not None:
-        return ("input.public_keys", "with a public key domain a user's rows are bounded "
-                "where they meet, not before the shuffle; leave such users out of the input")
+    if plan.domain is not None:   # a fixed l0 bound is pre-reduced (_public_domain_stages)
+        return ("input.public_keys", "with a public key domain and this bounding a user's "
+                "rows are bounded where they meet, not before the shuffle; " + _FIXED_L0)
     return ("mechanism.kind", f"{spec.kind} bounds a user's keys where all its rows meet; "
             "gaussian, laplace and sample_and_threshold with a fixed "
             "bounding.max_keys_per_user and bounding.model: l0 drop a user's extra rows "
@@ -552,8 +552,14 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     keys = list(spec.input.keys)
     domain = public_domain.packed_domain(records.pipeline, plan.domain, keys)   # once
     kept = records | "RestrictToDomain" >> public_domain.RestrictToDomain(domain, keys)
-    shards = _UserShards(kept, num_shards, keys, spec.auto_bound, spill_dir,
-                         setting=_whole_user_setting(plan))
+    # issue 43: the fixed bound's pre-reduction after the domain filter (the bounding
+    # keeps a user's first C keys among its in-domain keys: those are the rows here)
+    reduced = _prereduced(kept, plan, rng_factory)
+    combined = reduced is not kept
+    shards = _UserShards(reduced, num_shards, keys, spec.auto_bound, spill_dir,
+                         combined=combined,
+                         setting=_whole_user_setting(plan)
+                         if not combined or spec.aggregates else None)
     chosen = None
     if spec.auto_bound:
         chosen = shards.for_choice | "ChooseDomainBound" >> public_domain.ChooseDomainBound(

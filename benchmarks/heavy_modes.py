@@ -40,17 +40,36 @@ MODES = {
     "heavy_hitters_adaptive": {"bounding": {"max_keys_per_user": 4},
                                "mechanism": {"kind": "heavy_hitters", "top_k": 5,
                                              "method": "adaptive"}},
+    # a public key domain (the ordinary keys k0..k199 and the heavy user's first 1,000):
+    # write_specs points input.public_keys at domain.parquet beside the data
+    "public_keys": {"bounding": {"max_keys_per_user": 4}, "public_keys": True},
+    "public_keys_aggregates": {"bounding": {"max_keys_per_user": 4}, "public_keys": True,
+                               "aggregates": [{"column": "amount", "statistic": "sum",
+                                               "clip": [0.0, 10.0]}]},
 }
+DOMAIN_KEYS = 1200     # k0 .. k1199: heavy_user.py's ordinary keys and 1,000 of the heavy's
+
+
+def write_domain(folder):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    path = os.path.join(os.path.abspath(folder), "domain.parquet")
+    pq.write_table(pa.table({"word": [f"k{i}" for i in range(DOMAIN_KEYS)]}), path)
+    return path
 
 
 def write_specs(folder, data):
+    domain = write_domain(folder)
     for name, change in MODES.items():
+        change = dict(change)
         doc = {"name": f"heavy-{name}",
                "input": {"path": os.path.abspath(data), "format": "parquet",
                          "user": "user_id", "keys": ["word"]},
                "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
                "mechanism": {"kind": "gaussian"},
                "output": {"path": os.path.join(os.path.abspath(folder), "out", name)}}
+        if change.pop("public_keys", False):
+            doc["input"]["public_keys"] = {"path": domain}
         for section, values in change.items():
             if isinstance(values, dict) and section != "mechanism":
                 doc.setdefault(section, {}).update(values)

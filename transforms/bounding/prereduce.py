@@ -36,14 +36,36 @@ about C rows per user and table instead of all of them (issue 30, D15: a 1e7-row
 among 5,000 others peaked at 3.1 GB in process). The buffer is one table.
 
 ``PreReduceL0`` serves fixed-bound l0 bounding through ``PerUserBound`` (``pipelines.running.release``),
-and ``aggregates`` with fixed clips (``PerUserBoundWithValues``: every row of the kept
-keys is kept, ``every_row``, since the bounding sums each kept (user, key)'s values, in a
-canonical order, so the totals are the same). ``clip: auto`` scores every user's totals,
-l1 rand-clip samples records (not keys) and adaptive rounds re-bound the users' remaining
-keys, so none of those can drop a user's keys early (nor, bytes unchanged, a record or a
-partial value total: ``user_shards``, "The gate before the group", says why; a user
-over ``MAX_USER_ROWS`` there is refused before the shuffle groups its rows); the
-automatic bound has a step of its own (``PreReducePairs``, below).
+also after a public key domain's filter (``input.public_keys``: the bounding keeps a
+user's first C keys among its in-domain keys, and the filter runs before this step, so
+the argument above applies to the filtered rows), and ``aggregates`` (below). l1
+rand-clip samples records (not keys) and adaptive rounds re-bound the users' remaining
+keys, so neither can drop a user's keys early (``user_shards``, "The gate before the
+group", says what they do instead); the automatic bound has a step of its own
+(``PreReducePairs``, below).
+
+Aggregates (``PerUserBoundWithValues``; issue 43). The bounding sums each kept (user,
+key)'s values into one total, clamps it to [low, high] and puts it on its grid
+(``transforms.values.aggregate_values``); ``clip: auto`` first scores every (user, key)'s
+total (``transforms.values.choose_clip``). A total is the exact sum of the pair's values
+rounded once to float64 (``transforms.values.exact_sums``): a function of the multiset of
+the values, whatever their order or split. So, per table, a pair's rows can be replaced
+by any rows whose values have the same exact sum: :func:`summed_pairs` keeps the pair's
+first row once per term of the exact expansion of its partial total (float64 terms, each
+exact, summing exactly to it; usually one to three). Across tables the terms of all
+partials add, exactly, to the pair's total: the same total, hence the same clamped grid
+value, the same score input and the same kept set (the kept set reads the pair's key and
+identity only, never its number of rows), and the same published bytes
+(tests/transforms/bounding/test_prereduce_aggregates.py). With a fixed clip the rows are
+first cut to the user's C smallest hash ranks (:func:`prereduce_l0` with ``every_row``:
+every row of those keys, the fixed bound's argument above); with ``clip: auto`` no key is
+cut (its score reads every key of a user, with weight 1/k_u over the user's k_u keys), so
+a user still sends each distinct key per table, and one with more than ``MAX_USER_ROWS``
+distinct keys is refused there, naming ``aggregates``. The sensitivity argument is the one
+of docs/aggregates.md (paper 002 Sec. 3's per-user contribution bounding, with totals
+clamped after summing): unchanged, since only where the sum is computed changes. A pair
+whose partial total passes the float64 range (about 1.8e308: no finite expansion) keeps
+its rows.
 
 The automatic bound (``max_keys_per_user: auto``, ``PreReducePairs``; issue 43). Its one
 pass (``transforms.bounding.scored_bound.scored_table``) scores every candidate C with

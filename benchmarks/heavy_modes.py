@@ -3,8 +3,10 @@
 The data are ``benchmarks/heavy_user.py``'s (one user ``heavy`` with ``--heavy-rows`` rows
 among ``--users`` ordinary users of 20 rows each; with ``--same-key`` all of the heavy
 user's rows are on one key, else each on its own key). One spec per mode below; each is
-run through the CLI under ``/usr/bin/time -v`` and a table of (exit code, wall seconds,
-peak RSS) is printed:
+run through the CLI under ``/usr/bin/time -v`` and a table of (exit code, CPU seconds
+(user + system, waited-for children included), wall seconds, peak RSS, 1-minute load at
+the end) is printed. ``public_keys*`` modes read ``domain.parquet`` (keys k0..k1199)
+written beside the specs:
 
     python benchmarks/heavy_modes.py /tmp/heavy --heavy-rows 10000000
     python benchmarks/heavy_modes.py /tmp/heavy --run [--python PATH] [--modes l1,auto]
@@ -80,8 +82,8 @@ def write_specs(folder, data):
 
 
 def run(folder, python, modes):
-    print("| mode | exit | wall s | peak RSS MB | message |")
-    print("|---|---|---|---|---|")
+    print("| mode | exit | CPU s | wall s | peak RSS MB | load | message |")
+    print("|---|---|---|---|---|---|---|")
     for name in modes:
         spec = os.path.join(folder, f"mode_{name}.yaml")
         start = time.time()
@@ -92,9 +94,13 @@ def run(folder, python, modes):
         lines = [l for l in done.stderr.splitlines() if l.strip()
                  and not l.startswith("\t") and not l.startswith("Command ")]
         message = lines[-1][:120] if done.returncode and lines else ""
-        print(f"| {name} | {done.returncode} | {wall:.0f} | "
-              f"{int(rss.group(1)) / 1024 if rss else float('nan'):.0f} | {message} |",
-              flush=True)
+        cpu = sum(float(m) for m in re.findall(
+            r"(?:User|System) time \(seconds\): ([0-9.]+)", done.stderr))
+        with open("/proc/loadavg", encoding="utf-8") as handle:
+            load = handle.read().split()[0]
+        print(f"| {name} | {done.returncode} | {cpu:.0f} | {wall:.0f} | "
+              f"{int(rss.group(1)) / 1024 if rss else float('nan'):.0f} | {load} | "
+              f"{message} |", flush=True)
 
 
 def main(argv=None):

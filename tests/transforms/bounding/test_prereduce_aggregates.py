@@ -38,12 +38,15 @@ from thresher.transforms.values.aggregate_values import bound_with_values, user_
 SECRET = b"test-only secret: aggregates 43."
 BOUND = 4
 HEAVY_ROWS = 3000
+HEAVY_KEPT_ROWS = 1500
 
 
 def _records(seed=43):
     """300 ordinary users (5 of 30 words, 1 to 3 rows each), a heavy user h (3,000 rows:
-    2,000 on the word w1, the rest over 200 words of its own), decimal amounts (two
-    places: their float sums depend on the order and split); rows shuffled."""
+    2,000 on the word w1, the rest over 200 words of its own), a heavy user g (1,500
+    rows on two words: both kept at C = 4, so the first-C cut alone leaves all its rows),
+    decimal amounts (two places: their float sums depend on the order and split); rows
+    shuffled."""
     rng = np.random.default_rng(seed)
     users, words = [], []
     for u in range(300):
@@ -54,6 +57,9 @@ def _records(seed=43):
     for i in range(HEAVY_ROWS):
         users.append("h")
         words.append("w1" if i < 2000 else f"h{i % 200}")
+    for i in range(HEAVY_KEPT_ROWS):   # g: all of its keys are kept (C = 4)
+        users.append("g")
+        words.append(f"w{2 + i % 2}")
     order = rng.permutation(len(users))
     amounts = np.round(rng.normal(3.0, 2.5, size=len(users)), 2)
     amounts[rng.random(len(users)) < 0.05] = np.nan          # dropped values: null
@@ -97,8 +103,9 @@ def test_bounding_with_values_after_the_step_is_unchanged(monkeypatch, batch_row
     prepared = _prepared()
     for mode in ("always", "auto"):
         reduced = _reduced(prepared, batch_rows, bound, mode)
-        # h's 2,000 rows on w1 leave each batch as a few rows of partial totals
-        assert reduced.num_rows < prepared.num_rows - 1500
+        # h's 2,000 rows on w1 and g's 1,500 leave each batch as a few rows of partial
+        # totals
+        assert reduced.num_rows < prepared.num_rows - 2500
         assert _bounded(reduced, BOUND) == _bounded(prepared, BOUND)
         if bound is None:    # clip: auto reads every (user, key)'s total: all the same
             whole = user_key_totals(exact_users(prepared), ["word"], ["__v0"])
@@ -192,8 +199,9 @@ def test_release_bytes_are_the_same_with_and_without_the_step(tmp_path, monkeypa
 @pytest.mark.parametrize("case,limit", [("sum", 300), ("mean_auto", 700)])
 def test_a_heavy_user_on_one_key_is_bounded_not_refused(tmp_path, monkeypatch, case, limit):
     """At a whole-user limit of 300 rows (``clip: auto``, which reads all of h's 201
-    keys: 700), h (3,000 rows, 2,000 on one key) runs and publishes the bytes of the
-    unlimited run without the step; without the step the limit refuses the run, naming
+    keys: 700), h (3,000 rows, 2,000 on one key) and g (1,500 rows on its two kept keys:
+    the first-C cut alone leaves them all) run and publish the bytes of the unlimited run
+    without the step; without the step the limit refuses the run, naming
     ``aggregates``."""
     from thresher.errors import ThresherError
     monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)

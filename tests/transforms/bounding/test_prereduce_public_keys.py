@@ -5,7 +5,7 @@ user's first C keys among its in-domain keys, which is what the bounding keeps.
 
 Through ``pipelines.running.release.run`` under one fixed secret: the published bytes are
 the same with and without the step, forced either way (``MODE``), for counts and for an
-aggregate sum; and a heavy user (3,000 rows, 2,000 on one in-domain key) runs at a
+aggregate sum; and heavy users (3,000 rows, 2,000 on one in-domain key; 1,500 on two) run at a
 whole-user limit of 300 rows, where without the step the same limit refuses the run
 naming ``input.public_keys``. Deterministic (no statistical assertions).
 """

@@ -104,8 +104,8 @@ def test_bounding_with_values_after_the_step_is_unchanged(monkeypatch, batch_row
     for mode in ("always", "auto"):
         reduced = _reduced(prepared, batch_rows, bound, mode)
         # h's 2,000 rows on w1 and g's 1,500 leave each batch as a few rows of partial
-        # totals
-        assert reduced.num_rows < prepared.num_rows - 2500
+        # totals ("auto": only where a user bucket is heavy in the batch)
+        assert reduced.num_rows < prepared.num_rows - (2500 if mode == "always" else 500)
         assert _bounded(reduced, BOUND) == _bounded(prepared, BOUND)
         if bound is None:    # clip: auto reads every (user, key)'s total: all the same
             whole = user_key_totals(exact_users(prepared), ["word"], ["__v0"])

@@ -364,12 +364,14 @@ def _sample_stages(records, plan, num_shards, rng_factory):
 
 
 def _prereduced(records, plan, rng_factory):
-    """Fixed-bound l0 bounding by ``PerUserBound`` (or ``PerUserBoundWithValues`` with
-    fixed clips): combine the read batches into the shuffle's tables and drop from each,
-    where that pays, rows the bounding cannot keep (transforms/bounding/prereduce.py; same
-    released bytes, a heavy user shuffles about C rows per table instead of all of them). Every other bounding needs all of a
-    user's records (prereduce.py's docstring says why), and so does fresh randomness
-    (a test's seeded factory): their records pass unchanged."""
+    """Fixed-bound l0 bounding by ``PerUserBound`` (or ``PerUserBoundWithValues``):
+    combine the read batches into the shuffle's tables and drop from each, where that
+    pays, rows the bounding cannot keep (transforms/bounding/prereduce.py; same released
+    bytes, a heavy user shuffles about C rows per table instead of all of them); with
+    aggregates a kept (user, key)'s rows travel as its exact partial total per table
+    (prereduce.py, "Aggregates"; under ``clip: auto`` no key is cut). Every other
+    bounding needs all of a user's records (prereduce.py's docstring says why), and so
+    does fresh randomness (a test's seeded factory): their records pass unchanged."""
     spec = plan.spec
     source = keyed_random.resolve(rng_factory)
     if (spec.auto_bound or spec.bounding.model != "l0"

@@ -168,8 +168,58 @@ def counts_per_user(params):
     return int(value)
 
 
+class ShardedUsers:
+    """The user shuffle's grouped pieces (``ShardByUser.grouped``: (shard, [piece])),
+    concatenated into whole-user tables afresh by each consumer (``ShardByUser.concat``)
+    instead of once for all of them.
+
+    Why (issue 43): the rounds and the count stage each read every user, and each after
+    the previous round's released keys. Concatenated once, the whole-user tables (every
+    distinct (user, key) pair of the input) were materialised between stages by the
+    in-process runner and held until the count stage had read them: about 1.3 GB more
+    peak memory than a fixed-bound count at 1e7 rows. With the shuffle spilled
+    (``transforms.plumbing.spill``) the grouped pieces are file names, and each consumer
+    holds one shard at a time. Every consumer reads the same pieces in the same order, so
+    it gets the same tables as from one concatenation (same rounds, same bytes).
+    ``after``: a side input (its value unused) every consumer's concatenation waits for
+    (an automatic bound's choice); later consumers wait for the previous round instead."""
+
+    #: False: one concatenation for every consumer, as before issue 43 (tests compare
+    #: the two: the same released bytes).
+    PER_CONSUMER = True
+
+    def __init__(self, grouped, shard, after=None):
+        self.grouped = grouped
+        self.pipeline = grouped.pipeline
+        self._shard = shard
+        self._after = after
+        self._once = None
+
+    def users(self, label, after=None):
+        """A fresh PCollection of whole-user tables, labelled ``label``, concatenated in
+        the stage of its consumer (the one that reads ``after``)."""
+        if not self.PER_CONSUMER:
+            if self._once is None:
+                self._once = self.grouped | "ConcatUserShard" >> self._shard.concat(
+                    after=self._after)
+            return self._once
+        after = self._after if after is None else after
+        return self.grouped | label >> self._shard.concat(after=after)
+
+
+def _users_for(users, name, after=None):
+    """The whole-user tables round or stage ``name`` reads: ``users`` itself, or a fresh
+    concatenation of :class:`ShardedUsers` waiting for ``after``."""
+    if isinstance(users, ShardedUsers):
+        return users.users(f"{name}Users", after)
+    return users
+
+
 class AdaptiveRelease(beam.PTransform):
     """Whole-user shards -> released keys with noisy counts (the ``adaptive`` kind).
+    The input is a PCollection of whole-user tables, or (:meth:`apply`)
+    :class:`ShardedUsers` (each round and the count stage then concatenate the shuffled
+    pieces themselves).
 
     ``params``: the kind's report section (``rounds`` list of {sigma, threshold_grid},
     ``scale``, ``count_sigma``) as a dict or an ``AsSingleton`` side input;
@@ -188,6 +238,17 @@ class AdaptiveRelease(beam.PTransform):
         self._num_shards = int(num_shards)
         self._rng_factory = rng_factory
         self._spill_dir = spill_dir
+        self._sharded = None
+
+    @classmethod
+    def apply(cls, users, label, *args, **kwargs):
+        """``users | label >> AdaptiveRelease(*args, **kwargs)``, where ``users`` may be
+        :class:`ShardedUsers` (then applied to its grouped pieces)."""
+        transform = cls(*args, **kwargs)
+        if isinstance(users, ShardedUsers):
+            transform._sharded = users
+            users = users.grouped
+        return users | label >> transform
 
     def _draws(self, name):
         """The draws of this release's stage ``name`` (its label path below this one's)."""
@@ -205,17 +266,20 @@ class AdaptiveRelease(beam.PTransform):
 
     def expand(self, users):
         keys = list(self._keys)
+        if self._sharded is not None:      # applied to its grouped pieces
+            users = self._sharded
         released = []
         for r in range(self._rounds):
             name = f"Round{r + 1}"
             if released:
                 so_far = (released[0] if len(released) == 1 else
                           tuple(released) | f"ReleasedBefore{name}" >> beam.Flatten())
-                remaining = users | f"{name}RemoveReleased" >> beam.ParDo(
+                before = _users_for(users, name, beam.pvalue.AsList(so_far))
+                remaining = before | f"{name}RemoveReleased" >> beam.ParDo(
                     _FilterFn(keys, keep_released=False),
                     beam.pvalue.AsList(so_far)).with_output_types(TABLE)
             else:
-                remaining = users
+                remaining = _users_for(users, name)
             sums = (remaining
                     | f"{name}Bound" >> WeightedPerUserBound(
                         keys, self._bound, rng_factory=self._draws(f"{name}Bound"))
@@ -224,7 +288,8 @@ class AdaptiveRelease(beam.PTransform):
             released.append(sums | f"{name}Threshold" >> RoundThreshold(
                 self._params, r, rng_factory=self._draws(f"{name}Threshold")))
         every = tuple(released) | "ReleasedKeys" >> beam.Flatten()
-        kept = users | "CountKeepReleased" >> beam.ParDo(
+        users_now = _users_for(users, "Count", beam.pvalue.AsList(every))
+        kept = users_now | "CountKeepReleased" >> beam.ParDo(
             _FilterFn(keys, keep_released=True), beam.pvalue.AsList(every)
         ).with_output_types(TABLE)
         partial = kept | "CountBound" >> PerUserBound(keys, self._count_bound(users.pipeline),

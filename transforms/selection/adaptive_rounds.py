@@ -29,7 +29,11 @@ import pyarrow as pa
 from thresher.transforms.randomness import keyed_random, samplers
 from thresher.transforms.plumbing.aggregate import SumCountsPerKey
 from thresher.transforms.plumbing.arrow_coder import TABLE
-from thresher.transforms.bounding.per_user_bound import PerUserBound
+from thresher.transforms.bounding import user_shards
+from thresher.transforms.bounding.per_user_bound import (
+    PerUserBound, key_hash_is_exact, key_hash_known_exact, with_key_hash_exact)
+from thresher.transforms.plumbing import spill
+from thresher.transforms.plumbing.tables import KEY_HASH_COLUMN, concat
 from thresher.transforms.selection.public_domain import restrict_to_domain, zero_counts
 from thresher.transforms.selection.release_fn import KernelRelease
 from thresher.transforms.selection.weighted_threshold import WEIGHT_COLUMN, WeightedPerUserBound
@@ -127,6 +131,8 @@ class _FilterFn(beam.DoFn):
         out = (rows_released if self._keep_released else rows_not_released)(
             table, keys, self._key_columns)
         if out.num_rows:
+            if key_hash_known_exact(table, self._key_columns):   # a row subset: still so
+                out = with_key_hash_exact(out, self._key_columns)
             yield out
 
 
@@ -204,7 +210,50 @@ class ShardedUsers:
                     after=self._after)
             return self._once
         after = self._after if after is None else after
-        return self.grouped | label >> self._shard.concat(after=after)
+        return self.grouped | label >> self._shard.concat(after=after, fn=concat_shard)
+
+
+# What the first consumer of a spilled user shard found, for the next ones in this
+# process: (shard, its piece files) -> (exact_users left the table as it was, __key is
+# one-to-one over the key columns). Spilled pieces are immutable files under fresh
+# random names, so the pair names the shard's content; both facts are functions of it.
+_SHARD_FACTS = {}
+_SHARD_FACTS_MAX = 4096
+
+
+def concat_shard(shard_and_tables, key_columns=None, after=None, max_user_rows=None,
+                 setting=None):
+    """``user_shards._concat_shard`` for the rounds, with two checks made once per
+    spilled shard instead of once per consumer: ``exact_users``' collision sort and
+    ``per_user_bound.key_hash_is_exact`` (the table comes out stamped
+    ``with_key_hash_exact`` when it holds, so ``bound_table_l0`` skips it). The table
+    is the one ``_concat_shard`` gives (same rows, columns and order)."""
+    shard, tables = shard_and_tables
+    tables = list(tables)
+    ident = ((shard, tuple(tables)) if tables and all(isinstance(t, str) for t in tables)
+             else None)
+    known = _SHARD_FACTS.get(ident) if ident is not None else None
+    if max_user_rows is not None:
+        user_shards.check_user_rows(tables, max_user_rows, setting)
+    table = concat([spill.read_piece(t) if isinstance(t, str) else t for t in tables])
+    if table is None:
+        return
+    users_as_read = known[0] if known is not None else None
+    if not users_as_read:
+        exact = user_shards.exact_users(table)
+        users_as_read, table = exact is table, exact
+    if key_columns is not None and KEY_HASH_COLUMN not in table.column_names:
+        table = user_shards.with_key_hash(table, key_columns)
+    key_exact = None
+    if key_columns is not None:
+        key_exact = known[1] if known is not None else key_hash_is_exact(table, key_columns)
+        if key_exact:
+            table = with_key_hash_exact(table, key_columns)
+    if ident is not None and known is None:
+        if len(_SHARD_FACTS) >= _SHARD_FACTS_MAX:
+            _SHARD_FACTS.clear()
+        _SHARD_FACTS[ident] = (users_as_read, key_exact)
+    yield table
 
 
 def _users_for(users, name, after=None):

@@ -156,7 +156,8 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
 
 def release_users(users, params, max_keys_per_user, key_columns, num_shards, mechanism,
                   rng_factory=None, spill_dir=None):
-    """Whole-user shards -> released keys with counts (``pipelines.running.release`` calls this
+    """Whole-user shards (or ``adaptive_rounds.ShardedUsers``: each round concatenates
+    them) -> released keys with counts (``pipelines.running.release`` calls this
     instead of bounding once and ``release``). ``mechanism``: the parsed section (the
     number of rounds fixes the pipeline's shape); ``params``: the calibrated section
     (its ``count_stage.counts_per_user`` bounds the count stage);
@@ -164,9 +165,10 @@ def release_users(users, params, max_keys_per_user, key_columns, num_shards, mec
     ``rng_factory``: the release's draws (``keyed_random.KeyedDraws``)."""
     from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
     from thresher.transforms.selection.adaptive_rounds import AdaptiveRelease  # heavy: apache_beam
-    return users | "AdaptiveRelease" >> AdaptiveRelease(
-        key_columns, params, max_keys_per_user, mechanism["rounds"], num_shards,
-        rng_factory=child(rng_factory, "AdaptiveRelease"), spill_dir=spill_dir)
+    return AdaptiveRelease.apply(
+        users, "AdaptiveRelease", key_columns, params, max_keys_per_user,
+        mechanism["rounds"], num_shards, rng_factory=child(rng_factory, "AdaptiveRelease"),
+        spill_dir=spill_dir)
 
 
 class Adaptive(UsersKind):

@@ -138,6 +138,9 @@ class Kind(abc.ABC):
     #: through :meth:`apply_notes`.
     WRITES_NOTES = False
     NOTES_FILE = None
+    #: ``release_stages`` takes ``spill_dir``, the in-process runner's shuffle spill
+    #: folder (``pipelines.running.release``; heavy_hitters' adaptive rounds, issue 43).
+    TAKES_SPILL_DIR = False
 
     # ---- calibrates (optional hooks: None when the kind has none) ----------------------
     #: ``verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model)``:

@@ -427,7 +427,7 @@ def _top_k_counted(tables, key, top_k):
                     "rank": pa.array(range(1, len(order) + 1), pa.int64())})
 
 
-def _adaptive_stages(records, plan, num_shards, rng_factory):
+def _adaptive_stages(records, plan, num_shards, rng_factory, spill_dir=None):
     import apache_beam as beam  # heavy: apache_beam
     from thresher.pipelines.kinds._trie_release import _string_keys  # heavy: apache_beam
     from thresher.pipelines.kinds import adaptive  # heavy: start-up of thresher validate
@@ -440,17 +440,21 @@ def _adaptive_stages(records, plan, num_shards, rng_factory):
     # issue 43: a user's repeated keys travel once per table (same bytes); its distinct
     # keys all meet in one place, so the whole-user limit stays
     records, reduced = distinct_pairs_for_rounds(records, keys, rng_factory)
-    users = records | "ShardByUser" >> ShardByUser(
-        num_shards, key_columns=keys, **({"coalesce_rows": 1} if reduced else {}),
-        **whole_user_limit(plan))
+    # issue 43: each round concatenates the shuffled pieces itself (spilled to disk
+    # when spill_dir is given): the whole users are never held between the rounds
+    from thresher.transforms.selection.adaptive_rounds import ShardedUsers  # heavy: apache_beam
+    shard = ShardByUser(num_shards, key_columns=keys, spill_dir=spill_dir,
+                        **({"coalesce_rows": 1} if reduced else {}), **whole_user_limit(plan))
+    users = ShardedUsers(records | "ShardByUser" >> beam.ptransform_fn(shard.grouped)(), shard)
     released = adaptive.release_users(users, plan.params_by_bound[bound], bound, keys,
-                                      num_shards, _adaptive_mechanism(), rng_factory=rng_factory)
+                                      num_shards, _adaptive_mechanism(), rng_factory=rng_factory,
+                                      spill_dir=spill_dir)
     return (released
             | "GatherKeys" >> beam.combiners.ToList()
             | "TopK" >> beam.FlatMap(_top_k_counted, keys[0], spec.mechanism["top_k"]))
 
 
-def release_stages(records, plan, num_shards, rng_factory=None):
+def release_stages(records, plan, num_shards, rng_factory=None, spill_dir=None):
     """Prepared records -> whole users -> at most C distinct keys per user (the kept
     (user, key) rows) -> per level, distinct users per prefix -> TrieHH++ -> top_k.
     Returns PCollection[Table(key, count, rank)]."""
@@ -464,7 +468,7 @@ def release_stages(records, plan, num_shards, rng_factory=None):
     bound = spec.bounding.max_keys_per_user
     mech = spec.mechanism
     if mech.get("method") == "adaptive":
-        return _adaptive_stages(records, plan, num_shards, rng_factory)
+        return _adaptive_stages(records, plan, num_shards, rng_factory, spill_dir)
     # issue 43: a user's rows beyond what PerUserBound can keep go before the shuffle
     # (transforms/bounding/prereduce_stages.py: same bytes), so no user is refused
     from thresher.transforms.bounding.prereduce_stages import prereduced_for_bounds  # heavy: apache_beam
@@ -509,8 +513,11 @@ class HeavyHitters(StagesKind):
     def stage_budget(self, budget, mechanism, *, public_domain=False):
         return stage_budget(budget, mechanism)
 
-    def release_stages(self, records, plan, num_shards, rng_factory=None, notes_sink=None):
-        return release_stages(records, plan, num_shards, rng_factory)
+    TAKES_SPILL_DIR = True   # base.Kind.TAKES_SPILL_DIR
+
+    def release_stages(self, records, plan, num_shards, rng_factory=None, notes_sink=None,
+                       spill_dir=None):
+        return release_stages(records, plan, num_shards, rng_factory, spill_dir)
 
     def privacy_record(self, mechanism, stages, max_keys_per_user):
         """``method: adaptive`` is the adaptive release (``accounting.zcdp.adaptive_record``);

@@ -260,6 +260,31 @@ def key_hash_is_exact(table, key_columns):
     return distinct_hashes == distinct_keys
 
 
+# Schema metadata a whole-user table may carry: the key columns over which ``__key`` is
+# known to be one-to-one (checked by :func:`key_hash_is_exact` on this table or on a
+# table it is a row subset of: a subset of one-to-one pairs is one-to-one). Set only by
+# transforms.selection.adaptive_rounds (its rounds read each user shard three times).
+KEY_HASH_EXACT_METADATA = b"thresher.key_hash_exact_over"
+
+
+def _columns_tag(key_columns):
+    return "\x1f".join(key_columns).encode("utf-8")
+
+
+def with_key_hash_exact(table, key_columns):
+    """``table`` stamped: ``__key`` is one-to-one over ``key_columns`` (the caller checked)."""
+    metadata = dict(table.schema.metadata or {})
+    metadata[KEY_HASH_EXACT_METADATA] = _columns_tag(key_columns)
+    return table.replace_schema_metadata(metadata)
+
+
+def key_hash_known_exact(table, key_columns):
+    """True if ``table`` carries the stamp of :func:`with_key_hash_exact` for exactly
+    ``key_columns``."""
+    metadata = table.schema.metadata or {}
+    return metadata.get(KEY_HASH_EXACT_METADATA) == _columns_tag(key_columns)
+
+
 def users_with_colliding_keys(table, key_columns):
     """Boolean per row: the row's user holds two different key tuples whose ``__key``
     hashes are equal (keys that only different users hold never collide for a user)."""
@@ -316,8 +341,9 @@ def bound_table_l0(table, key_columns, max_keys_per_user, rng):
     whose hash is one-to-one on its keys takes :func:`bound_l0` directly, as before.
     The kept set is each user's first C keys in one total order of its exact keys
     (:func:`l0_tiebroken_ranks`), so it is unchanged when rows outside a user's first C
-    keys are removed beforehand (:func:`prereduce_l0`)."""
-    if key_hash_is_exact(table, key_columns):
+    keys are removed beforehand (:func:`prereduce_l0`). A table stamped by
+    :func:`with_key_hash_exact` for these key columns skips the check (made on its shard)."""
+    if key_hash_known_exact(table, key_columns) or key_hash_is_exact(table, key_columns):
         users = table.column(USER_COLUMN).to_numpy()
         rng = keyed_random.bind_users(rng, table, key_columns)
         return bound_l0(users, table.column(KEY_HASH_COLUMN).to_numpy(), max_keys_per_user, rng)

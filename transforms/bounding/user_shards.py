@@ -311,16 +311,17 @@ class ShardByUser(beam.PTransform):
                                          self._max_user_rows, self._setting)
         return pieces | "GroupUserShards" >> beam.GroupByKey()                  # (shard, [Table])
 
-    def concat(self, after=None):
+    def concat(self, after=None, fn=None):
         """(shard, [Table]) -> one Table of whole users (:func:`exact_users`, ``__key`` present).
         Applying it twice to :meth:`grouped`'s output gives two consumers their own copy
         without the runner materialising the concatenated shards between stages.
         ``after``: a side input (its value is not used) that this step must wait for, so
-        that it runs in its consumer's stage rather than fused with the other consumer."""
+        that it runs in its consumer's stage rather than fused with the other consumer.
+        ``fn``: the concatenation (default :func:`_concat_shard`; same arguments)."""
         extra = {} if after is None else {"after": after}
         if self._max_user_rows is not None:
             extra.update(max_user_rows=self._max_user_rows, setting=self._setting)
-        return beam.FlatMap(_concat_shard, key_columns=self._key_columns,
+        return beam.FlatMap(fn or _concat_shard, key_columns=self._key_columns,
                             **extra).with_output_types(TABLE)
 
 # ---- The gate before the group --------------------------------------------------

@@ -29,7 +29,11 @@ import pyarrow as pa
 from thresher.transforms.randomness import keyed_random, samplers
 from thresher.transforms.plumbing.aggregate import SumCountsPerKey
 from thresher.transforms.plumbing.arrow_coder import TABLE
-from thresher.transforms.bounding.per_user_bound import PerUserBound
+from thresher.transforms.bounding import user_shards
+from thresher.transforms.bounding.per_user_bound import (
+    PerUserBound, key_hash_is_exact, key_hash_known_exact, with_key_hash_exact)
+from thresher.transforms.plumbing import spill
+from thresher.transforms.plumbing.tables import KEY_HASH_COLUMN, concat
 from thresher.transforms.selection.public_domain import restrict_to_domain, zero_counts
 from thresher.transforms.selection.release_fn import KernelRelease
 from thresher.transforms.selection.weighted_threshold import WEIGHT_COLUMN, WeightedPerUserBound
@@ -127,6 +131,8 @@ class _FilterFn(beam.DoFn):
         out = (rows_released if self._keep_released else rows_not_released)(
             table, keys, self._key_columns)
         if out.num_rows:
+            if key_hash_known_exact(table, self._key_columns):   # a row subset: still so
+                out = with_key_hash_exact(out, self._key_columns)
             yield out
 
 
@@ -168,8 +174,101 @@ def counts_per_user(params):
     return int(value)
 
 
+class ShardedUsers:
+    """The user shuffle's grouped pieces (``ShardByUser.grouped``: (shard, [piece])),
+    concatenated into whole-user tables afresh by each consumer (``ShardByUser.concat``)
+    instead of once for all of them.
+
+    Why (issue 43): the rounds and the count stage each read every user, and each after
+    the previous round's released keys. Concatenated once, the whole-user tables (every
+    distinct (user, key) pair of the input) were materialised between stages by the
+    in-process runner and held until the count stage had read them: about 1.3 GB more
+    peak memory than a fixed-bound count at 1e7 rows. With the shuffle spilled
+    (``transforms.plumbing.spill``) the grouped pieces are file names, and each consumer
+    holds one shard at a time. Every consumer reads the same pieces in the same order, so
+    it gets the same tables as from one concatenation (same rounds, same bytes).
+    ``after``: a side input (its value unused) every consumer's concatenation waits for
+    (an automatic bound's choice); later consumers wait for the previous round instead."""
+
+    #: False: one concatenation for every consumer, as before issue 43 (tests compare
+    #: the two: the same released bytes).
+    PER_CONSUMER = True
+
+    def __init__(self, grouped, shard, after=None):
+        self.grouped = grouped
+        self.pipeline = grouped.pipeline
+        self._shard = shard
+        self._after = after
+        self._once = None
+
+    def users(self, label, after=None):
+        """A fresh PCollection of whole-user tables, labelled ``label``, concatenated in
+        the stage of its consumer (the one that reads ``after``)."""
+        if not self.PER_CONSUMER:
+            if self._once is None:
+                self._once = self.grouped | "ConcatUserShard" >> self._shard.concat(
+                    after=self._after)
+            return self._once
+        after = self._after if after is None else after
+        return self.grouped | label >> self._shard.concat(after=after, fn=concat_shard)
+
+
+# What the first consumer of a spilled user shard found, for the next ones in this
+# process: (shard, its piece files) -> (exact_users left the table as it was, __key is
+# one-to-one over the key columns). Spilled pieces are immutable files under fresh
+# random names, so the pair names the shard's content; both facts are functions of it.
+_SHARD_FACTS = {}
+_SHARD_FACTS_MAX = 4096
+
+
+def concat_shard(shard_and_tables, key_columns=None, after=None, max_user_rows=None,
+                 setting=None):
+    """``user_shards._concat_shard`` for the rounds, with two checks made once per
+    spilled shard instead of once per consumer: ``exact_users``' collision sort and
+    ``per_user_bound.key_hash_is_exact`` (the table comes out stamped
+    ``with_key_hash_exact`` when it holds, so ``bound_table_l0`` skips it). The table
+    is the one ``_concat_shard`` gives (same rows, columns and order)."""
+    shard, tables = shard_and_tables
+    tables = list(tables)
+    ident = ((shard, tuple(tables)) if tables and all(isinstance(t, str) for t in tables)
+             else None)
+    known = _SHARD_FACTS.get(ident) if ident is not None else None
+    if max_user_rows is not None:
+        user_shards.check_user_rows(tables, max_user_rows, setting)
+    table = concat([spill.read_piece(t) if isinstance(t, str) else t for t in tables])
+    if table is None:
+        return
+    users_as_read = known[0] if known is not None else None
+    if not users_as_read:
+        exact = user_shards.exact_users(table)
+        users_as_read, table = exact is table, exact
+    if key_columns is not None and KEY_HASH_COLUMN not in table.column_names:
+        table = user_shards.with_key_hash(table, key_columns)
+    key_exact = None
+    if key_columns is not None:
+        key_exact = known[1] if known is not None else key_hash_is_exact(table, key_columns)
+        if key_exact:
+            table = with_key_hash_exact(table, key_columns)
+    if ident is not None and known is None:
+        if len(_SHARD_FACTS) >= _SHARD_FACTS_MAX:
+            _SHARD_FACTS.clear()
+        _SHARD_FACTS[ident] = (users_as_read, key_exact)
+    yield table
+
+
+def _users_for(users, name, after=None):
+    """The whole-user tables round or stage ``name`` reads: ``users`` itself, or a fresh
+    concatenation of :class:`ShardedUsers` waiting for ``after``."""
+    if isinstance(users, ShardedUsers):
+        return users.users(f"{name}Users", after)
+    return users
+
+
 class AdaptiveRelease(beam.PTransform):
     """Whole-user shards -> released keys with noisy counts (the ``adaptive`` kind).
+    The input is a PCollection of whole-user tables, or (:meth:`apply`)
+    :class:`ShardedUsers` (each round and the count stage then concatenate the shuffled
+    pieces themselves).
 
     ``params``: the kind's report section (``rounds`` list of {sigma, threshold_grid},
     ``scale``, ``count_sigma``) as a dict or an ``AsSingleton`` side input;
@@ -188,6 +287,17 @@ class AdaptiveRelease(beam.PTransform):
         self._num_shards = int(num_shards)
         self._rng_factory = rng_factory
         self._spill_dir = spill_dir
+        self._sharded = None
+
+    @classmethod
+    def apply(cls, users, label, *args, **kwargs):
+        """``users | label >> AdaptiveRelease(*args, **kwargs)``, where ``users`` may be
+        :class:`ShardedUsers` (then applied to its grouped pieces)."""
+        transform = cls(*args, **kwargs)
+        if isinstance(users, ShardedUsers):
+            transform._sharded = users
+            users = users.grouped
+        return users | label >> transform
 
     def _draws(self, name):
         """The draws of this release's stage ``name`` (its label path below this one's)."""
@@ -205,17 +315,20 @@ class AdaptiveRelease(beam.PTransform):
 
     def expand(self, users):
         keys = list(self._keys)
+        if self._sharded is not None:      # applied to its grouped pieces
+            users = self._sharded
         released = []
         for r in range(self._rounds):
             name = f"Round{r + 1}"
             if released:
                 so_far = (released[0] if len(released) == 1 else
                           tuple(released) | f"ReleasedBefore{name}" >> beam.Flatten())
-                remaining = users | f"{name}RemoveReleased" >> beam.ParDo(
+                before = _users_for(users, name, beam.pvalue.AsList(so_far))
+                remaining = before | f"{name}RemoveReleased" >> beam.ParDo(
                     _FilterFn(keys, keep_released=False),
                     beam.pvalue.AsList(so_far)).with_output_types(TABLE)
             else:
-                remaining = users
+                remaining = _users_for(users, name)
             sums = (remaining
                     | f"{name}Bound" >> WeightedPerUserBound(
                         keys, self._bound, rng_factory=self._draws(f"{name}Bound"))
@@ -224,7 +337,8 @@ class AdaptiveRelease(beam.PTransform):
             released.append(sums | f"{name}Threshold" >> RoundThreshold(
                 self._params, r, rng_factory=self._draws(f"{name}Threshold")))
         every = tuple(released) | "ReleasedKeys" >> beam.Flatten()
-        kept = users | "CountKeepReleased" >> beam.ParDo(
+        users_now = _users_for(users, "Count", beam.pvalue.AsList(every))
+        kept = users_now | "CountKeepReleased" >> beam.ParDo(
             _FilterFn(keys, keep_released=True), beam.pvalue.AsList(every)
         ).with_output_types(TABLE)
         partial = kept | "CountBound" >> PerUserBound(keys, self._count_bound(users.pipeline),

@@ -154,10 +154,42 @@ class KeyNumbers(NamedTuple):
 
 
 def key_numbers(pair_keys):
-    """:class:`KeyNumbers` of ``pair_keys`` (uint64 key hashes). The numbers are those of
-    a sort of the pairs by key hash, found with one hash pass (Arrow's dictionary
-    encoding: the distinct keys in order of first appearance) and a sort of the J
-    distinct keys only, ~5x faster than sorting the pairs (J is ~10x fewer here)."""
+    """:class:`KeyNumbers` of ``pair_keys`` (uint64 key hashes): the numbers of a sort of
+    the pairs by key hash, ``first`` the first pair (lowest index) of each key.
+
+    One value sort (numpy's sort of uint64 is ~4x faster than its argsort): the pair
+    index rides in the low b = bit_length(n - 1) bits of the key hash, so the sorted
+    words list the pairs by key and, within a key, in index order. Two keys sharing their
+    top 64 - b bits (probability about J^2 2^-(65-b) for J keys) could interleave: that is
+    detected and :func:`_key_numbers_by_dictionary` is used instead (the same numbers)."""
+    pair_keys = np.asarray(pair_keys, dtype=np.uint64)
+    n = len(pair_keys)
+    if n == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return KeyNumbers(np.zeros(0, dtype=np.uint64), empty, empty)
+    bits = max(1, (n - 1).bit_length())
+    if bits > 40:
+        return _key_numbers_by_dictionary(pair_keys)
+    low = np.uint64((1 << bits) - 1)
+    packed = (pair_keys & ~low) | np.arange(n, dtype=np.uint64)
+    packed.sort()
+    pair = (packed & low).astype(np.int64)
+    keys = pair_keys[pair]
+    new_top = _runs(packed >> np.uint64(bits))
+    del packed
+    new_key = _runs(keys)
+    if not np.array_equal(new_top, new_key):   # keys sharing their top bits: exact path
+        return _key_numbers_by_dictionary(pair_keys)
+    starts = np.flatnonzero(new_key)
+    index = np.empty(n, dtype=np.int64)
+    index[pair] = np.cumsum(new_key, dtype=np.int64) - 1
+    return KeyNumbers(keys[starts], index, pair[starts])
+
+
+def _key_numbers_by_dictionary(pair_keys):
+    """:func:`key_numbers` by one hash pass (Arrow's dictionary encoding: the distinct
+    keys in order of first appearance) and a sort of the J distinct keys only; exact
+    whatever the keys' bits (the sort-based path's fallback, and its test oracle)."""
     pair_keys = np.asarray(pair_keys, dtype=np.uint64)
     if len(pair_keys) == 0:
         empty = np.zeros(0, dtype=np.int64)
@@ -215,17 +247,14 @@ def pair_statistics(pair_users, pair_keys, counts, score, num_key_shards=_DEFAUL
     # it is computed per user and gathered.
     user_weighted = score.user_weighted
     columns = {KEY_HASH_COLUMN: keys[by_shard]}
-    if score.model == "l1":
-        pair_weights = weights[pair_users]
+    names = _contribution_columns(k)
+    if (score.model == "l0" and not user_weighted
+            and len(pair_users) << exact_scores.COUNT_BITS < exact_scores.EXACT_FLOAT):
+        columns.update(zip(names, l0_key_units(pair_users, np.maximum(weights, 1),
+                                               score.candidates, pair_position, len(keys))))
     else:
-        user_weight = np.maximum(weights, 1)
-    for name, candidate in zip(_contribution_columns(k), score.candidates):
-        if score.model == "l1":
-            units = exact_scores.expected_count_units(counts, pair_weights, candidate)
-        else:
-            units = exact_scores.expected_count_units(
-                None, user_weight, candidate, user_weighted=user_weighted)[pair_users]
-        columns[name] = exact_scores.exact_bincount(pair_position, units, len(keys))
+        columns.update(zip(names, key_units(pair_users, counts, weights, score,
+                                            pair_position, len(keys))))
     del pair_users, pair_keys
     partials = []
     for s in range(num_key_shards):
@@ -235,6 +264,60 @@ def pair_statistics(pair_users, pair_keys, counts, score, num_key_shards=_DEFAUL
             partials.append((s, pa.table({name: pa.array(values[lo:hi].copy())
                                           for name, values in columns.items()})))
     return dropped, partials
+
+
+def key_units(pair_users, counts, weights, score, pair_position, num_keys):
+    """Per candidate, each key's sum of its pairs' ``exact_scores.expected_count_units``
+    (``exact_bincount`` at ``pair_position``, 0..num_keys-1): the general loop, any model
+    (the oracle of :func:`l0_key_units`)."""
+    if score.model == "l1":
+        pair_weights = weights[pair_users]
+    else:
+        user_weight = np.maximum(weights, 1)
+    out = []
+    for candidate in score.candidates:
+        if score.model == "l1":
+            units = exact_scores.expected_count_units(counts, pair_weights, candidate)
+        else:
+            units = exact_scores.expected_count_units(
+                None, user_weight, candidate, user_weighted=score.user_weighted)[pair_users]
+        out.append(exact_scores.exact_bincount(pair_position, units, num_keys))
+    return out
+
+
+def l0_key_units(pair_users, user_weight, candidates, pair_position, num_keys):
+    """:func:`key_units` in the l0 model without user weighting, with the same integers
+    and less work (issue 43): a pair's units at C are 2^B when its user has w_i <= C and
+    floor(C 2^B / w_i) otherwise (``exact_scores.expected_count_units``). The pairs are
+    grouped by j_i, the number of candidates below w_i (a radix sort of one byte); at
+    candidate c_t the groups j <= t add 2^B per pair (a running count per key, one
+    integer bincount per group in all) and only the pairs with j > t, w_i > c_t, need
+    their own units (a weighted bincount of those pairs alone: on the benchmark's Zipf
+    data half the pairs x candidates of the general loop). Exact: the caller checks
+    n 2^B < 2^53, so every partial sum of a float bincount is an integer below 2^53 and
+    the int64 totals are the general loop's sums whatever the order of the terms."""
+    candidates = np.asarray(candidates, dtype=np.int64)
+    k = len(candidates)
+    user_group = np.searchsorted(candidates, user_weight, side="left")  # j_i per user
+    group = (k - user_group).astype(np.uint8 if k < 256 else np.uint16)[pair_users]
+    order = np.argsort(group, kind="stable")       # j descending: w_i > c_t first
+    ends = np.searchsorted(group[order], np.arange(k + 2))
+    del group
+    positions = pair_position[order]
+    users = np.asarray(pair_users)[order]
+    del order
+    running = np.zeros(num_keys, dtype=np.int64)
+    out = []
+    for t, candidate in enumerate(candidates):
+        lo, hi = int(ends[k - t]), int(ends[k - t + 1])     # the pairs with j = t
+        running += np.bincount(positions[lo:hi], minlength=num_keys)
+        column = running << np.int64(exact_scores.COUNT_BITS)
+        if lo:   # the pairs with w_i > c_t: their users' floor(c_t 2^B / w_i)
+            units = exact_scores.expected_count_units(None, user_weight, int(candidate))
+            column += np.bincount(positions[:lo], weights=units[users[:lo]],
+                                  minlength=num_keys).astype(np.int64)
+        out.append(column)
+    return out
 
 
 def shard_key_costs(partials, key_columns, score):

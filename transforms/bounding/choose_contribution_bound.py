@@ -30,7 +30,7 @@ Scores, sensitivity and their proofs: ``accounting.contribution_bound``,
 ``accounting.exact_scores`` and docs/contribution_bound.md.
 """
 import logging
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import apache_beam as beam
 import numpy as np
@@ -147,10 +147,13 @@ def table_statistics(table, key_columns, score, *, num_key_shards=_DEFAULT_KEY_S
 
 class KeyNumbers(NamedTuple):
     """The distinct key hashes of some pairs, in increasing order (``keys``, J of them),
-    each pair's key number 0..J-1 (``index``) and one pair of each key (``first``)."""
+    each pair's key number 0..J-1 (``index``) and one pair of each key (``first``);
+    ``order``: the pairs sorted by key number, ties in pair order (a stable argsort of
+    ``index``), or None when not at hand."""
     keys: np.ndarray
     index: np.ndarray
     first: np.ndarray
+    order: Optional[np.ndarray] = None
 
 
 def key_numbers(pair_keys):
@@ -183,7 +186,7 @@ def key_numbers(pair_keys):
     starts = np.flatnonzero(new_key)
     index = np.empty(n, dtype=np.int64)
     index[pair] = np.cumsum(new_key, dtype=np.int64) - 1
-    return KeyNumbers(keys[starts], index, pair[starts])
+    return KeyNumbers(keys[starts], index, pair[starts], pair)
 
 
 def _key_numbers_by_dictionary(pair_keys):
@@ -231,30 +234,29 @@ def pair_statistics(pair_users, pair_keys, counts, score, num_key_shards=_DEFAUL
     if numbers is None:
         numbers = key_numbers(pair_keys)
     keys, key_index = numbers.keys, numbers.index
-    del numbers
     # Shards are hash mod num_key_shards (key_shards); rows of each shard contiguous.
     shard = (keys % np.uint64(num_key_shards)).astype(np.int64)
     by_shard = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[by_shard], np.arange(num_key_shards + 1))
     position = np.empty(len(keys), dtype=np.int64)
     position[by_shard] = np.arange(len(keys))
-    pair_position = position[key_index]
-    del key_index, position
     # contribution_bound.expected_bounded_counts, N_ij * min(1, C / max(w_i, 1)) (or
     # min(x, sqrt(x)) in user weights), one candidate at a time, as integer units of
     # 2^-B rounded down (exact_scores.expected_count_units: the same integers on every
     # platform, summed exactly). In the l0 model the term depends on the user only, so
     # it is computed per user and gathered.
-    user_weighted = score.user_weighted
     columns = {KEY_HASH_COLUMN: keys[by_shard]}
     names = _contribution_columns(k)
-    if (score.model == "l0" and not user_weighted
+    if (score.model == "l0" and not score.user_weighted
             and len(pair_users) << exact_scores.COUNT_BITS < exact_scores.EXACT_FLOAT):
-        columns.update(zip(names, l0_key_units(pair_users, np.maximum(weights, 1),
-                                               score.candidates, pair_position, len(keys))))
+        units = l0_key_units(pair_users, np.maximum(weights, 1), score.candidates,
+                             key_index, len(keys), key_order=numbers.order)
+        columns.update(zip(names, (column[by_shard] for column in units)))
     else:
+        pair_position = position[key_index]
         columns.update(zip(names, key_units(pair_users, counts, weights, score,
                                             pair_position, len(keys))))
+    del key_index, position, numbers
     del pair_users, pair_keys
     partials = []
     for s in range(num_key_shards):
@@ -285,37 +287,36 @@ def key_units(pair_users, counts, weights, score, pair_position, num_keys):
     return out
 
 
-def l0_key_units(pair_users, user_weight, candidates, pair_position, num_keys):
-    """:func:`key_units` in the l0 model without user weighting, with the same integers
-    and less work (issue 43): a pair's units at C are 2^B when its user has w_i <= C and
-    floor(C 2^B / w_i) otherwise (``exact_scores.expected_count_units``). The pairs are
-    grouped by j_i, the number of candidates below w_i (a radix sort of one byte); at
-    candidate c_t the groups j <= t add 2^B per pair (a running count per key, one
-    integer bincount per group in all) and only the pairs with j > t, w_i > c_t, need
-    their own units (a weighted bincount of those pairs alone: on the benchmark's Zipf
-    data half the pairs x candidates of the general loop). Exact: the caller checks
-    n 2^B < 2^53, so every partial sum of a float bincount is an integer below 2^53 and
-    the int64 totals are the general loop's sums whatever the order of the terms."""
-    candidates = np.asarray(candidates, dtype=np.int64)
-    k = len(candidates)
-    user_group = np.searchsorted(candidates, user_weight, side="left")  # j_i per user
-    group = (k - user_group).astype(np.uint8 if k < 256 else np.uint16)[pair_users]
-    order = np.argsort(group, kind="stable")       # j descending: w_i > c_t first
-    ends = np.searchsorted(group[order], np.arange(k + 2))
-    del group
-    positions = pair_position[order]
-    users = np.asarray(pair_users)[order]
-    del order
-    running = np.zeros(num_keys, dtype=np.int64)
+def l0_key_units(pair_users, user_weight, candidates, pair_key, num_keys, key_order=None):
+    """:func:`key_units` in the l0 model without user weighting (issue 43), with the
+    same integers and less work: a pair's units at C depend on its user's weight w_i
+    alone (2^B for w_i <= C, else floor(C 2^B / w_i): ``exact_scores.
+    expected_count_units``), so they are computed once per distinct weight and looked up
+    through a small table, and each key's sum is a difference of an int64 running sum
+    over the pairs sorted by key (``key_order``, a stable argsort of ``pair_key``; the order
+    ``key_numbers`` sorts by) instead of a scattered float bincount. Integer sums of
+    integers below 2^62 in total (the caller checks n 2^B < 2^53): exactly the general
+    loop's sums, whatever the order of the terms. ``pair_key``: each pair's key number
+    0..num_keys-1 (the sums are indexed by it)."""
+    pair_users = np.asarray(pair_users)
+    pair_key = np.asarray(pair_key)
+    if key_order is None:
+        key_order = np.argsort(pair_key, kind="stable")
+    sizes = np.bincount(pair_key, minlength=num_keys)
+    held = np.flatnonzero(sizes)                     # keys with a pair (all, from the pass)
+    ends = np.cumsum(sizes)[held]
+    starts = ends - sizes[held]
+    weights, weight_of_user = np.unique(user_weight, return_inverse=True)
+    weight_of_user = weight_of_user.reshape(-1).astype(
+        np.uint16 if len(weights) <= 1 << 16 else np.int64)
+    pair_weight = weight_of_user[pair_users[key_order]]   # in key order
     out = []
-    for t, candidate in enumerate(candidates):
-        lo, hi = int(ends[k - t]), int(ends[k - t + 1])     # the pairs with j = t
-        running += np.bincount(positions[lo:hi], minlength=num_keys)
-        column = running << np.int64(exact_scores.COUNT_BITS)
-        if lo:   # the pairs with w_i > c_t: their users' floor(c_t 2^B / w_i)
-            units = exact_scores.expected_count_units(None, user_weight, int(candidate))
-            column += np.bincount(positions[:lo], weights=units[users[:lo]],
-                                  minlength=num_keys).astype(np.int64)
+    for candidate in candidates:
+        units = exact_scores.expected_count_units(None, weights, int(candidate))
+        running = np.zeros(len(pair_weight) + 1, dtype=np.int64)
+        np.cumsum(units[pair_weight], out=running[1:])
+        column = np.zeros(num_keys, dtype=np.int64)
+        column[held] = running[ends] - running[starts]
         out.append(column)
     return out
 

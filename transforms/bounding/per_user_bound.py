@@ -213,10 +213,13 @@ def exact_key_codes(table, key_columns):
     return codes
 
 
-def key_hash_is_exact(table, key_columns):
+def key_hash_is_exact(table, key_columns, distinct_hashes=None):
     """True if ``__key`` is one-to-one on the table's key tuples (the hash is a function
-    of the key, so equal numbers of distinct values on both sides suffice)."""
-    distinct_hashes = pc.count_distinct(table.column(KEY_HASH_COLUMN)).as_py()
+    of the key, so equal numbers of distinct values on both sides suffice).
+    ``distinct_hashes``: the number of distinct ``__key`` values when the caller has
+    counted them already (``transforms.bounding.scored_bound``)."""
+    if distinct_hashes is None:
+        distinct_hashes = pc.count_distinct(table.column(KEY_HASH_COLUMN)).as_py()
     if len(key_columns) == 1:
         distinct_keys = pc.count_distinct(table.column(key_columns[0])).as_py()
     else:

@@ -10,10 +10,11 @@ Issue #8. One run generates (or reuses) the data, then measures, each in a fresh
   ``max_partitions_contributed`` = C, ``max_contributions_per_partition`` = 1, at each of
   ``--peer-rows`` (default 1e5 and 1e6 rows; PipelineDP needs about a minute for 1e6 rows
   here), with a fixed + per-row fit of CPU seconds from the two largest sizes;
-- the in-process numpy/pyarrow floor: read, dictionary-encode, de-duplicate (user, key),
-  keep C random keys per user, count per key, noise and threshold, in one process with no
-  Beam (see :func:`floor`); the ratio column of the thresher rows is thresher's wall time
-  over the floor's compute time (the floor's imports and start-up are not counted);
+- the in-process numpy/pyarrow floor: read, exact identity (dictionary codes), de-duplicate
+  (user, key), keep C random keys per user, count per key, noise and threshold, write the
+  released keys, in one process with no Beam (see :func:`floor`); timed as thresher is,
+  the whole process (start-up and imports included, output written): the ratio column of
+  the thresher rows is thresher's wall (CPU) over the floor process's wall (CPU);
 - a scaling run over ``--scaling`` row counts, and a key-cardinality run over ``--keys``
   distinct keys (peak RSS must stay flat as keys grow).
 
@@ -32,7 +33,9 @@ The key-cardinality data keep the user column of the main data set and replace t
   ``--data-dir``/compare), and ``thresher run`` of each and of this checkout on the same
   data and spec (``--rows``, gaussian, ``--compare-bound``), taken in turns for
   ``--compare-rounds`` rounds: wall, CPU and peak RSS side by side (see
-  :func:`compare_table`).
+  :func:`compare_table`). This checkout runs from a clean virtualenv of its own too
+  (:func:`install_checkout`: the same third-party packages as the compared commits), and
+  the floor after each of its runs of a fixed bound, with every commit's ratio to it.
 
     python benchmarks/bench_release.py                   # everything (about 10 minutes)
     python -m benchmarks.bench_release --compare 364e7c4,aec4b08 --rows 1e7
@@ -131,6 +134,32 @@ def _measure_main(out, cmd):
 
 # ---- thresher ---------------------------------------------------------------------------------
 
+def checkout_env():
+    """The environment of this checkout's ``thresher`` runs: Python's bytecode cache on
+    (an installed thresher, like every compared commit, runs from the bytecode ``pip
+    install`` compiled; with PYTHONDONTWRITEBYTECODE the checkout's ~200 modules would be
+    compiled from source in every measured run). :func:`compile_checkout` writes it
+    first, so no measured run pays the compilation."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+_COMPILED = []
+
+
+def compile_checkout(python=None):
+    """Compile the checkout's modules into their ``__pycache__`` folders (git-ignored)
+    once, as ``pip install`` does for an installed version."""
+    if _COMPILED:
+        return
+    python = python or sys.executable
+    folders = [os.path.join(ROOT, p) for p in ("accounting", "pipelines", "transforms",
+                                               os.path.join("src", "thresher"))]
+    subprocess.run([python, "-m", "compileall", "-q",
+                    *[f for f in folders if os.path.isdir(f)]],
+                   env=checkout_env(), check=False, stdout=subprocess.DEVNULL)
+    _COMPILED.append(True)
+
+
 def thresher_command():
     """The checkout's thresher (``python -m thresher`` run from ROOT), never an
     installed ``thresher`` of another version found on PATH."""
@@ -161,6 +190,9 @@ def write_config(work, name, data, kind, bound, mechanism=None):
 
 def run_thresher(work, name, data, kind, bound, extra=(), env=None):
     config, out = write_config(work, name, data, kind, bound)
+    if env is None:
+        compile_checkout()
+        env = checkout_env()
     m = measure([*thresher_command(), "run", config, "--overwrite", "--quiet", *extra], env=env)
     m["keys"] = None
     report_path = os.path.join(out, "release_report.json")
@@ -212,12 +244,32 @@ def run_pipelinedp(work, data):
 
 # ---- the in-process floor ---------------------------------------------------------------------
 
-def floor(data, bound, sigma, threshold, pre_threshold=1, seed=0):
-    """Read + dictionary-encode + de-duplicate + bound + count + threshold, in process.
+def floor(data, bound, sigma, threshold, out=None, pre_threshold=1, seed=0):
+    """The in-process floor of a release: the leanest single-process numpy/pyarrow version
+    of the work ``thresher run`` does, timed like thresher (issue 43: "read, exact
+    identity, bound, count, noise, write").
 
-    The leanest single-process numpy/pyarrow version of what a release computes (no Beam,
-    no sharding, no hashing, numpy's generator for coins and rounded normal noise: a speed
-    floor, not a private release). Returns per-phase seconds and the number of keys kept."""
+    In (each a phase of the returned seconds):
+
+    - read: the user and key columns of the whole Parquet file (pyarrow's multi-threaded
+      reader, as thresher's row-group reads);
+    - identity: every distinct user id and key told apart exactly (Parquet's dictionaries
+      unified across row groups: dense codes, no hashing into a smaller space);
+    - bound: de-duplicate (user, key) (one sort of the packed codes), then C uniformly
+      random distinct keys per user (users with more than C keys only);
+    - count: distinct users per key (``bincount``);
+    - noise: rounded normal noise of ``sigma`` on the keys with at least
+      ``pre_threshold`` users, kept where at or above ``threshold``;
+    - write: the released keys (strings) and noisy counts as Parquet to ``out`` (a
+      temporary file when None; thresher writes ``released.parquet`` and its report).
+
+    Out: Beam, sharding, spilling, the keyed CSPRNG (numpy's generator instead), the
+    discrete Gaussian, the plan and ledger, the canonical order and interval columns of
+    thresher's output: a speed floor, not a private release. Its process start-up
+    (interpreter, numpy/pyarrow imports) is not in these phases; :func:`run_floor` times
+    the whole process (start to file written), as thresher's figures are, and that is
+    the figure the ratios use. Returns per-phase seconds and the number of keys kept."""
+    import pyarrow as pa
     import pyarrow.dataset as _dataset  # imported before the clock starts (read_table uses it)
     import pyarrow.parquet as pq
     del _dataset
@@ -226,14 +278,21 @@ def floor(data, bound, sigma, threshold, pre_threshold=1, seed=0):
     t = {"start": time.perf_counter()}
     table = pq.read_table(data, columns=[USER, KEY], read_dictionary=[USER, KEY])
     t["read"] = time.perf_counter()
+    # Parquet's per-row-group dictionaries unified into one per column (reading plain
+    # strings and encoding them in one hash pass, pc.dictionary_encode, measured the same:
+    # 7.2-7.5 s of process CPU either way at 1e7 rows)
     table = table.unify_dictionaries()
     user = table.column(USER).combine_chunks()
     key = table.column(KEY).combine_chunks()
-    n_keys = len(key.dictionary)
+    del table
+    key_names = key.dictionary
+    n_keys = len(key_names)
     u = user.indices.to_numpy().astype(np.int64)
     k = key.indices.to_numpy().astype(np.int64)
-    t["encode"] = time.perf_counter()
+    del user, key
+    t["identity"] = time.perf_counter()
     pairs = np.sort(u * n_keys + k)                      # sort-based de-duplication
+    del u, k
     first = np.empty(len(pairs), dtype=bool)
     first[0] = True
     np.not_equal(pairs[1:], pairs[:-1], out=first[1:])
@@ -261,18 +320,26 @@ def floor(data, bound, sigma, threshold, pre_threshold=1, seed=0):
     t["bound"] = time.perf_counter()
     counts = np.bincount(kept, minlength=n_keys)
     t["count"] = time.perf_counter()
-    eligible = counts >= pre_threshold
-    noisy = counts[eligible] + np.rint(rng.normal(0, sigma, int(eligible.sum()))).astype(np.int64)
-    released = int((noisy >= threshold).sum())
-    t["threshold"] = time.perf_counter()
-    names = ["read", "encode", "bound", "count", "threshold"]
+    eligible = np.flatnonzero(counts >= pre_threshold)
+    noisy = counts[eligible] + np.rint(rng.normal(0, sigma, len(eligible))).astype(np.int64)
+    released = noisy >= threshold
+    t["noise"] = time.perf_counter()
+    result = pa.table({KEY: key_names.take(pa.array(eligible[released])),
+                       "count": pa.array(noisy[released])})
+    if out is None:
+        with tempfile.TemporaryDirectory() as folder:
+            pq.write_table(result, os.path.join(folder, "released.parquet"))
+    else:
+        pq.write_table(result, out)
+    t["write"] = time.perf_counter()
+    names = ["read", "identity", "bound", "count", "noise", "write"]
     phases = {}
     prev = t["start"]
     for name in names:
         phases[name] = t[name] - prev
         prev = t[name]
-    return {"compute": t["threshold"] - t["start"], "compute_cpu": time.process_time() - cpu0,
-            "phases": phases, "keys": released}
+    return {"compute": t["write"] - t["start"], "compute_cpu": time.process_time() - cpu0,
+            "phases": phases, "keys": int(released.sum())}
 
 
 def _floor_main(data, bound, sigma, threshold):
@@ -281,14 +348,25 @@ def _floor_main(data, bound, sigma, threshold):
     return 0
 
 
-def run_floor(data, sigma, threshold):
-    m = measure([sys.executable, os.path.abspath(__file__), "_floor", data, str(BOUND),
+def run_floor(data, sigma, threshold, bound=BOUND, python=None):
+    """:func:`floor` in a fresh process: ``wall``/``cpu``/``rss_mb`` are the whole
+    process's (interpreter start to output written, as thresher's figures), ``compute``
+    / ``compute_cpu``/``phases`` the work after the imports."""
+    m = measure([python or sys.executable, os.path.abspath(__file__), "_floor", data, str(bound),
                  repr(sigma), repr(threshold)])
     result = _last_json(m["stdout"])
     m.update(compute=result.get("compute", float("nan")),
              compute_cpu=result.get("compute_cpu", float("nan")), phases=result.get("phases", {}),
              keys=result.get("keys"))
     return m
+
+
+def _floor_phases(fl):
+    if _ok(fl):
+        phases = ", ".join(f"{k} {v:.2f}" for k, v in fl.get("phases", {}).items())
+        print(f"#   floor phases (wall s): {phases}; after the imports {fl['compute']:.2f} s "
+              f"wall, {fl['compute_cpu']:.2f} s cpu; process {fl['wall']:.2f} s wall, "
+              f"{fl['cpu']:.2f} s cpu", flush=True)
 
 
 def _last_json(text):
@@ -348,7 +426,7 @@ def main_table(args, work):
         mech = gaussian["report"]["mechanism"]
         fl = run_floor(data, mech["sigma"], mech["threshold"])
     for (kind, bound), m in results.items():
-        ratio = (f"{m['wall'] / fl['compute']:.1f}x ({m['cpu'] / fl['compute_cpu']:.1f}x cpu)"
+        ratio = (f"{m['wall'] / fl['wall']:.1f}x ({m['cpu'] / fl['cpu']:.1f}x cpu)"
                  if _ok(fl) and _ok(m) else "")
         row(f"thresher {kind}, C={bound}", rows, m, ratio)
     for kind in args.kinds:
@@ -359,9 +437,8 @@ def main_table(args, work):
                   f"{auto_m['rss_mb'] / fixed['rss_mb']:.2f}x (targets: time <= 1.25x, "
                   f"memory <= 1.1x)")
     if fl is not None:
-        row("floor: numpy/pyarrow in process", rows, fl, "1.0x", seconds=fl["compute"])
-        phases = ", ".join(f"{k} {v:.2f}" for k, v in fl.get("phases", {}).items())
-        print(f"#   floor phases (s): {phases}; process wall {fl['wall']:.2f} s")
+        row("floor: numpy/pyarrow in process", rows, fl, "1.0x")
+        _floor_phases(fl)
     return results, fl
 
 
@@ -420,11 +497,10 @@ def scaling_table(args, work):
             previous = (rows, m["cpu"])
             mech = m["report"]["mechanism"]
             fl = run_floor(data, mech["sigma"], mech["threshold"])
-            row("floor", rows, fl, (f"thresher {m['wall'] / fl['compute']:.1f}x"
-                                    if _ok(fl) else ""),
-                seconds=fl["compute"] if _ok(fl) else None)
+            row("floor", rows, fl, (f"thresher {m['wall'] / fl['wall']:.1f}x"
+                                    if _ok(fl) else ""))
     print("#   ratio column of thresher rows: marginal CPU cost per row between this size and "
-          "the previous; of floor rows: thresher wall / floor compute wall")
+          "the previous; of floor rows: thresher wall / floor process wall")
 
 
 def startup_env(work):
@@ -538,8 +614,7 @@ def large_table(args, work):
             continue
         mech = m["report"]["mechanism"]
         fl = run_floor(data, mech["sigma"], mech["threshold"])
-        row("floor", rows, fl, (f"thresher {m['wall'] / fl['compute']:.1f}x" if _ok(fl) else ""),
-            seconds=fl["compute"] if _ok(fl) else None)
+        row("floor", rows, fl, (f"thresher {m['wall'] / fl['wall']:.1f}x" if _ok(fl) else ""))
 
 
 def install_revision(rev, cache):
@@ -573,6 +648,38 @@ def install_revision(rev, cache):
     return [thresher], commit
 
 
+def install_checkout(cache):
+    """A ``python`` of a clean virtualenv (``--compare-head venv``) with this checkout
+    installed editable (``pip install -e``, its dependencies resolved as for a compared
+    commit, cached under ``cache`` by the checkout's path and packaging files): HEAD then
+    runs with the same third-party packages as the commits it is compared with. Beam
+    imports optional packages when they are present (pandas, boto3 and the s3
+    filesystem, ...): in this machine's system site-packages, which the checkout's own
+    ``.venv`` may see, they cost ~0.6 s of CPU and ~55 MB of peak RSS per run, which a
+    compared commit's clean venv does not pay (issue 43 item 4's "+50 MB" was that)."""
+    import hashlib
+    import shutil
+    digest = hashlib.sha256(ROOT.encode())
+    for name in ("setup.py", "pyproject.toml"):
+        path = os.path.join(ROOT, name)
+        if os.path.exists(path):
+            with open(path, "rb") as handle:
+                digest.update(handle.read())
+    folder = os.path.join(cache, f"checkout-{digest.hexdigest()[:12]}")
+    python = os.path.join(folder, "venv", "bin", "python")
+    done = os.path.join(folder, "installed")
+    if not os.path.exists(done):
+        shutil.rmtree(folder, ignore_errors=True)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "venv", os.path.join(folder, "venv")], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", "-e", ROOT], check=True)
+        with open(done, "w", encoding="utf-8") as handle:
+            handle.write(ROOT + "\n")
+        print(f"# installed this checkout (editable) in a clean venv in "
+              f"{time.perf_counter() - t0:.0f} s: {folder}", flush=True)
+    return python
+
+
 def compare_table(args, work):
     """This checkout against older commits (``--compare``) on one input: ``thresher run``
     of each, gaussian, ``max_keys_per_user`` = ``--compare-bound``, string user ids,
@@ -589,7 +696,11 @@ def compare_table(args, work):
                           capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
-    targets.append((f"HEAD ({head}{'+' if dirty else ''})", thresher_command(), ROOT))
+    head_label = f"HEAD ({head}{'+' if dirty else ''})"
+    head_python = (install_checkout(cache) if args.compare_head == "venv" and args.compare
+                   else sys.executable)
+    targets.append((head_label, [head_python, "-m", "thresher.pipelines.cli"], ROOT))
+    compile_checkout(head_python)
     cases = args.compare_cases or [str(args.compare_bound)]
     print(f"\n## Compare: {rows:,} rows, gaussian, cases {','.join(cases)}, "
           f"epsilon={EPSILON:g}, delta={DELTA:g}, string user ids (data "
@@ -606,10 +717,16 @@ def compare_table(args, work):
                 index = targets.index((label, command, cwd))
                 config, out = write_config(work, f"compare_{index}_{case.replace(':', '_')}",
                                            data, "gaussian", bound, mechanism)
-                m = measure([*command, "run", config, "--overwrite", "--quiet"], cwd=cwd)
+                m = measure([*command, "run", config, "--overwrite", "--quiet"], cwd=cwd,
+                            env=checkout_env() if label == head_label else None)
                 m["keys"] = _released_keys(out) if m["rc"] == 0 else None
                 results[(case, label)].append(m)
                 row(f"{label} C={case}", rows, m, f"round {round_ + 1}")
+                if args.compare_floor and label == head_label and m["rc"] == 0 \
+                        and bound != "auto":
+                    fl = _floor_for(out, data, bound, head_python)
+                    results.setdefault((case, "floor"), []).append(fl)
+                    row(f"floor C={case}", rows, fl, f"round {round_ + 1}")
     import statistics
     medians = {}
     for key, ms in results.items():
@@ -624,6 +741,12 @@ def compare_table(args, work):
         print("#   medians over the rounds:")
         for (case, label), median in medians.items():
             row(f"{label} C={case}", rows, median, "median")
+    for (case, label), median in medians.items():   # every commit against the floor
+        fl = medians.get((case, "floor"))
+        if fl and label != "floor":
+            print(f"#   {label} C={case} / floor (whole processes): CPU "
+                  f"{median['cpu'] / fl['cpu']:.2f}x, wall {median['wall'] / fl['wall']:.2f}x, "
+                  f"peak RSS {median['rss_mb'] / fl['rss_mb']:.2f}x", flush=True)
     # auto against the fixed bound of the same spec shape, per commit (same run)
     for label, _, _ in targets:
         for case in cases:
@@ -637,6 +760,16 @@ def compare_table(args, work):
                       f"wall {a['wall'] / f['wall']:.2f}x, peak RSS "
                       f"{a['rss_mb'] / f['rss_mb']:.2f}x", flush=True)
     return results
+
+
+def _floor_for(out, data, bound, python):
+    """The floor (:func:`run_floor`) at a compared run's sigma, threshold and bound, run
+    by ``python`` (HEAD's interpreter and packages)."""
+    with open(os.path.join(out, "release_report.json"), encoding="utf-8") as handle:
+        mech = json.load(handle)["mechanism"]
+    fl = run_floor(data, mech["sigma"], mech["threshold"], bound=bound, python=python)
+    _floor_phases(fl)
+    return fl
 
 
 def _compare_case(case):
@@ -778,6 +911,13 @@ def main(argv=None):
                              "checkout: runs only the comparison unless --only is given")
     parser.add_argument("--compare-bound", type=int, default=4)
     parser.add_argument("--compare-rounds", type=int, default=1)
+    parser.add_argument("--compare-head", choices=("venv", "here"), default="venv",
+                        help="venv: HEAD runs from a clean virtualenv with this checkout "
+                             "installed editable, as the compared commits run from theirs "
+                             "(install_checkout); here: with this interpreter")
+    parser.add_argument("--compare-floor", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run the floor (whole process) after each HEAD run of a "
+                             "fixed bound, and print every commit's ratio to it")
     parser.add_argument("--compare-cases", type=lambda s: [c for c in s.split(",") if c],
                         default=None,
                         help="bounds to compare, e.g. 4,auto,4:pt1,auto:pt1 (pt1: "

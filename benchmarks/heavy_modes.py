@@ -3,8 +3,10 @@
 The data are ``benchmarks/heavy_user.py``'s (one user ``heavy`` with ``--heavy-rows`` rows
 among ``--users`` ordinary users of 20 rows each; with ``--same-key`` all of the heavy
 user's rows are on one key, else each on its own key). One spec per mode below; each is
-run through the CLI under ``/usr/bin/time -v`` and a table of (exit code, wall seconds,
-peak RSS) is printed:
+run through the CLI under ``/usr/bin/time -v`` and a table of (exit code, CPU seconds
+(user + system, waited-for children included), wall seconds, peak RSS, 1-minute load at
+the end) is printed. ``public_keys*`` modes read ``domain.parquet`` (keys k0..k1199)
+written beside the specs:
 
     python benchmarks/heavy_modes.py /tmp/heavy --heavy-rows 10000000
     python benchmarks/heavy_modes.py /tmp/heavy --run [--python PATH] [--modes l1,auto]
@@ -40,17 +42,36 @@ MODES = {
     "heavy_hitters_adaptive": {"bounding": {"max_keys_per_user": 4},
                                "mechanism": {"kind": "heavy_hitters", "top_k": 5,
                                              "method": "adaptive"}},
+    # a public key domain (the ordinary keys k0..k199 and the heavy user's first 1,000):
+    # write_specs points input.public_keys at domain.parquet beside the data
+    "public_keys": {"bounding": {"max_keys_per_user": 4}, "public_keys": True},
+    "public_keys_aggregates": {"bounding": {"max_keys_per_user": 4}, "public_keys": True,
+                               "aggregates": [{"column": "amount", "statistic": "sum",
+                                               "clip": [0.0, 10.0]}]},
 }
+DOMAIN_KEYS = 1200     # k0 .. k1199: heavy_user.py's ordinary keys and 1,000 of the heavy's
+
+
+def write_domain(folder):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    path = os.path.join(os.path.abspath(folder), "domain.parquet")
+    pq.write_table(pa.table({"word": [f"k{i}" for i in range(DOMAIN_KEYS)]}), path)
+    return path
 
 
 def write_specs(folder, data):
+    domain = write_domain(folder)
     for name, change in MODES.items():
+        change = dict(change)
         doc = {"name": f"heavy-{name}",
                "input": {"path": os.path.abspath(data), "format": "parquet",
                          "user": "user_id", "keys": ["word"]},
                "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
                "mechanism": {"kind": "gaussian"},
                "output": {"path": os.path.join(os.path.abspath(folder), "out", name)}}
+        if change.pop("public_keys", False):
+            doc["input"]["public_keys"] = {"path": domain}
         for section, values in change.items():
             if isinstance(values, dict) and section != "mechanism":
                 doc.setdefault(section, {}).update(values)
@@ -61,8 +82,8 @@ def write_specs(folder, data):
 
 
 def run(folder, python, modes):
-    print("| mode | exit | wall s | peak RSS MB | message |")
-    print("|---|---|---|---|---|")
+    print("| mode | exit | CPU s | wall s | peak RSS MB | load | message |")
+    print("|---|---|---|---|---|---|---|")
     for name in modes:
         spec = os.path.join(folder, f"mode_{name}.yaml")
         start = time.time()
@@ -73,9 +94,13 @@ def run(folder, python, modes):
         lines = [l for l in done.stderr.splitlines() if l.strip()
                  and not l.startswith("\t") and not l.startswith("Command ")]
         message = lines[-1][:120] if done.returncode and lines else ""
-        print(f"| {name} | {done.returncode} | {wall:.0f} | "
-              f"{int(rss.group(1)) / 1024 if rss else float('nan'):.0f} | {message} |",
-              flush=True)
+        cpu = sum(float(m) for m in re.findall(
+            r"(?:User|System) time \(seconds\): ([0-9.]+)", done.stderr))
+        with open("/proc/loadavg", encoding="utf-8") as handle:
+            load = handle.read().split()[0]
+        print(f"| {name} | {done.returncode} | {cpu:.0f} | {wall:.0f} | "
+              f"{int(rss.group(1)) / 1024 if rss else float('nan'):.0f} | {load} | "
+              f"{message} |", flush=True)
 
 
 def main(argv=None):

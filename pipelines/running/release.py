@@ -364,26 +364,30 @@ def _sample_stages(records, plan, num_shards, rng_factory):
 
 
 def _prereduced(records, plan, rng_factory):
-    """Fixed-bound l0 bounding by ``PerUserBound`` (or ``PerUserBoundWithValues`` with
-    fixed clips): combine the read batches into the shuffle's tables and drop from each,
-    where that pays, rows the bounding cannot keep (transforms/bounding/prereduce.py; same
-    released bytes, a heavy user shuffles about C rows per table instead of all of them). Every other bounding needs all of a
-    user's records (prereduce.py's docstring says why), and so does fresh randomness
-    (a test's seeded factory): their records pass unchanged."""
+    """Fixed-bound l0 bounding by ``PerUserBound`` (or ``PerUserBoundWithValues``):
+    combine the read batches into the shuffle's tables and drop from each, where that
+    pays, rows the bounding cannot keep (transforms/bounding/prereduce.py; same released
+    bytes, a heavy user shuffles about C rows per table instead of all of them); with
+    aggregates a kept (user, key)'s rows travel as its exact partial total per table
+    (prereduce.py, "Aggregates"; under ``clip: auto`` no key is cut). Every other
+    bounding needs all of a user's records (prereduce.py's docstring says why), and so
+    does fresh randomness (a test's seeded factory): their records pass unchanged."""
     spec = plan.spec
     source = keyed_random.resolve(rng_factory)
-    if spec.aggregates:   # PerUserBoundWithValues, fixed clips: every row of the kept keys
-        if auto_columns(spec.aggregates):
-            return records
     if (spec.auto_bound or spec.bounding.model != "l0"
             or not kinds.get(spec.kind).plain_l0_bound   # adaptive, weighted_gaussian
             or not isinstance(source, keyed_random.KeyedSource)):
         return records
     # the keyed draws are those of the PerUserBound applied in _bound_users
     stage = keyed_random.child(rng_factory, "PerUserBound").stage
+    if spec.aggregates:   # PerUserBoundWithValues: exact partial totals of the kept keys
+        # (issue 43; clip: auto reads every key's total, so no key is cut there)
+        return records | "PreReduceUsers" >> PreReduceL0(
+            spec.input.keys, None if auto_columns(spec.aggregates)
+            else spec.bounding.max_keys_per_user, source, stage, every_row=True,
+            value_names=sorted({v for v, _ in sum_columns(spec.aggregates)}))
     return records | "PreReduceUsers" >> PreReduceL0(
-        spec.input.keys, spec.bounding.max_keys_per_user, source, stage,
-        every_row=bool(spec.aggregates))
+        spec.input.keys, spec.bounding.max_keys_per_user, source, stage)
 
 
 def _prereduced_pairs(records, plan, rng_factory):
@@ -476,15 +480,18 @@ def _whole_user_setting(plan):
         return ("mechanism.kind", f"{spec.kind} re-bounds a user's keys in every round: "
                 "a user's repeated keys travel once per table, but all of its distinct "
                 "keys meet in one place; " + _FIXED_L0)
-    if spec.aggregates:
-        scored = ("'clip: auto' reads every key's total of every user, and " if
-                  auto_columns(spec.aggregates) else "")
-        return ("aggregates", scored + "a kept key's rows are summed where the user's rows "
-                "meet (in one order: the published sums depend on it); sum each user's "
-                "values per key before the release (one row per user and key)")
-    if plan.domain is not None:
-        return ("input.public_keys", "with a public key domain a user's rows are bounded "
-                "where they meet, not before the shuffle; leave such users out of the input")
+    if spec.aggregates:   # pre-reduced to exact partial totals (_prereduced, issue 43)
+        if auto_columns(spec.aggregates):
+            return ("aggregates", "'clip: auto' reads every key's total of every user: a "
+                    "user's rows travel as one partial total per key and table, but all of "
+                    "its distinct keys meet in one place; use a fixed clip, or leave such "
+                    "users out of the input")
+        return ("aggregates", "a user's kept keys travel as exact partial totals, one per "
+                "table, but a partial total beyond the float64 range (about 1.8e308) "
+                "travels as its rows; leave such values out of the input")
+    if plan.domain is not None:   # a fixed l0 bound is pre-reduced (_public_domain_stages)
+        return ("input.public_keys", "with a public key domain and this bounding a user's "
+                "rows are bounded where they meet, not before the shuffle; " + _FIXED_L0)
     return ("mechanism.kind", f"{spec.kind} bounds a user's keys where all its rows meet; "
             "gaussian, laplace and sample_and_threshold with a fixed "
             "bounding.max_keys_per_user and bounding.model: l0 drop a user's extra rows "
@@ -547,8 +554,14 @@ def _public_domain_stages(records, plan, num_shards, rng_factory, clip_sink=None
     keys = list(spec.input.keys)
     domain = public_domain.packed_domain(records.pipeline, plan.domain, keys)   # once
     kept = records | "RestrictToDomain" >> public_domain.RestrictToDomain(domain, keys)
-    shards = _UserShards(kept, num_shards, keys, spec.auto_bound, spill_dir,
-                         setting=_whole_user_setting(plan))
+    # issue 43: the fixed bound's pre-reduction after the domain filter (the bounding
+    # keeps a user's first C keys among its in-domain keys: those are the rows here)
+    reduced = _prereduced(kept, plan, rng_factory)
+    combined = reduced is not kept
+    shards = _UserShards(reduced, num_shards, keys, spec.auto_bound, spill_dir,
+                         combined=combined,
+                         setting=_whole_user_setting(plan)
+                         if not combined or spec.aggregates else None)
     chosen = None
     if spec.auto_bound:
         chosen = shards.for_choice | "ChooseDomainBound" >> public_domain.ChooseDomainBound(

@@ -213,13 +213,45 @@ def exact_key_codes(table, key_columns):
     return codes
 
 
-def key_hash_is_exact(table, key_columns, distinct_hashes=None):
+def _bytewise_equal(arrow_type):
+    """Key types whose ``pc.equal`` is equality of the values as ``count_distinct`` and
+    the key hash tell them apart (no float: 0.0 == -0.0)."""
+    return (pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+            or pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type)
+            or pa.types.is_integer(arrow_type))
+
+
+def _flat(column):
+    return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+
+
+def key_hash_is_exact(table, key_columns):
     """True if ``__key`` is one-to-one on the table's key tuples (the hash is a function
     of the key, so equal numbers of distinct values on both sides suffice).
-    ``distinct_hashes``: the number of distinct ``__key`` values when the caller has
-    counted them already (``transforms.bounding.scored_bound``)."""
-    if distinct_hashes is None:
-        distinct_hashes = pc.count_distinct(table.column(KEY_HASH_COLUMN)).as_py()
+
+    Text, binary and integer keys (non-null after ``prepare_batch``): one hash pass over
+    the uint64 ``__key`` (``dictionary_encode``: codes in order of first appearance), and
+    every row's key compared with the key of its hash's first row (a gather and a
+    ``pc.equal``): the same answer as counting distinct key tuples, at about two thirds
+    of the cost (no hash pass over the strings; the bound and the pre-reduction ask this
+    of every table). Other key types count distinct values as before."""
+    types = [table.schema.field(name).type for name in key_columns]
+    if table.num_rows and all(_bytewise_equal(t) for t in types) \
+            and not any(table.column(name).null_count for name in key_columns):
+        encoded = pc.dictionary_encode(_flat(table.column(KEY_HASH_COLUMN)))
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        if len(encoded.dictionary) == len(codes):
+            return True
+        first = np.empty(len(codes), dtype=bool)          # a code's first row
+        first[0] = True
+        np.greater(codes[1:], np.maximum.accumulate(codes)[:-1], out=first[1:])
+        representative = pa.array(np.flatnonzero(first)[codes])
+        for name in key_columns:
+            column = _flat(table.column(name))
+            if not pc.all(pc.equal(column, column.take(representative))).as_py():
+                return False
+        return True
+    distinct_hashes = pc.count_distinct(table.column(KEY_HASH_COLUMN)).as_py()
     if len(key_columns) == 1:
         distinct_keys = pc.count_distinct(table.column(key_columns[0])).as_py()
     else:
@@ -320,6 +352,11 @@ class _BoundL0Fn(beam.DoFn):
         if len(kept) and self._rows:
             yield table.take(pa.array(kept)).select([USER_COLUMN, *self._key_columns])
         elif len(kept):
+            # counted in table order: a gather in ascending rows reads the key strings
+            # in sequence (1e6-row shard: ~0.1 s less than in the users' random key order);
+            # the counts per key are the same, only the order of the partial table's rows
+            # differs, which the per-key sum and the canonical output do not read
+            kept = np.sort(kept)
             yield count_per_key(table.take(pa.array(kept)), self._key_columns)
 
 

@@ -36,14 +36,36 @@ about C rows per user and table instead of all of them (issue 30, D15: a 1e7-row
 among 5,000 others peaked at 3.1 GB in process). The buffer is one table.
 
 ``PreReduceL0`` serves fixed-bound l0 bounding through ``PerUserBound`` (``pipelines.running.release``),
-and ``aggregates`` with fixed clips (``PerUserBoundWithValues``: every row of the kept
-keys is kept, ``every_row``, since the bounding sums each kept (user, key)'s values, in a
-canonical order, so the totals are the same). ``clip: auto`` scores every user's totals,
-l1 rand-clip samples records (not keys) and adaptive rounds re-bound the users' remaining
-keys, so none of those can drop a user's keys early (nor, bytes unchanged, a record or a
-partial value total: ``user_shards``, "The gate before the group", says why; a user
-over ``MAX_USER_ROWS`` there is refused before the shuffle groups its rows); the
-automatic bound has a step of its own (``PreReducePairs``, below).
+also after a public key domain's filter (``input.public_keys``: the bounding keeps a
+user's first C keys among its in-domain keys, and the filter runs before this step, so
+the argument above applies to the filtered rows), and ``aggregates`` (below). l1
+rand-clip samples records (not keys) and adaptive rounds re-bound the users' remaining
+keys, so neither can drop a user's keys early (``user_shards``, "The gate before the
+group", says what they do instead); the automatic bound has a step of its own
+(``PreReducePairs``, below).
+
+Aggregates (``PerUserBoundWithValues``; issue 43). The bounding sums each kept (user,
+key)'s values into one total, clamps it to [low, high] and puts it on its grid
+(``transforms.values.aggregate_values``); ``clip: auto`` first scores every (user, key)'s
+total (``transforms.values.choose_clip``). A total is the exact sum of the pair's values
+rounded once to float64 (``transforms.values.exact_sums``): a function of the multiset of
+the values, whatever their order or split. So, per table, a pair's rows can be replaced
+by any rows whose values have the same exact sum: :func:`summed_pairs` keeps the pair's
+first row once per term of the exact expansion of its partial total (float64 terms, each
+exact, summing exactly to it; usually one to three). Across tables the terms of all
+partials add, exactly, to the pair's total: the same total, hence the same clamped grid
+value, the same score input and the same kept set (the kept set reads the pair's key and
+identity only, never its number of rows), and the same published bytes
+(tests/transforms/bounding/test_prereduce_aggregates.py). With a fixed clip the rows are
+first cut to the user's C smallest hash ranks (:func:`prereduce_l0` with ``every_row``:
+every row of those keys, the fixed bound's argument above); with ``clip: auto`` no key is
+cut (its score reads every key of a user, with weight 1/k_u over the user's k_u keys), so
+a user still sends each distinct key per table, and one with more than ``MAX_USER_ROWS``
+distinct keys is refused there, naming ``aggregates``. The sensitivity argument is the one
+of docs/aggregates.md (paper 002 Sec. 3's per-user contribution bounding, with totals
+clamped after summing): unchanged, since only where the sum is computed changes. A pair
+whose partial total passes the float64 range (about 1.8e308: no finite expansion) keeps
+its rows.
 
 The automatic bound (``max_keys_per_user: auto``, ``PreReducePairs``; issue 43). Its one
 pass (``transforms.bounding.scored_bound.scored_table``) scores every candidate C with
@@ -100,6 +122,8 @@ from thresher.transforms.bounding.per_user_bound import (
     _runs, exact_key_codes, key_hash_is_exact, l0_ranks)
 from thresher.transforms.bounding.user_shards import (
     COALESCE_ROWS, KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN, concat, exact_users)
+from thresher.transforms.values.aggregate_values import pair_groups
+from thresher.transforms.values.exact_sums import exact_sums
 
 NOT_PRIVATE = "thresher_not_private"
 
@@ -276,10 +300,104 @@ def prereduce_table(table, key_columns, max_keys_per_user, source, every_row=Fal
     return keep, len(rows)
 
 
+def summed_pairs(table, key_columns, value_names, min_rows=2):
+    """``table`` with the rows of each (user identity, exact key) holding at least
+    ``min_rows`` rows replaced by the exact expansion of their totals
+    (:mod:`transforms.values.exact_sums`, ``terms``): the pair's first row, repeated once
+    per term, each copy carrying one term of every value column (0 where a column has
+    fewer terms). The exact sum of a pair's values is unchanged, hence its total after
+    the shuffle (module docstring, "Aggregates"). A pair is left as it is where that
+    would not remove a row, or where a term would pass the float64 range (a partial
+    total beyond about 1.8e308)."""
+    n = table.num_rows
+    if n < 2:
+        return table
+    group = [USER_COLUMN, USER_LOW_COLUMN, KEY_HASH_COLUMN, *key_columns]
+    pair, groups = pair_groups(table, group)
+    sizes = np.bincount(pair, minlength=groups.num_rows)
+    candidate = sizes >= max(2, min_rows)
+    if not candidate.any():
+        return table
+    rows = candidate[pair]
+    renumber = np.cumsum(candidate) - 1
+    which = np.flatnonzero(candidate)
+    sub = renumber[pair[rows]]
+    first = np.full(len(which), n, dtype=np.int64)
+    np.minimum.at(first, sub, np.flatnonzero(rows))
+    expansions, width = {}, np.ones(len(which), dtype=np.int64)
+    finite = np.ones(len(which), dtype=bool)
+    columns = {}
+    for name in value_names:
+        column = table.column(name)
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        x = column.to_numpy(zero_copy_only=False)
+        if column.null_count:
+            x = np.where(column.is_valid().to_numpy(zero_copy_only=False), x, 0.0)
+        columns[name] = column
+        terms, count, ok = exact_sums(x[rows], sub, len(which), terms=True)
+        expansions[name] = terms
+        width = np.maximum(width, count)
+        finite &= ok
+    summed = finite & (width < sizes[which])
+    if not summed.any():
+        return table
+    raw = np.flatnonzero(~(summed[renumber[pair]] & candidate[pair]))
+    copies = width[summed]
+    repeated = np.repeat(first[summed], copies)
+    slot = np.arange(len(repeated)) - np.repeat(np.cumsum(copies) - copies, copies)
+    owner = np.repeat(np.arange(int(summed.sum())), copies)
+    out = table.take(pa.array(np.concatenate([raw, repeated])))
+    for name in value_names:
+        terms = expansions[name][summed]
+        terms = np.pad(terms, ((0, 0), (0, max(0, int(copies.max()) - terms.shape[1]))))
+        values = pa.concat_arrays([columns[name].take(pa.array(raw)).cast(pa.float64()),
+                                   pa.array(terms[owner, slot], type=pa.float64())])
+        position = out.schema.get_field_index(name)
+        out = out.set_column(position, out.schema.field(name), values)
+    return out
+
+
+def prereduce_aggregates_table(table, key_columns, value_names, max_keys_per_user, source,
+                               mode="auto"):
+    """The pre-reduction of ``aggregates`` (module docstring, "Aggregates"): (the reduced
+    table, or None for the table as it is; rows the kernels read).
+
+    With a fixed bound (``max_keys_per_user`` an int): the rows of heavy user buckets
+    (:func:`heavy_user_rows`) are cut to their C smallest hash ranks (every row of those
+    keys, :func:`prereduce_l0` with ``every_row``), then each kept (user, key)'s rows to
+    its exact expansion (:func:`summed_pairs`). With ``clip: auto``
+    (``max_keys_per_user`` None: the clip's score reads every key of a user), the rows of
+    user buckets with more than ``AUTO_HEAVY_ROWS`` rows go through
+    :func:`summed_pairs` only. ``mode``: as :func:`prereduce_table`."""
+    if mode == "never" or table.num_rows == 0:
+        return None, 0
+    if mode == "always":
+        rows = np.arange(table.num_rows)
+    elif max_keys_per_user is not None:
+        rows = heavy_user_rows(table, max_keys_per_user)
+    else:
+        bucket, counts = _buckets(table)
+        heavy = counts > AUTO_HEAVY_ROWS
+        rows = (np.flatnonzero(heavy[bucket])
+                if int((counts[heavy] - 1).sum()) >= MIN_REMOVED_ROWS else None)
+    if rows is None or not len(rows):
+        return None, 0
+    part = table.take(pa.array(rows))
+    if max_keys_per_user is not None:
+        part = part.take(pa.array(prereduce_l0(part, key_columns, max_keys_per_user, source,
+                                               every_row=True)))
+    part = summed_pairs(part, key_columns, value_names)
+    rest = np.ones(table.num_rows, dtype=bool)
+    rest[rows] = False
+    out = pa.concat_tables([table.filter(pa.array(rest)), part.cast(table.schema)])
+    return out, len(rows)
+
+
 class _PreReduceFn(beam.DoFn):
     def __init__(self, key_columns, max_keys_per_user, rng_factory, stage, every_row, mode,
-                 coalesce_rows, auto_cap=None):
+                 coalesce_rows, auto_cap=None, value_names=None):
         self._auto_cap = auto_cap
+        self._value_names = None if value_names is None else tuple(value_names)
         self._key_columns = tuple(key_columns)
         self._max_keys_per_user = None if max_keys_per_user is None else int(max_keys_per_user)
         self._rng_factory = rng_factory
@@ -306,7 +424,13 @@ class _PreReduceFn(beam.DoFn):
         if table is None:
             return
         source = keyed_random.StageSource(self._rng_factory, self._stage)
-        if self._auto_cap is not None:     # the automatic bound
+        if self._value_names is not None:   # aggregates: exact partial totals
+            reduced, examined = prereduce_aggregates_table(
+                table, self._key_columns, self._value_names, self._max_keys_per_user,
+                source, self._mode)
+            table = table if reduced is None else reduced
+            kept = None
+        elif self._auto_cap is not None:     # the automatic bound
             kept, examined = prereduce_pairs_table(table, self._key_columns, self._auto_cap,
                                                    source, self._mode)
         else:
@@ -339,15 +463,19 @@ class PreReduceL0(beam.PTransform):
     ``mode``: :data:`MODE` by default (module constants)."""
 
     def __init__(self, key_columns, max_keys_per_user, rng_factory, stage, every_row=False,
-                 mode=None, coalesce_rows=None, label=None):
+                 mode=None, coalesce_rows=None, label=None, value_names=None):
         super().__init__(label)
         if not isinstance(rng_factory, keyed_random.KeyedSource):
             raise TypeError("PreReduceL0 needs the release's KeyedSource")
+        # value_names (aggregates): kept (user, key) rows travel as exact partial totals
+        # (prereduce_aggregates_table); max_keys_per_user None: no key is cut (clip: auto)
+        self._value_names = None if value_names is None else tuple(value_names)
         mode = MODE if mode is None else mode
         if mode not in MODES:
             raise ValueError(f"PreReduceL0 mode must be one of {MODES}, got {mode!r}")
         self._key_columns = tuple(key_columns)
-        self._max_keys_per_user = int(max_keys_per_user)
+        self._max_keys_per_user = (None if max_keys_per_user is None
+                                   else int(max_keys_per_user))
         self._rng_factory = rng_factory
         self._stage = stage
         self._every_row = every_row
@@ -357,7 +485,7 @@ class PreReduceL0(beam.PTransform):
     def expand(self, batches):
         return batches | "PreReduce" >> keyed_random.par_do(_PreReduceFn(
             self._key_columns, self._max_keys_per_user, self._rng_factory, self._stage,
-            self._every_row, self._mode, self._coalesce_rows)
+            self._every_row, self._mode, self._coalesce_rows, value_names=self._value_names)
         ).with_output_types(TABLE)
 
 

@@ -10,9 +10,9 @@ distinct keys (``per_user_bound.l0_ranks``), and that order does not depend on C
 pass per shard
 
 1. sorts the shard once (``l0_pairs.l0_distinct_pairs``: ``l0_ranks``' order, by value
-   sorts), which lists its distinct (user, key hash) pairs, users in order, the input of the score's statistics
-   (``choose_contribution_bound.pair_statistics``, bit-identical to
-   ``table_statistics``);
+   sorts), which lists its distinct (user, key hash) pairs, users in order, the input
+   of the score's statistics (``choose_contribution_bound.pair_statistics``,
+   bit-identical to ``table_statistics``);
 2. counts, per key and per *candidate bucket* b, the users whose rank of that key falls
    in [c_{b-1}, c_b) (b = 0 for ranks below c_0 = min C; ranks >= max C are never kept):
    the users keeping the key at C = c_i are those of buckets 0..i. One row per key holds
@@ -137,19 +137,16 @@ def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHA
     users = table.column(USER_COLUMN).to_numpy()
     bound_rng = keyed_random.bind_users(rng, table, key_columns)
     key_hash = np.asarray(table.column(KEY_HASH_COLUMN).to_numpy(), dtype=np.uint64)
-    # the distinct (user, key hash) pairs, users contiguous and in increasing number
-    # (l0_ranks' distinct rows); their key numbers serve the statistics and the running
-    # counts alike, and count the shard's distinct hashes for the exactness check (a
-    # shard whose hash is not one-to-one on its keys drops them: the keyed draws are
-    # functions of identities and keys, so drawing them once more changes nothing)
-    pair_rows, rank_in_user, pair_users = l0_distinct_pairs(users, key_hash, bound_rng)
-    numbers = key_numbers(key_hash[pair_rows])
-    if key_hash_is_exact(table, key_columns, distinct_hashes=len(numbers.keys)):
+    if key_hash_is_exact(table, key_columns):
+        # the distinct (user, key hash) pairs, users contiguous and in increasing number
+        # (l0_ranks' distinct rows); their key numbers serve the statistics and the
+        # running counts alike
+        pair_rows, rank_in_user, pair_users = l0_distinct_pairs(users, key_hash, bound_rng)
         if int(rank_in_user.max()) >= cap:   # a user beyond the cap: its first cap keys
             inside = rank_in_user < cap
             pair_rows, rank_in_user = pair_rows[inside], rank_in_user[inside]
             pair_users = pair_users[inside]
-            numbers = key_numbers(key_hash[pair_rows])
+        numbers = key_numbers(key_hash[pair_rows])
         dropped, partials = pair_statistics(pair_users, None, None, score,
                                             num_key_shards, numbers=numbers)
         del pair_users

@@ -326,9 +326,9 @@ class ShardByUser(beam.PTransform):
 # ---- The gate before the group --------------------------------------------------
 # Refuse a user over the whole-user limit before the user shuffle groups its rows.
 #
-# Where no bounded algorithm cuts a user's rows before the shuffle (``aggregates``, a
-# public key domain; ``bounding.model: l1`` and ``kind: adaptive`` for a user's distinct
-# records or keys: "What is still refused" below;
+# Where no bounded algorithm cuts a user's rows before the shuffle (``bounding.model: l1``
+# and ``kind: adaptive`` for a user's distinct records or keys, ``aggregates`` with
+# ``clip: auto`` for its distinct keys: "What is still refused" below;
 # ``pipelines.running.release._whole_user_setting``), every such row of a user meets in
 # one element, and a user with more than ``user_shards.MAX_USER_ROWS`` rows is refused
 # (``user_shards.check_user_rows``). That check reads the grouped shard, so it runs after
@@ -357,10 +357,12 @@ class ShardByUser(beam.PTransform):
 #
 # What is still refused (issue 43, item 2). Most bounds now cut a user before the shuffle,
 # each with the published bytes unchanged (its module says why): the fixed l0 bound and
-# weighted_gaussian (``prereduce.PreReduceL0``), ``auto`` (``prereduce.PreReducePairs``),
-# quantiles and heavy_hitters' trie (``prereduce_stages.PreReduceForBounds``): at most
-# about C rows per stage and table, so the gate is off for them. Three keep it on, since
-# what they send grows with a user's *distinct* records or keys:
+# weighted_gaussian (``prereduce.PreReduceL0``, also after a public key domain's filter),
+# ``auto`` (``prereduce.PreReducePairs``), quantiles and heavy_hitters' trie
+# (``prereduce_stages.PreReduceForBounds``): at most about C rows per stage and table, so
+# the gate is off for them. Aggregates send a kept (user, key)'s rows as one exact partial
+# total per table (``prereduce.summed_pairs``) and keep the gate on; three settings still
+# refuse a heavy user, since what they send grows with its *distinct* records or keys:
 #
 # * l1 rand-clip (``rand_clip_copies``): a user's repeated records travel as one row per
 #   table with their count, and the kernel numbers the copies over all of them. Dropping
@@ -369,12 +371,12 @@ class ShardByUser(beam.PTransform):
 # * adaptive rounds (``prereduce_stages.PreReduceDistinctPairs``): one row per (user, key)
 #   and table; no cap is exact, since round r reads a user's first C keys among those not
 #   released before, arbitrarily deep in the user's order.
-# * aggregates: a kept (user, key)'s total is a float64 sum of its values in one canonical
-#   order (ascending, ``aggregate_values.user_key_totals``); a per-table partial total
-#   adds them in another order, its rounding can differ in the last bit, and the grid
-#   conversion carries that into the published sums (exact fixed-point totals would lift
-#   this, at the price of different bytes for some inputs). ``clip: auto`` also scores
-#   every key's total of every user. A public key domain bounds where the rows meet.
+# * aggregates with ``clip: auto``: its score reads every key's total of every user
+#   (weight 1/k_u over the user's k_u keys), so no key can go before the shuffle; each
+#   travels as one partial total per table. (A bounded design exists: shuffle by (user,
+#   key) for the totals, then per user only k_u and the counts of its totals below each
+#   candidate, K + 2 integers; not built.) With a fixed clip the gate stays on only for
+#   partial totals beyond the float64 range (``prereduce``, "Aggregates").
 
 # A user is counted in a split table when its bucket holds at least this many rows there
 # (never more than the limit itself: a lowered limit counts smaller users).

@@ -26,6 +26,7 @@ from thresher.transforms.plumbing.arrow_coder import TABLE
 from thresher.transforms.bounding.per_user_bound import bound_table_l0
 from thresher.transforms.selection.release_fn import KernelRelease
 from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, user_columns
+from thresher.transforms.values.exact_sums import exact_sums
 
 NOT_PRIVATE = "thresher_not_private"
 # Staged (never published) noisy sums behind a variance / stddev, for its interval.
@@ -74,22 +75,48 @@ def _to_float(text):
 def user_key_totals(table, key_columns, value_names):
     """One row per (user, key): key columns, the user columns (``__user`` and the
     identity words, ``transforms.bounding.user_shards.user_columns``: the bounding after it keys
-    each user's streams by them), __key and each value column's total (float64 sum of
-    the user's non-null values for the key; 0 if none).
+    each user's streams by them), __key and each value column's total (the exact sum of
+    the user's non-null values for the key, rounded once to float64; 0 if none:
+    :mod:`transforms.values.exact_sums`).
 
-    The rows are first sorted by the value columns, so each total adds its values in one
-    canonical order: a float sum depends on the order of its terms, and the order of a
-    user's records in a user shard depends on how the runner grouped them (issue 25, F2:
-    ``clip: auto`` compares these totals with the candidates, and the release sums them)."""
+    The total is a function of the multiset of the values only: the order of a user's
+    records in a user shard depends on how the runner grouped them (issue 25, F2:
+    ``clip: auto`` compares these totals with the candidates, and the release sums them),
+    and a heavy user's rows may arrive as per-table partial totals
+    (``transforms.bounding.prereduce.aggregate_partials``: exact expansions, issue 43).
+    Before issue 43 the total was the float64 sum in ascending order; the two differ in
+    the last bits for some inputs (published bytes can change by a grid unit there)."""
     group = [*user_columns(table), KEY_HASH_COLUMN, *key_columns]
-    table = table.select(group + list(value_names))
-    if value_names and table.num_rows > 1:
-        table = table.take(pc.sort_indices(table, sort_keys=[(v, "ascending")
-                                                             for v in value_names]))
-    grouped = table.group_by(group, use_threads=False).aggregate(
-        [(v, "sum", pc.ScalarAggregateOptions(skip_nulls=True, min_count=0)) for v in value_names])
-    grouped = grouped.rename_columns(group + list(value_names))
-    return grouped.combine_chunks()
+    rows, groups = pair_groups(table, group)
+    out = groups.select(group)
+    for name in value_names:
+        values = table.column(name)
+        values = (values.combine_chunks() if values.num_chunks != 1 else values.chunk(0))
+        x = values.to_numpy(zero_copy_only=False)
+        if values.null_count:
+            x = np.where(values.is_valid().to_numpy(zero_copy_only=False), x, 0.0)
+        out = out.append_column(name, pa.array(exact_sums(x, rows, out.num_rows),
+                                               type=pa.float64()))
+    return out.combine_chunks()
+
+
+def pair_groups(table, group):
+    """(group number of every row (int64), one row per distinct ``group`` tuple: the
+    group columns in order of first appearance), by pyarrow's hash group-by."""
+    n = table.num_rows
+    keyed = table.select(group).append_column(_ROW, pa.array(np.arange(n, dtype=np.int64)))
+    grouped = keyed.group_by(group, use_threads=False).aggregate([(_ROW, "list")])
+    lists = grouped.column(f"{_ROW}_list")
+    lists = lists.combine_chunks() if lists.num_chunks != 1 else lists.chunk(0)
+    offsets = lists.offsets.to_numpy()
+    flat = lists.values.to_numpy()
+    rows = np.empty(n, dtype=np.int64)
+    rows[flat[offsets[0]:offsets[-1]]] = np.repeat(
+        np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+    return rows, grouped.drop_columns([f"{_ROW}_list"])
+
+
+_ROW = "__row"
 
 
 def bound_with_values(table, key_columns, sum_columns, max_keys_per_user, rng):

@@ -1,0 +1,217 @@
+"""Pre-reduction of ``aggregates`` before the user shuffle (transforms/bounding/prereduce.py,
+"Aggregates"; issue 43, item 2): a kept (user, key)'s rows travel as the exact expansion of
+their per-table total (transforms/values/exact_sums.py), and the totals after the shuffle
+are the same exact sums. Checked here:
+
+- the kernel: pre-reducing any split of the records into batches, then bounding with
+  values, gives the same per-key counts and grid sums as bounding the whole records
+  (decimal amounts: the float sums of the parts would round differently), with a fixed
+  bound (the first C keys cut too) and with no key cut (``clip: auto``);
+- through ``pipelines.running.release.run`` under one fixed secret: the published bytes
+  are the same with and without the step, forced either way (``MODE``), for a sum with a
+  fixed clip, a mean with ``clip: auto`` and a variance;
+- a heavy user on one key (3,000 rows) runs at a whole-user limit of 300 rows, where
+  without the step the same limit refuses the run naming ``aggregates``.
+
+No statistical assertions: every comparison is exact under a fixed secret.
+"""
+import os
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from thresher.accounting.aggregates import fixed_point_grid
+from thresher.pipelines.dataio import io as pio
+from thresher.pipelines.planning.plan import make_plan
+from thresher.pipelines.running import release
+from thresher.pipelines.specs import spec as spec_mod
+from thresher.transforms.bounding import prereduce, user_shards
+from thresher.transforms.bounding.user_shards import exact_users
+from thresher.transforms.randomness import keyed_random
+from thresher.transforms.randomness.user_identity import TEST_KEY
+from thresher.transforms.values.aggregate_values import bound_with_values, user_key_totals
+
+SECRET = b"test-only secret: aggregates 43."
+BOUND = 4
+HEAVY_ROWS = 3000
+HEAVY_KEPT_ROWS = 1500
+
+
+def _records(seed=43):
+    """300 ordinary users (5 of 30 words, 1 to 3 rows each), a heavy user h (3,000 rows:
+    2,000 on the word w1, the rest over 200 words of its own), a heavy user g (1,500
+    rows on two words: both kept at C = 4, so the first-C cut alone leaves all its rows),
+    decimal amounts (two places: their float sums depend on the order and split); rows
+    shuffled."""
+    rng = np.random.default_rng(seed)
+    users, words = [], []
+    for u in range(300):
+        for w in rng.choice(30, size=5, replace=False):
+            for _ in range(1 + u % 3):
+                users.append(f"o{u}")
+                words.append(f"w{w}")
+    for i in range(HEAVY_ROWS):
+        users.append("h")
+        words.append("w1" if i < 2000 else f"h{i % 200}")
+    for i in range(HEAVY_KEPT_ROWS):   # g: all of its keys are kept (C = 4)
+        users.append("g")
+        words.append(f"w{2 + i % 2}")
+    order = rng.permutation(len(users))
+    amounts = np.round(rng.normal(3.0, 2.5, size=len(users)), 2)
+    amounts[rng.random(len(users)) < 0.05] = np.nan          # dropped values: null
+    return pa.table({"user_id": pa.array(users).take(order),
+                     "word": pa.array(words).take(order),
+                     "amount": pa.array(amounts, from_pandas=True)})
+
+
+def _prepared():
+    prepared, _ = pio.prepare_batch(_records(), "user_id", ["word"],
+                                    value_columns=[("amount", "__v0")], identity_key=TEST_KEY)
+    return prepared
+
+
+def _source():
+    return keyed_random.StageSource(keyed_random.KeyedSource(SECRET), "S/PerUserBound")
+
+
+def _bounded(table, bound):
+    """Per-key (count, grid sum) of bounding the whole users of ``table`` with values."""
+    grid = fixed_point_grid(-5.0, 10.0)
+    out, _ = bound_with_values(exact_users(table), ["word"], [("__v0", grid)], bound, _source())
+    return dict(zip(out.column("word").to_pylist(),
+                    zip(out.column("count").to_pylist(), out.column("__s0").to_pylist())))
+
+
+def _reduced(prepared, batch_rows, bound, mode):
+    pieces = []
+    for start in range(0, prepared.num_rows, batch_rows):
+        batch = prepared.slice(start, batch_rows)
+        out, _ = prereduce.prereduce_aggregates_table(batch, ["word"], ["__v0"], bound,
+                                                       _source(), mode)
+        pieces.append(batch if out is None else out)
+    return pa.concat_tables(pieces)
+
+
+@pytest.mark.parametrize("batch_rows", [97, 700, 5000])
+@pytest.mark.parametrize("bound", [BOUND, None])
+def test_bounding_with_values_after_the_step_is_unchanged(monkeypatch, batch_rows, bound):
+    monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 16)
+    prepared = _prepared()
+    for mode in ("always", "auto"):
+        reduced = _reduced(prepared, batch_rows, bound, mode)
+        # h's 2,000 rows on w1 and g's 1,500 leave each batch as a few rows of partial
+        # totals ("auto": only where a user bucket is heavy in the batch)
+        assert reduced.num_rows < prepared.num_rows - (2500 if mode == "always" else 500)
+        assert _bounded(reduced, BOUND) == _bounded(prepared, BOUND)
+        if bound is None:    # clip: auto reads every (user, key)'s total: all the same
+            whole = user_key_totals(exact_users(prepared), ["word"], ["__v0"])
+            after = user_key_totals(exact_users(reduced), ["word"], ["__v0"])
+            key = ["__user", "__user_lo", "word"]
+            assert (sorted(zip(*[whole.column(c).to_pylist() for c in key + ["__v0"]]))
+                    == sorted(zip(*[after.column(c).to_pylist() for c in key + ["__v0"]])))
+
+
+def test_the_float_sums_of_the_parts_would_differ():
+    """The reason for exact totals: summed per part in float64 and then added, some
+    (user, key) totals of these records differ from the one-order sum."""
+    prepared = _prepared()
+    users = prepared.column("__user").to_numpy()
+    words = np.array(prepared.column("word").to_pylist())
+    values = np.nan_to_num(prepared.column("__v0").to_numpy(zero_copy_only=False))
+    mine = (words == "w1") & (users == users[np.argmax(np.bincount(
+        np.unique(users, return_inverse=True)[1]))])
+    x = values[mine]
+    def ascending(v):      # the float64 sum of the values in ascending order, one by one
+        return float(np.cumsum(np.sort(v))[-1])
+
+    parts = [ascending(p) for p in np.array_split(x, 7)]
+    assert float(np.cumsum(parts)[-1]) != ascending(x)
+
+
+AGGREGATES = {
+    "sum": [{"column": "amount", "statistic": "sum", "clip": [-5.0, 10.0]}],
+    "mean_auto": [{"column": "amount", "statistic": "mean", "clip": "auto"}],
+    "variance": [{"column": "amount", "statistic": "variance", "clip": [-5.0, 10.0]}],
+}
+
+
+def _run(folder, table, aggregates):
+    data = os.path.join(folder, "input.parquet")
+    if not os.path.exists(data):
+        pq.write_table(table, data, row_group_size=1000)       # several read batches
+    doc = {"name": "prereduce-aggregates",
+           "input": {"path": data, "format": "parquet", "user": "user_id", "keys": ["word"]},
+           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
+           "bounding": {"max_keys_per_user": BOUND},
+           "mechanism": {"kind": "gaussian", "pre_threshold": 1},
+           "aggregates": aggregates,
+           "output": {"path": os.path.join(folder, "out")}}
+    path = os.path.join(folder, "spec.yaml")
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(doc, handle)
+    release.run(make_plan(spec_mod.load(path)), [],
+                rng_factory=keyed_random.KeyedSource(SECRET))
+    with open(os.path.join(folder, "out", "released.parquet"), "rb") as handle:
+        return handle.read()
+
+
+def _most_rows_of_one_user_per_split(monkeypatch):
+    seen = []
+    split = user_shards.split_by_shard
+
+    def recording(table, shard_ids, num_shards):
+        users = table.column(user_shards.USER_COLUMN).to_numpy()
+        seen.append(int(np.unique(users, return_counts=True)[1].max()))
+        return split(table, shard_ids, num_shards)
+
+    monkeypatch.setattr(user_shards, "split_by_shard", recording)
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["auto", "always", "never"])
+@pytest.mark.parametrize("case", sorted(AGGREGATES))
+def test_release_bytes_are_the_same_with_and_without_the_step(tmp_path, monkeypatch, mode,
+                                                              case):
+    monkeypatch.setattr(prereduce, "MODE", mode)
+    monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)   # small tables here
+    table = _records()
+    seen = _most_rows_of_one_user_per_split(monkeypatch)
+    reduced = _run(str(tmp_path), table, AGGREGATES[case])
+    with_step = list(seen)
+    seen.clear()
+    shutil.rmtree(tmp_path / "out")     # the same spec and paths: the same config digest
+    monkeypatch.setattr(release, "_prereduced", lambda records, plan, rng_factory: records)
+    whole = _run(str(tmp_path), table, AGGREGATES[case])
+    assert len(reduced) > 500 and reduced == whole
+    assert max(seen) >= 2000                                  # h's rows, without the step
+    if mode == "never":
+        return
+    if case == "mean_auto":   # no key cut: h's 201 keys, each a total of 1 to 3 terms
+        assert max(with_step) <= 3 * 201
+    else:                     # its C smallest hash ranks per table only
+        assert max(with_step) <= 3 * BOUND
+
+
+@pytest.mark.parametrize("case,limit", [("sum", 300), ("mean_auto", 700)])
+def test_a_heavy_user_on_one_key_is_bounded_not_refused(tmp_path, monkeypatch, case, limit):
+    """At a whole-user limit of 300 rows (``clip: auto``, which reads all of h's 201
+    keys: 700), h (3,000 rows, 2,000 on one key) and g (1,500 rows on its two kept keys:
+    the first-C cut alone leaves them all) run and publish the bytes of the unlimited run
+    without the step; without the step the limit refuses the run, naming
+    ``aggregates``."""
+    from thresher.errors import ThresherError
+    monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)
+    table = _records()
+    monkeypatch.setattr(release, "MAX_USER_ROWS", limit)
+    bounded = _run(str(tmp_path), table, AGGREGATES[case])
+    shutil.rmtree(tmp_path / "out")
+    monkeypatch.setattr(release, "_prereduced", lambda records, plan, rng_factory: records)
+    with pytest.raises(ThresherError, match=f"aggregates: a user has more than {limit} rows"):
+        _run(str(tmp_path), table, AGGREGATES[case])
+    shutil.rmtree(tmp_path / "out", ignore_errors=True)
+    monkeypatch.setattr(release, "MAX_USER_ROWS", 1 << 21)
+    assert _run(str(tmp_path), table, AGGREGATES[case]) == bounded

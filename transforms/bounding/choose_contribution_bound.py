@@ -30,7 +30,7 @@ Scores, sensitivity and their proofs: ``accounting.contribution_bound``,
 ``accounting.exact_scores`` and docs/contribution_bound.md.
 """
 import logging
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import apache_beam as beam
 import numpy as np
@@ -147,17 +147,52 @@ def table_statistics(table, key_columns, score, *, num_key_shards=_DEFAULT_KEY_S
 
 class KeyNumbers(NamedTuple):
     """The distinct key hashes of some pairs, in increasing order (``keys``, J of them),
-    each pair's key number 0..J-1 (``index``) and one pair of each key (``first``)."""
+    each pair's key number 0..J-1 (``index``) and one pair of each key (``first``);
+    ``order``: the pairs sorted by key number, ties in pair order (a stable argsort of
+    ``index``), or None when not at hand."""
     keys: np.ndarray
     index: np.ndarray
     first: np.ndarray
+    order: Optional[np.ndarray] = None
 
 
 def key_numbers(pair_keys):
-    """:class:`KeyNumbers` of ``pair_keys`` (uint64 key hashes). The numbers are those of
-    a sort of the pairs by key hash, found with one hash pass (Arrow's dictionary
-    encoding: the distinct keys in order of first appearance) and a sort of the J
-    distinct keys only, ~5x faster than sorting the pairs (J is ~10x fewer here)."""
+    """:class:`KeyNumbers` of ``pair_keys`` (uint64 key hashes): the numbers of a sort of
+    the pairs by key hash, ``first`` the first pair (lowest index) of each key.
+
+    One value sort (numpy's sort of uint64 is ~4x faster than its argsort): the pair
+    index rides in the low b = bit_length(n - 1) bits of the key hash, so the sorted
+    words list the pairs by key and, within a key, in index order. Two keys sharing their
+    top 64 - b bits (probability about J^2 2^-(65-b) for J keys) could interleave: that is
+    detected and :func:`_key_numbers_by_dictionary` is used instead (the same numbers)."""
+    pair_keys = np.asarray(pair_keys, dtype=np.uint64)
+    n = len(pair_keys)
+    if n == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return KeyNumbers(np.zeros(0, dtype=np.uint64), empty, empty)
+    bits = max(1, (n - 1).bit_length())
+    if bits > 40:
+        return _key_numbers_by_dictionary(pair_keys)
+    low = np.uint64((1 << bits) - 1)
+    packed = (pair_keys & ~low) | np.arange(n, dtype=np.uint64)
+    packed.sort()
+    pair = (packed & low).astype(np.int64)
+    keys = pair_keys[pair]
+    new_top = _runs(packed >> np.uint64(bits))
+    del packed
+    new_key = _runs(keys)
+    if not np.array_equal(new_top, new_key):   # keys sharing their top bits: exact path
+        return _key_numbers_by_dictionary(pair_keys)
+    starts = np.flatnonzero(new_key)
+    index = np.empty(n, dtype=np.int64)
+    index[pair] = np.cumsum(new_key, dtype=np.int64) - 1
+    return KeyNumbers(keys[starts], index, pair[starts], pair)
+
+
+def _key_numbers_by_dictionary(pair_keys):
+    """:func:`key_numbers` by one hash pass (Arrow's dictionary encoding: the distinct
+    keys in order of first appearance) and a sort of the J distinct keys only; exact
+    whatever the keys' bits (the sort-based path's fallback, and its test oracle)."""
     pair_keys = np.asarray(pair_keys, dtype=np.uint64)
     if len(pair_keys) == 0:
         empty = np.zeros(0, dtype=np.int64)
@@ -199,33 +234,29 @@ def pair_statistics(pair_users, pair_keys, counts, score, num_key_shards=_DEFAUL
     if numbers is None:
         numbers = key_numbers(pair_keys)
     keys, key_index = numbers.keys, numbers.index
-    del numbers
     # Shards are hash mod num_key_shards (key_shards); rows of each shard contiguous.
     shard = (keys % np.uint64(num_key_shards)).astype(np.int64)
     by_shard = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[by_shard], np.arange(num_key_shards + 1))
     position = np.empty(len(keys), dtype=np.int64)
     position[by_shard] = np.arange(len(keys))
-    pair_position = position[key_index]
-    del key_index, position
     # contribution_bound.expected_bounded_counts, N_ij * min(1, C / max(w_i, 1)) (or
     # min(x, sqrt(x)) in user weights), one candidate at a time, as integer units of
     # 2^-B rounded down (exact_scores.expected_count_units: the same integers on every
     # platform, summed exactly). In the l0 model the term depends on the user only, so
     # it is computed per user and gathered.
-    user_weighted = score.user_weighted
     columns = {KEY_HASH_COLUMN: keys[by_shard]}
-    if score.model == "l1":
-        pair_weights = weights[pair_users]
+    names = _contribution_columns(k)
+    if (score.model == "l0" and not score.user_weighted
+            and len(pair_users) << exact_scores.COUNT_BITS < exact_scores.EXACT_FLOAT):
+        units = l0_key_units(pair_users, np.maximum(weights, 1), score.candidates,
+                             key_index, len(keys), key_order=numbers.order)
+        columns.update(zip(names, (column[by_shard] for column in units)))
     else:
-        user_weight = np.maximum(weights, 1)
-    for name, candidate in zip(_contribution_columns(k), score.candidates):
-        if score.model == "l1":
-            units = exact_scores.expected_count_units(counts, pair_weights, candidate)
-        else:
-            units = exact_scores.expected_count_units(
-                None, user_weight, candidate, user_weighted=user_weighted)[pair_users]
-        columns[name] = exact_scores.exact_bincount(pair_position, units, len(keys))
+        pair_position = position[key_index]
+        columns.update(zip(names, key_units(pair_users, counts, weights, score,
+                                            pair_position, len(keys))))
+    del key_index, position, numbers
     del pair_users, pair_keys
     partials = []
     for s in range(num_key_shards):
@@ -235,6 +266,59 @@ def pair_statistics(pair_users, pair_keys, counts, score, num_key_shards=_DEFAUL
             partials.append((s, pa.table({name: pa.array(values[lo:hi].copy())
                                           for name, values in columns.items()})))
     return dropped, partials
+
+
+def key_units(pair_users, counts, weights, score, pair_position, num_keys):
+    """Per candidate, each key's sum of its pairs' ``exact_scores.expected_count_units``
+    (``exact_bincount`` at ``pair_position``, 0..num_keys-1): the general loop, any model
+    (the oracle of :func:`l0_key_units`)."""
+    if score.model == "l1":
+        pair_weights = weights[pair_users]
+    else:
+        user_weight = np.maximum(weights, 1)
+    out = []
+    for candidate in score.candidates:
+        if score.model == "l1":
+            units = exact_scores.expected_count_units(counts, pair_weights, candidate)
+        else:
+            units = exact_scores.expected_count_units(
+                None, user_weight, candidate, user_weighted=score.user_weighted)[pair_users]
+        out.append(exact_scores.exact_bincount(pair_position, units, num_keys))
+    return out
+
+
+def l0_key_units(pair_users, user_weight, candidates, pair_key, num_keys, key_order=None):
+    """:func:`key_units` in the l0 model without user weighting (issue 43), with the
+    same integers and less work: a pair's units at C depend on its user's weight w_i
+    alone (2^B for w_i <= C, else floor(C 2^B / w_i): ``exact_scores.
+    expected_count_units``), so they are computed once per distinct weight and looked up
+    through a small table, and each key's sum is a difference of an int64 running sum
+    over the pairs sorted by key (``key_order``, a stable argsort of ``pair_key``; the order
+    ``key_numbers`` sorts by) instead of a scattered float bincount. Integer sums of
+    integers below 2^62 in total (the caller checks n 2^B < 2^53): exactly the general
+    loop's sums, whatever the order of the terms. ``pair_key``: each pair's key number
+    0..num_keys-1 (the sums are indexed by it)."""
+    pair_users = np.asarray(pair_users)
+    pair_key = np.asarray(pair_key)
+    if key_order is None:
+        key_order = np.argsort(pair_key, kind="stable")
+    sizes = np.bincount(pair_key, minlength=num_keys)
+    held = np.flatnonzero(sizes)                     # keys with a pair (all, from the pass)
+    ends = np.cumsum(sizes)[held]
+    starts = ends - sizes[held]
+    weights, weight_of_user = np.unique(user_weight, return_inverse=True)
+    weight_of_user = weight_of_user.reshape(-1).astype(
+        np.uint16 if len(weights) <= 1 << 16 else np.int64)
+    pair_weight = weight_of_user[pair_users[key_order]]   # in key order
+    out = []
+    for candidate in candidates:
+        units = exact_scores.expected_count_units(None, weights, int(candidate))
+        running = np.zeros(len(pair_weight) + 1, dtype=np.int64)
+        np.cumsum(units[pair_weight], out=running[1:])
+        column = np.zeros(num_keys, dtype=np.int64)
+        column[held] = running[ends] - running[starts]
+        out.append(column)
+    return out
 
 
 def shard_key_costs(partials, key_columns, score):

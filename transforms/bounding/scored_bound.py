@@ -9,10 +9,10 @@ keeps, for every user, the first C keys of one uniformly random order of the use
 distinct keys (``per_user_bound.l0_ranks``), and that order does not depend on C. So one
 pass per shard
 
-1. sorts the shard once (``l0_ranks``), which also lists its distinct (user, key hash)
-   pairs, users in order, the input of the score's statistics
-   (``choose_contribution_bound.pair_statistics``, bit-identical to
-   ``table_statistics``);
+1. sorts the shard once (``l0_pairs.l0_distinct_pairs``: ``l0_ranks``' order, by value
+   sorts), which lists its distinct (user, key hash) pairs, users in order, the input
+   of the score's statistics (``choose_contribution_bound.pair_statistics``,
+   bit-identical to ``table_statistics``);
 2. counts, per key and per *candidate bucket* b, the users whose rank of that key falls
    in [c_{b-1}, c_b) (b = 0 for ranks below c_0 = min C; ranks >= max C are never kept):
    the users keeping the key at C = c_i are those of buckets 0..i. One row per key holds
@@ -41,8 +41,9 @@ from thresher.transforms.plumbing import spill
 from thresher.transforms.plumbing.arrow_coder import SHARD_AND_TABLE, TABLE
 from thresher.transforms.bounding.choose_contribution_bound import (
     _DEFAULT_KEY_SHARDS, _UserStatisticsFn, key_numbers, pair_statistics, table_statistics)
+from thresher.transforms.bounding.l0_pairs import l0_distinct_pairs
 from thresher.transforms.bounding.per_user_bound import (
-    exact_key_codes, key_hash_is_exact, l0_pair_ranks_per_user, l0_ranks)
+    exact_key_codes, key_hash_is_exact, l0_pair_ranks_per_user)
 from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, USER_COLUMN
 
 
@@ -137,16 +138,18 @@ def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHA
     bound_rng = keyed_random.bind_users(rng, table, key_columns)
     key_hash = np.asarray(table.column(KEY_HASH_COLUMN).to_numpy(), dtype=np.uint64)
     if key_hash_is_exact(table, key_columns):
-        ranks = l0_ranks(users, key_hash, bound_rng)
-        pairs = ranks.distinct & (ranks.rank_in_user < cap)
-        pair_rows = ranks.order[pairs]
-        rank_in_user = ranks.rank_in_user[pairs]
-        # the distinct (user, key hash) pairs, users contiguous and in increasing number;
-        # their key numbers serve the statistics and the running counts alike
+        # the distinct (user, key hash) pairs, users contiguous and in increasing number
+        # (l0_ranks' distinct rows); their key numbers serve the statistics and the
+        # running counts alike
+        pair_rows, rank_in_user, pair_users = l0_distinct_pairs(users, key_hash, bound_rng)
+        if int(rank_in_user.max()) >= cap:   # a user beyond the cap: its first cap keys
+            inside = rank_in_user < cap
+            pair_rows, rank_in_user = pair_rows[inside], rank_in_user[inside]
+            pair_users = pair_users[inside]
         numbers = key_numbers(key_hash[pair_rows])
-        dropped, partials = pair_statistics(ranks.user_numbers()[pairs], None, None, score,
+        dropped, partials = pair_statistics(pair_users, None, None, score,
                                             num_key_shards, numbers=numbers)
-        del ranks, pairs
+        del pair_users
         pair_key, first_pair = numbers.index, numbers.first
     else:   # colliding key hashes: the users whose own keys collide are ranked on exact
         # key codes, every other user by its hash ranking (as bound_table_l0 does)

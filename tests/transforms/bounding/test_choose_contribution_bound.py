@@ -242,3 +242,60 @@ def test_default_candidates_and_reported_sensitivity():
                                                   "dropped_weight": "paper"},
                                     max_bound=128)
     assert paper.sensitivity == 2 * 128 - 1
+
+
+# ---- the value-sort kernels (issue 43) against the code they replace -------------------
+
+def _pair_keys(seed, n, distinct, shared_top_bits=False):
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, 2**63, distinct, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    if shared_top_bits:   # pairs of keys equal but in their lowest bits: the exact path
+        keys[1::2] = keys[0::2][:len(keys[1::2])] ^ np.uint64(1 << 3)
+    return keys[rng.integers(0, distinct, n)]
+
+
+@pytest.mark.parametrize("seed,n,distinct,shared", [(0, 1, 1, False), (1, 5000, 300, False),
+                                                    (2, 70000, 20000, False),
+                                                    (3, 5000, 300, True), (4, 3, 3, True)])
+def test_key_numbers_by_value_sort_equal_the_dictionary_encoding(seed, n, distinct, shared):
+    from thresher.transforms.bounding.choose_contribution_bound import (
+        _key_numbers_by_dictionary, key_numbers)
+    keys = _pair_keys(seed, n, distinct, shared)
+    got, want = key_numbers(keys), _key_numbers_by_dictionary(keys)
+    for g, w in zip(got[:3], want[:3]):
+        assert g.dtype == w.dtype and np.array_equal(g, w)
+    if got.order is not None:   # the pairs by key number, ties in pair order
+        assert np.array_equal(got.order, np.argsort(want.index, kind="stable"))
+    assert shared or got.order is not None   # the value sort served (no fallback)
+
+
+def test_key_numbers_of_no_pairs():
+    from thresher.transforms.bounding.choose_contribution_bound import key_numbers
+    numbers = key_numbers(np.zeros(0, dtype=np.uint64))
+    assert len(numbers.keys) == len(numbers.index) == len(numbers.first) == 0
+
+
+@pytest.mark.parametrize("candidates", [(1, 2, 4, 8, 16), (3,), (2, 5, 100, 1000)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_l0_key_units_equal_the_general_loop(candidates, seed):
+    """Per key and candidate, the grouped l0 sums are the integers of the loop over every
+    pair (``key_units``: ``exact_bincount`` of ``expected_count_units``), with light
+    users (w <= min C), heavy ones (w > max C) and users in between."""
+    from thresher.transforms.bounding.choose_contribution_bound import key_units, l0_key_units
+    rng = np.random.default_rng(seed)
+    sizes = np.concatenate([rng.integers(1, 4, 300), rng.zipf(1.5, 300) % 3000 + 1, [2500]])
+    pair_users = np.repeat(np.arange(len(sizes)), sizes)
+    num_keys = 5000   # some keys without a pair
+    pair_position = rng.integers(0, num_keys, len(pair_users))
+    weights = np.bincount(pair_users).astype(np.int64)
+    score = cb.make_score("gaussian", candidates, max(candidates),
+                          {"thresholds": [10.0 + c for c in candidates]})
+    want = key_units(pair_users, None, weights, score, pair_position, num_keys)
+    got = l0_key_units(pair_users, np.maximum(weights, 1), candidates, pair_position, num_keys)
+    order = np.argsort(pair_position, kind="stable")
+    assert all(np.array_equal(g, o) for g, o in zip(got, l0_key_units(
+        pair_users, np.maximum(weights, 1), candidates, pair_position, num_keys, order)))
+    assert len(got) == len(want) == len(candidates)
+    for g, w in zip(got, want):
+        assert g.dtype == np.int64 and np.array_equal(g, w)
+    assert len({tuple(w) for w in want}) == len(candidates)   # the columns differ

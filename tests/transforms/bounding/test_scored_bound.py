@@ -167,3 +167,61 @@ def test_which_releases_take_the_one_pass_route(kind, model, aggregates, one_pas
     except Exception as exc:   # the document must be valid: the test is about routing
         pytest.fail(f"spec for {kind}/{model}/{aggregates} refused: {exc}")
     assert release._one_pass_auto(spec) is one_pass
+
+
+def _old_kernels(monkeypatch):
+    """The pass as it was before issue 43's value-sort kernels: l0_ranks' distinct rows,
+    key numbers by dictionary encoding, the per-candidate loop over every pair."""
+    from thresher.transforms.bounding import choose_contribution_bound as ccb
+    from thresher.transforms.bounding import scored_bound
+    from thresher.transforms.bounding.per_user_bound import l0_ranks
+
+    def ranked_pairs(users, keys, rng):
+        ranks = l0_ranks(users, keys, rng)
+        d = ranks.distinct
+        return ranks.order[d], ranks.rank_in_user[d], ranks.user_numbers()[d]
+
+    def loop_units(pair_users, user_weight, candidates, pair_key, num_keys, key_order=None):
+        score = contribution_bound.make_score("gaussian", candidates, max(candidates),
+                                              {"thresholds": [1.0] * len(candidates)})
+        return ccb.key_units(pair_users, None, user_weight, score, pair_key, num_keys)
+
+    monkeypatch.setattr(scored_bound, "l0_distinct_pairs", ranked_pairs)
+    monkeypatch.setattr(scored_bound, "key_numbers", ccb._key_numbers_by_dictionary)
+    monkeypatch.setattr(ccb, "l0_key_units", loop_units)
+
+
+def _heavy_table(seed):
+    """Light users and three heavy ones (thousands of keys, duplicate rows)."""
+    table = _table(seed, rows=3000, users=400)
+    rng = np.random.default_rng(seed)
+    n = 9000
+    user = np.repeat(np.array([11, 12, 13], np.uint64), n // 3) * np.uint64(0x9E3779B97F4A7C15)
+    words = pa.array([f"h{k}" for k in rng.integers(0, 4000, n)])
+    heavy = pa.table({USER_COLUMN: pa.array(user, pa.uint64()),
+                      USER_LOW_COLUMN: pa.array(mix64(user), pa.uint64()), "word": words,
+                      KEY_HASH_COLUMN: pa.array(np.asarray(hash_array(words), np.uint64),
+                                                pa.uint64())})
+    return pa.concat_tables([table, heavy]).take(pa.array(rng.permutation(3000 + n)))
+
+
+@pytest.mark.parametrize("case", ["plain", "collide", "heavy", "empty", "one_row"])
+@pytest.mark.parametrize("score_name", ["gaussian", "laplace_l0", "sample_and_threshold"])
+def test_pass_is_identical_to_the_pre_value_sort_kernels(case, score_name, monkeypatch):
+    """Everything scored_table returns (running counts, dropped, key-shard partials) is
+    bit-identical to the pass with the kernels it had before (kept here as the oracle)."""
+    table = {"plain": lambda: _table(6), "collide": lambda: _table(7, collide=True),
+             "heavy": lambda: _heavy_table(8), "empty": lambda: _table(5).slice(0, 0),
+             "one_row": lambda: _table(9).slice(0, 1)}[case]()
+    score = _score(score_name)
+    got = scored_table(table, ["word"], score, _source(), num_key_shards=4)
+    _old_kernels(monkeypatch)
+    want = scored_table(table, ["word"], score, _source(), num_key_shards=4)
+    if want[0] is None:
+        assert got[0] is None
+    else:
+        assert got[0].equals(want[0])
+    assert np.array_equal(got[1], want[1])
+    assert [s for s, _ in got[2]] == [s for s, _ in want[2]]
+    for (_, g), (_, w) in zip(got[2], want[2]):
+        assert g.equals(w)

@@ -191,3 +191,18 @@ def test_many_rows_in_one_digit_carry_exactly():
     values[group == 5] = rng.choice([1.0, 2.0 ** -53, -2.0 ** -53], size=(group == 5).sum())
     got = es.exact_sums(values, group, 7)
     assert [float(x) for x in got] == [math.fsum(values[group == k]) for k in range(7)]
+
+
+@pytest.mark.parametrize("values", [[_MAX] * 3, [_MAX, -_MAX, _MAX], [1e308] * 3,
+                                    [2.0 ** 1023] * 4, [1.7e308, 9e307, -1e308]])
+def test_groups_of_values_beyond_2_to_the_1023_do_not_raise(values):
+    """Values of magnitude >= 2^1023 (ulp 2^971) in the superaccumulator's groups: the
+    dyadic fast path's bound 2^(53 + 971) is beyond float64; it raised OverflowError
+    (a traceback for a valid input) instead of returning the sum (+inf here or finite)."""
+    values = np.array(values)
+    got = es.exact_sums(values, np.zeros(len(values), dtype=np.int64), 1)
+    assert got[0] == _exact(values)
+    terms, count, finite = es.exact_sums(values, np.zeros(len(values), dtype=np.int64), 1,
+                                         terms=True)
+    if finite[0]:
+        assert sum(map(Fraction, terms[0].tolist())) == sum(map(Fraction, values.tolist()))

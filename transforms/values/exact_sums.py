@@ -181,7 +181,12 @@ def _dyadic_exact(values):
     """Whether every float64 sum of ``values``, in any order, is exact: all of them are
     multiples of 2^u for one u and the sum of their magnitudes is below 2^(53 + u)
     (every partial sum is then an integer multiple of 2^u below 2^53 of them). True
-    for integer-valued data of moderate size, the usual counts and amounts."""
+    for integer-valued data of moderate size, the usual counts and amounts.
+
+    Where 2^(53 + u) passes the float64 range (u >= 971: every value is at least 2^1023
+    in magnitude, or a multiple of 2^971), the bound is +inf, and a finite (slackened)
+    sum of magnitudes suffices: every partial sum is then a multiple of 2^u below 2^1024,
+    53 bits at most, so exact (``math.ldexp`` raised OverflowError there)."""
     x = values[values != 0]
     if not len(x):
         return True
@@ -190,8 +195,9 @@ def _dyadic_exact(values):
     lowest_bit = np.frexp((whole & -whole).astype(np.float64))[1] - 1     # trailing zeros
     unit = int((exponent.astype(np.int64) - 53 + lowest_bit).min())
     with np.errstate(over="ignore"):
-        total = float(np.abs(x).sum())
-    return total * (1 + 1e-6) < math.ldexp(1.0, 53 + unit)
+        total = float(np.abs(x).sum()) * (1 + 1e-6)
+        limit = float(np.ldexp(1.0, 53 + unit))          # +inf from u = 971 on
+    return total < limit if math.isfinite(limit) else math.isfinite(total)
 
 
 def _superaccumulated(values, group, num_groups, terms):

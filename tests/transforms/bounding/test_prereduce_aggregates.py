@@ -215,3 +215,68 @@ def test_a_heavy_user_on_one_key_is_bounded_not_refused(tmp_path, monkeypatch, c
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
     monkeypatch.setattr(release, "MAX_USER_ROWS", 1 << 21)
     assert _run(str(tmp_path), table, AGGREGATES[case]) == bounded
+
+
+def _hostile_prepared(seed):
+    """3,000 rows of five users (h holds half) on 12 words, three value columns: a of
+    float64 extremes (the largest float64, +-1e308, 2^970, subnormals, 0.1, -0.0, NaN),
+    b the same but null on every row of w3 (pairs with no value: total 0), c decimals."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    pool = np.array([0.1, 1 / 3, -0.7, 1e308, -1e308, np.finfo(np.float64).max,
+                     5e-324, -5e-324, 1e-300, 1e16, -1e16, 1.0, 2.0 ** -53, np.nan, -0.0,
+                     0.0, 2.0 ** 970])
+    words = rng.choice([f"w{i}" for i in range(12)], size=n)
+    b = rng.choice(pool, size=n)
+    b[words == "w3"] = np.nan
+    table = pa.table({"user_id": rng.choice(["h", "g", "a", "b", "c"], size=n,
+                                            p=[.5, .2, .1, .1, .1]),
+                      "word": words,
+                      "a": pa.array(rng.choice(pool, size=n), from_pandas=True),
+                      "b": pa.array(b, from_pandas=True),
+                      "c": np.round(rng.normal(size=n), 2)})
+    prepared, _ = pio.prepare_batch(table, "user_id", ["word"], identity_key=TEST_KEY,
+                                    value_columns=[("a", "__v0"), ("b", "__v1"), ("c", "__v2")])
+    return prepared
+
+
+@pytest.mark.parametrize("bound", [3, None])
+@pytest.mark.parametrize("seed", range(4))
+def test_kept_totals_are_bitwise_the_same_for_hostile_values(monkeypatch, seed, bound):
+    """Several value columns at once, pairs with no value, partial totals beyond the
+    float64 range (their rows travel as they are) and totals that overflow to +-inf:
+    after pre-reducing a random split of the shuffled rows, every kept (user, key)'s
+    totals are bitwise those of the whole records (with a fixed bound: the same kept
+    pairs first)."""
+    from thresher.transforms.bounding.per_user_bound import bound_table_l0
+    monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 4)
+    names = ["__v0", "__v1", "__v2"]
+    prepared = _hostile_prepared(seed)
+    rng = np.random.default_rng(seed + 100)
+
+    def kept(table):
+        totals = user_key_totals(exact_users(table), ["word"], names)
+        if bound is not None:
+            totals = totals.take(pa.array(bound_table_l0(totals, ["word"], bound, _source())))
+        columns = [totals.column(c).to_pylist() for c in ["__user", "__user_lo", "word"]]
+        values = [totals.column(c).to_numpy(zero_copy_only=False) for c in names]
+        return {k: np.array([v[i] for v in values]) for i, k in enumerate(zip(*columns))}
+
+    whole = kept(prepared)
+    assert any(np.isinf(v).any() for v in whole.values())
+    for mode in ("always", "auto"):
+        shuffled = prepared.take(pa.array(rng.permutation(prepared.num_rows)))
+        cuts = [0, *np.sort(rng.choice(prepared.num_rows, size=5, replace=False)),
+                prepared.num_rows]
+        pieces = []
+        for start, end in zip(cuts[:-1], cuts[1:]):
+            batch = shuffled.slice(start, end - start)
+            out, _ = prereduce.prereduce_aggregates_table(batch, ["word"], names, bound,
+                                                           _source(), mode)
+            pieces.append(batch if out is None else out)
+        reduced = pa.concat_tables(pieces)
+        assert reduced.num_rows < prepared.num_rows
+        after = kept(reduced)
+        assert after.keys() == whole.keys()
+        for pair, totals in whole.items():
+            assert np.array_equal(after[pair].view(np.int64), totals.view(np.int64)), pair

@@ -104,3 +104,34 @@ def test_a_heavy_user_is_bounded_not_refused(tmp_path, monkeypatch, aggregates):
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
     monkeypatch.setattr(release, "MAX_USER_ROWS", 1 << 21)
     assert _run(str(tmp_path), table, aggregates) == bounded
+
+
+SEVERAL = [{"column": "amount", "statistic": "sum", "clip": [-5.0, 10.0]},
+           {"column": "amount", "statistic": "variance", "clip": [-5.0, 10.0]},
+           {"column": "b", "statistic": "mean", "clip": [0.0, 3.0]},
+           {"column": "b", "statistic": "stddev", "clip": [-1.0, 5.0]}]
+
+
+@pytest.mark.parametrize("auto", [False, True], ids=["fixed", "clip_auto"])
+def test_several_aggregate_columns_give_the_same_bytes(tmp_path, monkeypatch, auto):
+    """Two value columns at once (b: null on every row of the in-domain word w1, where h
+    holds 2,000 rows, and on a tenth of the others; its magnitudes spread over six decimal
+    orders), a sum, a variance, a mean and a stddev, with fixed clips and with one
+    ``clip: auto`` (no key cut): the published bytes with the step forced on every table
+    are those without it."""
+    monkeypatch.setattr(prereduce, "MODE", "always")
+    table = _records()
+    rng = np.random.default_rng(5)
+    words = np.array(table.column("word").to_pylist())
+    b = np.round(rng.normal(1.0, 1.0, table.num_rows), 3) * 10.0 ** rng.integers(
+        -3, 3, table.num_rows)
+    b[(words == "w1") | (rng.random(table.num_rows) < 0.1)] = np.nan
+    table = table.append_column("b", pa.array(b, from_pandas=True))
+    aggregates = [dict(a) for a in SEVERAL]
+    if auto:
+        aggregates[0]["clip"] = "auto"
+        aggregates[0]["statistic"] = "mean"
+    reduced = _run(str(tmp_path), table, aggregates)
+    shutil.rmtree(tmp_path / "out")
+    monkeypatch.setattr(release, "_prereduced", lambda records, plan, rng_factory: records)
+    assert _run(str(tmp_path), table, aggregates) == reduced

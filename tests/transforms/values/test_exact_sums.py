@@ -98,3 +98,111 @@ def test_integer_values_take_the_plain_sum():
     assert es._dyadic_exact(values)
     assert np.array_equal(es.exact_sums(values, group, 300),
                           np.bincount(group, weights=values, minlength=300))
+
+
+_MAX = float(np.finfo(np.float64).max)
+_TINY = 5e-324
+
+
+def _hostile(rng):
+    """One group's values, built to catch rounding and range mistakes: exact ties (1 +
+    2^-53 patterns at any scale, ulp(max)/2 beside the largest float64), overflow by a
+    tie or by many values, subnormal inputs and results, cancellation to exactly zero,
+    -0.0 among the values, a huge pair cancelling above a tiny residual, long runs of one
+    value (carries across digits)."""
+    n = int(rng.integers(1, 12))
+    kind = int(rng.integers(0, 10))
+    if kind == 0:
+        base = float(rng.choice([1.0, -1.0, 3.0, 2.0 ** int(rng.integers(-1000, 1000))]))
+        v = [base, *(base * 2.0 ** -53 * rng.choice([1, -1, 0.5, 1 + 2.0 ** -52], size=n))]
+    elif kind == 1:
+        v = rng.choice([_MAX, -_MAX, _MAX / 2, 2.0 ** 970, -2.0 ** 970, 2.0 ** 969,
+                        2.0 ** 1023], size=n)
+    elif kind == 2:
+        v = rng.integers(-2 ** 52, 2 ** 52, size=n) * _TINY
+    elif kind == 3:
+        a = rng.normal(size=n) * 10.0 ** rng.integers(-300, 300, size=n)
+        v = [*a, *(-a)]
+    elif kind == 4:
+        v = rng.choice([-0.0, 0.0, 1e-310, -1e-310, 1.0], size=n)
+    elif kind == 5:
+        big = 2.0 ** int(rng.integers(0, 1020))
+        v = [big, -big, *rng.choice([_TINY, -_TINY, 2.0 ** -1022, 1.0], size=n)]
+    elif kind == 6:
+        v = rng.normal(size=n) * 2.0 ** rng.integers(-1074, 1023, size=n)
+    elif kind == 7:
+        v = [_MAX, 2.0 ** 970, *rng.choice([0.0, _TINY, -_TINY], size=n)]
+    elif kind == 8:
+        v = [float(rng.choice([0.1, 1 / 3, -0.7, 1e308]))] * int(rng.integers(1, 40))
+    else:
+        v = rng.choice([1.0, 2.0 ** -53, 2.0 ** -54, 2.0 ** -106, -2.0 ** -53, 2.0 ** 53,
+                        1.5], size=n)
+    v = np.array(v, dtype=np.float64)
+    rng.shuffle(v)
+    return v
+
+
+@pytest.mark.parametrize("block_cells", [1 << 23, 30])
+def test_hostile_values_sum_and_expand_exactly_in_any_order_and_split(monkeypatch,
+                                                                      block_cells):
+    """Against ``Fraction`` (exact, then rounded once by Python's correctly rounded
+    int division): the sums of 600 hostile groups in a random order, and, for every
+    group whose partials are finite, the sum of the terms of three random partial tables
+    (as the pre-reduction recombines them after the user shuffle). Groups of one or two
+    values take the fast path, the others the superaccumulator. Deterministic."""
+    monkeypatch.setattr(es, "BLOCK_CELLS", block_cells)
+    rng = np.random.default_rng(43)
+    cases = [_hostile(rng) for _ in range(600)]
+    values = np.concatenate(cases)
+    group = np.repeat(np.arange(len(cases)), [len(c) for c in cases])
+    expected = np.array([_exact(c) for c in cases])
+    order = rng.permutation(len(values))
+    got = es.exact_sums(values[order], group[order], len(cases))
+    assert np.array_equal(got, expected)
+    assert np.isinf(expected).any() and (expected == 0).any()
+    table = rng.integers(0, 3, size=len(values))
+    joined, owner, finite = [], [], np.ones(len(cases), dtype=bool)
+    for t in range(3):
+        mine = table == t
+        terms, count, ok = es.exact_sums(values[mine], group[mine], len(cases), terms=True)
+        finite &= ok
+        for g in np.flatnonzero(ok):
+            assert np.all(terms[g, count[g]:] == 0)
+            assert (sum(map(Fraction, terms[g].tolist()), Fraction(0))
+                    == sum(map(Fraction, values[mine][group[mine] == g].tolist()), Fraction(0)))
+        joined.append(terms[ok].ravel())
+        owner.append(np.repeat(np.flatnonzero(ok), terms.shape[1]))
+    assert (~finite).any() and finite.sum() > 500
+    again = es.exact_sums(np.concatenate(joined), np.concatenate(owner), len(cases))
+    assert np.array_equal(again[finite], expected[finite])
+
+
+def test_many_rows_in_one_digit_carry_exactly():
+    """400,000 rows in seven groups (one value repeated just below 2^1001, 0.1 repeated,
+    a 1 +- 2^-53 mix, values over the whole exponent range) against ``math.fsum``
+    (correctly rounded)."""
+    import math
+    rng = np.random.default_rng(1)
+    n = 400_000
+    group = rng.integers(0, 7, size=n)
+    values = rng.normal(size=n) * 2.0 ** rng.integers(-1074, 1000, size=n)
+    values[group == 3] = 2.0 ** 1000 * (1 - 2.0 ** -53)
+    values[group == 4] = 0.1
+    values[group == 5] = rng.choice([1.0, 2.0 ** -53, -2.0 ** -53], size=(group == 5).sum())
+    got = es.exact_sums(values, group, 7)
+    assert [float(x) for x in got] == [math.fsum(values[group == k]) for k in range(7)]
+
+
+@pytest.mark.parametrize("values", [[_MAX] * 3, [_MAX, -_MAX, _MAX], [1e308] * 3,
+                                    [2.0 ** 1023] * 4, [1.7e308, 9e307, -1e308]])
+def test_groups_of_values_beyond_2_to_the_1023_do_not_raise(values):
+    """Values of magnitude >= 2^1023 (ulp 2^971) in the superaccumulator's groups: the
+    dyadic fast path's bound 2^(53 + 971) is beyond float64; it raised OverflowError
+    (a traceback for a valid input) instead of returning the sum (+inf here or finite)."""
+    values = np.array(values)
+    got = es.exact_sums(values, np.zeros(len(values), dtype=np.int64), 1)
+    assert got[0] == _exact(values)
+    terms, count, finite = es.exact_sums(values, np.zeros(len(values), dtype=np.int64), 1,
+                                         terms=True)
+    if finite[0]:
+        assert sum(map(Fraction, terms[0].tolist())) == sum(map(Fraction, values.tolist()))

@@ -151,37 +151,80 @@ def key_tuples(key_table, keys):
     return list(zip(*[key_table.column(k).to_pylist() for k in keys]))
 
 
-def answer(released, keys, key_list, ranks, *, lo, hi, branching, levels, floor):
-    """Post-processing of every released cell: columns (keys..., rank, value) with one row
-    per (key in ``key_list``, rank)."""
+def _codes(values, value_set):
+    """Position of each of ``values`` in ``value_set`` (an arrow array of distinct values;
+    nulls match nulls), -1 where absent."""
+    import pyarrow.compute as pc
+    idx = pc.index_in(values, value_set=value_set, skip_nulls=False)
+    return idx.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def key_positions(table, keys, key_list):
+    """For every row of ``table``, the position of its key tuple in ``key_list`` (distinct
+    tuples), -1 when it is not there: per-column codes into each column's distinct listed
+    values, combined column by column and densified (``np.unique``) so no code overflows."""
+    n = table.num_rows
+    if not keys:
+        return np.zeros(n, np.int64) if len(key_list) else np.full(n, -1, np.int64)
+    m = len(key_list)
+    row_code = np.zeros(n, np.int64)
+    list_code = np.zeros(m, np.int64)
+    missing = np.zeros(n, bool)
+    for j, k in enumerate(keys):
+        column = table.column(k).combine_chunks()
+        listed = pa.array([kt[j] for kt in key_list], type=column.type)
+        distinct = listed.unique()
+        rc, lc = _codes(column, distinct), _codes(listed, distinct)
+        missing |= rc < 0
+        width = len(distinct)
+        _, inverse = np.unique(np.concatenate([list_code * width + lc, row_code * width + rc]),
+                               return_inverse=True)
+        list_code, row_code = inverse[:m].astype(np.int64), inverse[m:].astype(np.int64)
+    order = np.argsort(list_code, kind="stable")
+    sorted_codes = list_code[order]
+    at = np.clip(np.searchsorted(sorted_codes, row_code), 0, max(m - 1, 0))
+    found = ~missing & (m > 0)
+    if m:
+        found &= sorted_codes[at] == row_code
+    return np.where(found, order[at] if m else -1, -1).astype(np.int64)
+
+
+def dense_levels(released, keys, key_list, *, branching, levels):
+    """The released cells as one (len(key_list), sum_l b**l) float64 matrix: row i holds
+    key_list[i]'s levels 1..L side by side (level l's bucket j at sum_{m<l} b**m + j);
+    cells not released (or of keys not listed) stay 0."""
+    offsets = np.cumsum([0] + [branching ** l for l in range(1, levels + 1)])
+    dense = np.zeros((len(key_list), int(offsets[-1])), dtype=np.float64)
     tables = [t for t in released if t.num_rows]
-    by_key = {}
     if tables:
         table = pa.concat_tables(tables)
-        lv = table.column(LEVEL_COLUMN).to_numpy()
-        bk = table.column(BUCKET_COLUMN).to_numpy()
+        lv = table.column(LEVEL_COLUMN).to_numpy().astype(np.int64)
+        bk = table.column(BUCKET_COLUMN).to_numpy().astype(np.int64)
         ct = table.column("count").to_numpy()
-        kts = list(zip(*[table.column(k).to_pylist() for k in keys])) if keys else [()] * table.num_rows
-        for i, kt in enumerate(kts):
-            by_key.setdefault(kt, []).append(i)
-    out = {k: [] for k in keys}
-    out["rank"], out["value"], out["resolution"] = [], [], []
+        row = key_positions(table, keys, key_list)
+        ok = (row >= 0) & (lv >= 1) & (lv <= levels)
+        ok &= (bk >= 0) & (bk < np.diff(offsets)[np.clip(lv, 1, levels) - 1])
+        dense[row[ok], offsets[lv[ok] - 1] + bk[ok]] = ct[ok]
+    return dense, offsets
+
+
+def answer(released, keys, key_list, ranks, *, lo, hi, branching, levels, floor):
+    """Post-processing of every released cell: columns (keys..., rank, value) with one row
+    per (key in ``key_list``, rank). The cells are placed with array operations
+    (:func:`dense_levels`); each key's quantiles come from its row (:func:`key_quantiles`)."""
+    key_list = [tuple(kt) for kt in key_list]
+    dense, offsets = dense_levels(released, keys, key_list, branching=branching, levels=levels)
     leaf_width = (hi - lo) / branching ** levels   # every cell is released: the leaves inform
-    for kt in key_list:
-        kt = tuple(kt)
-        hist = [np.zeros(branching ** l) for l in range(1, levels + 1)]
-        if kt in by_key:
-            idx = np.asarray(by_key[kt])
-            for l in range(1, levels + 1):
-                sel = idx[lv[idx] == l]
-                hist[l - 1][bk[sel]] = ct[sel]
-        values, _ = key_quantiles(hist, ranks, lo=lo, hi=hi, branching=branching, floor=floor)
-        for phi, v in zip(ranks, values):
-            for k, x in zip(keys, kt):
-                out[k].append(x)
-            out["rank"].append(float(phi))
-            out["value"].append(v)
-            out["resolution"].append(None if v is None else leaf_width)
+    values = []
+    for i in range(len(key_list)):      # one iteration per key, not per cell
+        hist = [dense[i, offsets[l]:offsets[l + 1]] for l in range(levels)]
+        values.extend(key_quantiles(hist, ranks, lo=lo, hi=hi, branching=branching,
+                                    floor=floor)[0])
+    n = len(ranks)
+    out = {k: [kt[j] for kt in key_list for _ in range(n)] for j, k in enumerate(keys)}
+    out["rank"] = [float(phi) for _ in key_list for phi in ranks]
+    out["value"] = values
+    out["resolution"] = [None if v is None else leaf_width for v in values]
     return out
 
 

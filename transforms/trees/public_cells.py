@@ -31,7 +31,9 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from thresher.transforms.randomness import hashing
+from thresher.transforms.randomness import hashing, keyed_random
+from thresher.transforms.selection.public_domain import release_domain_table
+from thresher.transforms.selection.release_fn import identity_columns
 from thresher.transforms.plumbing.arrow_coder import TABLE
 from thresher.transforms.trees.heavy_hitters import LEVEL_COLUMN
 from thresher.transforms.trees.quantiles import BUCKET_COLUMN, level_cells
@@ -250,3 +252,107 @@ class PublicCellLevels(beam.PTransform):
         return ((cells, zeros) | "FlattenCells" >> beam.Flatten()
                 | "SumPerCell" >> SumCountsPerKey([LEVEL_COLUMN, *self._keys, BUCKET_COLUMN],
                                                   self._num_shards))
+
+
+def _answer_table(columns, keys):
+    return pa.table({**{k: columns[k] for k in keys},
+                     "rank": pa.array(columns["rank"], pa.float64()),
+                     "value": pa.array(columns["value"], pa.float64()),
+                     "resolution": pa.array(columns["resolution"], pa.float64())})
+
+
+def _data_cells(data_sums, keys, key_list, branching, levels):
+    """(cell index, count) of the summed data cells, sorted by cell index: the index of
+    (key_list[i], level l, bucket j) is i * sum_m b**m + sum_{m<l} b**m + j, the row of
+    that cell in :func:`zero_cells`' tables taken end to end."""
+    offsets = np.cumsum([0] + [branching ** l for l in range(1, levels + 1)])
+    tables = [t for t in data_sums if t.num_rows]
+    if not tables:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    table = pa.concat_tables(tables)
+    lv = table.column(LEVEL_COLUMN).to_numpy().astype(np.int64)
+    bk = table.column(BUCKET_COLUMN).to_numpy().astype(np.int64)
+    ct = table.column("count").to_numpy().astype(np.int64)
+    row = key_positions(table, keys, key_list)
+    ok = (row >= 0) & (lv >= 1) & (lv <= levels)
+    ok &= (bk >= 0) & (bk < np.diff(offsets)[np.clip(lv, 1, levels) - 1])
+    cell = row[ok] * int(offsets[-1]) + offsets[lv[ok] - 1] + bk[ok]
+    order = np.argsort(cell, kind="stable")
+    return cell[order], ct[ok][order]
+
+
+class _CellQuantilesFn(beam.DoFn):
+    """The key table -> one Table(keys..., rank, value, resolution): for each chunk of
+    keys, every cell of theirs (:func:`zero_cells`) with its true count (the summed data
+    cells, a side input), the discrete Gaussian noise of ``NoisyDomainCounts`` (the same
+    keyed stream per cell: it is identified by the cell's level, key and bucket, not by
+    the batch it travels in), then :func:`answer`. The noisy cells of all the keys are
+    never gathered in one place (issue 43 item 4: that was 4,368 cells per key through a
+    shuffle and a ToList)."""
+
+    def __init__(self, keys, params, ranks, bounds, shape, floor, rng_factory=None, stage=""):
+        self._keys, self._params, self._ranks = list(keys), params, list(ranks)
+        self._lo, self._hi = bounds
+        self._b, self._levels = shape
+        self._floor = floor
+        self._rng_factory = rng_factory
+        self._stage = stage
+
+    def setup(self):
+        self._rng = keyed_random.worker_rng(self._rng_factory)
+
+    def process(self, key_table, data_sums):
+        keys = self._keys
+        key_list = key_tuples(key_table, keys) if keys else [()] * key_table.num_rows
+        per_key = sum(self._b ** l for l in range(1, self._levels + 1))
+        cells, counts = _data_cells(data_sums, keys, key_list, self._b, self._levels)
+        parts, start = [], 0
+        for grid in zero_cells(key_table, keys, self._b, self._levels):
+            grid = grid.drop_columns([KEY_HASH_COLUMN])
+            n_keys = grid.num_rows // per_key
+            first = start * per_key
+            a, z = np.searchsorted(cells, [first, first + grid.num_rows])
+            true = np.zeros(grid.num_rows, np.int64)
+            np.add.at(true, cells[a:z] - first, counts[a:z])
+            grid = grid.set_column(grid.schema.get_field_index("count"), "count", pa.array(true))
+            rng = keyed_random.table_streams(self._rng_factory, self._rng, self._stage, grid,
+                                             identity_columns(grid))
+            released = release_domain_table(grid, self._params, rng)
+            parts.append(_answer_table(answer(
+                [released], keys, key_list[start:start + n_keys], self._ranks, lo=self._lo,
+                hi=self._hi, branching=self._b, levels=self._levels, floor=self._floor), keys))
+            start += n_keys
+        if not parts:       # no key: the empty answer, as before
+            parts.append(_answer_table(answer(
+                [], keys, [], self._ranks, lo=self._lo, hi=self._hi, branching=self._b,
+                levels=self._levels, floor=self._floor), keys))
+        yield pa.concat_tables(parts)
+
+
+class PublicCellQuantiles(beam.PTransform):
+    """Per-(key, value) counts of the selected keys -> one Table(keys..., rank, value,
+    resolution): the cells of :class:`PublicCellLevels`, noised as ``NoisyDomainCounts``
+    does (``rng_factory``: its stage), answered per key (:func:`answer`), with only the
+    cells that hold data shuffled (the zero cells are made where they are noised)."""
+
+    def __init__(self, keys, value_column, key_table, *, lo, hi, branching, levels, ranks,
+                 sigma, floor, num_shards, rng_factory=None, label=None):
+        super().__init__(label)
+        self._keys, self._column, self._key_table = list(keys), value_column, key_table
+        self._lo, self._hi, self._b, self._levels = float(lo), float(hi), int(branching), int(levels)
+        self._ranks, self._sigma, self._floor = list(ranks), sigma, floor
+        self._num_shards = int(num_shards)
+        self._rng_factory = rng_factory
+
+    def expand(self, counts):
+        from thresher.transforms.plumbing.aggregate import SumCountsPerKey
+        data = (counts
+                | "Cells" >> beam.Map(_cells, self._keys, self._column, self._lo, self._hi,
+                                      self._b, self._levels).with_output_types(TABLE)
+                | "SumPerCell" >> SumCountsPerKey([LEVEL_COLUMN, *self._keys, BUCKET_COLUMN],
+                                                  self._num_shards))
+        fn = _CellQuantilesFn(self._keys, {"noise": "discrete_gaussian", "sigma": self._sigma},
+                              self._ranks, (self._lo, self._hi), (self._b, self._levels),
+                              self._floor, *keyed_random.stage_of(self._rng_factory))
+        return self._key_table | "NoisyCellsAnswered" >> keyed_random.par_do(
+            fn, beam.pvalue.AsList(data)).with_output_types(TABLE)

@@ -118,3 +118,65 @@ def test_key_positions_match_a_dict():
     where = {kt: i for i, kt in enumerate(key_list)}
     want = [where.get((int(x), str(y)), -1) for x, y in zip(a, b)]
     assert public_cells.key_positions(table, ["a", "b"], key_list).tolist() == want
+
+
+_OUT = {}     # the pipelines' outputs, by name (Beam's in-process runner: this process)
+
+
+def _keep(table, name):
+    _OUT.setdefault(name, []).append(table)
+
+
+def _old_release(counts, key_table, kw, sigma, floor, ranks, draws):
+    """The wiring before issue 43 item 4: every cell (zeros included) shuffled and summed,
+    NoisyDomainCounts, all the noisy cells gathered, then answer."""
+    import apache_beam as beam  # heavy: apache_beam
+    from thresher.transforms.selection.public_domain import NoisyDomainCounts  # heavy: apache_beam
+    key_list = beam.pvalue.AsSingleton(
+        key_table | "KeyList" >> beam.Map(public_cells.key_tuples, ["word"]))
+
+    def finish(released, key_list):
+        yield public_cells._answer_table(public_cells.answer(
+            released, ["word"], key_list, ranks, lo=kw["lo"], hi=kw["hi"],
+            branching=kw["branching"], levels=kw["levels"], floor=floor), ["word"])
+    return (counts
+            | "CellLevels" >> public_cells.PublicCellLevels(["word"], "x", key_table, num_shards=3, **kw)
+            | "NoisyCells" >> NoisyDomainCounts({"noise": "discrete_gaussian", "sigma": sigma},
+                                                draws.child("NoisyCells"))
+            | "GatherCells" >> beam.combiners.ToList()
+            | "Quantiles" >> beam.FlatMap(finish, key_list))
+
+
+def test_fused_release_draws_and_answers_as_the_gathered_cells():
+    """PublicCellQuantiles (zero cells made, noised and answered per chunk of keys) publishes
+    exactly what the old wiring did under one secret: same keyed draw per cell, same answer.
+    Keys: more than one chunk of zero cells (max_rows // cells per key keys each), a key
+    with no data, data of a key not selected."""
+    import apache_beam as beam  # heavy: apache_beam
+    from thresher.transforms.randomness import keyed_random
+    rng = np.random.default_rng(3)
+    words = [f"w{i:03d}" for i in range(40)]
+    n = 6000
+    counts = pa.table({"word": pa.array(rng.choice(words + ["other"], n)),
+                       "x": pa.array(rng.lognormal(3, 1.5, n)),
+                       "count": pa.array(rng.integers(1, 4, n), pa.int64())})
+    keys = pa.table({"word": pa.array(words + ["zzz"])})      # zzz: no data
+    kw = dict(lo=0.0, hi=500.0, branching=8, levels=4)        # 4,680 cells per key: 14 keys a chunk
+    sigma, floor, ranks = 3.5, 10.0, [0.5, 0.1, 0.9]
+    _OUT.clear()
+    for name in ("old", "new"):
+        draws = keyed_random.KeyedDraws(keyed_random.KeyedSource(b"public cells test secret"))
+        with beam.Pipeline() as p:
+            rows = p | "Counts" >> beam.Create([counts.slice(0, 2500), counts.slice(2500)])
+            key_table = p | "Keys" >> beam.Create([keys])
+            if name == "old":
+                out = _old_release(rows, key_table, kw, sigma, floor, ranks, draws)
+            else:
+                out = rows | public_cells.PublicCellQuantiles(
+                    ["word"], "x", key_table, ranks=ranks, sigma=sigma, floor=floor,
+                    num_shards=3, rng_factory=draws.child("NoisyCells"), **kw)
+            _ = out | beam.Map(_keep, name)
+    old, new = (pa.concat_tables(_OUT[k]) for k in ("old", "new"))
+    assert new.num_rows == len(ranks) * keys.num_rows
+    assert new.equals(old)
+    assert new.column("value").null_count < new.num_rows      # some keys answered

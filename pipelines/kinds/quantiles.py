@@ -536,7 +536,7 @@ def _restrict_to(table, keys, selected):
         yield out
 
 
-def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None):
+def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None, spill_dir=None):
     """Prepared records (key columns + value) -> [public keys only] -> whole users -> at
     most C distinct (key, value) pairs per user -> users per (key, value) -> the method's
     histograms -> Table(keys..., rank, value). Without public keys but with input.keys,
@@ -573,7 +573,8 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
         bounds.append((keys, bound, "BoundKeys", True))
     records, reduced = prereduced_for_bounds(records, bounds, rng_factory)
     shuffle = {"coalesce_rows": 1} if reduced else whole_user_limit(plan)
-    users = records | "ShardByUser" >> ShardByUser(num_shards, **shuffle)
+    # issue 43: with spill_dir the user shuffle's pieces travel as files, not in memory
+    users = records | "ShardByUser" >> ShardByUser(num_shards, spill_dir=spill_dir, **shuffle)
     if params.get("public_cells") or mech.get("public_cells"):
         return _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
                                     notes_sink)
@@ -783,6 +784,7 @@ class Quantiles(StagesKind):
                    "interpolation)")
     FIELDS, OUTPUT_COLUMNS, REQUIRED, KEYS_OPTIONAL = FIELDS, OUTPUT_COLUMNS, REQUIRED, KEYS_OPTIONAL
     WRITES_NOTES, NOTES_FILE = WRITES_NOTES, NOTES_FILE
+    TAKES_SPILL_DIR = True   # base.Kind.TAKES_SPILL_DIR: the user shuffle spills (issue 43)
     parse = staticmethod(parse)
     check_spec = staticmethod(check_spec)
     read_spec = staticmethod(read_spec)

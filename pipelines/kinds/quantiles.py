@@ -56,6 +56,7 @@ from thresher.pipelines.kinds.base import StagesKind, whole_user_limit
 from thresher.pipelines.common import declare
 from thresher.pipelines.common.fields import optional_float
 from thresher.pipelines.kinds.sample_and_threshold import PLD_DEFAULT_MAX_KEYS
+from thresher.pipelines.common.calibration_cache import same
 
 # The kind's name (``mechanism.kind``): written once, here (its class and its calibrated
 # parameters say it; a renamed copy of this module is another kind).
@@ -319,18 +320,20 @@ def stage_budget(budget, mechanism):
     return _levels.spend_levels(budget, stage_names(mechanism))
 
 
-def _calibrate_public_cells(mech, epsilon, delta, max_keys_per_user):
+def _calibrate_public_cells(mech, epsilon, delta, max_keys_per_user, found=None):
     """Discrete Gaussian noise on every (key, level, bucket) cell of the public keys: one
     user shifts C L cells by 1 (one value in each of <= C keys, one bucket per level), so
     sigma is the smallest with exact composed_shift_delta(eps, sigma, C L) <= delta
-    (``accounting.known_domain.gaussian_sigma``). Keys compose in parallel."""
+    (``accounting.known_domain.gaussian_sigma``). Keys compose in parallel. ``found``: a
+    sigma found earlier (a cached calibration, :func:`verify_calibration`), used instead
+    of the search; its delta is recomputed and reported all the same."""
     from thresher.accounting import known_domain  # heavy: start-up of thresher schema
     # heavy: apache_beam
     from thresher.transforms.trees.public_cells import NULL_REASON, SUPPORT_Z, support_floor
     levels, branching = mech["levels"], mech["branching"]
     shifts = max_keys_per_user * levels
     try:
-        sigma = known_domain.gaussian_sigma(epsilon, delta, shifts)
+        sigma = found if found is not None else known_domain.gaussian_sigma(epsilon, delta, shifts)
     except ValueError as exc:
         raise CalibrationError(f"quantiles per key at epsilon={epsilon:g}, delta={delta:g}: "
                                f"{exc}") from None
@@ -347,20 +350,27 @@ def _calibrate_public_cells(mech, epsilon, delta, max_keys_per_user):
                         "(transforms.bounding.key_value_bound)"}
 
 
+def _public_cells_plan(mech, epsilon, delta, max_keys_per_user, found=None):
+    """The plan of a public-cells release; ``found``: (sigma, key selection's (sampling
+    rate, threshold)) of a cached calibration, rechecked instead of searched for."""
+    out = {"kind": NAME, "method": mech["method"], "column": mech["column"],
+           "ranks": list(mech["ranks"]), "domain": list(mech["domain"]),
+           "branching": mech["branching"], "leaves": mech["branching"] ** mech["levels"],
+           "resolution": (mech["domain"][1] - mech["domain"][0]) / mech["branching"] ** mech["levels"]}
+    out.update(_calibrate_public_cells(mech, epsilon, delta, max_keys_per_user,
+                                       found and found[0]))
+    _key_selection(out, mech, max_keys_per_user, found and found[1])
+    out["accounting"] = ("per-key hierarchical histograms over the public cells of the "
+                         "selected keys (paper 002 Alg. 1 on the cells, paper 003 Sec. 4.2 "
+                         "hierarchy): discrete Gaussian noise, exact delta of C L composed "
+                         "unit shifts (accounting.known_domain.gaussian_delta); keys in "
+                         "parallel")
+    return out
+
+
 def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     if mech.get("public_cells"):
-        out = {"kind": NAME, "method": mech["method"], "column": mech["column"],
-               "ranks": list(mech["ranks"]), "domain": list(mech["domain"]),
-               "branching": mech["branching"], "leaves": mech["branching"] ** mech["levels"],
-               "resolution": (mech["domain"][1] - mech["domain"][0]) / mech["branching"] ** mech["levels"]}
-        out.update(_calibrate_public_cells(mech, epsilon, delta, max_keys_per_user))
-        _key_selection(out, mech, max_keys_per_user)
-        out["accounting"] = ("per-key hierarchical histograms over the public cells of the "
-                             "selected keys (paper 002 Alg. 1 on the cells, paper 003 Sec. 4.2 "
-                             "hierarchy): discrete Gaussian noise, exact delta of C L composed "
-                             "unit shifts (accounting.known_domain.gaussian_delta); keys in "
-                             "parallel")
-        return out
+        return _public_cells_plan(mech, epsilon, delta, max_keys_per_user)
     levels, per_key = level_structure(mech)
     per_step = max_keys_per_user * per_key
     params = _levels.calibrate(mech, epsilon=epsilon, delta=delta, levels=levels,
@@ -381,15 +391,56 @@ def calibrate(mech, *, epsilon, delta, max_keys_per_user, model):
     return out
 
 
-def _key_selection(out, mech, max_keys_per_user):
+class _MissesBudget(Exception):
+    """A cached calibration's parameters no longer meet the budget (recalibrate)."""
+
+
+def verify_calibration(params, mech, *, epsilon, delta, max_keys_per_user, model):
+    """Forward check of a cached calibration (``pipelines.common.calibration_cache``), public
+    cells only: True only if the plan rebuilt from the cached sigma and key selection
+    (sampling_rate, threshold) -- sigma's exact delta recomputed
+    (``accounting.known_domain.gaussian_delta``) and within delta, the selection's
+    rechecked (``accounting.sample_threshold.calibration.recheck``) -- is the cached plan,
+    every field. Two delta evaluations instead of the searches (~5 s at 1e6 rows, issue 43)."""
+    from thresher.accounting import known_domain  # heavy: start-up of thresher schema
+    if not mech.get("public_cells") or type(params) is not dict or params.get("kind") != NAME:
+        return False
+    sigma = params.get("sigma")
+    if type(sigma) is not float or not sigma > 0:
+        return False
+    shifts = max_keys_per_user * mech["levels"]
+    if not known_domain.gaussian_delta(epsilon, sigma, shifts) <= delta:
+        return False
+    selection = None
+    if mech.get("key_selection") is not None:
+        cached = params.get("key_selection")
+        if type(cached) is not dict:
+            return False
+        selection = (cached.get("sampling_rate"), cached.get("threshold"))
+    try:
+        again = _public_cells_plan(mech, epsilon, delta, max_keys_per_user, (sigma, selection))
+    except (_MissesBudget, CalibrationError, ValueError, TypeError):
+        return False
+    return same(again, params)
+
+
+def _key_selection(out, mech, max_keys_per_user, found=None):
     selection = mech.get("key_selection")
     if selection is not None:
         # as kind sample_and_threshold: a user's C keys composed by the PLD bound for
         # 2 <= C <= 64 (a lower release point at the same budget), basic otherwise
         composition = "pld" if 1 < max_keys_per_user <= PLD_DEFAULT_MAX_KEYS else "basic"
         try:
-            sel = sample_threshold.calibrate(selection["epsilon"], selection["delta"],
-                                             max_keys_per_user, composition=composition)
+            if found is not None:     # a cached (p, tau): its delta recomputed, no search
+                from thresher.accounting.sample_threshold.calibration import recheck  # heavy: scipy
+                sel = recheck(selection["epsilon"], selection["delta"], max_keys_per_user,
+                              *found, composition=composition,
+                              calibrated=("sampling_rate", "threshold"))
+                if sel is None:
+                    raise _MissesBudget()
+            else:
+                sel = sample_threshold.calibrate(selection["epsilon"], selection["delta"],
+                                                 max_keys_per_user, composition=composition)
         except ValueError as exc:
             raise CalibrationError(f"quantiles key selection at epsilon={selection['epsilon']:g}, "
                                    f"delta={selection['delta']:g}: {exc}") from None
@@ -485,7 +536,7 @@ def _restrict_to(table, keys, selected):
         yield out
 
 
-def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None):
+def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None, spill_dir=None):
     """Prepared records (key columns + value) -> [public keys only] -> whole users -> at
     most C distinct (key, value) pairs per user -> users per (key, value) -> the method's
     histograms -> Table(keys..., rank, value). Without public keys but with input.keys,
@@ -522,7 +573,8 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None)
         bounds.append((keys, bound, "BoundKeys", True))
     records, reduced = prereduced_for_bounds(records, bounds, rng_factory)
     shuffle = {"coalesce_rows": 1} if reduced else whole_user_limit(plan)
-    users = records | "ShardByUser" >> ShardByUser(num_shards, **shuffle)
+    # issue 43: with spill_dir the user shuffle's pieces travel as files, not in memory
+    users = records | "ShardByUser" >> ShardByUser(num_shards, spill_dir=spill_dir, **shuffle)
     if params.get("public_cells") or mech.get("public_cells"):
         return _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
                                     notes_sink)
@@ -620,13 +672,6 @@ def apply_notes(report, note):
     return report
 
 
-def _answer_cells(released, keys, key_list, mech, floor):
-    from thresher.transforms.trees.public_cells import answer  # heavy: apache_beam
-    lo, hi = mech["domain"]
-    yield _to_table(answer(released, keys, key_list, mech["ranks"], lo=lo, hi=hi,
-                           branching=mech["branching"], levels=mech["levels"], floor=floor), keys)
-
-
 def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
                          notes_sink=None):
     """Per-key hierarchical quantiles over the public cells of public or selected keys
@@ -638,8 +683,7 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
     from thresher.transforms.bounding.key_value_bound import BoundKeyValues  # heavy: apache_beam
     from thresher.transforms.bounding.per_user_bound import PerUserBound  # heavy: apache_beam
     # heavy: apache_beam
-    from thresher.transforms.trees.public_cells import PublicCellLevels, key_tuples
-    from thresher.transforms.selection.public_domain import NoisyDomainCounts  # heavy: apache_beam
+    from thresher.transforms.trees.public_cells import PublicCellQuantiles, key_tuples
     # heavy: apache_beam
     from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold
     from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
@@ -673,15 +717,11 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
     lo, hi = mech["domain"]
     return (counts
             | "OnlySelectedKeys" >> beam.FlatMap(_restrict_to, keys, key_list)
-            | "CellLevels" >> PublicCellLevels(keys, column, key_table, lo=lo, hi=hi,
-                                               branching=mech["branching"], levels=mech["levels"],
-                                               num_shards=num_shards)
-            | "NoisyCells" >> NoisyDomainCounts({"noise": "discrete_gaussian",
-                                                 "sigma": params["sigma"]},
-                                                child(rng_factory, "NoisyCells"))
-            | "GatherCells" >> beam.combiners.ToList()
-            | "Quantiles" >> beam.FlatMap(_answer_cells, keys, key_list, mech,
-                                          params["support_floor"]))
+            | "CellQuantiles" >> PublicCellQuantiles(
+                keys, column, key_table, lo=lo, hi=hi, branching=mech["branching"],
+                levels=mech["levels"], ranks=mech["ranks"], sigma=params["sigma"],
+                floor=params["support_floor"], num_shards=num_shards,
+                rng_factory=child(rng_factory, "NoisyCells")))
 
 
 def value_lines(report, table, keys):
@@ -744,11 +784,13 @@ class Quantiles(StagesKind):
                    "interpolation)")
     FIELDS, OUTPUT_COLUMNS, REQUIRED, KEYS_OPTIONAL = FIELDS, OUTPUT_COLUMNS, REQUIRED, KEYS_OPTIONAL
     WRITES_NOTES, NOTES_FILE = WRITES_NOTES, NOTES_FILE
+    TAKES_SPILL_DIR = True   # base.Kind.TAKES_SPILL_DIR: the user shuffle spills (issue 43)
     parse = staticmethod(parse)
     check_spec = staticmethod(check_spec)
     read_spec = staticmethod(read_spec)
     level_structure = staticmethod(level_structure)
     calibrate = staticmethod(calibrate)
+    verify_calibration = staticmethod(verify_calibration)
     release_stages = staticmethod(release_stages)
     apply_notes = staticmethod(apply_notes)
 

@@ -31,7 +31,9 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from thresher.transforms.randomness import hashing
+from thresher.transforms.randomness import hashing, keyed_random
+from thresher.transforms.selection.public_domain import release_domain_table
+from thresher.transforms.selection.release_fn import identity_columns
 from thresher.transforms.plumbing.arrow_coder import TABLE
 from thresher.transforms.trees.heavy_hitters import LEVEL_COLUMN
 from thresher.transforms.trees.quantiles import BUCKET_COLUMN, level_cells
@@ -151,37 +153,80 @@ def key_tuples(key_table, keys):
     return list(zip(*[key_table.column(k).to_pylist() for k in keys]))
 
 
-def answer(released, keys, key_list, ranks, *, lo, hi, branching, levels, floor):
-    """Post-processing of every released cell: columns (keys..., rank, value) with one row
-    per (key in ``key_list``, rank)."""
+def _codes(values, value_set):
+    """Position of each of ``values`` in ``value_set`` (an arrow array of distinct values;
+    nulls match nulls), -1 where absent."""
+    import pyarrow.compute as pc
+    idx = pc.index_in(values, value_set=value_set, skip_nulls=False)
+    return idx.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def key_positions(table, keys, key_list):
+    """For every row of ``table``, the position of its key tuple in ``key_list`` (distinct
+    tuples), -1 when it is not there: per-column codes into each column's distinct listed
+    values, combined column by column and densified (``np.unique``) so no code overflows."""
+    n = table.num_rows
+    if not keys:
+        return np.zeros(n, np.int64) if len(key_list) else np.full(n, -1, np.int64)
+    m = len(key_list)
+    row_code = np.zeros(n, np.int64)
+    list_code = np.zeros(m, np.int64)
+    missing = np.zeros(n, bool)
+    for j, k in enumerate(keys):
+        column = table.column(k).combine_chunks()
+        listed = pa.array([kt[j] for kt in key_list], type=column.type)
+        distinct = listed.unique()
+        rc, lc = _codes(column, distinct), _codes(listed, distinct)
+        missing |= rc < 0
+        width = len(distinct)
+        _, inverse = np.unique(np.concatenate([list_code * width + lc, row_code * width + rc]),
+                               return_inverse=True)
+        list_code, row_code = inverse[:m].astype(np.int64), inverse[m:].astype(np.int64)
+    order = np.argsort(list_code, kind="stable")
+    sorted_codes = list_code[order]
+    at = np.clip(np.searchsorted(sorted_codes, row_code), 0, max(m - 1, 0))
+    found = ~missing & (m > 0)
+    if m:
+        found &= sorted_codes[at] == row_code
+    return np.where(found, order[at] if m else -1, -1).astype(np.int64)
+
+
+def dense_levels(released, keys, key_list, *, branching, levels):
+    """The released cells as one (len(key_list), sum_l b**l) float64 matrix: row i holds
+    key_list[i]'s levels 1..L side by side (level l's bucket j at sum_{m<l} b**m + j);
+    cells not released (or of keys not listed) stay 0."""
+    offsets = np.cumsum([0] + [branching ** l for l in range(1, levels + 1)])
+    dense = np.zeros((len(key_list), int(offsets[-1])), dtype=np.float64)
     tables = [t for t in released if t.num_rows]
-    by_key = {}
     if tables:
         table = pa.concat_tables(tables)
-        lv = table.column(LEVEL_COLUMN).to_numpy()
-        bk = table.column(BUCKET_COLUMN).to_numpy()
+        lv = table.column(LEVEL_COLUMN).to_numpy().astype(np.int64)
+        bk = table.column(BUCKET_COLUMN).to_numpy().astype(np.int64)
         ct = table.column("count").to_numpy()
-        kts = list(zip(*[table.column(k).to_pylist() for k in keys])) if keys else [()] * table.num_rows
-        for i, kt in enumerate(kts):
-            by_key.setdefault(kt, []).append(i)
-    out = {k: [] for k in keys}
-    out["rank"], out["value"], out["resolution"] = [], [], []
+        row = key_positions(table, keys, key_list)
+        ok = (row >= 0) & (lv >= 1) & (lv <= levels)
+        ok &= (bk >= 0) & (bk < np.diff(offsets)[np.clip(lv, 1, levels) - 1])
+        dense[row[ok], offsets[lv[ok] - 1] + bk[ok]] = ct[ok]
+    return dense, offsets
+
+
+def answer(released, keys, key_list, ranks, *, lo, hi, branching, levels, floor):
+    """Post-processing of every released cell: columns (keys..., rank, value) with one row
+    per (key in ``key_list``, rank). The cells are placed with array operations
+    (:func:`dense_levels`); each key's quantiles come from its row (:func:`key_quantiles`)."""
+    key_list = [tuple(kt) for kt in key_list]
+    dense, offsets = dense_levels(released, keys, key_list, branching=branching, levels=levels)
     leaf_width = (hi - lo) / branching ** levels   # every cell is released: the leaves inform
-    for kt in key_list:
-        kt = tuple(kt)
-        hist = [np.zeros(branching ** l) for l in range(1, levels + 1)]
-        if kt in by_key:
-            idx = np.asarray(by_key[kt])
-            for l in range(1, levels + 1):
-                sel = idx[lv[idx] == l]
-                hist[l - 1][bk[sel]] = ct[sel]
-        values, _ = key_quantiles(hist, ranks, lo=lo, hi=hi, branching=branching, floor=floor)
-        for phi, v in zip(ranks, values):
-            for k, x in zip(keys, kt):
-                out[k].append(x)
-            out["rank"].append(float(phi))
-            out["value"].append(v)
-            out["resolution"].append(None if v is None else leaf_width)
+    values = []
+    for i in range(len(key_list)):      # one iteration per key, not per cell
+        hist = [dense[i, offsets[l]:offsets[l + 1]] for l in range(levels)]
+        values.extend(key_quantiles(hist, ranks, lo=lo, hi=hi, branching=branching,
+                                    floor=floor)[0])
+    n = len(ranks)
+    out = {k: [kt[j] for kt in key_list for _ in range(n)] for j, k in enumerate(keys)}
+    out["rank"] = [float(phi) for _ in key_list for phi in ranks]
+    out["value"] = values
+    out["resolution"] = [None if v is None else leaf_width for v in values]
     return out
 
 
@@ -207,3 +252,107 @@ class PublicCellLevels(beam.PTransform):
         return ((cells, zeros) | "FlattenCells" >> beam.Flatten()
                 | "SumPerCell" >> SumCountsPerKey([LEVEL_COLUMN, *self._keys, BUCKET_COLUMN],
                                                   self._num_shards))
+
+
+def _answer_table(columns, keys):
+    return pa.table({**{k: columns[k] for k in keys},
+                     "rank": pa.array(columns["rank"], pa.float64()),
+                     "value": pa.array(columns["value"], pa.float64()),
+                     "resolution": pa.array(columns["resolution"], pa.float64())})
+
+
+def _data_cells(data_sums, keys, key_list, branching, levels):
+    """(cell index, count) of the summed data cells, sorted by cell index: the index of
+    (key_list[i], level l, bucket j) is i * sum_m b**m + sum_{m<l} b**m + j, the row of
+    that cell in :func:`zero_cells`' tables taken end to end."""
+    offsets = np.cumsum([0] + [branching ** l for l in range(1, levels + 1)])
+    tables = [t for t in data_sums if t.num_rows]
+    if not tables:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    table = pa.concat_tables(tables)
+    lv = table.column(LEVEL_COLUMN).to_numpy().astype(np.int64)
+    bk = table.column(BUCKET_COLUMN).to_numpy().astype(np.int64)
+    ct = table.column("count").to_numpy().astype(np.int64)
+    row = key_positions(table, keys, key_list)
+    ok = (row >= 0) & (lv >= 1) & (lv <= levels)
+    ok &= (bk >= 0) & (bk < np.diff(offsets)[np.clip(lv, 1, levels) - 1])
+    cell = row[ok] * int(offsets[-1]) + offsets[lv[ok] - 1] + bk[ok]
+    order = np.argsort(cell, kind="stable")
+    return cell[order], ct[ok][order]
+
+
+class _CellQuantilesFn(beam.DoFn):
+    """The key table -> one Table(keys..., rank, value, resolution): for each chunk of
+    keys, every cell of theirs (:func:`zero_cells`) with its true count (the summed data
+    cells, a side input), the discrete Gaussian noise of ``NoisyDomainCounts`` (the same
+    keyed stream per cell: it is identified by the cell's level, key and bucket, not by
+    the batch it travels in), then :func:`answer`. The noisy cells of all the keys are
+    never gathered in one place (issue 43 item 4: that was 4,368 cells per key through a
+    shuffle and a ToList)."""
+
+    def __init__(self, keys, params, ranks, bounds, shape, floor, rng_factory=None, stage=""):
+        self._keys, self._params, self._ranks = list(keys), params, list(ranks)
+        self._lo, self._hi = bounds
+        self._b, self._levels = shape
+        self._floor = floor
+        self._rng_factory = rng_factory
+        self._stage = stage
+
+    def setup(self):
+        self._rng = keyed_random.worker_rng(self._rng_factory)
+
+    def process(self, key_table, data_sums):
+        keys = self._keys
+        key_list = key_tuples(key_table, keys) if keys else [()] * key_table.num_rows
+        per_key = sum(self._b ** l for l in range(1, self._levels + 1))
+        cells, counts = _data_cells(data_sums, keys, key_list, self._b, self._levels)
+        parts, start = [], 0
+        for grid in zero_cells(key_table, keys, self._b, self._levels):
+            grid = grid.drop_columns([KEY_HASH_COLUMN])
+            n_keys = grid.num_rows // per_key
+            first = start * per_key
+            a, z = np.searchsorted(cells, [first, first + grid.num_rows])
+            true = np.zeros(grid.num_rows, np.int64)
+            np.add.at(true, cells[a:z] - first, counts[a:z])
+            grid = grid.set_column(grid.schema.get_field_index("count"), "count", pa.array(true))
+            rng = keyed_random.table_streams(self._rng_factory, self._rng, self._stage, grid,
+                                             identity_columns(grid))
+            released = release_domain_table(grid, self._params, rng)
+            parts.append(_answer_table(answer(
+                [released], keys, key_list[start:start + n_keys], self._ranks, lo=self._lo,
+                hi=self._hi, branching=self._b, levels=self._levels, floor=self._floor), keys))
+            start += n_keys
+        if not parts:       # no key: the empty answer, as before
+            parts.append(_answer_table(answer(
+                [], keys, [], self._ranks, lo=self._lo, hi=self._hi, branching=self._b,
+                levels=self._levels, floor=self._floor), keys))
+        yield pa.concat_tables(parts)
+
+
+class PublicCellQuantiles(beam.PTransform):
+    """Per-(key, value) counts of the selected keys -> one Table(keys..., rank, value,
+    resolution): the cells of :class:`PublicCellLevels`, noised as ``NoisyDomainCounts``
+    does (``rng_factory``: its stage), answered per key (:func:`answer`), with only the
+    cells that hold data shuffled (the zero cells are made where they are noised)."""
+
+    def __init__(self, keys, value_column, key_table, *, lo, hi, branching, levels, ranks,
+                 sigma, floor, num_shards, rng_factory=None, label=None):
+        super().__init__(label)
+        self._keys, self._column, self._key_table = list(keys), value_column, key_table
+        self._lo, self._hi, self._b, self._levels = float(lo), float(hi), int(branching), int(levels)
+        self._ranks, self._sigma, self._floor = list(ranks), sigma, floor
+        self._num_shards = int(num_shards)
+        self._rng_factory = rng_factory
+
+    def expand(self, counts):
+        from thresher.transforms.plumbing.aggregate import SumCountsPerKey
+        data = (counts
+                | "Cells" >> beam.Map(_cells, self._keys, self._column, self._lo, self._hi,
+                                      self._b, self._levels).with_output_types(TABLE)
+                | "SumPerCell" >> SumCountsPerKey([LEVEL_COLUMN, *self._keys, BUCKET_COLUMN],
+                                                  self._num_shards))
+        fn = _CellQuantilesFn(self._keys, {"noise": "discrete_gaussian", "sigma": self._sigma},
+                              self._ranks, (self._lo, self._hi), (self._b, self._levels),
+                              self._floor, *keyed_random.stage_of(self._rng_factory))
+        return self._key_table | "NoisyCellsAnswered" >> keyed_random.par_do(
+            fn, beam.pvalue.AsList(data)).with_output_types(TABLE)

@@ -1,0 +1,182 @@
+"""public_cells.answer (array placement of the released cells, issue 43 item 4) against the
+per-cell Python loop it replaced, kept here as the oracle: same output, exactly, on random
+inputs and edge cases (keys not listed, listed keys with no cell, nulls in key columns,
+several key columns of other types, no keys, nothing released)."""
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from thresher.transforms.trees import public_cells
+from thresher.transforms.trees.heavy_hitters import LEVEL_COLUMN
+from thresher.transforms.trees.quantiles import BUCKET_COLUMN
+
+
+def _answer_oracle(released, keys, key_list, ranks, *, lo, hi, branching, levels, floor):
+    """The implementation before issue 43 item 4 (a dict.setdefault per released cell)."""
+    tables = [t for t in released if t.num_rows]
+    by_key = {}
+    if tables:
+        table = pa.concat_tables(tables)
+        lv = table.column(LEVEL_COLUMN).to_numpy()
+        bk = table.column(BUCKET_COLUMN).to_numpy()
+        ct = table.column("count").to_numpy()
+        kts = list(zip(*[table.column(k).to_pylist() for k in keys])) if keys else [()] * table.num_rows
+        for i, kt in enumerate(kts):
+            by_key.setdefault(kt, []).append(i)
+    out = {k: [] for k in keys}
+    out["rank"], out["value"], out["resolution"] = [], [], []
+    leaf_width = (hi - lo) / branching ** levels
+    for kt in key_list:
+        kt = tuple(kt)
+        hist = [np.zeros(branching ** l) for l in range(1, levels + 1)]
+        if kt in by_key:
+            idx = np.asarray(by_key[kt])
+            for l in range(1, levels + 1):
+                sel = idx[lv[idx] == l]
+                hist[l - 1][bk[sel]] = ct[sel]
+        values, _ = public_cells.key_quantiles(hist, ranks, lo=lo, hi=hi, branching=branching,
+                                               floor=floor)
+        for phi, v in zip(ranks, values):
+            for k, x in zip(keys, kt):
+                out[k].append(x)
+            out["rank"].append(float(phi))
+            out["value"].append(v)
+            out["resolution"].append(None if v is None else leaf_width)
+    return out
+
+
+def _released(rng, cell_keys, keys, types, branching, levels, *, chunks=3, sigma=4.0, keep=0.9):
+    """Every cell of ``cell_keys`` (tuples) with noisy counts, a random ``keep`` share of
+    them, shuffled, split into ``chunks`` tables."""
+    rows = []
+    for kt in cell_keys:
+        centre = rng.uniform(0, 1)
+        for l in range(1, levels + 1):
+            n = branching ** l
+            mass = rng.poisson(40 * np.exp(-((np.arange(n) / n - centre) ** 2) * 30) / n * 8)
+            for b in range(n):
+                if rng.uniform() < keep:
+                    rows.append((l, kt, b, int(mass[b] + np.round(rng.normal(0, sigma)))))
+    order = rng.permutation(len(rows))
+    rows = [rows[i] for i in order]
+    cols = {LEVEL_COLUMN: pa.array([r[0] for r in rows], pa.int32())}
+    for j, k in enumerate(keys):
+        cols[k] = pa.array([r[1][j] for r in rows], types[j])
+    cols[BUCKET_COLUMN] = pa.array([r[2] for r in rows], pa.int64())
+    cols["count"] = pa.array([r[3] for r in rows], pa.int64())
+    table = pa.table(cols)
+    cuts = sorted(rng.choice(np.arange(table.num_rows + 1), chunks - 1)) if table.num_rows else []
+    bounds = [0, *cuts, table.num_rows]
+    return [table.slice(a, b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _same(got, want):
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name] == want[name], name   # exact: floats compared bit for bit via ==
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_answer_matches_the_per_cell_loop(seed):
+    rng = np.random.default_rng(seed)
+    branching, levels = [(2, 3), (4, 2), (16, 2), (3, 4), (4, 3), (2, 1)][seed]
+    keys = ["word"] if seed % 2 else ["word", "n"]
+    types = [pa.string()] if seed % 2 else [pa.large_string(), pa.int32()]
+    pool = [("a",), ("b",), (None,), ("é",), ("",), ("zz",), ("c",)]
+    if len(keys) == 2:
+        pool = [(w, n) for (w,) in pool for n in (1, 2, None)]
+    idx = rng.permutation(len(pool))
+    listed = [pool[i] for i in idx[: len(pool) // 2 + 1]]
+    with_cells = [pool[i] for i in idx[2:]]          # some listed keys have none, some unlisted do
+    released = _released(rng, with_cells, keys, types, branching, levels)
+    ranks = [0.9, 0.1, 0.5, 0.25]
+    for floor in (0.0, 12.0, 1e9):
+        kwargs = dict(lo=-5.0, hi=1000.0, branching=branching, levels=levels, floor=floor)
+        _same(public_cells.answer(released, keys, listed, ranks, **kwargs),
+              _answer_oracle(released, keys, listed, ranks, **kwargs))
+
+
+def test_answer_without_keys_and_empty_inputs():
+    rng = np.random.default_rng(11)
+    kwargs = dict(lo=0.0, hi=1.0, branching=4, levels=3, floor=1.0)
+    released = _released(rng, [()], [], [], 4, 3)
+    for rel in (released, [], [t.slice(0, 0) for t in released]):
+        _same(public_cells.answer(rel, [], [()], [0.5, 0.75], **kwargs),
+              _answer_oracle(rel, [], [()], [0.5, 0.75], **kwargs))
+    keyed = _released(rng, [("a",)], ["w"], [pa.string()], 4, 3)
+    for key_list in ([], [("b",)], [("a",), ("b",)]):
+        _same(public_cells.answer(keyed, ["w"], key_list, [0.5], **kwargs),
+              _answer_oracle(keyed, ["w"], key_list, [0.5], **kwargs))
+
+
+def test_key_positions_match_a_dict():
+    rng = np.random.default_rng(5)
+    a = rng.integers(0, 30, 500)
+    b = rng.integers(0, 4, 500)
+    table = pa.table({"a": pa.array(a, pa.int64()), "b": pa.array([str(x) for x in b])})
+    key_list = sorted({(int(x), str(y)) for x, y in zip(rng.integers(0, 40, 80), rng.integers(0, 5, 80))})
+    where = {kt: i for i, kt in enumerate(key_list)}
+    want = [where.get((int(x), str(y)), -1) for x, y in zip(a, b)]
+    assert public_cells.key_positions(table, ["a", "b"], key_list).tolist() == want
+
+
+_OUT = {}     # the pipelines' outputs, by name (Beam's in-process runner: this process)
+
+
+def _keep(table, name):
+    _OUT.setdefault(name, []).append(table)
+
+
+def _old_release(counts, key_table, kw, sigma, floor, ranks, draws):
+    """The wiring before issue 43 item 4: every cell (zeros included) shuffled and summed,
+    NoisyDomainCounts, all the noisy cells gathered, then answer."""
+    import apache_beam as beam  # heavy: apache_beam
+    from thresher.transforms.selection.public_domain import NoisyDomainCounts  # heavy: apache_beam
+    key_list = beam.pvalue.AsSingleton(
+        key_table | "KeyList" >> beam.Map(public_cells.key_tuples, ["word"]))
+
+    def finish(released, key_list):
+        yield public_cells._answer_table(public_cells.answer(
+            released, ["word"], key_list, ranks, lo=kw["lo"], hi=kw["hi"],
+            branching=kw["branching"], levels=kw["levels"], floor=floor), ["word"])
+    return (counts
+            | "CellLevels" >> public_cells.PublicCellLevels(["word"], "x", key_table, num_shards=3, **kw)
+            | "NoisyCells" >> NoisyDomainCounts({"noise": "discrete_gaussian", "sigma": sigma},
+                                                draws.child("NoisyCells"))
+            | "GatherCells" >> beam.combiners.ToList()
+            | "Quantiles" >> beam.FlatMap(finish, key_list))
+
+
+def test_fused_release_draws_and_answers_as_the_gathered_cells():
+    """PublicCellQuantiles (zero cells made, noised and answered per chunk of keys) publishes
+    exactly what the old wiring did under one secret: same keyed draw per cell, same answer.
+    Keys: more than one chunk of zero cells (max_rows // cells per key keys each), a key
+    with no data, data of a key not selected."""
+    import apache_beam as beam  # heavy: apache_beam
+    from thresher.transforms.randomness import keyed_random
+    rng = np.random.default_rng(3)
+    words = [f"w{i:03d}" for i in range(40)]
+    n = 6000
+    counts = pa.table({"word": pa.array(rng.choice(words + ["other"], n)),
+                       "x": pa.array(rng.lognormal(3, 1.5, n)),
+                       "count": pa.array(rng.integers(1, 4, n), pa.int64())})
+    keys = pa.table({"word": pa.array(words + ["zzz"])})      # zzz: no data
+    kw = dict(lo=0.0, hi=500.0, branching=8, levels=4)        # 4,680 cells per key: 14 keys a chunk
+    sigma, floor, ranks = 3.5, 10.0, [0.5, 0.1, 0.9]
+    _OUT.clear()
+    for name in ("old", "new"):
+        draws = keyed_random.KeyedDraws(keyed_random.KeyedSource(b"public cells test secret"))
+        with beam.Pipeline() as p:
+            rows = p | "Counts" >> beam.Create([counts.slice(0, 2500), counts.slice(2500)])
+            key_table = p | "Keys" >> beam.Create([keys])
+            if name == "old":
+                out = _old_release(rows, key_table, kw, sigma, floor, ranks, draws)
+            else:
+                out = rows | public_cells.PublicCellQuantiles(
+                    ["word"], "x", key_table, ranks=ranks, sigma=sigma, floor=floor,
+                    num_shards=3, rng_factory=draws.child("NoisyCells"), **kw)
+            _ = out | beam.Map(_keep, name)
+    old, new = (pa.concat_tables(_OUT[k]) for k in ("old", "new"))
+    assert new.num_rows == len(ranks) * keys.num_rows
+    assert new.equals(old)
+    assert new.column("value").null_count < new.num_rows      # some keys answered

@@ -21,6 +21,7 @@ user's rows round r sees is a function of the user's own rows and of earlier rou
 public output only, and the count stage counts only keys that were released.
 """
 import functools
+import os
 
 import apache_beam as beam
 import numpy as np
@@ -217,8 +218,22 @@ class ShardedUsers:
 # process: (shard, its piece files) -> (exact_users left the table as it was, __key is
 # one-to-one over the key columns). Spilled pieces are immutable files under fresh
 # random names, so the pair names the shard's content; both facts are functions of it.
+# A remembered fact is used only while every piece file is still the one it was found
+# on (same device, inode, size and modification time, :func:`_pieces_identity`): a
+# piece replaced or rewritten since makes the consumer check again.
 _SHARD_FACTS = {}
 _SHARD_FACTS_MAX = 4096
+
+
+def _pieces_identity(shard, paths):
+    """(shard, ((path, device, inode, size, mtime_ns), ...)) of spilled piece files, or
+    None when one of them cannot be read (the consumer then checks for itself)."""
+    try:
+        stats = [os.stat(path) for path in paths]
+    except OSError:
+        return None
+    return shard, tuple((path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                        for path, st in zip(paths, stats))
 
 
 def concat_shard(shard_and_tables, key_columns=None, after=None, max_user_rows=None,
@@ -230,8 +245,8 @@ def concat_shard(shard_and_tables, key_columns=None, after=None, max_user_rows=N
     is the one ``_concat_shard`` gives (same rows, columns and order)."""
     shard, tables = shard_and_tables
     tables = list(tables)
-    ident = ((shard, tuple(tables)) if tables and all(isinstance(t, str) for t in tables)
-             else None)
+    ident = (_pieces_identity(shard, tables)
+             if tables and all(isinstance(t, str) for t in tables) else None)
     known = _SHARD_FACTS.get(ident) if ident is not None else None
     if max_user_rows is not None:
         user_shards.check_user_rows(tables, max_user_rows, setting)

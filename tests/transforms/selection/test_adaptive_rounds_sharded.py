@@ -169,6 +169,34 @@ def test_the_first_consumers_facts_are_the_shards_own(monkeypatch):
                 assert not per_user_bound.key_hash_known_exact(got[0], ["other"])
 
 
+def test_a_piece_rewritten_after_the_first_consumer_is_checked_again(monkeypatch):
+    """The remembered facts are re-verified: a piece file rewritten in place after the
+    first consumer (here with a colliding ``__key``) is checked again by the next one,
+    which then does not stamp the table (with the facts keyed by names alone it would)."""
+    import tempfile
+    monkeypatch.setattr(adaptive_rounds, "_SHARD_FACTS", {})
+    rng = np.random.default_rng(5)
+    n = 300
+    table = pa.table({"__user": pa.array(rng.integers(0, 40, n).astype(np.uint64) << 40),
+                      "__user_lo": pa.array(rng.integers(0, 40, n).astype(np.uint64)),
+                      "__key": pa.array(np.zeros(n, dtype=np.uint64)),
+                      "word": pa.array([f"w{i}" for i in rng.integers(0, 20, n)])})
+    exact = table.set_column(2, "__key", pa.array(
+        per_user_bound.exact_key_codes(table, ["word"]).astype(np.uint64)))
+    colliding = exact.set_column(2, "__key", pa.array(
+        np.minimum(exact.column("__key").to_numpy(), 3)))
+    with tempfile.TemporaryDirectory() as folder:
+        paths = [spill.write_piece(exact.slice(i, 100), folder) for i in range(0, n, 100)]
+        first = list(adaptive_rounds.concat_shard((0, paths), key_columns=["word"]))
+        assert per_user_bound.key_hash_known_exact(first[0], ["word"])
+        rewritten = spill.write_piece(colliding.slice(0, 100), folder)
+        os.replace(rewritten, paths[0])                # same name, other content
+        want = list(user_shards._concat_shard((0, paths), key_columns=["word"]))
+        got = list(adaptive_rounds.concat_shard((0, paths), key_columns=["word"]))
+        assert got[0].equals(want[0])
+        assert not per_user_bound.key_hash_known_exact(got[0], ["word"])
+
+
 def test_the_rounds_read_two_rounds_and_a_count_stage():
     """The factor 3 above: the default adaptive release has two rounds."""
     from thresher.accounting import adaptive as ad

@@ -48,7 +48,7 @@ Aggregates (``PerUserBoundWithValues``; issue 43). The bounding sums each kept (
 key)'s values into one total, clamps it to [low, high] and puts it on its grid
 (``transforms.values.aggregate_values``); ``clip: auto`` first scores every (user, key)'s
 total (``transforms.values.choose_clip``). A total is the exact sum of the pair's values
-rounded once to float64 (``transforms.values.exact_sums``): a function of the multiset of
+rounded once to float64 (``transforms.plumbing.exact_sums``): a function of the multiset of
 the values, whatever their order or split. So, per table, a pair's rows can be replaced
 by any rows whose values have the same exact sum: :func:`summed_pairs` keeps the pair's
 first row once per term of the exact expansion of its partial total (float64 terms, each
@@ -122,8 +122,7 @@ from thresher.transforms.bounding.per_user_bound import (
     _runs, exact_key_codes, key_hash_is_exact, l0_ranks)
 from thresher.transforms.bounding.user_shards import (
     COALESCE_ROWS, KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN, concat, exact_users)
-from thresher.transforms.values.aggregate_values import pair_groups
-from thresher.transforms.values.exact_sums import exact_sums
+from thresher.transforms.plumbing.exact_sums import exact_sums, pair_groups
 
 NOT_PRIVATE = "thresher_not_private"
 
@@ -303,7 +302,7 @@ def prereduce_table(table, key_columns, max_keys_per_user, source, every_row=Fal
 def summed_pairs(table, key_columns, value_names, min_rows=2):
     """``table`` with the rows of each (user identity, exact key) holding at least
     ``min_rows`` rows replaced by the exact expansion of their totals
-    (:mod:`transforms.values.exact_sums`, ``terms``): the pair's first row, repeated once
+    (:mod:`transforms.plumbing.exact_sums`, ``terms``): the pair's first row, repeated once
     per term, each copy carrying one term of every value column (0 where a column has
     fewer terms). The exact sum of a pair's values is unchanged, hence its total after
     the shuffle (module docstring, "Aggregates"). A pair is left as it is where that

@@ -26,7 +26,7 @@ from thresher.transforms.plumbing.arrow_coder import TABLE
 from thresher.transforms.bounding.per_user_bound import bound_table_l0
 from thresher.transforms.selection.release_fn import KernelRelease
 from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, user_columns
-from thresher.transforms.values.exact_sums import exact_sums
+from thresher.transforms.plumbing.exact_sums import exact_sums, pair_groups
 
 NOT_PRIVATE = "thresher_not_private"
 # Staged (never published) noisy sums behind a variance / stddev, for its interval.
@@ -77,7 +77,7 @@ def user_key_totals(table, key_columns, value_names):
     identity words, ``transforms.bounding.user_shards.user_columns``: the bounding after it keys
     each user's streams by them), __key and each value column's total (the exact sum of
     the user's non-null values for the key, rounded once to float64; 0 if none:
-    :mod:`transforms.values.exact_sums`).
+    :mod:`transforms.plumbing.exact_sums`).
 
     The total is a function of the multiset of the values only: the order of a user's
     records in a user shard depends on how the runner grouped them (issue 25, F2:
@@ -100,23 +100,6 @@ def user_key_totals(table, key_columns, value_names):
     return out.combine_chunks()
 
 
-def pair_groups(table, group):
-    """(group number of every row (int64), one row per distinct ``group`` tuple: the
-    group columns in order of first appearance), by pyarrow's hash group-by."""
-    n = table.num_rows
-    keyed = table.select(group).append_column(_ROW, pa.array(np.arange(n, dtype=np.int64)))
-    grouped = keyed.group_by(group, use_threads=False).aggregate([(_ROW, "list")])
-    lists = grouped.column(f"{_ROW}_list")
-    lists = lists.combine_chunks() if lists.num_chunks != 1 else lists.chunk(0)
-    offsets = lists.offsets.to_numpy()
-    flat = lists.values.to_numpy()
-    rows = np.empty(n, dtype=np.int64)
-    rows[flat[offsets[0]:offsets[-1]]] = np.repeat(
-        np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
-    return rows, grouped.drop_columns([f"{_ROW}_list"])
-
-
-_ROW = "__row"
 
 
 def bound_with_values(table, key_columns, sum_columns, max_keys_per_user, rng):

@@ -1,6 +1,6 @@
 """Pre-reduction of ``aggregates`` before the user shuffle (transforms/bounding/prereduce.py,
 "Aggregates"; issue 43, item 2): a kept (user, key)'s rows travel as the exact expansion of
-their per-table total (transforms/values/exact_sums.py), and the totals after the shuffle
+their per-table total (transforms/plumbing/exact_sums.py), and the totals after the shuffle
 are the same exact sums. Checked here:
 
 - the kernel: pre-reducing any split of the records into batches, then bounding with

@@ -1,4 +1,6 @@
-"""Exact, order-independent per-group sums of float64 values (issue 43, item 2).
+"""Exact, order-independent per-group sums of float64 values (issue 43, item 2), and the
+hash group-by that numbers the groups (:func:`pair_groups`). Plumbing, below the bounding
+and the value aggregates that both sum with it.
 
 A (user, key)'s total (``aggregate_values.user_key_totals``) is the exact real sum of its
 finite values, rounded once to the nearest float64 (ties to even; beyond the float64
@@ -34,6 +36,7 @@ sensitivity of ``accounting.aggregates``).
 import math
 
 import numpy as np
+import pyarrow as pa
 
 DIGIT_BITS = 16
 PIECES = 5                 # 53 bits shifted by up to 15: 68 bits = five 16-bit pieces
@@ -267,3 +270,22 @@ def exact_sums(values, group, num_groups, terms=False):
     count[which] = found[1]
     finite[which] = found[2]
     return out, count, finite
+
+
+_ROW = "__row"
+
+
+def pair_groups(table, group):
+    """(group number of every row (int64), one row per distinct ``group`` tuple: the
+    group columns in order of first appearance), by pyarrow's hash group-by."""
+    n = table.num_rows
+    keyed = table.select(group).append_column(_ROW, pa.array(np.arange(n, dtype=np.int64)))
+    grouped = keyed.group_by(group, use_threads=False).aggregate([(_ROW, "list")])
+    lists = grouped.column(f"{_ROW}_list")
+    lists = lists.combine_chunks() if lists.num_chunks != 1 else lists.chunk(0)
+    offsets = lists.offsets.to_numpy()
+    flat = lists.values.to_numpy()
+    rows = np.empty(n, dtype=np.int64)
+    rows[flat[offsets[0]:offsets[-1]]] = np.repeat(
+        np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+    return rows, grouped.drop_columns([f"{_ROW}_list"])

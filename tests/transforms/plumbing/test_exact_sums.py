@@ -1,4 +1,4 @@
-"""Exact per-group sums (transforms/values/exact_sums.py): the correctly rounded exact sum
+"""Exact per-group sums (transforms/plumbing/exact_sums.py): the correctly rounded exact sum
 of each group's values, whatever their order or split, checked against Python's exact
 ``Fraction`` arithmetic on fixed-seed inputs (wide exponents, subnormals, cancellation,
 overflow). Deterministic."""
@@ -7,7 +7,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from thresher.transforms.values import exact_sums as es
+from thresher.transforms.plumbing import exact_sums as es
 
 
 def _exact(values):

@@ -193,7 +193,7 @@ class Reporter:
         """(stage labels, rows read, where the rows come from) at this moment."""
         by_step, running = metrics_snapshot()
         beam = ", ".join(running or self._listener.current)
-        stages = f"stage {beam}" if beam else (_phase[0] or "stage starting")
+        stages = f"stage {beam}" if beam else (_phase[0] or "starting")
         if by_step:
             steps = "; ".join(f"{step} {n:,}" for step, n in sorted(by_step.items()))
             return stages, sum(by_step.values()), f" (Beam metrics: {steps})"

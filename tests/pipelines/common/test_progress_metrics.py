@@ -83,3 +83,23 @@ def test_runs_without_progress_keep_no_runner_alive():
         progress.watch(Source())
         assert len(progress._sources) == 1
     assert progress._sources == []
+
+
+def test_a_tick_before_the_first_step_repeats_starting(monkeypatch):
+    """A periodic line printed before the command names its first step (a slow start on a
+    busy machine) says what the opening line said, ``starting``: no Beam stage and no row
+    count yet (it said "stage starting; 0 rows read", which the CLI's step list then read
+    as a step of its own)."""
+    import time
+    monkeypatch.setattr(progress, "_phase", [None])
+    monkeypatch.setattr(progress, "FIRST_TICK_S", 0.05)
+    stream = io.StringIO()
+    with progress.Reporter(True, stream=stream, interval=0.05):
+        deadline = time.time() + 10
+        while stream.getvalue().count("\n") < 3 and time.time() < deadline:
+            time.sleep(0.02)
+    lines = [re.sub(r"^thresher: progress \d\d:\d\d: ", "", line)
+             for line in stream.getvalue().splitlines()]
+    assert lines[0] == "starting"
+    assert lines[1] == "starting", lines
+    assert not any("stage starting" in line or "rows read" in line for line in lines[1:-1]), lines

@@ -122,7 +122,7 @@ from thresher.transforms.bounding.per_user_bound import (
     _runs, exact_key_codes, key_hash_is_exact, l0_ranks)
 from thresher.transforms.bounding.user_shards import (
     COALESCE_ROWS, KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN, concat, exact_users)
-from thresher.transforms.plumbing.exact_sums import exact_sums, pair_groups
+from thresher.transforms.plumbing.exact_sums import exact_sums, pair_groups, term_slots
 
 NOT_PRIVATE = "thresher_not_private"
 
@@ -334,7 +334,7 @@ def summed_pairs(table, key_columns, value_names, min_rows=2):
             x = np.where(column.is_valid().to_numpy(zero_copy_only=False), x, 0.0)
         columns[name] = column
         terms, count, ok = exact_sums(x[rows], sub, len(which), terms=True)
-        expansions[name] = terms
+        expansions[name] = (terms, count)
         width = np.maximum(width, count)
         finite &= ok
     summed = finite & (width < sizes[which])
@@ -343,14 +343,17 @@ def summed_pairs(table, key_columns, value_names, min_rows=2):
     raw = np.flatnonzero(~(summed[renumber[pair]] & candidate[pair]))
     copies = width[summed]
     repeated = np.repeat(first[summed], copies)
-    slot = np.arange(len(repeated)) - np.repeat(np.cumsum(copies) - copies, copies)
-    owner = np.repeat(np.arange(int(summed.sum())), copies)
+    copy_start = np.cumsum(copies) - copies       # each summed pair's first copy
     out = table.take(pa.array(np.concatenate([raw, repeated])))
     for name in value_names:
-        terms = expansions[name][summed]
-        terms = np.pad(terms, ((0, 0), (0, max(0, int(copies.max()) - terms.shape[1]))))
+        terms, count = expansions[name]           # ragged: the pair's terms, then the next's
+        start = np.cumsum(count) - count
+        mine = count[summed]
+        slot = term_slots(mine)
+        placed = np.zeros(len(repeated), dtype=np.float64)   # 0 beyond a column's terms
+        placed[np.repeat(copy_start, mine) + slot] = terms[np.repeat(start[summed], mine) + slot]
         values = pa.concat_arrays([columns[name].take(pa.array(raw)).cast(pa.float64()),
-                                   pa.array(terms[owner, slot], type=pa.float64())])
+                                   pa.array(placed, type=pa.float64())])
         position = out.schema.get_field_index(name)
         out = out.set_column(position, out.schema.field(name), values)
     return out

@@ -17,58 +17,25 @@ the shuffle. Checked here:
 
 No statistical assertions: every comparison is exact under a fixed secret.
 """
-import os
-
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import yaml
 
-from thresher.pipelines.running import release
 from thresher.pipelines.dataio import io as pio
-from thresher.pipelines.planning.plan import make_plan
-from thresher.pipelines.specs import spec as spec_mod
 from thresher.transforms.randomness import keyed_random
-from thresher.transforms.bounding import user_shards
 from thresher.transforms.bounding.per_user_bound import bound_table_l0
 from thresher.transforms.bounding import prereduce
 from thresher.transforms.bounding.prereduce import PreReduceL0, heavy_user_rows, prereduce_l0
 from thresher.transforms.bounding.user_shards import exact_users
 from thresher.transforms.randomness.user_identity import TEST_KEY
 from tests.privacy.collisions import colliding_pair
+from tests.transforms.release_runs import (
+    HEAVY_ROWS, RELEASED_AND_REPORT, bounded_not_refused, release_files, released,
+    with_and_without, without_step)
+from tests.transforms.release_runs import heavy_and_colliding_users as _records
 
 SECRET = b"test-only secret: prereduce D15."
 BOUND = 4
-HEAVY_ROWS = 3000
-
-
-def _records(seed=5):
-    """400 ordinary users (6 of 30 words each, on 1 or 2 rows), a heavy user h (3,000 rows over 1,500
-    words, some repeated, some the others' words) and a user v holding two pairs of keys
-    with equal public hashes among 8 words; rows shuffled."""
-    rng = np.random.default_rng(seed)
-    users, words = [], []
-    for u in range(400):
-        for w in rng.choice(30, size=6, replace=False):
-            for _ in range(1 + u % 2):   # odd users hold each of their words twice
-                users.append(f"o{u}")
-                words.append(f"w{w}")
-    for i in range(HEAVY_ROWS):
-        users.append("h")
-        words.append(f"w{i % 30}" if i % 7 == 0 else f"h{i % 1500}")
-    for tag in ("k1", "k2"):
-        for word in colliding_pair(tag):
-            users.append("v")
-            words.append(word)
-    for w in range(8):
-        users.append("v")
-        words.append(f"w{w}")
-    order = rng.permutation(len(users))
-    amounts = rng.integers(0, 40, size=len(users)) / 4.0
-    return pa.table({"user_id": pa.array(users).take(order),
-                     "word": pa.array(words).take(order),
-                     "amount": pa.array(amounts)})
 
 
 def _bound_rows(table):
@@ -98,51 +65,15 @@ def test_bounding_after_prereduction_keeps_the_same_keys(batch_rows):
 
 
 def _run(folder, table, aggregates=None):
-    data = os.path.join(folder, "input.parquet")
-    pq.write_table(table, data, row_group_size=1000)         # several read batches
-    doc = {"name": "prereduce", "input": {"path": data, "format": "parquet",
-                                          "user": "user_id", "keys": ["word"]},
-           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
-           "bounding": {"max_keys_per_user": BOUND},
-           "mechanism": {"kind": "gaussian", "pre_threshold": 1},
-           "output": {"path": os.path.join(folder, "out")}}
-    if aggregates:
-        doc["aggregates"] = aggregates
-    path = os.path.join(folder, "spec.yaml")
-    with open(path, "w", encoding="utf-8") as handle:
-        yaml.safe_dump(doc, handle)
-    release.run(make_plan(spec_mod.load(path)), [],
-                rng_factory=keyed_random.KeyedSource(SECRET))
-    with open(os.path.join(folder, "out", "released.parquet"), "rb") as handle:
-        return handle.read()
-
-
-def _most_rows_of_one_user_per_split(monkeypatch):
-    """Record, for every table the user shuffle splits, the most rows one user has."""
-    seen = []
-    split = user_shards.split_by_shard
-
-    def recording(table, shard_ids, num_shards):
-        users = table.column(user_shards.USER_COLUMN).to_numpy()
-        seen.append(int(np.unique(users, return_counts=True)[1].max()))
-        return split(table, shard_ids, num_shards)
-
-    monkeypatch.setattr(user_shards, "split_by_shard", recording)
-    return seen
+    return released(folder, table, SECRET, "prereduce", {"max_keys_per_user": BOUND},
+                    {"kind": "gaussian", "pre_threshold": 1}, aggregates=aggregates)
 
 
 def _with_and_without(tmp_path, monkeypatch, aggregates=None):
     """(released bytes, most rows of one user per split) with and without the step."""
     table = _records()
-    seen = _most_rows_of_one_user_per_split(monkeypatch)
-    (tmp_path / "with").mkdir()
-    reduced = _run(str(tmp_path / "with"), table, aggregates)
-    with_step = list(seen)
-    seen.clear()
-    monkeypatch.setattr(release, "_prereduced", lambda records, plan, rng_factory: records)
-    (tmp_path / "without").mkdir()
-    whole = _run(str(tmp_path / "without"), table, aggregates)
-    return reduced, with_step, whole, seen
+    return with_and_without(monkeypatch, lambda: _run(str(tmp_path), table, aggregates),
+                            lambda: without_step(monkeypatch))
 
 
 def test_the_decision_reads_only_heavy_users_and_skips_tables_that_do_not_pay(monkeypatch):
@@ -295,27 +226,12 @@ def test_distinct_pair_rows_keeps_one_row_per_user_and_exact_key():
 
 
 def _auto_run(folder, table, pre_threshold):
-    data = os.path.join(folder, "input.parquet")
-    pq.write_table(table, data, row_group_size=1000)
     mechanism = {"kind": "gaussian"}
     if pre_threshold:
         mechanism["pre_threshold"] = 1
-    doc = {"name": "prereduce_auto", "input": {"path": data, "format": "parquet",
-                                               "user": "user_id", "keys": ["word"]},
-           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
-           "bounding": {"max_keys_per_user": "auto", "auto": {"max_bound": 16}},
-           "mechanism": mechanism,
-           "output": {"path": os.path.join(folder, "out")}}
-    path = os.path.join(folder, "spec.yaml")
-    with open(path, "w", encoding="utf-8") as handle:
-        yaml.safe_dump(doc, handle)
-    release.run(make_plan(spec_mod.load(path)), [],
-                rng_factory=keyed_random.KeyedSource(SECRET))
-    out = {}
-    for name in ("released.parquet", "release_report.json"):
-        with open(os.path.join(folder, "out", name), "rb") as handle:
-            out[name] = handle.read()
-    return out
+    return release_files(folder, table, SECRET, "prereduce_auto",
+                         {"max_keys_per_user": "auto", "auto": {"max_bound": 16}}, mechanism,
+                         files=RELEASED_AND_REPORT)
 
 
 @pytest.mark.parametrize("pre_threshold", [True, False])
@@ -325,16 +241,11 @@ def test_auto_release_bytes_are_the_same_with_the_pair_step_on_and_off(tmp_path,
     byte-identical with the pair step forced on (every row through the kernel) and with it
     removed, in both spec shapes; with it on, the heavy user h hands the user shuffle its
     distinct words only (about 1,500 + 30 of its 3,000 rows)."""
-    import shutil
-    table = _records()
-    seen = _most_rows_of_one_user_per_split(monkeypatch)
     monkeypatch.setattr(prereduce, "MODE", "always")
-    reduced = _auto_run(str(tmp_path), table, pre_threshold)
-    with_step = list(seen)
-    seen.clear()
-    shutil.rmtree(tmp_path / "out")   # the same spec, paths included: the same config digest
-    monkeypatch.setattr(release, "_prereduced_pairs", lambda records, plan, rng_factory: records)
-    whole = _auto_run(str(tmp_path), table, pre_threshold)
+    table = _records()
+    reduced, with_step, whole, seen = with_and_without(
+        monkeypatch, lambda: _auto_run(str(tmp_path), table, pre_threshold),
+        lambda: without_step(monkeypatch, "_prereduced_pairs"))
     assert len(reduced["released.parquet"]) > 500 and reduced == whole
     assert max(seen) == HEAVY_ROWS and max(with_step) <= 1530
 
@@ -345,21 +256,12 @@ def test_a_heavy_user_under_auto_is_bounded_not_refused(tmp_path, monkeypatch):
     the release runs; it publishes the bytes of the in-memory path (no step, no row
     limit: h's 3,000 rows scored on its first 20 keys). Without the step the same limit
     refuses the run, naming the setting."""
-    import shutil
-    from thresher.errors import ThresherError
     from thresher.transforms.bounding import scored_bound
     monkeypatch.setattr(scored_bound, "USER_KEY_CAP", 20)
     table = _records()
-    seen = _most_rows_of_one_user_per_split(monkeypatch)
-    monkeypatch.setattr(release, "MAX_USER_ROWS", 500)
-    bounded = _auto_run(str(tmp_path), table, True)
-    assert max(seen) <= 2 * 20 + 2          # h (and v's colliding keys) at most 2 x cap
-    shutil.rmtree(tmp_path / "out")
-    monkeypatch.setattr(release, "_prereduced_pairs", lambda records, plan, rng_factory: records)
-    with pytest.raises(ThresherError, match="bounding.max_keys_per_user"):
-        _auto_run(str(tmp_path), table, True)
-    shutil.rmtree(tmp_path / "out", ignore_errors=True)
-    monkeypatch.setattr(release, "MAX_USER_ROWS", 1 << 21)
-    seen.clear()
-    assert _auto_run(str(tmp_path), table, True) == bounded
-    assert max(seen) == HEAVY_ROWS
+    bounded, unlimited = bounded_not_refused(
+        monkeypatch, lambda: _auto_run(str(tmp_path), table, True),
+        lambda: without_step(monkeypatch, "_prereduced_pairs"), 500,
+        "bounding.max_keys_per_user")
+    assert max(bounded) <= 2 * 20 + 2          # h (and v's colliding keys) at most 2 x cap
+    assert max(unlimited) == HEAVY_ROWS

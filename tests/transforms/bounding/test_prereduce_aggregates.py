@@ -15,57 +15,23 @@ are the same exact sums. Checked here:
 
 No statistical assertions: every comparison is exact under a fixed secret.
 """
-import os
-import shutil
-
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from thresher.accounting.aggregates import fixed_point_grid
 from thresher.pipelines.dataio import io as pio
-from thresher.pipelines.planning.plan import make_plan
-from thresher.pipelines.running import release
-from thresher.pipelines.specs import spec as spec_mod
-from thresher.transforms.bounding import prereduce, user_shards
+from thresher.transforms.bounding import prereduce
 from thresher.transforms.bounding.user_shards import exact_users
 from thresher.transforms.randomness import keyed_random
 from thresher.transforms.randomness.user_identity import TEST_KEY
 from thresher.transforms.values.aggregate_values import bound_with_values, user_key_totals
+from tests.transforms.release_runs import (
+    bounded_not_refused, released, with_and_without, without_step)
+from tests.transforms.release_runs import heavy_users_with_amounts as _records
 
 SECRET = b"test-only secret: aggregates 43."
 BOUND = 4
-HEAVY_ROWS = 3000
-HEAVY_KEPT_ROWS = 1500
-
-
-def _records(seed=43):
-    """300 ordinary users (5 of 30 words, 1 to 3 rows each), a heavy user h (3,000 rows:
-    2,000 on the word w1, the rest over 200 words of its own), a heavy user g (1,500
-    rows on two words: both kept at C = 4, so the first-C cut alone leaves all its rows),
-    decimal amounts (two places: their float sums depend on the order and split); rows
-    shuffled."""
-    rng = np.random.default_rng(seed)
-    users, words = [], []
-    for u in range(300):
-        for w in rng.choice(30, size=5, replace=False):
-            for _ in range(1 + u % 3):
-                users.append(f"o{u}")
-                words.append(f"w{w}")
-    for i in range(HEAVY_ROWS):
-        users.append("h")
-        words.append("w1" if i < 2000 else f"h{i % 200}")
-    for i in range(HEAVY_KEPT_ROWS):   # g: all of its keys are kept (C = 4)
-        users.append("g")
-        words.append(f"w{2 + i % 2}")
-    order = rng.permutation(len(users))
-    amounts = np.round(rng.normal(3.0, 2.5, size=len(users)), 2)
-    amounts[rng.random(len(users)) < 0.05] = np.nan          # dropped values: null
-    return pa.table({"user_id": pa.array(users).take(order),
-                     "word": pa.array(words).take(order),
-                     "amount": pa.array(amounts, from_pandas=True)})
 
 
 def _prepared():
@@ -140,36 +106,8 @@ AGGREGATES = {
 
 
 def _run(folder, table, aggregates):
-    data = os.path.join(folder, "input.parquet")
-    if not os.path.exists(data):
-        pq.write_table(table, data, row_group_size=1000)       # several read batches
-    doc = {"name": "prereduce-aggregates",
-           "input": {"path": data, "format": "parquet", "user": "user_id", "keys": ["word"]},
-           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
-           "bounding": {"max_keys_per_user": BOUND},
-           "mechanism": {"kind": "gaussian", "pre_threshold": 1},
-           "aggregates": aggregates,
-           "output": {"path": os.path.join(folder, "out")}}
-    path = os.path.join(folder, "spec.yaml")
-    with open(path, "w", encoding="utf-8") as handle:
-        yaml.safe_dump(doc, handle)
-    release.run(make_plan(spec_mod.load(path)), [],
-                rng_factory=keyed_random.KeyedSource(SECRET))
-    with open(os.path.join(folder, "out", "released.parquet"), "rb") as handle:
-        return handle.read()
-
-
-def _most_rows_of_one_user_per_split(monkeypatch):
-    seen = []
-    split = user_shards.split_by_shard
-
-    def recording(table, shard_ids, num_shards):
-        users = table.column(user_shards.USER_COLUMN).to_numpy()
-        seen.append(int(np.unique(users, return_counts=True)[1].max()))
-        return split(table, shard_ids, num_shards)
-
-    monkeypatch.setattr(user_shards, "split_by_shard", recording)
-    return seen
+    return released(folder, table, SECRET, "prereduce-aggregates", {"max_keys_per_user": BOUND},
+                    {"kind": "gaussian", "pre_threshold": 1}, aggregates=aggregates)
 
 
 @pytest.mark.parametrize("mode", ["auto", "always", "never"])
@@ -179,13 +117,9 @@ def test_release_bytes_are_the_same_with_and_without_the_step(tmp_path, monkeypa
     monkeypatch.setattr(prereduce, "MODE", mode)
     monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)   # small tables here
     table = _records()
-    seen = _most_rows_of_one_user_per_split(monkeypatch)
-    reduced = _run(str(tmp_path), table, AGGREGATES[case])
-    with_step = list(seen)
-    seen.clear()
-    shutil.rmtree(tmp_path / "out")     # the same spec and paths: the same config digest
-    monkeypatch.setattr(release, "_prereduced", lambda records, plan, rng_factory: records)
-    whole = _run(str(tmp_path), table, AGGREGATES[case])
+    reduced, with_step, whole, seen = with_and_without(
+        monkeypatch, lambda: _run(str(tmp_path), table, AGGREGATES[case]),
+        lambda: without_step(monkeypatch))
     assert len(reduced) > 500 and reduced == whole
     assert max(seen) >= 2000                                  # h's rows, without the step
     if mode == "never":
@@ -203,18 +137,11 @@ def test_a_heavy_user_on_one_key_is_bounded_not_refused(tmp_path, monkeypatch, c
     the first-C cut alone leaves them all) run and publish the bytes of the unlimited run
     without the step; without the step the limit refuses the run, naming
     ``aggregates``."""
-    from thresher.errors import ThresherError
     monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)
     table = _records()
-    monkeypatch.setattr(release, "MAX_USER_ROWS", limit)
-    bounded = _run(str(tmp_path), table, AGGREGATES[case])
-    shutil.rmtree(tmp_path / "out")
-    monkeypatch.setattr(release, "_prereduced", lambda records, plan, rng_factory: records)
-    with pytest.raises(ThresherError, match=f"aggregates: a user has more than {limit} rows"):
-        _run(str(tmp_path), table, AGGREGATES[case])
-    shutil.rmtree(tmp_path / "out", ignore_errors=True)
-    monkeypatch.setattr(release, "MAX_USER_ROWS", 1 << 21)
-    assert _run(str(tmp_path), table, AGGREGATES[case]) == bounded
+    bounded_not_refused(monkeypatch, lambda: _run(str(tmp_path), table, AGGREGATES[case]),
+                        lambda: without_step(monkeypatch), limit,
+                        f"aggregates: a user has more than {limit} rows")
 
 
 def _hostile_prepared(seed):

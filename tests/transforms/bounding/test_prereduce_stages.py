@@ -14,26 +14,23 @@ here, under one fixed secret (every comparison exact, no statistics):
 - through the CLI with the whole-user limit lowered below the heavy user's rows: the
   release runs (exit 0), where it was refused before.
 """
-import os
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
-from thresher.pipelines import cli
 from thresher.pipelines.dataio import io as pio
-from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running import release
-from thresher.pipelines.specs import spec as spec_mod
 from thresher.transforms.bounding import prereduce, prereduce_stages, user_shards
 from thresher.transforms.bounding.per_user_bound import bound_table_l0
 from thresher.transforms.bounding.prereduce_stages import Bound, kept_rows, with_key_hash_of
 from thresher.transforms.bounding.user_shards import exact_users
 from thresher.transforms.randomness import keyed_random
 from thresher.transforms.randomness.user_identity import TEST_KEY
-from tests.transforms.bounding.test_prereduce import HEAVY_ROWS, _most_rows_of_one_user_per_split, _records
+from tests.transforms.release_runs import (
+    HEAVY_ROWS, RELEASED_AND_REPORT, cli_runs_then_refused, heavy_user_input, release_files,
+    with_and_without, without_step)
+from tests.transforms.release_runs import heavy_and_colliding_users as _records
 
 SECRET = b"test-only secret: prereduce kinds"
 BOUND = 4
@@ -58,8 +55,7 @@ def _without_steps(monkeypatch):
                         lambda records, bounds, rng_factory: (records, False))
     monkeypatch.setattr(prereduce_stages, "distinct_pairs_for_rounds",
                         lambda records, keys, rng_factory: (records, False))
-    monkeypatch.setattr(release, "_prereduced_heavy",
-                        lambda records, plan, rng_factory: (records, False))
+    without_step(monkeypatch, "_prereduced_heavy", says_if_ran=True)
 
 
 def _kept(table, bound, secret):
@@ -129,59 +125,24 @@ def _release_records(seed=7):
 
 
 def _run(folder, table, mechanism):
-    data = os.path.join(folder, "input.parquet")
-    pq.write_table(table, data, row_group_size=1000)           # several read batches
-    doc = {"name": "prereduce_stages", "input": {"path": data, "format": "parquet",
-                                                 "user": "user_id", "keys": ["word"]},
-           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
-           "bounding": {"max_keys_per_user": BOUND},
-           "mechanism": mechanism,
-           "output": {"path": os.path.join(folder, "out")}}
-    path = os.path.join(folder, "spec.yaml")
-    with open(path, "w", encoding="utf-8") as handle:
-        yaml.safe_dump(doc, handle)
-    release.run(make_plan(spec_mod.load(path)), [],
-                rng_factory=keyed_random.KeyedSource(SECRET))
-    out = {}
-    for name in ("released.parquet", "release_report.json"):
-        with open(os.path.join(folder, "out", name), "rb") as handle:
-            out[name] = handle.read()
-    return out
+    return release_files(folder, table, SECRET, "prereduce_stages", {"max_keys_per_user": BOUND},
+                         mechanism, files=RELEASED_AND_REPORT)
 
 
 @pytest.mark.parametrize("mode", ["always", "auto"])
 @pytest.mark.parametrize("case", sorted(MECHANISMS))
 def test_release_bytes_are_the_same_with_the_step_and_without(tmp_path, monkeypatch, mode,
                                                               case):
-    import shutil
     monkeypatch.setattr(prereduce, "MODE", mode)
     monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)    # small tables here
     table = _release_records()
-    seen = _most_rows_of_one_user_per_split(monkeypatch)
-    reduced = _run(str(tmp_path), table, MECHANISMS[case])
-    with_step = list(seen)
-    seen.clear()
-    shutil.rmtree(tmp_path / "out")   # the same spec and paths: the same config digest
-    _without_steps(monkeypatch)
-    whole = _run(str(tmp_path), table, MECHANISMS[case])
+    reduced, with_step, whole, seen = with_and_without(
+        monkeypatch, lambda: _run(str(tmp_path), table, MECHANISMS[case]),
+        lambda: _without_steps(monkeypatch))
     assert pq.read_table(tmp_path / "out" / "released.parquet").num_rows > 0
     assert reduced == whole
     assert max(seen) == HEAVY_ROWS          # without the step h's rows all travel
     assert with_step and max(with_step) <= MOST_ROWS[case]
-
-
-def _heavy_data(folder):
-    """3,600 users of 5 rows and a user "heavy" with 2,000 rows on one word."""
-    rng = np.random.default_rng(43)
-    users = [f"u{u}" for u in range(3600) for _ in range(5)] + ["heavy"] * 2000
-    words = [f"w{w}" for w in rng.integers(0, 40, size=18000)] + ["w1"] * 2000
-    order = rng.permutation(len(users))
-    table = pa.table({"user_id": pa.array(users).take(order),
-                      "word": pa.array(words).take(order),
-                      "amount": pa.array(rng.integers(0, 9, size=len(users)) / 2.0)})
-    path = os.path.join(folder, "input.parquet")
-    pq.write_table(table, path, row_group_size=5000)
-    return path
 
 
 @pytest.mark.parametrize("case", sorted(MECHANISMS))
@@ -192,17 +153,7 @@ def test_a_heavy_user_is_bounded_not_refused(tmp_path, monkeypatch, capsys, case
     monkeypatch.setattr(release, "MAX_USER_ROWS", 300)
     monkeypatch.setattr(user_shards, "MAX_USER_ROWS", 300)
     monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)
-    doc = {"name": "heavy", "input": {"path": _heavy_data(str(tmp_path)), "format": "parquet",
-                                      "user": "user_id", "keys": ["word"]},
-           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
-           "bounding": {"max_keys_per_user": BOUND}, "mechanism": MECHANISMS[case],
-           "output": {"path": str(tmp_path / "out")}}
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(doc))
-    assert cli.main(["run", str(spec), "--quiet"]) == 0, capsys.readouterr().err
-    assert os.path.exists(tmp_path / "out" / "released.parquet")
-    doc["output"]["path"] = str(tmp_path / "out2")
-    spec.write_text(yaml.safe_dump(doc))
-    _without_steps(monkeypatch)
-    assert cli.main(["run", str(spec), "--quiet"]) == 2
-    assert "mechanism.kind: a user has more than 300 rows" in capsys.readouterr().err
+    err = cli_runs_then_refused(str(tmp_path), capsys, heavy_user_input(str(tmp_path), amounts=True),
+                                {"max_keys_per_user": BOUND}, MECHANISMS[case],
+                                lambda: _without_steps(monkeypatch))
+    assert "mechanism.kind: a user has more than 300 rows" in err

@@ -15,31 +15,30 @@ under one fixed secret (exact comparisons, no statistics):
   release runs (exit 0) where it was refused, naming ``bounding.model``.
 """
 import os
-import shutil
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from thresher.pipelines import cli
 from thresher.pipelines.dataio import io as pio
-from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running import release
-from thresher.pipelines.specs import spec as spec_mod
 from thresher.transforms.bounding import prereduce, rand_clip_copies, user_shards
 from thresher.transforms.bounding.rand_clip_copies import rand_clip_copies_counts
 from thresher.transforms.bounding.rand_clip_copies import collapse_copies
 from thresher.transforms.bounding.user_shards import exact_users
 from thresher.transforms.randomness import keyed_random
 from thresher.transforms.randomness.user_identity import TEST_KEY
-from tests.transforms.bounding.test_prereduce import _most_rows_of_one_user_per_split
+from tests.transforms.release_runs import (
+    RELEASED_AND_REPORT, cli_runs_then_refused, cli_spec, heavy_user_input, release_files,
+    with_and_without, without_step)
 
 SECRET = b"test-only secret: rand-clip copies"
 BOUND = 5
 HEAVY_ROWS = 3000
 USERS = 3000
+L1 = {"max_keys_per_user": BOUND, "model": "l1"}
 
 
 def _records(seed=11):
@@ -88,24 +87,8 @@ def test_collapsed_copies_keep_the_records_the_rows_keep(monkeypatch, batch_rows
 
 
 def _run(folder, table):
-    data = os.path.join(folder, "input.parquet")
-    pq.write_table(table, data, row_group_size=1000)          # several read batches
-    doc = {"name": "copies", "input": {"path": data, "format": "parquet",
-                                       "user": "user_id", "keys": ["word"]},
-           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
-           "bounding": {"max_keys_per_user": BOUND, "model": "l1"},
-           "mechanism": {"kind": "laplace"},
-           "output": {"path": os.path.join(folder, "out")}}
-    path = os.path.join(folder, "spec.yaml")
-    with open(path, "w", encoding="utf-8") as handle:
-        yaml.safe_dump(doc, handle)
-    release.run(make_plan(spec_mod.load(path)), [],
-                rng_factory=keyed_random.KeyedSource(SECRET))
-    out = {}
-    for name in ("released.parquet", "release_report.json"):
-        with open(os.path.join(folder, "out", name), "rb") as handle:
-            out[name] = handle.read()
-    return out
+    return release_files(folder, table, SECRET, "copies", L1, {"kind": "laplace"},
+                         files=RELEASED_AND_REPORT)
 
 
 @pytest.mark.parametrize("mode", ["always", "auto", "never"])
@@ -116,13 +99,9 @@ def test_l1_release_bytes_are_the_same_with_the_copies_step_and_without(tmp_path
     monkeypatch.setattr(rand_clip_copies, "HEAVY_ROWS", 32)
     monkeypatch.setattr(rand_clip_copies, "BLOCK", 512)
     table = _records()
-    seen = _most_rows_of_one_user_per_split(monkeypatch)
-    reduced = _run(str(tmp_path), table)
-    with_step = list(seen)
-    seen.clear()
-    shutil.rmtree(tmp_path / "out")     # the same spec and paths: the same config digest
-    monkeypatch.setattr(release, "_prereduced_heavy", lambda records, plan, rng: (records, False))
-    whole = _run(str(tmp_path), table)
+    reduced, with_step, whole, seen = with_and_without(
+        monkeypatch, lambda: _run(str(tmp_path), table),
+        lambda: without_step(monkeypatch, "_prereduced_heavy", says_if_ran=True))
     assert pq.read_table(tmp_path / "out" / "released.parquet").num_rows > 0
     assert reduced == whole
     assert max(seen) == HEAVY_ROWS            # without the step h's rows all travel
@@ -130,21 +109,6 @@ def test_l1_release_bytes_are_the_same_with_the_copies_step_and_without(tmp_path
         assert max(with_step) == HEAVY_ROWS
     else:   # one row per distinct record (h: 12 words; m: 150) per split
         assert max(with_step) <= 150
-
-
-def _heavy_data(folder, distinct=False):
-    """3,600 users of 5 rows and a user "heavy" with 2,000 rows on one word (on 2,000
-    words: ``distinct``)."""
-    rng = np.random.default_rng(43)
-    users = [f"u{u}" for u in range(3600) for _ in range(5)] + ["heavy"] * 2000
-    words = [f"w{w}" for w in rng.integers(0, 40, size=18000)] + (
-        [f"h{i}" for i in range(2000)] if distinct else ["w1"] * 2000)
-    order = rng.permutation(len(users))
-    table = pa.table({"user_id": pa.array(users).take(order),
-                      "word": pa.array(words).take(order)})
-    path = os.path.join(folder, "input.parquet")
-    pq.write_table(table, path, row_group_size=5000)
-    return path
 
 
 def test_a_heavy_user_under_l1_is_bounded_not_refused(tmp_path, monkeypatch, capsys):
@@ -155,20 +119,9 @@ def test_a_heavy_user_under_l1_is_bounded_not_refused(tmp_path, monkeypatch, cap
     monkeypatch.setattr(user_shards, "MAX_USER_ROWS", 300)
     monkeypatch.setattr(prereduce, "MIN_REMOVED_ROWS", 64)
     monkeypatch.setattr(rand_clip_copies, "HEAVY_ROWS", 32)
-    doc = {"name": "heavy", "input": {"path": _heavy_data(str(tmp_path)), "format": "parquet",
-                                      "user": "user_id", "keys": ["word"]},
-           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
-           "bounding": {"max_keys_per_user": BOUND, "model": "l1"},
-           "mechanism": {"kind": "laplace"}, "output": {"path": str(tmp_path / "out")}}
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(doc))
-    assert cli.main(["run", str(spec), "--quiet"]) == 0, capsys.readouterr().err
-    assert os.path.exists(tmp_path / "out" / "released.parquet")
-    doc["output"]["path"] = str(tmp_path / "out2")
-    spec.write_text(yaml.safe_dump(doc))
-    monkeypatch.setattr(release, "_prereduced_heavy", lambda records, plan, rng: (records, False))
-    assert cli.main(["run", str(spec), "--quiet"]) == 2
-    err = capsys.readouterr().err
+    err = cli_runs_then_refused(
+        str(tmp_path), capsys, heavy_user_input(str(tmp_path)), L1, {"kind": "laplace"},
+        lambda: without_step(monkeypatch, "_prereduced_heavy", says_if_ran=True))
     assert "bounding.model: a user has more than 300 rows" in err and "distinct" in err
 
 
@@ -179,15 +132,9 @@ def test_a_user_with_more_distinct_records_than_the_limit_is_still_refused(tmp_p
     algorithm is built for them: rand_clip_copies' docstring), never the user's count."""
     monkeypatch.setattr(release, "MAX_USER_ROWS", 300)
     monkeypatch.setattr(user_shards, "MAX_USER_ROWS", 300)
-    doc = {"name": "heavy", "input": {"path": _heavy_data(str(tmp_path), distinct=True),
-                                      "format": "parquet", "user": "user_id",
-                                      "keys": ["word"]},
-           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
-           "bounding": {"max_keys_per_user": BOUND, "model": "l1"},
-           "mechanism": {"kind": "laplace"}, "output": {"path": str(tmp_path / "out")}}
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(doc))
-    assert cli.main(["run", str(spec), "--quiet"]) == 2
+    spec = cli_spec(str(tmp_path), heavy_user_input(str(tmp_path), distinct=True), L1,
+                    {"kind": "laplace"})
+    assert cli.main(["run", spec, "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "bounding.model: a user has more than 300 rows" in err and "distinct" in err
     assert "2,000" not in err and "2000" not in err

@@ -13,22 +13,18 @@ hash of a spilled shard is checked by its first consumer only (``concat_shard``
 remembers the shard's facts; a shard whose hash collides is never stamped exact).
 """
 import os
-import shutil
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
-from thresher.pipelines.planning.plan import make_plan
 from thresher.pipelines.running import release
-from thresher.pipelines.specs import spec as spec_mod
 from thresher.transforms.bounding import per_user_bound, user_shards
 from thresher.transforms.plumbing import spill
-from thresher.transforms.randomness import keyed_random
 from thresher.transforms.selection import adaptive_rounds
 from thresher.transforms.selection.adaptive_rounds import ShardedUsers
+from tests.transforms.release_runs import RELEASED_AND_REPORT, release_files
 
 SECRET = b"test-only secret: adaptive rounds per consumer"
 MECHANISMS = {"adaptive": {"kind": "adaptive"},
@@ -50,25 +46,9 @@ def _records(seed=11):
 
 
 def _run(folder, table, mechanism):
-    data = os.path.join(folder, "input.parquet")
-    pq.write_table(table, data, row_group_size=2000)
-    doc = {"name": "adaptive_rounds_sharded",
-           "input": {"path": data, "format": "parquet", "user": "user_id", "keys": ["word"]},
-           "privacy": {"epsilon": 1.0, "delta": 1.0e-8},
-           "bounding": {"max_keys_per_user": 3},
-           "mechanism": mechanism,
-           "output": {"path": os.path.join(folder, "out")}}
-    path = os.path.join(folder, "spec.yaml")
-    with open(path, "w", encoding="utf-8") as handle:
-        yaml.safe_dump(doc, handle)
-    shutil.rmtree(os.path.join(folder, "out"), ignore_errors=True)
-    release.run(make_plan(spec_mod.load(path)), [],
-                rng_factory=keyed_random.KeyedSource(SECRET))
-    out = {}
-    for name in ("released.parquet", "release_report.json"):
-        with open(os.path.join(folder, "out", name), "rb") as handle:
-            out[name] = handle.read()
-    return out
+    return release_files(folder, table, SECRET, "adaptive_rounds_sharded",
+                         {"max_keys_per_user": 3}, mechanism, files=RELEASED_AND_REPORT,
+                         row_group_size=2000)
 
 
 # module level: the runner unpickles the counting steps by reference

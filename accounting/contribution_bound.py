@@ -369,8 +369,27 @@ class BoundScore:
         if count_units.size and int(count_units.max()) > exact_scores.MAX_COUNT_UNITS:
             raise ValueError("a key's expected bounded count reached 2^33 contributions: "
                              "beyond the exact score's range")
+        if self.objective == "keys" and count_units.ndim == 2:
+            return self._key_utility_units(count_units)
         h = np.ldexp(count_units.astype(np.float64), -exact_scores.COUNT_BITS)
         return exact_scores.floor_units(np.maximum(self.key_cost(h), 0.0), self.cost_bits)
+
+    def _key_utility_units(self, count_units):
+        """:meth:`key_cost_units` of the key-count objective in one float64 buffer (issue
+        43): the same IEEE operations on the same operands in the same order as
+        ``floor_units(max(key_release_utility(2^-B units, T, s), 0), K)``, each done in
+        place (``out=``), so the same int64 units, bit for bit, with two buffers instead
+        of ten (tests/accounting/test_contribution_bound_exact.py pins the two)."""
+        t = np.asarray(self.caps(), dtype=np.float64)
+        s = np.asarray(self.key_widths, dtype=np.float64)
+        x = count_units.astype(np.float64)
+        np.ldexp(x, -exact_scores.COUNT_BITS, out=x)
+        np.subtract(x, t, out=x)
+        np.divide(x, s, out=x)
+        special.ndtr(x, out=x)
+        np.subtract(x, special.ndtr(-t / s), out=x)
+        np.maximum(x, 0.0, out=x)
+        return exact_scores.floor_units_inplace(x, self.cost_bits)
 
     def exact_values(self, dropped, cost_units):
         """V(C) as exact Fractions from the integer sums: w dropped(C) + 2^-K units(C), or

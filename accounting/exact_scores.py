@@ -155,6 +155,15 @@ def floor_units(values, bits):
     return np.floor(scaled).astype(np.int64)
 
 
+def floor_units_inplace(values, bits):
+    """:func:`floor_units` of a float64 array that may be overwritten (its buffer is
+    scaled and floored in place: the same int64 values)."""
+    scaled = np.ldexp(values, int(bits), out=values)
+    if scaled.size and not (float(scaled.min()) >= 0 and float(scaled.max()) < MAX_UNITS):
+        raise ValueError("a score term is negative, not finite or beyond 2^62 grid units")
+    return np.floor(scaled, out=scaled).astype(np.int64)
+
+
 def cost_bits(cost_bound):
     """The cost grid exponent K: COST_BITS, or fewer when a cost up to ``cost_bound``
     would reach 2^61 units (so every per-key value stays below 2^62)."""

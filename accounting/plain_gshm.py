@@ -277,6 +277,66 @@ def delta_upper(epsilon, sigma, threshold_gap, max_keys_per_user):
         return None
 
 
+# The pruned check (:func:`delta_upper_below`) walks at most this many terms: ~40
+# evaluations of the largest sums at C = 128, sigma ~ 64 (~7,000 terms each), ~30 ms.
+PRUNED_MAX_TERMS = 1_000_000
+
+
+def _terms(eps, sigma, c, a_first, x, budget):
+    """(term2, d3) of :func:`delta_upper` at count ``c - a_first`` and x (= a ln beta
+    rounded down): for a_first = a_eq and x = a_eq lb (1 + 4u), exactly the terms
+    ``delta_upper`` computes for that a_eq."""
+    a_plus = c - a_first
+    d2 = shift_delta_upper(_lower_e(eps - x), sigma, a_plus, budget)
+    term2 = (-math.expm1(x) + math.exp(x) * d2) * (1.0 + 4.0 * U)
+    d3 = shift_delta_upper(_lower_e(eps + x), sigma, a_plus, budget)
+    return term2, d3
+
+
+def delta_upper_below(epsilon, sigma, threshold_gap, max_keys_per_user, level):
+    """:func:`delta_upper` by branch and bound over a_eq, for a forward check against
+    ``level``: returns B with gshm.delta(...) <= max(B, level), and B <= ``delta_upper``
+    (B is ``delta_upper``'s value whenever that exceeds ``level``); None when more than
+    ``PRUNED_MAX_TERMS`` terms would be needed. So "B <= delta" with level <= delta shows
+    gshm.delta <= delta, as "delta_upper <= delta" does, at a fraction of its cost for
+    large C (``delta_upper`` evaluates all 2C terms; here whole ranges of a_eq whose
+    terms are all at most ``level`` are dismissed by one bound).
+
+    Why a range's bound holds (paper 004 Thm 5.4's terms; module docstring, item 1).
+    delta_+(n, e) is non-decreasing in the count n (n - 1 shifted coordinates are a
+    post-processing of n: drop one; the hockey-stick divergence cannot grow) and
+    non-increasing in e. For a_eq in [a1, a2] and x2 = a2 lb (1 + 4u) <= a_eq ln beta:
+    the last term delta_+(C - a_eq, eps + a_eq ln beta) <= delta_+(C - a1, eps + x2); the
+    middle term is g_{C - a_eq}(a_eq ln beta), g_n(x) = 1 - e^x + e^x delta_+(n, eps - x),
+    non-increasing in x (item 1) and non-decreasing in n, so it is <= g_{C - a1}(x2).
+    Both are evaluated as ``delta_upper`` evaluates one a_eq's terms (:func:`_terms` at
+    count C - a1 and x2: upper bounds of the real values with the same rounding
+    allowances). A range whose bound exceeds ``level`` is halved; a single a_eq is
+    computed exactly as ``delta_upper`` does, so each term B takes is one of its terms."""
+    eps, sigma, c = float(epsilon), float(sigma), int(max_keys_per_user)
+    if not (math.isfinite(eps) and eps >= 0 and math.isfinite(sigma) and sigma > 0 and c >= 1
+            and math.isfinite(threshold_gap)):
+        return 1.0
+    budget = _Budget(PRUNED_MAX_TERMS)
+    try:
+        lb = log_beta_lower(sigma, threshold_gap, budget)
+        if lb == -math.inf:
+            return 1.0
+        worst = -math.expm1(c * lb) * (1.0 + 4.0 * U)
+        ranges = [(0, c - 1)]
+        while ranges:
+            a1, a2 = ranges.pop()
+            bound = max(_terms(eps, sigma, c, a1, a2 * lb * (1.0 + 4.0 * U), budget))
+            if a1 == a2:
+                worst = max(worst, bound)
+            elif bound * (1.0 + 4.0 * U) > level:
+                mid = (a1 + a2) // 2
+                ranges += [(mid + 1, a2), (a1, mid)]   # the lower half first
+        return min(1.0, worst * (1.0 + 4.0 * U))
+    except _TooLarge:
+        return None
+
+
 def gaussian_fits(epsilon, delta, max_keys_per_user, sigma):
     """True when the plain upper bound shows delta_+(C, epsilon) <= delta at sigma (the
     planning limit ``pipelines.common.limits._gaussian_fits``); False when it cannot show it."""

@@ -320,3 +320,27 @@ def test_public_domain_gaussian_statistic_is_the_same_for_any_order_of_the_user_
         return out
 
     assert total(shards) == total(shards[::-1]) == total([weights[i::3] for i in range(3)])
+
+
+def test_key_count_units_in_place_are_the_composed_formula_bit_for_bit():
+    """``BoundScore.key_cost_units`` of the key-count objective (one buffer, in place;
+    issue 43) against the composition it replaced, floor_units(max(key_cost(2^-B units),
+    0), K), on counts from 0 to 2^33 contributions (fixed seed), the real benchmark's
+    calibration included (sigmas and thresholds of a 14-candidate automatic bound)."""
+    rng = np.random.default_rng(43)
+    scores = [_scores()[1], cb.make_score(
+        "gaussian", (1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64, 91, 128), 128,
+        {"thresholds": [34, 48, 59, 68, 84, 97, 114, 139, 168, 199, 238, 286, 343, 410],
+         "sigmas": [5.62, 7.97, 9.76, 11.27, 13.81, 15.94, 18.69, 22.55, 27.03, 31.89,
+                    37.81, 45.09, 53.77, 63.77], "objective": "keys"})]
+    for score in scores:
+        k = len(score.candidates)
+        units = np.concatenate([
+            rng.integers(0, 1 << 40, size=(3000, k)),
+            rng.integers(0, 400, size=(3000, k)) << exact_scores.COUNT_BITS,
+            rng.integers(0, exact_scores.MAX_COUNT_UNITS, size=(500, k)),
+            np.zeros((3, k), dtype=np.int64)]).astype(np.int64)
+        h = np.ldexp(units.astype(np.float64), -exact_scores.COUNT_BITS)
+        old = exact_scores.floor_units(np.maximum(score.key_cost(h), 0.0), score.cost_bits)
+        new = score.key_cost_units(units)
+        assert new.dtype == np.int64 and np.array_equal(new, old)

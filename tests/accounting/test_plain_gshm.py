@@ -56,3 +56,40 @@ def test_no_scipy_and_a_cost_cap():
     for name in ("np.exp", "np.log", "np.expm1", "np.log1p", "fixed_order"):
         assert name not in source
     assert plain_gshm.delta_upper(1e-4, 2000.0, 0, 200) is None
+
+
+@pytest.mark.parametrize("sigma, gap, c, eps", GRID[::3])
+def test_the_pruned_bound_decides_as_delta_upper(sigma, gap, c, eps):
+    """delta_upper_below(level) against delta_upper: never above it, and delta_upper is
+    never above max(it, level) (so "<= delta" with level <= delta answers as delta_upper
+    does); at level 0 it is delta_upper, bit for bit; and the exact accounting is below
+    max(it, level)."""
+    full = plain_gshm.delta_upper(eps, sigma, gap, c)
+    exact = gshm.delta(eps, sigma, gap, c, noise="discrete_gaussian")
+    assert plain_gshm.delta_upper_below(eps, sigma, gap, c, 0.0) == full
+    for level in (full * 0.5, full * (1 - 1e-9), full, full * 2, 1.0):
+        pruned = plain_gshm.delta_upper_below(eps, sigma, gap, c, level)
+        assert pruned <= full
+        assert max(pruned, level) >= full
+        assert max(pruned, level) >= exact * (1 - 1e-13)
+
+
+@pytest.mark.parametrize("c", [64, 128])
+def test_the_pruned_bound_reaches_large_bounds(c):
+    """At C = 64 and 128 (an automatic bound's largest candidates) delta_upper gives up
+    (its term budget), the pruned bound does not; it stays above the exact accounting
+    (the accounting's bound method, Lemma A, at the calibrated sigma and threshold)."""
+    from thresher.pipelines.kinds import gaussian
+    eps, delta = 0.9, 1e-8
+    params = gaussian.calibrate({"kind": "gaussian", "pre_threshold": 1}, epsilon=eps,
+                                delta=delta, max_keys_per_user=c, model="l0")
+    sigma, gap = params["sigma"], params["threshold"] - 1
+    assert plain_gshm.delta_upper(eps, sigma, gap, c) is None
+    pruned = plain_gshm.delta_upper_below(eps, sigma, gap, c, params["delta_achieved"])
+    assert pruned is not None and pruned <= delta
+    exact = gshm.delta(eps, sigma, gap, c, noise="discrete_gaussian")
+    assert max(pruned, params["delta_achieved"]) >= exact * (1 - 1e-13)
+    assert params["delta_achieved"] * (1 - 1e-9) <= pruned
+    # one threshold step lower fails the exact accounting and the pruned check alike
+    assert gshm.delta(eps, sigma, gap - 1, c, noise="discrete_gaussian") > delta
+    assert plain_gshm.delta_upper_below(eps, sigma, gap - 1, c, params["delta_achieved"]) > delta

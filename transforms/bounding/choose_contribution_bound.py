@@ -331,8 +331,11 @@ def shard_key_costs(partials, key_columns, score):
     if not tables:
         return (0,) * len(names)
     keys = np.concatenate([t.column(KEY_HASH_COLUMN).to_numpy() for t in tables])
-    unique, key_index = np.unique(keys, return_inverse=True)
-    del keys
+    # the distinct keys in increasing order and each row's number among them, as
+    # np.unique(keys, return_inverse=True) gives them (key_numbers: a value sort)
+    numbers = key_numbers(keys)
+    unique, key_index = numbers.keys, numbers.index
+    del keys, numbers
     h = np.empty((len(unique), len(names)), dtype=np.int64)
     for i, name in enumerate(names):
         values = np.concatenate([t.column(name).to_numpy() for t in tables])

@@ -327,3 +327,21 @@ def test_the_gaussian_check_refuses_what_the_accounting_refuses():
                     {k: v for k, v in honest.items() if k != "sigma"}, [honest],
                     {**honest, "sigma": str(sigma)}, {**honest, "threshold": math.nan}):
             assert not gaussian.verify_calibration(bad, mech, **kw)
+
+
+def test_the_gaussian_check_verifies_every_candidate_of_an_automatic_bound():
+    """An automatic bound's candidates up to C = 128 (delta 1e-8): every honest calibration
+    passes the forward check, so a cached one is used and not recalibrated (before the
+    pruned bound, plain_gshm.delta_upper gave up at C >= 64 and C = 64, 91, 128 were
+    recalibrated on every run); tampered ones still fail."""
+    from thresher.pipelines.kinds import gaussian
+    mech = {"kind": "gaussian", "pre_threshold": 1}
+    for c in (45, 64, 91, 128):
+        kw = dict(epsilon=0.9, delta=1e-8, max_keys_per_user=c, model="l0")
+        honest = gaussian.calibrate(mech, **kw)
+        assert gaussian.verify_calibration(honest, mech, **kw), c
+        for bad in ({**honest, "threshold": honest["threshold"] - 1},
+                    {**honest, "sigma": honest["sigma"] * (1 - 1e-3)},
+                    {**honest, "delta_achieved": honest["delta_achieved"] / 8},
+                    {**honest, "delta_achieved": 2e-8}):
+            assert not gaussian.verify_calibration(bad, mech, **kw), (c, bad)

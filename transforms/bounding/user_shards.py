@@ -206,10 +206,12 @@ def remember_user_order(table, user_order):
 
 def user_order_of(table):
     """The :class:`UserOrder` :func:`remember_user_order` kept for this very table
-    object, or None."""
+    object, or None. It is handed out once (then forgotten: its arrays do not outlive
+    the consumer's use of them)."""
     entry = getattr(_LAST_ORDER, "value", None)
     if entry is None or entry[0]() is not table:
         return None
+    _LAST_ORDER.value = None
     return entry[1]
 
 

@@ -66,16 +66,17 @@ def test_a_concatenated_shard_hands_its_user_order_to_the_bounding():
     prepared, _ = prepare_batch(raw, "user", ["word"], identity_key=TEST_KEY)
     pieces = [prepared.slice(0, 1500), prepared.slice(1500)]
     (table,) = list(user_shards._concat_shard((0, pieces), key_columns=("word",)))
+    assert user_shards.user_order_of(pa.Table.from_batches(table.to_batches())) is None
     kept = user_shards.user_order_of(table)
     users = table.column("__user").to_numpy()
     assert kept is not None
+    assert user_shards.user_order_of(table) is None          # handed out once
     np.testing.assert_array_equal(kept.order, user_shards.order_by_user(users))
     np.testing.assert_array_equal(kept.sorted_users, users[kept.order])
-    assert user_shards.user_order_of(pa.Table.from_batches(table.to_batches())) is None
     source = keyed_random.StageSource(keyed_random.KeyedSource(bytes(range(32))), "S/Bound")
+    user_shards.remember_user_order(table, kept)
     with_order = per_user_bound.bound_table_l0(table, ["word"], 3, source)
-    user_shards.remember_user_order(table, None)
-    assert user_shards.user_order_of(table) is None
+    assert user_shards.user_order_of(table) is None          # the bounding took it
     without = per_user_bound.bound_table_l0(table, ["word"], 3, source)
     np.testing.assert_array_equal(with_order, without)
     ranks = per_user_bound.l0_ranks(users, table.column("__key").to_numpy(),

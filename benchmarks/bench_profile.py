@@ -32,7 +32,7 @@ STAGES = [
     ("  of which the l0 kernel", "thresher.transforms.bounding.prereduce:prereduce_l0"),
     ("split batches by user shard", "thresher.transforms.bounding.user_shards:_SplitByUser._split"),
     ("concat a user shard", "thresher.transforms.bounding.user_shards:_concat_shard"),
-    ("bound: bound_l0 kernel", "thresher.transforms.bounding.per_user_bound:bound_l0"),
+    ("bound: bound_table_l0 kernel", "thresher.transforms.bounding.per_user_bound:bound_table_l0"),
     ("bound: take + count per key", "thresher.transforms.bounding.per_user_bound:count_per_key"),
     ("choose contribution bound", "thresher.transforms.bounding.choose_contribution_bound:_UserStatisticsFn.process"),
     ("choose contribution bound: key costs", "thresher.transforms.bounding.choose_contribution_bound:shard_key_costs"),

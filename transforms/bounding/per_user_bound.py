@@ -26,7 +26,8 @@ import pyarrow.compute as pc
 from thresher.transforms.randomness import keyed_random, samplers
 from thresher.transforms.plumbing.arrow_coder import TABLE
 from thresher.transforms.randomness.hashing import mix64
-from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, USER_COLUMN, order_by_user
+from thresher.transforms.bounding.user_shards import (
+    KEY_HASH_COLUMN, USER_COLUMN, order_by_user, user_order_of)
 
 
 def _runs(sorted_values):
@@ -81,16 +82,21 @@ class L0Ranks(typing.NamedTuple):
         return self.by_user_number[self.second]
 
 
-def l0_ranks(user_hash, key_hash, rng):
+def l0_ranks(user_hash, key_hash, rng, by_user=None):
     """Every row's place in its user's uniformly random order of distinct keys (the
     sort :func:`bound_l0` keeps the first C of; one sort serves every C).
-    ``user_hash`` must be non-empty."""
+    ``user_hash`` must be non-empty. ``by_user``: the caller's ``UserOrder`` of
+    ``user_hash`` (``user_shards.exact_users_with_order``: the sort by user that
+    grouped the table), so that it is not sorted again."""
     user_hash = np.asarray(user_hash, dtype=np.uint64)
     key_hash = np.asarray(key_hash, dtype=np.uint64)
     n = len(user_hash)
     # Per-user salt: one CSPRNG word per distinct user, looked up through a sort by user.
-    by_user = _order_by_user(user_hash)
-    user_start = _runs(user_hash[by_user])
+    if by_user is None:
+        by_user = _order_by_user(user_hash)
+        user_start = _runs(user_hash[by_user])
+    else:
+        by_user, user_start = by_user.order, _runs(by_user.sorted_users)
     user_number = np.cumsum(user_start) - 1          # 0..U-1, in by_user order
     n_users = int(user_number[-1]) + 1
     salts = samplers.uniform_priorities(
@@ -225,6 +231,33 @@ def _flat(column):
     return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
 
 
+def hash_exact_per_user(table, key_columns, ranks, rows=None):
+    """True if no user of ``table`` holds two different key tuples with equal ``__key``,
+    read off :func:`l0_ranks`' order ``ranks`` of the table: the rows of one (user,
+    hash) are adjacent there (every row but the first of each is not ``distinct``), so
+    each such row is compared with the one before it. ``rows`` (bool, in ``ranks``
+    order): compare only these repeated rows (a run's rows are all in or all out).
+
+    False also where the comparison cannot tell (a key type whose ``pc.equal`` is not
+    equality of values, or a null key): the caller then asks :func:`key_hash_is_exact`.
+    Costs a gather of the repeated rows' keys only (the table-wide check hashes every
+    row's ``__key`` and gathers every key)."""
+    types = [table.schema.field(name).type for name in key_columns]
+    if not all(_bytewise_equal(t) for t in types) \
+            or any(table.column(name).null_count for name in key_columns):
+        return False
+    repeated = ~ranks.distinct if rows is None else (~ranks.distinct & rows)
+    later = np.flatnonzero(repeated)
+    if len(later) == 0:
+        return True
+    this, before = pa.array(ranks.order[later]), pa.array(ranks.order[later - 1])
+    for name in key_columns:
+        column = _flat(table.column(name))
+        if not pc.all(pc.equal(column.take(this), column.take(before))).as_py():
+            return False
+    return True
+
+
 def key_hash_is_exact(table, key_columns):
     """True if ``__key`` is one-to-one on the table's key tuples (the hash is a function
     of the key, so equal numbers of distinct values on both sides suffice).
@@ -342,11 +375,26 @@ def bound_table_l0(table, key_columns, max_keys_per_user, rng):
     The kept set is each user's first C keys in one total order of its exact keys
     (:func:`l0_tiebroken_ranks`), so it is unchanged when rows outside a user's first C
     keys are removed beforehand (:func:`prereduce_l0`). A table stamped by
-    :func:`with_key_hash_exact` for these key columns skips the check (made on its shard)."""
-    if key_hash_known_exact(table, key_columns) or key_hash_is_exact(table, key_columns):
-        users = table.column(USER_COLUMN).to_numpy()
-        rng = keyed_random.bind_users(rng, table, key_columns)
-        return bound_l0(users, table.column(KEY_HASH_COLUMN).to_numpy(), max_keys_per_user, rng)
+    :func:`with_key_hash_exact` for these key columns skips the check (made on its shard).
+
+    The check is first made per user, on the ranking itself (:func:`hash_exact_per_user`:
+    the rows of a repeated (user, hash) compared with each other, far fewer than the
+    table's rows); only where that finds two different keys (or cannot compare: nulls,
+    other key types) does the table-wide :func:`key_hash_is_exact` decide. Both lead to
+    the same kept rows: a table whose hash ties different keys of different users only
+    holds no colliding user, and :func:`l0_pair_ranks_per_user` then ranks every user by
+    :func:`l0_ranks`. The shard's by-user sort is the one ``user_shards._concat_shard``
+    made (``user_shards.user_order_of``), when this is that table."""
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    users = table.column(USER_COLUMN).to_numpy()
+    ranks = l0_ranks(users, table.column(KEY_HASH_COLUMN).to_numpy(),
+                     keyed_random.bind_users(rng, table, key_columns),
+                     by_user=user_order_of(table))
+    if (key_hash_known_exact(table, key_columns)
+            or hash_exact_per_user(table, key_columns, ranks)
+            or key_hash_is_exact(table, key_columns)):
+        return ranks.order[ranks.distinct & (ranks.rank_in_user < max_keys_per_user)]
     pair_rows, rank_in_user = l0_pair_ranks_per_user(table, key_columns, rng)
     beam.metrics.Metrics.counter("thresher_not_private", "shards_with_key_hash_collisions").inc()
     return np.sort(pair_rows[rank_in_user < max_keys_per_user])

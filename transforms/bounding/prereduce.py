@@ -120,9 +120,10 @@ from thresher.transforms.randomness import keyed_random
 from thresher.transforms.randomness.hashing import mix64
 from thresher.transforms.plumbing.arrow_coder import TABLE
 from thresher.transforms.bounding.per_user_bound import (
-    _runs, exact_key_codes, key_hash_is_exact, l0_ranks)
+    _runs, exact_key_codes, hash_exact_per_user, key_hash_is_exact, l0_ranks)
 from thresher.transforms.bounding.user_shards import (
-    COALESCE_ROWS, KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN, concat, exact_users)
+    COALESCE_ROWS, KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN, concat,
+    exact_users_with_order)
 from thresher.transforms.plumbing.exact_sums import exact_sums, pair_groups, term_slots
 
 NOT_PRIVATE = "thresher_not_private"
@@ -157,16 +158,19 @@ def prereduce_l0(table, key_columns, max_keys_per_user, source, every_row=False)
     keys (``aggregates``: the bounding then sums each kept (user, key)'s values)."""
     if table.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
-    grouped = exact_users(table)          # group by the full identity; rows keep their place
+    # group by the full identity (rows keep their place); its sort by user serves l0_ranks
+    grouped, by_user = exact_users_with_order(table)
     users = grouped.column(USER_COLUMN).to_numpy()
     bound = keyed_random.bind_users(source, grouped, key_columns)
-    ranks = l0_ranks(users, grouped.column(KEY_HASH_COLUMN).to_numpy(), bound)
+    ranks = l0_ranks(users, grouped.column(KEY_HASH_COLUMN).to_numpy(), bound, by_user=by_user)
     inside = ranks.rank_in_user < max_keys_per_user
     rows = ranks.order[inside & ranks.distinct]          # one row per (user, hash) kept
     candidates = ranks.order[inside]
     if every_row:
         return np.sort(candidates)
-    if len(candidates) > len(rows):   # repeated rows of kept hashes: are they other keys?
+    # repeated rows of kept hashes: are they other keys? (first per user, on the ranking)
+    if len(candidates) > len(rows) \
+            and not hash_exact_per_user(grouped, key_columns, ranks, rows=inside):
         part = grouped.take(pa.array(candidates))
         if not key_hash_is_exact(part, key_columns):   # keep one row per exact key
             codes = exact_key_codes(part, key_columns)

@@ -22,6 +22,10 @@ Rows travel as Arrow batches, never one Python object per row: batches (coalesce
 ``COALESCE_ROWS`` rows) are split into ``num_shards`` pieces with one radix argsort, and a
 GroupByKey on the shard id gathers them.
 """
+import threading
+import typing
+import weakref
+
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
@@ -132,9 +136,23 @@ def order_by_user(user_hash):
     return order
 
 
+class UserOrder(typing.NamedTuple):
+    """A table's rows by user (:func:`order_by_user` of its ``__user``): ``order`` the
+    permutation, ``sorted_users`` the ``__user`` words in that order. Handed from
+    :func:`exact_users_with_order` to ``per_user_bound.l0_ranks`` so that a shard is
+    sorted by user once, not twice."""
+    order: np.ndarray
+    sorted_users: np.ndarray
+
+
 def exact_users(table):
-    """``table`` with ``__user`` one-to-one on its users (the (``__user``,
-    ``__user_lo``) pairs), so grouping rows by ``__user`` alone groups them by the full
+    """:func:`exact_users_with_order`'s table."""
+    return exact_users_with_order(table)[0]
+
+
+def exact_users_with_order(table):
+    """(table, user order): ``table`` with ``__user`` one-to-one on its users (the
+    (``__user``, ``__user_lo``) pairs), so grouping rows by ``__user`` alone groups them by the full
     128-bit identity. Works on a user shard or on a single read batch (to group a
     batch's rows by user before the shuffle, e.g. to pre-reduce a heavy user: use the
     result locally; what is shuffled keeps word 0 in ``__user``, which picks the shard).
@@ -146,10 +164,14 @@ def exact_users(table):
     secret), ``__user`` becomes mix64 of the rank of each (word 0, word 1) pair among the
     table's distinct pairs, a bijection of the pairs used for grouping and sorting only,
     and word 0 is kept as ``__user_hi`` for the streams (:func:`user_identity_columns`).
-    Tables without ``__user_lo`` (built by hand in tests) are returned as they are."""
+    Tables without ``__user_lo`` (built by hand in tests) are returned as they are.
+
+    The second value is the :class:`UserOrder` of the returned table's ``__user`` (the
+    check's sort), or None where the check did not sort it (a table of fewer than two
+    rows or without ``__user_lo``) or ``__user`` was replaced."""
     names = table.column_names
     if USER_LOW_COLUMN not in names or USER_HIGH_COLUMN in names or table.num_rows < 2:
-        return table
+        return table, None
     high = table.column(USER_COLUMN)
     high = high.combine_chunks() if high.num_chunks != 1 else high.chunk(0)
     words = high.to_numpy(zero_copy_only=False)
@@ -158,7 +180,7 @@ def exact_users(table):
     sorted_words, sorted_low = words[order], low[order]
     if not np.any((sorted_words[1:] == sorted_words[:-1])
                   & (sorted_low[1:] != sorted_low[:-1])):
-        return table
+        return table, UserOrder(order, sorted_words)
     order = np.lexsort((low, words))
     new = np.ones(len(order), dtype=bool)
     new[1:] = (words[order][1:] != words[order][:-1]) | (low[order][1:] != low[order][:-1])
@@ -166,7 +188,31 @@ def exact_users(table):
     rank[order] = np.cumsum(new) - 1
     position = names.index(USER_COLUMN)
     table = table.set_column(position, USER_COLUMN, pa.array(mix64(rank), type=pa.uint64()))
-    return table.add_column(position + 1, USER_HIGH_COLUMN, high)
+    return table.add_column(position + 1, USER_HIGH_COLUMN, high), None
+
+
+# The UserOrder of the last shard _concat_shard yielded in this thread, kept for the
+# consumer fused after it (the bounding's DoFn receives the same table object): a
+# weak reference to the table and its order. A table that is not that object (a
+# consumer in another stage, a decoded copy) finds nothing and sorts it again.
+_LAST_ORDER = threading.local()
+
+
+def remember_user_order(table, user_order):
+    """Keep ``user_order`` (a :class:`UserOrder` of ``table``'s ``__user``) for
+    :func:`user_order_of` (one table per thread: the last one)."""
+    _LAST_ORDER.value = (weakref.ref(table), user_order) if user_order is not None else None
+
+
+def user_order_of(table):
+    """The :class:`UserOrder` :func:`remember_user_order` kept for this very table
+    object, or None. It is handed out once (then forgotten: its arrays do not outlive
+    the consumer's use of them)."""
+    entry = getattr(_LAST_ORDER, "value", None)
+    if entry is None or entry[0]() is not table:
+        return None
+    _LAST_ORDER.value = None
+    return entry[1]
 
 
 # The most rows of one user that a consumer of whole users accepts, where its kernels
@@ -245,9 +291,10 @@ def _concat_shard(shard_and_tables, key_columns=None, after=None, max_user_rows=
     tables = [spill.read_piece(t) if isinstance(t, str) else t for t in tables]
     table = concat(tables)
     if table is not None:
-        table = exact_users(table)
+        table, user_order = exact_users_with_order(table)
         if key_columns is not None and KEY_HASH_COLUMN not in table.column_names:
-            table = with_key_hash(table, key_columns)
+            table = with_key_hash(table, key_columns)   # __user as it was: the order holds
+        remember_user_order(table, user_order)
         yield table
 
 

@@ -93,3 +93,46 @@ print(json.dumps([frozen, "apache_beam.pipeline" in sys.modules, ref() is None])
     assert proc.returncode == 0, proc.stderr[-2000:]
     frozen, beam_imported, collected = json.loads(proc.stdout.strip().splitlines()[-1])
     assert beam_imported and frozen > 50_000 and collected
+
+
+def test_thresher_run_imports_beam_without_its_unused_connectors():
+    """``thresher run``'s import of Beam (prepare_pipeline) leaves out the connectors a
+    release never uses (process.UNUSED_BEAM_IMPORTS: MongoDB, BigQuery/Pub/Sub, pandas
+    batch converters), says nothing about them on stderr, registers Beam's file systems
+    as a plain ``import apache_beam`` does, and leaves those modules importable."""
+    probe = """import importlib.util, json, sys
+from thresher.pipelines.running import process
+process.prepare("run")
+process.prepare_pipeline()
+from apache_beam.io.filesystem import FileSystem
+loaded = sorted(m for m in process.UNUSED_BEAM_IMPORTS if sys.modules.get(m) is not None)
+left = sorted(m for m in process.UNUSED_BEAM_IMPORTS if m in sys.modules)
+systems = sorted(c.__name__ for c in FileSystem.__subclasses__())
+importable = []
+for name in process.UNUSED_BEAM_IMPORTS:
+    if importlib.util.find_spec(name.split(".")[0]) is not None:
+        importlib.import_module(name)
+        importable.append(name)
+print(json.dumps([loaded, left, systems, importable]))
+"""
+    plain = """import json
+import apache_beam
+from apache_beam.io.filesystem import FileSystem
+print(json.dumps(sorted(c.__name__ for c in FileSystem.__subclasses__())))
+"""
+    import json
+    import subprocess
+    import sys
+
+    from tests.pipelines.conftest import ROOT
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded, left, systems, importable = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loaded == [] and left == []
+    assert "bson" not in proc.stderr and "apitools" not in proc.stderr
+    assert "apache_beam.io.gcp.bigquery" in importable   # importable again afterwards
+    reference = subprocess.run([sys.executable, "-c", plain], cwd=ROOT, capture_output=True,
+                               text=True, timeout=180)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    assert systems == json.loads(reference.stdout.strip().splitlines()[-1])

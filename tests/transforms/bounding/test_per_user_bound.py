@@ -178,3 +178,67 @@ def test_key_hash_is_exact_agrees_on_other_key_types(seed):
     else:
         counted = _exact_by_counting(table, list(columns))
     assert key_hash_is_exact(table, list(columns)) == counted
+
+
+def _reference_bound_table_l0(table, key_columns, bound, rng):
+    """bound_table_l0 as it chose before the per-user check (issue 43): the table-wide
+    key_hash_is_exact, else the per-user ranking."""
+    from thresher.transforms.bounding import per_user_bound as pub
+    if pub.key_hash_is_exact(table, key_columns):
+        users = table.column("__user").to_numpy()
+        bound_rng = keyed_random.bind_users(rng, table, key_columns)
+        return pub.bound_l0(users, table.column("__key").to_numpy(), bound, bound_rng)
+    pair_rows, rank_in_user = pub.l0_pair_ranks_per_user(table, key_columns, rng)
+    return np.sort(pair_rows[rank_in_user < bound])
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_hash_exact_per_user_and_the_kept_rows(seed):
+    """hash_exact_per_user (issue 43: the collision check read off the ranking, instead
+    of the table-wide key_hash_is_exact) says whether some user holds two different keys
+    of equal __key, and bound_table_l0 keeps exactly the rows it kept with the
+    table-wide check: a hash collision planted between keys of one user, of two
+    different users only, or none (a third of the seeds each)."""
+    from thresher.transforms.bounding import per_user_bound as pub
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 600))
+    users = [f"u{i}" for i in rng.integers(0, int(rng.integers(2, 40)), n)]
+    words = [f"w{i}" for i in rng.integers(0, int(rng.integers(2, 80)), n)]
+    case = seed % 3
+    if case:   # "x" and "y" get one hash; held by one user (1) or by two users (2)
+        users += ["a", "a", "a"] + (["a", "a"] if case == 1 else ["b", "b"])
+        words += ["x", "x", "z"] + ["y", "y"]
+    table = _table(users, words)
+    if case:
+        hashes = table.column("__key").to_numpy().copy()
+        word = np.array(table.column("word").to_pylist(), dtype=object)
+        hashes[word == "y"] = hashes[np.flatnonzero(word == "x")[0]]
+        table = table.set_column(table.column_names.index("__key"), "__key",
+                                 pa.array(hashes, pa.uint64()))
+    source = keyed_random.StageSource(keyed_random.KeyedSource(bytes(range(32))), "S/Bound")
+    ranks = pub.l0_ranks(table.column("__user").to_numpy(), table.column("__key").to_numpy(),
+                         keyed_random.bind_users(source, table, ["word"]))
+    colliding_user = bool(pub.users_with_colliding_keys(table, ["word"]).any())
+    assert colliding_user == (case == 1)
+    assert pub.hash_exact_per_user(table, ["word"], ranks) == (not colliding_user)
+    if case == 2:   # a collision between users: the table-wide check says no
+        assert not pub.key_hash_is_exact(table, ["word"])
+    for bound in (1, 2, 5):
+        kept = pub.bound_table_l0(table, ["word"], bound, source)
+        np.testing.assert_array_equal(
+            np.sort(kept), np.sort(_reference_bound_table_l0(table, ["word"], bound, source)))
+
+
+def test_hash_exact_per_user_defers_on_nulls_and_other_types():
+    """A key type whose equality is not equality of values (floats) or a null key: the
+    per-user check does not decide (False), and the table-wide check is asked."""
+    from thresher.transforms.bounding import per_user_bound as pub
+    source = keyed_random.StageSource(keyed_random.KeyedSource(bytes(range(32))), "S/Bound")
+    for keys in (pa.array([0.5, 0.5, 1.5]), pa.array(["a", None, "a"])):
+        table = pa.table({"__user": pa.array([1, 1, 2], pa.uint64()),
+                          "__user_lo": pa.array([3, 3, 4], pa.uint64()),
+                          "__key": pa.array([7, 7, 8], pa.uint64()), "k": keys})
+        ranks = pub.l0_ranks(table.column("__user").to_numpy(),
+                             table.column("__key").to_numpy(),
+                             keyed_random.bind_users(source, table, ["k"]))
+        assert not pub.hash_exact_per_user(table, ["k"], ranks)

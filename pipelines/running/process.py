@@ -36,25 +36,11 @@ pre-import do): they are modules, classes and functions that live as long as the
 Everything created later is collected as before. The interpreter's exit then skips
 collecting them too (0.3-0.5 s of CPU of a bare ``import apache_beam`` process here).
 
-**Beam's optional connectors skipped.** ``import apache_beam`` imports every IO module it
-ships, and with them whatever optional client each finds installed: pymongo and bson
-(MongoDB IO), requests and the Google client stubs (BigQuery, Pub/Sub, the cross-language
-IO), pandas (Beam's pandas batch converters). A release uses none of them. While
-:func:`prepare_pipeline` imports Beam, those modules answer ImportError (as IPython
-does above; Beam guards each with ``except ImportError`` and goes on without that
-connector), and are importable again once Beam is in (:func:`unused_beam_io_skipped`).
-Beam's file systems (local, GCS, S3, ...) are registered as before: they are imported
-on their own, not through these. Measured: ~0.25 s of CPU of every ``thresher run`` in
-a virtualenv with only thresher's dependencies, ~0.8 s where pandas is installed
-(issue 43).
-
 (Tried and not kept: fixing glibc's mmap threshold so freed multi-megabyte buffers go
 back to the system: -40 MB of peak RSS at 1e7 rows for +2.5 s of system time.)
 """
-import contextlib
 import gc
 import gettext
-import logging
 import os
 import sys
 import types
@@ -65,39 +51,6 @@ def skip_ipython_probe():
     """Make Beam's IPython probe cheap in a process that is not an IPython session."""
     if "IPython" not in sys.modules:
         sys.modules["IPython"] = None
-
-
-# What ``import apache_beam`` loads that a release never uses (module docstring, "Beam's
-# optional connectors"): each is made to fail to import while Beam is imported, where
-# Beam guards it with ``except ImportError``.
-UNUSED_BEAM_IMPORTS = (
-    "pymongo", "bson",                 # apache_beam.io.mongodbio (ReadFromMongoDB)
-    "apache_beam.io.gcp.bigquery",     # apache_beam.io's BigQuery, Pub/Sub and xlang IO
-    "pandas",                          # Beam's pandas batch converters (typehints)
-)
-
-
-@contextlib.contextmanager
-def unused_beam_io_skipped():
-    """While Beam is first imported, the modules of ``UNUSED_BEAM_IMPORTS`` that are not
-    imported yet answer ImportError; afterwards they import as usual. No-op once Beam is
-    imported."""
-    if "apache_beam" in sys.modules:
-        yield
-        return
-    blocked = [name for name in UNUSED_BEAM_IMPORTS if name not in sys.modules]
-    for name in blocked:
-        sys.modules[name] = None
-    mongo_log = logging.getLogger("apache_beam.io.mongodbio")   # "no compatible bson"
-    level = mongo_log.level
-    mongo_log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        mongo_log.setLevel(level)
-        for name in blocked:
-            if sys.modules.get(name, 0) is None:
-                del sys.modules[name]
 
 
 def memoize_dofn_specs():
@@ -205,9 +158,8 @@ def prepare_pipeline():
     """Settings for building and running a pipeline, once the spec is planned and checked
     (``thresher run``, just before the release is built): imports Beam and the release's
     modules, then freezes what exists into the collector's permanent generation."""
-    with unused_beam_io_skipped():
-        # heavy: apache_beam
-        import thresher.pipelines.running.release  # noqa: F401 -- Beam and the transforms, frozen below
+    # heavy: apache_beam
+    import thresher.pipelines.running.release  # noqa: F401 -- Beam and the transforms, frozen below
     memoize_dofn_specs()
     memoize_signatures()
     if gc.get_freeze_count() == 0:   # once per process (in-process CLI calls in tests)

@@ -207,3 +207,69 @@ def test_kept_totals_are_bitwise_the_same_for_hostile_values(monkeypatch, seed, 
         assert after.keys() == whole.keys()
         for pair, totals in whole.items():
             assert np.array_equal(after[pair].view(np.int64), totals.view(np.int64)), pair
+
+
+_SCALES = np.array([1.0, 1e-310, 2.0 ** 1000, 2.0 ** -1000, 1e300, 1e-300])
+
+
+def _random_pairs(seed):
+    """Records of 6 users on 5 words (n rows), three value columns drawn per (user, word):
+    decimals at one of six scales (1, subnormal, 2^1000, 2^-1000, 1e300, 1e-300),
+    the largest float64 (partials past the range), pairs cancelling to a tiny residual, or
+    zeros; 10% null."""
+    rng = np.random.default_rng(seed)
+    n = 600
+    users = rng.integers(0, 6, size=n)
+    words = rng.integers(0, 5, size=n)
+    pair = users * 5 + words
+    columns = {}
+    for name in ("a", "b", "c"):
+        kind = rng.integers(0, 4, size=30)[pair]
+        scale = rng.choice(_SCALES, size=30)[pair]
+        v = np.round(rng.normal(size=n), 3) * scale
+        v = np.where(kind == 1, rng.choice([_MAX_FLOAT, -_MAX_FLOAT, 1.0], size=n), v)
+        v = np.where(kind == 2, rng.choice([-1.0, 1.0], size=n) * scale
+                     + rng.choice([0.0, 5e-324], size=n), v)
+        v = np.where(kind == 3, 0.0, v)
+        v[rng.random(n) < 0.1] = np.nan
+        columns[name] = pa.array(v, from_pandas=True)
+    table = pa.table({"user_id": [f"u{u}" for u in users], "word": [f"w{w}" for w in words],
+                      **columns})
+    prepared, _ = pio.prepare_batch(table, "user_id", ["word"], identity_key=TEST_KEY,
+                                    value_columns=[("a", "__v0"), ("b", "__v1"),
+                                                   ("c", "__v2")])
+    return prepared
+
+
+_MAX_FLOAT = float(np.finfo(np.float64).max)
+
+
+@pytest.mark.parametrize("block_cells", [1 << 23, 1])
+def test_summed_pairs_keep_every_pairs_totals_on_random_tables(monkeypatch, block_cells):
+    """summed_pairs (the ragged terms of every value column placed in the pair's copies,
+    0 beyond a column's terms) on random tables of three value columns of unlike scales,
+    split at random into partial tables: every (user, key)'s totals after it are bitwise
+    those of the records, and a fifth of the rows at least gone. Deterministic (fixed seeds)."""
+    from thresher.transforms.plumbing import exact_sums as es
+    monkeypatch.setattr(es, "BLOCK_CELLS", block_cells)    # 1: one pair a block
+    names = ["__v0", "__v1", "__v2"]
+    key = ["__user", "__user_lo", "word"]
+
+    def totals(table):
+        out = user_key_totals(exact_users(table), ["word"], names)
+        return {k: np.array(v, dtype=np.float64).view(np.int64).tolist()
+                for k, v in zip(zip(*[out.column(c).to_pylist() for c in key]),
+                                zip(*[out.column(c).to_numpy(zero_copy_only=False)
+                                      for c in names]))}
+
+    for seed in range(6):
+        prepared = _random_pairs(seed)
+        rng = np.random.default_rng(seed + 50)
+        shuffled = prepared.take(pa.array(rng.permutation(prepared.num_rows)))
+        cuts = [0, *np.sort(rng.choice(prepared.num_rows, size=2, replace=False)),
+                prepared.num_rows]
+        pieces = [prereduce.summed_pairs(shuffled.slice(a, b - a), ["word"], names)
+                  for a, b in zip(cuts[:-1], cuts[1:])]
+        reduced = pa.concat_tables(pieces)
+        assert totals(reduced) == totals(prepared), seed
+        assert reduced.num_rows < prepared.num_rows * 0.8, seed

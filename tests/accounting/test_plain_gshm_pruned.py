@@ -116,3 +116,14 @@ def test_a_range_dismissed_at_once_is_bounded_at_its_first_count_and_last_x(
     assert a_first == 0 and mpmath.mpf(x) <= (c - 1) * o.log_beta
     assert mpmath.mpf(bound) >= max(max(t) for t in o.terms(eps))
     assert mpmath.mpf(pruned) >= 1 - o.beta ** c
+
+
+def test_a_nan_level_dismisses_nothing():
+    """The contract "gshm delta <= max(B, level)" cannot lean on a NaN level (Python's
+    max(B, nan) is B): with one, no range is dismissed and B is delta_upper's value, above
+    the brute-force delta. (verify_calibration refuses a NaN delta_achieved before this;
+    without the guard B was 5.8e-6 here against a true delta of 0.33.)"""
+    sigma, gap, c, eps = POINTS[2]
+    pruned = plain_gshm.delta_upper_below(eps, sigma, gap, c, math.nan)
+    assert pruned == plain_gshm.delta_upper(eps, sigma, gap, c)
+    assert mpmath.mpf(pruned) >= oracle(sigma, gap, c).delta(eps)

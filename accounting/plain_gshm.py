@@ -312,7 +312,9 @@ def delta_upper_below(epsilon, sigma, threshold_gap, max_keys_per_user, level):
     Both are evaluated as ``delta_upper`` evaluates one a_eq's terms (:func:`_terms` at
     count C - a1 and x2: upper bounds of the real values with the same rounding
     allowances). A range whose bound exceeds ``level`` is halved; a single a_eq is
-    computed exactly as ``delta_upper`` does, so each term B takes is one of its terms."""
+    computed exactly as ``delta_upper`` does, so each term B takes is one of its terms. A
+    range is dismissed only when its bound compares ``<= level`` (a NaN level dismisses
+    nothing: B is then ``delta_upper``'s value)."""
     eps, sigma, c = float(epsilon), float(sigma), int(max_keys_per_user)
     if not (math.isfinite(eps) and eps >= 0 and math.isfinite(sigma) and sigma > 0 and c >= 1
             and math.isfinite(threshold_gap)):
@@ -329,7 +331,7 @@ def delta_upper_below(epsilon, sigma, threshold_gap, max_keys_per_user, level):
             bound = max(_terms(eps, sigma, c, a1, a2 * lb * (1.0 + 4.0 * U), budget))
             if a1 == a2:
                 worst = max(worst, bound)
-            elif bound * (1.0 + 4.0 * U) > level:
+            elif not bound * (1.0 + 4.0 * U) <= level:     # a NaN level dismisses nothing
                 mid = (a1 + a2) // 2
                 ranges += [(mid + 1, a2), (a1, mid)]   # the lower half first
         return min(1.0, worst * (1.0 + 4.0 * U))

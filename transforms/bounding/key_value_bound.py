@@ -20,17 +20,84 @@ import pyarrow as pa
 
 from thresher.transforms.randomness import keyed_random, samplers
 from thresher.transforms.plumbing.arrow_coder import TABLE
-from thresher.transforms.bounding.per_user_bound import count_per_key, exact_key_codes
+from thresher.transforms.bounding.per_user_bound import count_per_key, more_key_codes
 from thresher.transforms.bounding.user_shards import USER_COLUMN, user_identity_columns
 
 
 def _first_per_group(groups, priorities):
-    """Index (into the arrays) of the smallest priority in each group."""
+    """Index (into the arrays) of the smallest priority in each group (ties: the first),
+    in group order."""
     order = np.lexsort((priorities, groups))
     g = groups[order]
     start = np.ones(len(g), dtype=bool)
     start[1:] = g[1:] != g[:-1]
     return order[start]
+
+
+def _runs(sorted_codes):
+    """(first index of each run of equal codes, run lengths) of a sorted array."""
+    start = np.ones(len(sorted_codes), dtype=bool)
+    start[1:] = sorted_codes[1:] != sorted_codes[:-1]
+    first = np.flatnonzero(start)
+    return first, np.diff(np.append(first, len(sorted_codes)))
+
+
+def _keyed(*sources):
+    """True for a release's keyed draws (a stage source, bound to a table or not): one
+    stream per row, a function of the row's identity alone."""
+    return any(isinstance(s, (keyed_random.StageSource, keyed_random.TableStreams))
+               for s in sources)
+
+
+def _one_value_per_pair(rows, pair, value_rng):
+    """Indices into ``rows`` (one per distinct (user, key, value), sorted by their (user,
+    key) code ``pair``) of the kept value of each (user, key): its smallest value
+    priority, in (user, key) order.
+
+    Keyed draws are asked only for the (user, key) groups with two values or more: a
+    row's keyed priority depends on its identity alone (``keyed_random.RowStreams``),
+    and a group of one value keeps it whatever its priority, so skipping those draws
+    changes no choice (the published bytes are those of drawing every row). A seeded test
+    generator is consumed in order, one word per row, as it always was."""
+    first, length = _runs(pair)
+    if not _keyed(value_rng):
+        prio = samplers.uniform_priorities(keyed_random.rows_of(value_rng, rows, "triple"),
+                                           len(rows))
+        return _first_per_group(pair, prio)
+    chosen = first.copy()
+    several = length > 1
+    if several.any():
+        members = np.flatnonzero(np.repeat(several, length))     # rows of those groups
+        prio = samplers.uniform_priorities(
+            keyed_random.rows_of(value_rng, rows[members], "triple"), len(members))
+        chosen[several] = members[_first_per_group(pair[members], prio)]
+    return chosen
+
+
+def _first_keys_per_user(rows, user, max_keys, key_rng):
+    """Indices into ``rows`` (one per (user, key), sorted by ``user``) of each user's
+    ``max_keys`` (user, key) rows of smallest key priority. Keyed draws only for the
+    users with more than ``max_keys`` keys (the others keep all theirs, whatever the
+    draws: :func:`_one_value_per_pair`'s argument); a seeded generator as always."""
+    if _keyed(key_rng):
+        first, length = _runs(user)
+        over = length > max_keys
+        keep = ~np.repeat(over, length)
+        members = np.flatnonzero(~keep)
+        if len(members) == 0:
+            return np.arange(len(rows))
+        rows, user = rows[members], user[members]
+    prio = samplers.uniform_priorities(keyed_random.rows_of(key_rng, rows, "pair"), len(rows))
+    order = np.lexsort((prio, user))
+    u = user[order]
+    start = np.ones(len(u), dtype=bool)
+    start[1:] = u[1:] != u[:-1]
+    position = np.arange(len(u))
+    rank_in_user = position - np.maximum.accumulate(np.where(start, position, 0))
+    chosen = order[rank_in_user < max_keys]
+    if _keyed(key_rng):
+        return np.concatenate((np.flatnonzero(keep), members[chosen]))
+    return chosen
 
 
 def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_rng, key_rng):
@@ -41,27 +108,24 @@ def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_
     if table.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
     keys = list(key_columns)
-    triple = exact_key_codes(table, [USER_COLUMN, *keys, value_column])
+    user = more_key_codes(None, table, USER_COLUMN)
+    pair = user
+    for name in keys:
+        pair = more_key_codes(pair, table, name)
+    triple = more_key_codes(pair, table, value_column)   # exact_key_codes(user, keys, value)
     _, rows = np.unique(triple, return_index=True)       # one row per distinct (user, key, value)
+    pair_of = pair[rows]               # sorted: a triple's code orders by its pair's first
+    if len(pair_of) > 1 and not (pair_of[1:] >= pair_of[:-1]).all():  # pragma: no cover
+        raise AssertionError("exact key codes lost their prefix order")
     # streams keyed by the user's identity words, never the in-shard grouping code that
     # exact_users may have put in __user (it depends on the other users of the shard)
-    users = (user_identity_columns(table)       # a release's keyed sources
-             if isinstance(value_rng, keyed_random.StageSource)
-             or isinstance(key_rng, keyed_random.StageSource) else [USER_COLUMN])
+    users = user_identity_columns(table) if _keyed(value_rng, key_rng) else [USER_COLUMN]
     value_rng = keyed_random.bind(value_rng, table, triple=[*users, *keys, value_column])
-    prio = samplers.uniform_priorities(keyed_random.rows_of(value_rng, rows, "triple"), len(rows))
-    pair = exact_key_codes(table, [USER_COLUMN, *keys])
-    rows = rows[_first_per_group(pair[rows], prio)]       # one value per (user, key)
+    rows = rows[_one_value_per_pair(rows, pair_of, value_rng)]     # one value per (user, key)
     key_rng = keyed_random.bind(key_rng, table, pair=[*users, *keys])
-    prio = samplers.uniform_priorities(keyed_random.rows_of(key_rng, rows, "pair"), len(rows))
-    user = exact_key_codes(table, [USER_COLUMN])[rows]
-    order = np.lexsort((prio, user))
-    u = user[order]
-    start = np.ones(len(u), dtype=bool)
-    start[1:] = u[1:] != u[:-1]
-    position = np.arange(len(u))
-    rank_in_user = position - np.maximum.accumulate(np.where(start, position, 0))
-    return np.sort(rows[order[rank_in_user < int(max_keys_per_user)]])
+    user_of = user[rows]               # sorted too: a pair's code orders by its user's first
+    kept = _first_keys_per_user(rows, user_of, int(max_keys_per_user), key_rng)
+    return np.sort(rows[kept])
 
 
 class _BoundFn(beam.DoFn):

@@ -81,6 +81,29 @@ def ensure_data(data_dir, rows, seed):
     return path
 
 
+VALUE = "amount"    # the value column of the quantiles runs (datagen.values)
+
+
+def value_data_path(data_dir, rows, seed):
+    return os.path.join(data_dir, f"zipf_rows{rows}_seed{seed}_{VALUE}.parquet")
+
+
+def ensure_value_data(data_dir, rows, seed):
+    """The main data (:func:`ensure_data`) with the value column ``amount``
+    (``datagen.with_values``: lognormal(4, 1), its own stream of ``seed``), the input of
+    the quantiles runs; the same user and word columns, so every kind reads one file."""
+    path = value_data_path(data_dir, rows, seed)
+    if not os.path.exists(path):
+        import pyarrow.parquet as pq
+        from benchmarks import datagen
+        t0 = time.perf_counter()
+        table = datagen.with_values(pq.read_table(ensure_data(data_dir, rows, seed)), VALUE, seed)
+        datagen.write(table, path + ".part")
+        os.replace(path + ".part", path)
+        print(f"# generated {path} in {time.perf_counter() - t0:.1f} s", flush=True)
+    return path
+
+
 def ensure_key_data(data_dir, rows, seed, distinct_keys):
     """The main data's users with exactly ``distinct_keys`` distinct keys ``k<i>``."""
     import pyarrow as pa

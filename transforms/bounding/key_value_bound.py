@@ -20,7 +20,8 @@ import pyarrow as pa
 
 from thresher.transforms.randomness import keyed_random, samplers
 from thresher.transforms.plumbing.arrow_coder import TABLE
-from thresher.transforms.bounding.per_user_bound import count_per_key, more_key_codes
+from thresher.transforms.bounding.per_user_bound import (
+    column_codes, combine_codes, count_per_key)
 from thresher.transforms.bounding.user_shards import USER_COLUMN, user_identity_columns
 
 
@@ -49,45 +50,47 @@ def _keyed(*sources):
                for s in sources)
 
 
-def _one_value_per_pair(rows, pair, value_rng):
+def _one_value_per_pair(rows, pair, value_rng, texts):
     """Indices into ``rows`` (one per distinct (user, key, value), sorted by their (user,
     key) code ``pair``) of the kept value of each (user, key): its smallest value
-    priority, in (user, key) order.
+    priority, in (user, key) order. ``texts``: exact codes of the (key, value) columns,
+    per row of the table (the draws' text identities are found through them).
 
     Keyed draws are asked only for the (user, key) groups with two values or more: a
     row's keyed priority depends on its identity alone (``keyed_random.RowStreams``),
     and a group of one value keeps it whatever its priority, so skipping those draws
     changes no choice (the published bytes are those of drawing every row). A seeded test
     generator is consumed in order, one word per row, as it always was."""
-    first, length = _runs(pair)
     if not _keyed(value_rng):
-        prio = samplers.uniform_priorities(keyed_random.rows_of(value_rng, rows, "triple"),
-                                           len(rows))
+        prio = samplers.uniform_priorities(value_rng, len(rows))
         return _first_per_group(pair, prio)
+    first, length = _runs(pair)
     chosen = first.copy()
     several = length > 1
     if several.any():
         members = np.flatnonzero(np.repeat(several, length))     # rows of those groups
         prio = samplers.uniform_priorities(
-            keyed_random.rows_of(value_rng, rows[members], "triple"), len(members))
+            keyed_random.rows_of(value_rng, rows[members], "triple", texts), len(members))
         chosen[several] = members[_first_per_group(pair[members], prio)]
     return chosen
 
 
-def _first_keys_per_user(rows, user, max_keys, key_rng):
+def _first_keys_per_user(rows, user, max_keys, key_rng, texts):
     """Indices into ``rows`` (one per (user, key), sorted by ``user``) of each user's
     ``max_keys`` (user, key) rows of smallest key priority. Keyed draws only for the
     users with more than ``max_keys`` keys (the others keep all theirs, whatever the
-    draws: :func:`_one_value_per_pair`'s argument); a seeded generator as always."""
-    if _keyed(key_rng):
+    draws: :func:`_one_value_per_pair`'s argument); a seeded generator as always.
+    ``texts``: exact codes of the key columns, per row of the table."""
+    keyed = _keyed(key_rng)
+    if keyed:
         first, length = _runs(user)
-        over = length > max_keys
-        keep = ~np.repeat(over, length)
+        keep = ~np.repeat(length > max_keys, length)
         members = np.flatnonzero(~keep)
         if len(members) == 0:
             return np.arange(len(rows))
         rows, user = rows[members], user[members]
-    prio = samplers.uniform_priorities(keyed_random.rows_of(key_rng, rows, "pair"), len(rows))
+    prio = samplers.uniform_priorities(keyed_random.rows_of(key_rng, rows, "pair", texts),
+                                       len(rows))
     order = np.lexsort((prio, user))
     u = user[order]
     start = np.ones(len(u), dtype=bool)
@@ -95,7 +98,7 @@ def _first_keys_per_user(rows, user, max_keys, key_rng):
     position = np.arange(len(u))
     rank_in_user = position - np.maximum.accumulate(np.where(start, position, 0))
     chosen = order[rank_in_user < max_keys]
-    if _keyed(key_rng):
+    if keyed:
         return np.concatenate((np.flatnonzero(keep), members[chosen]))
     return chosen
 
@@ -108,11 +111,16 @@ def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_
     if table.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
     keys = list(key_columns)
-    user = more_key_codes(None, table, USER_COLUMN)
-    pair = user
+    # each column dictionary-encoded once: the codes of (user), (user, key), (user, key,
+    # value) as exact_key_codes gives them, and of (key), (key, value) for the draws'
+    # text identities
+    user = combine_codes(None, *column_codes(table, USER_COLUMN))
+    pair, key = user, None
     for name in keys:
-        pair = more_key_codes(pair, table, name)
-    triple = more_key_codes(pair, table, value_column)   # exact_key_codes(user, keys, value)
+        part, width = column_codes(table, name)
+        pair, key = combine_codes(pair, part, width), combine_codes(key, part, width)
+    part, width = column_codes(table, value_column)
+    triple, key_value = combine_codes(pair, part, width), combine_codes(key, part, width)
     _, rows = np.unique(triple, return_index=True)       # one row per distinct (user, key, value)
     pair_of = pair[rows]               # sorted: a triple's code orders by its pair's first
     if len(pair_of) > 1 and not (pair_of[1:] >= pair_of[:-1]).all():  # pragma: no cover
@@ -121,10 +129,10 @@ def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_
     # exact_users may have put in __user (it depends on the other users of the shard)
     users = user_identity_columns(table) if _keyed(value_rng, key_rng) else [USER_COLUMN]
     value_rng = keyed_random.bind(value_rng, table, triple=[*users, *keys, value_column])
-    rows = rows[_one_value_per_pair(rows, pair_of, value_rng)]     # one value per (user, key)
+    rows = rows[_one_value_per_pair(rows, pair_of, value_rng, key_value)]
     key_rng = keyed_random.bind(key_rng, table, pair=[*users, *keys])
     user_of = user[rows]               # sorted too: a pair's code orders by its user's first
-    kept = _first_keys_per_user(rows, user_of, int(max_keys_per_user), key_rng)
+    kept = _first_keys_per_user(rows, user_of, int(max_keys_per_user), key_rng, key)
     return np.sort(rows[kept])
 
 

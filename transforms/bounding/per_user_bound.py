@@ -208,13 +208,22 @@ def more_key_codes(codes, table, name):
     is ``more_key_codes(exact_key_codes(table, cols), table, name)``, so a caller that
     needs the codes of a prefix of its columns too encodes each column once. Sorting the
     result sorts by ``codes`` first (the new column only orders rows of equal ``codes``)."""
+    return combine_codes(codes, *column_codes(table, name))
+
+
+def column_codes(table, name):
+    """(int64 dictionary codes of column ``name``, their number): equal codes exactly
+    where the values are equal (bitwise for floats)."""
     column = table.column(name)
     column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     encoded = pc.dictionary_encode(column)
-    part = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), len(encoded.dictionary)
+
+
+def combine_codes(codes, part, width):
+    """Codes of (``codes``, ``part``) pairs, ``part`` < ``width`` (``codes`` None: ``part``)."""
     if codes is None:
         return part
-    width = len(encoded.dictionary)
     if int(codes.max(initial=0)) < (np.iinfo(np.int64).max - width) // max(width, 1):
         return codes * width + part
     # re-number the pairs densely (lexicographic order) before they could overflow

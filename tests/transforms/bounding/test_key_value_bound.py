@@ -79,9 +79,9 @@ def test_draws_only_where_a_choice_is_made(monkeypatch):
     asked = {"triple": 0, "pair": 0}
     rows = keyed_random.TableStreams.rows
 
-    def counting(self, index, group):
+    def counting(self, index, group, *codes):
         asked[group] += len(index)
-        return rows(self, index, group)
+        return rows(self, index, group, *codes)
     monkeypatch.setattr(keyed_random.TableStreams, "rows", counting)
     # user 1: key a with values 1, 2 (a choice), key b with value 1 (none); keys a..c
     # under C = 3 (no choice). user 2: keys a..e, one value each, C = 3 (a choice).

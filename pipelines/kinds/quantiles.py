@@ -557,7 +557,8 @@ def _restrict_to(table, keys, selected):
 
 def _positive_zero(column):
     """A float column with -0.0 made 0.0 (x + 0.0), as Python's == sees them."""
-    import pyarrow.compute as pc     # (here: importing the kind loads no compute module)
+    # heavy: pyarrow.compute (here: importing the kind loads no compute module)
+    import pyarrow.compute as pc
     return pc.add(column, pa.scalar(0.0, column.type))
 
 

@@ -25,10 +25,37 @@ from thresher.transforms.bounding.per_user_bound import (
 from thresher.transforms.bounding.user_shards import USER_COLUMN, user_identity_columns
 
 
-def _first_per_group(groups, priorities):
+_RANK_BITS = 24       # a group's rank in _by_group_then_priority's one-word sort keys
+
+
+def _by_group_then_priority(groups, priorities):
+    """``np.lexsort((priorities, groups))`` (uint64 priorities), for ``groups`` sorted:
+    one argsort of one word per row, (the group's rank, the priority's top 40 bits),
+    which orders the rows the same way whenever those words are distinct; when two
+    are equal (one chance in about 2**41 per pair of rows of a group) or there are
+    more than 2**24 groups, the lexsort itself. Exactly lexsort's order either way."""
+    n = len(groups)
+    if n < 2:
+        return np.arange(n)
+    start = np.ones(n, dtype=bool)
+    start[1:] = groups[1:] != groups[:-1]
+    rank = np.cumsum(start, dtype=np.int64) - 1
+    if int(rank[-1]) >= (1 << _RANK_BITS):
+        return np.lexsort((priorities, groups))
+    shift = np.uint64(64 - _RANK_BITS)
+    word = (rank.astype(np.uint64) << shift) | (priorities.astype(np.uint64) >> np.uint64(_RANK_BITS))
+    order = np.argsort(word)
+    ordered = word[order]
+    if (ordered[1:] == ordered[:-1]).any():
+        return np.lexsort((priorities, groups))
+    return order
+
+
+def _first_per_group(groups, priorities, groups_sorted=False):
     """Index (into the arrays) of the smallest priority in each group (ties: the first),
-    in group order."""
-    order = np.lexsort((priorities, groups))
+    in group order (``groups_sorted``: the groups come sorted, a faster sort applies)."""
+    order = (_by_group_then_priority(groups, priorities) if groups_sorted
+             else np.lexsort((priorities, groups)))
     g = groups[order]
     start = np.ones(len(g), dtype=bool)
     start[1:] = g[1:] != g[:-1]
@@ -71,7 +98,7 @@ def _one_value_per_pair(rows, pair, value_rng, texts):
         members = np.flatnonzero(np.repeat(several, length))     # rows of those groups
         prio = samplers.uniform_priorities(
             keyed_random.rows_of(value_rng, rows[members], "triple", texts), len(members))
-        chosen[several] = members[_first_per_group(pair[members], prio)]
+        chosen[several] = members[_first_per_group(pair[members], prio, groups_sorted=True)]
     return chosen
 
 
@@ -91,7 +118,7 @@ def _first_keys_per_user(rows, user, max_keys, key_rng, texts):
         rows, user = rows[members], user[members]
     prio = samplers.uniform_priorities(keyed_random.rows_of(key_rng, rows, "pair", texts),
                                        len(rows))
-    order = np.lexsort((prio, user))
+    order = _by_group_then_priority(user, prio) if keyed else np.lexsort((prio, user))
     u = user[order]
     start = np.ones(len(u), dtype=bool)
     start[1:] = u[1:] != u[:-1]

@@ -125,3 +125,21 @@ def _reference_seeded(table, keys, value, c, value_rng, key_rng):
     position = np.arange(len(u))
     rank = position - np.maximum.accumulate(np.where(start, position, 0))
     return np.sort(rows[order[rank < c]])
+
+
+def test_one_word_group_sort_is_lexsorts_order_ties_included():
+    """``_by_group_then_priority`` (sorted groups) orders rows exactly as
+    ``np.lexsort((priorities, groups))``: random priorities, priorities equal in their
+    top 40 bits (the one-word keys tie: the lexsort is used), and fully equal priorities
+    (lexsort's stable order)."""
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        n = int(rng.integers(2, 4000))
+        groups = np.sort(rng.integers(0, int(rng.integers(1, 300)), n)).astype(np.int64)
+        prio = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
+        if trial % 3 == 1:      # ties in the top 40 bits, different low bits
+            prio = (prio & np.uint64(0xFFFF_0000_0000_0000)) | rng.integers(0, 2**20, n).astype(np.uint64)
+        if trial % 3 == 2:      # equal priorities
+            prio = rng.integers(0, 3, n).astype(np.uint64)
+        want = np.lexsort((prio, groups))
+        assert np.array_equal(key_value_bound._by_group_then_priority(groups, prio), want), trial

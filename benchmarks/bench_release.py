@@ -779,6 +779,8 @@ def compare_table(args, work):
         print("#   medians over the rounds:")
         for key, median in medians.items():
             case, label, *kind = key
+            if not kind and kinds != ["gaussian"] and label != "floor":
+                kind = ["gaussian"]
             row(f"{label}{''.join(' ' + k for k in kind)} C={case}", rows, median, "median")
     for label, _, _ in targets:      # every kind against gaussian, per commit (same run)
         for case, kind in runs:

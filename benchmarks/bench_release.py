@@ -40,6 +40,9 @@ The key-cardinality data keep the user column of the main data set and replace t
     python benchmarks/bench_release.py                   # everything (about 10 minutes)
     python -m benchmarks.bench_release --compare 364e7c4,aec4b08 --rows 1e7
     python benchmarks/bench_release.py --rows 1000000 --scaling 100000,1000000 --keys 1000
+    # quantiles against gaussian at 1e7, main and this checkout in turns (issue 43):
+    python -m benchmarks.bench_release --rows 1e7 --compare main --compare-bound 8 \
+        --compare-kinds gaussian,quantiles --data-dir /work/bench-data
 """
 import argparse
 import json
@@ -75,6 +78,29 @@ def ensure_data(data_dir, rows, seed):
         t0 = time.perf_counter()
         table = datagen.generate(rows, users=max(1, rows // 10), vocabulary_size=max(1, rows // 10),
                                  zipf_a=1.1, user_tail=0.8, seed=seed)
+        datagen.write(table, path + ".part")
+        os.replace(path + ".part", path)
+        print(f"# generated {path} in {time.perf_counter() - t0:.1f} s", flush=True)
+    return path
+
+
+VALUE = "amount"    # the value column of the quantiles runs (datagen.values)
+
+
+def value_data_path(data_dir, rows, seed):
+    return os.path.join(data_dir, f"zipf_rows{rows}_seed{seed}_{VALUE}.parquet")
+
+
+def ensure_value_data(data_dir, rows, seed):
+    """The main data (:func:`ensure_data`) with the value column ``amount``
+    (``datagen.with_values``: lognormal(4, 1), its own stream of ``seed``), the input of
+    the quantiles runs; the same user and word columns, so every kind reads one file."""
+    path = value_data_path(data_dir, rows, seed)
+    if not os.path.exists(path):
+        import pyarrow.parquet as pq
+        from benchmarks import datagen
+        t0 = time.perf_counter()
+        table = datagen.with_values(pq.read_table(ensure_data(data_dir, rows, seed)), VALUE, seed)
         datagen.write(table, path + ".part")
         os.replace(path + ".part", path)
         print(f"# generated {path} in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -686,7 +712,13 @@ def compare_table(args, work):
     in a fresh process each (:func:`measure`), the commits taken in turns (a different
     order every round) so that the machine's load falls on all alike."""
     rows = args.rows
-    data = ensure_data(args.data_dir, rows, args.seed)
+    kinds = args.compare_kinds
+    unknown = [k for k in kinds if k not in COMPARE_MECHANISMS]
+    if unknown:
+        raise SystemExit(f"--compare-kinds: unknown {unknown} (allowed: "
+                         f"{', '.join(COMPARE_MECHANISMS)})")
+    data = (ensure_value_data(args.data_dir, rows, args.seed) if kinds != ["gaussian"]
+            else ensure_data(args.data_dir, rows, args.seed))
     cache = os.path.join(args.data_dir, "compare")
     targets = []
     for rev in args.compare:
@@ -702,28 +734,34 @@ def compare_table(args, work):
     targets.append((head_label, [head_python, "-m", "thresher.pipelines.cli"], ROOT))
     compile_checkout(head_python)
     cases = args.compare_cases or [str(args.compare_bound)]
-    print(f"\n## Compare: {rows:,} rows, gaussian, cases {','.join(cases)}, "
+    print(f"\n## Compare: {rows:,} rows, {', '.join(kinds)}, cases {','.join(cases)}, "
           f"epsilon={EPSILON:g}, delta={DELTA:g}, string user ids (data "
           f"{os.path.relpath(data, ROOT)}); {args.compare_rounds} round(s), commits in turns")
     print(HEADER)
     results = {}
-    for case in cases:
+    # (case, label) for gaussian, the figures as they always were; (case, label, kind)
+    # for every other kind
+    runs = [(case, kind) for case in cases for kind in kinds]
+    for case, kind in runs:
         bound, mechanism = _compare_case(case)
+        mechanism = {**COMPARE_MECHANISMS[kind], **mechanism}
         for label, _, _ in targets:
-            results[(case, label)] = []
+            results[_result_key(case, label, kind)] = []
         for round_ in range(args.compare_rounds):
             order = targets if round_ % 2 == 0 else targets[::-1]
             for label, command, cwd in order:
                 index = targets.index((label, command, cwd))
-                config, out = write_config(work, f"compare_{index}_{case.replace(':', '_')}",
-                                           data, "gaussian", bound, mechanism)
+                name = f"compare_{index}_{case.replace(':', '_')}" + (
+                    "" if kind == "gaussian" else f"_{kind}")
+                config, out = write_config(work, name, data, kind, bound, mechanism)
                 m = measure([*command, "run", config, "--overwrite", "--quiet"], cwd=cwd,
                             env=checkout_env() if label == head_label else None)
                 m["keys"] = _released_keys(out) if m["rc"] == 0 else None
-                results[(case, label)].append(m)
-                row(f"{label} C={case}", rows, m, f"round {round_ + 1}")
+                results[_result_key(case, label, kind)].append(m)
+                tag = "" if kind == "gaussian" and kinds == ["gaussian"] else f" {kind}"
+                row(f"{label}{tag} C={case}", rows, m, f"round {round_ + 1}")
                 if args.compare_floor and label == head_label and m["rc"] == 0 \
-                        and bound != "auto":
+                        and bound != "auto" and kind == "gaussian":
                     fl = _floor_for(out, data, bound, head_python)
                     results.setdefault((case, "floor"), []).append(fl)
                     row(f"floor C={case}", rows, fl, f"round {round_ + 1}")
@@ -739,9 +777,24 @@ def compare_table(args, work):
                                       max(m["load"][1] for m in ok)))
     if args.compare_rounds > 1:
         print("#   medians over the rounds:")
-        for (case, label), median in medians.items():
-            row(f"{label} C={case}", rows, median, "median")
-    for (case, label), median in medians.items():   # every commit against the floor
+        for key, median in medians.items():
+            case, label, *kind = key
+            if not kind and kinds != ["gaussian"] and label != "floor":
+                kind = ["gaussian"]
+            row(f"{label}{''.join(' ' + k for k in kind)} C={case}", rows, median, "median")
+    for label, _, _ in targets:      # every kind against gaussian, per commit (same run)
+        for case, kind in runs:
+            g, k = medians.get((case, label)), medians.get(_result_key(case, label, kind))
+            if kind != "gaussian" and g and k:
+                print(f"#   {label} C={case}: {kind} / gaussian: CPU {k['cpu'] / g['cpu']:.2f}x "
+                      f"({k['cpu']:.2f} / {g['cpu']:.2f} s), wall {k['wall'] / g['wall']:.2f}x "
+                      f"({k['wall']:.2f} / {g['wall']:.2f} s), peak RSS "
+                      f"{k['rss_mb'] / g['rss_mb']:.2f}x ({k['rss_mb']:,.0f} / "
+                      f"{g['rss_mb']:,.0f} MB)", flush=True)
+    for key, median in medians.items():   # every commit against the floor
+        if len(key) != 2:
+            continue
+        case, label = key
         fl = medians.get((case, "floor"))
         if fl and label != "floor":
             print(f"#   {label} C={case} / floor (whole processes): CPU "
@@ -760,6 +813,18 @@ def compare_table(args, work):
                       f"wall {a['wall'] / f['wall']:.2f}x, peak RSS "
                       f"{a['rss_mb'] / f['rss_mb']:.2f}x", flush=True)
     return results
+
+
+# --compare-kinds: each kind's mechanism fields (quantiles: per key over the value column
+# of ensure_value_data, as docs/performance.md measures it)
+COMPARE_MECHANISMS = {
+    "gaussian": {},
+    "quantiles": {"column": VALUE, "ranks": [0.25, 0.5, 0.9], "domain": [0, 1000]},
+}
+
+
+def _result_key(case, label, kind):
+    return (case, label) if kind == "gaussian" else (case, label, kind)
 
 
 def _floor_for(out, data, bound, python):
@@ -922,6 +987,12 @@ def main(argv=None):
                         default=None,
                         help="bounds to compare, e.g. 4,auto,4:pt1,auto:pt1 (pt1: "
                              "mechanism.pre_threshold: 1); default --compare-bound")
+    parser.add_argument("--compare-kinds", type=lambda s: [k for k in s.split(",") if k],
+                        default=["gaussian"],
+                        help="mechanism kinds compared (default gaussian), e.g. "
+                             "gaussian,quantiles: every kind on the same data (with "
+                             "quantiles, the main data plus a value column 'amount', "
+                             "datagen.values), and each kind's ratio to gaussian per commit")
     parser.add_argument("--only", default=None,
                         help="comma-separated subset of: main, peer, scaling, keys, startup, "
                              "large, compare, workers (default: all but compare and "

@@ -5,7 +5,12 @@ Rows are (user_id, word) pairs, as in a log of the words users typed:
   (discrete Pareto) law, so a few users have thousands of rows and most have a handful;
 - words are drawn from a Zipf(``zipf_a``) law over a vocabulary of ``vocabulary`` pronounceable
   pseudo-words (syllable strings), so a few keys are very common and most are rare;
-- user ids are strings ``u<number>``, as identifiers usually are.
+- user ids are strings ``u<number>``, as identifiers usually are;
+- on request (``value_column``), a float value per row: lognormal(4, 1) (median e^4 ~ 55,
+  rank 0.99 ~ 560, like latencies in ms), the input of ``mechanism.kind: quantiles`` and
+  the aggregates. It is drawn from its own stream (:func:`values`), so asking for it
+  changes no byte of the user and word columns, and not asking for it leaves the data of
+  every earlier benchmark exactly as it was.
 
 Everything is a deterministic function of ``seed`` (numpy PCG64) so a benchmark can be
 reproduced exactly; this is test data, not a source of privacy randomness.
@@ -39,8 +44,19 @@ def vocabulary(size, seed=0):
     return words
 
 
-def generate(rows, *, users, vocabulary_size, zipf_a=1.1, user_tail=0.8, seed=0):
-    """A table of ``rows`` (user_id, word) records; see the module docstring."""
+VALUE_STREAM = 1   # values(rows, seed) draws from default_rng([seed, VALUE_STREAM])
+
+
+def values(rows, seed=0):
+    """``rows`` float64 values, lognormal(4, 1), a function of ``seed`` only (its own
+    numpy stream: the user and word draws of :func:`generate` are untouched)."""
+    return np.random.default_rng([seed, VALUE_STREAM]).lognormal(4.0, 1.0, rows)
+
+
+def generate(rows, *, users, vocabulary_size, zipf_a=1.1, user_tail=0.8, seed=0,
+             value_column=None):
+    """A table of ``rows`` (user_id, word) records, and the column ``value_column`` of
+    :func:`values` when one is named; see the module docstring."""
     rng = np.random.default_rng(seed)
     # user activity weights ~ rank^-user_tail: heavy-tailed records per user
     weights = 1.0 / np.arange(1, users + 1) ** user_tail
@@ -56,7 +72,14 @@ def generate(rows, *, users, vocabulary_size, zipf_a=1.1, user_tail=0.8, seed=0)
     words = np.array(vocabulary(vocabulary_size, seed), dtype=object)
     user_strings = pa.array(np.char.add("u", user_ids.astype(str)).astype(object), type=pa.string())
     word_dict = pa.DictionaryArray.from_arrays(pa.array(word_index.astype(np.int32)), pa.array(words))
-    return pa.table({"user_id": user_strings, "word": word_dict.cast(pa.string())})
+    table = pa.table({"user_id": user_strings, "word": word_dict.cast(pa.string())})
+    return with_values(table, value_column, seed) if value_column else table
+
+
+def with_values(table, value_column, seed=0):
+    """``table`` with the column ``value_column`` of :func:`values` appended (what
+    :func:`generate` gives with ``value_column``, from a table it gave without)."""
+    return table.append_column(value_column, pa.array(values(table.num_rows, seed)))
 
 
 def write_parts(folder, rows, parts, *, zipf_a=1.1, user_tail=0.8, seed=0,
@@ -101,9 +124,12 @@ def main():
     parser.add_argument("--vocabulary", type=int, default=50_000)
     parser.add_argument("--zipf-a", type=float, default=1.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--value-column", default=None,
+                        help="also write a lognormal(4, 1) float column of this name "
+                             "(its own seeded stream: the other columns are unchanged)")
     args = parser.parse_args()
     table = generate(args.rows, users=args.users, vocabulary_size=args.vocabulary,
-                     zipf_a=args.zipf_a, seed=args.seed)
+                     zipf_a=args.zipf_a, seed=args.seed, value_column=args.value_column)
     write(table, args.output)
     print(f"wrote {table.num_rows} rows to {args.output} ({os.path.getsize(args.output)} bytes)")
 

@@ -529,11 +529,37 @@ def _rehash_keys(table, keys):
 
 
 def _restrict_to(table, keys, selected):
-    chosen = set(selected)
-    rows = [kt in chosen for kt in zip(*[table.column(k).to_pylist() for k in keys])]
-    out = table.filter(pa.array(rows, pa.bool_())) if rows else table
+    """The rows of ``table`` whose key tuple is one of ``selected`` (key tuples, as
+    Python values), with array operations (``public_cells.key_positions``; before issue
+    43 round 5 a Python loop over the rows: a count table holds one row per (key, value)).
+    Keys compare as Python compares them: a float key -0.0 is 0.0 (``key_positions``
+    compares floats bitwise, so both sides are normalised first)."""
+    # heavy: apache_beam (public_cells builds Beam transforms)
+    from thresher.transforms.trees.public_cells import key_positions
+    if not keys:
+        out = table
+    else:
+        floats = [j for j, k in enumerate(keys) if pa.types.is_floating(table.column(k).type)]
+        if floats:
+            table_for_match = table.select(list(keys))
+            for j in floats:
+                table_for_match = table_for_match.set_column(
+                    j, keys[j], _positive_zero(table_for_match.column(j)))
+            selected = [tuple(v + 0.0 if j in floats and v is not None else v
+                              for j, v in enumerate(kt)) for kt in selected]
+        else:
+            table_for_match = table
+        out = table.filter(pa.array(key_positions(table_for_match, list(keys), list(selected))
+                                    >= 0))
     if out.num_rows:
         yield out
+
+
+def _positive_zero(column):
+    """A float column with -0.0 made 0.0 (x + 0.0), as Python's == sees them."""
+    # heavy: pyarrow.compute (here: importing the kind loads no compute module)
+    import pyarrow.compute as pc
+    return pc.add(column, pa.scalar(0.0, column.type))
 
 
 def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None, spill_dir=None):

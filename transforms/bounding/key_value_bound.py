@@ -20,17 +20,114 @@ import pyarrow as pa
 
 from thresher.transforms.randomness import keyed_random, samplers
 from thresher.transforms.plumbing.arrow_coder import TABLE
-from thresher.transforms.bounding.per_user_bound import count_per_key, exact_key_codes
+from thresher.transforms.bounding.per_user_bound import (
+    column_codes, combine_codes, count_per_key)
 from thresher.transforms.bounding.user_shards import USER_COLUMN, user_identity_columns
 
 
-def _first_per_group(groups, priorities):
-    """Index (into the arrays) of the smallest priority in each group."""
-    order = np.lexsort((priorities, groups))
+_RANK_BITS = 24       # a group's rank in _by_group_then_priority's one-word sort keys
+
+
+def _by_group_then_priority(groups, priorities):
+    """``np.lexsort((priorities, groups))`` (uint64 priorities), for ``groups`` sorted:
+    one argsort of one word per row, (the group's rank, the priority's top 40 bits),
+    which orders the rows the same way whenever those words are distinct; when two
+    are equal (one chance in about 2**41 per pair of rows of a group) or there are
+    more than 2**24 groups, the lexsort itself. Exactly lexsort's order either way."""
+    n = len(groups)
+    if n < 2:
+        return np.arange(n)
+    start = np.ones(n, dtype=bool)
+    start[1:] = groups[1:] != groups[:-1]
+    rank = np.cumsum(start, dtype=np.int64) - 1
+    if int(rank[-1]) >= (1 << _RANK_BITS):
+        return np.lexsort((priorities, groups))
+    shift = np.uint64(64 - _RANK_BITS)
+    word = (rank.astype(np.uint64) << shift) | (priorities.astype(np.uint64) >> np.uint64(_RANK_BITS))
+    order = np.argsort(word)
+    ordered = word[order]
+    if (ordered[1:] == ordered[:-1]).any():
+        return np.lexsort((priorities, groups))
+    return order
+
+
+def _first_per_group(groups, priorities, groups_sorted=False):
+    """Index (into the arrays) of the smallest priority in each group (ties: the first),
+    in group order (``groups_sorted``: the groups come sorted, a faster sort applies)."""
+    order = (_by_group_then_priority(groups, priorities) if groups_sorted
+             else np.lexsort((priorities, groups)))
     g = groups[order]
     start = np.ones(len(g), dtype=bool)
     start[1:] = g[1:] != g[:-1]
     return order[start]
+
+
+def _runs(sorted_codes):
+    """(first index of each run of equal codes, run lengths) of a sorted array."""
+    start = np.ones(len(sorted_codes), dtype=bool)
+    start[1:] = sorted_codes[1:] != sorted_codes[:-1]
+    first = np.flatnonzero(start)
+    return first, np.diff(np.append(first, len(sorted_codes)))
+
+
+def _keyed(*sources):
+    """True for a release's keyed draws (a stage source, bound to a table or not): one
+    stream per row, a function of the row's identity alone."""
+    return any(isinstance(s, (keyed_random.StageSource, keyed_random.TableStreams))
+               for s in sources)
+
+
+def _one_value_per_pair(rows, pair, value_rng, texts):
+    """Indices into ``rows`` (one per distinct (user, key, value), sorted by their (user,
+    key) code ``pair``) of the kept value of each (user, key): its smallest value
+    priority, in (user, key) order. ``texts``: exact codes of the (key, value) columns,
+    per row of the table (the draws' text identities are found through them).
+
+    Keyed draws are asked only for the (user, key) groups with two values or more: a
+    row's keyed priority depends on its identity alone (``keyed_random.RowStreams``),
+    and a group of one value keeps it whatever its priority, so skipping those draws
+    changes no choice (the published bytes are those of drawing every row). A seeded test
+    generator is consumed in order, one word per row, as it always was."""
+    if not _keyed(value_rng):
+        prio = samplers.uniform_priorities(value_rng, len(rows))
+        return _first_per_group(pair, prio)
+    first, length = _runs(pair)
+    chosen = first.copy()
+    several = length > 1
+    if several.any():
+        members = np.flatnonzero(np.repeat(several, length))     # rows of those groups
+        prio = samplers.uniform_priorities(
+            keyed_random.rows_of(value_rng, rows[members], "triple", texts), len(members))
+        chosen[several] = members[_first_per_group(pair[members], prio, groups_sorted=True)]
+    return chosen
+
+
+def _first_keys_per_user(rows, user, max_keys, key_rng, texts):
+    """Indices into ``rows`` (one per (user, key), sorted by ``user``) of each user's
+    ``max_keys`` (user, key) rows of smallest key priority. Keyed draws only for the
+    users with more than ``max_keys`` keys (the others keep all theirs, whatever the
+    draws: :func:`_one_value_per_pair`'s argument); a seeded generator as always.
+    ``texts``: exact codes of the key columns, per row of the table."""
+    keyed = _keyed(key_rng)
+    if keyed:
+        first, length = _runs(user)
+        keep = ~np.repeat(length > max_keys, length)
+        members = np.flatnonzero(~keep)
+        if len(members) == 0:
+            return np.arange(len(rows))
+        rows, user = rows[members], user[members]
+    prio = samplers.uniform_priorities(keyed_random.rows_of(key_rng, rows, "pair", texts),
+                                       len(rows))
+    order = _by_group_then_priority(user, prio) if keyed else np.lexsort((prio, user))
+    u = user[order]
+    start = np.ones(len(u), dtype=bool)
+    start[1:] = u[1:] != u[:-1]
+    position = np.arange(len(u))
+    rank_in_user = position - np.maximum.accumulate(np.where(start, position, 0))
+    chosen = order[rank_in_user < max_keys]
+    if keyed:
+        return np.concatenate((np.flatnonzero(keep), members[chosen]))
+    return chosen
 
 
 def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_rng, key_rng):
@@ -41,27 +138,29 @@ def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_
     if table.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
     keys = list(key_columns)
-    triple = exact_key_codes(table, [USER_COLUMN, *keys, value_column])
+    # each column dictionary-encoded once: the codes of (user), (user, key), (user, key,
+    # value) as exact_key_codes gives them, and of (key), (key, value) for the draws'
+    # text identities
+    user = combine_codes(None, *column_codes(table, USER_COLUMN))
+    pair, key = user, None
+    for name in keys:
+        part, width = column_codes(table, name)
+        pair, key = combine_codes(pair, part, width), combine_codes(key, part, width)
+    part, width = column_codes(table, value_column)
+    triple, key_value = combine_codes(pair, part, width), combine_codes(key, part, width)
     _, rows = np.unique(triple, return_index=True)       # one row per distinct (user, key, value)
+    pair_of = pair[rows]               # sorted: a triple's code orders by its pair's first
+    if len(pair_of) > 1 and not (pair_of[1:] >= pair_of[:-1]).all():  # pragma: no cover
+        raise AssertionError("exact key codes lost their prefix order")
     # streams keyed by the user's identity words, never the in-shard grouping code that
     # exact_users may have put in __user (it depends on the other users of the shard)
-    users = (user_identity_columns(table)       # a release's keyed sources
-             if isinstance(value_rng, keyed_random.StageSource)
-             or isinstance(key_rng, keyed_random.StageSource) else [USER_COLUMN])
+    users = user_identity_columns(table) if _keyed(value_rng, key_rng) else [USER_COLUMN]
     value_rng = keyed_random.bind(value_rng, table, triple=[*users, *keys, value_column])
-    prio = samplers.uniform_priorities(keyed_random.rows_of(value_rng, rows, "triple"), len(rows))
-    pair = exact_key_codes(table, [USER_COLUMN, *keys])
-    rows = rows[_first_per_group(pair[rows], prio)]       # one value per (user, key)
+    rows = rows[_one_value_per_pair(rows, pair_of, value_rng, key_value)]
     key_rng = keyed_random.bind(key_rng, table, pair=[*users, *keys])
-    prio = samplers.uniform_priorities(keyed_random.rows_of(key_rng, rows, "pair"), len(rows))
-    user = exact_key_codes(table, [USER_COLUMN])[rows]
-    order = np.lexsort((prio, user))
-    u = user[order]
-    start = np.ones(len(u), dtype=bool)
-    start[1:] = u[1:] != u[:-1]
-    position = np.arange(len(u))
-    rank_in_user = position - np.maximum.accumulate(np.where(start, position, 0))
-    return np.sort(rows[order[rank_in_user < int(max_keys_per_user)]])
+    user_of = user[rows]               # sorted too: a pair's code orders by its user's first
+    kept = _first_keys_per_user(rows, user_of, int(max_keys_per_user), key_rng, key)
+    return np.sort(rows[kept])
 
 
 class _BoundFn(beam.DoFn):

@@ -204,19 +204,36 @@ def exact_key_codes(table, key_columns):
     combined column by column)."""
     codes = None
     for name in key_columns:
-        column = table.column(name)
-        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-        encoded = pc.dictionary_encode(column)
-        part = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        if codes is None:
-            codes = part
-            continue
-        width = len(encoded.dictionary)
-        if int(codes.max(initial=0)) < (np.iinfo(np.int64).max - width) // max(width, 1):
-            codes = codes * width + part
-        else:   # re-number the pairs densely before they could overflow
-            codes = np.unique(np.stack([codes, part]), axis=1, return_inverse=True)[1].ravel()
+        codes = more_key_codes(codes, table, name)
     return codes
+
+
+def more_key_codes(codes, table, name):
+    """The codes of :func:`exact_key_codes` for one more column ``name`` after the
+    columns ``codes`` stand for (None: none yet): ``exact_key_codes(table, [*cols, name])``
+    is ``more_key_codes(exact_key_codes(table, cols), table, name)``, so a caller that
+    needs the codes of a prefix of its columns too encodes each column once. Sorting the
+    result sorts by ``codes`` first (the new column only orders rows of equal ``codes``)."""
+    return combine_codes(codes, *column_codes(table, name))
+
+
+def column_codes(table, name):
+    """(int64 dictionary codes of column ``name``, their number): equal codes exactly
+    where the values are equal (bitwise for floats)."""
+    column = table.column(name)
+    column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    encoded = pc.dictionary_encode(column)
+    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), len(encoded.dictionary)
+
+
+def combine_codes(codes, part, width):
+    """Codes of (``codes``, ``part``) pairs, ``part`` < ``width`` (``codes`` None: ``part``)."""
+    if codes is None:
+        return part
+    if int(codes.max(initial=0)) < (np.iinfo(np.int64).max - width) // max(width, 1):
+        return codes * width + part
+    # re-number the pairs densely (lexicographic order) before they could overflow
+    return np.unique(np.stack([codes, part]), axis=1, return_inverse=True)[1].ravel()
 
 
 def _bytewise_equal(arrow_type):

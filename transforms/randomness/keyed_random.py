@@ -787,18 +787,41 @@ class TableStreams:
             self._words[group] = _identity_words(self._table, self._groups[group])
         return self._words[group]
 
-    def rows(self, index, group):
+    def rows(self, index, group, text_codes=None):
         """A view with one stream per row ``index`` of the table, identified by the
-        group's columns."""
+        group's columns. ``text_codes`` (optional, int64 per row of the table): codes of
+        the group's text columns the caller already has, equal exactly where the
+        columns' values are equal (``pyarrow.compute.dictionary_encode`` codes, combined
+        column by column, as :func:`text_identities` finds them): then only one row per
+        code is read and MACed, and the streams are the same as without them."""
         index = np.asarray(index, dtype=np.int64)
         words, rest = self._user_words(group)
         users = words[index] if words is not None else None
         texts = None
-        if rest:
+        if rest and text_codes is not None:
+            texts = _coded_text_identities(self._keys, group, self._table, rest, index,
+                                           np.asarray(text_codes)[index])
+        elif rest:
             part = self._table.select(rest).take(pa.array(index))
             texts = text_identities(self._keys, group, part, rest,
                                     distinct_rows=group in self._distinct)
         return self._keys.streams(group, users=users, texts=texts).view
+
+
+def _coded_text_identities(keys, group, table, columns, index, codes):
+    """:func:`text_identities` of rows ``index`` of ``table`` whose value combinations
+    in ``columns`` the caller has coded (``codes``, one per row of ``index``): one row
+    per code (any, as :func:`text_identities` takes) encoded and MACed, the identities
+    spread back by code. Hash-based de-duplication, no sort, nothing per row in Python."""
+    if len(index) == 0:
+        return np.zeros((0, 2), dtype=np.uint64)
+    encoded = pc.dictionary_encode(pa.array(codes, pa.int64()))
+    position = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    representative = np.zeros(len(encoded.dictionary), dtype=np.int64)
+    representative[position] = index                  # any row of a combination: one text
+    part = table.select(list(columns)).take(pa.array(representative))
+    distinct = text_identities(keys, group, part, columns, distinct_rows=True)
+    return distinct[position]
 
 
 def stage_source(factory, fallback, stage):
@@ -826,7 +849,8 @@ def bind_users(rng, table, key_columns=(), user_column="__user"):
     return rng.bind(table, user=users, pair=[*users, *key_columns])
 
 
-def rows_of(rng, index, group):
-    """Streams for rows ``index`` of a bound table, or ``rng`` itself (tests' seeded
-    generators, which are consumed in order)."""
-    return rng.rows(index, group) if isinstance(rng, TableStreams) else rng
+def rows_of(rng, index, group, text_codes=None):
+    """Streams for rows ``index`` of a bound table (``text_codes``:
+    :meth:`TableStreams.rows`), or ``rng`` itself (tests' seeded generators, which are
+    consumed in order)."""
+    return rng.rows(index, group, text_codes) if isinstance(rng, TableStreams) else rng

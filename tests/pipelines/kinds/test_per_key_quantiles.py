@@ -350,3 +350,34 @@ def test_select_keys_composes_a_users_keys_by_the_pld_bound(tmp_path, bound):
     else:
         assert (selection["sampling_rate"], selection["threshold"]) == (
             basic.sampling_rate, basic.threshold)
+
+
+def test_restrict_to_selected_keys_is_python_key_equality():
+    """``quantiles._restrict_to`` keeps the rows whose key tuple is selected, as the
+    Python set membership it replaced (issue 43: that loop ran over every (key, value)
+    row of the counts): string and integer keys, two key columns, a float key with
+    -0.0 (Python's 0.0), no keys (every row), nothing selected (no table)."""
+    from thresher.pipelines.kinds import quantiles as q
+
+    def python_rows(table, keys, selected):
+        chosen = set(selected)
+        return [kt in chosen for kt in zip(*[table.column(k).to_pylist() for k in keys])]
+
+    rng = np.random.default_rng(11)
+    n = 500
+    table = pa.table({"k": pa.array(np.char.add("w", rng.integers(0, 30, n).astype(str))
+                                    .astype(object)),
+                      "j": pa.array(rng.integers(0, 4, n)),
+                      "f": pa.array(rng.choice([0.0, -0.0, 1.5, 2.25], n)),
+                      "x": pa.array(rng.random(n))})
+    cases = [(["k"], [(f"w{i}",) for i in range(0, 30, 3)]),
+             (["k", "j"], [(f"w{i}", i % 4) for i in range(30)]),
+             (["f"], [(0.0,), (2.25,)]),
+             (["j", "f"], [(1, -0.0), (3, 1.5)])]
+    for keys, selected in cases:
+        got = list(q._restrict_to(table, keys, selected))
+        want = table.filter(pa.array(python_rows(table, keys, selected)))
+        assert len(got) == 1 and got[0].equals(want), keys
+        assert 0 < want.num_rows < n
+    assert list(q._restrict_to(table, ["k"], [])) == []
+    assert list(q._restrict_to(table, [], [()]))[0].equals(table)

@@ -1,0 +1,145 @@
+"""``transforms.bounding.key_value_bound``: one value per (user, key), at most C keys per
+user, with keyed draws asked only where they can change a choice (issue 43: the per-row
+identities of these draws were half of quantiles' bounding time at 1e7 rows).
+
+The reference below is the kernel as it was before (a priority drawn for every distinct
+(user, key, value) and every kept (user, key)); the kernel must keep exactly its rows
+under the same secret, so the published bytes are unchanged. Deterministic: fixed
+secret, fixed numpy seeds for the tables."""
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from thresher.transforms.bounding import key_value_bound
+from thresher.transforms.bounding.key_value_bound import bound_key_values
+from thresher.transforms.bounding.per_user_bound import exact_key_codes
+from thresher.transforms.bounding.user_shards import USER_COLUMN, exact_users, user_identity_columns
+from thresher.transforms.randomness import keyed_random, samplers
+
+SOURCE = keyed_random.KeyedSource(b"test-only secret: key-value bound kernel")
+
+
+def _sources():
+    return (keyed_random.StageSource(SOURCE, "kv/value"),
+            keyed_random.StageSource(SOURCE, "kv/keys"))
+
+
+def _reference(table, keys, value, c, value_rng, key_rng):
+    """The kernel before issue 43 round 5: every row drawn."""
+    triple = exact_key_codes(table, [USER_COLUMN, *keys, value])
+    _, rows = np.unique(triple, return_index=True)
+    users = user_identity_columns(table)
+    value_rng = keyed_random.bind(value_rng, table, triple=[*users, *keys, value])
+    prio = samplers.uniform_priorities(keyed_random.rows_of(value_rng, rows, "triple"), len(rows))
+    pair = exact_key_codes(table, [USER_COLUMN, *keys])
+    rows = rows[key_value_bound._first_per_group(pair[rows], prio)]
+    key_rng = keyed_random.bind(key_rng, table, pair=[*users, *keys])
+    prio = samplers.uniform_priorities(keyed_random.rows_of(key_rng, rows, "pair"), len(rows))
+    user = exact_key_codes(table, [USER_COLUMN])[rows]
+    order = np.lexsort((prio, user))
+    u = user[order]
+    start = np.r_[True, u[1:] != u[:-1]]
+    position = np.arange(len(u))
+    rank = position - np.maximum.accumulate(np.where(start, position, 0))
+    return np.sort(rows[order[rank < c]])
+
+
+def _table(seed, two_keys=False):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 2500))
+    users = int(rng.integers(1, 150))
+    u = rng.integers(0, users, n)
+    cols = {"__user": pa.array(u.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)),
+            "__user_lo": pa.array((u % 5).astype(np.uint64)),
+            "__key": pa.array(np.zeros(n, np.uint64)),
+            "k": pa.array(np.char.add("k", rng.integers(0, int(rng.integers(1, 25)), n)
+                                      .astype(str)).astype(object)),
+            "x": pa.array(rng.integers(0, int(rng.integers(1, 6)), n) / 4.0)}
+    if two_keys:
+        cols["k2"] = pa.array(rng.integers(0, 3, n))
+    return exact_users(pa.table(cols))
+
+
+@pytest.mark.parametrize("two_keys", [False, True])
+def test_keeps_exactly_the_rows_of_drawing_every_row(two_keys):
+    """60 random tables (users with one to many keys, keys with one to several values,
+    bounds 1..9): the kept rows are those of the reference, index for index."""
+    keys = ["k", "k2"] if two_keys else ["k"]
+    for seed in range(60):
+        table = _table(seed, two_keys)
+        c = 1 + seed % 9
+        got = bound_key_values(table, keys, "x", c, *_sources())
+        assert np.array_equal(got, _reference(table, keys, "x", c, *_sources())), seed
+
+
+def test_draws_only_where_a_choice_is_made(monkeypatch):
+    """Value draws only for the (user, key) groups with two values or more; key draws
+    only for the users with more than C keys. (Before, every distinct (user, key, value)
+    and every kept (user, key) was drawn: this fails on that kernel.)"""
+    asked = {"triple": 0, "pair": 0}
+    rows = keyed_random.TableStreams.rows
+
+    def counting(self, index, group, *codes):
+        asked[group] += len(index)
+        return rows(self, index, group, *codes)
+    monkeypatch.setattr(keyed_random.TableStreams, "rows", counting)
+    # user 1: key a with values 1, 2 (a choice), key b with value 1 (none); keys a..c
+    # under C = 3 (no choice). user 2: keys a..e, one value each, C = 3 (a choice).
+    spec = [(1, "a", 1.0), (1, "a", 2.0), (1, "a", 2.0), (1, "b", 1.0), (1, "c", 3.0)]
+    spec += [(2, k, 5.0) for k in "abcde"] + [(2, "a", 5.0)]
+    u, k, x = zip(*spec)
+    table = exact_users(pa.table({
+        "__user": pa.array(np.array(u, np.uint64)), "__user_lo": pa.array(np.zeros(len(u), np.uint64)),
+        "__key": pa.array(np.zeros(len(u), np.uint64)), "k": list(k), "x": list(x)}))
+    kept = table.take(pa.array(bound_key_values(table, ["k"], "x", 3, *_sources())))
+    assert asked == {"triple": 2, "pair": 5}     # user 1's two values of a; user 2's keys
+    pairs = sorted(zip(kept.column("__user_hi").to_pylist() if "__user_hi" in kept.column_names
+                       else kept.column("__user").to_pylist(), kept.column("k").to_pylist()))
+    assert [p for p in pairs if p[0] == 1] == [(1, "a"), (1, "b"), (1, "c")]
+    assert len([p for p in pairs if p[0] == 2]) == 3
+
+
+def test_seeded_generators_are_consumed_as_before():
+    """Tests' seeded generators draw one word per row in the old order (every row), so
+    seeded results elsewhere in the suite stay as they were."""
+    for seed in range(10):
+        table = _table(100 + seed)
+        got = bound_key_values(table, ["k"], "x", 2, np.random.default_rng(seed),
+                               np.random.default_rng(seed + 1))
+        want = _reference_seeded(table, ["k"], "x", 2, np.random.default_rng(seed),
+                                 np.random.default_rng(seed + 1))
+        assert np.array_equal(got, want), seed
+
+
+def _reference_seeded(table, keys, value, c, value_rng, key_rng):
+    triple = exact_key_codes(table, [USER_COLUMN, *keys, value])
+    _, rows = np.unique(triple, return_index=True)
+    prio = samplers.uniform_priorities(value_rng, len(rows))
+    pair = exact_key_codes(table, [USER_COLUMN, *keys])
+    rows = rows[key_value_bound._first_per_group(pair[rows], prio)]
+    prio = samplers.uniform_priorities(key_rng, len(rows))
+    user = exact_key_codes(table, [USER_COLUMN])[rows]
+    order = np.lexsort((prio, user))
+    u = user[order]
+    start = np.r_[True, u[1:] != u[:-1]]
+    position = np.arange(len(u))
+    rank = position - np.maximum.accumulate(np.where(start, position, 0))
+    return np.sort(rows[order[rank < c]])
+
+
+def test_one_word_group_sort_is_lexsorts_order_ties_included():
+    """``_by_group_then_priority`` (sorted groups) orders rows exactly as
+    ``np.lexsort((priorities, groups))``: random priorities, priorities equal in their
+    top 40 bits (the one-word keys tie: the lexsort is used), and fully equal priorities
+    (lexsort's stable order)."""
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        n = int(rng.integers(2, 4000))
+        groups = np.sort(rng.integers(0, int(rng.integers(1, 300)), n)).astype(np.int64)
+        prio = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
+        if trial % 3 == 1:      # ties in the top 40 bits, different low bits
+            prio = (prio & np.uint64(0xFFFF_0000_0000_0000)) | rng.integers(0, 2**20, n).astype(np.uint64)
+        if trial % 3 == 2:      # equal priorities
+            prio = rng.integers(0, 3, n).astype(np.uint64)
+        want = np.lexsort((prio, groups))
+        assert np.array_equal(key_value_bound._by_group_then_priority(groups, prio), want), trial

@@ -27,7 +27,7 @@ from thresher.transforms.randomness import keyed_random, samplers
 from thresher.transforms.plumbing.arrow_coder import TABLE
 from thresher.transforms.randomness.hashing import mix64
 from thresher.transforms.bounding.user_shards import (
-    KEY_HASH_COLUMN, USER_COLUMN, order_by_user, user_order_of)
+    KEY_HASH_COLUMN, USER_COLUMN, order_by_user)
 
 
 def _runs(sorted_values):
@@ -400,14 +400,12 @@ def bound_table_l0(table, key_columns, max_keys_per_user, rng):
     other key types) does the table-wide :func:`key_hash_is_exact` decide. Both lead to
     the same kept rows: a table whose hash ties different keys of different users only
     holds no colliding user, and :func:`l0_pair_ranks_per_user` then ranks every user by
-    :func:`l0_ranks`. The shard's by-user sort is the one ``user_shards._concat_shard``
-    made (``user_shards.user_order_of``), when this is that table."""
+    :func:`l0_ranks`."""
     if table.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
     users = table.column(USER_COLUMN).to_numpy()
     ranks = l0_ranks(users, table.column(KEY_HASH_COLUMN).to_numpy(),
-                     keyed_random.bind_users(rng, table, key_columns),
-                     by_user=user_order_of(table))
+                     keyed_random.bind_users(rng, table, key_columns))
     if (key_hash_known_exact(table, key_columns)
             or hash_exact_per_user(table, key_columns, ranks)
             or key_hash_is_exact(table, key_columns)):

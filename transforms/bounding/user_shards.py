@@ -22,9 +22,7 @@ Rows travel as Arrow batches, never one Python object per row: batches (coalesce
 ``COALESCE_ROWS`` rows) are split into ``num_shards`` pieces with one radix argsort, and a
 GroupByKey on the shard id gathers them.
 """
-import threading
 import typing
-import weakref
 
 import apache_beam as beam
 import numpy as np
@@ -191,30 +189,6 @@ def exact_users_with_order(table):
     return table.add_column(position + 1, USER_HIGH_COLUMN, high), None
 
 
-# The UserOrder of the last shard _concat_shard yielded in this thread, kept for the
-# consumer fused after it (the bounding's DoFn receives the same table object): a
-# weak reference to the table and its order. A table that is not that object (a
-# consumer in another stage, a decoded copy) finds nothing and sorts it again.
-_LAST_ORDER = threading.local()
-
-
-def remember_user_order(table, user_order):
-    """Keep ``user_order`` (a :class:`UserOrder` of ``table``'s ``__user``) for
-    :func:`user_order_of` (one table per thread: the last one)."""
-    _LAST_ORDER.value = (weakref.ref(table), user_order) if user_order is not None else None
-
-
-def user_order_of(table):
-    """The :class:`UserOrder` :func:`remember_user_order` kept for this very table
-    object, or None. It is handed out once (then forgotten: its arrays do not outlive
-    the consumer's use of them)."""
-    entry = getattr(_LAST_ORDER, "value", None)
-    if entry is None or entry[0]() is not table:
-        return None
-    _LAST_ORDER.value = None
-    return entry[1]
-
-
 # The most rows of one user that a consumer of whole users accepts, where its kernels
 # hold all of them in one element (pipelines.running.release names the setting that makes it so:
 # an automatic bound, l1, adaptive rounds, aggregates): ~500 bytes a row in the automatic
@@ -291,10 +265,9 @@ def _concat_shard(shard_and_tables, key_columns=None, after=None, max_user_rows=
     tables = [spill.read_piece(t) if isinstance(t, str) else t for t in tables]
     table = concat(tables)
     if table is not None:
-        table, user_order = exact_users_with_order(table)
+        table = exact_users(table)
         if key_columns is not None and KEY_HASH_COLUMN not in table.column_names:
-            table = with_key_hash(table, key_columns)   # __user as it was: the order holds
-        remember_user_order(table, user_order)
+            table = with_key_hash(table, key_columns)
         yield table
 
 

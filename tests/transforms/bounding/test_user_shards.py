@@ -51,11 +51,10 @@ def test_many_shards_and_empty_shards():
     assert [s for s, _ in pieces] == [4999] and pieces[0][1].num_rows == 100
 
 
-def test_a_concatenated_shard_hands_its_user_order_to_the_bounding():
-    """_concat_shard's sort by user (exact_users' check) is kept for the table it yields
-    (issue 43: the bounding's l0_ranks does not sort the shard by user again): the kept
-    order is order_by_user of the table's __user, the bounding keeps the same rows with
-    and without it, and another table object (a copy) finds none."""
+def test_exact_users_hands_its_user_order_to_l0_ranks():
+    """exact_users_with_order's sort by user (its collision check) is order_by_user of
+    the table's __user, and l0_ranks gives the same ranks with it as without it (issue 43:
+    the pre-reduction does not sort a table by user twice)."""
     from thresher.pipelines.dataio.io import prepare_batch
     from thresher.transforms.bounding import per_user_bound, user_shards
     from thresher.transforms.randomness import keyed_random
@@ -64,21 +63,12 @@ def test_a_concatenated_shard_hands_its_user_order_to_the_bounding():
     raw = pa.table({"user": [f"u{i}" for i in rng.integers(0, 300, 4000)],
                     "word": [f"w{i}" for i in rng.integers(0, 900, 4000)]})
     prepared, _ = prepare_batch(raw, "user", ["word"], identity_key=TEST_KEY)
-    pieces = [prepared.slice(0, 1500), prepared.slice(1500)]
-    (table,) = list(user_shards._concat_shard((0, pieces), key_columns=("word",)))
-    assert user_shards.user_order_of(pa.Table.from_batches(table.to_batches())) is None
-    kept = user_shards.user_order_of(table)
+    table, kept = user_shards.exact_users_with_order(prepared)
     users = table.column("__user").to_numpy()
     assert kept is not None
-    assert user_shards.user_order_of(table) is None          # handed out once
     np.testing.assert_array_equal(kept.order, user_shards.order_by_user(users))
     np.testing.assert_array_equal(kept.sorted_users, users[kept.order])
     source = keyed_random.StageSource(keyed_random.KeyedSource(bytes(range(32))), "S/Bound")
-    user_shards.remember_user_order(table, kept)
-    with_order = per_user_bound.bound_table_l0(table, ["word"], 3, source)
-    assert user_shards.user_order_of(table) is None          # the bounding took it
-    without = per_user_bound.bound_table_l0(table, ["word"], 3, source)
-    np.testing.assert_array_equal(with_order, without)
     ranks = per_user_bound.l0_ranks(users, table.column("__key").to_numpy(),
                                     keyed_random.bind_users(source, table, ["word"]), by_user=kept)
     again = per_user_bound.l0_ranks(users, table.column("__key").to_numpy(),

@@ -56,6 +56,7 @@ _COUNT = [0, 0, 0]     # shards concatenated, spilled pieces they read, key-hash
 _CONCAT = user_shards._concat_shard
 _CONCAT_ONCE_CHECKED = adaptive_rounds.concat_shard
 _KEY_HASH_IS_EXACT = per_user_bound.key_hash_is_exact
+_HASH_EXACT_PER_USER = per_user_bound.hash_exact_per_user
 
 
 def _counted(shard_and_tables):
@@ -79,14 +80,24 @@ def _counting_check(table, key_columns):
     return _KEY_HASH_IS_EXACT(table, key_columns)
 
 
+def _counting_check_per_user(table, key_columns, ranks, rows=None):
+    """The bound's first check (on its ranking): one check of the shard where it decides;
+    where it does not, the table-wide check it falls back to is the one counted."""
+    exact = _HASH_EXACT_PER_USER(table, key_columns, ranks, rows=rows)
+    _COUNT[2] += bool(exact)
+    return exact
+
+
 @pytest.fixture
 def shards_read(monkeypatch):
-    """[user shards concatenated, spilled pieces they read, key-hash checks] (the
-    in-process runner runs them in this process)."""
+    """[user shards concatenated, spilled pieces they read, key-hash checks (the bound's
+    per-user check where it decides, else the table-wide one)] (the in-process runner
+    runs them in this process)."""
     _COUNT[:] = [0, 0, 0]
     monkeypatch.setattr(user_shards, "_concat_shard", _counting_concat)
     monkeypatch.setattr(adaptive_rounds, "concat_shard", _counting_concat_once_checked)
     monkeypatch.setattr(per_user_bound, "key_hash_is_exact", _counting_check)
+    monkeypatch.setattr(per_user_bound, "hash_exact_per_user", _counting_check_per_user)
     monkeypatch.setattr(adaptive_rounds, "key_hash_is_exact", _counting_check)
     return _COUNT
 

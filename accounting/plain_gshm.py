@@ -266,12 +266,8 @@ def delta_upper(epsilon, sigma, threshold_gap, max_keys_per_user):
             return 1.0
         worst = -math.expm1(c * lb) * (1.0 + 4.0 * U)
         for a_eq in range(c):
-            a_plus = c - a_eq
             x = a_eq * lb * (1.0 + 4.0 * U)        # <= a_eq ln beta (both <= 0)
-            d2 = shift_delta_upper(_lower_e(eps - x), sigma, a_plus, budget)
-            term2 = (-math.expm1(x) + math.exp(x) * d2) * (1.0 + 4.0 * U)
-            d3 = shift_delta_upper(_lower_e(eps + x), sigma, a_plus, budget)
-            worst = max(worst, term2, d3)
+            worst = max(worst, *_terms(eps, sigma, c, a_eq, x, budget))
         return min(1.0, worst * (1.0 + 4.0 * U))
     except _TooLarge:
         return None

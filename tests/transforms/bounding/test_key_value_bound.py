@@ -35,13 +35,7 @@ def _reference(table, keys, value, c, value_rng, key_rng):
     rows = rows[key_value_bound._first_per_group(pair[rows], prio)]
     key_rng = keyed_random.bind(key_rng, table, pair=[*users, *keys])
     prio = samplers.uniform_priorities(keyed_random.rows_of(key_rng, rows, "pair"), len(rows))
-    user = exact_key_codes(table, [USER_COLUMN])[rows]
-    order = np.lexsort((prio, user))
-    u = user[order]
-    start = np.r_[True, u[1:] != u[:-1]]
-    position = np.arange(len(u))
-    rank = position - np.maximum.accumulate(np.where(start, position, 0))
-    return np.sort(rows[order[rank < c]])
+    return _first_c_per_user(table, rows, prio, c)
 
 
 def _table(seed, two_keys=False):
@@ -118,6 +112,12 @@ def _reference_seeded(table, keys, value, c, value_rng, key_rng):
     pair = exact_key_codes(table, [USER_COLUMN, *keys])
     rows = rows[key_value_bound._first_per_group(pair[rows], prio)]
     prio = samplers.uniform_priorities(key_rng, len(rows))
+    return _first_c_per_user(table, rows, prio, c)
+
+
+def _first_c_per_user(table, rows, prio, c):
+    """The oracles' last step: of ``rows`` (one per (user, key)), each user's ``c`` of
+    lowest priority, by one lexsort and a rank within the user."""
     user = exact_key_codes(table, [USER_COLUMN])[rows]
     order = np.lexsort((prio, user))
     u = user[order]

@@ -27,13 +27,12 @@ import re
 import signal
 import sys
 import threading
-import time
 
 from thresher.pipelines import __version__
 
 from thresher.pipelines.reports import look, summary
 from thresher.pipelines.reports.look import FORMATS, _discard_stdout, positive_rows
-from thresher.pipelines.running import process, signals
+from thresher.pipelines.running import process, run_workers, signals
 from thresher.pipelines.errors import SpecError, ThresherError
 
 EXIT_USAGE = 2
@@ -283,7 +282,8 @@ def _main(argv, interrupted, outcome):
     outcome[0] = _unwritten(args)
     _configure_logging(args.debug, getattr(args, "quiet", False))
     process.prepare(args.command)
-    restore = signals.install(_stop_children) if args.command == "run" else (lambda: None)
+    restore = signals.install(run_workers.stop) if args.command == "run" else (lambda: None)
+    unmark = run_workers.mark() if args.command == "run" else (lambda: None)
     saved_excepthook = threading.excepthook
     if not args.debug:
         # Beam's worker-watching threads raise when a worker dies (Ctrl-C, a crash) and
@@ -330,6 +330,7 @@ def _main(argv, interrupted, outcome):
     finally:
         process.finish()                # the calibration cache is on for this command only
         restore()
+        unmark()
         threading.excepthook = saved_excepthook
 
 
@@ -353,7 +354,7 @@ EXIT_INTERRUPTED = 130
 
 
 def _terminated():
-    _stop_children()              # multi-processing workers stop with us
+    run_workers.stop()           # multi-processing workers stop with us
     print("thresher: terminated (SIGTERM); nothing was published", file=sys.stderr)
     return EXIT_TERMINATED
 
@@ -363,7 +364,7 @@ def _interrupted(signalled=(), unwritten="nothing was published"):
     already been discarded (release.run cleans up on any exception), and Beam's threads
     that watch the stopped workers would otherwise keep the interpreter alive or print
     their failures while it shuts down."""
-    _stop_children()
+    run_workers.stop()
     print(f"thresher: interrupted{'; ' + unwritten if unwritten else ''}", file=sys.stderr)
     if signalled:
         for stream in (sys.stdout, sys.stderr):
@@ -373,83 +374,6 @@ def _interrupted(signalled=(), unwritten="nothing was published"):
                 pass
         os._exit(EXIT_INTERRUPTED)
     return EXIT_INTERRUPTED
-
-
-def _children(pid):
-    """Child process ids of ``pid`` (Linux /proc; empty elsewhere)."""
-    out = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as handle:
-                out.extend(int(c) for c in handle.read().split())
-        except OSError:
-            continue
-    return out
-
-
-def _our_beam_workers():
-    """Beam SDK workers in this process group (a worker whose ``sh -c`` parent died on a
-    terminal's Ctrl-C is no longer our descendant, but it is still in our group)."""
-    out = []
-    group = os.getpgrp()
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return out
-    for pid in pids:
-        if pid == os.getpid():
-            continue
-        try:
-            if os.getpgid(pid) != group:
-                continue
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                if b"apache_beam.runners.worker.sdk_worker_main" in handle.read():
-                    out.append(pid)
-        except OSError:
-            continue
-    return out
-
-
-def _stop_children():
-    """Stop the worker processes this run started (Beam's multi-processing workers, which
-    would otherwise keep running, and keep this process alive, after an interrupt): each
-    descendant, and each Beam worker of this process group, by its process id."""
-    pending, found = [os.getpid()], []
-    while pending:
-        kids = _children(pending.pop())
-        found.extend(kids)
-        pending.extend(kids)
-    found = list(dict.fromkeys(reversed(found + _our_beam_workers())))
-    for pid in found:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
-    deadline = time.time() + 2.0
-    while found and time.time() < deadline:
-        found = [pid for pid in found if _alive(pid)]
-        time.sleep(0.05)
-    for pid in found:     # a worker stuck in its own interrupt handling
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def _alive(pid):
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
-            return handle.read().split(") ")[-1][:1] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def _caused_by_interrupt(exc):
@@ -473,7 +397,7 @@ def _watch_sigint(interrupted):
         signals.note_interrupt()      # a swallowed KeyboardInterrupt still stops the release
         # Stop the worker processes first: Beam's clean-up, which the KeyboardInterrupt
         # runs through, joins them, and a worker that got no signal never exits.
-        _stop_children()
+        run_workers.stop()
         raise KeyboardInterrupt
 
     try:

@@ -47,6 +47,7 @@ The key-cardinality data keep the user column of the main data set and replace t
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -1001,8 +1002,17 @@ def main(argv=None):
     args.key_rows = args.key_rows or args.rows
     args.data_dir = os.path.abspath(args.data_dir)
     os.makedirs(args.data_dir, exist_ok=True)
-    work = os.path.join(args.data_dir, "work")
-    os.makedirs(os.path.join(work, "out"), exist_ok=True)
+    # a work folder of this run's own: two benchmarks on one --data-dir never share an
+    # output path or its lock
+    work = tempfile.mkdtemp(prefix="work-", dir=args.data_dir)
+    os.makedirs(os.path.join(work, "out"))
+    try:
+        return _tables(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _tables(args, work):
     only = set((args.only or ("compare" if args.compare else
                               "main,peer,scaling,keys,startup,large")).split(","))
     print(f"# thresher bench_release: {os.cpu_count()} cores, load {os.getloadavg()}, "

@@ -248,6 +248,8 @@ def key_positions(table, keys, key_list):
     if not keys:
         return np.zeros(n, np.int64) if len(key_list) else np.full(n, -1, np.int64)
     m = len(key_list)
+    if len(keys) == 1:
+        return _one_column_positions(table.column(keys[0]).combine_chunks(), key_list)
     row_code = np.zeros(n, np.int64)
     list_code = np.zeros(m, np.int64)
     missing = np.zeros(n, bool)
@@ -268,6 +270,21 @@ def key_positions(table, keys, key_list):
     if m:
         found &= sorted_codes[at] == row_code
     return np.where(found, order[at] if m else -1, -1).astype(np.int64)
+
+
+def _one_column_positions(column, key_list):
+    """:func:`key_positions` of one key column without the combining sort: a row's code
+    into the listed values' distinct values gives the first listed position of its value
+    (the position the combined codes' stable search finds), -1 where absent."""
+    m = len(key_list)
+    if m == 0:
+        return np.full(len(column), -1, np.int64)
+    listed = pa.array([kt[0] for kt in key_list], type=column.type)
+    distinct = listed.unique()
+    rc, lc = _codes(column, distinct), _codes(listed, distinct)
+    first = np.full(len(distinct), m, np.int64)
+    np.minimum.at(first, lc, np.arange(m, dtype=np.int64))
+    return np.where(rc >= 0, first[np.maximum(rc, 0)], -1).astype(np.int64)
 
 
 def dense_levels(released, keys, key_list, *, branching, levels):

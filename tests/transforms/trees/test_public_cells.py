@@ -285,3 +285,25 @@ def test_direct_cells_over_many_chunks_and_the_refused_cases(monkeypatch):
                (["__w"], pa.table({"__w": pa.array(["a", "b"])}))]
     for keys, t in refused:
         assert not public_cells._direct_cells(t, keys, public_cells.key_tuples(t, keys))
+
+
+@pytest.mark.parametrize("arrow_type", [pa.string(), pa.int64(), pa.float64()])
+def test_one_key_column_positions_are_the_combined_codes_positions(arrow_type):
+    """key_positions of one key column (no combining sort) against the combining path it
+    skips (the same column listed twice: a two-column key of equal halves), on keys with
+    nulls, values not listed, a value listed twice (the first position) and -0.0."""
+    rng = np.random.default_rng(17)
+    for trial in range(20):
+        pool = [None, 0, 1, 2, 3, 5, 8, 13, 21, 34]
+        values = [pool[i] for i in rng.integers(0, len(pool), 300)]
+        listed = [pool[i] for i in rng.integers(0, len(pool), int(rng.integers(0, 8)))]
+        cast = (lambda v: None if v is None else str(v)) if arrow_type == pa.string() else (
+            (lambda v: None if v is None else float(v)) if arrow_type == pa.float64() else
+            (lambda v: v))
+        values, listed = [cast(v) for v in values], [cast(v) for v in listed]
+        if arrow_type == pa.float64() and trial % 2:
+            values = [-0.0 if v == 0.0 else v for v in values]
+        table = pa.table({"a": pa.array(values, arrow_type), "b": pa.array(values, arrow_type)})
+        one = public_cells.key_positions(table, ["a"], [(v,) for v in listed])
+        two = public_cells.key_positions(table, ["a", "b"], [(v, v) for v in listed])
+        assert one.tolist() == two.tolist()

@@ -25,6 +25,7 @@ from thresher.transforms.bounding.per_user_bound import (
 from thresher.transforms.bounding.user_shards import USER_COLUMN, user_identity_columns
 
 
+_NEGATIVE_ZERO = np.uint64(1 << 63)   # the bits of -0.0
 _RANK_BITS = 24       # a group's rank in _by_group_then_priority's one-word sort keys
 
 
@@ -130,6 +131,51 @@ def _first_keys_per_user(rows, user, max_keys, key_rng, texts):
     return chosen
 
 
+def _value_codes(table, name):
+    """``column_codes(table, name)`` up to a renumbering: (int64 codes equal exactly where
+    the values are equal, their number). A null-free integer column, or float64 column
+    without NaN or -0.0, is ranked by one value sort of its bits (equal bits, equal value,
+    as Arrow's dictionary encoding of doubles, which is bitwise), cheaper than the hash
+    pass; any other column goes through ``column_codes``. Distinct values there have
+    distinct identity texts, so their keyed draws do not tie. The codes only
+    group rows, so which number a value gets changes no keyed choice (a keyed draw
+    depends on its row's identity alone; ``bound_key_values``)."""
+    column = table.column(name)
+    t = column.type
+    if column.null_count or not (pa.types.is_float64(t) or pa.types.is_int64(t)
+                                 or pa.types.is_uint64(t)):
+        return column_codes(table, name)
+    bits = column.to_numpy().view(np.uint64)
+    if len(bits) == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    if pa.types.is_float64(t) and (np.isnan(bits.view(np.float64)).any()
+                                   or (bits == _NEGATIVE_ZERO).any()):
+        # -0.0 and 0.0 (NaNs of any payload) are two codes but one identity text
+        # (hashing.canonical_text), so their draws tie and the codes' order breaks the
+        # tie: keep the hash pass's numbering there
+        return column_codes(table, name)
+    order = np.argsort(bits)
+    ordered = bits[order]
+    new = np.ones(len(bits), dtype=bool)
+    new[1:] = ordered[1:] != ordered[:-1]
+    codes = np.empty(len(bits), dtype=np.int64)
+    codes[order] = np.cumsum(new) - 1
+    return codes, int(codes[order[-1]]) + 1
+
+
+def _first_of_each(codes):
+    """``np.unique(codes, return_index=True)[1]``: the index of the first occurrence of
+    each distinct code, in code order -- from one unstable sort (the first occurrence of
+    a code is the smallest index among its run), not unique's stable one."""
+    if len(codes) == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(codes)
+    ordered = codes[order]
+    start = np.ones(len(codes), dtype=bool)
+    start[1:] = ordered[1:] != ordered[:-1]
+    return np.minimum.reduceat(order, np.flatnonzero(start)).astype(np.int64)
+
+
 def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_rng, key_rng):
     """Row indices of a user-sharded table kept: one row per kept (user, key) holding a
     uniformly drawn value of that user for that key, at most ``max_keys_per_user`` keys
@@ -146,9 +192,12 @@ def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_
     for name in keys:
         part, width = column_codes(table, name)
         pair, key = combine_codes(pair, part, width), combine_codes(key, part, width)
-    part, width = column_codes(table, value_column)
+    # keyed draws depend on each row's identity alone, so the codes' numbering is free;
+    # a seeded test generator is consumed in the order of the hash codes, as always
+    part, width = (_value_codes(table, value_column) if _keyed(value_rng, key_rng)
+                   else column_codes(table, value_column))
     triple, key_value = combine_codes(pair, part, width), combine_codes(key, part, width)
-    _, rows = np.unique(triple, return_index=True)       # one row per distinct (user, key, value)
+    rows = _first_of_each(triple)       # one row per distinct (user, key, value)
     pair_of = pair[rows]               # sorted: a triple's code orders by its pair's first
     if len(pair_of) > 1 and not (pair_of[1:] >= pair_of[:-1]).all():  # pragma: no cover
         raise AssertionError("exact key codes lost their prefix order")

@@ -22,7 +22,8 @@ from thresher.transforms.randomness import keyed_random, samplers
 from thresher.transforms.plumbing.arrow_coder import TABLE
 from thresher.transforms.bounding.per_user_bound import (
     column_codes, combine_codes, count_per_key)
-from thresher.transforms.bounding.user_shards import USER_COLUMN, user_identity_columns
+from thresher.transforms.bounding.user_shards import (
+    KEY_HASH_COLUMN, USER_COLUMN, user_identity_columns)
 
 
 _NEGATIVE_ZERO = np.uint64(1 << 63)   # the bits of -0.0
@@ -181,8 +182,16 @@ def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_
     uniformly drawn value of that user for that key, at most ``max_keys_per_user`` keys
     per user. ``value_rng`` / ``key_rng``: two independent sources (keyed stage sources
     in a release; seeded generators in tests)."""
+    return _bound_with_codes(table, key_columns, value_column, max_keys_per_user,
+                             value_rng, key_rng)[0]
+
+
+def _bound_with_codes(table, key_columns, value_column, max_keys_per_user, value_rng,
+                      key_rng):
+    """:func:`bound_key_values`' rows, and the exact codes of (key columns, value) per
+    row of the table that it computed on the way (None for an empty table)."""
     if table.num_rows == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64), None
     keys = list(key_columns)
     # each column dictionary-encoded once: the codes of (user), (user, key), (user, key,
     # value) as exact_key_codes gives them, and of (key), (key, value) for the draws'
@@ -209,7 +218,28 @@ def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_
     key_rng = keyed_random.bind(key_rng, table, pair=[*users, *keys])
     user_of = user[rows]               # sorted too: a pair's code orders by its user's first
     kept = _first_keys_per_user(rows, user_of, int(max_keys_per_user), key_rng, key)
-    return np.sort(rows[kept])
+    return np.sort(rows[kept]), key_value
+
+
+def counts_of_kept(table, kept, key_value, columns):
+    """``count_per_key(table.take(kept), columns)`` (``columns``: the key columns and the
+    value) up to the order of its rows, from the exact (key, value) codes of the rows
+    (``key_value``): one sort of the kept rows' codes, a row per run and its length. The
+    group of ``count_per_key`` is (key, value, ``__key``); where ``__key`` is not one
+    per (key, value) (it is their hash in a release) that group_by itself is used."""
+    codes = key_value[kept]
+    order = np.argsort(codes)
+    ordered = codes[order]
+    start = np.ones(len(order), dtype=bool)
+    start[1:] = ordered[1:] != ordered[:-1]
+    hashes = table.column(KEY_HASH_COLUMN).to_numpy()[kept][order]
+    if (hashes[1:] != hashes[:-1])[~start[1:]].any():
+        return count_per_key(table.take(pa.array(kept)), columns)
+    first = np.flatnonzero(start)
+    runs = np.diff(np.append(first, len(order)))
+    rows = kept[order[first]]
+    out = table.select([*columns, KEY_HASH_COLUMN]).take(pa.array(rows))
+    return out.append_column("count", pa.array(runs.astype(np.int64))).combine_chunks()
 
 
 class _BoundFn(beam.DoFn):
@@ -226,10 +256,11 @@ class _BoundFn(beam.DoFn):
     def process(self, table):
         value_rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage + "/value")
         key_rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage + "/keys")
-        kept = bound_key_values(table, self._keys, self._column, self._bound, value_rng, key_rng)
+        kept, key_value = _bound_with_codes(table, self._keys, self._column, self._bound,
+                                            value_rng, key_rng)
         beam.metrics.Metrics.counter("thresher_not_private", "contributions_kept").inc(len(kept))
         if len(kept):
-            yield count_per_key(table.take(pa.array(kept)), (*self._keys, self._column))
+            yield counts_of_kept(table, kept, key_value, (*self._keys, self._column))
 
 
 class BoundKeyValues(beam.PTransform):

@@ -199,3 +199,30 @@ def test_value_codes_and_first_rows_match_the_hash_pass_and_unique():
         codes = rng.integers(0, int(rng.integers(1, 50)), n) * 977
         assert np.array_equal(key_value_bound._first_of_each(codes),
                               np.unique(codes, return_index=True)[1])
+
+
+def _sorted_rows(table):
+    return table.sort_by([(name, "ascending") for name in table.column_names])
+
+
+@pytest.mark.parametrize("two_keys", [False, True])
+def test_counts_of_kept_are_count_per_key_up_to_row_order(two_keys):
+    """The shard's (key, value) counts from the kernel's own codes: the rows of
+    count_per_key (key columns, value, __key, count; same types), in another order; and
+    count_per_key itself where __key is not one per (key, value)."""
+    from thresher.transforms.bounding.per_user_bound import count_per_key
+    keys = ["k", "k2"] if two_keys else ["k"]
+    for seed in range(30):
+        table = _table(seed, two_keys)
+        rng = np.random.default_rng(seed)
+        hashes = exact_key_codes(table, [*keys, "x"]).astype(np.uint64) * np.uint64(7919)
+        if seed % 3 == 0:         # a __key that splits some (key, value) groups
+            hashes = hashes + rng.integers(0, 2, table.num_rows).astype(np.uint64)
+        table = table.set_column(table.schema.get_field_index("__key"), "__key", pa.array(hashes))
+        kept, key_value = key_value_bound._bound_with_codes(table, keys, "x", 1 + seed % 5,
+                                                            *_sources())
+        assert np.array_equal(kept, bound_key_values(table, keys, "x", 1 + seed % 5, *_sources()))
+        got = key_value_bound.counts_of_kept(table, kept, key_value, (*keys, "x"))
+        want = count_per_key(table.take(pa.array(kept)), (*keys, "x"))
+        assert got.schema == want.schema
+        assert _sorted_rows(got).equals(_sorted_rows(want)), seed

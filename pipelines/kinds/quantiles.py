@@ -718,11 +718,14 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
     keys = list(spec.input.keys)
     column = mech["column"]
     bound = spec.bounding.max_keys_per_user
-    counts = (users
-              | "BoundKeyValues" >> BoundKeyValues(
-                  keys, column, bound, rng_factory=child(rng_factory, "BoundKeyValues"))
-              | "SumCountsPerValue" >> SumCountsPerKey(keys + [column], num_shards)
-              | "Numeric" >> beam.Map(_numeric, column))
+    # each shard's counts are made numeric (every value checked, InputError as before)
+    # and restricted to the selected keys before they are summed: the sums of the
+    # selected keys' (key, value) counts are the same, and only they are shuffled (issue
+    # 43: the rows of keys that get no quantiles were most of that shuffle)
+    bounded = (users
+               | "BoundKeyValues" >> BoundKeyValues(
+                   keys, column, bound, rng_factory=child(rng_factory, "BoundKeyValues"))
+               | "Numeric" >> beam.Map(_numeric, column))
     if "key_selection" in params:
         key_table = (users
                      | "HashKeysOnly" >> beam.Map(_rehash_keys, keys)
@@ -741,8 +744,9 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
         key_table = records.pipeline | "KeyTable" >> beam.Create([plan.domain.select(keys)])
     key_list = beam.pvalue.AsSingleton(key_table | "KeyList" >> beam.Map(key_tuples, keys))
     lo, hi = mech["domain"]
-    return (counts
+    return (bounded
             | "OnlySelectedKeys" >> beam.FlatMap(_restrict_to, keys, key_list)
+            | "SumCountsPerValue" >> SumCountsPerKey(keys + [column], num_shards)
             | "CellQuantiles" >> PublicCellQuantiles(
                 keys, column, key_table, lo=lo, hi=hi, branching=mech["branching"],
                 levels=mech["levels"], ranks=mech["ranks"], sigma=params["sigma"],

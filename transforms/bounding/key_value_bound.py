@@ -22,9 +22,11 @@ from thresher.transforms.randomness import keyed_random, samplers
 from thresher.transforms.plumbing.arrow_coder import TABLE
 from thresher.transforms.bounding.per_user_bound import (
     column_codes, combine_codes, count_per_key)
-from thresher.transforms.bounding.user_shards import USER_COLUMN, user_identity_columns
+from thresher.transforms.bounding.user_shards import (
+    KEY_HASH_COLUMN, USER_COLUMN, user_identity_columns)
 
 
+_NEGATIVE_ZERO = np.uint64(1 << 63)   # the bits of -0.0
 _RANK_BITS = 24       # a group's rank in _by_group_then_priority's one-word sort keys
 
 
@@ -130,13 +132,66 @@ def _first_keys_per_user(rows, user, max_keys, key_rng, texts):
     return chosen
 
 
+def _value_codes(table, name):
+    """``column_codes(table, name)`` up to a renumbering: (int64 codes equal exactly where
+    the values are equal, their number). A null-free integer column, or float64 column
+    without NaN or -0.0, is ranked by one value sort of its bits (equal bits, equal value,
+    as Arrow's dictionary encoding of doubles, which is bitwise), cheaper than the hash
+    pass; any other column goes through ``column_codes``. Distinct values there have
+    distinct identity texts, so their keyed draws do not tie. The codes only
+    group rows, so which number a value gets changes no keyed choice (a keyed draw
+    depends on its row's identity alone; ``bound_key_values``)."""
+    column = table.column(name)
+    t = column.type
+    if column.null_count or not (pa.types.is_float64(t) or pa.types.is_int64(t)
+                                 or pa.types.is_uint64(t)):
+        return column_codes(table, name)
+    bits = column.to_numpy().view(np.uint64)
+    if len(bits) == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    if pa.types.is_float64(t) and (np.isnan(bits.view(np.float64)).any()
+                                   or (bits == _NEGATIVE_ZERO).any()):
+        # -0.0 and 0.0 (NaNs of any payload) are two codes but one identity text
+        # (hashing.canonical_text), so their draws tie and the codes' order breaks the
+        # tie: keep the hash pass's numbering there
+        return column_codes(table, name)
+    order = np.argsort(bits)
+    ordered = bits[order]
+    new = np.ones(len(bits), dtype=bool)
+    new[1:] = ordered[1:] != ordered[:-1]
+    codes = np.empty(len(bits), dtype=np.int64)
+    codes[order] = np.cumsum(new) - 1
+    return codes, int(codes[order[-1]]) + 1
+
+
+def _first_of_each(codes):
+    """``np.unique(codes, return_index=True)[1]``: the index of the first occurrence of
+    each distinct code, in code order -- from one unstable sort (the first occurrence of
+    a code is the smallest index among its run), not unique's stable one."""
+    if len(codes) == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(codes)
+    ordered = codes[order]
+    start = np.ones(len(codes), dtype=bool)
+    start[1:] = ordered[1:] != ordered[:-1]
+    return np.minimum.reduceat(order, np.flatnonzero(start)).astype(np.int64)
+
+
 def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_rng, key_rng):
     """Row indices of a user-sharded table kept: one row per kept (user, key) holding a
     uniformly drawn value of that user for that key, at most ``max_keys_per_user`` keys
     per user. ``value_rng`` / ``key_rng``: two independent sources (keyed stage sources
     in a release; seeded generators in tests)."""
+    return _bound_with_codes(table, key_columns, value_column, max_keys_per_user,
+                             value_rng, key_rng)[0]
+
+
+def _bound_with_codes(table, key_columns, value_column, max_keys_per_user, value_rng,
+                      key_rng):
+    """:func:`bound_key_values`' rows, and the exact codes of (key columns, value) per
+    row of the table that it computed on the way (None for an empty table)."""
     if table.num_rows == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64), None
     keys = list(key_columns)
     # each column dictionary-encoded once: the codes of (user), (user, key), (user, key,
     # value) as exact_key_codes gives them, and of (key), (key, value) for the draws'
@@ -146,9 +201,12 @@ def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_
     for name in keys:
         part, width = column_codes(table, name)
         pair, key = combine_codes(pair, part, width), combine_codes(key, part, width)
-    part, width = column_codes(table, value_column)
+    # keyed draws depend on each row's identity alone, so the codes' numbering is free;
+    # a seeded test generator is consumed in the order of the hash codes, as always
+    part, width = (_value_codes(table, value_column) if _keyed(value_rng, key_rng)
+                   else column_codes(table, value_column))
     triple, key_value = combine_codes(pair, part, width), combine_codes(key, part, width)
-    _, rows = np.unique(triple, return_index=True)       # one row per distinct (user, key, value)
+    rows = _first_of_each(triple)       # one row per distinct (user, key, value)
     pair_of = pair[rows]               # sorted: a triple's code orders by its pair's first
     if len(pair_of) > 1 and not (pair_of[1:] >= pair_of[:-1]).all():  # pragma: no cover
         raise AssertionError("exact key codes lost their prefix order")
@@ -160,7 +218,28 @@ def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_
     key_rng = keyed_random.bind(key_rng, table, pair=[*users, *keys])
     user_of = user[rows]               # sorted too: a pair's code orders by its user's first
     kept = _first_keys_per_user(rows, user_of, int(max_keys_per_user), key_rng, key)
-    return np.sort(rows[kept])
+    return np.sort(rows[kept]), key_value
+
+
+def counts_of_kept(table, kept, key_value, columns):
+    """``count_per_key(table.take(kept), columns)`` (``columns``: the key columns and the
+    value) up to the order of its rows, from the exact (key, value) codes of the rows
+    (``key_value``): one sort of the kept rows' codes, a row per run and its length. The
+    group of ``count_per_key`` is (key, value, ``__key``); where ``__key`` is not one
+    per (key, value) (it is their hash in a release) that group_by itself is used."""
+    codes = key_value[kept]
+    order = np.argsort(codes)
+    ordered = codes[order]
+    start = np.ones(len(order), dtype=bool)
+    start[1:] = ordered[1:] != ordered[:-1]
+    hashes = table.column(KEY_HASH_COLUMN).to_numpy()[kept][order]
+    if (hashes[1:] != hashes[:-1])[~start[1:]].any():
+        return count_per_key(table.take(pa.array(kept)), columns)
+    first = np.flatnonzero(start)
+    runs = np.diff(np.append(first, len(order)))
+    rows = kept[order[first]]
+    out = table.select([*columns, KEY_HASH_COLUMN]).take(pa.array(rows))
+    return out.append_column("count", pa.array(runs.astype(np.int64))).combine_chunks()
 
 
 class _BoundFn(beam.DoFn):
@@ -177,10 +256,11 @@ class _BoundFn(beam.DoFn):
     def process(self, table):
         value_rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage + "/value")
         key_rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage + "/keys")
-        kept = bound_key_values(table, self._keys, self._column, self._bound, value_rng, key_rng)
+        kept, key_value = _bound_with_codes(table, self._keys, self._column, self._bound,
+                                            value_rng, key_rng)
         beam.metrics.Metrics.counter("thresher_not_private", "contributions_kept").inc(len(kept))
         if len(kept):
-            yield count_per_key(table.take(pa.array(kept)), (*self._keys, self._column))
+            yield counts_of_kept(table, kept, key_value, (*self._keys, self._column))
 
 
 class BoundKeyValues(beam.PTransform):

@@ -518,6 +518,19 @@ def table_streams(factory, fallback, stage, table, columns):
     return fallback
 
 
+def text_streams(factory, fallback, stage, identities):
+    """For ``process``: :func:`table_streams` of a table whose rows are distinct keys,
+    given the rows' identities already (``identities``: a binary Arrow array,
+    :func:`row_identity_array` of the identity columns, built by a caller that knows
+    their structure), or the setup generator. The same streams as :func:`table_streams`
+    of that table: the identities MACed as one text each (group ``rows``)."""
+    if isinstance(factory, KeyedSource):
+        keys = StageKeys(factory.stage_key(stage))
+        texts = block_prf.mac_bytes(identities, keys.key(f"{_TEXT_GROUP}:text"), _TAG_TEXT)
+        return keys.streams(_TEXT_GROUP, texts=texts).view
+    return fallback
+
+
 class PipelineSecret(KeyedSource):
     """The release secret drawn inside the pipeline: a :class:`KeyedSource` that holds no
     secret in the graph. :meth:`draw` adds ``ReleaseSecret`` to the pipeline (Impulse ->

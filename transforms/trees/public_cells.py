@@ -32,7 +32,8 @@ import numpy as np
 import pyarrow as pa
 
 from thresher.transforms.randomness import hashing, keyed_random
-from thresher.transforms.selection.public_domain import release_domain_table
+from thresher.transforms.selection.public_domain import (
+    noisy_domain_counts, release_domain_table)
 from thresher.transforms.selection.release_fn import identity_columns
 from thresher.transforms.plumbing.arrow_coder import TABLE
 from thresher.transforms.trees.heavy_hitters import LEVEL_COLUMN
@@ -89,10 +90,45 @@ def _isotonic(values):
         return np.maximum.accumulate(values)
 
 
+def consistent_leaves(dense, offsets, branching):
+    """:func:`consistent_tree`'s leaf estimates of many keys at once: ``dense`` holds one
+    key per row, its levels 1..L side by side (level l at ``offsets[l-1]:offsets[l]``,
+    as :func:`dense_levels` places them). The same floating-point operations, in the same
+    order, as :func:`consistent_tree` on each row alone (every sum is over one node's
+    ``branching`` children, the last axis), so row i equals ``consistent_tree`` of key i
+    bit for bit; returns a (keys, b**L) float64 array."""
+    b = int(branching)
+    k = dense.shape[0]
+    levels = [np.ascontiguousarray(dense[:, offsets[l]:offsets[l + 1]], dtype=np.float64)
+              for l in range(len(offsets) - 1)]
+    z = [None] * len(levels)
+    var = [None] * len(levels)
+    z[-1], var[-1] = levels[-1].copy(), np.ones(levels[-1].shape[1])
+    for i in range(len(levels) - 2, -1, -1):
+        child_sum = z[i + 1].reshape(k, -1, b).sum(axis=2)
+        child_var = var[i + 1].reshape(-1, b).sum(axis=1)
+        w = child_var / (1.0 + child_var)
+        z[i] = w * levels[i] + (1.0 - w) * child_sum
+        var[i] = child_var / (1.0 + child_var)
+    est = z[0]
+    for i in range(1, len(levels)):
+        kids = z[i].reshape(k, -1, b)
+        kv = var[i].reshape(-1, b)
+        residual = est - kids.sum(axis=2)
+        est = (kids + residual[:, :, None] * kv / kv.sum(axis=1, keepdims=True)).reshape(k, -1)
+    return est
+
+
 def key_quantiles(noisy_levels, ranks, *, lo, hi, branching, floor):
     """The quantiles of one key from its noisy levels: (values list, None) or
     ([None]*, the estimated total) when the total is below ``floor``."""
     leaves, _ = consistent_tree(noisy_levels, branching)
+    return leaf_quantiles(leaves, ranks, lo=lo, hi=hi, floor=floor)
+
+
+def leaf_quantiles(leaves, ranks, *, lo, hi, floor):
+    """:func:`key_quantiles` from one key's consistent leaf estimates (steps 2 and 3 of the
+    module docstring)."""
     total = float(leaves.sum())
     if not total >= floor:
         return [None] * len(ranks), total
@@ -128,14 +164,20 @@ def _cells(table, keys, value_column, lo, hi, branching, levels):
     return out.append_column(KEY_HASH_COLUMN, pa.array(hashing.hash_columns(out, cols), pa.uint64()))
 
 
-def zero_cells(key_table, keys, branching, levels, max_rows=1 << 16):
+def _keys_per_grid(per_key, max_rows=1 << 16):
+    """Keys per table of :func:`zero_cells` (at most ``max_rows`` cells, one key at least)."""
+    return max(1, max_rows // per_key)
+
+
+def zero_cells(key_table, keys, branching, levels, max_rows=1 << 16, hashed=True):
     """Every (level, key, bucket) cell of the keys in ``key_table`` (distinct key tuples,
     the released key types) with count 0, in tables of at most ``max_rows`` rows (so each
-    cell comes out of the sum once, with or without users)."""
+    cell comes out of the sum once, with or without users; ``None``: one table); with the
+    key hash ``__key`` of (level, keys..., bucket) unless not ``hashed``."""
     per_key = sum(branching ** l for l in range(1, levels + 1))
     level = np.concatenate([np.full(branching ** l, l, np.int32) for l in range(1, levels + 1)])
     bucket = np.concatenate([np.arange(branching ** l, dtype=np.int64) for l in range(1, levels + 1)])
-    step = max(1, max_rows // per_key)
+    step = max(1, key_table.num_rows) if max_rows is None else _keys_per_grid(per_key, max_rows)
     for start in range(0, key_table.num_rows, step):
         chunk = key_table.slice(start, step)
         rep = chunk.take(pa.array(np.repeat(np.arange(chunk.num_rows), per_key)))
@@ -144,8 +186,45 @@ def zero_cells(key_table, keys, branching, levels, max_rows=1 << 16):
         cols[BUCKET_COLUMN] = pa.array(np.tile(bucket, chunk.num_rows))
         cols["count"] = pa.array(np.zeros(per_key * chunk.num_rows, np.int64))
         table = pa.table(cols)
+        if not hashed:
+            yield table
+            continue
         yield table.append_column(KEY_HASH_COLUMN, pa.array(
             hashing.hash_columns(table, [LEVEL_COLUMN, *keys, BUCKET_COLUMN]), pa.uint64()))
+
+
+def _cell_texts(branching, levels):
+    """(prefix, suffix): large_binary arrays with one entry per cell of one key, in
+    :func:`zero_cells`' order (level 1's buckets, then level 2's, ...): the level's field
+    of ``keyed_random.row_identity_array`` and its ``|`` (``<len>:<level>|``), and the
+    bucket's field after its ``|`` (``|<len>:<bucket>``)."""
+    prefix, suffix = [], []
+    for level in range(1, levels + 1):
+        text = str(level).encode()
+        head = b"%d:%s|" % (len(text), text)
+        for bucket in range(branching ** level):
+            text = str(bucket).encode()
+            prefix.append(head)
+            suffix.append(b"|%d:%s" % (len(text), text))
+    return pa.array(prefix, pa.large_binary()), pa.array(suffix, pa.large_binary())
+
+
+def grid_identities(key_chunk, keys, branching, levels, texts=None):
+    """``keyed_random.row_identity_array(grid, [level, *keys, bucket])`` of the grid
+    :func:`zero_cells` makes for the keys of ``key_chunk``, without making that grid:
+    each cell's identity is its level's field, its key's fields (one
+    ``row_identity_array`` per key, not per cell) and its bucket's field, joined by
+    ``|`` -- the same bytes, from one take per part and one join. ``texts``:
+    :func:`_cell_texts` (made here if not given)."""
+    import pyarrow.compute as pc  # heavy: pyarrow.compute
+    prefix, suffix = texts if texts is not None else _cell_texts(branching, levels)
+    per_key = len(prefix)
+    n = key_chunk.num_rows
+    key_field = keyed_random.row_identity_array(key_chunk, list(keys))
+    cell = pa.array(np.tile(np.arange(per_key, dtype=np.int64), n))
+    return pc.binary_join_element_wise(
+        prefix.take(cell), key_field.take(pa.array(np.repeat(np.arange(n, dtype=np.int64), per_key))),
+        suffix.take(cell), pa.scalar(b"", pa.large_binary()))
 
 
 def key_tuples(key_table, keys):
@@ -169,6 +248,8 @@ def key_positions(table, keys, key_list):
     if not keys:
         return np.zeros(n, np.int64) if len(key_list) else np.full(n, -1, np.int64)
     m = len(key_list)
+    if len(keys) == 1:
+        return _one_column_positions(table.column(keys[0]).combine_chunks(), key_list)
     row_code = np.zeros(n, np.int64)
     list_code = np.zeros(m, np.int64)
     missing = np.zeros(n, bool)
@@ -189,6 +270,21 @@ def key_positions(table, keys, key_list):
     if m:
         found &= sorted_codes[at] == row_code
     return np.where(found, order[at] if m else -1, -1).astype(np.int64)
+
+
+def _one_column_positions(column, key_list):
+    """:func:`key_positions` of one key column without the combining sort: a row's code
+    into the listed values' distinct values gives the first listed position of its value
+    (the position the combined codes' stable search finds), -1 where absent."""
+    m = len(key_list)
+    if m == 0:
+        return np.full(len(column), -1, np.int64)
+    listed = pa.array([kt[0] for kt in key_list], type=column.type)
+    distinct = listed.unique()
+    rc, lc = _codes(column, distinct), _codes(listed, distinct)
+    first = np.full(len(distinct), m, np.int64)
+    np.minimum.at(first, lc, np.arange(m, dtype=np.int64))
+    return np.where(rc >= 0, first[np.maximum(rc, 0)], -1).astype(np.int64)
 
 
 def dense_levels(released, keys, key_list, *, branching, levels):
@@ -213,15 +309,25 @@ def dense_levels(released, keys, key_list, *, branching, levels):
 def answer(released, keys, key_list, ranks, *, lo, hi, branching, levels, floor):
     """Post-processing of every released cell: columns (keys..., rank, value) with one row
     per (key in ``key_list``, rank). The cells are placed with array operations
-    (:func:`dense_levels`); each key's quantiles come from its row (:func:`key_quantiles`)."""
+    (:func:`dense_levels`); each key's quantiles come from its row (:func:`answer_dense`)."""
     key_list = [tuple(kt) for kt in key_list]
     dense, offsets = dense_levels(released, keys, key_list, branching=branching, levels=levels)
+    return answer_dense(dense, keys, key_list, ranks, lo=lo, hi=hi, branching=branching,
+                        levels=levels, floor=floor)
+
+
+def answer_dense(dense, keys, key_list, ranks, *, lo, hi, branching, levels, floor):
+    """:func:`answer` from the released cells placed already (``dense``, one row per key
+    of ``key_list``, :func:`dense_levels`' layout): the consistent leaves of every key at
+    once (:func:`consistent_leaves`), then each key's quantiles from its row
+    (:func:`leaf_quantiles`: one iteration per key, not per cell)."""
+    offsets = np.cumsum([0] + [branching ** l for l in range(1, levels + 1)])
     leaf_width = (hi - lo) / branching ** levels   # every cell is released: the leaves inform
     values = []
-    for i in range(len(key_list)):      # one iteration per key, not per cell
-        hist = [dense[i, offsets[l]:offsets[l + 1]] for l in range(levels)]
-        values.extend(key_quantiles(hist, ranks, lo=lo, hi=hi, branching=branching,
-                                    floor=floor)[0])
+    if len(key_list):
+        leaves = consistent_leaves(dense, offsets, branching)
+        for i in range(len(key_list)):      # one iteration per key, not per cell
+            values.extend(leaf_quantiles(leaves[i], ranks, lo=lo, hi=hi, floor=floor)[0])
     n = len(ranks)
     out = {k: [kt[j] for kt in key_list for _ in range(n)] for j, k in enumerate(keys)}
     out["rank"] = [float(phi) for _ in key_list for phi in ranks]
@@ -306,27 +412,75 @@ class _CellQuantilesFn(beam.DoFn):
         key_list = key_tuples(key_table, keys) if keys else [()] * key_table.num_rows
         per_key = sum(self._b ** l for l in range(1, self._levels + 1))
         cells, counts = _data_cells(data_sums, keys, key_list, self._b, self._levels)
+        direct = _direct_cells(key_table, keys, key_list)
+        texts = _cell_texts(self._b, self._levels) if direct else None
         parts, start = [], 0
-        for grid in zero_cells(key_table, keys, self._b, self._levels):
-            grid = grid.drop_columns([KEY_HASH_COLUMN])
-            n_keys = grid.num_rows // per_key
+        step = _keys_per_grid(per_key)
+        for begin in range(0, key_table.num_rows, step):
+            chunk = key_table.slice(begin, step)
+            n_keys = chunk.num_rows
             first = start * per_key
-            a, z = np.searchsorted(cells, [first, first + grid.num_rows])
-            true = np.zeros(grid.num_rows, np.int64)
+            a, z = np.searchsorted(cells, [first, first + n_keys * per_key])
+            true = np.zeros(n_keys * per_key, np.int64)
             np.add.at(true, cells[a:z] - first, counts[a:z])
-            grid = grid.set_column(grid.schema.get_field_index("count"), "count", pa.array(true))
-            rng = keyed_random.table_streams(self._rng_factory, self._rng, self._stage, grid,
-                                             identity_columns(grid))
-            released = release_domain_table(grid, self._params, rng)
-            parts.append(_answer_table(answer(
-                [released], keys, key_list[start:start + n_keys], self._ranks, lo=self._lo,
-                hi=self._hi, branching=self._b, levels=self._levels, floor=self._floor), keys))
+            chunk_keys = key_list[start:start + n_keys]
+            if direct:
+                columns = self._direct(chunk, chunk_keys, true, texts)
+            else:
+                columns = self._gathered(chunk, chunk_keys, true)
+            parts.append(_answer_table(columns, keys))
             start += n_keys
         if not parts:       # no key: the empty answer, as before
             parts.append(_answer_table(answer(
                 [], keys, [], self._ranks, lo=self._lo, hi=self._hi, branching=self._b,
                 levels=self._levels, floor=self._floor), keys))
         yield pa.concat_tables(parts)
+
+    def _direct(self, chunk, chunk_keys, true, texts):
+        """One chunk of keys, the cells never made into a table: the identities of the
+        grid's rows (:func:`grid_identities`), the noise of ``release_domain_table`` on
+        the true counts in grid order, and the noisy counts placed by that order (row i
+        of the chunk's dense levels is key i: the keys are distinct, :func:`_direct_cells`)."""
+        rng = keyed_random.text_streams(self._rng_factory, self._rng, self._stage,
+                                        grid_identities(chunk, self._keys, self._b,
+                                                        self._levels, texts))
+        noisy, _ = noisy_domain_counts(true, self._params, rng)
+        dense = noisy.reshape(len(chunk_keys), -1).astype(np.float64)
+        return answer_dense(dense, self._keys, chunk_keys, self._ranks, lo=self._lo,
+                            hi=self._hi, branching=self._b, levels=self._levels,
+                            floor=self._floor)
+
+    def _gathered(self, chunk, chunk_keys, true):
+        """One chunk of keys through the grid table of :func:`zero_cells` (its rows'
+        identity columns, ``release_domain_table``, :func:`answer`): any key types."""
+        grid = next(zero_cells(chunk, self._keys, self._b, self._levels, max_rows=None,
+                               hashed=False))
+        grid = grid.set_column(grid.schema.get_field_index("count"), "count", pa.array(true))
+        rng = keyed_random.table_streams(self._rng_factory, self._rng, self._stage, grid,
+                                         identity_columns(grid))
+        released = release_domain_table(grid, self._params, rng)
+        return answer([released], self._keys, chunk_keys, self._ranks, lo=self._lo,
+                      hi=self._hi, branching=self._b, levels=self._levels, floor=self._floor)
+
+
+_DIRECT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                 pa.types.is_large_binary, pa.types.is_integer, pa.types.is_boolean)
+
+
+def _direct_cells(key_table, keys, key_list):
+    """Whether :meth:`_CellQuantilesFn._direct` gives what the grid table gives: key
+    columns whose values are equal exactly when Arrow's ``index_in`` matches them (strings,
+    binaries, integers, booleans: no float's 0.0 == -0.0 or NaN), distinct key tuples (so
+    ``key_positions`` places key i's cells in row i), and identity columns that are the
+    grid's (level, keys..., bucket) -- no key column named like a value column."""
+    if not keys or len(set(key_list)) != len(key_list):
+        return False
+    names = [LEVEL_COLUMN, *keys, BUCKET_COLUMN, "count"]
+    if len(set(names)) != len(names) or \
+            identity_columns(pa.schema([(n, pa.int64()) for n in names]).empty_table()) != names[:-1]:
+        return False
+    return all(any(is_type(key_table.schema.field(k).type) for is_type in _DIRECT_TYPES)
+               for k in keys)
 
 
 class PublicCellQuantiles(beam.PTransform):

@@ -143,3 +143,86 @@ def test_one_word_group_sort_is_lexsorts_order_ties_included():
             prio = rng.integers(0, 3, n).astype(np.uint64)
         want = np.lexsort((prio, groups))
         assert np.array_equal(key_value_bound._by_group_then_priority(groups, prio), want), trial
+
+
+def _nan(payload):
+    return np.array([0x7FF8000000000000 | payload], np.uint64).view(np.float64)[0]
+
+
+def _awkward_values(rng, n, kind):
+    """Value columns: doubles from the smallest subnormal to 1e300 (the sort's codes),
+    -0.0 beside 0.0 and NaNs of two payloads (two values each, bitwise, but one identity
+    text: the hash codes are kept), 64-bit integers, and float32 (the hash codes)."""
+    pick = rng.integers(0, 6, n)
+    if kind == "float64":
+        return pa.array(np.array([0.0, 5e-324, 1e300, -1e300, 1.5, -7.25])[pick])
+    if kind == "float64 -0.0 nan":
+        return pa.array(np.array([0.0, -0.0, _nan(1), _nan(2), 1.5, -7.25])[pick])
+    if kind == "int64":
+        return pa.array((pick - 3) * (1 << 40), pa.int64())
+    if kind == "uint64":
+        return pa.array(pick.astype(np.uint64) * np.uint64(1 << 62), pa.uint64())
+    if kind == "float32":
+        return pa.array(np.array([0.0, -0.0, 2.5, 1.0, 3.0, 9.0], np.float32)[pick])
+
+
+@pytest.mark.parametrize("kind", ["float64", "float64 -0.0 nan", "int64", "uint64", "float32"])
+def test_value_codes_by_sort_keep_the_rows_of_the_hash_codes(kind):
+    """The value column's codes from one sort of its bits (and the first row of each
+    distinct (user, key, value) from one unstable sort) keep exactly the reference's rows
+    -- grouped by Arrow's dictionary codes and np.unique -- on repeated values of every
+    type the sort takes, and on the columns it leaves to the hash codes."""
+    for seed in range(25):
+        table = _table(seed)
+        rng = np.random.default_rng(1000 + seed)
+        table = table.set_column(table.schema.get_field_index("x"), "x",
+                                 _awkward_values(rng, table.num_rows, kind))
+        c = 1 + seed % 4
+        got = bound_key_values(table, ["k"], "x", c, *_sources())
+        assert np.array_equal(got, _reference(table, ["k"], "x", c, *_sources())), seed
+
+
+def test_value_codes_and_first_rows_match_the_hash_pass_and_unique():
+    """_value_codes groups exactly as column_codes (a bijection between the two codes),
+    _first_of_each is np.unique's return_index, on random columns with repeats."""
+    from thresher.transforms.bounding.per_user_bound import column_codes
+    rng = np.random.default_rng(4)
+    for trial in range(40):
+        n = int(rng.integers(1, 3000))
+        kind = ["float64", "int64", "uint64", "float64 -0.0 nan"][trial % 4]
+        table = pa.table({"x": _awkward_values(rng, n, kind)})
+        ours, width = key_value_bound._value_codes(table, "x")
+        theirs, their_width = column_codes(table, "x")
+        assert width == their_width
+        pairs = set(zip(ours.tolist(), theirs.tolist()))
+        assert len(pairs) == width == len({a for a, _ in pairs}) == len({b for _, b in pairs})
+        codes = rng.integers(0, int(rng.integers(1, 50)), n) * 977
+        assert np.array_equal(key_value_bound._first_of_each(codes),
+                              np.unique(codes, return_index=True)[1])
+
+
+def _sorted_rows(table):
+    return table.sort_by([(name, "ascending") for name in table.column_names])
+
+
+@pytest.mark.parametrize("two_keys", [False, True])
+def test_counts_of_kept_are_count_per_key_up_to_row_order(two_keys):
+    """The shard's (key, value) counts from the kernel's own codes: the rows of
+    count_per_key (key columns, value, __key, count; same types), in another order; and
+    count_per_key itself where __key is not one per (key, value)."""
+    from thresher.transforms.bounding.per_user_bound import count_per_key
+    keys = ["k", "k2"] if two_keys else ["k"]
+    for seed in range(30):
+        table = _table(seed, two_keys)
+        rng = np.random.default_rng(seed)
+        hashes = exact_key_codes(table, [*keys, "x"]).astype(np.uint64) * np.uint64(7919)
+        if seed % 3 == 0:         # a __key that splits some (key, value) groups
+            hashes = hashes + rng.integers(0, 2, table.num_rows).astype(np.uint64)
+        table = table.set_column(table.schema.get_field_index("__key"), "__key", pa.array(hashes))
+        kept, key_value = key_value_bound._bound_with_codes(table, keys, "x", 1 + seed % 5,
+                                                            *_sources())
+        assert np.array_equal(kept, bound_key_values(table, keys, "x", 1 + seed % 5, *_sources()))
+        got = key_value_bound.counts_of_kept(table, kept, key_value, (*keys, "x"))
+        want = count_per_key(table.take(pa.array(kept)), (*keys, "x"))
+        assert got.schema == want.schema
+        assert _sorted_rows(got).equals(_sorted_rows(want)), seed

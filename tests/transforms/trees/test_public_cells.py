@@ -180,3 +180,130 @@ def test_fused_release_draws_and_answers_as_the_gathered_cells():
     assert new.num_rows == len(ranks) * keys.num_rows
     assert new.equals(old)
     assert new.column("value").null_count < new.num_rows      # some keys answered
+
+
+# ---- the direct path of _CellQuantilesFn (issue 43, quant5) ------------------------------
+# The cells of a chunk of keys are no longer made into a grid table: their identities are
+# built from per-key and per-cell parts (grid_identities), the noise is drawn on the counts
+# in grid order and placed by that order, and every key's consistent tree is computed at
+# once (consistent_leaves). Each piece against what it replaced, exactly.
+
+_KEY_TABLES = {
+    "string": (["w"], pa.table({"w": pa.array(["a", "héllo", "x" * 40, "", "k1", "k22"])})),
+    "null key": (["w"], pa.table({"w": pa.array(["a", None, "b"])})),
+    "int and string": (["n", "w"], pa.table({"n": pa.array([-3, 0, 7, 12345678901], pa.int64()),
+                                             "w": pa.array(["a", "a", None, "zz"])})),
+    "int32": (["n"], pa.table({"n": pa.array([5, -1, 0], pa.int32())})),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_KEY_TABLES))
+@pytest.mark.parametrize("branching,levels", [(16, 3), (2, 5), (10, 2), (3, 1)])
+def test_grid_identities_are_the_grid_tables_row_identities(name, branching, levels):
+    from thresher.transforms.randomness import keyed_random
+    from thresher.transforms.selection.release_fn import identity_columns
+    keys, table = _KEY_TABLES[name]
+    grid = next(public_cells.zero_cells(table, keys, branching, levels, max_rows=None,
+                                        hashed=False))
+    want = keyed_random.row_identity_array(grid, identity_columns(grid))
+    assert public_cells.grid_identities(table, keys, branching, levels).equals(want)
+
+
+@pytest.mark.parametrize("branching,levels", [(16, 3), (2, 6), (5, 2), (4, 1)])
+def test_consistent_leaves_are_each_keys_consistent_tree_bit_for_bit(branching, levels):
+    rng = np.random.default_rng(branching * 10 + levels)
+    offsets = np.cumsum([0] + [branching ** l for l in range(1, levels + 1)])
+    for scale in (1.0, 49.5, 1e6):
+        dense = np.round(rng.normal(0, scale, (23, int(offsets[-1]))))
+        dense[3] = 0.0
+        dense[4] = rng.normal(0, scale, int(offsets[-1]))        # not integers
+        got = public_cells.consistent_leaves(dense, offsets, branching)
+        for i in range(len(dense)):
+            want, _ = public_cells.consistent_tree(
+                [dense[i, offsets[l]:offsets[l + 1]] for l in range(levels)], branching)
+            assert got[i].tobytes() == want.tobytes()
+
+
+def _cell_fn(keys, ranks, shape, secret=b"quant5 direct cells secret"):
+    from thresher.transforms.randomness import keyed_random
+    fn = public_cells._CellQuantilesFn(
+        keys, {"noise": "discrete_gaussian", "sigma": 3.5}, ranks, (0.0, 100.0), shape, 8.0,
+        keyed_random.KeyedSource(secret), "Release/NoisyCells")
+    fn.setup()
+    return fn
+
+
+@pytest.mark.parametrize("name", sorted(_KEY_TABLES))
+def test_direct_cells_publish_what_the_grid_table_did(name, monkeypatch):
+    """_CellQuantilesFn on random data sums: the direct path (forced on by the key types)
+    against the grid-table path it replaced (forced by _direct_cells returning False),
+    under one secret: the same table, value for value; one key with no data."""
+    keys, table = _KEY_TABLES[name]
+    rng = np.random.default_rng(len(name))
+    branching, levels = 4, 4                   # 340 cells a key: 192 keys a chunk
+    big = table
+    key_list = public_cells.key_tuples(big, keys)
+    assert public_cells._direct_cells(big, keys, key_list)
+    rows = []
+    for kt in key_list[:-1]:                   # the last key: no data
+        for level in range(1, levels + 1):
+            for bucket in rng.choice(branching ** level, min(6, branching ** level), replace=False):
+                rows.append((level, kt, int(bucket), int(rng.integers(1, 60))))
+    data = {LEVEL_COLUMN: pa.array([r[0] for r in rows], pa.int32())}
+    for j, k in enumerate(keys):
+        data[k] = pa.array([r[1][j] for r in rows], table.schema.field(k).type)
+    data[BUCKET_COLUMN] = pa.array([r[2] for r in rows], pa.int64())
+    data["count"] = pa.array([r[3] for r in rows], pa.int64())
+    sums = [pa.table(data)]
+    ranks = [0.5, 0.1, 0.9]
+    direct = next(_cell_fn(keys, ranks, (branching, levels)).process(big, sums))
+    monkeypatch.setattr(public_cells, "_direct_cells", lambda *a: False)
+    gathered = next(_cell_fn(keys, ranks, (branching, levels)).process(big, sums))
+    assert direct.equals(gathered)
+    assert direct.column("value").null_count < direct.num_rows
+
+
+def test_direct_cells_over_many_chunks_and_the_refused_cases(monkeypatch):
+    """More keys than one chunk holds (4,368 cells a key: 15 keys a chunk), the same table
+    both ways; and the cases the direct path leaves to the grid table: float keys, a
+    key listed twice, a key column named like a value column."""
+    rng = np.random.default_rng(7)
+    words = [f"w{i:03d}" for i in range(40)]
+    table = pa.table({"w": pa.array(words)})
+    sums = [pa.table({LEVEL_COLUMN: pa.array(np.full(300, 3), pa.int32()),
+                      "w": pa.array(rng.choice(words, 300)),
+                      BUCKET_COLUMN: pa.array(rng.integers(0, 4096, 300), pa.int64()),
+                      "count": pa.array(rng.integers(1, 50, 300), pa.int64())})]
+    direct = next(_cell_fn(["w"], [0.25, 0.5], (16, 3)).process(table, sums))
+    with monkeypatch.context() as m:
+        m.setattr(public_cells, "_direct_cells", lambda *a: False)
+        gathered = next(_cell_fn(["w"], [0.25, 0.5], (16, 3)).process(table, sums))
+    assert direct.equals(gathered)
+    refused = [(["x"], pa.table({"x": pa.array([0.0, -0.0])})),
+               (["w"], pa.table({"w": pa.array(["a", "a"])})),
+               (["count"], pa.table({"count": pa.array(["a", "b"])})),
+               (["__w"], pa.table({"__w": pa.array(["a", "b"])}))]
+    for keys, t in refused:
+        assert not public_cells._direct_cells(t, keys, public_cells.key_tuples(t, keys))
+
+
+@pytest.mark.parametrize("arrow_type", [pa.string(), pa.int64(), pa.float64()])
+def test_one_key_column_positions_are_the_combined_codes_positions(arrow_type):
+    """key_positions of one key column (no combining sort) against the combining path it
+    skips (the same column listed twice: a two-column key of equal halves), on keys with
+    nulls, values not listed, a value listed twice (the first position) and -0.0."""
+    rng = np.random.default_rng(17)
+    for trial in range(20):
+        pool = [None, 0, 1, 2, 3, 5, 8, 13, 21, 34]
+        values = [pool[i] for i in rng.integers(0, len(pool), 300)]
+        listed = [pool[i] for i in rng.integers(0, len(pool), int(rng.integers(0, 8)))]
+        cast = (lambda v: None if v is None else str(v)) if arrow_type == pa.string() else (
+            (lambda v: None if v is None else float(v)) if arrow_type == pa.float64() else
+            (lambda v: v))
+        values, listed = [cast(v) for v in values], [cast(v) for v in listed]
+        if arrow_type == pa.float64() and trial % 2:
+            values = [-0.0 if v == 0.0 else v for v in values]
+        table = pa.table({"a": pa.array(values, arrow_type), "b": pa.array(values, arrow_type)})
+        one = public_cells.key_positions(table, ["a"], [(v,) for v in listed])
+        two = public_cells.key_positions(table, ["a", "b"], [(v, v) for v in listed])
+        assert one.tolist() == two.tolist()

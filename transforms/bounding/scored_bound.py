@@ -44,7 +44,8 @@ from thresher.transforms.bounding.choose_contribution_bound import (
 from thresher.transforms.bounding.l0_pairs import l0_distinct_pairs
 from thresher.transforms.bounding.per_user_bound import (
     exact_key_codes, key_hash_is_exact, l0_pair_ranks_per_user)
-from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+from thresher.transforms.bounding.user_shards import (
+    KEY_HASH_COLUMN, USER_COLUMN, concat_shard_with_order)
 
 
 def candidate_buckets(rank_in_user, candidates):
@@ -107,7 +108,8 @@ def user_key_cap(candidates):
     return max(USER_KEY_CAP, int(max(candidates)))
 
 
-def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHARDS):
+def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHARDS,
+                 by_user=None):
     """One user shard -> (running counts table or None, dropped[K], key-shard partials).
 
     ``rng``: the bounding stage's source (as ``per_user_bound._BoundL0Fn`` uses it). The
@@ -128,7 +130,11 @@ def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHA
     The dropped term is unchanged too (min(k_i, C_m) = min(cap, C_m) = C_m for
     cap >= C_m), and so is every candidate's kept set (the first C <= cap keys of the same
     order). Only the key-cost term of such users changes: C / cap instead of C / k_i on
-    cap of their keys instead of all of them."""
+    cap of their keys instead of all of them.
+
+    ``by_user``: the ``user_shards.UserOrder`` of the table's ``__user`` when the caller
+    has it (``user_shards.concat_shard_with_order``), handed to
+    ``l0_pairs.l0_distinct_pairs`` so that the shard is sorted by user once."""
     candidates = score.candidates
     cap = user_key_cap(candidates)
     if table.num_rows == 0:
@@ -141,7 +147,8 @@ def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHA
         # the distinct (user, key hash) pairs, users contiguous and in increasing number
         # (l0_ranks' distinct rows); their key numbers serve the statistics and the
         # running counts alike
-        pair_rows, rank_in_user, pair_users = l0_distinct_pairs(users, key_hash, bound_rng)
+        pair_rows, rank_in_user, pair_users = l0_distinct_pairs(users, key_hash, bound_rng,
+                                                                by_user=by_user)
         if int(rank_in_user.max()) >= cap:   # a user beyond the cap: its first cap keys
             inside = rank_in_user < cap
             pair_rows, rank_in_user = pair_rows[inside], rank_in_user[inside]
@@ -189,7 +196,9 @@ class _ScoredBoundFn(beam.DoFn):
     DROPPED = _UserStatisticsFn.DROPPED
     PARTIALS = "partials"
 
-    def __init__(self, key_columns, score, num_key_shards, rng_factory, stage, spill_dir):
+    def __init__(self, key_columns, score, num_key_shards, rng_factory, stage, spill_dir,
+                 concat=None):
+        self._concat = None if concat is None else dict(concat)
         self._key_columns = tuple(key_columns)
         self._score = score
         self._num_key_shards = num_key_shards
@@ -200,10 +209,16 @@ class _ScoredBoundFn(beam.DoFn):
     def setup(self):
         self._rng = keyed_random.worker_rng(self._rng_factory)
 
-    def process(self, table):
+    def process(self, element):
+        if self._concat is None:              # a table of whole users
+            table, by_user = element, None
+        else:                                 # (shard, [pieces]): concatenated here
+            table, by_user = concat_shard_with_order(element, **self._concat)
+            if table is None:
+                return
         rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage)
         counts, dropped, partials = scored_table(table, self._key_columns, self._score, rng,
-                                                 self._num_key_shards)
+                                                 self._num_key_shards, by_user=by_user)
         beam.metrics.Metrics.counter("thresher_not_private", "rows_bounded").inc(table.num_rows)
         yield beam.pvalue.TaggedOutput(self.DROPPED, dropped)
         for shard_and_partial in partials:
@@ -225,7 +240,12 @@ def _select(counts_or_path, bound, candidates):
 class ScoredPerUserBound(beam.PTransform):
     """The bounding pass of an automatic bound (module docstring).
 
-    Input: PCollection[pa.Table] of whole users (``ShardByUser``). Hand it the draws
+    Input: PCollection[pa.Table] of whole users (``ShardByUser``), or, with ``concat``
+    (``ShardByUser.concat_arguments()``), the groups of ``ShardByUser.grouped``: each
+    is then concatenated in the bounding step itself
+    (``user_shards.concat_shard_with_order``), whose sort by user also orders the
+    bounding (one sort by user per shard instead of two; the same tables, so the same
+    outputs). Hand it the draws
     ``release.child("PerUserBound")`` (the fixed-bound pipeline's; that label path keys
     the per-user salts).
     Output: a dict — ``dropped`` and ``partials``, the statistics that
@@ -234,8 +254,9 @@ class ScoredPerUserBound(beam.PTransform):
     """
 
     def __init__(self, key_columns, score, rng_factory=None, spill_dir=None,
-                 num_key_shards=_DEFAULT_KEY_SHARDS, label=None):
+                 num_key_shards=_DEFAULT_KEY_SHARDS, concat=None, label=None):
         super().__init__(label)
+        self._concat = concat
         self._key_columns = tuple(key_columns)
         self._score = score
         self._rng_factory = rng_factory
@@ -244,7 +265,8 @@ class ScoredPerUserBound(beam.PTransform):
 
     def expand(self, user_shards):
         fn = _ScoredBoundFn(self._key_columns, self._score, self._num_key_shards,
-                            *keyed_random.stage_of(self._rng_factory), self._spill_dir)
+                            *keyed_random.stage_of(self._rng_factory), self._spill_dir,
+                            concat=self._concat)
         out = user_shards | "BoundL0AndScore" >> keyed_random.par_do(fn).with_outputs(
             _ScoredBoundFn.DROPPED, _ScoredBoundFn.PARTIALS, main="buckets")
         out[_ScoredBoundFn.PARTIALS].element_type = SHARD_AND_TABLE

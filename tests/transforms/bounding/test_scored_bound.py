@@ -176,7 +176,7 @@ def _old_kernels(monkeypatch):
     from thresher.transforms.bounding import scored_bound
     from thresher.transforms.bounding.per_user_bound import l0_ranks
 
-    def ranked_pairs(users, keys, rng):
+    def ranked_pairs(users, keys, rng, by_user=None):   # the old kernel sorted by itself
         ranks = l0_ranks(users, keys, rng)
         d = ranks.distinct
         return ranks.order[d], ranks.rank_in_user[d], ranks.user_numbers()[d]
@@ -224,4 +224,52 @@ def test_pass_is_identical_to_the_pre_value_sort_kernels(case, score_name, monke
     assert np.array_equal(got[1], want[1])
     assert [s for s, _ in got[2]] == [s for s, _ in want[2]]
     for (_, g), (_, w) in zip(got[2], want[2]):
+        assert g.equals(w)
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_the_pass_concatenates_grouped_shards_with_one_sort_by_user(spill, tmp_path,
+                                                                   monkeypatch):
+    """ScoredPerUserBound's step given ShardByUser.grouped's (shard, [pieces]) (issue 43:
+    the release's automatic bound) emits what it emits given the concatenated shard, and
+    sorts the shard by user once (the concatenation's check), not twice."""
+    from thresher.transforms.bounding import l0_pairs, scored_bound, user_shards
+    table = _heavy_table(10)
+    tables = [table.slice(0, 5000), table.slice(5000, 7000)]
+    pieces = tables
+    if spill:     # spilled pieces travel as file names (transforms/plumbing/spill.py)
+        from thresher.transforms.plumbing import spill as spill_mod
+        pieces = [spill_mod.write_piece(t, str(tmp_path)) for t in tables]
+    concat = {"key_columns": ("word",)}
+    whole = next(user_shards._concat_shard((0, tables), **concat))
+    sorts = []
+    for module in (l0_pairs, user_shards):
+        original = module.order_by_user if module is user_shards else module._order_by_user
+        counted = (lambda f: lambda *a: sorts.append(1) or f(*a))(original)
+        monkeypatch.setattr(module, "order_by_user" if module is user_shards
+                            else "_order_by_user", counted)
+
+    def run(fn, element):
+        fn._rng = None
+        out = {"buckets": [], "dropped": [], "partials": []}
+        for item in fn.process(element):
+            if hasattr(item, "tag"):
+                out[item.tag].append(item.value)
+            else:
+                out["buckets"].append(item)
+        return out
+
+    score = _score()
+    factory = keyed_random.KeyedSource(SECRET)
+    grouped_fn = scored_bound._ScoredBoundFn(("word",), score, 4, factory, STAGE, None,
+                                             concat=concat)
+    got = run(grouped_fn, (0, pieces))
+    assert len(sorts) == 1
+    sorts.clear()
+    want = run(scored_bound._ScoredBoundFn(("word",), score, 4, factory, STAGE, None), whole)
+    assert len(sorts) == 1          # l0_distinct_pairs' own sort (the table came concatenated)
+    assert got["buckets"][0].equals(want["buckets"][0])
+    assert np.array_equal(got["dropped"][0], want["dropped"][0])
+    assert [s for s, _ in got["partials"]] == [s for s, _ in want["partials"]]
+    for (_, g), (_, w) in zip(got["partials"], want["partials"]):
         assert g.equals(w)

@@ -289,34 +289,57 @@ def key_units(pair_users, counts, weights, score, pair_position, num_keys):
 
 def l0_key_units(pair_users, user_weight, candidates, pair_key, num_keys, key_order=None):
     """:func:`key_units` in the l0 model without user weighting (issue 43), with the
-    same integers and less work: a pair's units at C depend on its user's weight w_i
-    alone (2^B for w_i <= C, else floor(C 2^B / w_i): ``exact_scores.
-    expected_count_units``), so they are computed once per distinct weight and looked up
-    through a small table, and each key's sum is a difference of an int64 running sum
-    over the pairs sorted by key (``key_order``, a stable argsort of ``pair_key``; the order
-    ``key_numbers`` sorts by) instead of a scattered float bincount. Integer sums of
-    integers below 2^62 in total (the caller checks n 2^B < 2^53): exactly the general
-    loop's sums, whatever the order of the terms. ``pair_key``: each pair's key number
-    0..num_keys-1 (the sums are indexed by it)."""
+    same integers and less work. A pair's units at C depend on its user's weight w_i
+    alone: 2^B for w_i <= C, else floor(C 2^B / w_i) (``exact_scores.
+    expected_count_units``). So each key's sum at C is 2^B times its number of pairs with
+    w_i <= C, plus the units of its pairs with w_i > C only:
+
+    * the pairs are put in *levels*, the number of candidates below their weight (level
+      <= i iff w_i <= the i-th smallest candidate), one bincount of (level, key) cells
+      and a running sum over the levels count, for every candidate at once, each key's
+      pairs at full weight;
+    * sorted by level, highest first (a stable radix sort of a byte), the pairs with
+      w_i > C are a prefix, shorter as C grows: only those are gathered and summed
+      per key (``exact_scores.exact_bincount``).
+
+    Every term is the same integer as in the general loop and every sum is an exact
+    integer sum (the caller checks n 2^B < 2^53), so the columns are the same whatever
+    the order of the terms. ``pair_key``: each pair's key number 0..num_keys-1 (the sums
+    are indexed by it); ``key_order`` is not needed (kept for the API)."""
     pair_users = np.asarray(pair_users)
-    pair_key = np.asarray(pair_key)
-    if key_order is None:
-        key_order = np.argsort(pair_key, kind="stable")
-    sizes = np.bincount(pair_key, minlength=num_keys)
-    held = np.flatnonzero(sizes)                     # keys with a pair (all, from the pass)
-    ends = np.cumsum(sizes)[held]
-    starts = ends - sizes[held]
+    pair_key = np.asarray(pair_key, dtype=np.int64)
     weights, weight_of_user = np.unique(user_weight, return_inverse=True)
     weight_of_user = weight_of_user.reshape(-1).astype(
         np.uint16 if len(weights) <= 1 << 16 else np.int64)
-    pair_weight = weight_of_user[pair_users[key_order]]   # in key order
+    pair_weight = weight_of_user[pair_users]
+    ladder = np.unique(np.asarray([int(c) for c in candidates], dtype=np.int64))
+    levels = len(ladder) + 1
+    # level of each distinct weight: the number of candidates below it
+    small = np.uint8 if levels <= 1 << 8 else np.uint16 if levels <= 1 << 16 else np.int64
+    weight_level = np.searchsorted(ladder, weights, side="left").astype(small)
+    pair_level = weight_level[pair_weight]
+    # pairs at full weight per key and level, summed over the levels <= i
+    cells = np.bincount(pair_level.astype(np.int64) * num_keys + pair_key,
+                        minlength=levels * num_keys)
+    full = cells.reshape(levels, num_keys)
+    for level in range(1, levels):       # running sums over the levels, row by row
+        full[level] += full[level - 1]
+    # pairs by level, highest first: those above ladder[i] are the first `above[i]`
+    by_level = np.argsort(small(levels - 1) - pair_level, kind="stable")
+    above = len(pair_level) - np.cumsum(np.bincount(pair_level, minlength=levels))
+    key_by_level = pair_key[by_level]
+    weight_by_level = pair_weight[by_level]
+    del by_level, pair_level
+    unit = np.int64(1) << np.int64(exact_scores.COUNT_BITS)
     out = []
     for candidate in candidates:
-        units = exact_scores.expected_count_units(None, weights, int(candidate))
-        running = np.zeros(len(pair_weight) + 1, dtype=np.int64)
-        np.cumsum(units[pair_weight], out=running[1:])
-        column = np.zeros(num_keys, dtype=np.int64)
-        column[held] = running[ends] - running[starts]
+        i = int(np.searchsorted(ladder, int(candidate)))
+        column = full[i] * unit
+        m = int(above[i])
+        if m:
+            units = exact_scores.expected_count_units(None, weights, int(candidate))
+            column += exact_scores.exact_bincount(key_by_level[:m],
+                                                  units[weight_by_level[:m]], num_keys)
         out.append(column)
     return out
 

@@ -273,3 +273,66 @@ def test_the_pass_concatenates_grouped_shards_with_one_sort_by_user(spill, tmp_p
     assert [s for s, _ in got["partials"]] == [s for s, _ in want["partials"]]
     for (_, g), (_, w) in zip(got["partials"], want["partials"]):
         assert g.equals(w)
+
+
+def _planted(seed):
+    """A shard with a hash collision planted (or not) between two different words: held
+    by one user, by two users, or none (the branches of scored_table's hash check)."""
+    rng = np.random.default_rng(seed)
+    table = _table(seed, rows=int(rng.integers(50, 3000)), users=int(rng.integers(5, 300)))
+    how = seed % 3
+    if how == 0:
+        return table
+    words = np.array(table.column("word").to_pylist())
+    user = table.column(USER_COLUMN).to_numpy()
+    hashes = table.column(KEY_HASH_COLUMN).to_numpy().copy()
+    a = int(rng.integers(0, len(words)))
+    if how == 1:   # another word of a's user takes a's hash
+        other = np.flatnonzero((user == user[a]) & (words != words[a]))
+    else:          # a word a's user does not hold takes a's hash
+        other = np.flatnonzero(~np.isin(words, words[user == user[a]]))
+    if len(other):
+        hashes[words == words[int(rng.choice(other))]] = hashes[a]
+    return table.set_column(table.schema.get_field_index(KEY_HASH_COLUMN), KEY_HASH_COLUMN,
+                            pa.array(hashes, pa.uint64()))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_pass_with_the_sorted_hash_check_is_that_of_the_table_wide_check(seed, monkeypatch):
+    """scored_table's hash check read off its sort of the rows by key hash
+    (``key_hash_is_exact_at``, issue 43) and the key rows taken from that sort give
+    everything the pass gave with the table-wide ``key_hash_is_exact`` and the key rows
+    of its pairs (kept here as the oracle), bit for bit, collisions planted or not."""
+    from thresher.transforms.bounding import per_user_bound, scored_bound
+    table = _planted(seed)
+    score = _score(("gaussian", "laplace_l0", "sample_and_threshold")[seed % 3])
+    got = scored_table(table, ["word"], score, _source(), num_key_shards=4)
+
+    def old_check(table, key_columns, representative):
+        return per_user_bound.key_hash_is_exact(table, key_columns)
+
+    monkeypatch.setattr(scored_bound, "key_hash_is_exact_at", old_check)
+    original = scored_bound.running_counts
+
+    def pair_key_rows(table, key_columns, key_rows, pair_key, buckets, num_buckets):
+        if per_user_bound.key_hash_is_exact(table, key_columns):
+            # the key rows as the pass took them before: the row of each key's first
+            # pair, in the pairs' (user, rank) order
+            from thresher.transforms.bounding.choose_contribution_bound import key_numbers
+            from thresher.transforms.bounding.l0_pairs import l0_distinct_pairs
+            key_hash = table.column(KEY_HASH_COLUMN).to_numpy()
+            pair_rows, _, _ = l0_distinct_pairs(
+                table.column(USER_COLUMN).to_numpy(), key_hash,
+                keyed_random.bind_users(_source(), table, key_columns))
+            old_rows = pair_rows[key_numbers(key_hash[pair_rows]).first]
+            assert len(old_rows) == len(key_rows)
+            key_rows = old_rows
+        return original(table, key_columns, key_rows, pair_key, buckets, num_buckets)
+
+    monkeypatch.setattr(scored_bound, "running_counts", pair_key_rows)
+    want = scored_table(table, ["word"], score, _source(), num_key_shards=4)
+    assert got[0].equals(want[0])
+    assert np.array_equal(got[1], want[1])
+    assert [s for s, _ in got[2]] == [s for s, _ in want[2]]
+    for (_, g), (_, w) in zip(got[2], want[2]):
+        assert g.equals(w)

@@ -235,11 +235,12 @@ def pair_statistics(pair_users, pair_keys, counts, score, num_key_shards=_DEFAUL
         numbers = key_numbers(pair_keys)
     keys, key_index = numbers.keys, numbers.index
     # Shards are hash mod num_key_shards (key_shards); rows of each shard contiguous.
-    shard = (keys % np.uint64(num_key_shards)).astype(np.int64)
+    # (a stable sort of the shard numbers; radix on one or two bytes, the same order)
+    small = (np.uint8 if num_key_shards <= 1 << 8 else
+             np.uint16 if num_key_shards <= 1 << 16 else np.int64)
+    shard = (keys % np.uint64(num_key_shards)).astype(small)
     by_shard = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[by_shard], np.arange(num_key_shards + 1))
-    position = np.empty(len(keys), dtype=np.int64)
-    position[by_shard] = np.arange(len(keys))
     # contribution_bound.expected_bounded_counts, N_ij * min(1, C / max(w_i, 1)) (or
     # min(x, sqrt(x)) in user weights), one candidate at a time, as integer units of
     # 2^-B rounded down (exact_scores.expected_count_units: the same integers on every
@@ -253,10 +254,12 @@ def pair_statistics(pair_users, pair_keys, counts, score, num_key_shards=_DEFAUL
                              key_index, len(keys), key_order=numbers.order)
         columns.update(zip(names, (column[by_shard] for column in units)))
     else:
+        position = np.empty(len(keys), dtype=np.int64)
+        position[by_shard] = np.arange(len(keys))
         pair_position = position[key_index]
         columns.update(zip(names, key_units(pair_users, counts, weights, score,
                                             pair_position, len(keys))))
-    del key_index, position, numbers
+    del key_index, numbers
     del pair_users, pair_keys
     partials = []
     for s in range(num_key_shards):
@@ -331,6 +334,9 @@ def l0_key_units(pair_users, user_weight, candidates, pair_key, num_keys, key_or
     weight_by_level = pair_weight[by_level]
     del by_level, pair_level
     unit = np.int64(1) << np.int64(exact_scores.COUNT_BITS)
+    # every partial sum below is an integer below n 2^B: exact in a float64 bincount when
+    # that is below 2^53 (the caller's case), else exact_bincount decides
+    in_float = len(pair_key) << exact_scores.COUNT_BITS < exact_scores.EXACT_FLOAT
     out = []
     for candidate in candidates:
         i = int(np.searchsorted(ladder, int(candidate)))
@@ -338,8 +344,13 @@ def l0_key_units(pair_users, user_weight, candidates, pair_key, num_keys, key_or
         m = int(above[i])
         if m:
             units = exact_scores.expected_count_units(None, weights, int(candidate))
-            column += exact_scores.exact_bincount(key_by_level[:m],
-                                                  units[weight_by_level[:m]], num_keys)
+            if in_float:
+                column += np.bincount(key_by_level[:m],
+                                      weights=units.astype(np.float64)[weight_by_level[:m]],
+                                      minlength=num_keys).astype(np.int64)
+            else:
+                column += exact_scores.exact_bincount(key_by_level[:m],
+                                                      units[weight_by_level[:m]], num_keys)
         out.append(column)
     return out
 

@@ -361,3 +361,29 @@ def test_l0_key_units_by_levels_with_more_than_255_candidates():
     want = _running_sum_l0_key_units(pair_users, weights, candidates, pair_key, 900)
     got = l0_key_units(pair_users, weights, candidates, pair_key, 900)
     assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("num_key_shards", [2, 16, 256, 257, 300])
+def test_key_shard_partials_hold_the_one_shard_partial_split_by_hash(num_key_shards):
+    """pair_statistics' key shards (a stable radix sort of the shard numbers, one or two
+    bytes, issue 43) split the one-shard partial: each key in shard hash mod the number
+    of shards, keys in increasing hash within a shard, the same columns."""
+    from thresher.transforms.bounding.choose_contribution_bound import pair_statistics
+    rng = np.random.default_rng(num_key_shards)
+    sizes = rng.integers(1, 40, 500)
+    pair_users = np.repeat(np.arange(len(sizes)), sizes)
+    pair_keys = (rng.integers(0, 3000, len(pair_users)).astype(np.uint64)
+                 * np.uint64(0x9E3779B97F4A7C15))
+    # one row per (user, key): drop repeats
+    pairs = np.unique(np.stack([pair_users.astype(np.uint64), pair_keys]), axis=1)
+    pair_users, pair_keys = pairs[0].astype(np.int64), pairs[1]
+    score = cb.make_score("gaussian", (1, 2, 4, 8), 8, {"thresholds": [11.0, 12, 14, 18]})
+    d1, one = pair_statistics(pair_users, pair_keys, None, score, 1)
+    dn, many = pair_statistics(pair_users, pair_keys, None, score, num_key_shards)
+    assert np.array_equal(d1, dn)
+    whole = one[0][1]
+    key = whole.column("__key").to_numpy()
+    for shard, part in many:
+        want = whole.filter(pa.array(key % np.uint64(num_key_shards) == shard))
+        assert part.equals(want), shard
+    assert sum(p.num_rows for _, p in many) == whole.num_rows

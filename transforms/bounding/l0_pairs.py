@@ -69,7 +69,8 @@ def l0_distinct_pairs(user_hash, key_hash, rng, rank_bits=None, by_user=None):
     if rank_bits is not None:
         r = 64 - b - min(rank_bits, 64 - b - r)
     elif 64 - b - r < MIN_RANK_BITS:
-        ranks = l0_ranks(user_hash, key_hash, rng, by_user=given)
+        ranks = (l0_ranks(user_hash, key_hash, rng) if given is None
+                 else l0_ranks(user_hash, key_hash, rng, by_user=given))
         return (ranks.order[ranks.distinct], ranks.rank_in_user[ranks.distinct],
                 ranks.user_numbers()[ranks.distinct])
     salts = samplers.uniform_priorities(

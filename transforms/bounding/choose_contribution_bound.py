@@ -303,7 +303,8 @@ def l0_key_units(pair_users, user_weight, candidates, pair_key, num_keys, key_or
       pairs at full weight;
     * sorted by level, highest first (a stable radix sort of a byte), the pairs with
       w_i > C are a prefix, shorter as C grows: only those are gathered and summed
-      per key (``exact_scores.exact_bincount``).
+      per key (one float64 bincount, exact when n 2^B < 2^53 as the caller checks: every
+      partial sum is then an integer below 2^53; ``exact_scores.exact_bincount`` else).
 
     Every term is the same integer as in the general loop and every sum is an exact
     integer sum (the caller checks n 2^B < 2^53), so the columns are the same whatever

@@ -106,6 +106,15 @@ def instrument():
     prereduce._PreReduceFn._flush = _measured("prereduce", prereduce._PreReduceFn._flush)
     user_shards._SplitByUser._split = _measured("user_shuffle", user_shards._SplitByUser._split)
     user_shards._concat_shard = _measured("user_shard", user_shards._concat_shard)
+    # the automatic bound's pass concatenates its shards itself (issue 43)
+    with_order = scored_bound.concat_shard_with_order
+
+    def concat_recorded(*args, **kwargs):
+        table, order = with_order(*args, **kwargs)
+        if table is not None:
+            _record("user_shard", table)
+        return table, order
+    scored_bound.concat_shard_with_order = concat_recorded
     per_user_bound._BoundL0Fn.process = _measured("partial_counts",
                                                   per_user_bound._BoundL0Fn.process)
     scored_bound._ScoredBoundFn.process = _measured(

@@ -527,9 +527,12 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
     spec = plan.spec
     keys = list(spec.input.keys)
     records = _prereduced_pairs(records, plan, rng_factory)
-    users = records | "ShardByUser" >> ShardByUser(
+    # the shuffle alone: the bounding pass concatenates each shard itself, and the sort
+    # by user that checks the shard's users also orders its ranking (one sort, not two)
+    shards = ShardByUser(
         num_shards, key_columns=keys, spill_dir=spill_dir, max_user_rows=MAX_USER_ROWS,
-        setting=_whole_user_setting(plan))
+        setting=_whole_user_setting(plan), grouped_only=True)
+    users = records | "ShardByUser" >> shards
     choose = ChooseContributionBound(
         keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,
         model=spec.bounding.model, score=plan.score_name,
@@ -538,7 +541,8 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
         rng_factory=keyed_random.child(rng_factory, "ChooseContributionBound"), spill_dir=spill_dir)
     bounder = ScoredPerUserBound(keys, choose.score,
                                  rng_factory=keyed_random.child(rng_factory, "PerUserBound"),
-                                 num_key_shards=_key_shards(num_shards), spill_dir=spill_dir)
+                                 num_key_shards=_key_shards(num_shards), spill_dir=spill_dir,
+                                 concat=shards.concat_arguments())
     scored = users | "PerUserBound" >> bounder     # the fixed pipeline's label: same salts
     chosen = bounder.statistics(scored) | "ChooseContributionBound" >> choose    # one int
     partial = bounder.select(scored["buckets"], chosen, min(plan.candidates))

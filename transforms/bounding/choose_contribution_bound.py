@@ -235,11 +235,12 @@ def pair_statistics(pair_users, pair_keys, counts, score, num_key_shards=_DEFAUL
         numbers = key_numbers(pair_keys)
     keys, key_index = numbers.keys, numbers.index
     # Shards are hash mod num_key_shards (key_shards); rows of each shard contiguous.
-    shard = (keys % np.uint64(num_key_shards)).astype(np.int64)
+    # (a stable sort of the shard numbers; radix on one or two bytes, the same order)
+    small = (np.uint8 if num_key_shards <= 1 << 8 else
+             np.uint16 if num_key_shards <= 1 << 16 else np.int64)
+    shard = (keys % np.uint64(num_key_shards)).astype(small)
     by_shard = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[by_shard], np.arange(num_key_shards + 1))
-    position = np.empty(len(keys), dtype=np.int64)
-    position[by_shard] = np.arange(len(keys))
     # contribution_bound.expected_bounded_counts, N_ij * min(1, C / max(w_i, 1)) (or
     # min(x, sqrt(x)) in user weights), one candidate at a time, as integer units of
     # 2^-B rounded down (exact_scores.expected_count_units: the same integers on every
@@ -253,10 +254,12 @@ def pair_statistics(pair_users, pair_keys, counts, score, num_key_shards=_DEFAUL
                              key_index, len(keys), key_order=numbers.order)
         columns.update(zip(names, (column[by_shard] for column in units)))
     else:
+        position = np.empty(len(keys), dtype=np.int64)
+        position[by_shard] = np.arange(len(keys))
         pair_position = position[key_index]
         columns.update(zip(names, key_units(pair_users, counts, weights, score,
                                             pair_position, len(keys))))
-    del key_index, position, numbers
+    del key_index, numbers
     del pair_users, pair_keys
     partials = []
     for s in range(num_key_shards):
@@ -289,34 +292,66 @@ def key_units(pair_users, counts, weights, score, pair_position, num_keys):
 
 def l0_key_units(pair_users, user_weight, candidates, pair_key, num_keys, key_order=None):
     """:func:`key_units` in the l0 model without user weighting (issue 43), with the
-    same integers and less work: a pair's units at C depend on its user's weight w_i
-    alone (2^B for w_i <= C, else floor(C 2^B / w_i): ``exact_scores.
-    expected_count_units``), so they are computed once per distinct weight and looked up
-    through a small table, and each key's sum is a difference of an int64 running sum
-    over the pairs sorted by key (``key_order``, a stable argsort of ``pair_key``; the order
-    ``key_numbers`` sorts by) instead of a scattered float bincount. Integer sums of
-    integers below 2^62 in total (the caller checks n 2^B < 2^53): exactly the general
-    loop's sums, whatever the order of the terms. ``pair_key``: each pair's key number
-    0..num_keys-1 (the sums are indexed by it)."""
+    same integers and less work. A pair's units at C depend on its user's weight w_i
+    alone: 2^B for w_i <= C, else floor(C 2^B / w_i) (``exact_scores.
+    expected_count_units``). So each key's sum at C is 2^B times its number of pairs with
+    w_i <= C, plus the units of its pairs with w_i > C only:
+
+    * the pairs are put in *levels*, the number of candidates below their weight (level
+      <= i iff w_i <= the i-th smallest candidate), one bincount of (level, key) cells
+      and a running sum over the levels count, for every candidate at once, each key's
+      pairs at full weight;
+    * sorted by level, highest first (a stable radix sort of a byte), the pairs with
+      w_i > C are a prefix, shorter as C grows: only those are gathered and summed
+      per key (one float64 bincount, exact when n 2^B < 2^53 as the caller checks: every
+      partial sum is then an integer below 2^53; ``exact_scores.exact_bincount`` else).
+
+    Every term is the same integer as in the general loop and every sum is an exact
+    integer sum (the caller checks n 2^B < 2^53), so the columns are the same whatever
+    the order of the terms. ``pair_key``: each pair's key number 0..num_keys-1 (the sums
+    are indexed by it); ``key_order`` is not needed (kept for the API)."""
     pair_users = np.asarray(pair_users)
-    pair_key = np.asarray(pair_key)
-    if key_order is None:
-        key_order = np.argsort(pair_key, kind="stable")
-    sizes = np.bincount(pair_key, minlength=num_keys)
-    held = np.flatnonzero(sizes)                     # keys with a pair (all, from the pass)
-    ends = np.cumsum(sizes)[held]
-    starts = ends - sizes[held]
+    pair_key = np.asarray(pair_key, dtype=np.int64)
     weights, weight_of_user = np.unique(user_weight, return_inverse=True)
     weight_of_user = weight_of_user.reshape(-1).astype(
         np.uint16 if len(weights) <= 1 << 16 else np.int64)
-    pair_weight = weight_of_user[pair_users[key_order]]   # in key order
+    pair_weight = weight_of_user[pair_users]
+    ladder = np.unique(np.asarray([int(c) for c in candidates], dtype=np.int64))
+    levels = len(ladder) + 1
+    # level of each distinct weight: the number of candidates below it
+    small = np.uint8 if levels <= 1 << 8 else np.uint16 if levels <= 1 << 16 else np.int64
+    weight_level = np.searchsorted(ladder, weights, side="left").astype(small)
+    pair_level = weight_level[pair_weight]
+    # pairs at full weight per key and level, summed over the levels <= i
+    cells = np.bincount(pair_level.astype(np.int64) * num_keys + pair_key,
+                        minlength=levels * num_keys)
+    full = cells.reshape(levels, num_keys)
+    for level in range(1, levels):       # running sums over the levels, row by row
+        full[level] += full[level - 1]
+    # pairs by level, highest first: those above ladder[i] are the first `above[i]`
+    by_level = np.argsort(small(levels - 1) - pair_level, kind="stable")
+    above = len(pair_level) - np.cumsum(np.bincount(pair_level, minlength=levels))
+    key_by_level = pair_key[by_level]
+    weight_by_level = pair_weight[by_level]
+    del by_level, pair_level
+    unit = np.int64(1) << np.int64(exact_scores.COUNT_BITS)
+    # every partial sum below is an integer below n 2^B: exact in a float64 bincount when
+    # that is below 2^53 (the caller's case), else exact_bincount decides
+    in_float = len(pair_key) << exact_scores.COUNT_BITS < exact_scores.EXACT_FLOAT
     out = []
     for candidate in candidates:
-        units = exact_scores.expected_count_units(None, weights, int(candidate))
-        running = np.zeros(len(pair_weight) + 1, dtype=np.int64)
-        np.cumsum(units[pair_weight], out=running[1:])
-        column = np.zeros(num_keys, dtype=np.int64)
-        column[held] = running[ends] - running[starts]
+        i = int(np.searchsorted(ladder, int(candidate)))
+        column = full[i] * unit
+        m = int(above[i])
+        if m:
+            units = exact_scores.expected_count_units(None, weights, int(candidate))
+            if in_float:
+                column += np.bincount(key_by_level[:m],
+                                      weights=units.astype(np.float64)[weight_by_level[:m]],
+                                      minlength=num_keys).astype(np.int64)
+            else:
+                column += exact_scores.exact_bincount(key_by_level[:m],
+                                                      units[weight_by_level[:m]], num_keys)
         out.append(column)
     return out
 

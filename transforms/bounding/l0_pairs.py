@@ -38,7 +38,7 @@ from thresher.transforms.randomness.hashing import mix64
 MIN_RANK_BITS = 24
 
 
-def l0_distinct_pairs(user_hash, key_hash, rng, rank_bits=None):
+def l0_distinct_pairs(user_hash, key_hash, rng, rank_bits=None, by_user=None):
     """(pair_rows, rank_in_user, pair_users) of the distinct (user, key hash) pairs, users
     contiguous in increasing number, each user's keys in its random order:
     ``pair_rows`` one row index per pair, ``rank_in_user`` 0 for a user's first key, ...,
@@ -47,12 +47,19 @@ def l0_distinct_pairs(user_hash, key_hash, rng, rank_bits=None):
     ``rank_in_user[distinct]``, ``user_numbers()[distinct]``). ``user_hash`` must be
     non-empty. ``rank_bits`` (tests only): keep at most that many rank bits in the
     packed word and treat every tie of truncated ranks as a clash (the exact re-order
-    of the users concerned), so that path is exercised."""
+    of the users concerned), so that path is exercised. ``by_user``: the caller's
+    ``user_shards.UserOrder`` of ``user_hash`` (``user_shards.concat_shard_with_order``:
+    the sort by user that checked the shard's users), so that it is not sorted again;
+    it is ``order_by_user(user_hash)`` itself, so the result is the same."""
     user_hash = np.asarray(user_hash, dtype=np.uint64)
     key_hash = np.asarray(key_hash, dtype=np.uint64)
     n = len(user_hash)
-    by_user = _order_by_user(user_hash)
-    user_start = _runs(user_hash[by_user])
+    given = by_user
+    if by_user is None:
+        by_user = _order_by_user(user_hash)
+        user_start = _runs(user_hash[by_user])
+    else:
+        by_user, user_start = by_user.order, _runs(by_user.sorted_users)
     starts = np.flatnonzero(user_start)
     n_users = len(starts)
     user_number = np.cumsum(user_start, dtype=np.int64) - 1          # by_user order
@@ -62,7 +69,8 @@ def l0_distinct_pairs(user_hash, key_hash, rng, rank_bits=None):
     if rank_bits is not None:
         r = 64 - b - min(rank_bits, 64 - b - r)
     elif 64 - b - r < MIN_RANK_BITS:
-        ranks = l0_ranks(user_hash, key_hash, rng)
+        ranks = (l0_ranks(user_hash, key_hash, rng) if given is None
+                 else l0_ranks(user_hash, key_hash, rng, by_user=given))
         return (ranks.order[ranks.distinct], ranks.rank_in_user[ranks.distinct],
                 ranks.user_numbers()[ranks.distinct])
     salts = samplers.uniform_priorities(

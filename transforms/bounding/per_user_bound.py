@@ -310,6 +310,26 @@ def key_hash_is_exact(table, key_columns):
     return distinct_hashes == distinct_keys
 
 
+def key_hash_is_exact_at(table, key_columns, representative):
+    """:func:`key_hash_is_exact` given, for every row, a row holding the same ``__key``
+    (``representative``, int64 row indices; e.g. the first row of each key hash, from a
+    sort by key hash the caller made anyway: ``choose_contribution_bound.key_numbers``):
+    True iff every row's key tuple equals its representative's, i.e. iff each hash holds
+    one key tuple. The same answer as :func:`key_hash_is_exact` without its hash pass over
+    ``__key`` (issue 43: the automatic bound's pass sorts the keys already); other key
+    types and null keys are decided by :func:`key_hash_is_exact` itself."""
+    types = [table.schema.field(name).type for name in key_columns]
+    if not table.num_rows or not all(_bytewise_equal(t) for t in types) \
+            or any(table.column(name).null_count for name in key_columns):
+        return key_hash_is_exact(table, key_columns)
+    representative = pa.array(np.asarray(representative, dtype=np.int64))
+    for name in key_columns:
+        column = _flat(table.column(name))
+        if not pc.all(pc.equal(column, column.take(representative))).as_py():
+            return False
+    return True
+
+
 # Schema metadata a whole-user table may carry: the key columns over which ``__key`` is
 # known to be one-to-one (checked by :func:`key_hash_is_exact` on this table or on a
 # table it is a row subset of: a subset of one-to-one pairs is one-to-one). Set only by

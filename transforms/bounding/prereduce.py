@@ -114,13 +114,15 @@ included), and the published bytes with the step forced on and off.
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.transforms.window import GlobalWindows
 
 from thresher.transforms.randomness import keyed_random
 from thresher.transforms.randomness.hashing import mix64
 from thresher.transforms.plumbing.arrow_coder import TABLE
 from thresher.transforms.bounding.per_user_bound import (
-    _runs, exact_key_codes, hash_exact_per_user, key_hash_is_exact, l0_ranks)
+    _bytewise_equal, _flat, _runs, exact_key_codes, hash_exact_per_user, key_hash_is_exact,
+    l0_ranks)
 from thresher.transforms.bounding.user_shards import (
     COALESCE_ROWS, KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN, concat,
     exact_users_with_order)
@@ -212,27 +214,55 @@ def distinct_pair_rows(table, key_columns):
     distinct (user identity, exact key): the first row in table order of each distinct
     (``__user``, ``__user_lo``, key). No randomness is read.
 
-    Pairs are told apart by the key hash ``__key``; where two different key tuples of the
-    table share a hash (``per_user_bound.key_hash_is_exact`` is False: possible only by a
-    collision of the 64-bit key hash), by exact key codes instead, so a user's colliding
-    keys stay two keys (the automatic bound's ranking counts them as two: module
-    docstring, "The automatic bound"). The rows are grouped by one value sort
-    (:func:`first_rows_of_triples`), checked exact, with :func:`first_rows_by_lexsort`
-    (the earlier kernel, and its test oracle) as the fallback."""
+    Pairs are told apart by the key hash ``__key``; where two different key tuples of
+    one user share a hash (possible only by a collision of the 64-bit key hash), by
+    exact key codes instead, so a user's colliding keys stay two keys (the automatic
+    bound's ranking counts them as two: module docstring, "The automatic bound"). The
+    rows are grouped by one value sort (:func:`first_rows_of_triples`), checked exact,
+    with :func:`first_rows_by_lexsort` (the earlier kernel, and its test oracle) as the
+    fallback.
+
+    The collision check reads the grouping itself (issue 43): every row the grouping
+    by hash drops is compared, on its key columns, with the row before it in its
+    (user, hash) group (:func:`_repeats_hold_their_keys`). Where they all hold the same
+    key tuple, the groups by hash are the groups by exact key (a hash is a function of
+    the key), so the rows are those the exact codes give; otherwise the exact codes are
+    used. Before, the table-wide ``key_hash_is_exact`` chose: a collision between keys
+    of two different users sent the table to the exact codes too, which group it the
+    same way, so the rows are the same."""
     if table.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
     words = table.column(USER_COLUMN)
     words = (words.combine_chunks() if words.num_chunks != 1 else words.chunk(0)).to_numpy(
         zero_copy_only=False)
     low = table.column(USER_LOW_COLUMN).to_numpy()
-    if key_hash_is_exact(table, key_columns):
-        keys = table.column(KEY_HASH_COLUMN).to_numpy()
-    else:
-        keys = exact_key_codes(table, key_columns)
-    return first_rows_of_triples(words, low, keys)
+    first, later, earlier = first_rows_of_triples(
+        words, low, table.column(KEY_HASH_COLUMN).to_numpy(), repeats=True)
+    if _repeats_hold_their_keys(table, key_columns, later, earlier):
+        return first
+    return first_rows_of_triples(words, low, exact_key_codes(table, key_columns))
 
 
-def first_rows_of_triples(words, low, keys, hash_bits=None):
+def _repeats_hold_their_keys(table, key_columns, later, earlier):
+    """True if rows ``later`` hold the key tuples of rows ``earlier`` (pairwise), on key
+    types whose ``pc.equal`` is equality of values and without nulls; else (those
+    cannot be compared so) whether ``__key`` is one-to-one on the table's keys
+    (``key_hash_is_exact``, the check this replaces)."""
+    types = [table.schema.field(name).type for name in key_columns]
+    if not all(_bytewise_equal(t) for t in types) \
+            or any(table.column(name).null_count for name in key_columns):
+        return key_hash_is_exact(table, key_columns)
+    if len(later) == 0:
+        return True
+    this, before = pa.array(later), pa.array(earlier)
+    for name in key_columns:
+        column = _flat(table.column(name))
+        if not pc.all(pc.equal(column.take(this), column.take(before))).as_py():
+            return False
+    return True
+
+
+def first_rows_of_triples(words, low, keys, hash_bits=None, repeats=False):
     """The first row (lowest index), ascending, of each distinct (words, low, keys)
     triple: :func:`first_rows_by_lexsort`'s rows, by one value sort (issue 43; numpy's
     sort of uint64 is ~4x faster than an argsort, and a three-key lexsort is three).
@@ -245,12 +275,13 @@ def first_rows_of_triples(words, low, keys, hash_bits=None):
     every row of a group with the previous one on all three words, and then the lexsort
     is used. Without such a group every group is one triple, and its first row is the
     triple's first. ``hash_bits`` (tests only): keep that many bits of h, forcing
-    collisions."""
+    collisions. ``repeats``: also return (later, earlier), every row but the first of
+    its triple and a row of the same triple before it (int64 row indices)."""
     words = np.asarray(words, dtype=np.uint64)
     n = len(words)
     bits = max(1, (n - 1).bit_length())
     if n == 0 or bits > 40:
-        return first_rows_by_lexsort(words, low, keys)
+        return first_rows_by_lexsort(words, low, keys, repeats)
     mask = np.uint64((1 << bits) - 1)
     keys = np.asarray(keys)
     packed = mix64(keys.view(np.uint64) if keys.dtype == np.int64 else keys)
@@ -264,26 +295,35 @@ def first_rows_of_triples(words, low, keys, hash_bits=None):
     new_group = _runs(packed >> np.uint64(bits))
     del packed
     inner = ~new_group[1:]
+    later = earlier = np.zeros(0, dtype=np.int64)
     if inner.any():
         later, earlier = rows[1:][inner], rows[:-1][inner]
         if not (np.array_equal(words[later], words[earlier])
                 and np.array_equal(low[later], low[earlier])
                 and np.array_equal(keys[later], keys[earlier])):
-            return first_rows_by_lexsort(words, low, keys)
-    return np.sort(rows[new_group]).astype(np.int64)
+            return first_rows_by_lexsort(words, low, keys, repeats)
+    first = np.sort(rows[new_group]).astype(np.int64)
+    if repeats:
+        return first, later.astype(np.int64), earlier.astype(np.int64)
+    return first
 
 
-def first_rows_by_lexsort(words, low, keys):
+def first_rows_by_lexsort(words, low, keys, repeats=False):
     """:func:`first_rows_of_triples` by a stable (words, low, keys) lexsort: each
     triple's first row comes first in its run."""
     if len(words) == 0:
-        return np.zeros(0, dtype=np.int64)
+        empty = np.zeros(0, dtype=np.int64)
+        return (empty, empty, empty) if repeats else empty
     order = np.lexsort((keys, low, words))   # stable: each pair's first row comes first
     first = np.empty(len(order), dtype=bool)
     first[0] = True
     w, lo, k = words[order], low[order], keys[order]
     first[1:] = (w[1:] != w[:-1]) | (lo[1:] != lo[:-1]) | (k[1:] != k[:-1])
-    return np.sort(order[first])
+    rows = np.sort(order[first])
+    if repeats:
+        inner = ~first[1:]
+        return rows, order[1:][inner].astype(np.int64), order[:-1][inner].astype(np.int64)
+    return rows
 
 
 def _buckets(table):

@@ -40,11 +40,13 @@ from thresher.transforms.randomness import keyed_random
 from thresher.transforms.plumbing import spill
 from thresher.transforms.plumbing.arrow_coder import SHARD_AND_TABLE, TABLE
 from thresher.transforms.bounding.choose_contribution_bound import (
-    _DEFAULT_KEY_SHARDS, _UserStatisticsFn, key_numbers, pair_statistics, table_statistics)
+    _DEFAULT_KEY_SHARDS, KeyNumbers, _UserStatisticsFn, key_numbers, pair_statistics,
+    table_statistics)
 from thresher.transforms.bounding.l0_pairs import l0_distinct_pairs
 from thresher.transforms.bounding.per_user_bound import (
-    exact_key_codes, key_hash_is_exact, l0_pair_ranks_per_user)
-from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, USER_COLUMN
+    exact_key_codes, key_hash_is_exact_at, l0_pair_ranks_per_user)
+from thresher.transforms.bounding.user_shards import (
+    KEY_HASH_COLUMN, USER_COLUMN, concat_shard_with_order)
 
 
 def candidate_buckets(rank_in_user, candidates):
@@ -54,14 +56,14 @@ def candidate_buckets(rank_in_user, candidates):
     return np.searchsorted(np.asarray(candidates, dtype=np.int64), rank_in_user, side="right")
 
 
-def running_counts(table, key_columns, pair_rows, pair_key, first_pair, buckets, num_buckets):
+def running_counts(table, key_columns, key_rows, pair_key, buckets, num_buckets):
     """(key columns, ``__key``, ``__n0`` .. ``__n{m-1}``): one row per key that some
     candidate keeps, ``__n<i>`` the number of the table's distinct (user, key) pairs of
     that key in buckets 0..i, i.e. its users at C = candidates[i] (columns past the
     shard's last used bucket, m - 1, would repeat ``__n{m-1}`` and are left out).
 
-    ``pair_rows``: a table row of each distinct pair; ``pair_key``: its key number 0..J-1
-    (one per exact key); ``first_pair``: one pair of each key (its key columns);
+    ``pair_key``: each distinct pair's key number 0..J-1 (one per exact key);
+    ``key_rows``: a table row of each key (its key columns, J of them);
     ``buckets``: each pair's :func:`candidate_buckets` (``num_buckets`` = no candidate).
     One row per key instead of one per key and bucket: ``SumCountsPerKey`` gets as many
     rows from the chosen C as from a fixed bound (issue 19)."""
@@ -70,7 +72,7 @@ def running_counts(table, key_columns, pair_rows, pair_key, first_pair, buckets,
     if len(pair_key) == 0:
         return None
     # keys with a kept pair, renumbered densely 0..J'-1 in key order
-    present = np.bincount(pair_key, minlength=len(first_pair)) > 0
+    present = np.bincount(pair_key, minlength=len(key_rows)) > 0
     renumber = np.cumsum(present, dtype=np.int64) - 1
     pair_key = renumber[pair_key]
     num_keys = int(renumber[-1]) + 1
@@ -81,7 +83,7 @@ def running_counts(table, key_columns, pair_rows, pair_key, first_pair, buckets,
     pair_key = pair_key[by_bucket]
     dtype = np.int32 if len(pair_key) < np.iinfo(np.int32).max else np.int64
     out = table.select(list(key_columns) + [KEY_HASH_COLUMN]).take(
-        pa.array(pair_rows[first_pair[present]]))
+        pa.array(key_rows[present]))
     running = np.zeros(num_keys, dtype=np.int64)
     for b in range(len(bounds) - 1):
         running += np.bincount(pair_key[bounds[b]:bounds[b + 1]], minlength=num_keys)
@@ -107,7 +109,8 @@ def user_key_cap(candidates):
     return max(USER_KEY_CAP, int(max(candidates)))
 
 
-def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHARDS):
+def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHARDS,
+                 by_user=None):
     """One user shard -> (running counts table or None, dropped[K], key-shard partials).
 
     ``rng``: the bounding stage's source (as ``per_user_bound._BoundL0Fn`` uses it). The
@@ -128,7 +131,11 @@ def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHA
     The dropped term is unchanged too (min(k_i, C_m) = min(cap, C_m) = C_m for
     cap >= C_m), and so is every candidate's kept set (the first C <= cap keys of the same
     order). Only the key-cost term of such users changes: C / cap instead of C / k_i on
-    cap of their keys instead of all of them."""
+    cap of their keys instead of all of them.
+
+    ``by_user``: the ``user_shards.UserOrder`` of the table's ``__user`` when the caller
+    has it (``user_shards.concat_shard_with_order``), handed to
+    ``l0_pairs.l0_distinct_pairs`` so that the shard is sorted by user once."""
     candidates = score.candidates
     cap = user_key_cap(candidates)
     if table.num_rows == 0:
@@ -137,20 +144,30 @@ def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHA
     users = table.column(USER_COLUMN).to_numpy()
     bound_rng = keyed_random.bind_users(rng, table, key_columns)
     key_hash = np.asarray(table.column(KEY_HASH_COLUMN).to_numpy(), dtype=np.uint64)
-    if key_hash_is_exact(table, key_columns):
+    # every row's key number (distinct hashes in increasing order) and the first row of
+    # each: the hash check compares every row's key with its hash's first row
+    # (key_hash_is_exact without its own hash pass), and the numbers serve the
+    # statistics and the running counts
+    row_numbers = key_numbers(key_hash)
+    if key_hash_is_exact_at(table, key_columns, row_numbers.first[row_numbers.index]):
         # the distinct (user, key hash) pairs, users contiguous and in increasing number
-        # (l0_ranks' distinct rows); their key numbers serve the statistics and the
-        # running counts alike
-        pair_rows, rank_in_user, pair_users = l0_distinct_pairs(users, key_hash, bound_rng)
+        # (l0_ranks' distinct rows)
+        pair_rows, rank_in_user, pair_users = l0_distinct_pairs(users, key_hash, bound_rng,
+                                                                by_user=by_user)
         if int(rank_in_user.max()) >= cap:   # a user beyond the cap: its first cap keys
             inside = rank_in_user < cap
             pair_rows, rank_in_user = pair_rows[inside], rank_in_user[inside]
             pair_users = pair_users[inside]
-        numbers = key_numbers(key_hash[pair_rows])
+            numbers = key_numbers(key_hash[pair_rows])   # the keys of the pairs read
+            key_rows = pair_rows[numbers.first]
+        else:   # every row's pair is read: the pairs' keys are the rows' keys
+            numbers = KeyNumbers(row_numbers.keys, row_numbers.index[pair_rows], None)
+            key_rows = row_numbers.first
+        del row_numbers
         dropped, partials = pair_statistics(pair_users, None, None, score,
                                             num_key_shards, numbers=numbers)
         del pair_users
-        pair_key, first_pair = numbers.index, numbers.first
+        pair_key = numbers.index
     else:   # colliding key hashes: the users whose own keys collide are ranked on exact
         # key codes, every other user by its hash ranking (as bound_table_l0 does)
         beam.metrics.Metrics.counter("thresher_not_private",
@@ -165,10 +182,11 @@ def scored_table(table, key_columns, score, rng, num_key_shards=_DEFAULT_KEY_SHA
         _, first_pair, pair_key = np.unique(codes[pair_rows], return_index=True,
                                             return_inverse=True)
         pair_key = pair_key.reshape(-1)
+        key_rows = pair_rows[first_pair]
         dropped, partials = table_statistics(scored, key_columns, score,
                                              num_key_shards=num_key_shards)
     buckets = candidate_buckets(rank_in_user, candidates)
-    counts = running_counts(table, key_columns, pair_rows, pair_key, first_pair, buckets,
+    counts = running_counts(table, key_columns, key_rows, pair_key, buckets,
                             len(candidates))
     return counts, dropped, partials
 
@@ -189,7 +207,9 @@ class _ScoredBoundFn(beam.DoFn):
     DROPPED = _UserStatisticsFn.DROPPED
     PARTIALS = "partials"
 
-    def __init__(self, key_columns, score, num_key_shards, rng_factory, stage, spill_dir):
+    def __init__(self, key_columns, score, num_key_shards, rng_factory, stage, spill_dir,
+                 concat=None):
+        self._concat = None if concat is None else dict(concat)
         self._key_columns = tuple(key_columns)
         self._score = score
         self._num_key_shards = num_key_shards
@@ -200,10 +220,16 @@ class _ScoredBoundFn(beam.DoFn):
     def setup(self):
         self._rng = keyed_random.worker_rng(self._rng_factory)
 
-    def process(self, table):
+    def process(self, element):
+        if self._concat is None:              # a table of whole users
+            table, by_user = element, None
+        else:                                 # (shard, [pieces]): concatenated here
+            table, by_user = concat_shard_with_order(element, **self._concat)
+            if table is None:
+                return
         rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage)
         counts, dropped, partials = scored_table(table, self._key_columns, self._score, rng,
-                                                 self._num_key_shards)
+                                                 self._num_key_shards, by_user=by_user)
         beam.metrics.Metrics.counter("thresher_not_private", "rows_bounded").inc(table.num_rows)
         yield beam.pvalue.TaggedOutput(self.DROPPED, dropped)
         for shard_and_partial in partials:
@@ -225,7 +251,12 @@ def _select(counts_or_path, bound, candidates):
 class ScoredPerUserBound(beam.PTransform):
     """The bounding pass of an automatic bound (module docstring).
 
-    Input: PCollection[pa.Table] of whole users (``ShardByUser``). Hand it the draws
+    Input: PCollection[pa.Table] of whole users (``ShardByUser``), or, with ``concat``
+    (``ShardByUser.concat_arguments()``), the groups of ``ShardByUser.grouped``: each
+    is then concatenated in the bounding step itself
+    (``user_shards.concat_shard_with_order``), whose sort by user also orders the
+    bounding (one sort by user per shard instead of two; the same tables, so the same
+    outputs). Hand it the draws
     ``release.child("PerUserBound")`` (the fixed-bound pipeline's; that label path keys
     the per-user salts).
     Output: a dict — ``dropped`` and ``partials``, the statistics that
@@ -234,8 +265,9 @@ class ScoredPerUserBound(beam.PTransform):
     """
 
     def __init__(self, key_columns, score, rng_factory=None, spill_dir=None,
-                 num_key_shards=_DEFAULT_KEY_SHARDS, label=None):
+                 num_key_shards=_DEFAULT_KEY_SHARDS, concat=None, label=None):
         super().__init__(label)
+        self._concat = concat
         self._key_columns = tuple(key_columns)
         self._score = score
         self._rng_factory = rng_factory
@@ -244,7 +276,8 @@ class ScoredPerUserBound(beam.PTransform):
 
     def expand(self, user_shards):
         fn = _ScoredBoundFn(self._key_columns, self._score, self._num_key_shards,
-                            *keyed_random.stage_of(self._rng_factory), self._spill_dir)
+                            *keyed_random.stage_of(self._rng_factory), self._spill_dir,
+                            concat=self._concat)
         out = user_shards | "BoundL0AndScore" >> keyed_random.par_do(fn).with_outputs(
             _ScoredBoundFn.DROPPED, _ScoredBoundFn.PARTIALS, main="buckets")
         out[_ScoredBoundFn.PARTIALS].element_type = SHARD_AND_TABLE

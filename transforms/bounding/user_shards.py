@@ -258,17 +258,32 @@ def refusal(max_user_rows, setting):
 def _concat_shard(shard_and_tables, key_columns=None, after=None, max_user_rows=None,
                   setting=None):
     # ``after``: an unused side input that orders this step after its producer
+    table, _ = concat_shard_with_order(shard_and_tables, key_columns, max_user_rows, setting)
+    if table is not None:
+        yield table
+
+
+def concat_shard_with_order(shard_and_tables, key_columns=None, max_user_rows=None,
+                            setting=None):
+    """(one table of whole users, its :class:`UserOrder`) from a ``(shard, [Table or
+    spilled path])`` group (:meth:`ShardByUser.grouped`), or (None, None) for an empty
+    group: the table :meth:`ShardByUser.concat` yields (:func:`exact_users`, ``__key``
+    present) and the sort by user its check made (``exact_users_with_order``; None where
+    it made none), so that a consumer doing both in one step sorts the shard by user once
+    (issue 43: ``scored_bound``'s bounding pass; the order is handed on within that one
+    call, never kept between elements)."""
     _, tables = shard_and_tables
     tables = list(tables)
     if max_user_rows is not None:
         check_user_rows(tables, max_user_rows, setting)
     tables = [spill.read_piece(t) if isinstance(t, str) else t for t in tables]
     table = concat(tables)
-    if table is not None:
-        table = exact_users(table)
-        if key_columns is not None and KEY_HASH_COLUMN not in table.column_names:
-            table = with_key_hash(table, key_columns)
-        yield table
+    if table is None:
+        return None, None
+    table, order = exact_users_with_order(table)
+    if key_columns is not None and KEY_HASH_COLUMN not in table.column_names:
+        table = with_key_hash(table, key_columns)     # a column more: the rows stay
+    return table, order
 
 
 def with_key_hash(table, key_columns):
@@ -282,13 +297,16 @@ class ShardByUser(beam.PTransform):
     """Hash-shard record batches by user so each output element has whole users."""
 
     def __init__(self, num_shards, key_columns=None, spill_dir=None, coalesce_rows=None,
-                 max_user_rows=None, setting=None, label=None):
+                 max_user_rows=None, setting=None, grouped_only=False, label=None):
         """``coalesce_rows``: read batches are combined up to this many rows before they
         are split (``COALESCE_ROWS`` by default; 1 when the input's tables are combined
         already, e.g. by ``transforms.bounding.prereduce.PreReduceL0``). ``max_user_rows``: refuse
         (``InputError`` naming ``setting``, the spec setting that makes the consumers hold
-        every row of a user) a user with more rows (:func:`check_user_rows`)."""
+        every row of a user) a user with more rows (:func:`check_user_rows`).
+        ``grouped_only``: the output is :meth:`grouped`'s ``(shard, [pieces])``, for a
+        consumer that concatenates each shard itself with :meth:`concat_arguments`."""
         super().__init__(label)
+        self._grouped_only = grouped_only
         self._coalesce_rows = coalesce_rows
         self._max_user_rows = max_user_rows
         self._setting = setting
@@ -300,6 +318,8 @@ class ShardByUser(beam.PTransform):
 
     def expand(self, batches):
         grouped = self.grouped(batches)
+        if self._grouped_only:
+            return grouped
         return grouped | "ConcatUserShard" >> self.concat()
 
     def grouped(self, batches):
@@ -339,10 +359,17 @@ class ShardByUser(beam.PTransform):
         that it runs in its consumer's stage rather than fused with the other consumer.
         ``fn``: the concatenation (default :func:`_concat_shard`; same arguments)."""
         extra = {} if after is None else {"after": after}
+        extra.update(self.concat_arguments())
+        return beam.FlatMap(fn or _concat_shard, **extra).with_output_types(TABLE)
+
+    def concat_arguments(self):
+        """The keyword arguments :meth:`concat` hands the concatenation
+        (:func:`_concat_shard`, :func:`concat_shard_with_order`), for a consumer of
+        :meth:`grouped` that concatenates the shards itself."""
+        extra = {"key_columns": self._key_columns}
         if self._max_user_rows is not None:
             extra.update(max_user_rows=self._max_user_rows, setting=self._setting)
-        return beam.FlatMap(fn or _concat_shard, key_columns=self._key_columns,
-                            **extra).with_output_types(TABLE)
+        return extra
 
 # ---- The gate before the group --------------------------------------------------
 # Refuse a user over the whole-user limit before the user shuffle groups its rows.

@@ -299,3 +299,91 @@ def test_l0_key_units_equal_the_general_loop(candidates, seed):
     for g, w in zip(got, want):
         assert g.dtype == np.int64 and np.array_equal(g, w)
     assert len({tuple(w) for w in want}) == len(candidates)   # the columns differ
+
+
+def _running_sum_l0_key_units(pair_users, user_weight, candidates, pair_key, num_keys):
+    """l0_key_units as it was before its levels (issue 43, round 6): per candidate, every
+    pair's units gathered in key order and summed by an int64 running sum (the oracle of
+    the level kernel)."""
+    from thresher.accounting import exact_scores
+    key_order = np.argsort(pair_key, kind="stable")
+    sizes = np.bincount(pair_key, minlength=num_keys)
+    held = np.flatnonzero(sizes)
+    ends = np.cumsum(sizes)[held]
+    starts = ends - sizes[held]
+    weights, weight_of_user = np.unique(user_weight, return_inverse=True)
+    pair_weight = weight_of_user.reshape(-1)[pair_users[key_order]]
+    out = []
+    for candidate in candidates:
+        units = exact_scores.expected_count_units(None, weights, int(candidate))
+        running = np.zeros(len(pair_weight) + 1, dtype=np.int64)
+        np.cumsum(units[pair_weight], out=running[1:])
+        column = np.zeros(num_keys, dtype=np.int64)
+        column[held] = running[ends] - running[starts]
+        out.append(column)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_l0_key_units_by_levels_equal_the_running_sums_on_random_tables(seed):
+    """The level kernel (pairs at full weight counted per level, the others summed over
+    a shrinking prefix) gives the integers of the per-candidate running sums it replaced,
+    on random tables: weights equal to a candidate, below the smallest and above the
+    largest, candidates in any order, keys without pairs. Deterministic (fixed seeds)."""
+    from thresher.transforms.bounding.choose_contribution_bound import l0_key_units
+    rng = np.random.default_rng(1000 + seed)
+    candidates = sorted(rng.choice(np.arange(1, 300), size=rng.integers(1, 15), replace=False))
+    candidates = [int(c) for c in candidates]
+    if seed % 3 == 1:
+        candidates = candidates[::-1]
+    pool = np.concatenate([candidates, np.array(candidates) + 1, [1, 2, 500, 4000]])
+    sizes = np.where(rng.random(400) < 0.5, rng.choice(pool, 400),
+                     rng.zipf(1.6, 400) % 600 + 1).astype(np.int64)
+    pair_users = np.repeat(np.arange(len(sizes)), sizes)
+    num_keys = int(rng.integers(1, 3000))
+    pair_key = rng.integers(0, num_keys, len(pair_users))
+    weights = np.maximum(np.bincount(pair_users), 1)
+    want = _running_sum_l0_key_units(pair_users, weights, candidates, pair_key, num_keys)
+    got = l0_key_units(pair_users, weights, candidates, pair_key, num_keys)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == np.int64 and np.array_equal(g, w)
+
+
+def test_l0_key_units_by_levels_with_more_than_255_candidates():
+    from thresher.transforms.bounding.choose_contribution_bound import l0_key_units
+    rng = np.random.default_rng(7)
+    candidates = list(range(1, 400))
+    sizes = rng.integers(1, 700, 200)
+    pair_users = np.repeat(np.arange(len(sizes)), sizes)
+    pair_key = rng.integers(0, 900, len(pair_users))
+    weights = np.bincount(pair_users)
+    want = _running_sum_l0_key_units(pair_users, weights, candidates, pair_key, 900)
+    got = l0_key_units(pair_users, weights, candidates, pair_key, 900)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("num_key_shards", [2, 16, 256, 257, 300])
+def test_key_shard_partials_hold_the_one_shard_partial_split_by_hash(num_key_shards):
+    """pair_statistics' key shards (a stable radix sort of the shard numbers, one or two
+    bytes, issue 43) split the one-shard partial: each key in shard hash mod the number
+    of shards, keys in increasing hash within a shard, the same columns."""
+    from thresher.transforms.bounding.choose_contribution_bound import pair_statistics
+    rng = np.random.default_rng(num_key_shards)
+    sizes = rng.integers(1, 40, 500)
+    pair_users = np.repeat(np.arange(len(sizes)), sizes)
+    pair_keys = (rng.integers(0, 3000, len(pair_users)).astype(np.uint64)
+                 * np.uint64(0x9E3779B97F4A7C15))
+    # one row per (user, key): drop repeats
+    pairs = np.unique(np.stack([pair_users.astype(np.uint64), pair_keys]), axis=1)
+    pair_users, pair_keys = pairs[0].astype(np.int64), pairs[1]
+    score = cb.make_score("gaussian", (1, 2, 4, 8), 8, {"thresholds": [11.0, 12, 14, 18]})
+    d1, one = pair_statistics(pair_users, pair_keys, None, score, 1)
+    dn, many = pair_statistics(pair_users, pair_keys, None, score, num_key_shards)
+    assert np.array_equal(d1, dn)
+    whole = one[0][1]
+    key = whole.column("__key").to_numpy()
+    for shard, part in many:
+        want = whole.filter(pa.array(key % np.uint64(num_key_shards) == shard))
+        assert part.equals(want), shard
+    assert sum(p.num_rows for _, p in many) == whole.num_rows

@@ -97,3 +97,39 @@ def test_one_row_per_pair_and_the_first_row_in_table_order():
     for i, pair in enumerate(zip(users.tolist(), keys.tolist())):
         first.setdefault(pair, i)
     assert sorted(rows.tolist()) == sorted(first.values())
+
+
+@pytest.mark.parametrize("rank_bits", [None, 3])
+@pytest.mark.parametrize("seed,rows,users,keys,heavy", CASES)
+def test_the_callers_user_order_gives_the_same_pairs_without_a_sort(
+        seed, rows, users, keys, heavy, rank_bits, monkeypatch):
+    """With the caller's UserOrder (user_shards.concat_shard_with_order hands it over in
+    the automatic bound's pass, issue 43) the pairs, ranks and user numbers are the same,
+    and the shard is not sorted by user again."""
+    from thresher.transforms.bounding.user_shards import UserOrder, order_by_user
+    table = _table(seed, rows, users, keys, heavy)
+    want = _new(table, rank_bits=rank_bits)
+    user_words = table.column(USER_COLUMN).to_numpy()
+    order = order_by_user(user_words)
+    given = UserOrder(order, user_words[order])
+    sorts = []
+    monkeypatch.setattr(l0_pairs, "_order_by_user",
+                        lambda *a: sorts.append(1) or order_by_user(*a))
+    _assert_same(_new(table, rank_bits=rank_bits, by_user=given), want)
+    assert not sorts
+    _assert_same(_new(table, rank_bits=rank_bits), want)
+    assert sorts
+
+
+def test_the_callers_user_order_reaches_the_l0_ranks_fallback(monkeypatch):
+    from thresher.transforms.bounding.user_shards import UserOrder, order_by_user
+    table = _table(2, 3000, 50, 100, 4000)
+    user_words = table.column(USER_COLUMN).to_numpy()
+    order = order_by_user(user_words)
+    given = UserOrder(order, user_words[order])
+    monkeypatch.setattr(l0_pairs, "MIN_RANK_BITS", 63)
+    seen = []
+    monkeypatch.setattr(l0_pairs, "l0_ranks",
+                        lambda *a, **k: seen.append(k.get("by_user")) or l0_ranks(*a, **k))
+    _assert_same(_new(table, by_user=given), _reference(table))
+    assert seen == [given]

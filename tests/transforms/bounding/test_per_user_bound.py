@@ -242,3 +242,48 @@ def test_hash_exact_per_user_defers_on_nulls_and_other_types():
                              table.column("__key").to_numpy(),
                              keyed_random.bind_users(source, table, ["k"]))
         assert not pub.hash_exact_per_user(table, ["k"], ranks)
+
+
+def _first_row_of_each_hash(table):
+    hashes = table.column("__key").to_numpy()
+    _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    return first[inverse.reshape(-1)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_key_hash_is_exact_at_agrees_with_key_hash_is_exact(seed):
+    """key_hash_is_exact_at (issue 43: the caller's first row of each hash instead of a
+    hash pass over __key) answers as key_hash_is_exact on text, integer, two-column,
+    large_string, binary, null-holding and float keys, chunked or not, with a collision
+    planted between two different keys or none (about half the seeds)."""
+    from thresher.transforms.bounding.per_user_bound import key_hash_is_exact, key_hash_is_exact_at
+    rng = np.random.default_rng(500 + seed)
+    n = int(rng.integers(2, 300))
+    values = rng.integers(0, int(rng.integers(1, 40)), n)
+    makers = [lambda v: pa.array([f"w{x}" for x in v], pa.string()),
+              lambda v: pa.array(v - 3, pa.int64()),
+              lambda v: pa.array([f"k{x}" for x in v], pa.large_string()),
+              lambda v: pa.array([b"k%d" % x for x in v], pa.binary()),
+              lambda v: pa.array([None if x == 0 else f"k{x}" for x in v], pa.string()),
+              lambda v: pa.array(np.where(v == 0, -0.0, v - 2.0))]
+    columns = {f"c{j}": makers[(seed + 3 * j) % len(makers)](
+        rng.integers(0, 4, n) if j else values) for j in range(1 + seed % 2)}
+    table = pa.table(columns)
+    tuples = list(zip(*[table.column(c).to_pylist() for c in columns]))
+    codes = {t: i for i, t in enumerate(dict.fromkeys(tuples))}
+    hashes = np.array([codes[t] for t in tuples], dtype=np.uint64) * np.uint64(7919)
+    if rng.random() < 0.5:   # plant a collision: a key takes another key's hash
+        a = int(rng.integers(0, n))
+        other = np.flatnonzero(hashes != hashes[a])
+        if len(other):
+            hashes[hashes == hashes[int(rng.choice(other))]] = hashes[a]
+    table = table.append_column("__key", pa.array(hashes, pa.uint64()))
+    if n > 3 and rng.random() < 0.5:
+        cut = int(rng.integers(1, n - 1))
+        table = pa.concat_tables([table.slice(0, cut), table.slice(cut)])
+    want = key_hash_is_exact(table, list(columns))
+    assert key_hash_is_exact_at(table, list(columns), _first_row_of_each_hash(table)) == want
+    # any row of the same hash serves as its representative
+    shuffled = table.take(pa.array(rng.permutation(table.num_rows)))
+    assert key_hash_is_exact_at(shuffled, list(columns),
+                                _first_row_of_each_hash(shuffled)) == want

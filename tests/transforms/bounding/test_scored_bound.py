@@ -176,7 +176,7 @@ def _old_kernels(monkeypatch):
     from thresher.transforms.bounding import scored_bound
     from thresher.transforms.bounding.per_user_bound import l0_ranks
 
-    def ranked_pairs(users, keys, rng):
+    def ranked_pairs(users, keys, rng, by_user=None):   # the old kernel sorted by itself
         ranks = l0_ranks(users, keys, rng)
         d = ranks.distinct
         return ranks.order[d], ranks.rank_in_user[d], ranks.user_numbers()[d]
@@ -221,6 +221,117 @@ def test_pass_is_identical_to_the_pre_value_sort_kernels(case, score_name, monke
         assert got[0] is None
     else:
         assert got[0].equals(want[0])
+    assert np.array_equal(got[1], want[1])
+    assert [s for s, _ in got[2]] == [s for s, _ in want[2]]
+    for (_, g), (_, w) in zip(got[2], want[2]):
+        assert g.equals(w)
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_the_pass_concatenates_grouped_shards_with_one_sort_by_user(spill, tmp_path,
+                                                                   monkeypatch):
+    """ScoredPerUserBound's step given ShardByUser.grouped's (shard, [pieces]) (issue 43:
+    the release's automatic bound) emits what it emits given the concatenated shard, and
+    sorts the shard by user once (the concatenation's check), not twice."""
+    from thresher.transforms.bounding import l0_pairs, scored_bound, user_shards
+    table = _heavy_table(10)
+    tables = [table.slice(0, 5000), table.slice(5000, 7000)]
+    pieces = tables
+    if spill:     # spilled pieces travel as file names (transforms/plumbing/spill.py)
+        from thresher.transforms.plumbing import spill as spill_mod
+        pieces = [spill_mod.write_piece(t, str(tmp_path)) for t in tables]
+    concat = {"key_columns": ("word",)}
+    whole = next(user_shards._concat_shard((0, tables), **concat))
+    sorts = []
+    for module in (l0_pairs, user_shards):
+        original = module.order_by_user if module is user_shards else module._order_by_user
+        counted = (lambda f: lambda *a: sorts.append(1) or f(*a))(original)
+        monkeypatch.setattr(module, "order_by_user" if module is user_shards
+                            else "_order_by_user", counted)
+
+    def run(fn, element):
+        fn._rng = None
+        out = {"buckets": [], "dropped": [], "partials": []}
+        for item in fn.process(element):
+            if hasattr(item, "tag"):
+                out[item.tag].append(item.value)
+            else:
+                out["buckets"].append(item)
+        return out
+
+    score = _score()
+    factory = keyed_random.KeyedSource(SECRET)
+    grouped_fn = scored_bound._ScoredBoundFn(("word",), score, 4, factory, STAGE, None,
+                                             concat=concat)
+    got = run(grouped_fn, (0, pieces))
+    assert len(sorts) == 1
+    sorts.clear()
+    want = run(scored_bound._ScoredBoundFn(("word",), score, 4, factory, STAGE, None), whole)
+    assert len(sorts) == 1          # l0_distinct_pairs' own sort (the table came concatenated)
+    assert got["buckets"][0].equals(want["buckets"][0])
+    assert np.array_equal(got["dropped"][0], want["dropped"][0])
+    assert [s for s, _ in got["partials"]] == [s for s, _ in want["partials"]]
+    for (_, g), (_, w) in zip(got["partials"], want["partials"]):
+        assert g.equals(w)
+
+
+def _planted(seed):
+    """A shard with a hash collision planted (or not) between two different words: held
+    by one user, by two users, or none (the branches of scored_table's hash check)."""
+    rng = np.random.default_rng(seed)
+    table = _table(seed, rows=int(rng.integers(50, 3000)), users=int(rng.integers(5, 300)))
+    how = seed % 3
+    if how == 0:
+        return table
+    words = np.array(table.column("word").to_pylist())
+    user = table.column(USER_COLUMN).to_numpy()
+    hashes = table.column(KEY_HASH_COLUMN).to_numpy().copy()
+    a = int(rng.integers(0, len(words)))
+    if how == 1:   # another word of a's user takes a's hash
+        other = np.flatnonzero((user == user[a]) & (words != words[a]))
+    else:          # a word a's user does not hold takes a's hash
+        other = np.flatnonzero(~np.isin(words, words[user == user[a]]))
+    if len(other):
+        hashes[words == words[int(rng.choice(other))]] = hashes[a]
+    return table.set_column(table.schema.get_field_index(KEY_HASH_COLUMN), KEY_HASH_COLUMN,
+                            pa.array(hashes, pa.uint64()))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_pass_with_the_sorted_hash_check_is_that_of_the_table_wide_check(seed, monkeypatch):
+    """scored_table's hash check read off its sort of the rows by key hash
+    (``key_hash_is_exact_at``, issue 43) and the key rows taken from that sort give
+    everything the pass gave with the table-wide ``key_hash_is_exact`` and the key rows
+    of its pairs (kept here as the oracle), bit for bit, collisions planted or not."""
+    from thresher.transforms.bounding import per_user_bound, scored_bound
+    table = _planted(seed)
+    score = _score(("gaussian", "laplace_l0", "sample_and_threshold")[seed % 3])
+    got = scored_table(table, ["word"], score, _source(), num_key_shards=4)
+
+    def old_check(table, key_columns, representative):
+        return per_user_bound.key_hash_is_exact(table, key_columns)
+
+    monkeypatch.setattr(scored_bound, "key_hash_is_exact_at", old_check)
+    original = scored_bound.running_counts
+
+    def pair_key_rows(table, key_columns, key_rows, pair_key, buckets, num_buckets):
+        if per_user_bound.key_hash_is_exact(table, key_columns):
+            # the key rows as the pass took them before: the row of each key's first
+            # pair, in the pairs' (user, rank) order
+            from thresher.transforms.bounding.choose_contribution_bound import key_numbers
+            from thresher.transforms.bounding.l0_pairs import l0_distinct_pairs
+            key_hash = table.column(KEY_HASH_COLUMN).to_numpy()
+            pair_rows, _, _ = l0_distinct_pairs(
+                table.column(USER_COLUMN).to_numpy(), key_hash,
+                keyed_random.bind_users(_source(), table, key_columns))
+            old_rows = pair_rows[key_numbers(key_hash[pair_rows]).first]
+            assert len(old_rows) == len(key_rows)
+            key_rows = old_rows
+        return original(table, key_columns, key_rows, pair_key, buckets, num_buckets)
+
+    monkeypatch.setattr(scored_bound, "running_counts", pair_key_rows)
+    want = scored_table(table, ["word"], score, _source(), num_key_shards=4)
+    assert got[0].equals(want[0])
     assert np.array_equal(got[1], want[1])
     assert [s for s, _ in got[2]] == [s for s, _ in want[2]]
     for (_, g), (_, w) in zip(got[2], want[2]):

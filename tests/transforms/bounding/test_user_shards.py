@@ -75,3 +75,27 @@ def test_exact_users_hands_its_user_order_to_l0_ranks():
                                     keyed_random.bind_users(source, table, ["word"]))
     for a, b in zip(ranks, again):
         np.testing.assert_array_equal(a, b)
+
+
+def test_concat_shard_with_order_is_the_concatenation_and_its_sort_by_user():
+    """concat_shard_with_order (issue 43: the automatic bound's pass concatenates each
+    shard itself) gives the table _concat_shard yields, ``__key`` recomputed where the
+    pieces dropped it, and the UserOrder of that table's ``__user``; an empty group gives
+    (None, None)."""
+    from thresher.pipelines.dataio.io import prepare_batch
+    from thresher.transforms.bounding import user_shards
+    from thresher.transforms.randomness.user_identity import TEST_KEY
+    rng = np.random.default_rng(4)
+    raw = pa.table({"user": [f"u{i}" for i in rng.integers(0, 500, 6000)],
+                    "word": [f"w{i}" for i in rng.integers(0, 700, 6000)]})
+    prepared, _ = prepare_batch(raw, "user", ["word"], identity_key=TEST_KEY)
+    pieces = [prepared.slice(0, 2500), prepared.slice(2500, 3500)]
+    for drop in (False, True):
+        given = [p.drop_columns(["__key"]) for p in pieces] if drop else pieces
+        want = list(user_shards._concat_shard((3, given), key_columns=("word",)))
+        table, order = user_shards.concat_shard_with_order((3, given), key_columns=("word",))
+        assert len(want) == 1 and table.equals(want[0])
+        users = table.column("__user").to_numpy()
+        np.testing.assert_array_equal(order.order, user_shards.order_by_user(users))
+        np.testing.assert_array_equal(order.sorted_users, users[order.order])
+    assert user_shards.concat_shard_with_order((3, []), key_columns=("word",)) == (None, None)

@@ -94,13 +94,37 @@ def exponential_mechanism(scores, epsilon, sensitivity, rng, *, monotone=False):
         ``numpy.random.Generator`` (tests); only uniform 64-bit words are used.
 
     Returns:
-      int index into ``scores``. epsilon-DP (pure) for the stated sensitivity.
+      int index into ``scores``. epsilon-DP (pure) for the stated sensitivity. One draw of
+      :class:`ExponentialMechanism` (which draws repeatedly from one set of scores).
     """
-    exponents = exact_exponents(scores, epsilon, sensitivity, monotone=monotone)
-    while True:
-        index = _uniform_below(rng, len(exponents))
-        if bernoulli_exp(rng, exponents[index]):
-            return index
+    return ExponentialMechanism(scores, epsilon, sensitivity, monotone=monotone).draw(rng)
+
+
+class ExponentialMechanism:
+    """The exponential mechanism for one set of scores: the exact exponents x_r of
+    :func:`exact_exponents` computed once, then any number of draws, each exactly as one
+    call of :func:`exponential_mechanism` (the same words of ``rng``, the same index;
+    ``tests/accounting/test_selection.py`` compares them over many seeds). Each draw is
+    epsilon-DP (pure) on its own; k draws from the same scores compose to k epsilon.
+
+    A draw proposes r uniformly and accepts it with an exact Bernoulli(exp(-x_r)) coin
+    (Canonne, Kamath & Steinke 2020, Algorithm 1 with exp(-x) = exp(-1)^floor(x)
+    exp(-frac(x))); the coin's integers (floor(x_r) and frac(x_r) as numerator and
+    denominator) are also computed once.
+    """
+
+    def __init__(self, scores, epsilon, sensitivity, *, monotone=False):
+        self.exponents = exact_exponents(scores, epsilon, sensitivity, monotone=monotone)
+        self._coins = [_exp_coin(x) for x in self.exponents]
+
+    def draw(self, rng):
+        """One candidate index, Pr[r] = exp(-x_r) / sum_s exp(-x_s) (exactly)."""
+        coins = self._coins
+        n = len(coins)
+        while True:
+            index = _uniform_below(rng, n)
+            if _bernoulli_exp_coin(rng, *coins[index]):
+                return index
 
 
 def exact_exponents(scores, epsilon, sensitivity, *, monotone=False):
@@ -129,6 +153,10 @@ def _random_bits(rng, m):
     bits = getattr(rng, "bits", None)
     if bits is not None and not isinstance(rng, np.random.Generator):
         draws = np.asarray(bits(words), dtype=np.uint64).reshape(words)
+    elif words == 1:
+        # the same word as size=1 (numpy draws a full-range uint64 as one raw output),
+        # without the array: a third of the cost of the call
+        return int(rng.integers(0, 1 << 64, dtype=np.uint64)) >> (64 - m)
     else:
         draws = rng.integers(0, 1 << 64, size=words, dtype=np.uint64)
     value = 0
@@ -159,22 +187,40 @@ def bernoulli_rational(rng, p):
 def bernoulli_exp(rng, gamma):
     """An exact Bernoulli(exp(-gamma)) coin for a rational gamma >= 0 (Canonne, Kamath &
     Steinke 2020, Algorithm 1, with exp(-gamma) = exp(-1)^floor(gamma) exp(-frac(gamma)))."""
+    return _bernoulli_exp_coin(rng, *_exp_coin(gamma))
+
+
+def _exp_coin(gamma):
+    """(floor(gamma), numerator, denominator of frac(gamma)) for a rational gamma >= 0:
+    the integers :func:`_bernoulli_exp_coin` flips a Bernoulli(exp(-gamma)) coin with."""
     gamma = Fraction(gamma)
     if gamma < 0:
         raise ValueError(f"gamma must be >= 0, got {float(gamma)}")
     whole = math.floor(gamma)
-    remaining = whole
-    while remaining > 0:            # stops at the first failure: about 1.6 coins expected
-        if not _bernoulli_exp_unit(rng, Fraction(1)):
+    fraction = gamma - whole
+    return whole, fraction.numerator, fraction.denominator
+
+
+def _bernoulli_exp_coin(rng, whole, numerator, denominator):
+    """Bernoulli(exp(-gamma)), gamma = whole + numerator / denominator (0 <= numerator <
+    denominator, in lowest terms): exp(-1) coins, stopping at the first failure (about
+    1.6 coins expected), then one exp(-frac(gamma)) coin."""
+    for _ in range(whole):
+        if not _bernoulli_exp_unit(rng, 1, 1):
             return False
-        remaining -= 1
-    return _bernoulli_exp_unit(rng, gamma - whole)
+    return _bernoulli_exp_unit(rng, numerator, denominator)
 
 
-def _bernoulli_exp_unit(rng, gamma):
-    """Bernoulli(exp(-gamma)) for 0 <= gamma <= 1: the number K of successive successes of
-    Bernoulli(gamma / k), k = 1, 2, ..., is odd with probability exp(-gamma)."""
+def _bernoulli_exp_unit(rng, numerator, denominator):
+    """Bernoulli(exp(-gamma)) for 0 <= gamma = numerator / denominator <= 1: the number K
+    of successive successes of Bernoulli(gamma / k), k = 1, 2, ..., is odd with
+    probability exp(-gamma). Each Bernoulli(gamma / k) is :func:`bernoulli_rational`'s
+    coin on gamma / k in lowest terms, in integers."""
     k = 1
-    while bernoulli_rational(rng, gamma / k):
+    while True:
+        scaled = denominator * k
+        g = math.gcd(numerator, scaled)
+        p, q = numerator // g, scaled // g       # gamma / k in lowest terms
+        if p <= 0 or (p < q and _uniform_below(rng, q) >= p):
+            return k % 2 == 1
         k += 1
-    return k % 2 == 1

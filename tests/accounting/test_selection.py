@@ -180,3 +180,104 @@ def test_monotone_variant_is_not_private_for_non_monotone_scores():
 def test_invalid_arguments_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         selection.exponential_mechanism_probabilities(**kwargs)
+
+
+# --------------------------------------------------------------------------------------
+# ExponentialMechanism: the exact exponents computed once, each draw as one call.
+
+def _per_call_draw(scores, epsilon, sensitivity, rng, monotone=False):
+    """The exponential mechanism's per-call draw as it was written before
+    ``ExponentialMechanism`` (f1aefc6): exact exponents on every call, Fraction coins,
+    every word fetched as an array. The oracle the sampler must match word for word."""
+    exponents = selection.exact_exponents(scores, epsilon, sensitivity, monotone=monotone)
+
+    def random_bits(m):
+        words = (m + 63) // 64
+        bits = getattr(rng, "bits", None)
+        if bits is not None and not isinstance(rng, np.random.Generator):
+            draws = np.asarray(bits(words), dtype=np.uint64).reshape(words)
+        else:
+            draws = rng.integers(0, 1 << 64, size=words, dtype=np.uint64)
+        value = 0
+        for word in draws:
+            value = (value << 64) | int(word)
+        return value >> (64 * words - m)
+
+    def uniform_below(n):
+        m = max(1, (n - 1).bit_length())
+        while True:
+            value = random_bits(m)
+            if value < n:
+                return value
+
+    def coin(p):
+        p = Fraction(p)
+        if p <= 0:
+            return False
+        if p >= 1:
+            return True
+        return uniform_below(p.denominator) < p.numerator
+
+    def exp_unit(gamma):
+        k = 1
+        while coin(gamma / k):
+            k += 1
+        return k % 2 == 1
+
+    def exp_coin(gamma):
+        gamma = Fraction(gamma)
+        whole = math.floor(gamma)
+        for _ in range(whole):
+            if not exp_unit(Fraction(1)):
+                return False
+        return exp_unit(gamma - whole)
+
+    while True:
+        index = uniform_below(len(exponents))
+        if exp_coin(exponents[index]):
+            return index
+
+
+class _WordStream:
+    """The ``bits`` protocol of the pipeline's keyed streams, over a seeded generator."""
+
+    def __init__(self, seed):
+        self.words = np.random.default_rng(seed)
+
+    def bits(self, n):
+        return self.words.integers(0, 1 << 64, size=n, dtype=np.uint64)
+
+
+_AUDIT_D = [3.0] + [0.0] * 10                  # tests/audit/scenarios.exponential_mechanism
+_SCORE_SETS = [
+    (_AUDIT_D, 1.0, 3.0, False),
+    ([0.0] + [3.0] * 10, 1.0, 3.0, False),
+    (_AUDIT_D, 1.0, 3.0, True),
+    ([0.0, -25.3, -3.7, -1e3, -1.1], 1.3, 1.0, False),       # whole parts, 2^52 denominators
+    ([-Fraction(1, 3), Fraction(0), -Fraction(7, 5), -Fraction(22, 7)], 0.9, Fraction(1, 2),
+     True),                                                   # exact scores (exact_scores)
+    (list(np.random.default_rng(4).normal(0.0, 1.0, 40)), 0.7, 2.0, False),  # 6-bit proposals
+]
+
+
+@pytest.mark.parametrize("words", ["generator", "bits"])
+@pytest.mark.parametrize("case", range(len(_SCORE_SETS)))
+def test_sampler_draws_exactly_the_per_call_path(case, words):
+    """ExponentialMechanism draws, and exponential_mechanism returns, the same indices as
+    the per-call implementation it replaced, from the same randomness, and leave the
+    stream at the same word: 200 seeds x 5 draws per score set, from a seeded numpy
+    Generator and from the ``bits`` protocol of the keyed streams (deterministic)."""
+    scores, epsilon, sensitivity, monotone = _SCORE_SETS[case]
+    make = np.random.default_rng if words == "generator" else _WordStream
+    sampler = selection.ExponentialMechanism(scores, epsilon, sensitivity, monotone=monotone)
+    assert sampler.exponents == selection.exact_exponents(scores, epsilon, sensitivity,
+                                                          monotone=monotone)
+    for seed in range(200):
+        old, new, call = make(seed), make(seed), make(seed)
+        want = [_per_call_draw(scores, epsilon, sensitivity, old, monotone) for _ in range(5)]
+        assert [sampler.draw(new) for _ in range(5)] == want, seed
+        assert [selection.exponential_mechanism(scores, epsilon, sensitivity, call,
+                                                monotone=monotone) for _ in range(5)] == want
+        after = [(r if words == "generator" else r.words).integers(0, 1 << 64, dtype=np.uint64)
+                 for r in (old, new, call)]
+        assert after[0] == after[1] == after[2], seed     # the same words were consumed

@@ -466,7 +466,7 @@ def exponential_mechanism(*, candidates=10, epsilon=EPSILON, mutation="", trials
     by the sensitivity, in opposite directions for the first candidate (the worst case of
     the factor 2). Mutations: "monotone factor on non-monotone scores" (exponent eps u /
     Delta), "sensitivity / 2", "composition ignored" (two selections, charged once)."""
-    select = _module("thresher.accounting.selection").exponential_mechanism
+    mechanism = _module("thresher.accounting.selection").ExponentialMechanism
     sensitivity = 3.0
     d = np.zeros(candidates + 1)
     d[0] = sensitivity
@@ -480,13 +480,16 @@ def exponential_mechanism(*, candidates=10, epsilon=EPSILON, mutation="", trials
         raise ValueError(mutation)
 
     def runner(scores):
+        # the mechanism's own sampler (exponential_mechanism draws through it): the exact
+        # exponents once per side, each draw exactly one call of exponential_mechanism
+        select = mechanism(scores, epsilon, used_sensitivity, monotone=monotone).draw
+
         def run(rng, n):
             out = np.zeros(n, dtype=np.int64)
             for i in range(n):
                 code = 0
                 for _ in range(rounds):
-                    code = code * (candidates + 1) + select(scores, epsilon, used_sensitivity,
-                                                            rng, monotone=monotone)
+                    code = code * (candidates + 1) + select(rng)
                 out[i] = code
             return out
         return run

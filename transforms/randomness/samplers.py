@@ -295,16 +295,40 @@ class _InversionTable:
         self.oracle = oracle
         self.bits = bits
         self.size = len(lo)
+        self._bucket_shift, self._bucket_value, self._bucket_settled = self._buckets()
+
+    def _buckets(self):
+        """A lookup by the top bits of the prefix, for the buckets of prefixes whose draw
+        the table settles alone: every prefix of the bucket has the same x (no ``hi``
+        inside it) and is surely below F(x) (the bucket ends below ``lo[x]``) or past the
+        table (x = K). Buckets: 2**(bit length of K + 6), 2**10 to 2**16."""
+        depth = min(self.bits, max(10, min(16, self.size.bit_length() + 6)))
+        shift = self.bits - depth
+        first = np.arange(1 << depth, dtype=np.uint64) << np.uint64(shift)
+        last = first + np.uint64((1 << shift) - 1)
+        x = np.searchsorted(self.hi, first, side="right")
+        settled = (x == np.searchsorted(self.hi, last, side="right")) & (
+            (x == self.size) | (last < self.lo[np.minimum(x, self.size - 1)]))
+        return np.uint64(shift), x.astype(np.int64), settled
 
     def invert(self, rng, prefixes):
         """Draws for uniform reals whose first ``bits`` bits are ``prefixes``: returns
-        (values, tail) with tail marking draws >= K (values there are K)."""
-        x = np.searchsorted(self.hi, prefixes, side="right")   # F(k) <= R for k < x
-        in_body = x < self.size
-        sure = in_body & (prefixes < self.lo[np.minimum(x, self.size - 1)])
-        values = x.astype(np.int64)
-        for i in np.flatnonzero(in_body & ~sure):
-            values[i] = self._resolve(_element(rng, i), int(prefixes[i]), int(x[i]))
+        (values, tail) with tail marking draws >= K (values there are K).
+
+        A prefix in a settled bucket (:meth:`_buckets`) takes the bucket's value; the
+        others are searched in the table, and those between certified bounds resolved by
+        more bits, in increasing position (each draw the same as searching them all)."""
+        bucket = (prefixes >> self._bucket_shift).astype(np.intp)
+        values = self._bucket_value[bucket]
+        open_ = np.flatnonzero(~self._bucket_settled[bucket])
+        if open_.size:
+            p = prefixes[open_]
+            x = np.searchsorted(self.hi, p, side="right")     # F(k) <= R for k < x
+            in_body = x < self.size
+            sure = in_body & (p < self.lo[np.minimum(x, self.size - 1)])
+            values[open_] = x
+            for i in open_[in_body & ~sure]:
+                values[i] = self._resolve(_element(rng, i), int(prefixes[i]), int(values[i]))
         return values, values >= self.size
 
     def _resolve(self, rng, prefix, k):

@@ -48,20 +48,35 @@ def convolve(a, b):
     computes), len(a) + len(b) - 1 long: out[k] = sum_j a[k - j] b[j], the terms of each
     output added one after another in increasing j over the non-zero entries of ``b`` (a
     zero entry adds nothing: skipping it leaves every sum unchanged for finite inputs).
-    One vector operation per non-zero entry of ``b``: pass the shorter or sparser array
-    second."""
+
+    One vector operation per non-zero entry of the shorter side. When ``a`` has fewer
+    non-zero entries than ``b``, the loop runs over i = k - j of ``a`` in decreasing order,
+    adding a[i] b (b's whole length) to out[i:]: each output still receives its terms in
+    increasing j, each term the same correctly rounded product, so the bits are those of
+    the loop over ``b`` (an added zero product leaves a sum that started at +0.0 as it was;
+    with an infinite or NaN entry the loop over ``b`` is kept, as 0 times inf is NaN)."""
     a = np.asarray(a, dtype=np.float64).ravel()
     b = np.asarray(b, dtype=np.float64).ravel()
     if len(a) == 0 or len(b) == 0:
         raise ValueError("convolve: empty input")
-    n = len(a)
-    out = np.zeros(n + len(b) - 1)
-    scratch = np.empty(n)
-    for j in np.flatnonzero(b):
-        np.multiply(a, b[j], out=scratch)
-        window = out[j:j + n]
-        np.add(window, scratch, out=window)
+    out = np.zeros(len(a) + len(b) - 1)
+    b_terms = np.flatnonzero(b)
+    a_terms = np.flatnonzero(a)
+    if len(a_terms) < len(b_terms) and np.isfinite(a).all() and np.isfinite(b).all():
+        _add_shifted(out, b, a, a_terms[::-1])      # i decreasing: j = k - i increasing
+    else:
+        _add_shifted(out, a, b, b_terms)
     return out
+
+
+def _add_shifted(out, long, short, positions):
+    """out[p:p + len(long)] += long * short[p] for each p of ``positions`` in turn."""
+    n = len(long)
+    scratch = np.empty(n)
+    for p in positions:
+        np.multiply(long, short[p], out=scratch)
+        window = out[p:p + n]
+        np.add(window, scratch, out=window)
 
 
 # -- elementwise exponentials and logarithms, the same bits on every x86-64 CPU -------------

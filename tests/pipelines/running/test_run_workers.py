@@ -19,6 +19,7 @@ import pytest
 
 from thresher.pipelines.running import run_workers
 from tests.robustness.conftest import words_table
+from tests.robustness.test_cli_edge_cases import _mapped
 from tests.robustness.test_hostile_corpus import base_spec, write_yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -90,14 +91,6 @@ def test_stop_ends_the_runs_own_workers_and_spares_the_groups_others():
         assert _alive(pids["unmarked"]), "a Beam worker of no thresher run was stopped"
     finally:
         _kill([pids["child"], pids["ours"], pids["theirs"], pids["unmarked"]])
-
-
-def _mapped(pid, library):
-    try:
-        with open(f"/proc/{pid}/maps", encoding="ascii", errors="replace") as handle:
-            return library in handle.read()
-    except OSError:
-        return False
 
 
 def test_ctrl_c_of_a_run_spares_another_beam_worker_of_its_group(tmp_path):

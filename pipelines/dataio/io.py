@@ -99,21 +99,25 @@ def _normalise_keys(table, key_columns, as_text):
 MAX_KEY_BYTES = 64 * 1024
 
 
-def _read_row_group(source, group, columns, keys, user=None):
+def _read_row_group(source, group, columns, keys, user=None, metadata=None):
     """One row group, its text key columns first read as dictionaries so that
     :func:`check_key_sizes` refuses an over-long key before the column is decoded (the
     decoded column is what the release uses, as before), and a text ``user`` column read
     as a dictionary too: the file's dictionary of ids is what :func:`prepare_batch`
-    identifies (one MAC per distinct id, no hash of every row's id), never decoded."""
-    schema = pq.ParquetFile(source).schema_arrow
+    identifies (one MAC per distinct id, no hash of every row's id), never decoded.
+    ``metadata``: the file's footer, already parsed (:class:`_Footers`), or None to parse
+    it here."""
+    schema = pq.ParquetFile(source, metadata=metadata).schema_arrow
     text_keys = [k for k in keys if k in columns and _is_text(schema.field(k).type)]
     dictionaries = list(text_keys)
     if user is not None and user in columns and user not in dictionaries \
             and _is_text(schema.field(user).type):
         dictionaries.append(user)
     if not dictionaries:
-        return pq.ParquetFile(source).read_row_group(group, columns=columns), []
-    table = pq.ParquetFile(source, read_dictionary=dictionaries).read_row_group(
+        return pq.ParquetFile(source, metadata=metadata).read_row_group(group,
+                                                                        columns=columns), []
+    table = pq.ParquetFile(source, metadata=metadata,
+                           read_dictionary=dictionaries).read_row_group(
         group, columns=columns)
     return table, text_keys
 
@@ -405,6 +409,29 @@ class _ParquetRowGroups(beam.DoFn):
             yield path, group
 
 
+class _Footers:
+    """Parsed Parquet footers of local files, kept by a reading DoFn across its elements.
+
+    A row group is one element, and opening the file parses its whole footer, which grows
+    with the row groups: a file of G row groups read one group at a time parsed G footers
+    of G groups each (1e8 rows in 1,000 row groups: ~2.7 s of CPU, growing as G^2). A
+    footer is parsed once per file and worker, and re-verified before each use: it is used
+    only while the file's size and modification time (ns) are the ones it was parsed at."""
+
+    def __init__(self):
+        self._footers = {}
+
+    def get(self, path):
+        stat = os.stat(path)
+        signature = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+        kept = self._footers.get(path)
+        if kept is not None and kept[0] == signature:
+            return kept[1]
+        metadata = pq.read_metadata(path)
+        self._footers[path] = (signature, metadata)
+        return metadata
+
+
 class _ReadParquetRowGroup(beam.DoFn):
     """Read one row group's columns as Arrow batches of at most BATCH_ROWS rows. A file
     whose data pages are corrupt is an input error naming the file and row group, never
@@ -415,12 +442,15 @@ class _ReadParquetRowGroup(beam.DoFn):
         self._keys = tuple(keys)
         self._user = user
 
+    def setup(self):
+        self._footers = _Footers()
+
     def process(self, path_and_group):
         path, group = path_and_group
         try:
             if _is_local(path):  # pyarrow's own file reader, no Python file object
                 table, text_keys = _read_row_group(path, group, self._columns, self._keys,
-                                                   self._user)
+                                                   self._user, self._footers.get(path))
             else:
                 with _open(path) as handle:
                     table, text_keys = _read_row_group(handle, group, self._columns,

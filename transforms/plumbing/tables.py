@@ -17,21 +17,28 @@ USER_HIGH_COLUMN = "__user_hi"  # identity word 0, where __user had to become a 
 KEY_HASH_COLUMN = "__key"
 
 
-def split_by_shard(table, shard_ids, num_shards):
+def split_by_shard(table, shard_ids, num_shards, slices=False):
     """Yield (shard, sub-table) for every non-empty shard of one batch.
 
-    Each sub-table owns compact buffers (one ``take`` per shard), never a slice of a
-    shared table: pickling a pyarrow slice writes the *whole* parent buffers, which made
-    every shard piece as large as its batch (num_shards times the data in the shuffle)."""
+    By default each sub-table owns compact buffers (one ``take`` per shard), never a slice
+    of a shared table: pickling a pyarrow slice writes the *whole* parent buffers, which
+    made every shard piece as large as its batch (num_shards times the data in the
+    shuffle). ``slices=True`` is for a consumer that writes each piece to an Arrow IPC file
+    (``transforms.plumbing.spill.write_piece``; the IPC writer writes only a slice's own
+    rows): the rows are put in shard order by one ``take`` and each piece is a zero-copy
+    slice of it, so a split into many shards costs one gather instead of one per shard
+    (at 1e8 rows, 100 shards: ~19,000 ``take`` calls, 8 s of CPU)."""
     shard_ids = np.asarray(shard_ids)
     # Shard ids are small non-negative integers: a stable radix sort on 16 bits.
     narrow = shard_ids.astype(np.uint16) if num_shards <= (1 << 16) else shard_ids
     order = np.argsort(narrow, kind="stable")
     bounds = np.searchsorted(narrow[order], np.arange(num_shards + 1))
+    ordered = table.take(pa.array(order)) if slices else None
     for shard in range(num_shards):
         lo, hi = int(bounds[shard]), int(bounds[shard + 1])
         if hi > lo:
-            yield shard, table.take(pa.array(order[lo:hi]))
+            yield shard, (ordered.slice(lo, hi - lo) if slices
+                          else table.take(pa.array(order[lo:hi])))
 
 
 def concat(tables):

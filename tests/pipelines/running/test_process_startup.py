@@ -93,3 +93,39 @@ print(json.dumps([frozen, "apache_beam.pipeline" in sys.modules, ref() is None])
     assert proc.returncode == 0, proc.stderr[-2000:]
     frozen, beam_imported, collected = json.loads(proc.stdout.strip().splitlines()[-1])
     assert beam_imported and frozen > 50_000 and collected
+
+
+_FAULTS = r"""
+import resource, sys
+import numpy as np
+from thresher.pipelines.running import process
+if sys.argv[1] == "kept":
+    assert process.keep_freed_heap()
+rng = np.random.default_rng(0)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+recent = []
+for i in range(300):       # a batch's buffers of 1-32 MB, freed, and a few small ones kept
+    n = int(rng.integers(1 << 17, 4 << 20))
+    a = np.ones(n)
+    b = np.ones(n // 3)
+    recent.append(np.ones(int(rng.integers(1000, 20000))))
+    c = a[::2].copy()
+    del a, b, c
+    if len(recent) > 50:
+        recent.pop(0)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's malloc")
+def test_freed_buffers_are_reused_without_new_page_faults():
+    """keep_freed_heap: freed multi-megabyte buffers are reused by the next ones instead of
+    faulting fresh pages in (one fixed sequence of allocations, in fresh processes; glibc's
+    malloc is deterministic for one sequence: 10,778 faults by default, 3,118 kept, here).
+    In a release at 1e7 rows: 227,000 -> 75,000 faults, 1.2 -> 0.7 s of system time."""
+    import subprocess
+    import sys
+    faults = {mode: int(subprocess.run([sys.executable, "-c", _FAULTS, mode], check=True,
+                                       capture_output=True, text=True).stdout)
+              for mode in ("default", "kept")}
+    assert faults["kept"] * 2 < faults["default"], faults

@@ -1,0 +1,96 @@
+"""The user shuffle's spilled pieces grow linearly with the rows (issue 43, item 3).
+
+With a spill folder, ``_SplitByUser`` waits for about ``SPILL_PIECE_ROWS`` rows per shard
+before it splits, and each piece is a slice of one gather (``split_by_shard(...,
+slices=True)``) written to its own Arrow IPC file. Without this, a split of every
+pre-reduced table wrote tables x shards files (rows^2: 19,100 files at 1e8 rows). The
+shards must hold exactly the rows they held before: only the cut into pieces changes."""
+import os
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.testing import test_pipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from thresher.pipelines.dataio.io import prepare_batch
+from thresher.transforms.bounding import user_shards
+from thresher.transforms.bounding.user_shards import ShardByUser, split_by_shard, user_shard_of
+from thresher.transforms.plumbing import spill
+from thresher.transforms.randomness.user_identity import TEST_KEY
+
+
+def _rows(table):
+    return sorted(zip(*[table.column(c).to_pylist() for c in table.column_names]))
+
+
+def _batches(n=8000, size=1000, seed=9):
+    rng = np.random.default_rng(seed)
+    raw = pa.table({"user": [f"user-{i}" for i in rng.integers(0, 900, n)],
+                    "word": [f"w{j}" for j in rng.integers(0, 120, n)]})
+    return [prepare_batch(raw.slice(i, size), "user", ["word"], identity_key=TEST_KEY)[0]
+            for i in range(0, n, size)]
+
+
+def test_sliced_pieces_are_the_taken_pieces_and_write_only_their_rows(tmp_path):
+    """A sliced piece holds the rows (in order) of the piece one take per shard gives,
+    and its IPC file is about its own size, not its parent's (the writer truncates a
+    slice's buffers; a pickled slice would carry the parent's)."""
+    table = pa.concat_tables(_batches())
+    shards = user_shard_of(table.column("__user").to_numpy(), 13)
+    taken = list(split_by_shard(table, shards, 13))
+    sliced = list(split_by_shard(table, shards, 13, slices=True))
+    assert [s for s, _ in sliced] == [s for s, _ in taken]
+    for (_, a), (_, b) in zip(taken, sliced):
+        assert b.equals(a)
+        written = spill.read_piece(spill.write_piece(b, str(tmp_path)))
+        assert written.equals(a)
+    sizes = sorted(os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path))
+    whole = spill.write_piece(table, str(tmp_path / "whole"))
+    # 13 pieces of ~1/13 each: together about the table (plus 13 files' headers), where
+    # pieces carrying their parent's buffers would sum to ~13 tables
+    assert sum(sizes) < 1.3 * os.path.getsize(whole) + 13 * 4096, (sum(sizes), whole)
+
+
+def test_spilled_split_waits_for_rows_per_shard(tmp_path, monkeypatch):
+    """Eight combined tables of 1,000 rows into 32 shards (as after the pre-reduction,
+    coalesce_rows=1) are split once: at most one file per shard, where splitting each
+    table on arrival wrote up to 8 x 32. The shards hold the rows the in-memory shuffle
+    gives them."""
+    batches = _batches()
+    folder = str(tmp_path / "users")
+    everything = pa.concat_tables(batches)
+    shard_of = user_shard_of(everything.column("__user").to_numpy(), 32)
+    expected = [tuple(_rows(everything.filter(pa.array(shard_of == s))))
+                for s in sorted(set(shard_of.tolist()))]
+    assert len(expected) == 32
+    monkeypatch.setattr(user_shards, "SPILL_PIECE_ROWS", 1 << 14)
+    with test_pipeline.TestPipeline() as p:
+        batches_in = p | beam.Create(batches, reshuffle=False)
+        in_memory = batches_in | "InMemory" >> ShardByUser(32, coalesce_rows=1)
+        spilled = batches_in | "Spilled" >> ShardByUser(32, key_columns=["word"],
+                                                       spill_dir=folder, coalesce_rows=1)
+        assert_that(in_memory | "RowsA" >> beam.Map(lambda t: tuple(_rows(t))),
+                    equal_to(expected), label="InMemoryShards")
+        assert_that(spilled | "RowsB" >> beam.Map(lambda t: tuple(_rows(t))),
+                    equal_to(expected), label="SpilledShards")
+    pieces = []
+    original = spill.write_piece
+    monkeypatch.setattr(spill, "write_piece",
+                        lambda table, where: pieces.append(table.num_rows) or original(table, where))
+    with test_pipeline.TestPipeline() as p:
+        _ = (p | beam.Create(batches, reshuffle=False)
+             | ShardByUser(32, key_columns=["word"], spill_dir=str(tmp_path / "again"),
+                           coalesce_rows=1))
+    assert sum(pieces) == 8000
+    assert len(pieces) <= 32, len(pieces)
+
+
+def test_the_wait_is_capped():
+    """Beyond SPILL_SPLIT_MAX_ROWS / SPILL_PIECE_ROWS shards a split holds at most
+    SPILL_SPLIT_MAX_ROWS rows (memory), never shards x SPILL_PIECE_ROWS."""
+    split = user_shards._SplitByUser(4096, coalesce_rows=1, spill_dir="/nonexistent")
+    assert split._coalesce_rows == user_shards.SPILL_SPLIT_MAX_ROWS
+    split = user_shards._SplitByUser(10, coalesce_rows=1, spill_dir="/nonexistent")
+    assert split._coalesce_rows == 10 * user_shards.SPILL_PIECE_ROWS
+    assert user_shards._SplitByUser(10, coalesce_rows=1)._coalesce_rows == 1   # in memory

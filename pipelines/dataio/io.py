@@ -441,12 +441,15 @@ class _ReadParquetRowGroup(beam.DoFn):
         self._columns = list(columns)
         self._keys = tuple(keys)
         self._user = user
+        self._footers = None     # made per worker (setup, or the first element)
 
     def setup(self):
         self._footers = _Footers()
 
     def process(self, path_and_group):
         path, group = path_and_group
+        if self._footers is None:
+            self._footers = _Footers()
         try:
             if _is_local(path):  # pyarrow's own file reader, no Python file object
                 table, text_keys = _read_row_group(path, group, self._columns, self._keys,

@@ -77,10 +77,10 @@ def most_rows_of_one_user_per_split(monkeypatch):
     seen = []
     split = user_shards.split_by_shard
 
-    def recording(table, shard_ids, num_shards):
+    def recording(table, shard_ids, num_shards, **options):
         users = table.column(user_shards.USER_COLUMN).to_numpy()
         seen.append(int(np.unique(users, return_counts=True)[1].max()))
-        return split(table, shard_ids, num_shards)
+        return split(table, shard_ids, num_shards, **options)
 
     monkeypatch.setattr(user_shards, "split_by_shard", recording)
     return seen

@@ -25,20 +25,36 @@ def split_by_shard(table, shard_ids, num_shards, slices=False):
     made every shard piece as large as its batch (num_shards times the data in the
     shuffle). ``slices=True`` is for a consumer that writes each piece to an Arrow IPC file
     (``transforms.plumbing.spill.write_piece``; the IPC writer writes only a slice's own
-    rows): the rows are put in shard order by one ``take`` and each piece is a zero-copy
-    slice of it, so a split into many shards costs one gather instead of one per shard
-    (at 1e8 rows, 100 shards: ~19,000 ``take`` calls, 8 s of CPU)."""
+    rows): consecutive shards are gathered together, about an eighth of the rows (at least
+    2^16) by one ``take``, and each piece is a zero-copy slice of its gather, so a split
+    into many shards costs a few gathers instead of one per shard (at 1e8 rows, 100
+    shards: ~19,000 ``take`` calls, 8 s of CPU), holding at most an eighth more rows."""
     shard_ids = np.asarray(shard_ids)
     # Shard ids are small non-negative integers: a stable radix sort on 16 bits.
     narrow = shard_ids.astype(np.uint16) if num_shards <= (1 << 16) else shard_ids
     order = np.argsort(narrow, kind="stable")
     bounds = np.searchsorted(narrow[order], np.arange(num_shards + 1))
-    ordered = table.take(pa.array(order)) if slices else None
-    for shard in range(num_shards):
-        lo, hi = int(bounds[shard]), int(bounds[shard + 1])
+    if not slices:
+        for shard in range(num_shards):
+            lo, hi = int(bounds[shard]), int(bounds[shard + 1])
+            if hi > lo:
+                yield shard, table.take(pa.array(order[lo:hi]))
+        return
+    block = max(1 << 16, -(-len(order) // 8))
+    first = 0
+    while first < num_shards:
+        lo = int(bounds[first])
+        # the shards first .. last - 1 (at least one) whose rows fit in one block
+        last = max(first + 1, int(np.searchsorted(bounds, lo + block, side="right")) - 1)
+        last = min(last, num_shards)
+        hi = int(bounds[last])
         if hi > lo:
-            yield shard, (ordered.slice(lo, hi - lo) if slices
-                          else table.take(pa.array(order[lo:hi])))
+            gathered = table.take(pa.array(order[lo:hi]))
+            for shard in range(first, last):
+                a, b = int(bounds[shard]) - lo, int(bounds[shard + 1]) - lo
+                if b > a:
+                    yield shard, gathered.slice(a, b - a)
+        first = last
 
 
 def concat(tables):

@@ -94,3 +94,18 @@ def test_the_wait_is_capped():
     split = user_shards._SplitByUser(10, coalesce_rows=1, spill_dir="/nonexistent")
     assert split._coalesce_rows == 10 * user_shards.SPILL_PIECE_ROWS
     assert user_shards._SplitByUser(10, coalesce_rows=1)._coalesce_rows == 1   # in memory
+
+
+def test_sliced_pieces_over_several_gathers():
+    """300,000 rows into 50 shards (skewed: shard 7 holds a third of the rows): several
+    gathers of about an eighth of the rows, every shard's piece equal to its own take."""
+    rng = np.random.default_rng(4)
+    n = 300_000
+    shards = np.where(rng.random(n) < 1 / 3, 7, rng.integers(0, 50, n))
+    shards[shards == 31] = 32                        # an empty shard among them
+    table = pa.table({"x": np.arange(n), "s": pa.array(rng.integers(0, 1000, n)).cast(pa.string())})
+    taken = list(split_by_shard(table, shards, 50))
+    sliced = list(split_by_shard(table, shards, 50, slices=True))
+    assert [s for s, _ in sliced] == [s for s, _ in taken] and 31 not in [s for s, _ in taken]
+    assert all(b.equals(a) for (_, a), (_, b) in zip(taken, sliced))
+    assert sum(p.num_rows for _, p in sliced) == n

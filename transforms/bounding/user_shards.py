@@ -34,8 +34,8 @@ from thresher.transforms.plumbing.arrow_coder import SHARD_AND_TABLE, TABLE
 # The column names and table helpers live in plumbing.tables (the layers below bounding use
 # them); imported here, they stay importable from this module as before.
 from thresher.transforms.plumbing.tables import (  # noqa: F401
-    KEY_HASH_COLUMN, USER_COLUMN, USER_HIGH_COLUMN, USER_LOW_COLUMN, concat, split_by_shard,
-    user_columns, user_identity_columns)
+    KEY_HASH_COLUMN, USER_COLUMN, USER_HIGH_COLUMN, USER_LOW_COLUMN, chunked, concat,
+    split_by_shard, user_columns, user_identity_columns)
 from thresher.transforms.randomness.hashing import hash_columns, mix64
 
 SHARD_AND_PATH = beam.typehints.Tuple[int, str]
@@ -52,17 +52,6 @@ def user_shard_of(user_hash, num_shards):
 # the runner's per-element cost (about 0.6 s of CPU per 1e7 rows at 100k-row row groups).
 COALESCE_ROWS = 1 << 20
 
-# With a spill folder, a split also waits for about this many rows per shard on average
-# before it writes its pieces: every piece is a file written, opened, read and deleted, and
-# the shards grow with the input (``pipelines.dataio.io.num_shards_for``), so with a fixed
-# split size the pieces grow as rows^2 (1e8 rows: 191 splits x 100 shards = 19,100 files,
-# ~12 s of CPU in the files alone). Waiting for num_shards * SPILL_PIECE_ROWS rows keeps
-# them linear in the rows; it changes only how the rows are cut into pieces, never which
-# rows reach a shard (the consumer orders a shard's rows itself: ``exact_users``). The wait
-# is capped at SPILL_SPLIT_MAX_ROWS rows held at once (~80 MB of prepared rows), so beyond
-# 128 shards (1.3e8 rows) the pieces shrink again rather than memory growing.
-SPILL_PIECE_ROWS = 1 << 14
-SPILL_SPLIT_MAX_ROWS = 1 << 21
 
 
 class _SplitByUser(beam.DoFn):
@@ -74,8 +63,8 @@ class _SplitByUser(beam.DoFn):
         self._num_shards = num_shards
         self._coalesce_rows = COALESCE_ROWS if coalesce_rows is None else coalesce_rows
         if spill_dir is not None:
-            self._coalesce_rows = max(self._coalesce_rows,
-                                      min(num_shards * SPILL_PIECE_ROWS, SPILL_SPLIT_MAX_ROWS))
+            # spilled pieces: linear in the rows (transforms.plumbing.spill.PIECE_ROWS)
+            self._coalesce_rows = max(self._coalesce_rows, spill.split_rows(num_shards))
         self._drop_key_hash = drop_key_hash
         self._spill_dir = spill_dir
 
@@ -86,7 +75,7 @@ class _SplitByUser(beam.DoFn):
     def _split(self, tables):
         # spilled pieces are slices of one gather (split_by_shard), which reads through
         # chunks: no copy of the gathered tables into one first
-        table = concat(tables) if self._spill_dir is None else _chunked(tables)
+        table = concat(tables) if self._spill_dir is None else chunked(tables)
         if table is None:
             return
         if self._gate_min_rows is not None:
@@ -125,15 +114,6 @@ class _SplitByUser(beam.DoFn):
                     yield WindowedValue(piece, window.max_timestamp(), [window])
         self._pending = {}
         self._pending_rows = {}
-
-
-def _chunked(tables):
-    """``tables`` as one table of their chunks (no copy), or None if they hold no row."""
-    tables = [t for t in tables if t.num_rows]
-    if not tables:
-        return None
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables,
-                                                                promote_options="permissive")
 
 
 def order_by_user(user_hash):

@@ -10,19 +10,49 @@ counts, whose number grows with the input (one row per user shard and key).
 """
 import apache_beam as beam
 import numpy as np
+from apache_beam.transforms.window import GlobalWindows
 
 from thresher.transforms.plumbing import spill
 from thresher.transforms.plumbing.arrow_coder import SHARD_AND_TABLE, TABLE
-from thresher.transforms.plumbing.tables import KEY_HASH_COLUMN, concat, split_by_shard
+from thresher.transforms.plumbing.tables import KEY_HASH_COLUMN, chunked, concat, split_by_shard
 
 
 class _SplitByKey(beam.DoFn):
-    def __init__(self, num_shards):
+    """Tables -> (key shard, piece). With ``spilled`` (the pieces are written to files,
+    ``transforms.plumbing.spill``) a bundle's tables are gathered up to
+    ``spill.split_rows(num_shards)`` rows before they are split, and each piece is a slice
+    of one gather: the files stay linear in the rows (1e8 rows: one per user shard and key
+    shard, 10,000, before)."""
+
+    def __init__(self, num_shards, spilled=False):
         self._num_shards = num_shards
+        self._spilled = spilled
+
+    def start_bundle(self):
+        self._pending, self._pending_rows = [], 0
+
+    def _split(self, tables):
+        table = chunked(tables) if self._spilled else concat(tables)
+        if table is None:
+            return
+        shard = (table.column(KEY_HASH_COLUMN).to_numpy() % np.uint64(self._num_shards)).astype(np.int64)
+        yield from split_by_shard(table, shard, self._num_shards, slices=self._spilled)
 
     def process(self, table):
-        shard = (table.column(KEY_HASH_COLUMN).to_numpy() % np.uint64(self._num_shards)).astype(np.int64)
-        yield from split_by_shard(table, shard, self._num_shards)
+        if not self._spilled:
+            yield from self._split([table])
+            return
+        # the key shuffle runs in the global window (release batches all are)
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        if self._pending_rows >= spill.split_rows(self._num_shards):
+            tables, self._pending, self._pending_rows = self._pending, [], 0
+            yield from self._split(tables)
+
+    def finish_bundle(self):
+        tables, self._pending, self._pending_rows = self._pending, [], 0
+        for piece in self._split(tables):
+            yield GlobalWindows.windowed_value(piece)
 
 
 def shard_table(shard_and_tables):
@@ -58,8 +88,8 @@ class SumCountsPerKey(beam.PTransform):
 
     def expand(self, partial_counts):
         return (partial_counts
-                | "SplitByKeyHash" >> beam.ParDo(_SplitByKey(self._num_shards)
-                                                 ).with_output_types(SHARD_AND_TABLE)
+                | "SplitByKeyHash" >> beam.ParDo(_SplitByKey(
+                    self._num_shards, spilled=self._spill_dir is not None)).with_output_types(SHARD_AND_TABLE)
                 | "GroupKeyShards" >> spill.group_by_key(self._spill_dir)        # (shard, [Table])
                 | self.step >> beam.FlatMap(type(self).per_shard, key_columns=self._key_columns
                                             ).with_output_types(TABLE))

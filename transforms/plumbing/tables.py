@@ -66,6 +66,15 @@ def concat(tables):
     return pa.concat_tables(tables, promote_options="permissive").combine_chunks()
 
 
+def chunked(tables):
+    """``tables`` as one table of their chunks (no copy), or None if they hold no row."""
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return None
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables,
+                                                                promote_options="permissive")
+
+
 def user_identity_columns(table, user_column=USER_COLUMN):
     """The columns that identify a row's user for its random streams
     (``transforms.randomness.keyed_random.bind``): the two identity words (``__user_hi`` in place

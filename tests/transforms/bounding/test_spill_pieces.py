@@ -1,6 +1,6 @@
 """The user shuffle's spilled pieces grow linearly with the rows (issue 43, item 3).
 
-With a spill folder, ``_SplitByUser`` waits for about ``SPILL_PIECE_ROWS`` rows per shard
+With a spill folder, ``_SplitByUser`` waits for about ``spill.PIECE_ROWS`` rows per shard
 before it splits, and each piece is a slice of one gather (``split_by_shard(...,
 slices=True)``) written to its own Arrow IPC file. Without this, a split of every
 pre-reduced table wrote tables x shards files (rows^2: 19,100 files at 1e8 rows). The
@@ -64,7 +64,7 @@ def test_spilled_split_waits_for_rows_per_shard(tmp_path, monkeypatch):
     expected = [tuple(_rows(everything.filter(pa.array(shard_of == s))))
                 for s in sorted(set(shard_of.tolist()))]
     assert len(expected) == 32
-    monkeypatch.setattr(user_shards, "SPILL_PIECE_ROWS", 1 << 14)
+    monkeypatch.setattr(spill, "PIECE_ROWS", 1 << 14)
     with test_pipeline.TestPipeline() as p:
         batches_in = p | beam.Create(batches, reshuffle=False)
         in_memory = batches_in | "InMemory" >> ShardByUser(32, coalesce_rows=1)
@@ -87,12 +87,12 @@ def test_spilled_split_waits_for_rows_per_shard(tmp_path, monkeypatch):
 
 
 def test_the_wait_is_capped():
-    """Beyond SPILL_SPLIT_MAX_ROWS / SPILL_PIECE_ROWS shards a split holds at most
-    SPILL_SPLIT_MAX_ROWS rows (memory), never shards x SPILL_PIECE_ROWS."""
+    """Beyond SPLIT_MAX_ROWS / PIECE_ROWS shards a split holds at most SPLIT_MAX_ROWS
+    rows (memory), never shards x PIECE_ROWS."""
     split = user_shards._SplitByUser(4096, coalesce_rows=1, spill_dir="/nonexistent")
-    assert split._coalesce_rows == user_shards.SPILL_SPLIT_MAX_ROWS
+    assert split._coalesce_rows == spill.SPLIT_MAX_ROWS
     split = user_shards._SplitByUser(10, coalesce_rows=1, spill_dir="/nonexistent")
-    assert split._coalesce_rows == 10 * user_shards.SPILL_PIECE_ROWS
+    assert split._coalesce_rows == 10 * spill.PIECE_ROWS
     assert user_shards._SplitByUser(10, coalesce_rows=1)._coalesce_rows == 1   # in memory
 
 
@@ -109,3 +109,32 @@ def test_sliced_pieces_over_several_gathers():
     assert [s for s, _ in sliced] == [s for s, _ in taken] and 31 not in [s for s, _ in taken]
     assert all(b.equals(a) for (_, a), (_, b) in zip(taken, sliced))
     assert sum(p.num_rows for _, p in sliced) == n
+
+
+def test_key_shuffle_gathers_a_bundles_partials_before_it_spills(tmp_path, monkeypatch):
+    """SumCountsPerKey with a spill folder: twelve partial-count tables into 16 key shards
+    in one bundle make at most 16 files (split once), where splitting each table made up to
+    12 x 16; the sums per key are the true ones."""
+    from thresher.transforms.plumbing.aggregate import SumCountsPerKey
+    from thresher.transforms.randomness.hashing import hash_array
+    rng = np.random.default_rng(8)
+    partials, truth = [], {}
+    for _ in range(12):
+        words = pa.array([f"w{j}" for j in rng.integers(0, 500, 700)])
+        counts = rng.integers(1, 5, 700)
+        for w, c in zip(words.to_pylist(), counts.tolist()):
+            truth[w] = truth.get(w, 0) + c
+        partials.append(pa.table({"word": words, "__key": pa.array(hash_array(words), pa.uint64()),
+                                  "count": pa.array(counts, pa.int64())}))
+    pieces = []
+    original = spill.write_piece
+    monkeypatch.setattr(spill, "write_piece",
+                        lambda table, where: pieces.append(table.num_rows) or original(table, where))
+    with test_pipeline.TestPipeline() as p:
+        summed = (p | beam.Create(partials, reshuffle=False)
+                  | SumCountsPerKey(["word"], 16, spill_dir=str(tmp_path / "keys"))
+                  | beam.FlatMap(lambda t: zip(t.column("word").to_pylist(),
+                                               t.column("count").to_pylist())))
+        assert_that(summed, equal_to(sorted(truth.items())))
+    assert sum(pieces) == 12 * 700
+    assert len(pieces) <= 16, len(pieces)

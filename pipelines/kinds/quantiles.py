@@ -706,10 +706,10 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
     threshold; per-key post-processing answers every rank."""
     import apache_beam as beam  # heavy: apache_beam
     from thresher.transforms.plumbing.aggregate import SumCountsPerKey  # heavy: apache_beam
-    from thresher.transforms.bounding.key_value_bound import BoundKeyValues  # heavy: apache_beam
     from thresher.transforms.bounding.per_user_bound import PerUserBound  # heavy: apache_beam
     # heavy: apache_beam
     from thresher.transforms.trees.public_cells import PublicCellQuantiles, key_tuples
+    from thresher.transforms.trees.bounded_cells import BoundedCells  # heavy: apache_beam
     # heavy: apache_beam
     from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold
     from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
@@ -718,14 +718,6 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
     keys = list(spec.input.keys)
     column = mech["column"]
     bound = spec.bounding.max_keys_per_user
-    # each shard's counts are made numeric (every value checked, InputError as before)
-    # and restricted to the selected keys before they are summed: the sums of the
-    # selected keys' (key, value) counts are the same, and only they are shuffled (issue
-    # 43: the rows of keys that get no quantiles were most of that shuffle)
-    bounded = (users
-               | "BoundKeyValues" >> BoundKeyValues(
-                   keys, column, bound, rng_factory=child(rng_factory, "BoundKeyValues"))
-               | "Numeric" >> beam.Map(_numeric, column))
     if "key_selection" in params:
         key_table = (users
                      | "HashKeysOnly" >> beam.Map(_rehash_keys, keys)
@@ -744,13 +736,20 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
         key_table = records.pipeline | "KeyTable" >> beam.Create([plan.domain.select(keys)])
     key_list = beam.pvalue.AsSingleton(key_table | "KeyList" >> beam.Map(key_tuples, keys))
     lo, hi = mech["domain"]
-    return (bounded
-            | "OnlySelectedKeys" >> beam.FlatMap(_restrict_to, keys, key_list)
-            | "SumCountsPerValue" >> SumCountsPerKey(keys + [column], num_shards)
+    # issue 43 round 7: each user shard's bounded rows (the draws of BoundKeyValues, as
+    # before) become the true counts of the selected keys' (level, key, bucket) cells
+    # there, as cell indices into the key table (transforms.trees.bounded_cells); the
+    # value-level counts, their shuffle and the cells' shuffle are gone, with the same
+    # counts (every value still checked by _numeric, InputError as before)
+    return (users
+            | "BoundCells" >> BoundedCells(
+                keys, column, bound, key_list, lo=lo, hi=hi, branching=mech["branching"],
+                levels=mech["levels"], numeric=_numeric,
+                rng_factory=child(rng_factory, "BoundKeyValues"))
             | "CellQuantiles" >> PublicCellQuantiles(
-                keys, column, key_table, lo=lo, hi=hi, branching=mech["branching"],
+                keys, key_table, lo=lo, hi=hi, branching=mech["branching"],
                 levels=mech["levels"], ranks=mech["ranks"], sigma=params["sigma"],
-                floor=params["support_floor"], num_shards=num_shards,
+                floor=params["support_floor"],
                 rng_factory=child(rng_factory, "NoisyCells")))
 
 

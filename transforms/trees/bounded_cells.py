@@ -73,23 +73,23 @@ def shard_cells(table, keys, value_column, key_list, *, lo, hi, branching, level
                      "count": pa.array(counts.astype(np.int64))})
 
 
-class _BoundCellsFn(beam.DoFn):
-    """One user shard -> its Table(cell, count): ``key_value_bound``'s kept rows (the draws
-    of ``BoundKeyValues`` under the same stage), made numeric by ``numeric`` (a function of
-    (table, value column): the caller's check of the value column), then
-    :func:`shard_cells`."""
+class _BoundRowsFn(beam.DoFn):
+    """One user shard -> its kept rows, Table(keys..., value): ``key_value_bound``'s
+    choice (the draws of ``BoundKeyValues`` under the same stage), made numeric by
+    ``numeric`` (a function of (table, value column): the caller's check of the value
+    column). No side input: the shard is bounded as soon as it is grouped, and only its
+    kept rows (at most C per user) wait for the selected keys."""
 
-    def __init__(self, keys, column, bound, numeric, cells, rng_factory, stage):
+    def __init__(self, keys, column, bound, numeric, rng_factory, stage):
         self._keys, self._column, self._bound = tuple(keys), column, int(bound)
         self._numeric = numeric
-        self._cells = dict(cells)      # lo, hi, branching, levels
         self._rng_factory = rng_factory
         self._stage = stage
 
     def setup(self):
         self._rng = keyed_random.worker_rng(self._rng_factory)
 
-    def process(self, table, key_list):
+    def process(self, table):
         value_rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage + "/value")
         key_rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage + "/keys")
         kept = bound_key_values(table, self._keys, self._column, self._bound, value_rng, key_rng)
@@ -99,9 +99,13 @@ class _BoundCellsFn(beam.DoFn):
         rows = table.select([*self._keys, self._column]).take(pa.array(kept))
         if self._numeric is not None:
             rows = self._numeric(rows, self._column)
-        out = shard_cells(rows, self._keys, self._column, key_list, **self._cells)
-        if out.num_rows:
-            yield out
+        yield rows.combine_chunks()
+
+
+def _shard_cells(rows, key_list, keys, column, cells):
+    out = shard_cells(rows, keys, column, key_list, **cells)
+    if out.num_rows:
+        yield out
 
 
 class BoundedCells(beam.PTransform):
@@ -123,7 +127,9 @@ class BoundedCells(beam.PTransform):
         self._rng_factory = rng_factory
 
     def expand(self, user_shards):
-        fn = _BoundCellsFn(self._keys, self._column, self._bound, self._numeric, self._cells,
-                           *keyed_random.stage_of(self._rng_factory))
-        return user_shards | "BoundCells" >> keyed_random.par_do(
-            fn, self._key_list).with_output_types(TABLE)
+        fn = _BoundRowsFn(self._keys, self._column, self._bound, self._numeric,
+                          *keyed_random.stage_of(self._rng_factory))
+        return (user_shards
+                | "BoundRows" >> keyed_random.par_do(fn).with_output_types(TABLE)
+                | "Cells" >> beam.FlatMap(_shard_cells, self._key_list, list(self._keys),
+                                          self._column, self._cells).with_output_types(TABLE))

@@ -8,10 +8,12 @@ C keys per user) of that key whose value falls in that bucket. Until issue 43 ro
 count went through three tables: the users per (key, value), shuffled and summed over the
 shards (``SumCountsPerValue``); its (level, key, bucket) cells, hashed
 (``public_cells._cells``); and those summed once more by a second shuffle
-(``SumPerCell``). Here each user shard's kept rows of the selected keys become, with
-array operations only, the sorted distinct cell indices they hit and how many times
-(:func:`shard_cells`); the cells of all the shards reach the noise as one side input, and
-the noise adds them up per cell (``public_cells._CellQuantilesFn``, ``np.add.at``).
+(``SumPerCell``). Here each user shard is bounded as soon as it is grouped (no side
+input: the shards are never held waiting for the key selection), and only its kept rows
+(at most C per user) wait for the selected keys; they then become, with array operations
+only, the sorted distinct cell indices they hit and how many times (:func:`shard_cells`).
+The cells of all the shards reach the noise as one side input, and the noise adds them
+up per cell (``public_cells._CellQuantilesFn``, ``np.add.at``).
 
 Same counts, so the same bytes. The bounding is the same kernel with the same keyed draws
 (its stage label is the caller's ``rng_factory``). A cell's index is the one

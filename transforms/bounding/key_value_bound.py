@@ -227,8 +227,8 @@ def _bound_with_codes(table, key_columns, value_column, max_keys_per_user, value
 def _keys_then_values(rows, pair_of, user, max_keys, value_rng, key_rng, key, key_value):
     """The keyed choice of :func:`_bound_with_codes` with its two steps swapped: each user's
     C keys first (one row per (user, key) stands for the pair), then a value for the kept
-    pairs only (issue 43 round 7: the value draws of the pairs a user does not keep were
-    most of them). The same rows: a pair's key priority is keyed by (user, key), the same
+    pairs only (issue 43 round 7: a value drawn for a pair the user does not keep was
+    drawn for nothing). The same rows: a pair's key priority is keyed by (user, key), the same
     for each of its rows, so which row stands for it changes no key choice; and a pair's
     value is its smallest value priority among its own rows, whatever the other pairs.
     ``rows``: one per distinct (user, key, value), in pair order (``pair_of``)."""

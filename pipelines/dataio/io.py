@@ -159,11 +159,14 @@ def check_key_sizes(table, key_columns, where, row_offset=0):
 
 
 def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=(),
-                  identity_key=None):
+                  identity_key=None, hashed_keys=None):
     """Drop unattributable rows, identify users and hash keys.
 
     value_columns: [(input column, prepared name)] of ``aggregates``: carried as float64,
     NaN/inf/null (or non-numeric text) as null, counted (transforms.values.aggregate_values).
+    hashed_keys: the key columns ``__key`` hashes (None: all of ``key_columns``; a prefix
+    of them, e.g. without the value column quantiles reads like a key, whose float text
+    form costs most of the hash).
     identity_key: the release's user identity key (``transforms.randomness.user_identity.
     identity_key``); required -- there is no default, and tests pass
     ``transforms.randomness.user_identity.TEST_KEY`` (public, no privacy claim) by name.
@@ -212,14 +215,15 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
             keep = flat_array(both).to_numpy(zero_copy_only=False)
             words = (words[0][keep], words[1][keep])
     keyed = pa.table(keys)
+    hashed = list(key_columns if hashed_keys is None else hashed_keys)
     if as_text:   # CSV/JSONL ids are their text, whatever type the reader inferred per file
         user = text_ids(user)
     word0, word1 = identify(user, identity_key) if words is None else words
     prepared = pa.table({USER_COLUMN: pa.array(word0, type=pa.uint64()),
                          USER_LOW_COLUMN: pa.array(word1, type=pa.uint64()),
                          KEY_HASH_COLUMN: pa.array(hash_columns(
-                             pa.table({k: coded.get(k, keys[k]) for k in key_columns}),
-                             key_columns), type=pa.uint64()),
+                             pa.table({k: coded.get(k, keys[k]) for k in hashed}),
+                             hashed), type=pa.uint64()),
                          **{k: keyed.column(k) for k in key_columns}})
     if value_columns:
         dropped = 0
@@ -344,10 +348,12 @@ class _PrepareBatches(beam.DoFn):
     ``keyed_random.seeded_for_tests`` (the public test key); anything else is refused
     here, when the pipeline is built (``user_identity.check_identity_source``)."""
 
-    def __init__(self, user_column, key_columns, as_text, value_columns=(), rng_factory=None):
+    def __init__(self, user_column, key_columns, as_text, value_columns=(), rng_factory=None,
+                 hashed_keys=None):
         check_identity_source(rng_factory)
         self._user = user_column
         self._keys = tuple(key_columns)
+        self._hashed = None if hashed_keys is None else tuple(hashed_keys)
         self._as_text = as_text
         self._values = list(value_columns)
         self._rng_factory = rng_factory
@@ -359,7 +365,8 @@ class _PrepareBatches(beam.DoFn):
         # as a side input before each call (keyed_random.par_do): never in setup()
         prepared, drops = prepare_batch(table, self._user, self._keys, self._as_text,
                                         self._values,
-                                        identity_key=identity_key(self._rng_factory))
+                                        identity_key=identity_key(self._rng_factory),
+                                        hashed_keys=self._hashed)
         for name, value in drops.items():
             if value:
                 beam.metrics.Metrics.counter(NOT_PRIVATE, name).inc(value)
@@ -601,7 +608,8 @@ class ReadRecords(beam.PTransform):
                 self._spec.keys, self._spec.sample["frequency"], as_text)).with_output_types(pa.Table)
         return raw | "PrepareBatches" >> keyed_random.par_do(
             _PrepareBatches(self._spec.user, self._spec.keys, as_text, self._values,
-                            keyed_random.resolve(self._rng_factory))
+                            keyed_random.resolve(self._rng_factory),
+                            hashed_keys=self._spec.hashed_keys)
         ).with_output_types(pa.Table)
 
 

@@ -281,9 +281,13 @@ def check_spec(mechanism, input_spec, bounding, privacy):
 
 
 def read_spec(spec):
-    """The input as read: the value column is read (and bounded) like a key column."""
+    """The input as read: the value column is read (and bounded) like a key column. Per-key
+    quantiles over public cells never read the reader's hash of (keys, value) -- their
+    stages hash the keys alone (``_public_cells_stages``) -- so the reader hashes the keys
+    alone there (issue 43 round 7: the float value's text form was most of that hash)."""
+    hashed = tuple(spec.input.keys) if spec.mechanism.get("public_cells") else None
     return dataclasses.replace(spec.input, keys=(*spec.input.keys, spec.mechanism["column"]),
-                               quantile_column=None)
+                               quantile_column=None, hashed_keys=hashed)
 
 
 def _steps(mechanism):
@@ -591,19 +595,25 @@ def release_stages(records, plan, num_shards, rng_factory=None, notes_sink=None,
     # the shuffle (transforms/bounding/prereduce_stages.py: same bytes), so no user is
     # refused for its number of rows
     from thresher.transforms.bounding.prereduce_stages import prereduced_for_bounds  # heavy: apache_beam
-    if params.get("public_cells") or mech.get("public_cells"):
+    public_cells = bool(params.get("public_cells") or mech.get("public_cells"))
+    if public_cells:
         bounds = [(keys, bound, "BoundKeyValues", False, column)]
     else:
         bounds = [(keys + [column], bound, "PerUserBound", False)]
     if "key_selection" in params:
         bounds.append((keys, bound, "BoundKeys", True))
-    records, reduced = prereduced_for_bounds(records, bounds, rng_factory)
+    # public cells: the pre-reduction hands on __key as the hash of the keys alone, which
+    # its BoundKeys stage computes anyway and the select_keys branch reads (issue 43
+    # round 7: no second hash of every row after the shuffle)
+    rehashed = keys if public_cells and "key_selection" in params else None
+    records, reduced = prereduced_for_bounds(records, bounds, rng_factory,
+                                             key_hash_of=rehashed)
     shuffle = {"coalesce_rows": 1} if reduced else whole_user_limit(plan)
     # issue 43: with spill_dir the user shuffle's pieces travel as files, not in memory
     users = records | "ShardByUser" >> ShardByUser(num_shards, spill_dir=spill_dir, **shuffle)
-    if params.get("public_cells") or mech.get("public_cells"):
+    if public_cells:
         return _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
-                                    notes_sink)
+                                    notes_sink, keys_hashed=reduced and rehashed is not None)
     counts = (users
               | "PerUserBound" >> PerUserBound(keys + [column], bound,
                                                rng_factory=child(rng_factory, "PerUserBound"))
@@ -699,17 +709,19 @@ def apply_notes(report, note):
 
 
 def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
-                         notes_sink=None):
+                         notes_sink=None, keys_hashed=False):
     """Per-key hierarchical quantiles over the public cells of public or selected keys
     (transforms.trees.public_cells): one value per (user, key), at most C keys per user; every
     (level, key, bucket) cell of every selected key gets discrete Gaussian noise, no
-    threshold; per-key post-processing answers every rank."""
+    threshold; per-key post-processing answers every rank. ``keys_hashed``: the users'
+    ``__key`` is the hash of the key columns already (the pre-reduction's), so the
+    select_keys branch does not hash them again."""
     import apache_beam as beam  # heavy: apache_beam
     from thresher.transforms.plumbing.aggregate import SumCountsPerKey  # heavy: apache_beam
-    from thresher.transforms.bounding.key_value_bound import BoundKeyValues  # heavy: apache_beam
     from thresher.transforms.bounding.per_user_bound import PerUserBound  # heavy: apache_beam
     # heavy: apache_beam
     from thresher.transforms.trees.public_cells import PublicCellQuantiles, key_tuples
+    from thresher.transforms.trees.bounded_cells import BoundedCells  # heavy: apache_beam
     # heavy: apache_beam
     from thresher.transforms.selection.sample_and_threshold import SampleAndThreshold
     from thresher.transforms.randomness.keyed_random import child  # heavy: apache_beam
@@ -718,17 +730,9 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
     keys = list(spec.input.keys)
     column = mech["column"]
     bound = spec.bounding.max_keys_per_user
-    # each shard's counts are made numeric (every value checked, InputError as before)
-    # and restricted to the selected keys before they are summed: the sums of the
-    # selected keys' (key, value) counts are the same, and only they are shuffled (issue
-    # 43: the rows of keys that get no quantiles were most of that shuffle)
-    bounded = (users
-               | "BoundKeyValues" >> BoundKeyValues(
-                   keys, column, bound, rng_factory=child(rng_factory, "BoundKeyValues"))
-               | "Numeric" >> beam.Map(_numeric, column))
     if "key_selection" in params:
-        key_table = (users
-                     | "HashKeysOnly" >> beam.Map(_rehash_keys, keys)
+        hashed = users if keys_hashed else users | "HashKeysOnly" >> beam.Map(_rehash_keys, keys)
+        key_table = (hashed
                      | "BoundKeys" >> PerUserBound(keys, bound,
                                                    rng_factory=child(rng_factory, "BoundKeys"))
                      | "UsersPerKey" >> SumCountsPerKey(keys, num_shards)
@@ -744,13 +748,20 @@ def _public_cells_stages(users, records, plan, params, num_shards, rng_factory,
         key_table = records.pipeline | "KeyTable" >> beam.Create([plan.domain.select(keys)])
     key_list = beam.pvalue.AsSingleton(key_table | "KeyList" >> beam.Map(key_tuples, keys))
     lo, hi = mech["domain"]
-    return (bounded
-            | "OnlySelectedKeys" >> beam.FlatMap(_restrict_to, keys, key_list)
-            | "SumCountsPerValue" >> SumCountsPerKey(keys + [column], num_shards)
+    # issue 43 round 7: each user shard's bounded rows (the draws of BoundKeyValues, as
+    # before) become the true counts of the selected keys' (level, key, bucket) cells
+    # there, as cell indices into the key table (transforms.trees.bounded_cells); the
+    # value-level counts, their shuffle and the cells' shuffle are gone, with the same
+    # counts (every value still checked by _numeric, InputError as before)
+    return (users
+            | "BoundCells" >> BoundedCells(
+                keys, column, bound, key_list, lo=lo, hi=hi, branching=mech["branching"],
+                levels=mech["levels"], numeric=_numeric,
+                rng_factory=child(rng_factory, "BoundKeyValues"))
             | "CellQuantiles" >> PublicCellQuantiles(
-                keys, column, key_table, lo=lo, hi=hi, branching=mech["branching"],
+                keys, key_table, lo=lo, hi=hi, branching=mech["branching"],
                 levels=mech["levels"], ranks=mech["ranks"], sigma=params["sigma"],
-                floor=params["support_floor"], num_shards=num_shards,
+                floor=params["support_floor"],
                 rng_factory=child(rng_factory, "NoisyCells")))
 
 

@@ -55,6 +55,10 @@ class InputSpec:
     values: tuple = ()      # value columns of ``aggregates`` (pipelines/specs/aggregates.py)
     delimiter: str = ","        # CSV field separator (input.delimiter; "\t" for .tsv)
     quantile_column: object = None  # the numeric column a quantiles release reads (mechanism.column)
+    # the key columns the reader's ``__key`` hashes (None: every key column); a kind whose
+    # release never reads that hash of a column it reads like a key sets it
+    # (kinds.quantiles.read_spec: per-key quantiles over public cells, issue 43 round 7)
+    hashed_keys: object = None
 
     @property
     def columns(self):

@@ -214,11 +214,35 @@ def _bound_with_codes(table, key_columns, value_column, max_keys_per_user, value
     # exact_users may have put in __user (it depends on the other users of the shard)
     users = user_identity_columns(table) if _keyed(value_rng, key_rng) else [USER_COLUMN]
     value_rng = keyed_random.bind(value_rng, table, triple=[*users, *keys, value_column])
-    rows = rows[_one_value_per_pair(rows, pair_of, value_rng, key_value)]
     key_rng = keyed_random.bind(key_rng, table, pair=[*users, *keys])
+    if _keyed(value_rng) and _keyed(key_rng):
+        return _keys_then_values(rows, pair_of, user, int(max_keys_per_user), value_rng,
+                                 key_rng, key, key_value), key_value
+    rows = rows[_one_value_per_pair(rows, pair_of, value_rng, key_value)]
     user_of = user[rows]               # sorted too: a pair's code orders by its user's first
     kept = _first_keys_per_user(rows, user_of, int(max_keys_per_user), key_rng, key)
     return np.sort(rows[kept]), key_value
+
+
+def _keys_then_values(rows, pair_of, user, max_keys, value_rng, key_rng, key, key_value):
+    """The keyed choice of :func:`_bound_with_codes` with its two steps swapped: each user's
+    C keys first (one row per (user, key) stands for the pair), then a value for the kept
+    pairs only (issue 43 round 7: a value drawn for a pair the user does not keep was
+    drawn for nothing). The same rows: a pair's key priority is keyed by (user, key), the same
+    for each of its rows, so which row stands for it changes no key choice; and a pair's
+    value is its smallest value priority among its own rows, whatever the other pairs.
+    ``rows``: one per distinct (user, key, value), in pair order (``pair_of``)."""
+    first, length = _runs(pair_of)
+    reps = rows[first]                 # one row per (user, key), in user order
+    kept = np.sort(_first_keys_per_user(reps, user[reps], max_keys, key_rng, key))
+    if len(kept) == len(first):
+        members, pairs = rows, pair_of
+    else:
+        take = np.zeros(len(first), dtype=bool)
+        take[kept] = True
+        keep_rows = np.repeat(take, length)
+        members, pairs = rows[keep_rows], pair_of[keep_rows]
+    return np.sort(members[_one_value_per_pair(members, pairs, value_rng, key_value)])
 
 
 def counts_of_kept(table, kept, key_value, columns):

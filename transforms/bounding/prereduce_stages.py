@@ -97,22 +97,24 @@ def key_values_table(table, bound, rng_factory, mode):
     return keep, len(rows)
 
 
-def stage_rows(table, bound, rng_factory, mode):
-    """(mask or None, rows read) of one stage (:class:`Bound`)."""
+def stage_rows(table, bound, rng_factory, mode, hashed=None):
+    """(mask or None, rows read) of one stage (:class:`Bound`). ``hashed``: the key
+    columns ``table``'s ``__key`` is the hash of already (None: the reader's)."""
     if bound.value_column is not None:
         return key_values_table(table, bound, rng_factory, mode)
-    part = with_key_hash_of(table, bound.key_columns) if bound.rehash else table
+    rehash = bound.rehash and (hashed is None or tuple(hashed) != bound.key_columns)
+    part = with_key_hash_of(table, bound.key_columns) if rehash else table
     source = keyed_random.StageSource(rng_factory, bound.stage)
     return prereduce.prereduce_table(part, bound.key_columns, bound.max_keys_per_user,
                                      source, mode=mode)
 
 
-def kept_rows(table, bounds, rng_factory, mode):
+def kept_rows(table, bounds, rng_factory, mode, hashed=None):
     """(boolean mask of the rows kept, or None for all; rows the kernels read): the union
     over ``bounds`` of the rows each stage's reduction keeps (:func:`stage_rows`)."""
     keep, examined = None, 0
     for bound in bounds:
-        mask, read = stage_rows(table, bound, rng_factory, mode)
+        mask, read = stage_rows(table, bound, rng_factory, mode, hashed)
         examined += read
         if mask is None:     # this stage keeps every row: so does the union
             return None, examined
@@ -146,10 +148,11 @@ class _CoalescingFn(beam.DoFn):
 
 
 class _PreReduceForBoundsFn(_CoalescingFn):
-    def __init__(self, bounds, rng_factory, mode, coalesce_rows):
+    def __init__(self, bounds, rng_factory, mode, coalesce_rows, key_hash_of=None):
         super().__init__(mode, coalesce_rows)
         self._bounds = list(bounds)
         self._rng_factory = rng_factory
+        self._key_hash_of = None if key_hash_of is None else tuple(key_hash_of)
 
     def _flush(self):
         tables, self._pending, self._pending_rows = self._pending, [], 0
@@ -157,7 +160,10 @@ class _PreReduceForBoundsFn(_CoalescingFn):
         if table is None:
             return
         mode = prereduce.MODE if self._mode is None else self._mode
-        kept, examined = kept_rows(table, self._bounds, self._rng_factory, mode)
+        if self._key_hash_of is not None:    # the stages after the shuffle read this hash
+            table = with_key_hash_of(table, self._key_hash_of)
+        kept, examined = kept_rows(table, self._bounds, self._rng_factory, mode,
+                                   self._key_hash_of)
         counter = beam.metrics.Metrics.counter
         counter(prereduce.NOT_PRIVATE, "rows_prereduced_in").inc(table.num_rows)
         counter(prereduce.NOT_PRIVATE, "rows_prereduce_examined").inc(examined)
@@ -173,9 +179,12 @@ class PreReduceForBounds(beam.PTransform):
     rows none of ``bounds`` (:class:`Bound`) can keep, where removing them pays (module
     docstring). ``rng_factory`` must be the release's ``keyed_random.KeyedSource``: the
     draws here are those of the bounds after the shuffle. Feed the result to
-    ``ShardByUser(..., coalesce_rows=1)`` (its tables are combined already)."""
+    ``ShardByUser(..., coalesce_rows=1)`` (its tables are combined already).
+    ``key_hash_of``: key columns whose hash replaces ``__key`` in every table handed on
+    (a stage that rehashes exactly these reuses it; None: ``__key`` as read)."""
 
-    def __init__(self, bounds, rng_factory, mode=None, coalesce_rows=None, label=None):
+    def __init__(self, bounds, rng_factory, mode=None, coalesce_rows=None, key_hash_of=None,
+                 label=None):
         super().__init__(label)
         if not isinstance(rng_factory, keyed_random.KeyedSource):
             raise TypeError("PreReduceForBounds needs the release's KeyedSource")
@@ -185,14 +194,15 @@ class PreReduceForBounds(beam.PTransform):
         self._rng_factory = rng_factory
         self._mode = mode
         self._coalesce_rows = COALESCE_ROWS if coalesce_rows is None else int(coalesce_rows)
+        self._key_hash_of = key_hash_of
 
     def expand(self, batches):
         return batches | "PreReduce" >> keyed_random.par_do(_PreReduceForBoundsFn(
-            self._bounds, self._rng_factory, self._mode, self._coalesce_rows)
-        ).with_output_types(TABLE)
+            self._bounds, self._rng_factory, self._mode, self._coalesce_rows,
+            self._key_hash_of)).with_output_types(TABLE)
 
 
-def prereduced_for_bounds(records, bounds, rng_factory):
+def prereduced_for_bounds(records, bounds, rng_factory, key_hash_of=None):
     """``records`` through :class:`PreReduceForBounds` when the release's keyed secret
     is in use (else the records unchanged, None): (records, whether they were reduced).
     ``bounds``: (key columns, C, label relative to the caller, rehash[, value column])
@@ -203,7 +213,8 @@ def prereduced_for_bounds(records, bounds, rng_factory):
         return records, False
     full = [Bound(keys, c, _stage(rng_factory, label), *rest)
             for keys, c, label, *rest in bounds]
-    return records | "PreReduceUsers" >> PreReduceForBounds(full, source), True
+    return records | "PreReduceUsers" >> PreReduceForBounds(full, source,
+                                                            key_hash_of=key_hash_of), True
 
 
 def _stage(rng_factory, label):

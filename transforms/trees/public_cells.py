@@ -370,7 +370,10 @@ def _answer_table(columns, keys):
 def _data_cells(data_sums, keys, key_list, branching, levels):
     """(cell index, count) of the summed data cells, sorted by cell index: the index of
     (key_list[i], level l, bucket j) is i * sum_m b**m + sum_{m<l} b**m + j, the row of
-    that cell in :func:`zero_cells`' tables taken end to end."""
+    that cell in :func:`zero_cells`' tables taken end to end. (Before issue 43 round 7
+    the release summed its data cells as Table(level, keys..., bucket, count) and placed
+    them here; ``transforms.trees.bounded_cells`` now gives the indices themselves, and
+    this stays as the tests' oracle of that layout.)"""
     offsets = np.cumsum([0] + [branching ** l for l in range(1, levels + 1)])
     tables = [t for t in data_sums if t.num_rows]
     if not tables:
@@ -387,10 +390,27 @@ def _data_cells(data_sums, keys, key_list, branching, levels):
     return cell[order], ct[ok][order]
 
 
+CELL_COLUMN = "cell"    # Table(cell, count): a cell's index in _data_cells' layout
+
+
+def indexed_cells(tables):
+    """(cell indices, counts) of Table(cell, count) pieces (:func:`_data_cells`' index;
+    ``transforms.trees.bounded_cells.shard_cells``), sorted by cell; a cell may come once
+    per piece: the noise adds the pieces up per cell (``np.add.at``, exact int64)."""
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    cells = np.concatenate([t.column(CELL_COLUMN).to_numpy() for t in tables]).astype(np.int64)
+    counts = np.concatenate([t.column("count").to_numpy() for t in tables]).astype(np.int64)
+    order = np.argsort(cells, kind="stable")
+    return cells[order], counts[order]
+
+
 class _CellQuantilesFn(beam.DoFn):
     """The key table -> one Table(keys..., rank, value, resolution): for each chunk of
-    keys, every cell of theirs (:func:`zero_cells`) with its true count (the summed data
-    cells, a side input), the discrete Gaussian noise of ``NoisyDomainCounts`` (the same
+    keys, every cell of theirs (:func:`zero_cells`) with its true count (the data cells,
+    Table(cell, count) pieces of :func:`indexed_cells`, a side input), the discrete
+    Gaussian noise of ``NoisyDomainCounts`` (the same
     keyed stream per cell: it is identified by the cell's level, key and bucket, not by
     the batch it travels in), then :func:`answer`. The noisy cells of all the keys are
     never gathered in one place (issue 43 item 4: that was 4,368 cells per key through a
@@ -407,11 +427,11 @@ class _CellQuantilesFn(beam.DoFn):
     def setup(self):
         self._rng = keyed_random.worker_rng(self._rng_factory)
 
-    def process(self, key_table, data_sums):
+    def process(self, key_table, data_cells):
         keys = self._keys
         key_list = key_tuples(key_table, keys) if keys else [()] * key_table.num_rows
         per_key = sum(self._b ** l for l in range(1, self._levels + 1))
-        cells, counts = _data_cells(data_sums, keys, key_list, self._b, self._levels)
+        cells, counts = indexed_cells(data_cells)
         direct = _direct_cells(key_table, keys, key_list)
         texts = _cell_texts(self._b, self._levels) if direct else None
         parts, start = [], 0
@@ -484,29 +504,25 @@ def _direct_cells(key_table, keys, key_list):
 
 
 class PublicCellQuantiles(beam.PTransform):
-    """Per-(key, value) counts of the selected keys -> one Table(keys..., rank, value,
-    resolution): the cells of :class:`PublicCellLevels`, noised as ``NoisyDomainCounts``
-    does (``rng_factory``: its stage), answered per key (:func:`answer`), with only the
-    cells that hold data shuffled (the zero cells are made where they are noised)."""
+    """Table(cell, count) pieces -> one Table(keys..., rank, value, resolution): the data
+    cells of the keys of ``key_table`` (a one-element PCollection of the key table; each
+    piece's cell indices are into that table's key order, :func:`_data_cells`' layout:
+    ``transforms.trees.bounded_cells``), every cell noised as ``NoisyDomainCounts`` does
+    (``rng_factory``: its stage), answered per key (:func:`answer`). Nothing is shuffled:
+    the pieces reach the noise as one side input, and the zero cells are made where they
+    are noised."""
 
-    def __init__(self, keys, value_column, key_table, *, lo, hi, branching, levels, ranks,
-                 sigma, floor, num_shards, rng_factory=None, label=None):
+    def __init__(self, keys, key_table, *, lo, hi, branching, levels, ranks, sigma, floor,
+                 rng_factory=None, label=None):
         super().__init__(label)
-        self._keys, self._column, self._key_table = list(keys), value_column, key_table
+        self._keys, self._key_table = list(keys), key_table
         self._lo, self._hi, self._b, self._levels = float(lo), float(hi), int(branching), int(levels)
         self._ranks, self._sigma, self._floor = list(ranks), sigma, floor
-        self._num_shards = int(num_shards)
         self._rng_factory = rng_factory
 
-    def expand(self, counts):
-        from thresher.transforms.plumbing.aggregate import SumCountsPerKey
-        data = (counts
-                | "Cells" >> beam.Map(_cells, self._keys, self._column, self._lo, self._hi,
-                                      self._b, self._levels).with_output_types(TABLE)
-                | "SumPerCell" >> SumCountsPerKey([LEVEL_COLUMN, *self._keys, BUCKET_COLUMN],
-                                                  self._num_shards))
+    def expand(self, cells):
         fn = _CellQuantilesFn(self._keys, {"noise": "discrete_gaussian", "sigma": self._sigma},
                               self._ranks, (self._lo, self._hi), (self._b, self._levels),
                               self._floor, *keyed_random.stage_of(self._rng_factory))
         return self._key_table | "NoisyCellsAnswered" >> keyed_random.par_do(
-            fn, beam.pvalue.AsList(data)).with_output_types(TABLE)
+            fn, beam.pvalue.AsList(cells)).with_output_types(TABLE)

@@ -2,6 +2,7 @@
 the accounting against an independent brute-force sum, the post-processing kernels
 against explicit least squares, the bounding, and a release on a 120-key corpus
 (benchmarks/per_key_quantiles.py) through the real release path."""
+import dataclasses
 import json
 import math
 import os
@@ -381,3 +382,55 @@ def test_restrict_to_selected_keys_is_python_key_equality():
         assert 0 < want.num_rows < n
     assert list(q._restrict_to(table, ["k"], [])) == []
     assert list(q._restrict_to(table, [], [()]))[0].equals(table)
+
+
+@pytest.mark.parametrize("keys", ["public", "selected"])
+def test_the_reader_hashes_the_keys_alone_and_the_bytes_do_not_read_that_hash(
+        tmp_path, monkeypatch, keys):
+    """Per-key quantiles over public cells read ``__key`` as the hash of the key columns
+    alone (``read_spec``'s ``hashed_keys``: the float value's text form was most of the
+    reader's hash, issue 43 round 7), and their stages never read the reader's hash: a
+    release whose reader hashes (keys, value), as before, publishes the same bytes under
+    one secret. The global hierarchy keeps the (keys, value) hash its bound reads."""
+    import hashlib
+    from thresher.pipelines.dataio import io
+    from thresher.pipelines.kinds import quantiles
+    rng = np.random.default_rng(12)
+    n = 4000
+    data = str(tmp_path / "x.parquet")
+    pq.write_table(pa.table({"user": rng.integers(0, 700, n).astype(str),
+                             "country": rng.integers(0, 4, n).astype(str),
+                             "x": np.round(rng.lognormal(5, 1, n), 2)}), data)
+    public = None
+    if keys == "public":
+        public = str(tmp_path / "keys.parquet")
+        pq.write_table(pa.table({"country": ["0", "1", "2", "3", "9"]}), public)
+    spec = _spec(tmp_path, data, bound=2, public_keys=public)
+    assert quantiles.read_spec(spec).hashed_keys == ("country",)
+    assert quantiles.read_spec(spec).keys == ("country", "x")
+    seen = []
+    prepare = io.prepare_batch
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("hashed_keys"))
+        return prepare(*args, **kwargs)
+    monkeypatch.setattr(io, "prepare_batch", recording)
+    digests = []
+    for hashed in ("keys", "keys and value"):
+        if hashed == "keys and value":      # the reader as before: every read column
+            monkeypatch.setattr(quantiles.Quantiles, "read_spec", staticmethod(
+                lambda s: dataclasses.replace(s.input, keys=(*s.input.keys, s.mechanism["column"]),
+                                              quantile_column=None)))
+        seen.clear()
+        run(make_plan(spec), [], overwrite=True,
+            rng_factory=keyed_random.KeyedSource(b"per-key quantiles reader hash secret"))
+        assert set(seen) == ({("country",)} if hashed == "keys" else {None})
+        digests.append([hashlib.sha256((tmp_path / "out" / f).read_bytes()).hexdigest()
+                        for f in ("released.parquet", "release_report.json")])
+    assert digests[0] == digests[1]
+    table = pq.read_table(tmp_path / "out" / "released.parquet")
+    assert table.column("value").null_count < table.num_rows
+    glob = _spec(tmp_path, data, bound=2)
+    glob_mech = dict(glob.mechanism, method="binary_search")
+    glob_mech.pop("public_cells", None)
+    assert quantiles.read_spec(dataclasses.replace(glob, mechanism=glob_mech)).hashed_keys is None

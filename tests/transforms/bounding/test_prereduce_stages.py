@@ -52,7 +52,7 @@ MOST_ROWS = {"quantiles": 2 * 4, "binary_search": 2 * 4, "trie": 4, "weighted_ga
 def _without_steps(monkeypatch):
     """Every issue-43 pre-reduction removed (the records reach the shuffle as read)."""
     monkeypatch.setattr(prereduce_stages, "prereduced_for_bounds",
-                        lambda records, bounds, rng_factory: (records, False))
+                        lambda records, bounds, rng_factory, **_: (records, False))
     monkeypatch.setattr(prereduce_stages, "distinct_pairs_for_rounds",
                         lambda records, keys, rng_factory: (records, False))
     without_step(monkeypatch, "_prereduced_heavy", says_if_ran=True)

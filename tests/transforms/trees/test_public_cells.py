@@ -171,10 +171,16 @@ def test_fused_release_draws_and_answers_as_the_gathered_cells():
             key_table = p | "Keys" >> beam.Create([keys])
             if name == "old":
                 out = _old_release(rows, key_table, kw, sigma, floor, ranks, draws)
-            else:
-                out = rows | public_cells.PublicCellQuantiles(
-                    ["word"], "x", key_table, ranks=ranks, sigma=sigma, floor=floor,
-                    num_shards=3, rng_factory=draws.child("NoisyCells"), **kw)
+            else:      # the cells of each piece of counts (bounded_cells), then the noise
+                from thresher.transforms.trees.bounded_cells import shard_cells
+                key_list = beam.pvalue.AsSingleton(
+                    key_table | "KeyList" >> beam.Map(public_cells.key_tuples, ["word"]))
+                out = (rows
+                       | "Cells" >> beam.Map(lambda t, kl: shard_cells(
+                           t, ["word"], "x", kl, count_column="count", **kw), key_list)
+                       | public_cells.PublicCellQuantiles(
+                           ["word"], key_table, ranks=ranks, sigma=sigma, floor=floor,
+                           rng_factory=draws.child("NoisyCells"), **kw))
             _ = out | beam.Map(_keep, name)
     old, new = (pa.concat_tables(_OUT[k]) for k in ("old", "new"))
     assert new.num_rows == len(ranks) * keys.num_rows
@@ -224,6 +230,14 @@ def test_consistent_leaves_are_each_keys_consistent_tree_bit_for_bit(branching, 
             assert got[i].tobytes() == want.tobytes()
 
 
+def _as_cells(sums, keys, key_list, branching, levels):
+    """Summed data cells Table(level, keys..., bucket, count) as the Table(cell, count)
+    pieces _CellQuantilesFn reads (the layout of public_cells._data_cells)."""
+    cells, counts = public_cells._data_cells(sums, keys, key_list, branching, levels)
+    return [pa.table({public_cells.CELL_COLUMN: pa.array(cells, pa.int64()),
+                      "count": pa.array(counts, pa.int64())})]
+
+
 def _cell_fn(keys, ranks, shape, secret=b"quant5 direct cells secret"):
     from thresher.transforms.randomness import keyed_random
     fn = public_cells._CellQuantilesFn(
@@ -254,7 +268,7 @@ def test_direct_cells_publish_what_the_grid_table_did(name, monkeypatch):
         data[k] = pa.array([r[1][j] for r in rows], table.schema.field(k).type)
     data[BUCKET_COLUMN] = pa.array([r[2] for r in rows], pa.int64())
     data["count"] = pa.array([r[3] for r in rows], pa.int64())
-    sums = [pa.table(data)]
+    sums = _as_cells([pa.table(data)], keys, key_list, branching, levels)
     ranks = [0.5, 0.1, 0.9]
     direct = next(_cell_fn(keys, ranks, (branching, levels)).process(big, sums))
     monkeypatch.setattr(public_cells, "_direct_cells", lambda *a: False)
@@ -274,6 +288,7 @@ def test_direct_cells_over_many_chunks_and_the_refused_cases(monkeypatch):
                       "w": pa.array(rng.choice(words, 300)),
                       BUCKET_COLUMN: pa.array(rng.integers(0, 4096, 300), pa.int64()),
                       "count": pa.array(rng.integers(1, 50, 300), pa.int64())})]
+    sums = _as_cells(sums, ["w"], public_cells.key_tuples(table, ["w"]), 16, 3)
     direct = next(_cell_fn(["w"], [0.25, 0.5], (16, 3)).process(table, sums))
     with monkeypatch.context() as m:
         m.setattr(public_cells, "_direct_cells", lambda *a: False)

@@ -232,6 +232,8 @@ class _ScoredBoundFn(beam.DoFn):
                                                  self._num_key_shards, by_user=by_user)
         beam.metrics.Metrics.counter("thresher_not_private", "rows_bounded").inc(table.num_rows)
         yield beam.pvalue.TaggedOutput(self.DROPPED, dropped)
+        if self._spill_dir is not None:   # one file of all the shard's partials
+            partials = spill.write_pieces(partials, self._spill_dir)
         for shard_and_partial in partials:
             yield beam.pvalue.TaggedOutput(self.PARTIALS, shard_and_partial)
         if counts is not None:
@@ -280,7 +282,9 @@ class ScoredPerUserBound(beam.PTransform):
                             concat=self._concat)
         out = user_shards | "BoundL0AndScore" >> keyed_random.par_do(fn).with_outputs(
             _ScoredBoundFn.DROPPED, _ScoredBoundFn.PARTIALS, main="buckets")
-        out[_ScoredBoundFn.PARTIALS].element_type = SHARD_AND_TABLE
+        out[_ScoredBoundFn.PARTIALS].element_type = (
+            SHARD_AND_TABLE if self._spill_dir is None
+            else spill.SHARD_AND_PIECE_REF)
         buckets = out.buckets
         buckets.element_type = str if self._spill_dir is not None else TABLE
         return {"dropped": out[_ScoredBoundFn.DROPPED],
@@ -288,7 +292,10 @@ class ScoredPerUserBound(beam.PTransform):
 
     @staticmethod
     def statistics(outputs):
-        """The input of ``ChooseContributionBound`` among this transform's outputs."""
+        """The input of ``ChooseContributionBound`` among this transform's outputs. With
+        ``spill_dir`` the partials are references to the pieces the pass spilled (one
+        file per user shard, ``spill.write_pieces``; their element type says so:
+        ``spill.SHARD_AND_PIECE_REF``)."""
         return {"dropped": outputs["dropped"], "partials": outputs["partials"]}
 
     def select(self, buckets, chosen, default):

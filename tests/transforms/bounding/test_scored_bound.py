@@ -393,3 +393,54 @@ def test_auto_release_with_spilled_partials_is_that_of_the_in_memory_shuffle(
     assert report["released_keys"] > 0
     assert report["bounding"] == report_two["bounding"]
     assert spilled == in_memory
+
+
+@pytest.mark.parametrize("spill_on", [False, True])
+def test_counts_at_the_chosen_bound_are_the_fixed_bounds_summed_counts(spill_on, tmp_path):
+    """``ScoredPerUserBound(count_shards=S).counts`` (the running counts split by key
+    shard in the pass, each piece selected to the chosen C, summed per key shard) gives,
+    for every candidate C, each key once per key shard with the count the fixed bound at
+    C gives summed over the user shards (``bound_table_l0`` + ``count_per_key``): what
+    ``SumCountsPerKey`` made of ``select``'s tables (issue 43: one split and spill of the
+    counts fewer). With a spill folder the pieces of one user shard share one file."""
+    import apache_beam as beam
+    from apache_beam.testing import test_pipeline
+    from apache_beam.testing.util import assert_that
+    from thresher.transforms.bounding.scored_bound import ScoredPerUserBound
+    shards = [_table(seed, rows=3000, users=150) for seed in (5, 6, 7)]
+    draws = keyed_random.child(keyed_random.KeyedDraws(keyed_random.KeyedSource(SECRET)),
+                               STAGE)
+    folder = str(tmp_path / "spill") if spill_on else None
+    shard_count = 3
+
+    def expected(c):
+        total = {}
+        for table in shards:
+            kept = bound_table_l0(table, ["word"], c, _source())
+            for word, n in _per_key(count_per_key(table.take(pa.array(kept)), ["word"])).items():
+                total[word] = total.get(word, 0) + n
+        return total
+
+    def matches(want):
+        def check(tables):
+            got = {}
+            for table in tables:
+                assert table.column_names == ["word", "count"]
+                for word, n in _per_key(table).items():
+                    assert word not in got          # each key once, in one key shard
+                    got[word] = n
+            assert got == want and len(want) > 20
+        return check
+
+    with test_pipeline.TestPipeline() as p:
+        users = p | beam.Create(shards)
+        for c in CANDIDATES:
+            bounder = ScoredPerUserBound(["word"], _score(), rng_factory=draws,
+                                         spill_dir=folder, count_shards=shard_count)
+            scored = users | f"Pass{c}" >> bounder
+            chosen = p | f"C{c}" >> beam.Create([c])
+            assert_that(bounder.counts(scored["buckets"], chosen, 1, label=f"Sum{c}"),
+                        matches(expected(c)),
+                        label=f"Counts{c}")
+    if spill_on:     # per pass and user shard: its partials' file and its counts' file
+        assert len(os.listdir(folder)) == 2 * len(shards) * len(CANDIDATES)

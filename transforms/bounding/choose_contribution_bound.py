@@ -334,7 +334,9 @@ def l0_key_units(pair_users, user_weight, candidates, pair_key, num_keys, key_or
     by_level = np.argsort(small(levels - 1) - pair_level, kind="stable")
     above = len(pair_level) - np.cumsum(np.bincount(pair_level, minlength=levels))
     key_by_level = pair_key[by_level]
-    weight_by_level = pair_weight[by_level]
+    # gathered from at every candidate: as intp once (a uint16 index is converted on
+    # every gather)
+    weight_by_level = pair_weight[by_level].astype(np.intp)
     del by_level, pair_level
     unit = np.int64(1) << np.int64(exact_scores.COUNT_BITS)
     # every partial sum below is an integer below n 2^B: exact in a float64 bincount when
@@ -349,7 +351,8 @@ def l0_key_units(pair_users, user_weight, candidates, pair_key, num_keys, key_or
             units = exact_scores.expected_count_units(None, weights, int(candidate))
             if in_float:
                 column += np.bincount(key_by_level[:m],
-                                      weights=units.astype(np.float64)[weight_by_level[:m]],
+                                      weights=np.take(units.astype(np.float64),
+                                                      weight_by_level[:m]),
                                       minlength=num_keys).astype(np.int64)
             else:
                 column += exact_scores.exact_bincount(key_by_level[:m],

@@ -30,6 +30,13 @@ are concatenated, id-checked, key-hashed and sorted once instead of twice.
 
 The running counts wait for the draw between stages; with ``spill_dir`` (the in-process
 runner, ``transforms.plumbing.spill``) they wait as Arrow files and only their names are held.
+With ``count_shards`` (the release's route, issue 43) the pass splits them by the key
+shards ``SumCountsPerKey`` would use, and :meth:`ScoredPerUserBound.counts` selects each
+piece at the drawn C and sums each key shard: the pieces ``SumCountsPerKey`` would have cut
+from the selected tables (selecting rows of a piece is the piece of the selected rows), so
+the same per-key counts, without a second split and spill. Spilled, each user shard's
+pieces (the running counts' and the key-shard partials') go into one file per kind
+(``spill.write_pieces``): two files per user shard instead of one per piece.
 """
 import apache_beam as beam
 import numpy as np

@@ -542,12 +542,13 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
     bounder = ScoredPerUserBound(keys, choose.score,
                                  rng_factory=keyed_random.child(rng_factory, "PerUserBound"),
                                  num_key_shards=_key_shards(num_shards), spill_dir=spill_dir,
-                                 concat=shards.concat_arguments())
+                                 concat=shards.concat_arguments(), count_shards=num_shards)
     scored = users | "PerUserBound" >> bounder     # the fixed pipeline's label: same salts
     chosen = bounder.statistics(scored) | "ChooseContributionBound" >> choose    # one int
-    partial = bounder.select(scored["buckets"], chosen, min(plan.candidates))
     params = chosen | "ParamsForBound" >> beam.Map(_params_for, table=dict(plan.params_by_bound))
-    counts = partial | "SumCountsPerKey" >> SumCountsPerKey(keys, num_shards, spill_dir=spill_dir)
+    # per-key counts at the chosen C: SumCountsPerKey(keys, num_shards) of the selected
+    # running counts, which the pass split by those key shards already
+    counts = bounder.counts(scored["buckets"], chosen, min(plan.candidates))
     released = kinds.get(spec.kind).release(counts, beam.pvalue.AsSingleton(params), keys,
                                             rng_factory)
     return released, chosen

@@ -246,17 +246,19 @@ def pair_statistics(pair_users, pair_keys, counts, score, num_key_shards=_DEFAUL
     # 2^-B rounded down (exact_scores.expected_count_units: the same integers on every
     # platform, summed exactly). In the l0 model the term depends on the user only, so
     # it is computed per user and gathered.
+    # Every key's sums are indexed by its place in shard order (``position``): the
+    # columns then come out in that order, with no gather of each column afterwards
+    # (a permutation of the keys' numbers; each key's sum is the same integer).
     columns = {KEY_HASH_COLUMN: keys[by_shard]}
     names = _contribution_columns(k)
+    position = np.empty(len(keys), dtype=np.int64)
+    position[by_shard] = np.arange(len(keys))
+    pair_position = position[key_index]
     if (score.model == "l0" and not score.user_weighted
             and len(pair_users) << exact_scores.COUNT_BITS < exact_scores.EXACT_FLOAT):
-        units = l0_key_units(pair_users, np.maximum(weights, 1), score.candidates,
-                             key_index, len(keys), key_order=numbers.order)
-        columns.update(zip(names, (column[by_shard] for column in units)))
+        columns.update(zip(names, l0_key_units(pair_users, np.maximum(weights, 1),
+                                               score.candidates, pair_position, len(keys))))
     else:
-        position = np.empty(len(keys), dtype=np.int64)
-        position[by_shard] = np.arange(len(keys))
-        pair_position = position[key_index]
         columns.update(zip(names, key_units(pair_users, counts, weights, score,
                                             pair_position, len(keys))))
     del key_index, numbers
@@ -332,7 +334,9 @@ def l0_key_units(pair_users, user_weight, candidates, pair_key, num_keys, key_or
     by_level = np.argsort(small(levels - 1) - pair_level, kind="stable")
     above = len(pair_level) - np.cumsum(np.bincount(pair_level, minlength=levels))
     key_by_level = pair_key[by_level]
-    weight_by_level = pair_weight[by_level]
+    # gathered from at every candidate: as intp once (a uint16 index is converted on
+    # every gather)
+    weight_by_level = pair_weight[by_level].astype(np.intp)
     del by_level, pair_level
     unit = np.int64(1) << np.int64(exact_scores.COUNT_BITS)
     # every partial sum below is an integer below n 2^B: exact in a float64 bincount when
@@ -347,7 +351,8 @@ def l0_key_units(pair_users, user_weight, candidates, pair_key, num_keys, key_or
             units = exact_scores.expected_count_units(None, weights, int(candidate))
             if in_float:
                 column += np.bincount(key_by_level[:m],
-                                      weights=units.astype(np.float64)[weight_by_level[:m]],
+                                      weights=np.take(units.astype(np.float64),
+                                                      weight_by_level[:m]),
                                       minlength=num_keys).astype(np.int64)
             else:
                 column += exact_scores.exact_bincount(key_by_level[:m],
@@ -485,7 +490,9 @@ class ContributionBoundSums(beam.PTransform):
     def expand(self, tables):
         """``tables``: whole users (PCollection[pa.Table]), or their statistics already
         computed (a dict: ``dropped`` PCollection[int64 K-vector] and ``partials``
-        PCollection[(key shard, pa.Table)], as :func:`table_statistics` returns them;
+        PCollection[(key shard, pa.Table)], as :func:`table_statistics` returns them,
+        or of (key shard, piece reference) when their producer spilled them itself
+        (element type ``spill.SHARD_AND_PIECE_REF``: ``spill.write_pieces``);
         ``transforms.bounding.scored_bound`` makes them in the bounding pass)."""
         k = len(self._score.candidates)
         key_columns, score = self._key_columns, self._score
@@ -503,7 +510,9 @@ class ContributionBoundSums(beam.PTransform):
             lambda v, k=k: tuple(int(x) for x in v) + (0,) * k)
         # (shard, [partials]) -> key cost units[K] of the shard's keys
         costs = (stats_partials
-                 | "ShardByKey" >> spill.group_by_key(self._spill_dir)
+                 | "ShardByKey" >> (spill.GroupSpilledByKey()
+                                    if stats_partials.element_type == spill.SHARD_AND_PIECE_REF
+                                    else spill.group_by_key(self._spill_dir))
                  | "SumByKey" >> beam.MapTuple(
                      lambda _, parts, key_columns=key_columns, score=score:
                      (0,) * len(score.candidates)

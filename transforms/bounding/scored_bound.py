@@ -30,6 +30,13 @@ are concatenated, id-checked, key-hashed and sorted once instead of twice.
 
 The running counts wait for the draw between stages; with ``spill_dir`` (the in-process
 runner, ``transforms.plumbing.spill``) they wait as Arrow files and only their names are held.
+With ``count_shards`` (the release's route, issue 43) the pass splits them by the key
+shards ``SumCountsPerKey`` would use, and :meth:`ScoredPerUserBound.counts` selects each
+piece at the drawn C and sums each key shard: the pieces ``SumCountsPerKey`` would have cut
+from the selected tables (selecting rows of a piece is the piece of the selected rows), so
+the same per-key counts, without a second split and spill. Spilled, each user shard's
+pieces (the running counts' and the key-shard partials') go into one file per kind
+(``spill.write_pieces``): two files per user shard instead of one per piece.
 """
 import apache_beam as beam
 import numpy as np
@@ -38,7 +45,9 @@ import pyarrow.compute as pc
 
 from thresher.transforms.randomness import keyed_random
 from thresher.transforms.plumbing import spill
+from thresher.transforms.plumbing.aggregate import SumCountsPerKey
 from thresher.transforms.plumbing.arrow_coder import SHARD_AND_TABLE, TABLE
+from thresher.transforms.plumbing.tables import split_by_shard
 from thresher.transforms.bounding.choose_contribution_bound import (
     _DEFAULT_KEY_SHARDS, KeyNumbers, _UserStatisticsFn, key_numbers, pair_statistics,
     table_statistics)
@@ -208,8 +217,9 @@ class _ScoredBoundFn(beam.DoFn):
     PARTIALS = "partials"
 
     def __init__(self, key_columns, score, num_key_shards, rng_factory, stage, spill_dir,
-                 concat=None):
+                 concat=None, count_shards=None):
         self._concat = None if concat is None else dict(concat)
+        self._count_shards = None if count_shards is None else int(count_shards)
         self._key_columns = tuple(key_columns)
         self._score = score
         self._num_key_shards = num_key_shards
@@ -232,10 +242,43 @@ class _ScoredBoundFn(beam.DoFn):
                                                  self._num_key_shards, by_user=by_user)
         beam.metrics.Metrics.counter("thresher_not_private", "rows_bounded").inc(table.num_rows)
         yield beam.pvalue.TaggedOutput(self.DROPPED, dropped)
+        if self._spill_dir is not None:   # one file of all the shard's partials
+            partials = spill.write_pieces(partials, self._spill_dir)
         for shard_and_partial in partials:
             yield beam.pvalue.TaggedOutput(self.PARTIALS, shard_and_partial)
-        if counts is not None:
+        if counts is None:
+            return
+        if self._count_shards is None:        # one running counts table (select)
             yield counts if self._spill_dir is None else spill.write_piece(counts, self._spill_dir)
+            return
+        # split by the key shards of the per-key sums (counts_at_chosen_bound), as
+        # SumCountsPerKey splits its input: one file of all the pieces when spilling
+        pieces = split_by_shard(counts, key_shard_of(counts, self._count_shards),
+                                self._count_shards)
+        yield from (pieces if self._spill_dir is None
+                    else spill.write_pieces(pieces, self._spill_dir))
+
+
+def key_shard_of(table, num_shards):
+    """Each row's key shard: ``__key`` modulo ``num_shards`` (``aggregate.SumCountsPerKey``'s
+    split, so each key's pieces meet in one shard)."""
+    return (table.column(KEY_HASH_COLUMN).to_numpy() % np.uint64(num_shards)).astype(np.int64)
+
+
+def sum_selected_counts(shard_and_pieces, bound, candidates, key_columns):
+    """One key shard's per-key counts at C = ``bound``: each running counts piece
+    selected to that C (:func:`select_bucket_counts`), then summed per key as
+    ``aggregate.SumCountsPerKey`` sums its shard (the same pieces: selecting a piece of
+    a table is the piece of the selected table, rows in the same order)."""
+    shard, pieces = shard_and_pieces
+    selected = []
+    for piece in pieces:
+        chosen = select_bucket_counts(piece, bound, candidates)
+        if chosen is not None:
+            beam.metrics.Metrics.counter("thresher_not_private", "contributions_kept").inc(
+                int(pc.sum(chosen.column("count")).as_py()))
+            selected.append(chosen)
+    yield from SumCountsPerKey.per_shard((shard, selected), key_columns=key_columns)
 
 
 def _select(counts_or_path, bound, candidates):
@@ -261,13 +304,18 @@ class ScoredPerUserBound(beam.PTransform):
     the per-user salts).
     Output: a dict — ``dropped`` and ``partials``, the statistics that
     ``ChooseContributionBound`` takes instead of user shards (:meth:`statistics`), and
-    ``buckets``: the running counts tables (or their spilled file names) for :meth:`select`.
+    ``buckets``: the running counts tables (or their spilled file names) for :meth:`select`,
+    or with ``count_shards`` their (key shard, piece) splits for :meth:`counts`.
     """
 
     def __init__(self, key_columns, score, rng_factory=None, spill_dir=None,
-                 num_key_shards=_DEFAULT_KEY_SHARDS, concat=None, label=None):
+                 num_key_shards=_DEFAULT_KEY_SHARDS, concat=None, count_shards=None,
+                 label=None):
         super().__init__(label)
         self._concat = concat
+        # count_shards: the running counts leave the pass split by the key shards of the
+        # per-key sums (:meth:`counts`); None: one table per user shard (:meth:`select`)
+        self._count_shards = None if count_shards is None else int(count_shards)
         self._key_columns = tuple(key_columns)
         self._score = score
         self._rng_factory = rng_factory
@@ -277,23 +325,65 @@ class ScoredPerUserBound(beam.PTransform):
     def expand(self, user_shards):
         fn = _ScoredBoundFn(self._key_columns, self._score, self._num_key_shards,
                             *keyed_random.stage_of(self._rng_factory), self._spill_dir,
-                            concat=self._concat)
+                            concat=self._concat, count_shards=self._count_shards)
         out = user_shards | "BoundL0AndScore" >> keyed_random.par_do(fn).with_outputs(
             _ScoredBoundFn.DROPPED, _ScoredBoundFn.PARTIALS, main="buckets")
-        out[_ScoredBoundFn.PARTIALS].element_type = SHARD_AND_TABLE
+        out[_ScoredBoundFn.PARTIALS].element_type = (
+            SHARD_AND_TABLE if self._spill_dir is None
+            else spill.SHARD_AND_PIECE_REF)
         buckets = out.buckets
-        buckets.element_type = str if self._spill_dir is not None else TABLE
+        if self._count_shards is None:
+            buckets.element_type = str if self._spill_dir is not None else TABLE
+        else:
+            buckets.element_type = (SHARD_AND_TABLE if self._spill_dir is None
+                                    else spill.SHARD_AND_PIECE_REF)
         return {"dropped": out[_ScoredBoundFn.DROPPED],
                 "partials": out[_ScoredBoundFn.PARTIALS], "buckets": buckets}
 
     @staticmethod
     def statistics(outputs):
-        """The input of ``ChooseContributionBound`` among this transform's outputs."""
+        """The input of ``ChooseContributionBound`` among this transform's outputs. With
+        ``spill_dir`` the partials are references to the pieces the pass spilled (one
+        file per user shard, ``spill.write_pieces``; their element type says so:
+        ``spill.SHARD_AND_PIECE_REF``)."""
         return {"dropped": outputs["dropped"], "partials": outputs["partials"]}
 
     def select(self, buckets, chosen, default):
         """Per-key partial counts at the chosen C (a one-int PCollection): the input of
-        ``SumCountsPerKey``."""
+        ``SumCountsPerKey`` (without ``count_shards``)."""
         return buckets | "SelectChosenBound" >> beam.FlatMap(
             _select, bound=beam.pvalue.AsSingleton(chosen, default_value=default),
             candidates=tuple(self._score.candidates)).with_output_types(TABLE)
+
+    def counts(self, buckets, chosen, default, label="SumCountsAtChosenBound"):
+        """Per-key counts at the chosen C (a one-int PCollection), each key once (with
+        ``count_shards``): what ``SumCountsPerKey(key_columns, count_shards)`` gives of
+        :meth:`select`'s tables, the same rows per key shard, without a second split
+        and spill of the selected counts (issue 43): the pass already split its running
+        counts by key shard (one file per user shard when spilling)."""
+        if self._count_shards is None:
+            raise ValueError("ScoredPerUserBound.counts needs count_shards")
+        return buckets | label >> _SumAtChosenBound(
+            chosen, default, tuple(self._score.candidates), self._key_columns,
+            self._spill_dir is not None)
+
+
+class _SumAtChosenBound(beam.PTransform):
+    """(key shard, running counts piece) -> the shard's per-key counts at the chosen C
+    (:func:`sum_selected_counts`; :meth:`ScoredPerUserBound.counts`)."""
+
+    def __init__(self, chosen, default, candidates, key_columns, spilled):
+        super().__init__()
+        self._chosen, self._default = chosen, default
+        self._candidates, self._key_columns = candidates, key_columns
+        self._spilled = spilled
+
+    def expand(self, buckets):
+        group = spill.GroupSpilledByKey() if self._spilled else beam.GroupByKey()
+        return (buckets
+                | "GroupKeyShards" >> group
+                | "SumPerKey" >> beam.FlatMap(
+                    sum_selected_counts,
+                    bound=beam.pvalue.AsSingleton(self._chosen, default_value=self._default),
+                    candidates=self._candidates,
+                    key_columns=self._key_columns).with_output_types(TABLE))

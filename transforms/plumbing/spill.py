@@ -55,9 +55,53 @@ def write_piece(table, folder):
 
 
 def read_piece(path):
-    """The table written by :func:`write_piece` (read into memory, not mapped)."""
+    """The table written by :func:`write_piece` (read into memory, not mapped), or one
+    piece of a file written by :func:`write_pieces` (a ``(path, batch)`` reference)."""
+    if isinstance(path, tuple):
+        path, batch = path
+        with pa.OSFile(path, "rb") as source:
+            return pa.Table.from_batches([pa.ipc.open_file(source).get_batch(batch)])
     with pa.OSFile(path, "rb") as source:
         return pa.ipc.open_file(source).read_all()
+
+
+# A reference to one piece of a file of several (:func:`write_pieces`): (path, batch).
+PIECE_REF = beam.typehints.Tuple[str, int]
+# (key shard, reference): the element type of spilled pieces before their group.
+SHARD_AND_PIECE_REF = beam.typehints.Tuple[int, PIECE_REF]
+
+
+def write_pieces(keyed_tables, folder):
+    """Write the tables of ``[(key, pyarrow.Table)]`` (one schema) as the record batches
+    of one new Arrow IPC file in ``folder`` (one file instead of one per table: a step
+    that emits many small pieces per element, e.g. the automatic bound's key-shard
+    partials, creates, renames and later removes one file per element instead of one per
+    piece); returns ``[(key, (path, batch))]``, each reference read back by
+    :func:`read_piece` as its table (each table is written as one batch)."""
+    keyed_tables = list(keyed_tables)
+    if not keyed_tables:
+        return []
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{uuid.uuid4().hex}.arrow")
+    schema = keyed_tables[0][1].schema
+    with pa.OSFile(path + ".part", "wb") as sink:
+        with pa.ipc.new_file(sink, schema) as writer:
+            for _, table in keyed_tables:
+                writer.write_batch(_one_batch(table, schema))
+    os.replace(path + ".part", path)   # a reader never sees a half-written file
+    return [(key, (path, batch)) for batch, (key, _) in enumerate(keyed_tables)]
+
+
+def _one_batch(table, schema):
+    """``table`` (of ``schema``) as a single record batch."""
+    if not table.schema.equals(schema):
+        raise ValueError(f"write_pieces: the tables' schemas differ: {table.schema} "
+                         f"against {schema}")
+    batches = table.combine_chunks().to_batches()
+    if len(batches) == 1:
+        return batches[0]
+    return pa.RecordBatch.from_arrays([table.column(i).combine_chunks()
+                                       for i in range(table.num_columns)], schema=schema)
 
 
 def read_piece_columns(path, columns):
@@ -97,3 +141,15 @@ def group_by_key(folder):
     """``SpilledGroupByKey(folder)``, or the runner's ``beam.GroupByKey()`` when
     ``folder`` is None."""
     return beam.GroupByKey() if folder is None else SpilledGroupByKey(folder)
+
+
+class GroupSpilledByKey(beam.PTransform):
+    """GroupByKey of (key, piece reference) pairs whose tables were spilled by their
+    producer (:func:`write_pieces`): PCollection[(key, (path, batch))] ->
+    PCollection[(key, [Table])], the groups :class:`SpilledGroupByKey` gives for the same
+    tables."""
+
+    def expand(self, pairs):
+        return (pairs
+                | "GroupByKey" >> beam.GroupByKey()
+                | "Read" >> beam.Map(_read_values))

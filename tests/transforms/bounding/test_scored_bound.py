@@ -7,6 +7,8 @@ to ``choose_contribution_bound.table_statistics``, and a whole release with
 ``max_keys_per_user: auto`` publishes the same bytes as the two-pass pipeline under one
 secret. Deterministic (fixed secret and seeds): no false failures.
 """
+import os
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -336,3 +338,109 @@ def test_pass_with_the_sorted_hash_check_is_that_of_the_table_wide_check(seed, m
     assert [s for s, _ in got[2]] == [s for s, _ in want[2]]
     for (_, g), (_, w) in zip(got[2], want[2]):
         assert g.equals(w)
+
+
+def test_the_pass_spills_a_shards_partials_as_one_file(tmp_path):
+    """With a spill folder the pass writes all of a shard's key-shard partials into one
+    file (``spill.write_pieces``: one record batch per key shard) beside its running
+    counts, instead of one file per key shard: two files per user shard, and each
+    (key shard, reference) it emits reads back as the partial the pass computes without
+    a spill folder (issue 43: 160 partial files per 1e7-row release became 10)."""
+    from thresher.transforms.bounding import scored_bound
+    from thresher.transforms.plumbing import spill as spill_mod
+    table = _table(4, rows=6000, users=400)
+    factory = keyed_random.KeyedSource(SECRET)
+    folder = str(tmp_path / "spill")
+
+    def run(spill_dir):
+        fn = scored_bound._ScoredBoundFn(("word",), _score(), 16, factory, STAGE, spill_dir)
+        fn._rng = None
+        return [item.value for item in fn.process(table)
+                if getattr(item, "tag", None) == scored_bound._ScoredBoundFn.PARTIALS]
+
+    in_memory, spilled = run(None), run(folder)
+    assert len(in_memory) > 4
+    assert len(os.listdir(folder)) == 2          # the partials' file and the counts' file
+    assert [s for s, _ in spilled] == [s for s, _ in in_memory]
+    paths = {ref[0] for _, ref in spilled}
+    assert len(paths) == 1 and all(isinstance(ref, tuple) for _, ref in spilled)
+    for (_, ref), (_, partial) in zip(spilled, in_memory):
+        assert spill_mod.read_piece(ref).equals(partial)
+
+
+@pytest.mark.parametrize("pre_threshold", [None, 1])
+def test_auto_release_with_spilled_partials_is_that_of_the_in_memory_shuffle(
+        pre_threshold, tmp_path, monkeypatch):
+    """Under one secret, ``max_keys_per_user: auto`` on the in-process runner (its
+    partials spilled one file per user shard, the references grouped by key shard)
+    publishes the bytes of the same release through the runner's in-memory shuffles,
+    in both spec shapes."""
+    from thresher.transforms.plumbing import spill as spill_mod
+    mechanism = {"kind": "gaussian"}
+    if pre_threshold:
+        mechanism["pre_threshold"] = pre_threshold
+    changes = {"bounding.max_keys_per_user": "auto", "mechanism": mechanism}
+    calls = []
+    original = spill_mod.write_pieces
+    monkeypatch.setattr(spill_mod, "write_pieces",
+                        lambda pieces, folder: calls.append(1) or original(pieces, folder))
+    (tmp_path / "spilled").mkdir()
+    spilled, report = _release(str(tmp_path / "spilled"), SECRET, changes=changes)
+    assert calls                                   # the partials went through one file
+    monkeypatch.setattr(release, "_spill_dir", lambda pipeline, staging: None)
+    (tmp_path / "in_memory").mkdir()
+    in_memory, report_two = _release(str(tmp_path / "in_memory"), SECRET, changes=changes)
+    assert report["released_keys"] > 0
+    assert report["bounding"] == report_two["bounding"]
+    assert spilled == in_memory
+
+
+@pytest.mark.parametrize("spill_on", [False, True])
+def test_counts_at_the_chosen_bound_are_the_fixed_bounds_summed_counts(spill_on, tmp_path):
+    """``ScoredPerUserBound(count_shards=S).counts`` (the running counts split by key
+    shard in the pass, each piece selected to the chosen C, summed per key shard) gives,
+    for every candidate C, each key once per key shard with the count the fixed bound at
+    C gives summed over the user shards (``bound_table_l0`` + ``count_per_key``): what
+    ``SumCountsPerKey`` made of ``select``'s tables (issue 43: one split and spill of the
+    counts fewer). With a spill folder the pieces of one user shard share one file."""
+    import apache_beam as beam
+    from apache_beam.testing import test_pipeline
+    from apache_beam.testing.util import assert_that
+    from thresher.transforms.bounding.scored_bound import ScoredPerUserBound
+    shards = [_table(seed, rows=3000, users=150) for seed in (5, 6, 7)]
+    draws = keyed_random.child(keyed_random.KeyedDraws(keyed_random.KeyedSource(SECRET)),
+                               STAGE)
+    folder = str(tmp_path / "spill") if spill_on else None
+    shard_count = 3
+
+    def expected(c):
+        total = {}
+        for table in shards:
+            kept = bound_table_l0(table, ["word"], c, _source())
+            for word, n in _per_key(count_per_key(table.take(pa.array(kept)), ["word"])).items():
+                total[word] = total.get(word, 0) + n
+        return total
+
+    def matches(want):
+        def check(tables):
+            got = {}
+            for table in tables:
+                assert table.column_names == ["word", "count"]
+                for word, n in _per_key(table).items():
+                    assert word not in got          # each key once, in one key shard
+                    got[word] = n
+            assert got == want and len(want) > 20
+        return check
+
+    with test_pipeline.TestPipeline() as p:
+        users = p | beam.Create(shards)
+        for c in CANDIDATES:
+            bounder = ScoredPerUserBound(["word"], _score(), rng_factory=draws,
+                                         spill_dir=folder, count_shards=shard_count)
+            scored = users | f"Pass{c}" >> bounder
+            chosen = p | f"C{c}" >> beam.Create([c])
+            assert_that(bounder.counts(scored["buckets"], chosen, 1, label=f"Sum{c}"),
+                        matches(expected(c)),
+                        label=f"Counts{c}")
+    if spill_on:     # per pass and user shard: its partials' file and its counts' file
+        assert len(os.listdir(folder)) == 2 * len(shards) * len(CANDIDATES)

@@ -45,6 +45,39 @@ def test_spilled_group_by_key_gives_the_groups_of_group_by_key(tmp_path):
                   for f in os.listdir(folder)) == sorted(t.num_rows for _, t in pairs)
 
 
+
+def test_pieces_written_to_one_file_group_as_pieces_written_one_by_one(tmp_path):
+    """``write_pieces`` puts many (key, table) pieces into one file, one record batch
+    each; each reference reads back as its table, and ``GroupSpilledByKey`` of the
+    references gives the groups ``SpilledGroupByKey`` gives of the tables."""
+    rng = np.random.default_rng(4)
+    pairs = [(int(k), pa.table({"x": rng.integers(0, 100, int(n)), "y": rng.random(int(n))}))
+             for k, n in zip(rng.integers(0, 4, 12), rng.integers(0, 50, 12))]
+    folder = str(tmp_path / "one")
+    refs = spill.write_pieces(pairs, folder)
+    assert len(os.listdir(folder)) == 1
+    assert [k for k, _ in refs] == [k for k, _ in pairs]
+    for (_, ref), (_, table) in zip(refs, pairs):
+        assert spill.read_piece(ref).equals(table)
+    assert spill.write_pieces([], folder) == []
+    with pytest.raises(ValueError, match="schemas differ"):
+        spill.write_pieces([(0, pa.table({"x": [1]})), (1, pa.table({"z": [1]}))], folder)
+
+    def values(groups, label):
+        return groups | label >> beam.MapTuple(lambda k, tables: (k, sorted(
+            v for t in tables for v in t.column("x").to_pylist())))
+    with test_pipeline.TestPipeline() as p:
+        by_ref = values(p | "Refs" >> beam.Create(refs).with_output_types(
+            spill.SHARD_AND_PIECE_REF) | "ByRef" >> spill.GroupSpilledByKey(), "ValuesA")
+        by_file = values(p | "Tables" >> beam.Create(pairs)
+                         | "ByFile" >> spill.SpilledGroupByKey(str(tmp_path / "each")), "ValuesB")
+        expected = {}
+        for k, t in pairs:
+            expected.setdefault(k, []).extend(t.column("x").to_pylist())
+        want = [(k, sorted(v)) for k, v in expected.items()]
+        assert_that(by_ref, equal_to(want), label="ByRefGroups")
+        assert_that(by_file, equal_to(want), label="ByFileGroups")
+
 def _batches(n=6000, seed=5):
     rng = np.random.default_rng(seed)
     users = [f"user-{i}" for i in rng.integers(0, 700, n)]

@@ -52,6 +52,7 @@ import ctypes.util
 import gc
 import gettext
 import os
+import platform
 import sys
 import types
 import weakref
@@ -175,7 +176,6 @@ def keep_freed_heap():
     """glibc's malloc keeps freed buffers for reuse (see the module docstring). Returns
     True when every setting took; False (nothing to do) where the C library is not glibc
     or refuses a value. The process's results do not depend on it, only its page faults."""
-    import platform
     if platform.libc_ver()[0] != "glibc":
         return False
     try:

@@ -1,6 +1,10 @@
 """Process settings of the thresher command (pipelines/running/process.py): Beam's DoFn state and
 timer specs looked up once per DoFn object give Beam's own answers, and a stateful DoFn
 still runs as one on the in-process runner."""
+import platform
+import subprocess
+import sys
+
 import apache_beam as beam
 import pytest
 from apache_beam.coders import VarIntCoder
@@ -101,31 +105,33 @@ import numpy as np
 from thresher.pipelines.running import process
 if sys.argv[1] == "kept":
     assert process.keep_freed_heap()
-rng = np.random.default_rng(0)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-recent = []
-for i in range(300):       # a batch's buffers of 1-32 MB, freed, and a few small ones kept
-    n = int(rng.integers(1 << 17, 4 << 20))
-    a = np.ones(n)
-    b = np.ones(n // 3)
-    recent.append(np.ones(int(rng.integers(1000, 20000))))
-    c = a[::2].copy()
-    del a, b, c
-    if len(recent) > 50:
-        recent.pop(0)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+
+def touched(n):
+    a = np.empty(n, dtype=np.uint8)
+    a[::4096] = 1
+    return a
+
+
+faults = 0
+for size in (16 << 20, 12 << 20, 20 << 20):
+    a = touched(size)                 # a batch's buffer, freed
+    del a
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    b = touched(size)                 # the next batch's buffer of the same size
+    del b
+    faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(faults)
 """
 
 
-@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's malloc")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
 def test_freed_buffers_are_reused_without_new_page_faults():
-    """keep_freed_heap: freed multi-megabyte buffers are reused by the next ones instead of
-    faulting fresh pages in (one fixed sequence of allocations, in fresh processes; glibc's
-    malloc is deterministic for one sequence: 10,778 faults by default, 3,118 kept, here).
-    In a release at 1e7 rows: 227,000 -> 75,000 faults, 1.2 -> 0.7 s of system time."""
-    import subprocess
-    import sys
+    """keep_freed_heap: a freed buffer of 12-20 MB is reused by the next one of its size
+    instead of faulting fresh pages in (fresh processes; glibc 2.36 here: 1,012 faults
+    by default, 0 kept, the same in every run). In a release at 1e7 rows: 227,000 ->
+    61,000-75,000 faults, 1.1-1.4 -> 0.5-1.0 s of system time."""
     faults = {mode: int(subprocess.run([sys.executable, "-c", _FAULTS, mode], check=True,
                                        capture_output=True, text=True).stdout)
               for mode in ("default", "kept")}
-    assert faults["kept"] * 2 < faults["default"], faults
+    assert faults["kept"] * 4 < faults["default"], faults

@@ -423,7 +423,8 @@ class _Footers:
     with the row groups: a file of G row groups read one group at a time parsed G footers
     of G groups each (1e8 rows in 1,000 row groups: ~2.7 s of CPU, growing as G^2). A
     footer is parsed once per file and worker, and re-verified before each use: it is used
-    only while the file's size and modification time (ns) are the ones it was parsed at."""
+    only while the file's size, modification time (ns) and inode are the ones it was
+    parsed at (a file replaced under the same path is parsed again)."""
 
     def __init__(self):
         self._footers = {}

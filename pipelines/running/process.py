@@ -42,10 +42,12 @@ back to the system (buffers it maps on their own, and the top of the heap past 1
 and the next batch faults the same amount of fresh zeroed pages in again: ~230,000 page
 faults and ~1.2 s of system time per 1e7 rows, 1.3 million and ~14 s at 1e8. ``thresher
 run`` raises glibc's thresholds (buffers up to 32 MB from the heap, the heap trimmed only
-past 1 GB free at its top): 77,000 faults and 0.7 s at 1e7 rows (345,000 and 11 s at 1e8),
-with peak RSS unchanged or lower (the peak is what is live at once; 585 MB against 635 MB
-at 1e8). (Tried and not kept, the other way: a lower mmap threshold so that freed buffers
-go back at once: -40 MB of peak RSS at 1e7 rows for +2.5 s of system time.)
+past 1 GB free at its top): 60,000 faults and 0.6 s at 1e7 rows, 340,000 and 7.7 s at 1e8
+(issue 43 round 7, idle). Freed memory that is not reused stays resident, so peak RSS can
+be higher: at 1e7 rows 447-476 MB without against 477-487 MB with, in two pairs of runs
+(within the runs' own +-15 MB). (Tried and not kept, the other way: a lower mmap
+threshold so that freed buffers go back at once: -40 MB of peak RSS at 1e7 rows for
++2.5 s of system time.)
 """
 import ctypes
 import ctypes.util

@@ -53,7 +53,6 @@ def user_shard_of(user_hash, num_shards):
 COALESCE_ROWS = 1 << 20
 
 
-
 class _SplitByUser(beam.DoFn):
     def __init__(self, num_shards, coalesce_rows=None, drop_key_hash=False, spill_dir=None,
                  gate_min_rows=None):

@@ -89,7 +89,8 @@ class SumCountsPerKey(beam.PTransform):
     def expand(self, partial_counts):
         return (partial_counts
                 | "SplitByKeyHash" >> beam.ParDo(_SplitByKey(
-                    self._num_shards, spilled=self._spill_dir is not None)).with_output_types(SHARD_AND_TABLE)
+                    self._num_shards, spilled=self._spill_dir is not None)
+                ).with_output_types(SHARD_AND_TABLE)
                 | "GroupKeyShards" >> spill.group_by_key(self._spill_dir)        # (shard, [Table])
                 | self.step >> beam.FlatMap(type(self).per_shard, key_columns=self._key_columns
                                             ).with_output_types(TABLE))

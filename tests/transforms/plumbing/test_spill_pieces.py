@@ -1,4 +1,4 @@
-"""The user shuffle's spilled pieces grow linearly with the rows (issue 43, item 3).
+"""The user and key shuffles' spilled pieces grow linearly with the rows (issue 43, item 3).
 
 With a spill folder, ``_SplitByUser`` waits for about ``spill.PIECE_ROWS`` rows per shard
 before it splits, and each piece is a slice of one gather (``split_by_shard(...,
@@ -22,6 +22,15 @@ from thresher.transforms.randomness.user_identity import TEST_KEY
 
 def _rows(table):
     return sorted(zip(*[table.column(c).to_pylist() for c in table.column_names]))
+
+
+def _recorded_pieces(monkeypatch):
+    """A list that grows by the rows of every piece spill.write_piece writes."""
+    pieces = []
+    original = spill.write_piece
+    monkeypatch.setattr(spill, "write_piece",
+                        lambda table, where: pieces.append(table.num_rows) or original(table, where))
+    return pieces
 
 
 def _batches(n=8000, size=1000, seed=9):
@@ -74,10 +83,7 @@ def test_spilled_split_waits_for_rows_per_shard(tmp_path, monkeypatch):
                     equal_to(expected), label="InMemoryShards")
         assert_that(spilled | "RowsB" >> beam.Map(lambda t: tuple(_rows(t))),
                     equal_to(expected), label="SpilledShards")
-    pieces = []
-    original = spill.write_piece
-    monkeypatch.setattr(spill, "write_piece",
-                        lambda table, where: pieces.append(table.num_rows) or original(table, where))
+    pieces = _recorded_pieces(monkeypatch)
     with test_pipeline.TestPipeline() as p:
         _ = (p | beam.Create(batches, reshuffle=False)
              | ShardByUser(32, key_columns=["word"], spill_dir=str(tmp_path / "again"),
@@ -126,10 +132,7 @@ def test_key_shuffle_gathers_a_bundles_partials_before_it_spills(tmp_path, monke
             truth[w] = truth.get(w, 0) + c
         partials.append(pa.table({"word": words, "__key": pa.array(hash_array(words), pa.uint64()),
                                   "count": pa.array(counts, pa.int64())}))
-    pieces = []
-    original = spill.write_piece
-    monkeypatch.setattr(spill, "write_piece",
-                        lambda table, where: pieces.append(table.num_rows) or original(table, where))
+    pieces = _recorded_pieces(monkeypatch)
     with test_pipeline.TestPipeline() as p:
         summed = (p | beam.Create(partials, reshuffle=False)
                   | SumCountsPerKey(["word"], 16, spill_dir=str(tmp_path / "keys"))

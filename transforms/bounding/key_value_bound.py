@@ -266,6 +266,14 @@ def counts_of_kept(table, kept, key_value, columns):
     return out.append_column("count", pa.array(runs.astype(np.int64))).combine_chunks()
 
 
+def stage_sources(rng_factory, rng, stage):
+    """(value draws, key draws): the two keyed streams of one ``BoundKeyValues`` stage,
+    for every DoFn that bounds as that stage does (here and ``transforms.trees.
+    bounded_cells``), so that both draw the very same values and keys."""
+    return (keyed_random.stage_source(rng_factory, rng, stage + "/value"),
+            keyed_random.stage_source(rng_factory, rng, stage + "/keys"))
+
+
 class _BoundFn(beam.DoFn):
     def __init__(self, key_columns, value_column, max_keys_per_user, rng_factory, stage):
         self._keys = tuple(key_columns)
@@ -278,8 +286,7 @@ class _BoundFn(beam.DoFn):
         self._rng = keyed_random.worker_rng(self._rng_factory)
 
     def process(self, table):
-        value_rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage + "/value")
-        key_rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage + "/keys")
+        value_rng, key_rng = stage_sources(self._rng_factory, self._rng, self._stage)
         kept, key_value = _bound_with_codes(table, self._keys, self._column, self._bound,
                                             value_rng, key_rng)
         beam.metrics.Metrics.counter("thresher_not_private", "contributions_kept").inc(len(kept))

@@ -31,7 +31,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from thresher.transforms.bounding.key_value_bound import bound_key_values
+from thresher.transforms.bounding.key_value_bound import bound_key_values, stage_sources
 from thresher.transforms.plumbing.arrow_coder import TABLE
 from thresher.transforms.randomness import keyed_random
 from thresher.transforms.trees.public_cells import CELL_COLUMN, key_positions
@@ -92,8 +92,7 @@ class _BoundRowsFn(beam.DoFn):
         self._rng = keyed_random.worker_rng(self._rng_factory)
 
     def process(self, table):
-        value_rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage + "/value")
-        key_rng = keyed_random.stage_source(self._rng_factory, self._rng, self._stage + "/keys")
+        value_rng, key_rng = stage_sources(self._rng_factory, self._rng, self._stage)
         kept = bound_key_values(table, self._keys, self._column, self._bound, value_rng, key_rng)
         beam.metrics.Metrics.counter("thresher_not_private", "contributions_kept").inc(len(kept))
         if not len(kept):

@@ -47,7 +47,7 @@ from thresher.transforms.randomness import keyed_random
 from thresher.transforms.plumbing import spill
 from thresher.transforms.plumbing.aggregate import SumCountsPerKey
 from thresher.transforms.plumbing.arrow_coder import SHARD_AND_TABLE, TABLE
-from thresher.transforms.plumbing.tables import split_by_shard
+from thresher.transforms.plumbing.tables import key_shard_of, split_by_shard
 from thresher.transforms.bounding.choose_contribution_bound import (
     _DEFAULT_KEY_SHARDS, KeyNumbers, _UserStatisticsFn, key_numbers, pair_statistics,
     table_statistics)
@@ -254,26 +254,26 @@ class _ScoredBoundFn(beam.DoFn):
         # split by the key shards of the per-key sums (counts_at_chosen_bound), as
         # SumCountsPerKey splits its input: one file of all the pieces when spilling
         pieces = split_by_shard(counts, key_shard_of(counts, self._count_shards),
-                                self._count_shards)
+                                self._count_shards, slices=self._spill_dir is not None)
         yield from (pieces if self._spill_dir is None
                     else spill.write_pieces(pieces, self._spill_dir))
-
-
-def key_shard_of(table, num_shards):
-    """Each row's key shard: ``__key`` modulo ``num_shards`` (``aggregate.SumCountsPerKey``'s
-    split, so each key's pieces meet in one shard)."""
-    return (table.column(KEY_HASH_COLUMN).to_numpy() % np.uint64(num_shards)).astype(np.int64)
 
 
 def sum_selected_counts(shard_and_pieces, bound, candidates, key_columns):
     """One key shard's per-key counts at C = ``bound``: each running counts piece
     selected to that C (:func:`select_bucket_counts`), then summed per key as
     ``aggregate.SumCountsPerKey`` sums its shard (the same pieces: selecting a piece of
-    a table is the piece of the selected table, rows in the same order)."""
+    a table is the piece of the selected table, rows in the same order). A spilled piece
+    (its reference, ``spill.write_pieces``) is read when its turn comes and only its
+    selection is kept: the shard's running counts of every candidate are never held at
+    once."""
     shard, pieces = shard_and_pieces
     selected = []
     for piece in pieces:
+        if not isinstance(piece, pa.Table):
+            piece = spill.read_piece(piece)
         chosen = select_bucket_counts(piece, bound, candidates)
+        del piece
         if chosen is not None:
             beam.metrics.Metrics.counter("thresher_not_private", "contributions_kept").inc(
                 int(pc.sum(chosen.column("count")).as_py()))
@@ -364,24 +364,22 @@ class ScoredPerUserBound(beam.PTransform):
         if self._count_shards is None:
             raise ValueError("ScoredPerUserBound.counts needs count_shards")
         return buckets | label >> _SumAtChosenBound(
-            chosen, default, tuple(self._score.candidates), self._key_columns,
-            self._spill_dir is not None)
+            chosen, default, tuple(self._score.candidates), self._key_columns)
 
 
 class _SumAtChosenBound(beam.PTransform):
     """(key shard, running counts piece) -> the shard's per-key counts at the chosen C
     (:func:`sum_selected_counts`; :meth:`ScoredPerUserBound.counts`)."""
 
-    def __init__(self, chosen, default, candidates, key_columns, spilled):
+    def __init__(self, chosen, default, candidates, key_columns):
         super().__init__()
         self._chosen, self._default = chosen, default
         self._candidates, self._key_columns = candidates, key_columns
-        self._spilled = spilled
 
     def expand(self, buckets):
-        group = spill.GroupSpilledByKey() if self._spilled else beam.GroupByKey()
+        # spilled: the references are grouped, and sum_selected_counts reads each piece
         return (buckets
-                | "GroupKeyShards" >> group
+                | "GroupKeyShards" >> beam.GroupByKey()
                 | "SumPerKey" >> beam.FlatMap(
                     sum_selected_counts,
                     bound=beam.pvalue.AsSingleton(self._chosen, default_value=self._default),

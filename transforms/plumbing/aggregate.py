@@ -14,7 +14,8 @@ from apache_beam.transforms.window import GlobalWindows
 
 from thresher.transforms.plumbing import spill
 from thresher.transforms.plumbing.arrow_coder import SHARD_AND_TABLE, TABLE
-from thresher.transforms.plumbing.tables import KEY_HASH_COLUMN, chunked, concat, split_by_shard
+from thresher.transforms.plumbing.tables import (KEY_HASH_COLUMN, chunked, concat, key_shard_of,
+                                                 split_by_shard)
 
 
 class _SplitByKey(beam.DoFn):
@@ -35,8 +36,8 @@ class _SplitByKey(beam.DoFn):
         table = chunked(tables) if self._spilled else concat(tables)
         if table is None:
             return
-        shard = (table.column(KEY_HASH_COLUMN).to_numpy() % np.uint64(self._num_shards)).astype(np.int64)
-        yield from split_by_shard(table, shard, self._num_shards, slices=self._spilled)
+        yield from split_by_shard(table, key_shard_of(table, self._num_shards),
+                                  self._num_shards, slices=self._spilled)
 
     def process(self, table):
         if not self._spilled:

@@ -57,6 +57,13 @@ def split_by_shard(table, shard_ids, num_shards, slices=False):
         first = last
 
 
+def key_shard_of(table, num_shards):
+    """Each row's key shard: its ``__key`` modulo ``num_shards``. Every split by key
+    (``aggregate.SumCountsPerKey``, the automatic bound's running counts) uses it, so
+    that each key's pieces meet in one shard."""
+    return (table.column(KEY_HASH_COLUMN).to_numpy() % np.uint64(num_shards)).astype(np.int64)
+
+
 def concat(tables):
     tables = [t for t in tables if t.num_rows]
     if not tables:

@@ -63,8 +63,8 @@ KEY_PAIR = colliding_pair("key")            # two words with equal public key ha
 # keys an earlier adaptive round released: two own keys of u0..u19, so the count stage
 # (C_c = 1) makes a choice for each of them
 RELEASED_EARLIER = ["w1", "w3", KEY_PAIR[0]] + [f"own:u{i}:{j}" for i in range(20) for j in (0, 1)]
-KINDS = ("l0", "l1", "one_pass_auto", "weighted", "adaptive_round", "adaptive_count",
-         "aggregates")
+KINDS = ("l0", "l1", "one_pass_auto", "one_pass_auto_counts", "weighted", "adaptive_round",
+         "adaptive_count", "aggregates")
 
 _OUT = {}   # (run, kind) -> [tables]: filled by the pipeline (in-process runner)
 
@@ -146,9 +146,16 @@ def _run(table, num_shards, run):
         clips = beam.pvalue.AsSingleton(p | "Clip" >> beam.Create([{0: 40.0}]))
         out["aggregates"] = users | "Values" >> PerUserBoundWithValues(
             KEYS, C, [("__v0", grid)], rng_factory=source.child("Values"), clips=clips)
-        for kind, partial in out.items():
-            (partial
-             | f"{kind}Sum" >> SumCountsPerKey(KEYS, num_shards)
+        summed = {kind: partial | f"{kind}Sum" >> SumCountsPerKey(KEYS, num_shards)
+                  for kind, partial in out.items()}
+        # the release's route of the automatic bound (issue 43 round 7): the pass splits
+        # its running counts by key shard and the chosen C's counts are summed per shard
+        counting = ScoredPerUserBound(KEYS, score, rng_factory=source.child("Scored"),
+                                      count_shards=num_shards)
+        summed["one_pass_auto_counts"] = counting.counts(
+            (users | "ScoredCounts" >> counting)["buckets"], chosen, min(CANDIDATES))
+        for kind, counts in summed.items():
+            (counts
              | f"{kind}List" >> beam.combiners.ToList()
              | f"{kind}Put" >> beam.Map(_put, run=run, kind=kind))
     return {kind: _rows(_OUT.pop((run, kind), [])) for kind in KINDS}

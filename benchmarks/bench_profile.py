@@ -1,6 +1,6 @@
 """Where the time of one ``thresher run`` goes: cProfile of the whole process, by stage.
 
-    python benchmarks/bench_profile.py CONFIG [--top 25] [--save prof.out]
+    python benchmarks/bench_profile.py CONFIG [--top 25] [--save prof.out] [--cpu]
 
 Runs ``pipelines.cli run CONFIG --overwrite --quiet`` under cProfile in this process and
 prints (1) seconds per stage, from the cumulative time of each stage's entry point, and
@@ -9,6 +9,9 @@ which also happen inside "pipeline construction" (listed for scale; the remainde
 does not subtract them twice). "Beam runner" is the runner's time outside thresher's DoFns
 (encoding, the in-memory shuffle, bundle bookkeeping). cProfile slows Python-heavy code
 (the runner) more than numpy/pyarrow kernels, so the runner's share is an upper bound.
+``--cpu`` times by the process's CPU time (``time.process_time``) instead of the wall
+clock: on a loaded machine, or where a stage waits on the disk (the spill folder's
+files), the two differ, and CPU time is what grows with the rows.
 """
 import argparse
 import cProfile
@@ -72,9 +75,9 @@ def _cum(stats, target):
     return total
 
 
-def profile(config, save=None, top=25):
+def profile(config, save=None, top=25, cpu=False):
     from thresher.pipelines.cli import main
-    profiler = cProfile.Profile()
+    profiler = cProfile.Profile(time.process_time) if cpu else cProfile.Profile()
     t0 = time.perf_counter()
     profiler.enable()
     rc = main(["run", config, "--overwrite", "--quiet"])
@@ -86,8 +89,8 @@ def profile(config, save=None, top=25):
     total = stats.total_tt
     run_stages = _cum(stats, ["fn_runner.py", "(run_stages)"])
     imports = _cum(stats, ["<frozen importlib._bootstrap>", "(_find_and_load)"])
-    print(f"# rc={rc}; profiled wall {wall:.2f} s (total profiled {total:.2f} s); "
-          f"load {os.getloadavg()[0]:.1f}")
+    print(f"# rc={rc}; profiled wall {wall:.2f} s (total profiled {total:.2f} s of "
+          f"{'CPU' if cpu else 'wall'} time); load {os.getloadavg()[0]:.1f}")
     print(f"{'stage':<36} {'seconds':>8} {'share':>6}")
     inside = 0.0
     for stage, parts in STAGES:
@@ -110,8 +113,10 @@ def main(argv=None):
     parser.add_argument("config")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--save", default=None)
+    parser.add_argument("--cpu", action="store_true",
+                        help="time by the process's CPU time, not the wall clock")
     args = parser.parse_args(argv)
-    return profile(args.config, args.save, args.top)
+    return profile(args.config, args.save, args.top, args.cpu)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ from thresher.transforms.plumbing.arrow_coder import SHARD_AND_TABLE, TABLE
 # The column names and table helpers live in plumbing.tables (the layers below bounding use
 # them); imported here, they stay importable from this module as before.
 from thresher.transforms.plumbing.tables import (  # noqa: F401
-    KEY_HASH_COLUMN, USER_COLUMN, USER_HIGH_COLUMN, USER_LOW_COLUMN, chunked, concat,
-    split_by_shard, user_columns, user_identity_columns)
+    KEY_HASH_COLUMN, USER_COLUMN, USER_HIGH_COLUMN, USER_LOW_COLUMN, ShardSlices, chunked,
+    concat, split_by_shard, user_columns, user_identity_columns)
 from thresher.transforms.randomness.hashing import hash_columns, mix64
 
 SHARD_AND_PATH = beam.typehints.Tuple[int, str]
@@ -70,11 +70,10 @@ class _SplitByUser(beam.DoFn):
     def start_bundle(self):
         self._pending = {}  # window -> [tables]
         self._pending_rows = {}
+        self._held = {}     # spilled: window -> (ShardSlices, [user columns for the gate])
 
     def _split(self, tables):
-        # spilled pieces are slices of one gather (split_by_shard), which reads through
-        # chunks: no copy of the gathered tables into one first
-        table = concat(tables) if self._spill_dir is None else chunked(tables)
+        table = concat(tables)
         if table is None:
             return
         if self._gate_min_rows is not None:
@@ -84,15 +83,39 @@ class _SplitByUser(beam.DoFn):
         user_hash = table.column(USER_COLUMN).to_numpy()
         if self._drop_key_hash and KEY_HASH_COLUMN in table.column_names:
             table = table.drop_columns([KEY_HASH_COLUMN])   # recomputed after the shuffle
-        pieces = split_by_shard(table, user_shard_of(user_hash, self._num_shards),
-                                self._num_shards, slices=self._spill_dir is not None)
-        if self._spill_dir is None:
-            yield from pieces
-            return
-        for shard, piece in pieces:   # (shard, file name): the bytes stay on disk
+        yield from split_by_shard(table, user_shard_of(user_hash, self._num_shards),
+                                  self._num_shards)
+
+    def _hold(self, table, window):
+        """Spilled pieces: split ``table`` now (``tables.ShardSlices``: each take within
+        one table) and write the window's pieces once it holds ``coalesce_rows`` rows."""
+        held = self._held.get(window)
+        if held is None:
+            held = self._held[window] = (ShardSlices(self._num_shards), [])
+        slices, users = held
+        if self._gate_min_rows is not None:   # the gate counts what one write holds
+            users.append(table.select([USER_COLUMN, USER_LOW_COLUMN]))
+        slices.add(table, user_shard_of(table.column(USER_COLUMN).to_numpy(),
+                                        self._num_shards))
+        if slices.rows >= self._coalesce_rows:
+            del self._held[window]
+            yield from self._write(slices, users)
+
+    def _write(self, slices, users):
+        """(shard, file name) of each held piece, after the gate's counts of their rows
+        (the counts the split of their concatenation gives)."""
+        users = chunked(users)
+        if users is not None:
+            counted = heavy_user_counts(users, self._gate_min_rows)
+            if counted is not None:
+                yield beam.pvalue.TaggedOutput(GATE_STATS, counted)
+        for shard, piece in slices.take():   # the bytes stay on disk
             yield shard, spill.write_piece(piece, self._spill_dir)
 
     def process(self, table, window=beam.DoFn.WindowParam):
+        if self._spill_dir is not None:
+            yield from self._hold(table, window)
+            return
         if table.num_rows >= self._coalesce_rows:
             yield from self._split([table])
             return
@@ -104,8 +127,10 @@ class _SplitByUser(beam.DoFn):
             yield from self._split(tables)
 
     def finish_bundle(self):
-        for window, tables in self._pending.items():
-            for piece in self._split(tables):
+        outputs = [(window, self._split(tables)) for window, tables in self._pending.items()]
+        outputs += [(window, self._write(*held)) for window, held in self._held.items()]
+        for window, pieces in outputs:
+            for piece in pieces:
                 if isinstance(piece, beam.pvalue.TaggedOutput):
                     yield beam.pvalue.TaggedOutput(piece.tag, WindowedValue(
                         piece.value, window.max_timestamp(), [window]))
@@ -113,6 +138,7 @@ class _SplitByUser(beam.DoFn):
                     yield WindowedValue(piece, window.max_timestamp(), [window])
         self._pending = {}
         self._pending_rows = {}
+        self._held = {}
 
 
 def order_by_user(user_hash):
@@ -262,27 +288,30 @@ def refusal(max_user_rows, setting):
 
 
 def _concat_shard(shard_and_tables, key_columns=None, after=None, max_user_rows=None,
-                  setting=None):
+                  setting=None, consume=False):
     # ``after``: an unused side input that orders this step after its producer
-    table, _ = concat_shard_with_order(shard_and_tables, key_columns, max_user_rows, setting)
+    table, _ = concat_shard_with_order(shard_and_tables, key_columns, max_user_rows, setting,
+                                       consume=consume)
     if table is not None:
         yield table
 
 
 def concat_shard_with_order(shard_and_tables, key_columns=None, max_user_rows=None,
-                            setting=None):
+                            setting=None, consume=False):
     """(one table of whole users, its :class:`UserOrder`) from a ``(shard, [Table or
     spilled path])`` group (:meth:`ShardByUser.grouped`), or (None, None) for an empty
     group: the table :meth:`ShardByUser.concat` yields (:func:`exact_users`, ``__key``
     present) and the sort by user its check made (``exact_users_with_order``; None where
     it made none), so that a consumer doing both in one step sorts the shard by user once
     (issue 43: ``scored_bound``'s bounding pass; the order is handed on within that one
-    call, never kept between elements)."""
+    call, never kept between elements). ``consume``: spilled pieces are removed once read
+    (the group's only reader: ``spill.read_piece``)."""
     _, tables = shard_and_tables
     tables = list(tables)
     if max_user_rows is not None:
         check_user_rows(tables, max_user_rows, setting)
-    tables = [spill.read_piece(t) if isinstance(t, str) else t for t in tables]
+    tables = [spill.read_piece(t, consume=consume) if isinstance(t, str) else t
+              for t in tables]
     table = concat(tables)
     if table is None:
         return None, None
@@ -326,7 +355,8 @@ class ShardByUser(beam.PTransform):
         grouped = self.grouped(batches)
         if self._grouped_only:
             return grouped
-        return grouped | "ConcatUserShard" >> self.concat()
+        # the group's only reader: its spilled pieces are removed as they are read
+        return grouped | "ConcatUserShard" >> self.concat(consume=True)
 
     def grouped(self, batches):
         """The shuffle alone: PCollection[(shard, [Table])]. With ``key_columns`` and no
@@ -357,14 +387,18 @@ class ShardByUser(beam.PTransform):
                                          self._max_user_rows, self._setting)
         return pieces | "GroupUserShards" >> beam.GroupByKey()                  # (shard, [Table])
 
-    def concat(self, after=None, fn=None):
+    def concat(self, after=None, fn=None, consume=False):
         """(shard, [Table]) -> one Table of whole users (:func:`exact_users`, ``__key`` present).
         Applying it twice to :meth:`grouped`'s output gives two consumers their own copy
         without the runner materialising the concatenated shards between stages.
         ``after``: a side input (its value is not used) that this step must wait for, so
         that it runs in its consumer's stage rather than fused with the other consumer.
-        ``fn``: the concatenation (default :func:`_concat_shard`; same arguments)."""
+        ``fn``: the concatenation (default :func:`_concat_shard`; same arguments).
+        ``consume``: this is the group's only reader, which removes each spilled piece
+        once read (``spill.read_piece``)."""
         extra = {} if after is None else {"after": after}
+        if consume:
+            extra["consume"] = True
         extra.update(self.concat_arguments())
         return beam.FlatMap(fn or _concat_shard, **extra).with_output_types(TABLE)
 

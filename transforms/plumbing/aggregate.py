@@ -14,45 +14,38 @@ from apache_beam.transforms.window import GlobalWindows
 
 from thresher.transforms.plumbing import spill
 from thresher.transforms.plumbing.arrow_coder import SHARD_AND_TABLE, TABLE
-from thresher.transforms.plumbing.tables import (KEY_HASH_COLUMN, chunked, concat, key_shard_of,
-                                                 split_by_shard)
+from thresher.transforms.plumbing.tables import (KEY_HASH_COLUMN, ShardSlices, concat,
+                                                 key_shard_of, split_by_shard)
 
 
 class _SplitByKey(beam.DoFn):
     """Tables -> (key shard, piece). With ``spilled`` (the pieces are written to files,
-    ``transforms.plumbing.spill``) a bundle's tables are gathered up to
-    ``spill.split_rows(num_shards)`` rows before they are split, and each piece is a slice
-    of one gather: the files stay linear in the rows (1e8 rows: one per user shard and key
-    shard, 10,000, before)."""
+    ``transforms.plumbing.spill``) a bundle's tables are split as they come and their
+    pieces held until ``spill.split_rows(num_shards)`` rows are (``tables.ShardSlices``):
+    one piece per key shard per ~``split_rows`` rows, so the files stay linear in the rows
+    (1e8 rows: one per user shard and key shard, 10,000, before)."""
 
     def __init__(self, num_shards, spilled=False):
         self._num_shards = num_shards
         self._spilled = spilled
 
     def start_bundle(self):
-        self._pending, self._pending_rows = [], 0
-
-    def _split(self, tables):
-        table = chunked(tables) if self._spilled else concat(tables)
-        if table is None:
-            return
-        yield from split_by_shard(table, key_shard_of(table, self._num_shards),
-                                  self._num_shards, slices=self._spilled)
+        self._held = ShardSlices(self._num_shards)
 
     def process(self, table):
         if not self._spilled:
-            yield from self._split([table])
+            table = concat([table])
+            if table is not None:
+                yield from split_by_shard(table, key_shard_of(table, self._num_shards),
+                                          self._num_shards)
             return
         # the key shuffle runs in the global window (release batches all are)
-        self._pending.append(table)
-        self._pending_rows += table.num_rows
-        if self._pending_rows >= spill.split_rows(self._num_shards):
-            tables, self._pending, self._pending_rows = self._pending, [], 0
-            yield from self._split(tables)
+        self._held.add(table, key_shard_of(table, self._num_shards))
+        if self._held.rows >= spill.split_rows(self._num_shards):
+            yield from self._held.take()
 
     def finish_bundle(self):
-        tables, self._pending, self._pending_rows = self._pending, [], 0
-        for piece in self._split(tables):
+        for piece in self._held.take():
             yield GlobalWindows.windowed_value(piece)
 
 

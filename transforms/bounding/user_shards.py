@@ -288,30 +288,27 @@ def refusal(max_user_rows, setting):
 
 
 def _concat_shard(shard_and_tables, key_columns=None, after=None, max_user_rows=None,
-                  setting=None, consume=False):
+                  setting=None):
     # ``after``: an unused side input that orders this step after its producer
-    table, _ = concat_shard_with_order(shard_and_tables, key_columns, max_user_rows, setting,
-                                       consume=consume)
+    table, _ = concat_shard_with_order(shard_and_tables, key_columns, max_user_rows, setting)
     if table is not None:
         yield table
 
 
 def concat_shard_with_order(shard_and_tables, key_columns=None, max_user_rows=None,
-                            setting=None, consume=False):
+                            setting=None):
     """(one table of whole users, its :class:`UserOrder`) from a ``(shard, [Table or
     spilled path])`` group (:meth:`ShardByUser.grouped`), or (None, None) for an empty
     group: the table :meth:`ShardByUser.concat` yields (:func:`exact_users`, ``__key``
     present) and the sort by user its check made (``exact_users_with_order``; None where
     it made none), so that a consumer doing both in one step sorts the shard by user once
     (issue 43: ``scored_bound``'s bounding pass; the order is handed on within that one
-    call, never kept between elements). ``consume``: spilled pieces are removed once read
-    (the group's only reader: ``spill.read_piece``)."""
+    call, never kept between elements)."""
     _, tables = shard_and_tables
     tables = list(tables)
     if max_user_rows is not None:
         check_user_rows(tables, max_user_rows, setting)
-    tables = [spill.read_piece(t, consume=consume) if isinstance(t, str) else t
-              for t in tables]
+    tables = [spill.read_piece(t) if isinstance(t, str) else t for t in tables]
     table = concat(tables)
     if table is None:
         return None, None
@@ -355,8 +352,7 @@ class ShardByUser(beam.PTransform):
         grouped = self.grouped(batches)
         if self._grouped_only:
             return grouped
-        # the group's only reader: its spilled pieces are removed as they are read
-        return grouped | "ConcatUserShard" >> self.concat(consume=True)
+        return grouped | "ConcatUserShard" >> self.concat()
 
     def grouped(self, batches):
         """The shuffle alone: PCollection[(shard, [Table])]. With ``key_columns`` and no
@@ -387,18 +383,14 @@ class ShardByUser(beam.PTransform):
                                          self._max_user_rows, self._setting)
         return pieces | "GroupUserShards" >> beam.GroupByKey()                  # (shard, [Table])
 
-    def concat(self, after=None, fn=None, consume=False):
+    def concat(self, after=None, fn=None):
         """(shard, [Table]) -> one Table of whole users (:func:`exact_users`, ``__key`` present).
         Applying it twice to :meth:`grouped`'s output gives two consumers their own copy
         without the runner materialising the concatenated shards between stages.
         ``after``: a side input (its value is not used) that this step must wait for, so
         that it runs in its consumer's stage rather than fused with the other consumer.
-        ``fn``: the concatenation (default :func:`_concat_shard`; same arguments).
-        ``consume``: this is the group's only reader, which removes each spilled piece
-        once read (``spill.read_piece``)."""
+        ``fn``: the concatenation (default :func:`_concat_shard`; same arguments)."""
         extra = {} if after is None else {"after": after}
-        if consume:
-            extra["consume"] = True
         extra.update(self.concat_arguments())
         return beam.FlatMap(fn or _concat_shard, **extra).with_output_types(TABLE)
 

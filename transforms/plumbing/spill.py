@@ -15,17 +15,6 @@ repeated bundle writes new files and only the names its committed output carries
 read; unread files are removed with the folder (``pipelines.running.release`` puts it under the
 release's staging folder as ``beam-temp-user-shuffle``, which is deleted after the
 pipeline and with the staging folder on failure). Nothing in the folder is published.
-
-A group read by its only consumer (:class:`SpilledGroupByKey`'s own read, the user
-shuffle's concatenation in ``ShardByUser``) removes each piece once it is in memory
-(``consume``): the folder then holds the pieces not read yet, not every piece of the
-run. Removed within seconds of being written, most pieces are never written back to disk
-(ext4 allocates a file's blocks at writeback), and the end of the run no longer unlinks
-thousands of files at once (1e8 rows: 14,600 files, ~3 GB of page cache, 3-14 s at the
-end). The spill folder exists only on Beam's in-process runner (FnApiRunner), which never
-re-runs a bundle: a failed bundle fails the run, and the folder goes with the staging
-folder. A group read by several consumers (the automatic bound's, the adaptive rounds')
-keeps its pieces until the end.
 The same tables reach the consumers as through the in-memory shuffle, so the release is
 unchanged (tests/transforms/plumbing/test_spill.py).
 """
@@ -65,22 +54,15 @@ def write_piece(table, folder):
     return path
 
 
-def read_piece(path, consume=False):
+def read_piece(path):
     """The table written by :func:`write_piece` (read into memory, not mapped), or one
-    piece of a file written by :func:`write_pieces` (a ``(path, batch)`` reference).
-    ``consume``: remove the file once read (a :func:`write_piece` file whose only reader
-    this is; see the module docstring)."""
+    piece of a file written by :func:`write_pieces` (a ``(path, batch)`` reference)."""
     if isinstance(path, tuple):
-        if consume:
-            raise ValueError("read_piece: a piece of a shared file cannot be consumed")
         path, batch = path
         with pa.OSFile(path, "rb") as source:
             return pa.Table.from_batches([pa.ipc.open_file(source).get_batch(batch)])
     with pa.OSFile(path, "rb") as source:
-        table = pa.ipc.open_file(source).read_all()
-    if consume:
-        os.unlink(path)
-    return table
+        return pa.ipc.open_file(source).read_all()
 
 
 # A reference to one piece of a file of several (:func:`write_pieces`): (path, batch).
@@ -133,9 +115,9 @@ def _spill_value(key_and_table, folder):
     return key, write_piece(table, folder)
 
 
-def _read_values(key_and_paths, consume=False):
+def _read_values(key_and_paths):
     key, paths = key_and_paths
-    return key, [read_piece(path, consume=consume) for path in paths]
+    return key, [read_piece(path) for path in paths]
 
 
 class SpilledGroupByKey(beam.PTransform):
@@ -152,7 +134,7 @@ class SpilledGroupByKey(beam.PTransform):
         return (pairs
                 | "Spill" >> beam.Map(_spill_value, folder=self._folder)
                 | "GroupByKey" >> beam.GroupByKey()
-                | "Read" >> beam.Map(_read_values, consume=True))   # its only reader
+                | "Read" >> beam.Map(_read_values))
 
 
 def group_by_key(folder):

@@ -72,15 +72,9 @@ class _SplitByUser(beam.DoFn):
         self._pending_rows = {}
 
     def _split(self, tables):
-        # the tables are combined into one first, spilled or not: split_by_shard's
-        # gathers (one per eighth of the rows when spilling) each read every chunk of a
-        # chunked table (Arrow's take on chunked columns), about twice the time of one
-        # combine and gathers from contiguous columns (issue 43: auto's split, 2 chunks of
-        # ~1e6 rows, 1.07 -> 0.6 s at 1e7 rows). The list is emptied once combined, so
-        # its tables are freed before the gathers
-        table = concat(tables)
-        if isinstance(tables, list):
-            tables.clear()
+        # spilled pieces are slices of one gather (split_by_shard), which reads through
+        # chunks: no copy of the gathered tables into one first
+        table = concat(tables) if self._spill_dir is None else chunked(tables)
         if table is None:
             return
         if self._gate_min_rows is not None:

@@ -142,28 +142,3 @@ def test_key_shuffle_gathers_a_bundles_partials_before_it_spills(tmp_path, monke
     assert sum(pieces) == 12 * 700
     assert len(pieces) <= 16, len(pieces)
 
-
-def test_spilled_split_gathers_from_one_contiguous_table(tmp_path, monkeypatch):
-    """The tables a spilled split waits for are combined before its gathers: every
-    column that reaches ``split_by_shard`` is one chunk (Arrow's take reads every chunk
-    of a chunked column per gather: about twice the time of combining once, issue 43,
-    the automatic bound's split), and the pieces hold the rows of the tables."""
-    seen = []
-    original = user_shards.split_by_shard
-
-    def recording(table, shard_ids, num_shards, **options):
-        seen.append((table.num_rows, [table.column(c).num_chunks for c in table.column_names]))
-        return original(table, shard_ids, num_shards, **options)
-
-    monkeypatch.setattr(user_shards, "split_by_shard", recording)
-    monkeypatch.setattr(spill, "PIECE_ROWS", 1 << 10)
-    batches = _batches()
-    split = user_shards._SplitByUser(4, spill_dir=str(tmp_path))
-    split.start_bundle()
-    from apache_beam.transforms.window import GlobalWindow
-    out = [o for b in batches for o in split.process(b, window=GlobalWindow())]
-    out += [o.value for o in split.finish_bundle()]
-    assert sum(n for n, _ in seen) == 8000 and len(seen) < len(batches), seen
-    assert all(chunks == [1] * len(chunks) for _, chunks in seen), seen
-    rows = sorted(r for _, path in out for r in _rows(spill.read_piece(path)))
-    assert rows == sorted(r for b in batches for r in _rows(b))

@@ -408,7 +408,7 @@ def _prereduced_pairs(records, plan, rng_factory):
     # the keyed draws of the ScoredPerUserBound applied as "PerUserBound" beside this
     stage = keyed_random.child(rng_factory, "PerUserBound").stage
     return records | "PreReducePairs" >> PreReducePairs(
-        plan.spec.input.keys, user_key_cap(plan.candidates), source, stage)
+        plan.spec.input.keys, user_key_cap(plan.candidates), source, stage, mark_kept=True)
 
 
 def _copies_apply(plan, rng_factory):

@@ -77,7 +77,9 @@ count, and min(k_i, C_m) enters the dropped term, so a user's keys beyond C_m ar
 by V(C) at every C (and k_i itself would shrink). What can go is every row that repeats
 a (user, exact key) pair: this step keeps one row per distinct (user identity, exact
 key) of a table (:func:`distinct_pair_rows`), for the users with more than
-``AUTO_HEAVY_ROWS`` rows in the table.
+``AUTO_HEAVY_ROWS`` rows in the table. In the release (``mark_kept``) the table leaves
+whole with its kept rows marked (``user_shards.KEPT_COLUMN``) and the user split gathers
+those rows only: the same rows reach the shuffle, without a filtered copy of the table.
 
 Claim: for every user i, the set D_i of i's distinct exact keys is the same with and
 without the step, and everything the one pass computes is a function of the D_i, the

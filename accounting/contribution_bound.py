@@ -371,7 +371,8 @@ class BoundScore:
                              "beyond the exact score's range")
         if self.objective == "keys" and count_units.ndim == 2:
             return self._key_utility_units(count_units)
-        h = np.ldexp(count_units.astype(np.float64), -exact_scores.COUNT_BITS)
+        h = exact_scores.times_power_of_two(count_units.astype(np.float64),
+                                            -exact_scores.COUNT_BITS)
         return exact_scores.floor_units(np.maximum(self.key_cost(h), 0.0), self.cost_bits)
 
     def _key_utility_units(self, count_units):
@@ -383,7 +384,7 @@ class BoundScore:
         t = np.asarray(self.caps(), dtype=np.float64)
         s = np.asarray(self.key_widths, dtype=np.float64)
         x = count_units.astype(np.float64)
-        np.ldexp(x, -exact_scores.COUNT_BITS, out=x)
+        exact_scores.times_power_of_two(x, -exact_scores.COUNT_BITS, out=x)
         np.subtract(x, t, out=x)
         np.divide(x, s, out=x)
         special.ndtr(x, out=x)

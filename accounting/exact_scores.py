@@ -145,10 +145,28 @@ def exact_sum(units):
     return total
 
 
+def times_power_of_two(values, exponent, out=None):
+    """``values`` * 2^``exponent`` (float64), bit for bit ``np.ldexp(values, exponent)``
+    for |exponent| <= 1000, by one multiplication (issue 43: numpy's ldexp is a scalar
+    loop, ~20x the time of a multiply; the automatic bound scales every key's count and
+    cost this way). Why the same bits: 2^exponent is an exact binary64 value, and both
+    IEEE-754 multiplication and ldexp return the correctly rounded value of the exact
+    product x 2^exponent (exact unless it overflows or falls below the normal range),
+    so they agree for every x, +-0, +-inf and NaN included; under a flush-to-zero or
+    denormals-are-zero mode (never numpy's default) they could differ only on a
+    subnormal input or result, and no caller here sees one: :func:`floor_units` scales
+    up (a subnormal v gives v 2^K < 1, floored to 0 either way) and the count units
+    scaled down are integers (2^-B or more, or 0)."""
+    exponent = int(exponent)
+    if abs(exponent) > 1000:
+        raise ValueError(f"exponent {exponent} beyond +-1000")
+    return np.multiply(values, 2.0 ** exponent, out=out)
+
+
 def floor_units(values, bits):
     """floor(2^bits v) of a float64 array as int64 (scaling by 2^bits is exact; the
     values must be finite, >= 0 and below 2^(62 - bits))."""
-    scaled = np.ldexp(np.asarray(values, dtype=np.float64), int(bits))
+    scaled = times_power_of_two(np.asarray(values, dtype=np.float64), bits)
     if scaled.size and not (np.all(np.isfinite(scaled)) and float(scaled.min()) >= 0
                             and float(scaled.max()) < MAX_UNITS):
         raise ValueError("a score term is negative, not finite or beyond 2^62 grid units")
@@ -158,7 +176,7 @@ def floor_units(values, bits):
 def floor_units_inplace(values, bits):
     """:func:`floor_units` of a float64 array that may be overwritten (its buffer is
     scaled and floored in place: the same int64 values)."""
-    scaled = np.ldexp(values, int(bits), out=values)
+    scaled = times_power_of_two(values, bits, out=values)
     if scaled.size and not (float(scaled.min()) >= 0 and float(scaled.max()) < MAX_UNITS):
         raise ValueError("a score term is negative, not finite or beyond 2^62 grid units")
     return np.floor(scaled, out=scaled).astype(np.int64)

@@ -408,7 +408,7 @@ def _prereduced_pairs(records, plan, rng_factory):
     # the keyed draws of the ScoredPerUserBound applied as "PerUserBound" beside this
     stage = keyed_random.child(rng_factory, "PerUserBound").stage
     return records | "PreReducePairs" >> PreReducePairs(
-        plan.spec.input.keys, user_key_cap(plan.candidates), source, stage)
+        plan.spec.input.keys, user_key_cap(plan.candidates), source, stage, mark_kept=True)
 
 
 def _copies_apply(plan, rng_factory):
@@ -526,12 +526,18 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
     without concatenating, checking and hashing the shards a second time."""
     spec = plan.spec
     keys = list(spec.input.keys)
-    records = _prereduced_pairs(records, plan, rng_factory)
+    reduced = _prereduced_pairs(records, plan, rng_factory)
     # the shuffle alone: the bounding pass concatenates each shard itself, and the sort
-    # by user that checks the shard's users also orders its ranking (one sort, not two)
+    # by user that checks the shard's users also orders its ranking (one sort, not two).
+    # Pre-reduced tables are combined already (about COALESCE_ROWS rows each, one chunk):
+    # each is split as it comes, as the fixed bound's are (_UserShards, combined), not
+    # waited for and split as two chunks (Arrow's take on chunked columns combines them
+    # on every gather: auto's split at 1e7 rows cost 2.4x the fixed bound's)
     shards = ShardByUser(
         num_shards, key_columns=keys, spill_dir=spill_dir, max_user_rows=MAX_USER_ROWS,
-        setting=_whole_user_setting(plan), grouped_only=True)
+        setting=_whole_user_setting(plan), grouped_only=True,
+        coalesce_rows=1 if reduced is not records else None)
+    records = reduced
     users = records | "ShardByUser" >> shards
     choose = ChooseContributionBound(
         keys, candidates=plan.candidates, epsilon=plan.select_stage.epsilon,

@@ -73,16 +73,30 @@ def released(*args, **kwargs):
 
 def most_rows_of_one_user_per_split(monkeypatch):
     """A list that grows, for every table the user shuffle splits, by the most rows one
-    user has in it."""
+    user has in the pieces the split hands the shuffle (in memory, ``split_by_shard``;
+    spilled, ``tables.ShardSlices``)."""
     seen = []
+
+    def record(pieces):
+        # the rows the split hands the shuffle: its pieces (a pre-reduction may mark the
+        # rows it keeps rather than filter them, user_shards.KEPT_COLUMN)
+        if pieces:
+            users = np.concatenate([p.column(user_shards.USER_COLUMN).to_numpy()
+                                    for _, p in pieces])
+            seen.append(int(np.unique(users, return_counts=True)[1].max()))
+        return pieces
+
     split = user_shards.split_by_shard
 
     def recording(table, shard_ids, num_shards, **options):
-        users = table.column(user_shards.USER_COLUMN).to_numpy()
-        seen.append(int(np.unique(users, return_counts=True)[1].max()))
-        return split(table, shard_ids, num_shards, **options)
+        return iter(record(list(split(table, shard_ids, num_shards, **options))))
+
+    class RecordingSlices(user_shards.ShardSlices):
+        def take(self):   # the pieces of one write
+            return record(super().take())
 
     monkeypatch.setattr(user_shards, "split_by_shard", recording)
+    monkeypatch.setattr(user_shards, "ShardSlices", RecordingSlices)
     return seen
 
 

@@ -77,7 +77,9 @@ count, and min(k_i, C_m) enters the dropped term, so a user's keys beyond C_m ar
 by V(C) at every C (and k_i itself would shrink). What can go is every row that repeats
 a (user, exact key) pair: this step keeps one row per distinct (user identity, exact
 key) of a table (:func:`distinct_pair_rows`), for the users with more than
-``AUTO_HEAVY_ROWS`` rows in the table.
+``AUTO_HEAVY_ROWS`` rows in the table. In the release (``mark_kept``) the table leaves
+whole with its kept rows marked (``user_shards.KEPT_COLUMN``) and the user split gathers
+those rows only: the same rows reach the shuffle, without a filtered copy of the table.
 
 Claim: for every user i, the set D_i of i's distinct exact keys is the same with and
 without the step, and everything the one pass computes is a function of the D_i, the
@@ -124,7 +126,7 @@ from thresher.transforms.bounding.per_user_bound import (
     _bytewise_equal, _flat, _runs, exact_key_codes, hash_exact_per_user, key_hash_is_exact,
     l0_ranks)
 from thresher.transforms.bounding.user_shards import (
-    COALESCE_ROWS, KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN, concat,
+    COALESCE_ROWS, KEPT_COLUMN, KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN, concat,
     exact_users_with_order)
 from thresher.transforms.plumbing.exact_sums import exact_sums, pair_groups, term_slots
 
@@ -493,7 +495,8 @@ def prereduce_aggregates_table(table, key_columns, value_names, max_keys_per_use
 
 class _PreReduceFn(beam.DoFn):
     def __init__(self, key_columns, max_keys_per_user, rng_factory, stage, every_row, mode,
-                 coalesce_rows, auto_cap=None, value_names=None):
+                 coalesce_rows, auto_cap=None, value_names=None, mark_kept=False):
+        self._mark_kept = mark_kept
         self._auto_cap = auto_cap
         self._value_names = None if value_names is None else tuple(value_names)
         self._key_columns = tuple(key_columns)
@@ -538,10 +541,16 @@ class _PreReduceFn(beam.DoFn):
         counter = beam.metrics.Metrics.counter
         counter(NOT_PRIVATE, "rows_prereduced_in").inc(table.num_rows)
         counter(NOT_PRIVATE, "rows_prereduce_examined").inc(examined)
+        out_rows = table.num_rows
         if kept is not None and not kept.all():
-            table = table.filter(pa.array(kept))
-        counter(NOT_PRIVATE, "rows_prereduced_out").inc(table.num_rows)
-        if table.num_rows:
+            if self._mark_kept:   # the split gathers the kept rows (user_shards.KEPT_COLUMN)
+                out_rows = int(np.count_nonzero(kept))
+                table = table.append_column(KEPT_COLUMN, pa.array(kept))
+            else:
+                table = table.filter(pa.array(kept))
+                out_rows = table.num_rows
+        counter(NOT_PRIVATE, "rows_prereduced_out").inc(out_rows)
+        if out_rows:
             yield table
 
     def finish_bundle(self):
@@ -594,10 +603,12 @@ class PreReducePairs(beam.PTransform):
     bound", says why it changes no score and no kept set). ``cap``: the user key cap of
     the score (``scored_bound.user_key_cap``); ``stage``, ``rng_factory``: as for
     :class:`PreReduceL0` (the release's ``KeyedSource`` only). ``mode``: :data:`MODE` by
-    default."""
+    default. ``mark_kept``: a reduced table leaves whole, its kept rows marked in
+    ``user_shards.KEPT_COLUMN`` (for ``ShardByUser``, whose split gathers those rows
+    only), not as a filtered copy."""
 
     def __init__(self, key_columns, cap, rng_factory, stage, mode=None, coalesce_rows=None,
-                 label=None):
+                 label=None, mark_kept=False):
         super().__init__(label)
         if not isinstance(rng_factory, keyed_random.KeyedSource):
             raise TypeError("PreReducePairs needs the release's KeyedSource")
@@ -610,8 +621,10 @@ class PreReducePairs(beam.PTransform):
         self._stage = stage
         self._mode = mode
         self._coalesce_rows = COALESCE_ROWS if coalesce_rows is None else int(coalesce_rows)
+        self._mark_kept = bool(mark_kept)
 
     def expand(self, batches):
         return batches | "PreReducePairs" >> keyed_random.par_do(_PreReduceFn(
             self._key_columns, None, self._rng_factory, self._stage, False, self._mode,
-            self._coalesce_rows, auto_cap=self._cap)).with_output_types(TABLE)
+            self._coalesce_rows, auto_cap=self._cap,
+            mark_kept=self._mark_kept)).with_output_types(TABLE)

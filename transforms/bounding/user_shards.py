@@ -52,6 +52,31 @@ def user_shard_of(user_hash, num_shards):
 # the runner's per-element cost (about 0.6 s of CPU per 1e7 rows at 100k-row row groups).
 COALESCE_ROWS = 1 << 20
 
+# A pre-reduction may hand the split its combined table whole, with the rows it keeps
+# marked in this boolean column (``prereduce.PreReducePairs(mark_kept=True)``), instead of
+# a filtered copy: the split's gathers then take the kept rows only (issue 43: a filter
+# copied ~93 % of every table of the automatic bound, ~12 ms per 1e6 rows). The column
+# never leaves the split; a null (a table without the column, concatenated with one
+# that has it) keeps its row.
+KEPT_COLUMN = "__kept"
+
+
+def _without_kept_column(table):
+    """(``table`` without ``KEPT_COLUMN``, its mask of kept rows or None when unmarked)."""
+    if KEPT_COLUMN not in table.column_names:
+        return table, None
+    kept = table.column(KEPT_COLUMN).fill_null(True).to_numpy(zero_copy_only=False)
+    return table.drop_columns([KEPT_COLUMN]), kept
+
+
+def _shards_of_kept(table, kept, num_shards):
+    """Each row's user shard; ``num_shards`` (no shard: ``split_by_shard`` leaves the row)
+    for a row the pre-reduction did not keep (``kept``: the ``KEPT_COLUMN`` mask, or None)."""
+    shards = user_shard_of(table.column(USER_COLUMN).to_numpy(), num_shards)
+    if kept is not None:
+        shards[~kept] = num_shards
+    return shards
+
 
 class _SplitByUser(beam.DoFn):
     def __init__(self, num_shards, coalesce_rows=None, drop_key_hash=False, spill_dir=None,
@@ -76,14 +101,14 @@ class _SplitByUser(beam.DoFn):
         table = concat(tables)
         if table is None:
             return
+        table, kept = _without_kept_column(table)
         if self._gate_min_rows is not None:
-            counted = heavy_user_counts(table, self._gate_min_rows)
+            counted = heavy_user_counts(table, self._gate_min_rows, kept=kept)
             if counted is not None:
                 yield beam.pvalue.TaggedOutput(GATE_STATS, counted)
-        user_hash = table.column(USER_COLUMN).to_numpy()
         if self._drop_key_hash and KEY_HASH_COLUMN in table.column_names:
             table = table.drop_columns([KEY_HASH_COLUMN])   # recomputed after the shuffle
-        yield from split_by_shard(table, user_shard_of(user_hash, self._num_shards),
+        yield from split_by_shard(table, _shards_of_kept(table, kept, self._num_shards),
                                   self._num_shards)
 
     def _hold(self, table, window):
@@ -93,10 +118,11 @@ class _SplitByUser(beam.DoFn):
         if held is None:
             held = self._held[window] = (ShardSlices(self._num_shards), [])
         slices, users = held
-        if self._gate_min_rows is not None:   # the gate counts what one write holds
-            users.append(table.select([USER_COLUMN, USER_LOW_COLUMN]))
-        slices.add(table, user_shard_of(table.column(USER_COLUMN).to_numpy(),
-                                        self._num_shards))
+        table, kept = _without_kept_column(table)
+        if self._gate_min_rows is not None:   # the gate counts the kept rows one write holds
+            identities = table.select([USER_COLUMN, USER_LOW_COLUMN])
+            users.append(identities if kept is None else identities.filter(pa.array(kept)))
+        slices.add(table, _shards_of_kept(table, kept, self._num_shards))
         if slices.rows >= self._coalesce_rows:
             del self._held[window]
             yield from self._write(slices, users)
@@ -469,16 +495,19 @@ def gate_min_rows(max_user_rows):
     return max(1, min(GATE_MIN_ROWS, int(max_user_rows)))
 
 
-def heavy_user_counts(table, min_rows):
+def heavy_user_counts(table, min_rows, kept=None):
     """(identity pairs (k, 2) uint64, row counts (k,) int64) of the users of ``table``
     whose bucket (top ``BUCKET_BITS`` bits of ``__user``) holds at least ``min_rows``
-    rows; None when no bucket does (the usual table)."""
-    n = table.num_rows
+    rows; None when no bucket does (the usual table). ``kept``: a boolean mask of the
+    rows to count (the others are not the table's: ``KEPT_COLUMN``), None for all."""
+    n = table.num_rows if kept is None else int(np.count_nonzero(kept))
     if n < min_rows:
         return None
     words = table.column(USER_COLUMN)
     words = (words.combine_chunks() if words.num_chunks != 1 else words.chunk(0)).to_numpy(
         zero_copy_only=False)
+    if kept is not None:
+        words = words[kept]
     bits = min(BUCKET_BITS, max(1, (n - 1).bit_length()))
     bucket = (words >> np.uint64(64 - bits)).astype(np.intp)
     counts = np.bincount(bucket, minlength=1 << bits)
@@ -489,6 +518,8 @@ def heavy_user_counts(table, min_rows):
     low = table.column(USER_LOW_COLUMN)
     low = (low.combine_chunks() if low.num_chunks != 1 else low.chunk(0)).to_numpy(
         zero_copy_only=False)
+    if kept is not None:
+        low = low[kept]
     pairs = np.stack([words[rows], low[rows].astype(np.uint64)], axis=1)
     unique, count = np.unique(pairs, axis=0, return_counts=True)
     return unique, count.astype(np.int64)

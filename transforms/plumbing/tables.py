@@ -28,10 +28,12 @@ def split_by_shard(table, shard_ids, num_shards, slices=False):
     rows): consecutive shards are gathered together, about an eighth of the rows (at least
     2^16) by one ``take``, and each piece is a zero-copy slice of its gather, so a split
     into many shards costs a few gathers instead of one per shard (at 1e8 rows, 100
-    shards: ~19,000 ``take`` calls, 8 s of CPU), holding at most an eighth more rows."""
+    shards: ~19,000 ``take`` calls, 8 s of CPU), holding at most an eighth more rows.
+    A row whose id is ``num_shards`` goes to no shard (a row a pre-reduction did not keep:
+    ``user_shards.KEPT_COLUMN``)."""
     shard_ids = np.asarray(shard_ids)
     # Shard ids are small non-negative integers: a stable radix sort on 16 bits.
-    narrow = shard_ids.astype(np.uint16) if num_shards <= (1 << 16) else shard_ids
+    narrow = shard_ids.astype(np.uint16) if num_shards < (1 << 16) else shard_ids
     order = np.argsort(narrow, kind="stable")
     bounds = np.searchsorted(narrow[order], np.arange(num_shards + 1))
     if not slices:
@@ -76,10 +78,11 @@ class ShardSlices:
         self.rows = 0
 
     def add(self, table, shard_ids):
-        """Split ``table`` (its rows' shards ``shard_ids``) and hold its pieces."""
+        """Split ``table`` (its rows' shards ``shard_ids``; ``num_shards`` for none) and
+        hold its pieces; ``rows`` counts the rows held."""
         for shard, piece in split_by_shard(table, shard_ids, self._num_shards, slices=True):
             self._pieces.setdefault(shard, []).append(piece)
-        self.rows += table.num_rows
+            self.rows += piece.num_rows
 
     def take(self):
         """[(shard, table)] for every shard holding rows, in increasing shard order, each

@@ -465,7 +465,13 @@ def test_auto_splits_each_pre_reduced_table_as_it_comes(tmp_path, monkeypatch):
         seen.append([table.column(c).num_chunks for c in table.column_names])
         return original(table, shard_ids, num_shards, **options)
 
+    class RecordingSlices(user_shards.ShardSlices):   # the spilled split's tables
+        def add(self, table, shard_ids):
+            seen.append([table.column(c).num_chunks for c in table.column_names])
+            return super().add(table, shard_ids)
+
     monkeypatch.setattr(user_shards, "split_by_shard", recording)
+    monkeypatch.setattr(user_shards, "ShardSlices", RecordingSlices)
     monkeypatch.setattr(prereduce, "COALESCE_ROWS", 20_000)     # several tables a bundle
     monkeypatch.setattr(spill_mod, "PIECE_ROWS", 1 << 10)
     (tmp_path / "tables").mkdir()

@@ -41,6 +41,7 @@ from thresher.transforms.bounding import prereduce
 from thresher.transforms.bounding.user_shards import (
     COALESCE_ROWS, KEY_HASH_COLUMN, concat, exact_users)
 from thresher.transforms.plumbing.arrow_coder import TABLE
+from thresher.transforms.plumbing.tables import key_hash_field, key_hash_is_of
 from thresher.transforms.randomness import keyed_random
 from thresher.transforms.randomness.hashing import hash_columns
 
@@ -63,9 +64,9 @@ class Bound:
 
 def with_key_hash_of(table, key_columns):
     """``table`` with ``__key`` the hash of ``key_columns`` (what a stage that rehashes
-    its keys reads)."""
+    its keys reads), stating so (``tables.key_hash_field``)."""
     index = table.schema.get_field_index(KEY_HASH_COLUMN)
-    return table.set_column(index, KEY_HASH_COLUMN,
+    return table.set_column(index, key_hash_field(key_columns),
                             pa.array(hash_columns(table, list(key_columns)), type=pa.uint64()))
 
 
@@ -156,11 +157,16 @@ class _PreReduceForBoundsFn(_CoalescingFn):
 
     def _flush(self):
         tables, self._pending, self._pending_rows = self._pending, [], 0
+        # the stages after the shuffle read __key as the hash of key_hash_of: hashed here
+        # unless every table states it is that hash already (the CLI's reader of per-key
+        # quantiles hashes the keys alone: issue 43 round 8, no second hash of every row)
+        rehash = self._key_hash_of is not None and not all(
+            key_hash_is_of(t, self._key_hash_of) for t in tables)
         table = concat(tables)
         if table is None:
             return
         mode = prereduce.MODE if self._mode is None else self._mode
-        if self._key_hash_of is not None:    # the stages after the shuffle read this hash
+        if rehash:
             table = with_key_hash_of(table, self._key_hash_of)
         kept, examined = kept_rows(table, self._bounds, self._rng_factory, mode,
                                    self._key_hash_of)

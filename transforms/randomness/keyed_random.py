@@ -533,6 +533,18 @@ def text_streams(factory, fallback, stage, identities):
     return fallback
 
 
+def text_streams_of(factory, fallback, stage, macs):
+    """:func:`text_streams` with the identities' MACs made by the caller: ``macs(key,
+    tag)`` -> (n, 2) uint64, what ``block_prf.mac_bytes(identities, key, tag)`` gives
+    (e.g. ``transforms.trees.public_cells.grid_macs``, which never makes the
+    identities); or the setup generator."""
+    if isinstance(factory, KeyedSource):
+        keys = StageKeys(factory.stage_key(stage))
+        texts = macs(keys.key(f"{_TEXT_GROUP}:text"), _TAG_TEXT)
+        return keys.streams(_TEXT_GROUP, texts=texts).view
+    return fallback
+
+
 class PipelineSecret(KeyedSource):
     """The release secret drawn inside the pipeline: a :class:`KeyedSource` that holds no
     secret in the graph. :meth:`draw` adds ``ReleaseSecret`` to the pipeline (Impulse ->

@@ -148,7 +148,7 @@ class StageKeys:
         encoded = pc.dictionary_encode(texts)
         distinct = block_prf.mac_bytes(encoded.dictionary, self.key(f"{group}:text"),
                                        _TAG_TEXT)
-        return distinct[encoded.indices.to_numpy(zero_copy_only=False)]
+        return np.take(distinct, encoded.indices.to_numpy(zero_copy_only=False), axis=0)
 
     def streams(self, group, users=None, texts=None):
         """:class:`RowStreams`, one stream per row, of identity ``users`` ((n, 2) uint64
@@ -462,7 +462,7 @@ def text_identities(keys, group, table, columns, distinct_rows=False):
     representative[codes] = np.arange(n)        # any row of a combination: one text
     texts = row_identity_array(table.take(pa.array(representative)), columns)
     distinct = block_prf.mac_bytes(texts, keys.key(f"{group}:text"), _TAG_TEXT)
-    return distinct[codes]
+    return np.take(distinct, codes, axis=0)
 
 
 def _identity_words(table, columns):
@@ -860,7 +860,7 @@ def _coded_text_identities(keys, group, table, columns, index, codes):
         representative[position] = index              # any row of a combination: one text
     part = table.select(list(columns)).take(pa.array(representative))
     distinct = text_identities(keys, group, part, columns, distinct_rows=True)
-    return distinct[position]
+    return np.take(distinct, position, axis=0)   # whole rows: faster than distinct[position]
 
 
 def stage_source(factory, fallback, stage):

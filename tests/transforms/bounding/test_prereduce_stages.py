@@ -212,3 +212,37 @@ def test_a_key_hash_the_reader_states_is_not_hashed_again(monkeypatch):
     assert key_hash_is_of(want, ["k"])
     _, rehashed = _pre_reduced([stated[0], unstated[1]], monkeypatch)
     assert rehashed == 1
+
+
+def test_quantiles_two_stages_choose_and_group_the_heavy_rows_once(monkeypatch):
+    """Per-key quantiles' two stages (BoundKeyValues, BoundKeys) share one choice of the
+    heavy users' rows and one grouping of them by user per table (issue 43 round 8: each
+    stage made both, the same rows twice); the union kept is the one of each stage on
+    its own (``stage_rows`` with no memo). Fails on the code before (two of each)."""
+    from thresher.transforms.bounding import user_shards as shards
+    calls = {"heavy": 0, "grouped": 0}
+    heavy, grouped = prereduce.heavy_user_rows, shards.exact_users_with_order
+
+    def counting_heavy(*a):
+        calls["heavy"] += 1
+        return heavy(*a)
+
+    def counting_grouped(*a):
+        calls["grouped"] += 1
+        return grouped(*a)
+    rng = np.random.default_rng(3)
+    n = 20000
+    table = _prepared(3, ("k",)).take(pa.array(rng.integers(0, 3000, n)))
+    table = table.set_column(0, "__user", pa.array(
+        rng.integers(0, 40, n).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
+    table = table.set_column(1, "__user_lo", pa.array(np.zeros(n, np.uint64)))
+    source = keyed_random.KeyedSource(SECRET)
+    bounds = [Bound(["k"], 2, "Q/BoundKeyValues", False, "x"), Bound(["k"], 2, "Q/BoundKeys", True)]
+    alone = [prereduce_stages.stage_rows(table, b, source, "auto", ("k",))[0] for b in bounds]
+    monkeypatch.setattr(prereduce, "heavy_user_rows", counting_heavy)
+    monkeypatch.setattr(prereduce_stages, "exact_users_with_order", counting_grouped)
+    monkeypatch.setattr(prereduce, "exact_users_with_order", counting_grouped)
+    keep, _ = kept_rows(table, bounds, source, "auto", ("k",))
+    assert calls == {"heavy": 1, "grouped": 1}
+    assert keep is not None and not keep.all()
+    assert np.array_equal(keep, alone[0] | alone[1])

@@ -302,3 +302,13 @@ def test_the_value_column_is_read_only_for_the_rows_of_kept_pairs_of_two_rows(mo
     assert kept.num_rows == len(np.unique(kept_pairs))
     assert encoded == [int(rows_per_pair[kept_pairs][rows_per_pair[kept_pairs] > 1].sum())]
     assert 0 < encoded[0] < table.num_rows
+
+
+def test_rows_by_code_is_the_order_of_code_then_row():
+    """_rows_by_code (one value sort of packed (code, row) words) is the lexsort order of
+    (code, row index), also where the codes are too large to pack (the lexsort itself)."""
+    rng = np.random.default_rng(5)
+    for n, high in [(1, 3), (7, 2), (1000, 50), (5000, 1 << 40), (300, (1 << 62) - 1)]:
+        codes = rng.integers(0, high, n, dtype=np.int64)
+        want = np.lexsort((np.arange(n), codes))
+        assert np.array_equal(key_value_bound._rows_by_code(codes), want), (n, high)

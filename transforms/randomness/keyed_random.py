@@ -107,7 +107,7 @@ _TAG_TEXT = b"thr:txt\x00"          # the first 8 bytes of a text identity's mes
 _WORDS_PER_BLOCK = 2                # one AES block: two 64-bit words
 _TEXT_GROUP = "rows"                # the group of stream(stage, bytes) and table_streams
 _MAX_BLOCKS = 1 << 32               # blocks of one row's stream a batch may ask for
-_DENSE_CODES = 1 << 16              # _coded_text_identities: codes below this (or 4 per row)
+_DENSE_CODES = 1 << 16              # _coded_text_identities: codes below this (or the rows)
                                     # are numbered by a scatter
 
 
@@ -845,7 +845,7 @@ def _coded_text_identities(keys, group, table, columns, index, codes):
         return np.zeros((0, 2), dtype=np.uint64)
     codes = np.asarray(codes, dtype=np.int64)
     low, high = int(codes.min()), int(codes.max())
-    if low >= 0 and high < max(_DENSE_CODES, 4 * len(codes)):
+    if low >= 0 and high < max(_DENSE_CODES, len(codes)):
         # small codes (a column's dictionary codes): numbered by one scatter, no hash pass
         seen = np.full(high + 1, -1, dtype=np.int64)
         seen[codes] = index                           # any row of a combination: one text

@@ -46,6 +46,7 @@ from thresher.transforms.randomness.hashing import hash_columns
 from thresher.transforms.randomness.user_identity import (
     check_identity_source, flat_array, identify, identity_key, text_ids)
 from thresher.transforms.bounding.user_shards import KEY_HASH_COLUMN, USER_COLUMN, USER_LOW_COLUMN
+from thresher.transforms.plumbing.tables import key_hash_field
 from thresher.transforms.randomness.user_identity import identities_of_bytes
 from thresher.transforms.values.aggregate_values import prepare_values
 
@@ -225,6 +226,9 @@ def prepare_batch(table, user_column, key_columns, as_text=False, value_columns=
                              pa.table({k: coded.get(k, keys[k]) for k in hashed}),
                              hashed), type=pa.uint64()),
                          **{k: keyed.column(k) for k in key_columns}})
+    if hashed_keys is not None:   # __key states what it hashes (tables.key_hash_is_of)
+        prepared = prepared.cast(prepared.schema.set(
+            prepared.schema.get_field_index(KEY_HASH_COLUMN), key_hash_field(hashed)))
     if value_columns:
         dropped = 0
         for source, name in value_columns:

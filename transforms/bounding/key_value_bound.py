@@ -182,8 +182,85 @@ def bound_key_values(table, key_columns, value_column, max_keys_per_user, value_
     uniformly drawn value of that user for that key, at most ``max_keys_per_user`` keys
     per user. ``value_rng`` / ``key_rng``: two independent sources (keyed stage sources
     in a release; seeded generators in tests)."""
+    if table.num_rows and _keyed(value_rng) and _keyed(key_rng):
+        kept = _keyed_rows(table, list(key_columns), value_column, int(max_keys_per_user),
+                           value_rng, key_rng)
+        if kept is not None:
+            return kept
     return _bound_with_codes(table, key_columns, value_column, max_keys_per_user,
                              value_rng, key_rng)[0]
+
+
+def _rows_by_code(codes):
+    """The rows by (code, row index): one value sort of each row's non-negative code
+    with its index in the low bits (a uint64 sort is several times faster than an
+    argsort); the argsort of (code, index) pairs where they do not fit in 64 bits."""
+    n = len(codes)
+    bits = max(1, (n - 1).bit_length())
+    if n == 0 or int(codes.min()) < 0 or int(codes.max()) >= 1 << (64 - bits):
+        return np.lexsort((np.arange(n), codes))
+    packed = (codes.astype(np.uint64) << np.uint64(bits)) | np.arange(n, dtype=np.uint64)
+    packed.sort()
+    return (packed & np.uint64((1 << bits) - 1)).astype(np.int64)
+
+
+def _keyed_rows(table, keys, value_column, max_keys, value_rng, key_rng):
+    """:func:`bound_key_values` under keyed draws, with (user, key, value) told apart
+    only among the rows of kept pairs that hold two rows or more (issue 43 round 8):
+    the value column is read for those rows alone, not de-duplicated over the whole
+    table. The same rows as :func:`_bound_with_codes`' keyed path, and the same draws:
+
+    - the C keys: a pair's key priority is keyed by (user, key), whichever of its rows
+      stands for it (here its first row; there the first row of its first triple), and
+      the pairs come in the same order (the same pair codes), so ties break alike;
+    - the value: a kept pair of one distinct value keeps its first row with no draw, as
+      there; a pair of several draws once per distinct value (its first row) and keeps
+      the one of smallest priority, as there -- unless two of its values tie on their
+      priority (equal identity texts, as -0.0 and 0.0, or a 64-bit collision): then
+      None, and the caller takes that path, whose tie order is the triples' codes."""
+    n = table.num_rows
+    user = combine_codes(None, *column_codes(table, USER_COLUMN))
+    pair, key = user, None
+    for name in keys:
+        part, width = column_codes(table, name)
+        pair, key = combine_codes(pair, part, width), combine_codes(key, part, width)
+    order = _rows_by_code(pair)
+    first, length = _runs(pair[order])
+    reps = order[first]                             # each pair's first row, in pair order
+    users = user_identity_columns(table)
+    value_rng = keyed_random.bind(value_rng, table, triple=[*users, *keys, value_column])
+    key_rng = keyed_random.bind(key_rng, table, pair=[*users, *keys])
+    kept = np.sort(_first_keys_per_user(reps, user[reps], max_keys, key_rng, key))
+    several = length[kept] > 1
+    chosen = [reps[kept[~several]]]
+    multi = kept[several]
+    if len(multi):
+        take = np.zeros(len(first), dtype=bool)
+        take[multi] = True
+        members = order[np.repeat(take, length)]   # rows of those pairs, pair by pair
+        group = np.repeat(np.arange(len(multi)), length[multi])
+        part, width = column_codes(table.take(pa.array(members)), value_column)
+        triple = combine_codes(group, part, width)
+        by = np.argsort(triple)
+        heads, _ = _runs(triple[by])
+        rows = np.minimum.reduceat(members[by], heads)      # each triple's first row
+        of_group, values = group[by[heads]], part[by[heads]]
+        group_first, group_length = _runs(of_group)
+        alone = group_length == 1
+        chosen.append(rows[group_first[alone]])
+        draw = np.repeat(~alone, group_length)
+        if draw.any():
+            rows, of_group = rows[draw], of_group[draw]
+            texts = np.zeros(n, dtype=np.int64)       # read at ``rows`` only
+            texts[rows] = combine_codes(key[rows], values[draw], width)
+            prio = samplers.uniform_priorities(
+                keyed_random.rows_of(value_rng, rows, "triple", texts), len(rows))
+            by = np.lexsort((prio, of_group))
+            g, p = of_group[by], prio[by]
+            if ((g[1:] == g[:-1]) & (p[1:] == p[:-1])).any():
+                return None
+            chosen.append(rows[by[_runs(g)[0]]])
+    return np.sort(np.concatenate(chosen))
 
 
 def _bound_with_codes(table, key_columns, value_column, max_keys_per_user, value_rng,

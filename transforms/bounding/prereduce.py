@@ -151,7 +151,8 @@ MODES = ("auto", "always", "never")
 MODE = "auto"
 
 
-def prereduce_l0(table, key_columns, max_keys_per_user, source, every_row=False):
+def prereduce_l0(table, key_columns, max_keys_per_user, source, every_row=False,
+                 grouped=None):
     """Row indices (ascending) of ``table`` (prepared read batches: ``__user``,
     ``__user_lo``, ``__key``, key columns) that can still be among a user's first
     ``max_keys_per_user`` keys: per user, one row per distinct exact key whose hash is
@@ -159,11 +160,12 @@ def prereduce_l0(table, key_columns, max_keys_per_user, source, every_row=False)
 
     source: the bounding stage's ``keyed_random.StageSource`` (same secret, same stage
     label as the ``PerUserBound`` after the shuffle). every_row: keep every row of those
-    keys (``aggregates``: the bounding then sums each kept (user, key)'s values)."""
+    keys (``aggregates``: the bounding then sums each kept (user, key)'s values).
+    grouped: ``exact_users_with_order(table)``, if the caller has it."""
     if table.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
     # group by the full identity (rows keep their place); its sort by user serves l0_ranks
-    grouped, by_user = exact_users_with_order(table)
+    grouped, by_user = exact_users_with_order(table) if grouped is None else grouped
     users = grouped.column(USER_COLUMN).to_numpy()
     bound = keyed_random.bind_users(source, grouped, key_columns)
     ranks = l0_ranks(users, grouped.column(KEY_HASH_COLUMN).to_numpy(), bound, by_user=by_user)
@@ -378,11 +380,19 @@ def prereduce_pairs_table(table, key_columns, cap, source, mode="auto"):
 
 
 def prereduce_table(table, key_columns, max_keys_per_user, source, every_row=False,
-                    mode="auto"):
-    """(boolean mask of the rows kept, or None for all of them; rows the kernel read)."""
+                    mode="auto", heavy=None):
+    """(boolean mask of the rows kept, or None for all of them; rows the kernel read).
+    ``heavy``: (rows, their table grouped by user, its ``UserOrder``) that a caller
+    made already for this table, C and mode (``prereduce_stages.heavy_part``)."""
     if mode == "never" or table.num_rows == 0:
         return None, 0
-    if mode == "always":
+    grouped = None
+    if heavy is not None:
+        rows, part, order = heavy
+        if rows is None:
+            return None, 0
+        grouped = (part, order)
+    elif mode == "always":
         rows = np.arange(table.num_rows)
         part = table
     else:
@@ -390,7 +400,7 @@ def prereduce_table(table, key_columns, max_keys_per_user, source, every_row=Fal
         if rows is None:
             return None, 0
         part = table.take(pa.array(rows))
-    kept = prereduce_l0(part, key_columns, max_keys_per_user, source, every_row)
+    kept = prereduce_l0(part, key_columns, max_keys_per_user, source, every_row, grouped)
     keep = np.ones(table.num_rows, dtype=bool)
     keep[rows] = False
     keep[rows[kept]] = True

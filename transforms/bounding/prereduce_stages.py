@@ -39,8 +39,9 @@ from apache_beam.transforms.window import GlobalWindows
 
 from thresher.transforms.bounding import prereduce
 from thresher.transforms.bounding.user_shards import (
-    COALESCE_ROWS, KEY_HASH_COLUMN, concat, exact_users)
+    COALESCE_ROWS, KEY_HASH_COLUMN, concat, exact_users_with_order)
 from thresher.transforms.plumbing.arrow_coder import TABLE
+from thresher.transforms.plumbing.tables import key_hash_field, key_hash_is_of
 from thresher.transforms.randomness import keyed_random
 from thresher.transforms.randomness.hashing import hash_columns
 
@@ -63,13 +64,13 @@ class Bound:
 
 def with_key_hash_of(table, key_columns):
     """``table`` with ``__key`` the hash of ``key_columns`` (what a stage that rehashes
-    its keys reads)."""
+    its keys reads), stating so (``tables.key_hash_field``)."""
     index = table.schema.get_field_index(KEY_HASH_COLUMN)
-    return table.set_column(index, KEY_HASH_COLUMN,
+    return table.set_column(index, key_hash_field(key_columns),
                             pa.array(hash_columns(table, list(key_columns)), type=pa.uint64()))
 
 
-def key_values_table(table, bound, rng_factory, mode):
+def key_values_table(table, bound, rng_factory, mode, shared=None):
     """:func:`prereduce.prereduce_table` for a ``BoundKeyValues`` stage: (mask or None,
     rows read). Per table and user, the row of smallest value priority of each of the
     user's C smallest key priorities there: ``bound_key_values`` itself, run on the
@@ -82,11 +83,9 @@ def key_values_table(table, bound, rng_factory, mode):
     if mode == "never" or table.num_rows == 0:
         return None, 0
     c = bound.max_keys_per_user
-    rows = (np.arange(table.num_rows) if mode == "always"
-            else prereduce.heavy_user_rows(table, c))
+    rows, part, _ = heavy_part(table, c, mode, shared)
     if rows is None:
         return None, 0
-    part = exact_users(table.take(pa.array(rows)))     # group by the full identity
     value_rng = keyed_random.StageSource(rng_factory, bound.stage + "/value")
     key_rng = keyed_random.StageSource(rng_factory, bound.stage + "/keys")
     kept = bound_key_values(part, list(bound.key_columns), bound.value_column, c,
@@ -97,24 +96,42 @@ def key_values_table(table, bound, rng_factory, mode):
     return keep, len(rows)
 
 
-def stage_rows(table, bound, rng_factory, mode, hashed=None):
+def heavy_part(table, c, mode, shared=None):
+    """(rows the kernels of bound C read, or None; those rows grouped by the full user
+    identity, ``user_shards.exact_users_with_order``), made once per table and C for
+    every stage of :func:`kept_rows` (``shared``: its memo; issue 43 round 8: the two
+    stages of per-key quantiles each chose and grouped the same rows)."""
+    memo = {} if shared is None else shared
+    if c not in memo:
+        rows = (np.arange(table.num_rows) if mode == "always"
+                else prereduce.heavy_user_rows(table, c))
+        memo[c] = ((None, None, None) if rows is None
+                   else (rows, *exact_users_with_order(table.take(pa.array(rows)))))
+    return memo[c]
+
+
+def stage_rows(table, bound, rng_factory, mode, hashed=None, shared=None):
     """(mask or None, rows read) of one stage (:class:`Bound`). ``hashed``: the key
-    columns ``table``'s ``__key`` is the hash of already (None: the reader's)."""
+    columns ``table``'s ``__key`` is the hash of already (None: the reader's).
+    ``shared``: :func:`heavy_part`'s memo for ``table``."""
     if bound.value_column is not None:
-        return key_values_table(table, bound, rng_factory, mode)
+        return key_values_table(table, bound, rng_factory, mode, shared)
     rehash = bound.rehash and (hashed is None or tuple(hashed) != bound.key_columns)
     part = with_key_hash_of(table, bound.key_columns) if rehash else table
     source = keyed_random.StageSource(rng_factory, bound.stage)
+    heavy = None
+    if not rehash and mode != "never" and table.num_rows:
+        heavy = heavy_part(table, bound.max_keys_per_user, mode, shared)
     return prereduce.prereduce_table(part, bound.key_columns, bound.max_keys_per_user,
-                                     source, mode=mode)
+                                     source, mode=mode, heavy=heavy)
 
 
 def kept_rows(table, bounds, rng_factory, mode, hashed=None):
     """(boolean mask of the rows kept, or None for all; rows the kernels read): the union
     over ``bounds`` of the rows each stage's reduction keeps (:func:`stage_rows`)."""
-    keep, examined = None, 0
+    keep, examined, shared = None, 0, {}
     for bound in bounds:
-        mask, read = stage_rows(table, bound, rng_factory, mode, hashed)
+        mask, read = stage_rows(table, bound, rng_factory, mode, hashed, shared)
         examined += read
         if mask is None:     # this stage keeps every row: so does the union
             return None, examined
@@ -156,11 +173,16 @@ class _PreReduceForBoundsFn(_CoalescingFn):
 
     def _flush(self):
         tables, self._pending, self._pending_rows = self._pending, [], 0
+        # the stages after the shuffle read __key as the hash of key_hash_of: hashed here
+        # unless every table states it is that hash already (the CLI's reader of per-key
+        # quantiles hashes the keys alone: issue 43 round 8, no second hash of every row)
+        rehash = self._key_hash_of is not None and not all(
+            key_hash_is_of(t, self._key_hash_of) for t in tables)
         table = concat(tables)
         if table is None:
             return
         mode = prereduce.MODE if self._mode is None else self._mode
-        if self._key_hash_of is not None:    # the stages after the shuffle read this hash
+        if rehash:
             table = with_key_hash_of(table, self._key_hash_of)
         kept, examined = kept_rows(table, self._bounds, self._rng_factory, mode,
                                    self._key_hash_of)

@@ -15,6 +15,27 @@ USER_COLUMN = "__user"          # identity word 0 (picks the shard); the groupin
 USER_LOW_COLUMN = "__user_lo"   # identity word 1
 USER_HIGH_COLUMN = "__user_hi"  # identity word 0, where __user had to become a grouping code
 KEY_HASH_COLUMN = "__key"
+# the metadata of a ``__key`` field that states which key columns it is the hash of
+# (``hashing.hash_columns`` of exactly those, in order): set by the reader when it hashes
+# fewer columns than it reads (``pipelines.dataio.io.prepare_batch``'s ``hashed_keys``)
+KEY_HASH_OF = b"thresher.hash_of"
+
+
+def key_hash_field(columns):
+    """The ``__key`` field (uint64) stating that it is the hash of ``columns``."""
+    return pa.field(KEY_HASH_COLUMN, pa.uint64(),
+                    metadata={KEY_HASH_OF: "\x1f".join(columns).encode("utf-8")})
+
+
+def key_hash_is_of(table, columns):
+    """Whether ``table``'s ``__key`` field states (:func:`key_hash_field`) that it is the
+    hash of exactly ``columns``, in that order. A table without the statement (any
+    other reader, e.g. the Python API's) is not assumed to be hashed so."""
+    index = table.schema.get_field_index(KEY_HASH_COLUMN)
+    if index < 0:
+        return False
+    metadata = table.schema.field(index).metadata or {}
+    return metadata.get(KEY_HASH_OF) == "\x1f".join(columns).encode("utf-8")
 
 
 def split_by_shard(table, shard_ids, num_shards, slices=False):

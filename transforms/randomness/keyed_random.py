@@ -107,6 +107,8 @@ _TAG_TEXT = b"thr:txt\x00"          # the first 8 bytes of a text identity's mes
 _WORDS_PER_BLOCK = 2                # one AES block: two 64-bit words
 _TEXT_GROUP = "rows"                # the group of stream(stage, bytes) and table_streams
 _MAX_BLOCKS = 1 << 32               # blocks of one row's stream a batch may ask for
+_DENSE_CODES = 1 << 16              # _coded_text_identities: codes below this (or the rows)
+                                    # are numbered by a scatter
 
 
 def new_secret():
@@ -146,7 +148,7 @@ class StageKeys:
         encoded = pc.dictionary_encode(texts)
         distinct = block_prf.mac_bytes(encoded.dictionary, self.key(f"{group}:text"),
                                        _TAG_TEXT)
-        return distinct[encoded.indices.to_numpy(zero_copy_only=False)]
+        return np.take(distinct, encoded.indices.to_numpy(zero_copy_only=False), axis=0)
 
     def streams(self, group, users=None, texts=None):
         """:class:`RowStreams`, one stream per row, of identity ``users`` ((n, 2) uint64
@@ -460,7 +462,7 @@ def text_identities(keys, group, table, columns, distinct_rows=False):
     representative[codes] = np.arange(n)        # any row of a combination: one text
     texts = row_identity_array(table.take(pa.array(representative)), columns)
     distinct = block_prf.mac_bytes(texts, keys.key(f"{group}:text"), _TAG_TEXT)
-    return distinct[codes]
+    return np.take(distinct, codes, axis=0)
 
 
 def _identity_words(table, columns):
@@ -527,6 +529,18 @@ def text_streams(factory, fallback, stage, identities):
     if isinstance(factory, KeyedSource):
         keys = StageKeys(factory.stage_key(stage))
         texts = block_prf.mac_bytes(identities, keys.key(f"{_TEXT_GROUP}:text"), _TAG_TEXT)
+        return keys.streams(_TEXT_GROUP, texts=texts).view
+    return fallback
+
+
+def text_streams_of(factory, fallback, stage, macs):
+    """:func:`text_streams` with the identities' MACs made by the caller: ``macs(key,
+    tag)`` -> (n, 2) uint64, what ``block_prf.mac_bytes(identities, key, tag)`` gives
+    (e.g. ``transforms.trees.public_cells.grid_macs``, which never makes the
+    identities); or the setup generator."""
+    if isinstance(factory, KeyedSource):
+        keys = StageKeys(factory.stage_key(stage))
+        texts = macs(keys.key(f"{_TEXT_GROUP}:text"), _TAG_TEXT)
         return keys.streams(_TEXT_GROUP, texts=texts).view
     return fallback
 
@@ -809,11 +823,12 @@ class TableStreams:
         code is read and MACed, and the streams are the same as without them."""
         index = np.asarray(index, dtype=np.int64)
         words, rest = self._user_words(group)
-        users = words[index] if words is not None else None
+        # np.take of whole rows: the same words as words[index], several times faster
+        users = np.take(words, index, axis=0) if words is not None else None
         texts = None
         if rest and text_codes is not None:
             texts = _coded_text_identities(self._keys, group, self._table, rest, index,
-                                           np.asarray(text_codes)[index])
+                                           np.take(np.asarray(text_codes), index))
         elif rest:
             part = self._table.select(rest).take(pa.array(index))
             texts = text_identities(self._keys, group, part, rest,
@@ -828,13 +843,24 @@ def _coded_text_identities(keys, group, table, columns, index, codes):
     spread back by code. Hash-based de-duplication, no sort, nothing per row in Python."""
     if len(index) == 0:
         return np.zeros((0, 2), dtype=np.uint64)
-    encoded = pc.dictionary_encode(pa.array(codes, pa.int64()))
-    position = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    representative = np.zeros(len(encoded.dictionary), dtype=np.int64)
-    representative[position] = index                  # any row of a combination: one text
+    codes = np.asarray(codes, dtype=np.int64)
+    low, high = int(codes.min()), int(codes.max())
+    if low >= 0 and high < max(_DENSE_CODES, len(codes)):
+        # small codes (a column's dictionary codes): numbered by one scatter, no hash pass
+        seen = np.full(high + 1, -1, dtype=np.int64)
+        seen[codes] = index                           # any row of a combination: one text
+        present = np.flatnonzero(seen >= 0)
+        number = np.empty(high + 1, dtype=np.int64)
+        number[present] = np.arange(len(present), dtype=np.int64)
+        position, representative = number[codes], seen[present]
+    else:
+        encoded = pc.dictionary_encode(pa.array(codes, pa.int64()))
+        position = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        representative = np.zeros(len(encoded.dictionary), dtype=np.int64)
+        representative[position] = index              # any row of a combination: one text
     part = table.select(list(columns)).take(pa.array(representative))
     distinct = text_identities(keys, group, part, columns, distinct_rows=True)
-    return distinct[position]
+    return np.take(distinct, position, axis=0)   # whole rows: faster than distinct[position]
 
 
 def stage_source(factory, fallback, stage):

@@ -25,6 +25,7 @@ Post-processing per key (no privacy cost):
 A key's values are null only when its estimated total is below ``support_floor`` (Z
 standard deviations of the total's noise, a public number): too few users to rank.
 """
+import functools
 import math
 
 import apache_beam as beam
@@ -225,6 +226,82 @@ def grid_identities(key_chunk, keys, branching, levels, texts=None):
     return pc.binary_join_element_wise(
         prefix.take(cell), key_field.take(pa.array(np.repeat(np.arange(n, dtype=np.int64), per_key))),
         suffix.take(cell), pa.scalar(b"", pa.large_binary()))
+
+
+_GRID_KEY_BYTES = 256    # grid_macs: longer key fields go through grid_identities
+
+
+@functools.lru_cache(maxsize=8)
+def _grid_layout(branching, levels):
+    """(prefix bytes, prefix length, suffix bytes (cells, longest), suffix lengths) of
+    :func:`_cell_texts`, as numpy arrays, or None when the prefixes differ in length
+    (levels of two digits): what :func:`grid_macs` lays out."""
+    from thresher.transforms.randomness import block_prf
+    prefix, suffix = _cell_texts(branching, levels)
+    pre_at, pre_data = block_prf.offsets_and_data(prefix)
+    suf_at, suf_data = block_prf.offsets_and_data(suffix)
+    pre_length, suf_length = np.diff(pre_at), np.diff(suf_at)
+    if len(np.unique(pre_length)) != 1:
+        return None
+    length = int(pre_length[0])
+    heads = pre_data[pre_at[:-1, None] + np.arange(length)]
+    longest = int(suf_length.max())
+    position = np.arange(longest)
+    inside = position < suf_length[:, None]
+    tails = np.zeros((len(suf_length), longest), dtype=np.uint8)
+    tails[inside] = suf_data[(suf_at[:-1, None] + position)[inside]]
+    return heads, length, tails, suf_length
+
+
+def grid_macs(key_chunk, keys, branching, levels, mac_key, tag):
+    """``block_prf.mac_bytes(grid_identities(key_chunk, ...), mac_key, tag)`` without
+    making the identities (issue 43 round 8). A cell's message is its level's field, its
+    key's fields and its bucket's field (:func:`grid_identities`); here each message is
+    one zero-padded row of 64-bit words, the OR of three parts laid out once -- the
+    level part (the same for every key), the key part (the same for every cell of a
+    key) and the bucket part shifted past the key (the same for every key of one field
+    length) -- and the prefix-free CBC-MAC runs over the rows a block position at a time
+    (the header ``tag || length``, then the blocks), each cell's MAC being the state
+    after its own last block. The same words as ``mac_bytes``: the same message bytes,
+    zero-padded as it pads them. Key fields over ``_GRID_KEY_BYTES`` bytes, and levels
+    whose fields differ in length, take the identities' route."""
+    from thresher.transforms.randomness import block_prf
+    layout = _grid_layout(branching, levels)
+    key_field = keyed_random.row_identity_array(key_chunk, list(keys))
+    key_at, key_data = block_prf.offsets_and_data(key_field)
+    key_length = np.diff(key_at)
+    if layout is None or key_chunk.num_rows == 0 or int(key_length.max()) > _GRID_KEY_BYTES:
+        return block_prf.mac_bytes(grid_identities(key_chunk, keys, branching, levels),
+                                   mac_key, tag)
+    heads, head, tails, tail_length = layout
+    n, per_key, block = key_chunk.num_rows, len(tails), block_prf.BLOCK
+    width = -(-(head + int(key_length.max()) + tails.shape[1]) // block) * block
+    level_part = np.zeros((per_key, width), dtype=np.uint8)
+    level_part[:, :head] = heads
+    level_words = level_part.view(block_prf.WORD)
+    words = np.empty((n, per_key, width // 8), dtype=block_prf.WORD)
+    for m in np.unique(key_length):              # the keys whose fields have m bytes
+        m = int(m)
+        of_length = np.flatnonzero(key_length == m)
+        key_part = np.zeros((len(of_length), width), dtype=np.uint8)
+        key_part[:, head:head + m] = key_data[key_at[of_length][:, None] + np.arange(m)]
+        bucket_part = np.zeros((per_key, width), dtype=np.uint8)
+        bucket_part[:, head + m:head + m + tails.shape[1]] = tails
+        words[of_length] = (level_words | bucket_part.view(block_prf.WORD))[None] \
+            | key_part.view(block_prf.WORD)[:, None, :]
+    words = words.reshape(n * per_key, width // 8)
+    total = (head + key_length[:, None] + tail_length[None, :]).reshape(-1)
+    enc = block_prf.encryptor(mac_key)
+    header = np.empty((int(total.max()) + 1, 2), dtype=np.uint64)
+    header[:, 0] = block_prf.tag_word(tag)
+    header[:, 1] = np.arange(len(header), dtype=np.uint64)
+    state = np.take(block_prf.encrypt(enc, header), total, axis=0)
+    blocks = (total + (block - 1)) // block
+    out = np.empty_like(state)
+    for j in range(width // block):
+        state = block_prf.encrypt(enc, state ^ words[:, 2 * j:2 * j + 2])
+        np.copyto(out, state, where=(blocks == j + 1)[:, None])
+    return out
 
 
 def key_tuples(key_table, keys):
@@ -461,9 +538,9 @@ class _CellQuantilesFn(beam.DoFn):
         grid's rows (:func:`grid_identities`), the noise of ``release_domain_table`` on
         the true counts in grid order, and the noisy counts placed by that order (row i
         of the chunk's dense levels is key i: the keys are distinct, :func:`_direct_cells`)."""
-        rng = keyed_random.text_streams(self._rng_factory, self._rng, self._stage,
-                                        grid_identities(chunk, self._keys, self._b,
-                                                        self._levels, texts))
+        rng = keyed_random.text_streams_of(
+            self._rng_factory, self._rng, self._stage,
+            lambda key, tag: grid_macs(chunk, self._keys, self._b, self._levels, key, tag))
         noisy, _ = noisy_domain_counts(true, self._params, rng)
         dense = noisy.reshape(len(chunk_keys), -1).astype(np.float64)
         return answer_dense(dense, self._keys, chunk_keys, self._ranks, lo=self._lo,

@@ -157,3 +157,92 @@ def test_a_heavy_user_is_bounded_not_refused(tmp_path, monkeypatch, capsys, case
                                 {"max_keys_per_user": BOUND}, MECHANISMS[case],
                                 lambda: _without_steps(monkeypatch))
     assert "mechanism.kind: a user has more than 300 rows" in err
+
+
+# ---- issue 43 round 8: the reader's hash of the keys alone is not hashed again -----------
+
+def _prepared(seed, hashed_keys):
+    rng = np.random.default_rng(seed)
+    n = 3000
+    raw = pa.table({"user": pa.array(rng.integers(0, 50, n).astype(str)),
+                    "k": pa.array(np.char.add("k", rng.integers(0, 30, n).astype(str))),
+                    "x": pa.array(np.round(rng.lognormal(3, 1, n), 2))})
+    return pio.prepare_batch(raw, "user", ["k", "x"], identity_key=TEST_KEY,
+                             hashed_keys=hashed_keys)[0]
+
+
+def _pre_reduced(tables, monkeypatch):
+    """What _PreReduceForBoundsFn hands on for ``tables`` (quantiles' two stages, every
+    table reduced), and how many times it hashed __key again."""
+    rehashed = []
+    real = prereduce_stages.with_key_hash_of
+    monkeypatch.setattr(prereduce_stages, "with_key_hash_of",
+                        lambda *a: rehashed.append(1) or real(*a))
+    source = keyed_random.KeyedSource(SECRET)
+    bounds = [Bound(["k"], 2, "Q/BoundKeyValues", False, "x"), Bound(["k"], 2, "Q/BoundKeys", True)]
+    fn = prereduce_stages._PreReduceForBoundsFn(bounds, source, "always", 1 << 20, ["k"])
+    fn.start_bundle()
+    out = [t for table in tables for t in fn.process(table)]
+    out += [w.value for w in fn.finish_bundle()]
+    return pa.concat_tables(out), len(rehashed)
+
+
+def test_a_key_hash_the_reader_states_is_not_hashed_again(monkeypatch):
+    """The CLI's reader of per-key quantiles hashes the keys alone (``hashed_keys``) and
+    says so on the ``__key`` field (``tables.key_hash_field``); the pre-reduction then
+    hands that hash on without hashing every row again (issue 43 round 8; the code before
+    rehashed every table: fails there). A reader that does not say so (the Python API's,
+    hashing keys and value) is rehashed, as is a bundle mixing the two. The rows and
+    ``__key`` handed on are the same either way."""
+    from thresher.transforms.plumbing.tables import key_hash_is_of
+    from thresher.transforms.randomness.hashing import hash_columns
+    stated = [_prepared(seed, ("k",)) for seed in range(3)]
+    unstated = [_prepared(seed, None) for seed in range(3)]
+    assert all(key_hash_is_of(t, ["k"]) for t in stated)
+    assert not any(key_hash_is_of(t, ["k"]) for t in unstated)
+    assert not key_hash_is_of(stated[0], ["k", "x"])
+    for t in stated:     # the stated hash is the one the pre-reduction computes
+        assert np.array_equal(t.column("__key").to_numpy(), hash_columns(t, ["k"]))
+    got, rehashed = _pre_reduced(stated, monkeypatch)
+    assert rehashed == 0
+    want, rehashed = _pre_reduced(unstated, monkeypatch)
+    assert rehashed == 1
+    assert got.drop_columns(["__key"]).equals(want.drop_columns(["__key"]))
+    assert got.column("__key").equals(want.column("__key"))
+    assert key_hash_is_of(want, ["k"])
+    _, rehashed = _pre_reduced([stated[0], unstated[1]], monkeypatch)
+    assert rehashed == 1
+
+
+def test_quantiles_two_stages_choose_and_group_the_heavy_rows_once(monkeypatch):
+    """Per-key quantiles' two stages (BoundKeyValues, BoundKeys) share one choice of the
+    heavy users' rows and one grouping of them by user per table (issue 43 round 8: each
+    stage made both, the same rows twice); the union kept is the one of each stage on
+    its own (``stage_rows`` with no memo). Fails on the code before (two of each)."""
+    from thresher.transforms.bounding import user_shards as shards
+    calls = {"heavy": 0, "grouped": 0}
+    heavy, grouped = prereduce.heavy_user_rows, shards.exact_users_with_order
+
+    def counting_heavy(*a):
+        calls["heavy"] += 1
+        return heavy(*a)
+
+    def counting_grouped(*a):
+        calls["grouped"] += 1
+        return grouped(*a)
+    rng = np.random.default_rng(3)
+    n = 20000
+    table = _prepared(3, ("k",)).take(pa.array(rng.integers(0, 3000, n)))
+    table = table.set_column(0, "__user", pa.array(
+        rng.integers(0, 40, n).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
+    table = table.set_column(1, "__user_lo", pa.array(np.zeros(n, np.uint64)))
+    source = keyed_random.KeyedSource(SECRET)
+    bounds = [Bound(["k"], 2, "Q/BoundKeyValues", False, "x"), Bound(["k"], 2, "Q/BoundKeys", True)]
+    alone = [prereduce_stages.stage_rows(table, b, source, "auto", ("k",))[0] for b in bounds]
+    monkeypatch.setattr(prereduce, "heavy_user_rows", counting_heavy)
+    monkeypatch.setattr(prereduce_stages, "exact_users_with_order", counting_grouped)
+    monkeypatch.setattr(prereduce, "exact_users_with_order", counting_grouped)
+    keep, _ = kept_rows(table, bounds, source, "auto", ("k",))
+    assert calls == {"heavy": 1, "grouped": 1}
+    assert keep is not None and not keep.all()
+    assert np.array_equal(keep, alone[0] | alone[1])

@@ -160,6 +160,9 @@ def times_power_of_two(values, exponent, out=None):
     exponent = int(exponent)
     if abs(exponent) > 1000:
         raise ValueError(f"exponent {exponent} beyond +-1000")
+    if np.asarray(values).dtype != np.float64:   # a float32 array would multiply in float32
+        raise TypeError(f"times_power_of_two takes float64 values, not "
+                        f"{np.asarray(values).dtype}")
     return np.multiply(values, 2.0 ** exponent, out=out)
 
 

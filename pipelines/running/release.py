@@ -536,7 +536,7 @@ def _one_pass_auto_stages(records, plan, num_shards, rng_factory, spill_dir):
     shards = ShardByUser(
         num_shards, key_columns=keys, spill_dir=spill_dir, max_user_rows=MAX_USER_ROWS,
         setting=_whole_user_setting(plan), grouped_only=True,
-        coalesce_rows=1 if reduced is not records else None)
+        coalesce_rows=1 if reduced is not records else None, marked=reduced is not records)
     records = reduced
     users = records | "ShardByUser" >> shards
     choose = ChooseContributionBound(

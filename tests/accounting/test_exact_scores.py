@@ -399,3 +399,13 @@ def test_key_cost_units_scale_without_ldexp(monkeypatch):
         other = cb.make_score(kind, CANDIDATES, MAX_BOUND, score_params(kind))
         some = units[:, :len(CANDIDATES)]
         assert other.key_cost_units(some).dtype == np.int64
+
+
+def test_power_of_two_scaling_takes_float64_only():
+    """A float32 array would be multiplied in float32 (numpy's casting rules): 1e-30 x
+    2^130 overflows to inf there, where ldexp gives 1.4e9. Refused, not rounded."""
+    with pytest.raises(TypeError, match="float64"):
+        exact_scores.times_power_of_two(np.array([1e-30], dtype=np.float32), 130)
+    with pytest.raises(TypeError, match="float64"):
+        exact_scores.times_power_of_two(np.array([3], dtype=np.int64), 2)
+    assert exact_scores.times_power_of_two(np.array([1e-30]), 130)[0] == np.ldexp(1e-30, 130)

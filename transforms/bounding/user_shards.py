@@ -61,9 +61,12 @@ COALESCE_ROWS = 1 << 20
 KEPT_COLUMN = "__kept"
 
 
-def _without_kept_column(table):
-    """(``table`` without ``KEPT_COLUMN``, its mask of kept rows or None when unmarked)."""
-    if KEPT_COLUMN not in table.column_names:
+def _without_kept_column(table, marked):
+    """(``table`` without ``KEPT_COLUMN``, its mask of kept rows or None when unmarked).
+    ``marked``: the split's input comes from a pre-reduction that marks its rows
+    (``ShardByUser(marked=True)``); any other table is unmarked, whatever its columns (a
+    column of a caller's own named ``__kept`` is data, never a mask)."""
+    if not marked or KEPT_COLUMN not in table.column_names:
         return table, None
     kept = table.column(KEPT_COLUMN).fill_null(True).to_numpy(zero_copy_only=False)
     return table.drop_columns([KEPT_COLUMN]), kept
@@ -80,10 +83,12 @@ def _shards_of_kept(table, kept, num_shards):
 
 class _SplitByUser(beam.DoFn):
     def __init__(self, num_shards, coalesce_rows=None, drop_key_hash=False, spill_dir=None,
-                 gate_min_rows=None):
+                 gate_min_rows=None, marked=False):
         # gate_min_rows: also emit, tagged GATE_STATS, the per-user row counts of each
-        # split table's heavy buckets (heavy_user_counts: the gate before the group)
+        # split table's heavy buckets (heavy_user_counts: the gate before the group);
+        # marked: the tables carry KEPT_COLUMN (a pre-reduction's mark_kept)
         self._gate_min_rows = gate_min_rows
+        self._marked = bool(marked)
         self._num_shards = num_shards
         self._coalesce_rows = COALESCE_ROWS if coalesce_rows is None else coalesce_rows
         if spill_dir is not None:
@@ -101,7 +106,7 @@ class _SplitByUser(beam.DoFn):
         table = concat(tables)
         if table is None:
             return
-        table, kept = _without_kept_column(table)
+        table, kept = _without_kept_column(table, self._marked)
         if self._gate_min_rows is not None:
             counted = heavy_user_counts(table, self._gate_min_rows, kept=kept)
             if counted is not None:
@@ -118,7 +123,7 @@ class _SplitByUser(beam.DoFn):
         if held is None:
             held = self._held[window] = (ShardSlices(self._num_shards), [])
         slices, users = held
-        table, kept = _without_kept_column(table)
+        table, kept = _without_kept_column(table, self._marked)
         if self._gate_min_rows is not None:   # the gate counts the kept rows one write holds
             identities = table.select([USER_COLUMN, USER_LOW_COLUMN])
             users.append(identities if kept is None else identities.filter(pa.array(kept)))
@@ -355,15 +360,22 @@ class ShardByUser(beam.PTransform):
     """Hash-shard record batches by user so each output element has whole users."""
 
     def __init__(self, num_shards, key_columns=None, spill_dir=None, coalesce_rows=None,
-                 max_user_rows=None, setting=None, grouped_only=False, label=None):
+                 max_user_rows=None, setting=None, grouped_only=False, marked=False,
+                 label=None):
         """``coalesce_rows``: read batches are combined up to this many rows before they
         are split (``COALESCE_ROWS`` by default; 1 when the input's tables are combined
-        already, e.g. by ``transforms.bounding.prereduce.PreReduceL0``). ``max_user_rows``: refuse
+        already, e.g. by ``transforms.bounding.prereduce.PreReduceL0``); with
+        ``spill_dir`` each table is split as it comes and its pieces are held until this
+        many rows (at least ``spill.split_rows``) are, then written (``tables.ShardSlices``). ``max_user_rows``: refuse
         (``InputError`` naming ``setting``, the spec setting that makes the consumers hold
         every row of a user) a user with more rows (:func:`check_user_rows`).
         ``grouped_only``: the output is :meth:`grouped`'s ``(shard, [pieces])``, for a
-        consumer that concatenates each shard itself with :meth:`concat_arguments`."""
+        consumer that concatenates each shard itself with :meth:`concat_arguments`.
+        ``marked``: the input is ``prereduce.PreReducePairs(mark_kept=True)``'s, whose
+        tables carry the rows they keep in ``KEPT_COLUMN``: the split hands on those rows
+        only (without it, no column is read as a mark)."""
         super().__init__(label)
+        self._marked = bool(marked)
         self._grouped_only = grouped_only
         self._coalesce_rows = coalesce_rows
         self._max_user_rows = max_user_rows
@@ -395,7 +407,8 @@ class ShardByUser(beam.PTransform):
                                             and self._spill_dir is None),
                              spill_dir=self._spill_dir,
                              gate_min_rows=(gate_min_rows(self._max_user_rows)
-                                            if gate else None))
+                                            if gate else None),
+                             marked=self._marked)
         piece_type = SHARD_AND_PATH if self._spill_dir is not None else SHARD_AND_TABLE
         if not gate:
             pieces = batches | "SplitByUserHash" >> beam.ParDo(split).with_output_types(

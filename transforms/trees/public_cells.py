@@ -210,15 +210,14 @@ def _cell_texts(branching, levels):
     return pa.array(prefix, pa.large_binary()), pa.array(suffix, pa.large_binary())
 
 
-def grid_identities(key_chunk, keys, branching, levels, texts=None):
+def grid_identities(key_chunk, keys, branching, levels):
     """``keyed_random.row_identity_array(grid, [level, *keys, bucket])`` of the grid
     :func:`zero_cells` makes for the keys of ``key_chunk``, without making that grid:
     each cell's identity is its level's field, its key's fields (one
     ``row_identity_array`` per key, not per cell) and its bucket's field, joined by
-    ``|`` -- the same bytes, from one take per part and one join. ``texts``:
-    :func:`_cell_texts` (made here if not given)."""
+    ``|`` -- the same bytes, from one take per part and one join."""
     import pyarrow.compute as pc  # heavy: pyarrow.compute
-    prefix, suffix = texts if texts is not None else _cell_texts(branching, levels)
+    prefix, suffix = _cell_texts(branching, levels)
     per_key = len(prefix)
     n = key_chunk.num_rows
     key_field = keyed_random.row_identity_array(key_chunk, list(keys))
@@ -275,7 +274,18 @@ def grid_macs(key_chunk, keys, branching, levels, mac_key, tag):
                                    mac_key, tag)
     heads, head, tails, tail_length = layout
     n, per_key, block = key_chunk.num_rows, len(tails), block_prf.BLOCK
-    width = -(-(head + int(key_length.max()) + tails.shape[1]) // block) * block
+    # every cell runs through as many blocks as the chunk's longest message: keys whose
+    # messages need fewer blocks go by themselves (one long key would make every key of
+    # the chunk pay for it)
+    blocks_of_key = -(-(head + key_length + tails.shape[1]) // block)
+    if blocks_of_key.min() != blocks_of_key.max():
+        out = np.empty((n, per_key, 2), dtype=block_prf.WORD)
+        for count in np.unique(blocks_of_key):
+            rows = np.flatnonzero(blocks_of_key == count)
+            out[rows] = grid_macs(key_chunk.take(pa.array(rows)), keys, branching, levels,
+                                  mac_key, tag).reshape(len(rows), per_key, 2)
+        return out.reshape(n * per_key, 2)
+    width = int(blocks_of_key[0]) * block
     level_part = np.zeros((per_key, width), dtype=np.uint8)
     level_part[:, :head] = heads
     level_words = level_part.view(block_prf.WORD)
@@ -510,7 +520,6 @@ class _CellQuantilesFn(beam.DoFn):
         per_key = sum(self._b ** l for l in range(1, self._levels + 1))
         cells, counts = indexed_cells(data_cells)
         direct = _direct_cells(key_table, keys, key_list)
-        texts = _cell_texts(self._b, self._levels) if direct else None
         parts, start = [], 0
         step = _keys_per_grid(per_key)
         for begin in range(0, key_table.num_rows, step):
@@ -522,7 +531,7 @@ class _CellQuantilesFn(beam.DoFn):
             np.add.at(true, cells[a:z] - first, counts[a:z])
             chunk_keys = key_list[start:start + n_keys]
             if direct:
-                columns = self._direct(chunk, chunk_keys, true, texts)
+                columns = self._direct(chunk, chunk_keys, true)
             else:
                 columns = self._gathered(chunk, chunk_keys, true)
             parts.append(_answer_table(columns, keys))
@@ -533,9 +542,9 @@ class _CellQuantilesFn(beam.DoFn):
                 levels=self._levels, floor=self._floor), keys))
         yield pa.concat_tables(parts)
 
-    def _direct(self, chunk, chunk_keys, true, texts):
-        """One chunk of keys, the cells never made into a table: the identities of the
-        grid's rows (:func:`grid_identities`), the noise of ``release_domain_table`` on
+    def _direct(self, chunk, chunk_keys, true):
+        """One chunk of keys, the cells never made into a table: the MACs of the grid's
+        rows' identities (:func:`grid_macs`), the noise of ``release_domain_table`` on
         the true counts in grid order, and the noisy counts placed by that order (row i
         of the chunk's dense levels is key i: the keys are distinct, :func:`_direct_cells`)."""
         rng = keyed_random.text_streams_of(

@@ -267,20 +267,33 @@ def test_a_heavy_user_under_auto_is_bounded_not_refused(tmp_path, monkeypatch):
     assert max(unlimited) == HEAVY_ROWS
 
 
-def test_auto_pre_reduction_marks_its_rows_and_the_split_gathers_them(tmp_path, monkeypatch):
+@pytest.mark.parametrize("spilled", [False, True])
+def test_auto_pre_reduction_marks_its_rows_and_the_split_gathers_them(tmp_path, monkeypatch,
+                                                                       spilled):
     """The automatic bound's pre-reduction hands the split its table whole with the kept
     rows marked (``user_shards.KEPT_COLUMN``), not a filtered copy (issue 43: the filter
     copied ~93 % of every table); the split's pieces hold the kept rows only (h: its
     distinct words, about 1,500 + 30 of its 3,000 rows), and the release is
-    byte-identical to the one of the filtered tables, in both spec shapes."""
+    byte-identical to the one of the filtered tables, in both spec shapes, with the
+    shuffle in memory and spilled (``tables.ShardSlices``' split)."""
+    from thresher.pipelines.dataio import io as io_mod
     from thresher.pipelines.running import release
     from thresher.transforms.bounding import user_shards
+    from thresher.transforms.plumbing import tables as tables_mod
     monkeypatch.setattr(prereduce, "MODE", "always")
+    from thresher.transforms.plumbing import spill
+    written, write_piece = [], spill.write_piece
+    monkeypatch.setattr(spill, "write_piece",
+                        lambda piece, folder: written.append(1) or write_piece(piece, folder))
+    if spilled:   # the spill folder is for inputs that are not small
+        monkeypatch.setattr(io_mod, "is_small_input", lambda rows, exact: False)
     table = _records()
     marked = []
-    split = user_shards.split_by_shard
+    split = tables_mod.split_by_shard
 
     def recording(table, shard_ids, num_shards, **options):
+        if user_shards.USER_COLUMN not in table.column_names:   # the key shuffle's
+            return split(table, shard_ids, num_shards, **options)
         dropped = int(np.count_nonzero(np.asarray(shard_ids) >= num_shards))
         pieces = list(split(table, shard_ids, num_shards, **options))
         users = np.concatenate([p.column(user_shards.USER_COLUMN).to_numpy() for _, p in pieces])
@@ -289,6 +302,7 @@ def test_auto_pre_reduction_marks_its_rows_and_the_split_gathers_them(tmp_path, 
         return iter(pieces)
 
     monkeypatch.setattr(user_shards, "split_by_shard", recording)
+    monkeypatch.setattr(tables_mod, "split_by_shard", recording)   # ShardSlices' splits
     for pre_threshold in (False, True):
         marked.clear()
         with_marks = _auto_run(str(tmp_path), table, pre_threshold)
@@ -302,6 +316,7 @@ def test_auto_pre_reduction_marks_its_rows_and_the_split_gathers_them(tmp_path, 
             filtered = _auto_run(str(tmp_path), table, pre_threshold)   # same folder, spec
             assert marked and all(d == 0 for d, *_ in marked), marked
         assert len(with_marks["released.parquet"]) > 500 and with_marks == filtered
+    assert bool(written) == spilled
 
 
 def test_the_gate_counts_only_the_rows_a_pre_reduction_kept():

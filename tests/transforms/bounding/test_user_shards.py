@@ -99,3 +99,45 @@ def test_concat_shard_with_order_is_the_concatenation_and_its_sort_by_user():
         np.testing.assert_array_equal(order.order, user_shards.order_by_user(users))
         np.testing.assert_array_equal(order.sorted_users, users[order.order])
     assert user_shards.concat_shard_with_order((3, []), key_columns=("word",)) == (None, None)
+
+
+def test_rows_without_a_shard_go_nowhere_at_the_uint16_edge():
+    """A row whose id is num_shards (a row a pre-reduction did not keep) reaches no
+    shard, in memory and held for spilling, also with 65,536 shards, where the radix
+    sort's 16-bit ids would wrap that id to shard 0."""
+    from thresher.transforms.plumbing.tables import ShardSlices
+    table = _batch(2000, seed=4)
+    for num_shards in (7, 1 << 16):
+        shards = np.arange(2000, dtype=np.int64) % 3
+        shards[::5] = num_shards                      # 400 rows go to no shard
+        pieces = list(split_by_shard(table, shards, num_shards))
+        slices = list(split_by_shard(table, shards, num_shards, slices=True))
+        held = ShardSlices(num_shards)
+        held.add(table, shards)
+        assert held.rows == 1600
+        for got in (pieces, slices, held.take()):
+            assert [s for s, _ in got] == [0, 1, 2]
+            assert sum(p.num_rows for _, p in got) == 1600
+
+
+def test_a_column_named_kept_is_a_mark_only_where_the_split_is_told():
+    """The user split reads ``__kept`` as the pre-reduction's mark only with
+    ``ShardByUser(marked=True)`` (the release's automatic bound): a caller's own column
+    of that name is data, its rows all travel and the column with them."""
+    import apache_beam as beam
+    from apache_beam.testing import test_pipeline
+    from apache_beam.testing.util import assert_that, equal_to
+    from thresher.transforms.bounding.user_shards import KEPT_COLUMN, ShardByUser
+    table = _batch(300, seed=5)
+    table = table.append_column("__user_lo", pa.array(np.arange(300, dtype=np.uint64)))
+    table = table.append_column(KEPT_COLUMN, pa.array(np.arange(300) % 2 == 0))
+    with test_pipeline.TestPipeline() as p:
+        batches = p | beam.Create([table])
+        for name, marked, rows, has_column in (("Data", False, 300, True),
+                                                ("Mark", True, 150, False)):
+            got = (batches | f"Shard{name}" >> ShardByUser(3, marked=marked)
+                   | f"Rows{name}" >> beam.Map(lambda t: (t.num_rows,
+                                                          KEPT_COLUMN in t.column_names))
+                   | f"Sum{name}" >> beam.CombineGlobally(
+                       lambda xs: (sum(x[0] for x in xs), all(x[1] for x in xs))))
+            assert_that(got, equal_to([(rows, has_column)]), label=f"Check{name}")

@@ -236,6 +236,37 @@ def test_grid_macs_are_the_macs_of_the_grid_identities(name, branching, levels):
     assert got.dtype == np.uint64 and got.tobytes() == want.tobytes()
 
 
+def test_grid_macs_of_a_long_key_cost_the_short_keys_nothing(monkeypatch):
+    """One long key in a chunk of short ones (review of round 8: every cell ran through
+    as many blocks as the longest message, 7x the time): the blocks encrypted for the
+    mixed chunk are those for its short keys alone plus those for the long key alone,
+    and the MACs are the same."""
+    from thresher.transforms.randomness import block_prf
+    encrypted = []
+    encrypt = block_prf.encrypt
+
+    def counting(enc, words):
+        encrypted.append(len(words))
+        return encrypt(enc, words)
+
+    monkeypatch.setattr(block_prf, "encrypt", counting)
+    key, tag = bytes(range(32)), b"thr:txt\x00"
+    short = [f"k{i}" for i in range(20)]
+    mixed = pa.table({"w": short[:10] + ["L" * 200] + short[10:]})
+
+    def blocks(table):
+        encrypted.clear()
+        macs = public_cells.grid_macs(table, ["w"], 4, 2, key, tag)
+        return sum(encrypted), macs
+
+    alone = blocks(pa.table({"w": short}))[0] + blocks(pa.table({"w": ["L" * 200]}))[0]
+    together, macs = blocks(mixed)
+    assert together <= alone, (together, alone)
+    monkeypatch.setattr(block_prf, "encrypt", encrypt)
+    want = block_prf.mac_bytes(public_cells.grid_identities(mixed, ["w"], 4, 2), key, tag)
+    assert macs.tobytes() == want.tobytes()
+
+
 def test_direct_cells_never_make_the_grid_identities(monkeypatch):
     """The noise of the direct path MACs the cells without making their identities
     (issue 43 round 8: ~7.9 million joined strings at 1e7 rows); fails on the code

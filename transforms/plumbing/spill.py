@@ -26,11 +26,13 @@ import pyarrow as pa
 
 SPILL_FOLDER = "beam-temp-user-shuffle"
 
-# A splitting DoFn whose pieces are spilled waits for about PIECE_ROWS rows per shard on
-# average before it splits: every piece is a file written, opened, read and deleted, and
-# the shards grow with the input (``pipelines.dataio.io.num_shards_for``), so splitting
-# each table as it comes makes tables x shards files, rows^2 (1e8 rows: 19,100 files in the
-# user shuffle and 10,000 in the key shuffle, ~12 s of CPU in the files alone). The wait is
+# A splitting DoFn whose pieces are spilled holds about PIECE_ROWS rows per shard on
+# average before it writes them (each table is split as it comes, its pieces held as
+# slices: ``tables.ShardSlices``): every piece is a file written, opened, read and deleted,
+# and the shards grow with the input (``pipelines.dataio.io.num_shards_for``), so writing
+# each table's pieces as it comes makes tables x shards files, rows^2 (1e8 rows: 19,100
+# files in the user shuffle and 10,000 in the key shuffle, ~12 s of CPU in the files
+# alone). The wait is
 # capped at SPLIT_MAX_ROWS rows held at once (~80 MB of prepared rows), so beyond 128 shards
 # (1.3e8 rows) the pieces shrink again rather than memory growing. It changes only how the
 # rows are cut into pieces, never which rows reach a shard.

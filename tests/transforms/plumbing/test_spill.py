@@ -176,20 +176,27 @@ def test_spill_only_where_the_workers_share_this_disk(tmp_path, flags, spills):
     assert (folder is not None) == spills
 
 
+def partial_counts(seed, tables, rows, words):
+    """(``tables`` partial-count tables (word, __key, count) of ``rows`` rows over
+    ``words`` words, the true count per word), drawn from a fixed seed."""
+    from thresher.transforms.randomness.hashing import hash_array
+    rng = np.random.default_rng(seed)
+    partials, truth = [], {}
+    for _ in range(tables):
+        text = pa.array([f"w{j}" for j in rng.integers(0, words, rows)])
+        counts = rng.integers(1, 5, rows)
+        for w, c in zip(text.to_pylist(), counts.tolist()):
+            truth[w] = truth.get(w, 0) + c
+        partials.append(pa.table({"word": text, "__key": pa.array(hash_array(text), pa.uint64()),
+                                  "count": pa.array(counts, pa.int64())}))
+    return partials, truth
+
+
 def test_key_shuffle_through_files_sums_as_the_in_memory_shuffle(tmp_path):
     """SumCountsPerKey with a spill folder: the same count per key as the runner's own
     shuffle (several partial rows per key across and within tables), pieces on disk."""
     from thresher.transforms.plumbing.aggregate import SumCountsPerKey
-    from thresher.transforms.randomness.hashing import hash_array
-    rng = np.random.default_rng(7)
-    partials, truth = [], {}
-    for _ in range(6):
-        words = pa.array([f"w{j}" for j in rng.integers(0, 300, 400)])
-        counts = rng.integers(1, 5, 400)
-        for w, c in zip(words.to_pylist(), counts.tolist()):
-            truth[w] = truth.get(w, 0) + c
-        partials.append(pa.table({"word": words, "__key": pa.array(hash_array(words), pa.uint64()),
-                                  "count": pa.array(counts, pa.int64())}))
+    partials, truth = partial_counts(seed=7, tables=6, rows=400, words=300)
     folder = str(tmp_path / "keys")
 
     def per_key(tables):

@@ -1,10 +1,11 @@
 """The user and key shuffles' spilled pieces grow linearly with the rows (issue 43, item 3).
 
-With a spill folder, ``_SplitByUser`` waits for about ``spill.PIECE_ROWS`` rows per shard
-before it splits, and each piece is a slice of one gather (``split_by_shard(...,
-slices=True)``) written to its own Arrow IPC file. Without this, a split of every
-pre-reduced table wrote tables x shards files (rows^2: 19,100 files at 1e8 rows). The
-shards must hold exactly the rows they held before: only the cut into pieces changes."""
+With a spill folder, ``_SplitByUser`` splits each table as it comes (``split_by_shard(...,
+slices=True)``), holds the pieces (``tables.ShardSlices``) until about ``spill.PIECE_ROWS``
+rows per shard are held, and writes each shard's held slices to one Arrow IPC file.
+Without this, every pre-reduced table's pieces were written at once: tables x shards files
+(rows^2: 19,100 files at 1e8 rows). The shards must hold exactly the rows they held
+before: only the cut into pieces changes."""
 import os
 
 import apache_beam as beam
@@ -63,8 +64,8 @@ def test_sliced_pieces_are_the_taken_pieces_and_write_only_their_rows(tmp_path):
 
 def test_spilled_split_waits_for_rows_per_shard(tmp_path, monkeypatch):
     """Eight combined tables of 1,000 rows into 32 shards (as after the pre-reduction,
-    coalesce_rows=1) are split once: at most one file per shard, where splitting each
-    table on arrival wrote up to 8 x 32. The shards hold the rows the in-memory shuffle
+    coalesce_rows=1) are written once: at most one file per shard, where writing each
+    table's pieces on arrival wrote up to 8 x 32. The shards hold the rows the in-memory shuffle
     gives them."""
     batches = _batches()
     folder = str(tmp_path / "users")
@@ -119,19 +120,11 @@ def test_sliced_pieces_over_several_gathers():
 
 def test_key_shuffle_gathers_a_bundles_partials_before_it_spills(tmp_path, monkeypatch):
     """SumCountsPerKey with a spill folder: twelve partial-count tables into 16 key shards
-    in one bundle make at most 16 files (split once), where splitting each table made up to
-    12 x 16; the sums per key are the true ones."""
+    in one bundle make at most 16 files (written once), where writing each table's pieces
+    made up to 12 x 16; the sums per key are the true ones."""
     from thresher.transforms.plumbing.aggregate import SumCountsPerKey
-    from thresher.transforms.randomness.hashing import hash_array
-    rng = np.random.default_rng(8)
-    partials, truth = [], {}
-    for _ in range(12):
-        words = pa.array([f"w{j}" for j in rng.integers(0, 500, 700)])
-        counts = rng.integers(1, 5, 700)
-        for w, c in zip(words.to_pylist(), counts.tolist()):
-            truth[w] = truth.get(w, 0) + c
-        partials.append(pa.table({"word": words, "__key": pa.array(hash_array(words), pa.uint64()),
-                                  "count": pa.array(counts, pa.int64())}))
+    from tests.transforms.plumbing.test_spill import partial_counts
+    partials, truth = partial_counts(seed=8, tables=12, rows=700, words=500)
     pieces = _recorded_pieces(monkeypatch)
     with test_pipeline.TestPipeline() as p:
         summed = (p | beam.Create(partials, reshuffle=False)

@@ -32,8 +32,9 @@ The key-cardinality data keep the user column of the main data set and replace t
   its own virtualenv (``git archive REV`` + ``pip install``, cached under
   ``--data-dir``/compare), and ``thresher run`` of each and of this checkout on the same
   data and spec (``--rows``, gaussian, ``--compare-bound``), taken in turns for
-  ``--compare-rounds`` rounds: wall, CPU and peak RSS side by side (see
-  :func:`compare_table`). This checkout runs from a clean virtualenv of its own too
+  ``--compare-rounds`` rounds (every case within each round): wall, CPU and peak RSS side
+  by side (see :func:`compare_table`); each ratio is given as the ratio of the medians and,
+  paired, as the median of the per-round ratios. This checkout runs from a clean virtualenv of its own too
   (:func:`install_checkout`: the same third-party packages as the compared commits), and
   the floor after each of its runs of a fixed bound, with every commit's ratio to it.
 
@@ -744,11 +745,15 @@ def compare_table(args, work):
     # for every other kind
     runs = [(case, kind) for case in cases for kind in kinds]
     for case, kind in runs:
-        bound, mechanism = _compare_case(case)
-        mechanism = {**COMPARE_MECHANISMS[kind], **mechanism}
         for label, _, _ in targets:
             results[_result_key(case, label, kind)] = []
-        for round_ in range(args.compare_rounds):
+    # rounds outermost: every case of a round runs within minutes of the others, so the
+    # per-round ratios (auto / fixed, kind / gaussian, thresher / floor) pair runs made
+    # under the same machine speed (this machine's speed drifts by 20 % within minutes)
+    for round_ in range(args.compare_rounds):
+        for case, kind in runs:
+            bound, mechanism = _compare_case(case)
+            mechanism = {**COMPARE_MECHANISMS[kind], **mechanism}
             order = targets if round_ % 2 == 0 else targets[::-1]
             for label, command, cwd in order:
                 index = targets.index((label, command, cwd))
@@ -758,12 +763,14 @@ def compare_table(args, work):
                 m = measure([*command, "run", config, "--overwrite", "--quiet"], cwd=cwd,
                             env=checkout_env() if label == head_label else None)
                 m["keys"] = _released_keys(out) if m["rc"] == 0 else None
+                m["round"] = round_
                 results[_result_key(case, label, kind)].append(m)
                 tag = "" if kind == "gaussian" and kinds == ["gaussian"] else f" {kind}"
                 row(f"{label}{tag} C={case}", rows, m, f"round {round_ + 1}")
                 if args.compare_floor and label == head_label and m["rc"] == 0 \
                         and bound != "auto" and kind == "gaussian":
                     fl = _floor_for(out, data, bound, head_python)
+                    fl["round"] = round_
                     results.setdefault((case, "floor"), []).append(fl)
                     row(f"floor C={case}", rows, fl, f"round {round_ + 1}")
     import statistics
@@ -791,7 +798,9 @@ def compare_table(args, work):
                       f"({k['cpu']:.2f} / {g['cpu']:.2f} s), wall {k['wall'] / g['wall']:.2f}x "
                       f"({k['wall']:.2f} / {g['wall']:.2f} s), peak RSS "
                       f"{k['rss_mb'] / g['rss_mb']:.2f}x ({k['rss_mb']:,.0f} / "
-                      f"{g['rss_mb']:,.0f} MB)", flush=True)
+                      f"{g['rss_mb']:,.0f} MB)" + _paired(
+                          results[_result_key(case, label, kind)], results[(case, label)]),
+                      flush=True)
     for key, median in medians.items():   # every commit against the floor
         if len(key) != 2:
             continue
@@ -800,7 +809,8 @@ def compare_table(args, work):
         if fl and label != "floor":
             print(f"#   {label} C={case} / floor (whole processes): CPU "
                   f"{median['cpu'] / fl['cpu']:.2f}x, wall {median['wall'] / fl['wall']:.2f}x, "
-                  f"peak RSS {median['rss_mb'] / fl['rss_mb']:.2f}x", flush=True)
+                  f"peak RSS {median['rss_mb'] / fl['rss_mb']:.2f}x"
+                  + _paired(results[key], results[(case, "floor")]), flush=True)
     # auto against the fixed bound of the same spec shape, per commit (same run)
     for label, _, _ in targets:
         for case in cases:
@@ -812,8 +822,29 @@ def compare_table(args, work):
             if a and f:
                 print(f"#   {label}: C={case} / C={fixed}: CPU {a['cpu'] / f['cpu']:.2f}x, "
                       f"wall {a['wall'] / f['wall']:.2f}x, peak RSS "
-                      f"{a['rss_mb'] / f['rss_mb']:.2f}x", flush=True)
+                      f"{a['rss_mb'] / f['rss_mb']:.2f}x"
+                      + _paired(results[(case, label)], results[(fixed, label)]), flush=True)
     return results
+
+
+def _paired(numerators, denominators):
+    """"; paired: ..." — the median, min and max over the rounds of each round's CPU and
+    wall ratio (both runs of a round succeeded), or "" with fewer than two such rounds.
+    The ratio of medians above pairs a case's median run with another's, possibly from
+    rounds minutes apart; a per-round ratio compares runs made one after the other, under
+    the same machine speed, as the issue's targets mean them."""
+    import statistics
+    by_round = {m["round"]: m for m in denominators if _ok(m)}
+    pairs = [(m, by_round[m["round"]]) for m in numerators
+             if _ok(m) and m["round"] in by_round]
+    if len(pairs) < 2:
+        return ""
+    text = []
+    for what in ("cpu", "wall"):
+        ratios = [a[what] / b[what] for a, b in pairs]
+        text.append(f"{what.upper() if what == 'cpu' else what} "
+                    f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+    return f"; paired, median of {len(pairs)} rounds (min-max): " + ", ".join(text)
 
 
 # --compare-kinds: each kind's mechanism fields (quantiles: per key over the value column

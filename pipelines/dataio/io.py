@@ -20,6 +20,7 @@ a JSONL dataset writing the user ids as JSON numbers in one file and strings in 
 (a number's text depends on its spelling: ``1e3`` is not ``"1e3"``); within one file
 pyarrow's reader refuses a column of two JSON types (``formats.json_input_error``).
 """
+import collections
 import json
 import math
 import os
@@ -420,6 +421,12 @@ class _ParquetRowGroups(beam.DoFn):
             yield path, group
 
 
+# The row groups the footers a reading worker keeps may describe in all (:class:`_Footers`):
+# a parsed footer's size grows with its row groups (about 1 KB each for a few columns), so
+# this bounds the kept footers' memory to tens of MB, whatever the number of input files.
+MAX_KEPT_FOOTER_GROUPS = 1 << 14
+
+
 class _Footers:
     """Parsed Parquet footers of local files, kept by a reading DoFn across its elements.
 
@@ -428,20 +435,42 @@ class _Footers:
     of G groups each (1e8 rows in 1,000 row groups: ~2.7 s of CPU, growing as G^2). A
     footer is parsed once per file and worker, and re-verified before each use: it is used
     only while the file's size, modification time (ns) and inode are the ones it was
-    parsed at (a file replaced under the same path is parsed again)."""
+    parsed at (a file replaced under the same path is parsed again).
 
-    def __init__(self):
-        self._footers = {}
+    Bounded: a footer of one row group is not kept (its file is read in one element), and
+    the kept footers describe at most ``MAX_KEPT_FOOTER_GROUPS`` row groups in all, the
+    least recently used dropped first (the newest is kept whatever its size: it is the
+    one being read). Thousands of input files no longer keep thousands of footers for the
+    worker's life."""
+
+    def __init__(self, max_groups=None):
+        self._footers = collections.OrderedDict()   # path -> (signature, metadata)
+        self._groups = 0
+        self._max_groups = MAX_KEPT_FOOTER_GROUPS if max_groups is None else int(max_groups)
 
     def get(self, path):
         stat = os.stat(path)
         signature = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
         kept = self._footers.get(path)
         if kept is not None and kept[0] == signature:
+            self._footers.move_to_end(path)
             return kept[1]
+        if kept is not None:
+            self._drop(path)
         metadata = pq.read_metadata(path)
-        self._footers[path] = (signature, metadata)
+        if metadata.num_row_groups > 1:
+            self._footers[path] = (signature, metadata)
+            self._groups += metadata.num_row_groups
+            while self._groups > self._max_groups and len(self._footers) > 1:
+                self._drop(next(iter(self._footers)))
         return metadata
+
+    def _drop(self, path):
+        self._groups -= self._footers.pop(path)[1].num_row_groups
+
+    def kept_groups(self):
+        """The row groups the kept footers describe (tests)."""
+        return self._groups
 
 
 class _ReadParquetRowGroup(beam.DoFn):

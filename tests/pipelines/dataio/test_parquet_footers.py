@@ -55,3 +55,37 @@ def test_row_groups_read_with_a_kept_footer_are_the_file(tmp_path, monkeypatch):
                                              t.column("word").cast(pa.string()).to_pylist())))
         assert_that(rows, equal_to(expected))
     assert 1 <= len(parsed) <= 4, len(parsed)
+
+
+def test_the_kept_footers_are_bounded_by_their_row_groups(tmp_path, monkeypatch):
+    """Many input files: the kept footers describe at most the bound's row groups (the
+    least recently used dropped first), a one-group file's footer is never kept, and a
+    kept footer is still parsed once while its file is read group after group."""
+    paths = []
+    for i in range(12):
+        paths.append(str(tmp_path / f"part{i}.parquet"))
+        _write(paths[-1], 100, 4, seed=10 + i)          # 4 row groups each
+    single = str(tmp_path / "single.parquet")
+    _write(single, 100, 1, seed=30)
+    parsed = []
+    real = pq.read_metadata
+    monkeypatch.setattr(io.pq, "read_metadata", lambda p: parsed.append(p) or real(p))
+    footers = io._Footers(max_groups=10)
+    for path in paths:
+        for _ in range(4):                               # the file's groups, one by one
+            assert footers.get(path).num_row_groups == 4
+        assert footers.kept_groups() <= 10
+    assert parsed == paths                               # each parsed once while read
+    footers.get(single)
+    footers.get(single)
+    assert parsed[-2:] == [single, single] and footers.kept_groups() <= 10
+    # the two most recent files are kept (8 groups), the older ones were dropped
+    footers.get(paths[-1])
+    footers.get(paths[0])
+    assert parsed[-1] == paths[0] and parsed.count(paths[-1]) == 1
+    # a file bigger than the bound is still kept while it is the newest
+    big = str(tmp_path / "big.parquet")
+    _write(big, 400, 20, seed=40)
+    footers.get(big)
+    footers.get(big)
+    assert parsed.count(big) == 1 and footers.kept_groups() == 20

@@ -34,7 +34,11 @@ The key-cardinality data keep the user column of the main data set and replace t
   data and spec (``--rows``, gaussian, ``--compare-bound``), taken in turns for
   ``--compare-rounds`` rounds (every case within each round): wall, CPU and peak RSS side
   by side (see :func:`compare_table`); each ratio is given as the ratio of the medians and,
-  paired, as the median of the per-round ratios. This checkout runs from a clean virtualenv of its own too
+  paired, as the median of the per-round ratios. ``--compare-growth 3e7,1e8`` adds the
+  first case at those row counts (each commit's time there over its time at ``--rows``)
+  and ``--compare-heavy fixed,auto,l1,aggregates`` the heavy-user runs of
+  ``benchmarks/heavy_modes.py`` (exit code, CPU, peak RSS), in the same rounds: issue 43's
+  figures side by side in one run. This checkout runs from a clean virtualenv of its own too
   (:func:`install_checkout`: the same third-party packages as the compared commits), and
   the floor after each of its runs of a fixed bound, with every commit's ratio to it.
 
@@ -44,6 +48,10 @@ The key-cardinality data keep the user column of the main data set and replace t
     # quantiles against gaussian at 1e7, main and this checkout in turns (issue 43):
     python -m benchmarks.bench_release --rows 1e7 --compare main --compare-bound 8 \
         --compare-kinds gaussian,quantiles --data-dir /work/bench-data
+    # issue 43's figures in one run: auto, the floor, growth to 1e8, heavy users
+    python -m benchmarks.bench_release --rows 1e7 --compare main --compare-rounds 2 \
+        --compare-cases 4,auto,4:pt1,auto:pt1 --compare-growth 3e7,1e8 \
+        --compare-heavy fixed,auto,l1,aggregates --data-dir /work/bench-data
 """
 import argparse
 import json
@@ -747,6 +755,8 @@ def compare_table(args, work):
     for case, kind in runs:
         for label, _, _ in targets:
             results[_result_key(case, label, kind)] = []
+    grown, heavy_runs = {}, {}      # (rows, label) and (heavy mode, label): their runs
+    heavy = ensure_heavy(args.data_dir, work) if args.compare_heavy else None
     # rounds outermost: every case of a round runs within minutes of the others, so the
     # per-round ratios (auto / fixed, kind / gaussian, thresher / floor) pair runs made
     # under the same machine speed (this machine's speed drifts by 20 % within minutes)
@@ -773,6 +783,26 @@ def compare_table(args, work):
                     fl["round"] = round_
                     results.setdefault((case, "floor"), []).append(fl)
                     row(f"floor C={case}", rows, fl, f"round {round_ + 1}")
+        for n in args.compare_growth:      # the first case's spec at more rows
+            grown_data = ensure_data(args.data_dir, n, args.seed)
+            bound, mechanism = _compare_case(cases[0])
+            for label, command, cwd in (targets if round_ % 2 == 0 else targets[::-1]):
+                index = targets.index((label, command, cwd))
+                config, out = write_config(work, f"compare_{index}_rows{n}", grown_data,
+                                           "gaussian", bound, mechanism)
+                m = measure([*command, "run", config, "--overwrite", "--quiet"], cwd=cwd,
+                            env=checkout_env() if label == head_label else None)
+                m.update(round=round_, keys=_released_keys(out) if m["rc"] == 0 else None)
+                grown.setdefault((n, label), []).append(m)
+                row(f"{label} C={cases[0]}", n, m, f"round {round_ + 1}")
+        for mode in args.compare_heavy:    # benchmarks/heavy_modes.py's specs
+            for label, command, cwd in (targets if round_ % 2 == 0 else targets[::-1]):
+                m = measure([*command, "run", os.path.join(heavy, f"mode_{mode}.yaml"),
+                             "--overwrite", "--quiet"], cwd=cwd,
+                            env=checkout_env() if label == head_label else None)
+                m["round"] = round_
+                heavy_runs.setdefault((mode, label), []).append(m)
+                _heavy_row(f"heavy {mode}: {label}", m, f"round {round_ + 1}")
     import statistics
     medians = {}
     for key, ms in results.items():
@@ -824,7 +854,57 @@ def compare_table(args, work):
                       f"wall {a['wall'] / f['wall']:.2f}x, peak RSS "
                       f"{a['rss_mb'] / f['rss_mb']:.2f}x"
                       + _paired(results[(case, label)], results[(fixed, label)]), flush=True)
+    for label, _, _ in targets:   # growth: each row count against --rows, per commit
+        base = results.get((cases[0], label), [])
+        for n in args.compare_growth:
+            runs_n = [m for m in grown.get((n, label), []) if _ok(m)]
+            ok = [m for m in base if _ok(m)]
+            if runs_n and ok:
+                cpu = statistics.median(m["cpu"] for m in runs_n)
+                wall = statistics.median(m["wall"] for m in runs_n)
+                print(f"#   {label} C={cases[0]}: {n:,} rows / {rows:,} rows: CPU "
+                      f"{cpu / statistics.median(m['cpu'] for m in ok):.2f}x, wall "
+                      f"{wall / statistics.median(m['wall'] for m in ok):.2f}x (medians; "
+                      f"{n / rows:g}x the rows), peak RSS "
+                      f"{statistics.median(m['rss_mb'] for m in runs_n):,.0f} MB"
+                      + _paired(runs_n, ok), flush=True)
+    for mode in args.compare_heavy:   # heavy user: every commit's exit codes and medians
+        for label, _, _ in targets:
+            ms = heavy_runs.get((mode, label), [])
+            if ms:
+                _heavy_row(f"heavy {mode}: {label}", dict(
+                    ms[0], rc="/".join(sorted({str(m["rc"]) for m in ms})),
+                    cpu=statistics.median(m["cpu"] for m in ms),
+                    wall=statistics.median(m["wall"] for m in ms),
+                    rss_mb=statistics.median(m["rss_mb"] for m in ms)), "median")
     return results
+
+
+def ensure_heavy(data_dir, work):
+    """The heavy-user data of ``benchmarks/heavy_modes.py`` (one user with 1e7 rows, each on
+    its own key, among 5,000 users of 20 rows), cached under ``data_dir``, and its specs
+    written under ``work`` (this run's outputs): the folder of the specs."""
+    from benchmarks import heavy_modes, heavy_user
+    folder = os.path.join(data_dir, "heavy_10000000_seed30")
+    data = os.path.join(folder, "heavy.parquet")
+    if not os.path.exists(data):
+        os.makedirs(folder, exist_ok=True)
+        t0 = time.perf_counter()
+        heavy_user.generate(data + ".part", 10_000_000, 5000, 20, 1 << 20, 30)
+        os.replace(data + ".part", data)
+        print(f"# generated {data} in {time.perf_counter() - t0:.1f} s", flush=True)
+    specs = os.path.join(work, "heavy")
+    os.makedirs(specs, exist_ok=True)
+    heavy_modes.write_specs(specs, data)
+    return specs
+
+
+def _heavy_row(case, m, note):
+    """One heavy-user run (or median): its exit code whatever it is (a refusal, exit 2, is
+    a figure here, not a failure), CPU, wall and peak RSS."""
+    print(f"{case:<46} exit {m['rc']:<4} {m['wall']:>8.2f} s wall {m['cpu']:>7.2f} s CPU "
+          f"{m['rss_mb']:>7,.0f} MB peak  {note}  load {m['load'][0]:.1f}->{m['load'][1]:.1f}",
+          flush=True)
 
 
 def _paired(numerators, denominators):
@@ -1019,6 +1099,15 @@ def main(argv=None):
                         default=None,
                         help="bounds to compare, e.g. 4,auto,4:pt1,auto:pt1 (pt1: "
                              "mechanism.pre_threshold: 1); default --compare-bound")
+    parser.add_argument("--compare-growth", type=_ints, default=[],
+                        help="more row counts, e.g. 3e7,1e8: the first case's spec (gaussian) "
+                             "on that many rows, every commit in turns each round, and each "
+                             "commit's time there over its time at --rows")
+    parser.add_argument("--compare-heavy", type=lambda s: [m for m in s.split(",") if m],
+                        default=[],
+                        help="heavy-user modes of benchmarks/heavy_modes.py (e.g. "
+                             "fixed,auto,l1,aggregates): every commit in turns each round, "
+                             "exit code, CPU, wall and peak RSS side by side")
     parser.add_argument("--compare-kinds", type=lambda s: [k for k in s.split(",") if k],
                         default=["gaussian"],
                         help="mechanism kinds compared (default gaussian), e.g. "

@@ -756,7 +756,12 @@ def compare_table(args, work):
         for label, _, _ in targets:
             results[_result_key(case, label, kind)] = []
     grown, heavy_runs = {}, {}      # (rows, label) and (heavy mode, label): their runs
-    heavy = ensure_heavy(args.data_dir, work) if args.compare_heavy else None
+    heavy = ensure_heavy(args.data_dir, work, args.compare_heavy) if args.compare_heavy else None
+    # data made before the first timed run, never between two
+    grown_data = {n: ensure_data(args.data_dir, n, args.seed) for n in args.compare_growth}
+    if args.compare_growth and "gaussian" not in kinds:
+        print("#   --compare-growth: no gaussian case at --rows to divide by (add gaussian "
+              "to --compare-kinds): the growth runs are printed without ratios")
     # rounds outermost: every case of a round runs within minutes of the others, so the
     # per-round ratios (auto / fixed, kind / gaussian, thresher / floor) pair runs made
     # under the same machine speed (this machine's speed drifts by 20 % within minutes)
@@ -784,11 +789,10 @@ def compare_table(args, work):
                     results.setdefault((case, "floor"), []).append(fl)
                     row(f"floor C={case}", rows, fl, f"round {round_ + 1}")
         for n in args.compare_growth:      # the first case's spec at more rows
-            grown_data = ensure_data(args.data_dir, n, args.seed)
             bound, mechanism = _compare_case(cases[0])
             for label, command, cwd in (targets if round_ % 2 == 0 else targets[::-1]):
                 index = targets.index((label, command, cwd))
-                config, out = write_config(work, f"compare_{index}_rows{n}", grown_data,
+                config, out = write_config(work, f"compare_{index}_rows{n}", grown_data[n],
                                            "gaussian", bound, mechanism)
                 m = measure([*command, "run", config, "--overwrite", "--quiet"], cwd=cwd,
                             env=checkout_env() if label == head_label else None)
@@ -871,20 +875,30 @@ def compare_table(args, work):
     for mode in args.compare_heavy:   # heavy user: every commit's exit codes and medians
         for label, _, _ in targets:
             ms = heavy_runs.get((mode, label), [])
-            if ms:
-                _heavy_row(f"heavy {mode}: {label}", dict(
-                    ms[0], rc="/".join(sorted({str(m["rc"]) for m in ms})),
-                    cpu=statistics.median(m["cpu"] for m in ms),
-                    wall=statistics.median(m["wall"] for m in ms),
-                    rss_mb=statistics.median(m["rss_mb"] for m in ms)), "median")
+            if len(ms) < 2:
+                continue
+            codes = [m["rc"] for m in ms]
+            rc = max(set(codes), key=codes.count)      # the medians of the usual outcome
+            same = [m for m in ms if m["rc"] == rc]
+            _heavy_row(f"heavy {mode}: {label}", dict(
+                same[0], rc="/".join(str(c) for c in codes),
+                cpu=statistics.median(m["cpu"] for m in same),
+                wall=statistics.median(m["wall"] for m in same),
+                rss_mb=statistics.median(m["rss_mb"] for m in same)),
+                f"median of the {len(same)} runs of exit {rc}")
     return results
 
 
-def ensure_heavy(data_dir, work):
+def ensure_heavy(data_dir, work, modes):
     """The heavy-user data of ``benchmarks/heavy_modes.py`` (one user with 1e7 rows, each on
     its own key, among 5,000 users of 20 rows), cached under ``data_dir``, and its specs
-    written under ``work`` (this run's outputs): the folder of the specs."""
+    written under ``work`` (this run's outputs): the folder of the specs. ``modes`` must
+    be heavy_modes' (a mistyped mode would show as every commit's exit 2)."""
     from benchmarks import heavy_modes, heavy_user
+    unknown = [m for m in modes if m not in heavy_modes.MODES]
+    if unknown:
+        raise SystemExit(f"--compare-heavy: unknown mode {unknown[0]!r} (allowed: "
+                         f"{', '.join(heavy_modes.MODES)})")
     folder = os.path.join(data_dir, "heavy_10000000_seed30")
     data = os.path.join(folder, "heavy.parquet")
     if not os.path.exists(data):
@@ -901,15 +915,18 @@ def ensure_heavy(data_dir, work):
 
 def _heavy_row(case, m, note):
     """One heavy-user run (or median): its exit code whatever it is (a refusal, exit 2, is
-    a figure here, not a failure), CPU, wall and peak RSS."""
+    a figure here, not a failure, and its message is printed), CPU, wall and peak RSS."""
+    said = [line for line in (m.get("stderr") or "").splitlines() if line.strip()]
+    why = f"  ({said[-1][:160]})" if m["rc"] not in (0, "0") and said else ""
     print(f"{case:<46} exit {m['rc']:<4} {m['wall']:>8.2f} s wall {m['cpu']:>7.2f} s CPU "
-          f"{m['rss_mb']:>7,.0f} MB peak  {note}  load {m['load'][0]:.1f}->{m['load'][1]:.1f}",
-          flush=True)
+          f"{m['rss_mb']:>7,.0f} MB peak  {note}  load {m['load'][0]:.1f}->{m['load'][1]:.1f}"
+          f"{why}", flush=True)
 
 
 def _paired(numerators, denominators):
-    """"; paired: ..." — the median, min and max over the rounds of each round's CPU and
-    wall ratio (both runs of a round succeeded), or "" with fewer than two such rounds.
+    """"; paired, median of N rounds (min-max): CPU ..., wall ..." — the median, min and
+    max over the rounds of each round's CPU and wall ratio (rounds where both runs
+    succeeded), or "" with fewer than two such rounds.
     The ratio of medians above pairs a case's median run with another's, possibly from
     rounds minutes apart; a per-round ratio compares runs made one after the other, under
     the same machine speed, as the issue's targets mean them."""
@@ -1137,6 +1154,9 @@ def _tables(args, work):
                               "main,peer,scaling,keys,startup,large")).split(","))
     print(f"# thresher bench_release: {os.cpu_count()} cores, load {os.getloadavg()}, "
           f"python {sys.version.split()[0]}")
+    if (args.compare_growth or args.compare_heavy) and "compare" not in only:
+        print("# --compare-growth and --compare-heavy are part of the comparison: ignored "
+              "without --compare (or --only compare)")
     if "compare" in only:
         compare_table(args, work)
     if "workers" in only:

@@ -421,32 +421,38 @@ class _ParquetRowGroups(beam.DoFn):
             yield path, group
 
 
-# The row groups the footers a reading worker keeps may describe in all (:class:`_Footers`):
-# a parsed footer's size grows with its row groups (about 1 KB each for a few columns), so
-# this bounds the kept footers' memory to tens of MB, whatever the number of input files.
-MAX_KEPT_FOOTER_GROUPS = 1 << 14
+# The serialized bytes of the footers a reading worker keeps (:class:`_Footers`): a parsed
+# footer takes about 8x its serialized size in memory (measured: 223 KB -> 1.7 MB, 1.1 MB ->
+# 8.2 MB), and its size grows with row groups x columns (~1.8 KB parsed a row group with 2
+# columns, ~41 KB with 50), so the bound is on bytes: ~128 MB of parsed footers at most.
+MAX_KEPT_FOOTER_BYTES = 16 << 20
 
 
 class _Footers:
-    """Parsed Parquet footers of local files, kept by a reading DoFn across its elements.
+    """Parsed Parquet footers of local files, kept by a reading DoFn across its elements
+    (Beam calls one DoFn instance from one thread at a time: no lock).
 
     A row group is one element, and opening the file parses its whole footer, which grows
     with the row groups: a file of G row groups read one group at a time parsed G footers
     of G groups each (1e8 rows in 1,000 row groups: ~2.7 s of CPU, growing as G^2). A
-    footer is parsed once per file and worker, and re-verified before each use: it is used
-    only while the file's size, modification time (ns) and inode are the ones it was
-    parsed at (a file replaced under the same path is parsed again).
+    kept footer is re-verified before each use: it is used only while the file's size,
+    modification time (ns) and inode are the ones it was parsed at (a file replaced under
+    the same path is parsed again).
 
     Bounded: a footer of one row group is not kept (its file is read in one element), and
-    the kept footers describe at most ``MAX_KEPT_FOOTER_GROUPS`` row groups in all, the
-    least recently used dropped first (the newest is kept whatever its size: it is the
-    one being read). Thousands of input files no longer keep thousands of footers for the
-    worker's life."""
+    the kept footers' serialized sizes add up to at most ``max_bytes``
+    (``MAX_KEPT_FOOTER_BYTES``), the least recently used dropped first (the newest is kept
+    whatever its size: it is the one being read). Within the bound a footer is parsed once
+    per file and worker. Past it (inputs whose footers add up to more, e.g. hundreds of
+    files of thousands of row groups each, read in the Reshuffle's random order) a row
+    group of a dropped file parses its footer again, a cost in proportion to that file's
+    row groups: memory stays bounded, and the time grows again as in the unbounded-G case
+    for those files only."""
 
-    def __init__(self, max_groups=None):
+    def __init__(self, max_bytes=None):
         self._footers = collections.OrderedDict()   # path -> (signature, metadata)
-        self._groups = 0
-        self._max_groups = MAX_KEPT_FOOTER_GROUPS if max_groups is None else int(max_groups)
+        self._bytes = 0
+        self._max_bytes = MAX_KEPT_FOOTER_BYTES if max_bytes is None else int(max_bytes)
 
     def get(self, path):
         stat = os.stat(path)
@@ -460,17 +466,18 @@ class _Footers:
         metadata = pq.read_metadata(path)
         if metadata.num_row_groups > 1:
             self._footers[path] = (signature, metadata)
-            self._groups += metadata.num_row_groups
-            while self._groups > self._max_groups and len(self._footers) > 1:
+            self._bytes += metadata.serialized_size
+            while self._bytes > self._max_bytes and len(self._footers) > 1:
                 self._drop(next(iter(self._footers)))
         return metadata
 
     def _drop(self, path):
-        self._groups -= self._footers.pop(path)[1].num_row_groups
+        self._bytes -= self._footers.pop(path)[1].serialized_size
 
-    def kept_groups(self):
-        """The row groups the kept footers describe (tests)."""
-        return self._groups
+    def kept(self):
+        """(paths of the kept footers, least recently used first; their serialized bytes):
+        for tests."""
+        return list(self._footers), self._bytes
 
 
 class _ReadParquetRowGroup(beam.DoFn):

@@ -57,35 +57,46 @@ def test_row_groups_read_with_a_kept_footer_are_the_file(tmp_path, monkeypatch):
     assert 1 <= len(parsed) <= 4, len(parsed)
 
 
-def test_the_kept_footers_are_bounded_by_their_row_groups(tmp_path, monkeypatch):
-    """Many input files: the kept footers describe at most the bound's row groups (the
-    least recently used dropped first), a one-group file's footer is never kept, and a
-    kept footer is still parsed once while its file is read group after group."""
+def test_the_kept_footers_are_bounded_least_recently_used_first(tmp_path, monkeypatch):
+    """Many input files: the kept footers' serialized bytes stay within the bound, the
+    least recently used dropped first (not the oldest parsed), a one-group file's footer is
+    never kept, a kept footer is parsed once while its file is read group after group, a
+    replaced file's bytes leave the account, and a footer over the bound is kept while it
+    is the newest."""
     paths = []
     for i in range(12):
         paths.append(str(tmp_path / f"part{i}.parquet"))
         _write(paths[-1], 100, 4, seed=10 + i)          # 4 row groups each
-    single = str(tmp_path / "single.parquet")
-    _write(single, 100, 1, seed=30)
+    size = max(pq.read_metadata(p).serialized_size for p in paths)
     parsed = []
     real = pq.read_metadata
     monkeypatch.setattr(io.pq, "read_metadata", lambda p: parsed.append(p) or real(p))
-    footers = io._Footers(max_groups=10)
+    footers = io._Footers(max_bytes=2 * size + size // 2)    # room for two
     for path in paths:
         for _ in range(4):                               # the file's groups, one by one
             assert footers.get(path).num_row_groups == 4
-        assert footers.kept_groups() <= 10
+        assert footers.kept()[1] <= 2 * size + size // 2
     assert parsed == paths                               # each parsed once while read
+    assert footers.kept()[0] == paths[-2:]
+    footers.get(paths[-2])                               # used: now the most recent
+    footers.get(paths[0])                                # evicts paths[-1], not paths[-2]
+    assert footers.kept()[0] == [paths[-2], paths[0]]
+    assert parsed.count(paths[-2]) == 1 and parsed[-1] == paths[0]
+    single = str(tmp_path / "single.parquet")
+    _write(single, 100, 1, seed=30)
     footers.get(single)
     footers.get(single)
-    assert parsed[-2:] == [single, single] and footers.kept_groups() <= 10
-    # the two most recent files are kept (8 groups), the older ones were dropped
-    footers.get(paths[-1])
-    footers.get(paths[0])
-    assert parsed[-1] == paths[0] and parsed.count(paths[-1]) == 1
+    assert parsed[-2:] == [single, single] and single not in footers.kept()[0]
+    # a file replaced under a kept path: its old footer's bytes leave the account
+    _write(str(tmp_path / "new.parquet"), 100, 1, seed=31)
+    os.replace(str(tmp_path / "new.parquet"), paths[0])
+    assert footers.get(paths[0]).num_row_groups == 1
+    kept, total = footers.kept()
+    assert kept == [paths[-2]] and total == real(paths[-2]).serialized_size
     # a file bigger than the bound is still kept while it is the newest
     big = str(tmp_path / "big.parquet")
-    _write(big, 400, 20, seed=40)
+    _write(big, 4000, 200, seed=40)
+    assert real(big).serialized_size > 2 * size + size // 2
     footers.get(big)
     footers.get(big)
-    assert parsed.count(big) == 1 and footers.kept_groups() == 20
+    assert parsed.count(big) == 1 and footers.kept()[0] == [big]

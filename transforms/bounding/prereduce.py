@@ -77,9 +77,11 @@ count, and min(k_i, C_m) enters the dropped term, so a user's keys beyond C_m ar
 by V(C) at every C (and k_i itself would shrink). What can go is every row that repeats
 a (user, exact key) pair: this step keeps one row per distinct (user identity, exact
 key) of a table (:func:`distinct_pair_rows`), for the users with more than
-``AUTO_HEAVY_ROWS`` rows in the table. In the release (``mark_kept``) the table leaves
-whole with its kept rows marked (``user_shards.KEPT_COLUMN``) and the user split gathers
-those rows only: the same rows reach the shuffle, without a filtered copy of the table.
+``AUTO_HEAVY_ROWS`` rows in the table. In the release (``mark_kept``) a table that keeps
+at least ``MARK_MIN_KEPT`` of its rows leaves whole with its kept rows marked
+(``user_shards.KEPT_COLUMN``) and the user split gathers those rows only: the same rows
+reach the shuffle, without a filtered copy of the table; one that keeps fewer leaves as
+that copy (what Beam holds after the split is then the few kept rows, not the table).
 
 Claim: for every user i, the set D_i of i's distinct exact keys is the same with and
 without the step, and everything the one pass computes is a function of the D_i, the
@@ -503,6 +505,17 @@ def prereduce_aggregates_table(table, key_columns, value_names, max_keys_per_use
     return out, len(rows)
 
 
+# A pre-reduction that marks its kept rows (``mark_kept``) hands on the table whole only
+# where it keeps at least this share of the rows; below it, a filtered copy. The split's
+# input element outlives its processing: Beam holds each DoFn's last element (its
+# ``DoFnContext`` and its invoker's arguments) until the next one arrives, i.e. through
+# the next table's read and pre-reduction. A whole table kept for a few of its rows (one
+# heavy user's table: ~1 % of 1e6 rows) was held so (issue 43 round 9: +30 MB of Arrow
+# at the pre-reduction, +44 MB of peak RSS), where its filtered copy costs a copy of
+# those few rows and spares the split a pass over the others.
+MARK_MIN_KEPT = 0.5
+
+
 class _PreReduceFn(beam.DoFn):
     def __init__(self, key_columns, max_keys_per_user, rng_factory, stage, every_row, mode,
                  coalesce_rows, auto_cap=None, value_names=None, mark_kept=False):
@@ -532,6 +545,7 @@ class _PreReduceFn(beam.DoFn):
     def _flush(self):
         tables, self._pending, self._pending_rows = self._pending, [], 0
         table = concat(tables)
+        del tables   # the gathered batches go before the kernels run (a copy is combined)
         if table is None:
             return
         source = keyed_random.StageSource(self._rng_factory, self._stage)
@@ -553,8 +567,9 @@ class _PreReduceFn(beam.DoFn):
         counter(NOT_PRIVATE, "rows_prereduce_examined").inc(examined)
         out_rows = table.num_rows
         if kept is not None and not kept.all():
-            if self._mark_kept:   # the split gathers the kept rows (user_shards.KEPT_COLUMN)
-                out_rows = int(np.count_nonzero(kept))
+            out_rows = int(np.count_nonzero(kept))
+            if self._mark_kept and out_rows >= MARK_MIN_KEPT * table.num_rows:
+                # the split gathers the kept rows (user_shards.KEPT_COLUMN)
                 table = table.append_column(KEPT_COLUMN, pa.array(kept))
             else:
                 table = table.filter(pa.array(kept))
@@ -613,9 +628,9 @@ class PreReducePairs(beam.PTransform):
     bound", says why it changes no score and no kept set). ``cap``: the user key cap of
     the score (``scored_bound.user_key_cap``); ``stage``, ``rng_factory``: as for
     :class:`PreReduceL0` (the release's ``KeyedSource`` only). ``mode``: :data:`MODE` by
-    default. ``mark_kept``: a reduced table leaves whole, its kept rows marked in
-    ``user_shards.KEPT_COLUMN`` (for ``ShardByUser``, whose split gathers those rows
-    only), not as a filtered copy."""
+    default. ``mark_kept``: a reduced table that keeps at least ``MARK_MIN_KEPT`` of its
+    rows leaves whole, its kept rows marked in ``user_shards.KEPT_COLUMN`` (for
+    ``ShardByUser``, whose split gathers those rows only), not as a filtered copy."""
 
     def __init__(self, key_columns, cap, rng_factory, stage, mode=None, coalesce_rows=None,
                  label=None, mark_kept=False):

@@ -179,6 +179,7 @@ class _PreReduceForBoundsFn(_CoalescingFn):
         rehash = self._key_hash_of is not None and not all(
             key_hash_is_of(t, self._key_hash_of) for t in tables)
         table = concat(tables)
+        del tables   # the gathered batches go before the kernels run (a copy is combined)
         if table is None:
             return
         mode = prereduce.MODE if self._mode is None else self._mode
@@ -304,6 +305,7 @@ class _DistinctPairsFn(_CoalescingFn):
     def _flush(self):
         tables, self._pending, self._pending_rows = self._pending, [], 0
         table = concat(tables)
+        del tables   # the gathered batches go before the kernel runs (a copy is combined)
         if table is None:
             return
         mode = prereduce.MODE if self._mode is None else self._mode

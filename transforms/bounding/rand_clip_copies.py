@@ -196,6 +196,7 @@ class _PreReduceCopiesFn(beam.DoFn):
     def _flush(self):
         tables, self._pending, self._pending_rows = self._pending, [], 0
         table = concat(tables)
+        del tables   # the gathered batches go before the kernel runs (a copy is combined)
         if table is None:
             return
         mode = prereduce.MODE if self._mode is None else self._mode

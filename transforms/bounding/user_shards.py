@@ -53,11 +53,11 @@ def user_shard_of(user_hash, num_shards):
 COALESCE_ROWS = 1 << 20
 
 # A pre-reduction may hand the split its combined table whole, with the rows it keeps
-# marked in this boolean column (``prereduce.PreReducePairs(mark_kept=True)``), instead of
-# a filtered copy: the split's gathers then take the kept rows only (issue 43: a filter
-# copied ~93 % of every table of the automatic bound, ~12 ms per 1e6 rows). The column
-# never leaves the split; a null (a table without the column, concatenated with one
-# that has it) keeps its row.
+# marked in this boolean column (``prereduce.PreReducePairs(mark_kept=True)``, where it
+# keeps at least ``prereduce.MARK_MIN_KEPT`` of them), instead of a filtered copy: the
+# split's gathers then take the kept rows only (issue 43: a filter copied ~93 % of every
+# table of the automatic bound, ~12 ms per 1e6 rows). The column never leaves the split;
+# a null (a table without the column, concatenated with one that has it) keeps its row.
 KEPT_COLUMN = "__kept"
 
 
@@ -104,6 +104,7 @@ class _SplitByUser(beam.DoFn):
 
     def _split(self, tables):
         table = concat(tables)
+        del tables   # the gathered tables go before the split's gathers (a copy is combined)
         if table is None:
             return
         table, kept = _without_kept_column(table, self._marked)
@@ -153,9 +154,8 @@ class _SplitByUser(beam.DoFn):
         self._pending.setdefault(window, []).append(table)
         self._pending_rows[window] = self._pending_rows.get(window, 0) + table.num_rows
         if self._pending_rows[window] >= self._coalesce_rows:
-            tables = self._pending.pop(window)
             del self._pending_rows[window]
-            yield from self._split(tables)
+            yield from self._split(self._pending.pop(window))   # _split holds the only list
 
     def finish_bundle(self):
         outputs = [(window, self._split(tables)) for window, tables in self._pending.items()]
@@ -341,6 +341,7 @@ def concat_shard_with_order(shard_and_tables, key_columns=None, max_user_rows=No
         check_user_rows(tables, max_user_rows, setting)
     tables = [spill.read_piece(t) if isinstance(t, str) else t for t in tables]
     table = concat(tables)
+    del tables   # the pieces read go before the shard is sorted (their copy is combined)
     if table is None:
         return None, None
     table, order = exact_users_with_order(table)

@@ -272,10 +272,11 @@ def test_auto_pre_reduction_marks_its_rows_and_the_split_gathers_them(tmp_path, 
                                                                        spilled):
     """The automatic bound's pre-reduction hands the split its table whole with the kept
     rows marked (``user_shards.KEPT_COLUMN``), not a filtered copy (issue 43: the filter
-    copied ~93 % of every table); the split's pieces hold the kept rows only (h: its
-    distinct words, about 1,500 + 30 of its 3,000 rows), and the release is
-    byte-identical to the one of the filtered tables, in both spec shapes, with the
-    shuffle in memory and spilled (``tables.ShardSlices``' split)."""
+    copied ~93 % of every table; here it keeps more than ``prereduce.MARK_MIN_KEPT`` of
+    the rows: test_held_tables.py has a table that keeps fewer); the split's pieces hold
+    the kept rows only (h: its distinct words, about 1,500 + 30 of its 3,000 rows), and
+    the release is byte-identical to the one of the filtered tables, in both spec shapes,
+    with the shuffle in memory and spilled (``tables.ShardSlices``' split)."""
     from thresher.pipelines.dataio import io as io_mod
     from thresher.pipelines.running import release
     from thresher.transforms.bounding import user_shards

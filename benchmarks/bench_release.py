@@ -57,6 +57,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -558,7 +559,6 @@ def startup_table(args, work, repeats=5):
     first ``thresher run`` (its calibration not yet in the cache: SciPy imported and the
     calibration computed) is reported on its own; a warm-up run of each command first
     writes the bytecode cache and is not counted."""
-    import statistics
     rows = 1000
     data = ensure_data(args.data_dir, rows, args.seed)
     env = startup_env(work)
@@ -807,7 +807,6 @@ def compare_table(args, work):
                 m["round"] = round_
                 heavy_runs.setdefault((mode, label), []).append(m)
                 _heavy_row(f"heavy {mode}: {label}", m, f"round {round_ + 1}")
-    import statistics
     medians = {}
     for key, ms in results.items():
         ok = [m for m in ms if _ok(m)]
@@ -894,17 +893,17 @@ def ensure_heavy(data_dir, work, modes):
     its own key, among 5,000 users of 20 rows), cached under ``data_dir``, and its specs
     written under ``work`` (this run's outputs): the folder of the specs. ``modes`` must
     be heavy_modes' (a mistyped mode would show as every commit's exit 2)."""
-    from benchmarks import heavy_modes, heavy_user
+    from benchmarks import heavy_modes
     unknown = [m for m in modes if m not in heavy_modes.MODES]
     if unknown:
         raise SystemExit(f"--compare-heavy: unknown mode {unknown[0]!r} (allowed: "
                          f"{', '.join(heavy_modes.MODES)})")
-    folder = os.path.join(data_dir, "heavy_10000000_seed30")
+    folder = os.path.join(data_dir, f"heavy_{heavy_modes.HEAVY_ROWS}_seed{heavy_modes.SEED}")
     data = os.path.join(folder, "heavy.parquet")
     if not os.path.exists(data):
         os.makedirs(folder, exist_ok=True)
         t0 = time.perf_counter()
-        heavy_user.generate(data + ".part", 10_000_000, 5000, 20, 1 << 20, 30)
+        heavy_modes.generate(data + ".part")
         os.replace(data + ".part", data)
         print(f"# generated {data} in {time.perf_counter() - t0:.1f} s", flush=True)
     specs = os.path.join(work, "heavy")
@@ -930,7 +929,6 @@ def _paired(numerators, denominators):
     The ratio of medians above pairs a case's median run with another's, possibly from
     rounds minutes apart; a per-round ratio compares runs made one after the other, under
     the same machine speed, as the issue's targets mean them."""
-    import statistics
     by_round = {m["round"]: m for m in denominators if _ok(m)}
     pairs = [(m, by_round[m["round"]]) for m in numerators
              if _ok(m) and m["round"] in by_round]

@@ -25,6 +25,17 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import heavy_user  # noqa: E402
 
+# The data's defaults (``main``'s flags and ``bench_release --compare-heavy``): one user of
+# HEAVY_ROWS rows among USERS users of ROWS_PER_USER rows, ROW_GROUP-row groups, SEED.
+HEAVY_ROWS, USERS, ROWS_PER_USER, ROW_GROUP, SEED = 10_000_000, 5000, 20, 1 << 20, 30
+
+
+def generate(path, heavy_rows=HEAVY_ROWS, users=USERS, seed=SEED, same_key=False):
+    """``heavy_user.generate`` with this benchmark's shape: the number of rows written."""
+    return heavy_user.generate(path, heavy_rows, users, ROWS_PER_USER, ROW_GROUP, seed,
+                               same_key)
+
+
 QUANTILES = {"kind": "quantiles", "column": "amount", "ranks": [0.5], "domain": [0, 20]}
 MODES = {
     "fixed": {"bounding": {"max_keys_per_user": 4}},
@@ -106,10 +117,10 @@ def run(folder, python, modes):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("folder")
-    parser.add_argument("--heavy-rows", type=int, default=10_000_000)
-    parser.add_argument("--users", type=int, default=5000)
+    parser.add_argument("--heavy-rows", type=int, default=HEAVY_ROWS)
+    parser.add_argument("--users", type=int, default=USERS)
     parser.add_argument("--same-key", action="store_true")
-    parser.add_argument("--seed", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--run", action="store_true")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--modes", default=",".join(MODES))
@@ -119,8 +130,7 @@ def main(argv=None):
     if args.run:
         run(args.folder, args.python, args.modes.split(","))
         return
-    n = heavy_user.generate(data, args.heavy_rows, args.users, 20, 1 << 20, args.seed,
-                            args.same_key)
+    n = generate(data, args.heavy_rows, args.users, args.seed, args.same_key)
     write_specs(args.folder, data)
     print(f"{data}: {n} rows")
 
